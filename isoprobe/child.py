@@ -1,0 +1,330 @@
+"""The trial, inside its own process: real training steps at one batch size.
+
+Run as ``python -m isoprobe.child REQUEST.json`` by ``supervisor.py`` and by
+nothing else. It is the only part of isoprobe that imports torch. It reports
+through a dedicated events file (path in ``$ISOPROBE_EVENTS``), one complete
+JSON line per event written with a single ``write``, because the user's model
+may print anything on stdout and a half-written line must be detectable.
+
+Events, in order: ``started``, ``imported``, ``model_built``, ``step`` (one per
+completed step), then exactly one ``result``. A process that ends without a
+``result`` event is classified by the parent (crashed, timed out). The child
+classifies its own exceptions: out of memory versus any other error.
+
+Two modes: ``trial`` runs the training steps; ``inspect`` (once per probe, before
+any trial) reports versions and the device, and checks that the model can be
+built, on the meta device so that it costs no memory.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import sys
+import time
+import traceback
+
+from isoprobe.outcomes import Outcome, classify_exception
+
+_TRACEBACK_LINES = 25
+_MESSAGE_CHARS = 2000
+
+
+class Events:
+    """Append-only JSON-lines channel to the parent."""
+
+    def __init__(self, path: str):
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+
+    def emit(self, event: str, **fields) -> None:
+        line = json.dumps({"event": event, "t": time.time(), **fields}, default=str) + "\n"
+        os.write(self._fd, line.encode())
+
+
+# --------------------------------------------------------------------------- memory readings
+
+
+def _proc_status_bytes(*keys: str) -> dict[str, int | None]:
+    """VmHWM, VmRSS, VmData... from /proc/self/status, in bytes (None where absent)."""
+    values: dict[str, int | None] = {key: None for key in keys}
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                name, _, rest = line.partition(":")
+                if name in values:
+                    values[name] = int(rest.split()[0]) * 1024
+    except OSError:
+        pass
+    return values
+
+
+def _cpu_memory() -> dict[str, int | None]:
+    readings = _proc_status_bytes("VmHWM", "VmRSS", "VmData")
+    return {"peak_rss": readings["VmHWM"], "rss": readings["VmRSS"], "data": readings["VmData"]}
+
+
+# --------------------------------------------------------------------------- building blocks
+
+
+def _import_factory(reference: str, python_path: list[str]):
+    """Resolve 'module:function' or '/abs/file.py:function' to the callable."""
+    import importlib
+    import importlib.util
+
+    target, function = reference.rsplit(":", 1)
+    for entry in reversed(python_path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    if target.endswith(".py") or "/" in target:
+        module_spec = importlib.util.spec_from_file_location(f"isoprobe_factory_{abs(hash(target))}", target)
+        if module_spec is None or module_spec.loader is None:
+            raise ImportError(f"cannot load {target}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(target)
+    builder = getattr(module, function, None)
+    if builder is None or not callable(builder):
+        raise AttributeError(f"{target} has no callable named {function!r}")
+    return builder
+
+
+def build_model(spec: dict, python_path: list[str]):
+    import torch
+
+    model_spec = spec["model"]
+    kwargs = dict(model_spec.get("kwargs") or {})
+    if model_spec.get("torchvision"):
+        import torchvision
+
+        kwargs.setdefault("weights", None)
+        model = torchvision.models.get_model(model_spec["torchvision"], **kwargs)
+    else:
+        model = _import_factory(model_spec["factory"], python_path)(**kwargs)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"the model builder returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def build_optimizer(spec: dict, parameters):
+    import torch
+
+    optimizer_spec = spec["optimizer"]
+    name = optimizer_spec["name"]
+    kwargs = dict(optimizer_spec.get("kwargs") or {})
+    if name == "sgd":
+        kwargs.setdefault("lr", 0.01)
+        kwargs.setdefault("momentum", 0.9)
+        return torch.optim.SGD(parameters, **kwargs)
+    if name == "adam":
+        return torch.optim.Adam(parameters, **kwargs)
+    if name == "adamw":
+        return torch.optim.AdamW(parameters, **kwargs)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+def make_inputs(spec: dict, batch_size: int, device):
+    import torch
+
+    shape = (batch_size, *spec["input"]["shape"])
+    dtype = getattr(torch, spec["input"]["dtype"])
+    if spec["input"]["dtype"] == "int64":
+        return torch.randint(0, spec["input"]["high"], shape, device=device)
+    return torch.randn(shape, dtype=dtype, device=device)
+
+
+def primary_output(output):
+    """The tensor the loss applies to, from the shapes torchvision and common libraries return."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict):
+        return output["out"] if "out" in output else next(iter(output.values()))
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, (tuple, list)) and output:
+        return primary_output(output[0])
+    raise TypeError(f"cannot find the output tensor in a {type(output).__name__}")
+
+
+def make_targets(spec: dict, output, device):
+    """Targets of the exact shape the loss needs, drawn once and reused every step."""
+    import torch
+
+    target = spec["target"]
+    batch = output.shape[0]
+    if target.get("classes") is not None:
+        # (B, C) -> (B,); (B, C, H, W) -> (B, H, W): per-pixel classes for dense outputs.
+        return torch.randint(0, target["classes"], (batch, *output.shape[2:]), device=device)
+    return torch.randn((batch, *target["shape"]), dtype=output.dtype, device=device)
+
+
+def loss_of(spec: dict, output, targets):
+    import torch.nn.functional as F
+
+    if spec["target"].get("classes") is not None:
+        return F.cross_entropy(output, targets)
+    if tuple(output.shape) != tuple(targets.shape):
+        raise ValueError(
+            f"the model's output has shape {tuple(output.shape)} but target.shape gives "
+            f"{tuple(targets.shape)}: set target.shape to the per-sample output shape {list(output.shape[1:])}"
+        )
+    return F.mse_loss(output, targets)
+
+
+# --------------------------------------------------------------------------- modes
+
+
+def _setup_cuda(torch, request: dict) -> dict:
+    """Select the GPU, touch the allocator (a bad allocator setting fails here), apply the budget."""
+    device = torch.device(request["device"])
+    torch.cuda.set_device(device)
+    torch.empty(1, device=device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    budget = request.get("memory_budget_bytes")
+    if budget:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    return {"total_memory_bytes": total}
+
+
+def run_trial(request: dict, events: Events) -> None:
+    progress: dict = {"phase": "started", "step_seconds": []}
+    report: dict = {}
+    failure: tuple[Outcome, dict] | None = None
+    try:
+        report = _train(request, events, progress)
+    except Exception as exc:  # classified, never guessed: see outcomes.classify_exception
+        failure = _describe_failure(exc)
+    if failure is None:
+        events.emit("result", outcome=Outcome.FITS.value, **progress, **report)
+        return
+    # The model, optimizer and batch lived in _train's frame, kept alive by the traceback
+    # until the except block ended: collect them before writing, so that reporting an
+    # out-of-memory does not itself run out of memory.
+    gc.collect()
+    outcome, error = failure
+    if outcome is Outcome.ERROR:
+        sys.stderr.write(error["traceback_tail"])
+    if not request["device"].startswith("cuda"):
+        report["peak_bytes"] = _cpu_memory()["peak_rss"]
+    events.emit("result", outcome=outcome.value, error=error, **progress, **report)
+
+
+def _train(request: dict, events: Events, progress: dict) -> dict:
+    """Build, then run the spec's training steps; return the peak readings. Raises on failure."""
+    spec = request["spec"]
+    report: dict = {}
+    import torch
+
+    if spec["model"].get("torchvision"):
+        import torchvision  # noqa: F401  (imported here so its cost lands in the 'imported' phase)
+    progress["phase"] = "imported"
+    events.emit("imported", memory=_cpu_memory())
+    device = torch.device(request["device"])
+    cuda = device.type == "cuda"
+    if cuda:
+        report.update(_setup_cuda(torch, request))
+    model = build_model(spec, request.get("python_path", [])).to(device)
+    model.train()
+    optimizer = build_optimizer(spec, model.parameters())
+    progress["phase"] = "model_built"
+    events.emit("model_built", memory=_cpu_memory())
+    if cuda:
+        # Peaks from here on; the model's weights are allocated already and still count.
+        torch.cuda.reset_peak_memory_stats(device)
+    inputs = make_inputs(spec, request["batch_size"], device)
+    targets = None
+    for step in range(1, spec["search"]["steps"] + 1):
+        started = time.perf_counter()
+        optimizer.zero_grad(set_to_none=True)
+        output = primary_output(model(inputs))
+        if targets is None:
+            targets = make_targets(spec, output, device)
+        loss = loss_of(spec, output, targets)
+        loss.backward()
+        optimizer.step()
+        del output, loss
+        if cuda:
+            torch.cuda.synchronize(device)
+        progress["step_seconds"].append(time.perf_counter() - started)
+        progress["phase"] = f"step {step}"
+        events.emit("step", step=step, seconds=progress["step_seconds"][-1])
+    if cuda:
+        report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        report["peak_bytes"] = torch.cuda.max_memory_reserved(device)
+    else:
+        report["peak_bytes"] = _cpu_memory()["peak_rss"]
+    progress["phase"] = "done"
+    return report
+
+
+def _describe_failure(exc: BaseException) -> tuple[Outcome, dict]:
+    names = [cls.__name__ for cls in type(exc).__mro__]
+    message = str(exc)
+    outcome = classify_exception(names, message)
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    tail = "".join(lines)[-8000:].splitlines()[-_TRACEBACK_LINES:]
+    qualified = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+    return outcome, {"type": qualified, "message": message[:_MESSAGE_CHARS], "traceback_tail": "\n".join(tail) + "\n"}
+
+
+def run_inspect(request: dict, events: Events) -> None:
+    """Versions, devices, and whether the model and optimizer can be built at all."""
+    before = _cpu_memory()
+    import torch
+
+    spec = request["spec"]
+    facts: dict = {"torch_version": torch.__version__, "memory_before_import": before}
+    if spec["model"].get("torchvision"):
+        import torchvision
+
+        facts["torchvision_version"] = torchvision.__version__
+    else:
+        try:
+            import torchvision
+
+            facts["torchvision_version"] = torchvision.__version__
+        except Exception:
+            facts["torchvision_version"] = None
+    facts["memory_after_import"] = _cpu_memory()
+    facts["cuda_available"] = torch.cuda.is_available()
+    facts["cuda_devices"] = []
+    if facts["cuda_available"]:
+        for index in range(torch.cuda.device_count()):
+            properties = torch.cuda.get_device_properties(index)
+            facts["cuda_devices"].append({"name": properties.name, "total_memory_bytes": properties.total_memory})
+        facts["cuda_version"] = torch.version.cuda
+    problems = []
+    stage = "model"
+    try:
+        with torch.device("meta"):
+            model = build_model(spec, request.get("python_path", []))
+            stage = "optimizer"
+            build_optimizer(spec, model.parameters())
+        facts["parameter_count"] = sum(p.numel() for p in model.parameters())
+        facts["parameter_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    except (ImportError, AttributeError, TypeError, ValueError, KeyError) as exc:
+        # The spec names something that cannot be built: a user's mistake, reported before any trial.
+        problems.append({"stage": stage, "type": type(exc).__name__, "message": str(exc)[:_MESSAGE_CHARS]})
+    except Exception as exc:  # the meta device is not supported by every model: leave the verdict to the trials
+        facts["meta_build_warning"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+    events.emit("result", outcome="inspected", facts=facts, problems=problems)
+
+
+def main(argv: list[str]) -> int:
+    events = Events(os.environ["ISOPROBE_EVENTS"])
+    events.emit("started", pid=os.getpid())
+    with open(argv[1]) as handle:
+        request = json.load(handle)
+    if request["mode"] == "inspect":
+        run_inspect(request, events)
+    else:
+        run_trial(request, events)
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

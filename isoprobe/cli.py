@@ -1,0 +1,128 @@
+"""The ``isoprobe`` command: parse arguments, dispatch, map every outcome to a documented exit code.
+
+Subcommands: ``run`` (probe), ``validate`` (check a spec, run nothing),
+``schema`` (the result's JSON Schema). Nothing here imports torch; ``run``
+reaches torch only through child processes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from typing import Sequence
+
+from isoprobe import __version__
+from isoprobe.errors import ExitCode, ProbeError, SpecError
+
+EXIT_CODES_HELP = """exit codes:
+  0    answered: the maximum is proven (edge found, or a cap reached)
+  2    bad spec or usage
+  3    not even the start batch fits
+  4    the probe could not answer (a trial raised an error, crashed or timed out)
+  130  interrupted (SIGINT); 143 terminated (SIGTERM)
+"""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="isoprobe",
+        description="Find the exact largest training batch that fits, one fresh process per trial.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"isoprobe {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    def with_overrides(sub: argparse.ArgumentParser) -> None:
+        sub.add_argument("spec", help="path to the YAML spec")
+        sub.add_argument("--device", help="override the spec's device: auto, cpu, cuda, cuda:N")
+        sub.add_argument("--memory-budget", help="override memory_budget, e.g. 8GiB or '16 GB'")
+        sub.add_argument("--max-batch-size", type=int, help="override search.max_batch_size")
+
+    run = commands.add_parser(
+        "run",
+        help="probe: find the largest batch that fits and print the result as JSON",
+        description="Probe the spec; one JSON document on stdout, progress on stderr.",
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    with_overrides(run)
+    validate = commands.add_parser("validate", help="check a spec without running anything")
+    with_overrides(validate)
+    schema = commands.add_parser("schema", help="print the JSON Schema of the result (or of the spec)")
+    schema.add_argument("--spec", action="store_true", help="the spec's schema instead of the result's")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict:
+    return {"--device": args.device, "--memory-budget": args.memory_budget, "--max-batch-size": args.max_batch_size}
+
+
+def _load(args: argparse.Namespace):
+    from isoprobe.spec import check_references, load_spec
+
+    spec = load_spec(args.spec, _overrides(args))
+    check_references(spec, args.spec)
+    return spec
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    spec = _load(args)
+    model = spec.model.torchvision or spec.model.factory
+    print(f"{args.spec}: valid (model {model}, input {spec.input.shape}, optimizer {spec.optimizer.name}, "
+          f"device {spec.device})")
+    return ExitCode.ANSWERED
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    if args.spec:
+        from isoprobe.spec import Spec
+
+        print(json.dumps(Spec.model_json_schema(), indent=2))
+    else:
+        from isoprobe.result import Result
+
+        print(json.dumps(Result.model_json_schema(), indent=2))
+    return ExitCode.ANSWERED
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from isoprobe.output import Reporter, result_json, summary_lines
+    from isoprobe.probe import Terminated, run_probe
+    from isoprobe.result import exit_code_for
+
+    spec = _load(args)
+
+    def on_sigterm(signum, frame):
+        raise Terminated()
+
+    signal.signal(signal.SIGTERM, on_sigterm)
+    reporter = Reporter(lambda line: print(line, file=sys.stderr, flush=True))
+    budget_source = "command line" if args.memory_budget is not None else "spec"
+    result = run_probe(spec, args.spec, reporter, budget_source=budget_source)
+    print(result_json(result), flush=True)
+    for line in summary_lines(result):
+        print(line, file=sys.stderr)
+    return exit_code_for(result.stop_reason)
+
+
+_COMMANDS = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return int(_COMMANDS[args.command](args))
+    except SpecError as error:
+        print(f"isoprobe: {error.render()}", file=sys.stderr)
+        return ExitCode.BAD_SPEC
+    except ProbeError as error:
+        print(f"isoprobe: {error.message}", file=sys.stderr)
+        if error.evidence:
+            print(error.evidence.rstrip(), file=sys.stderr)
+        return ExitCode.NO_ANSWER
+    except KeyboardInterrupt:
+        print("isoprobe: interrupted", file=sys.stderr)
+        return ExitCode.INTERRUPTED

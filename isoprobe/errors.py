@@ -1,0 +1,75 @@
+"""Every error isoprobe raises on purpose, and the documented exit codes.
+
+The tree::
+
+    IsoprobeError      exit 1: internal, a bug in isoprobe
+    ├── SpecError      exit 2: the spec or the command line is wrong; lists every problem found
+    └── ProbeError     exit 4: the probe could not start (the environment check child failed)
+
+Only a user's mistake travels as an exception. The other non-zero outcomes
+(the start batch does not fit: 3; the probe could not answer: 4; interrupted:
+130/143) are *answers*: a ``Result`` is still printed, its ``stop_reason`` says
+why, and ``result.exit_code_for`` maps it to the code. Foreign exceptions
+(YAML, pydantic, OS) are converted to ``SpecError`` where they happen
+(``spec.py``), so the CLI never shows a traceback for a user's mistake.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class ExitCode(enum.IntEnum):
+    """Documented exit codes (README.md, "Exit codes")."""
+
+    ANSWERED = 0
+    INTERNAL = 1
+    BAD_SPEC = 2
+    START_DOES_NOT_FIT = 3
+    NO_ANSWER = 4
+    INTERRUPTED = 130
+    TERMINATED = 143
+
+
+class IsoprobeError(Exception):
+    """Base class of isoprobe's own errors."""
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One thing wrong with a spec: where, what, and how to fix it."""
+
+    field: str
+    message: str
+    fix: str = ""
+
+    def render(self, source: str) -> str:
+        where = f"{source}: {self.field}" if self.field else source
+        text = f"{where}: {self.message}"
+        if self.fix:
+            text += f"\n    fix: {self.fix}"
+        return text
+
+
+class SpecError(IsoprobeError):
+    """The spec (or a command-line override) cannot be used. Lists every problem at once."""
+
+    def __init__(self, source: str, problems: list[Problem]):
+        self.source = source
+        self.problems = list(problems)
+        super().__init__(self.render())
+
+    def render(self) -> str:
+        head = f"{len(self.problems)} problem(s) in {self.source}:" if len(self.problems) > 1 else ""
+        body = "\n".join(p.render(self.source) for p in self.problems)
+        return f"{head}\n{body}" if head else body
+
+
+class ProbeError(IsoprobeError):
+    """The probe could not get as far as a trial: no answer, but not the user's spec either."""
+
+    def __init__(self, message: str, evidence: str = ""):
+        self.message = message
+        self.evidence = evidence
+        super().__init__(message)

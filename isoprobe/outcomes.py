@@ -1,0 +1,54 @@
+"""How a trial ended, and how to tell an out-of-memory failure from everything else.
+
+Shared by the child (which classifies its own exception), the supervisor (which
+adds crashed and timed out) and the search (which only moves on fits and
+out_of_memory). Plain Python on purpose: the child imports it before torch, and
+the classifier is tested with strings, without torch.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Outcome(str, enum.Enum):
+    """The five ways a trial ends. Only FITS counts as success; unknown is never FITS."""
+
+    FITS = "fits"                    # every training step completed and the child reported it
+    OUT_OF_MEMORY = "out_of_memory"  # an allocation failed (CUDA OOM, CPU allocator under the cap)
+    ERROR = "error"                  # any other exception: a bug in the model or spec, not a memory verdict
+    CRASHED = "crashed"              # killed by a signal, or exited without a complete result
+    TIMED_OUT = "timed_out"          # ran past the trial timeout; its process group was killed
+
+
+#: Substrings of exception messages that mean an allocation failed. Checked
+#: case-insensitively. Sources: torch's CUDA caching allocator ("CUDA out of
+#: memory"), raw CUDA/cuBLAS/cuDNN status codes surfaced as RuntimeError, and
+#: c10's DefaultCPUAllocator ("can't allocate memory ... Error code 12").
+_OOM_MESSAGE_MARKERS = (
+    "out of memory",
+    "can't allocate memory",
+    "cannot allocate memory",
+    "cublas_status_alloc_failed",
+    "cudnn_status_alloc_failed",
+    "cudaerrormemoryallocation",
+    "failed to allocate memory",
+)
+
+#: Exception class names (anywhere in the MRO) that are allocation failures by type.
+_OOM_TYPE_NAMES = {"OutOfMemoryError", "MemoryError", "_ArrayMemoryError"}
+
+
+def classify_exception(type_names: list[str], message: str) -> Outcome:
+    """OUT_OF_MEMORY when the type or the message says an allocation failed, else ERROR.
+
+    ``type_names`` is the class names of the exception's MRO (``type(e).__mro__``)
+    so subclasses such as torch.OutOfMemoryError or numpy's _ArrayMemoryError
+    are recognised by name without importing either library.
+    """
+    if any(name in _OOM_TYPE_NAMES for name in type_names):
+        return Outcome.OUT_OF_MEMORY
+    lowered = message.lower()
+    if any(marker in lowered for marker in _OOM_MESSAGE_MARKERS):
+        return Outcome.OUT_OF_MEMORY
+    return Outcome.ERROR

@@ -1,0 +1,431 @@
+"""The probe: spec -> environment check -> search over real trials -> recommendation -> Result.
+
+This is where the pure parts (search, recommend) meet the edges (supervisor).
+It never imports torch: facts about torch and the GPU come from an ``inspect``
+child, started once before the trials, so the parent cannot create a CUDA
+context even by accident.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from isoprobe import __version__
+from isoprobe.errors import ProbeError, Problem, SpecError
+from isoprobe.outcomes import Outcome
+from isoprobe.output import Reporter
+from isoprobe.recommend import advise
+from isoprobe.result import (
+    AllocatorInfo,
+    DeviceInfo,
+    ErrorInfo,
+    MemoryModel,
+    Recommendation,
+    Result,
+    StopReason,
+    Trial,
+)
+from isoprobe.search import Limits, Observation, run_search
+from isoprobe.spec import Spec
+from isoprobe.supervisor import ChildRun, classify_exit, run_child
+from isoprobe.units import format_bytes
+
+#: CPU backend budget when the spec sets none. Big enough for resnet50 at a
+#: handful of samples (imports take ~0.9 GiB of it), small enough that the
+#: search ends in minutes on 2 cores.
+DEFAULT_CPU_BUDGET = 4 * 1024**3
+#: The inspect child imports torch and builds the model on the meta device.
+INSPECT_TIMEOUT_SECONDS = 300.0
+#: Data segment a trial needs beyond the import baseline before any model exists.
+_MIN_BUDGET_MARGIN = 64 * 1024**2
+
+
+class Terminated(BaseException):
+    """Raised in the parent on SIGTERM, so the same cleanup runs as for Ctrl-C."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """The resolved device: where trials run and the memory they may use."""
+
+    backend: Literal["cpu", "cuda"]
+    device: str
+    info: DeviceInfo
+
+
+# --------------------------------------------------------------------------- environment
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "cpu"
+
+
+def _ram_bytes() -> int:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def resolve_target(spec: Spec, facts: dict, budget_source: str | None, source: str = "spec") -> Target:
+    """Pick the backend from the spec's device and what the inspect child saw. Pure given ``facts``."""
+    requested = spec.device
+    devices = facts.get("cuda_devices") or []
+    note = None
+    if requested == "auto":
+        if devices:
+            requested_device, note = "cuda:0", "device auto: a GPU is visible, using cuda:0"
+        else:
+            requested_device = "cpu"
+            note = "device auto: no GPU visible, using the CPU backend (memory capped per trial)"
+    else:
+        requested_device = "cuda:0" if requested == "cuda" else requested
+    if requested_device == "cpu":
+        budget = spec.memory_budget or DEFAULT_CPU_BUDGET
+        source = budget_source if spec.memory_budget else "default"
+        baseline = (facts.get("memory_after_import") or {}).get("data")
+        if baseline and budget < baseline + _MIN_BUDGET_MARGIN:
+            raise SpecError(
+                source,
+                [
+                    Problem(
+                        "memory_budget",
+                        f"{format_bytes(budget)} is less than a trial needs just to import torch "
+                        f"({format_bytes(baseline)} measured here)",
+                        f"give at least {format_bytes(baseline + 512 * 1024**2)} for a small model",
+                    )
+                ],
+            )
+        info = DeviceInfo(
+            backend="cpu",
+            requested=spec.device,
+            name=_cpu_name(),
+            total_memory_bytes=_ram_bytes(),
+            memory_budget_bytes=budget,
+            budget_source=source,
+            capacity_bytes=budget,
+            import_baseline_bytes=baseline,
+            note=note,
+        )
+        return Target("cpu", "cpu", info)
+    index = int(requested_device.split(":")[1])
+    if not devices:
+        raise SpecError(
+            source,
+            [Problem("device", f"{requested} was asked for, but torch sees no GPU here", "use device: auto or cpu")],
+        )
+    if index >= len(devices):
+        raise SpecError(
+            source,
+            [Problem("device", f"{requested} does not exist: {len(devices)} GPU(s) visible", "pick cuda:0 .. "
+                     f"cuda:{len(devices) - 1}")],
+        )
+    total = devices[index]["total_memory_bytes"]
+    budget = spec.memory_budget
+    if budget is not None and budget > total:
+        raise SpecError(
+            source,
+            [Problem("memory_budget", f"{format_bytes(budget)} is more than the GPU has ({format_bytes(total)})",
+                     "lower it, or leave it unset to use the whole GPU")],
+        )
+    info = DeviceInfo(
+        backend="cuda",
+        requested=spec.device,
+        name=devices[index]["name"],
+        index=index,
+        total_memory_bytes=total,
+        memory_budget_bytes=budget,
+        budget_source=budget_source if budget is not None else None,
+        capacity_bytes=budget or total,
+        note=note,
+    )
+    return Target("cuda", requested_device, info)
+
+
+def allocator_info(spec: Spec, backend: str, environ: dict[str, str]) -> AllocatorInfo:
+    if spec.allocator is not None:
+        value, source = spec.allocator, "spec"
+    elif environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF"):
+        value = environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF")
+        source = "environment"
+    else:
+        value, source = None, "none"
+    variables = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] if spec.allocator is not None else []
+    return AllocatorInfo(value=value, source=source, variables=variables, applies=backend == "cuda")
+
+
+def inspect_environment(spec: Spec, spec_path: str, workdir: Path, python_path: list[str]) -> dict:
+    """Run the inspect child; map what it cannot build to a SpecError."""
+    run = run_child(
+        {"mode": "inspect", "spec": spec.model_dump(mode="json"), "python_path": python_path, "device": spec.device},
+        workdir,
+        backend="cpu" if spec.device == "cpu" else "cuda",
+        timeout=INSPECT_TIMEOUT_SECONDS,
+        memory_limit=None,
+        allocator=spec.allocator,
+        name="inspect",
+    )
+    result = next((e for e in run.events if e.get("event") == "result"), None)
+    if result is None or run.timed_out:
+        how = "timed out" if run.timed_out else f"exited with status {run.returncode}"
+        raise ProbeError(f"the environment check (importing torch in a child process) {how}", run.stderr_tail)
+    if result["problems"]:
+        fields = {"model": "model", "optimizer": "optimizer.kwargs"}
+        raise SpecError(
+            spec_path,
+            [
+                Problem(
+                    fields.get(p["stage"], "model"),
+                    f"cannot be built: {p['type']}: {p['message']}",
+                    "check the name, the factory's module and function, and the keyword arguments",
+                )
+                for p in result["problems"]
+            ],
+        )
+    return result["facts"]
+
+
+# --------------------------------------------------------------------------- trials
+
+
+def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> Trial:
+    verdict = classify_exit(run)
+    result = verdict.result or {}
+    error = result.get("error")
+    keep_stderr = verdict.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT, Outcome.ERROR)
+    return Trial(
+        index=index,
+        batch_size=batch_size,
+        purpose=purpose,
+        outcome=verdict.outcome,
+        peak_bytes=result.get("peak_bytes"),
+        peak_allocated_bytes=result.get("peak_allocated_bytes"),
+        step_seconds=[round(s, 4) for s in result.get("step_seconds", [])],
+        seconds=round(run.seconds, 3),
+        phase=verdict.phase,
+        error=ErrorInfo(**error) if error else None,
+        exit_code=run.returncode,
+        signal=verdict.signal_name,
+        stderr_tail=run.stderr_tail[-2000:] if keep_stderr and run.stderr_tail else None,
+    )
+
+
+class TrialRunner:
+    """The search's oracle: one fresh child process per call."""
+
+    def __init__(self, spec: Spec, target: Target, workdir: Path, python_path: list[str], reporter: Reporter):
+        self.spec = spec
+        self.target = target
+        self.workdir = workdir
+        self.python_path = python_path
+        self.reporter = reporter
+        self.trials: list[Trial] = []
+
+    def run(self, batch_size: int, purpose: str = "search") -> Trial:
+        index = len(self.trials) + 1
+        request = {
+            "mode": "trial",
+            "spec": self.spec.model_dump(mode="json"),
+            "batch_size": batch_size,
+            "device": self.target.device,
+            "memory_budget_bytes": self.target.info.memory_budget_bytes,
+            "python_path": self.python_path,
+        }
+        run = run_child(
+            request,
+            self.workdir,
+            backend=self.target.backend,
+            timeout=self.spec.search.trial_timeout,
+            memory_limit=self.target.info.memory_budget_bytes if self.target.backend == "cpu" else None,
+            allocator=self.spec.allocator,
+            name=f"trial{index:03d}-b{batch_size}",
+        )
+        trial = trial_from_run(run, index, batch_size, purpose)
+        self.trials.append(trial)
+        self.reporter.trial(trial)
+        return trial
+
+    def observe(self, batch_size: int) -> Observation:
+        trial = self.run(batch_size)
+        return Observation(batch_size, trial.outcome, trial.peak_bytes if trial.outcome is Outcome.FITS else None)
+
+
+# --------------------------------------------------------------------------- the probe
+
+
+def run_probe(
+    spec: Spec,
+    spec_path: str,
+    reporter: Reporter,
+    *,
+    budget_source: str = "spec",
+    environ: dict[str, str] | None = None,
+) -> Result:
+    """Everything ``isoprobe run`` does between a valid spec and the printed result."""
+    environ = dict(os.environ if environ is None else environ)
+    started = time.monotonic()
+    python_path = [str(Path(spec_path).resolve().parent)]
+    with tempfile.TemporaryDirectory(prefix="isoprobe-") as scratch:
+        workdir = Path(scratch)
+        reporter.note("checking the environment (importing torch in a child process)")
+        facts = inspect_environment(spec, spec_path, workdir, python_path)
+        target = resolve_target(spec, facts, budget_source, spec_path)
+        info = target.info
+        if info.note:
+            reporter.note(info.note)
+        reporter.note(
+            f"backend {target.backend} ({info.name}), capacity {format_bytes(info.capacity_bytes)}"
+            + (f", of which importing torch takes {format_bytes(info.import_baseline_bytes)}"
+               if info.import_baseline_bytes else "")
+        )
+        runner = TrialRunner(spec, target, workdir, python_path, reporter)
+        limits = Limits(start=spec.search.start_batch_size, cap=spec.search.cap)
+        history: list[Observation] = []
+        interrupted: StopReason | None = None
+        try:
+            conclusion = run_search(runner.observe, limits, history)
+        except KeyboardInterrupt:
+            interrupted = StopReason.INTERRUPTED
+        except Terminated:
+            interrupted = StopReason.TERMINATED
+        recommended, recommendation = None, None
+        if interrupted is None:
+            stop = StopReason(conclusion.stop.value)
+            if conclusion.exact:
+                try:
+                    recommended, recommendation = _recommend(spec, target, runner, conclusion.max_fitting)
+                except KeyboardInterrupt:
+                    interrupted = StopReason.INTERRUPTED
+                except Terminated:
+                    interrupted = StopReason.TERMINATED
+            max_fitting, first_failing = conclusion.max_fitting, conclusion.first_failing
+        if interrupted is not None:
+            stop = interrupted
+            fits = [o.batch_size for o in history if o.outcome is Outcome.FITS]
+            max_fitting = max(fits) if fits else None
+            fails = [o.batch_size for o in history if o.outcome is Outcome.OUT_OF_MEMORY
+                     and (max_fitting is None or o.batch_size > max_fitting)]
+            first_failing = min(fails) if fails else None
+            recommended, recommendation = None, None
+    limited_by = _limited_by(spec, limits, max_fitting) if stop is StopReason.CAPPED else None
+    message, suggestions = _explain(stop, spec, info, runner.trials, max_fitting, first_failing, limited_by,
+                                    recommended)
+    return Result(
+        isoprobe_version=__version__,
+        python_version=platform.python_version(),
+        torch_version=facts.get("torch_version"),
+        torchvision_version=facts.get("torchvision_version"),
+        spec_path=spec_path,
+        spec=spec,
+        device=info,
+        allocator=allocator_info(spec, target.backend, environ),
+        answered=stop in (StopReason.EDGE_FOUND, StopReason.CAPPED),
+        max_batch_size=max_fitting,
+        first_failing_batch_size=first_failing,
+        limited_by=limited_by,
+        recommended_batch_size=recommended,
+        recommendation=recommendation,
+        stop_reason=stop,
+        message=message,
+        suggestions=suggestions,
+        trials=runner.trials,
+        total_seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def _recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int):
+    """Advise from the fitting trials, then run the advised batch unless it already ran and fit."""
+    fitting = [(t.batch_size, t.peak_bytes) for t in runner.trials if t.outcome is Outcome.FITS and t.peak_bytes]
+    advice = advise(
+        max_fitting,
+        fitting,
+        target.info.capacity_bytes,
+        spec.recommendation.headroom,
+        spec.recommendation.multiple_of,
+    )
+    batch, note = advice.batch_size, advice.note
+    measured = next((t for t in runner.trials if t.batch_size == batch and t.outcome is Outcome.FITS), None)
+    if measured is None:
+        check = runner.run(batch, purpose="recommendation_check")
+        if check.outcome is Outcome.FITS:
+            measured = check
+        else:
+            lower = [t for t in runner.trials if t.outcome is Outcome.FITS and t.batch_size <= batch]
+            measured = max(lower, key=lambda t: t.batch_size) if lower else None
+            note += f"; the check run of {batch} ended {check.outcome.value}, so the recommendation fell back"
+            batch = measured.batch_size if measured else None
+    model = advice.line
+    return batch, Recommendation(
+        headroom_bytes=advice.headroom_bytes,
+        target_peak_bytes=advice.target_peak_bytes,
+        memory_model=MemoryModel(intercept_bytes=model.intercept, per_sample_bytes=model.slope, points=model.points)
+        if model else None,
+        multiple_of=spec.recommendation.multiple_of,
+        predicted_peak_bytes=advice.predicted_peak_bytes,
+        measured_peak_bytes=measured.peak_bytes if measured else None,
+        note=note,
+    )
+
+
+def _limited_by(spec: Spec, limits: Limits, max_fitting: int | None) -> str:
+    if spec.search.dataset_size is not None and max_fitting == spec.search.dataset_size and (
+        spec.search.max_batch_size is None or spec.search.dataset_size <= spec.search.max_batch_size
+    ):
+        return "dataset_size"
+    if spec.search.max_batch_size is not None and max_fitting == spec.search.max_batch_size:
+        return "max_batch_size"
+    return "search_ceiling"
+
+
+_SAVE_MEMORY = [
+    "mixed precision (autocast fp16 with a GradScaler, or bf16) shrinks activations",
+    "gradient checkpointing (torch.utils.checkpoint) trades recomputation for activation memory",
+    "a smaller per-sample input (shorter sequences, smaller images) or a smaller model",
+]
+
+
+def _explain(stop, spec, info, trials, max_fitting, first_failing, limited_by, recommended):
+    where = f"{info.backend} ({format_bytes(info.capacity_bytes)})"
+    last = trials[-1] if trials else None
+    if stop is StopReason.EDGE_FOUND:
+        text = f"batch {max_fitting} fits and {first_failing} runs out of memory on {where}"
+        return text + (f"; recommended {recommended}" if recommended else ""), []
+    if stop is StopReason.CAPPED:
+        text = f"batch {max_fitting} fits; larger batches were not tried because of {limited_by}"
+        return text + (f"; recommended {recommended}" if recommended else ""), []
+    if stop is StopReason.START_DOES_NOT_FIT:
+        suggestions = list(_SAVE_MEMORY)
+        if info.backend == "cpu":
+            suggestions.insert(0, "a larger memory_budget (--memory-budget) for the CPU backend")
+        if spec.search.start_batch_size > 2:
+            suggestions.insert(0, "a smaller search.start_batch_size")
+        return f"not even the start batch {spec.search.start_batch_size} fits on {where}", suggestions
+    if stop is StopReason.ERROR and last is not None:
+        error = last.error
+        detail = f"{error.type}: {error.message.splitlines()[0] if error.message else ''}" if error else "an error"
+        return (
+            f"batch {last.batch_size} raised {detail} — an error in the model or spec, not a memory verdict",
+            ["fix the error shown in trials[-1].error.traceback_tail, then run again"],
+        )
+    if stop is StopReason.CRASHED and last is not None:
+        how = f"killed by {last.signal}" if last.signal else f"exited with status {last.exit_code} without a result"
+        return (
+            f"batch {last.batch_size} crashed ({how}, last phase: {last.phase})",
+            ["see trials[-1].stderr_tail; a SIGKILL can be the kernel's OOM killer"],
+        )
+    if stop is StopReason.TIMED_OUT and last is not None:
+        return (
+            f"batch {last.batch_size} ran past the {spec.search.trial_timeout:g} s trial timeout",
+            ["raise search.trial_timeout, or lower search.steps"],
+        )
+    best = f"; largest batch that fit so far: {max_fitting}" if max_fitting else ""
+    return f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an answer{best}", []

@@ -1,0 +1,173 @@
+"""The result: the one JSON document ``isoprobe run`` prints, as a pydantic model.
+
+This is the machine contract (``isoprobe schema`` publishes its JSON Schema)
+and the only source of every human view. Every trial is in it, so each answer
+can be traced to the trial that decided it.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from isoprobe.errors import ExitCode
+from isoprobe.outcomes import Outcome
+from isoprobe.spec import Spec
+
+SCHEMA_VERSION = 1
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class StopReason(str, enum.Enum):
+    """Why the probe ended; decides the exit code."""
+
+    EDGE_FOUND = "edge_found"                  # max fits and max + 1 ran out of memory
+    CAPPED = "capped"                          # the largest allowed batch fits (see ``limited_by``)
+    START_DOES_NOT_FIT = "start_does_not_fit"  # not even the start batch fits
+    ERROR = "error"                            # a trial raised a non-memory exception (a bug, not a verdict)
+    CRASHED = "crashed"                        # a trial died by a signal or without a result
+    TIMED_OUT = "timed_out"                    # a trial ran past the timeout
+    INTERRUPTED = "interrupted"                # SIGINT (Ctrl-C)
+    TERMINATED = "terminated"                  # SIGTERM
+
+
+_EXIT_CODES = {
+    StopReason.EDGE_FOUND: ExitCode.ANSWERED,
+    StopReason.CAPPED: ExitCode.ANSWERED,
+    StopReason.START_DOES_NOT_FIT: ExitCode.START_DOES_NOT_FIT,
+    StopReason.ERROR: ExitCode.NO_ANSWER,
+    StopReason.CRASHED: ExitCode.NO_ANSWER,
+    StopReason.TIMED_OUT: ExitCode.NO_ANSWER,
+    StopReason.INTERRUPTED: ExitCode.INTERRUPTED,
+    StopReason.TERMINATED: ExitCode.TERMINATED,
+}
+
+
+def exit_code_for(stop_reason: StopReason) -> ExitCode:
+    return _EXIT_CODES[stop_reason]
+
+
+class ErrorInfo(_Strict):
+    """The exception a trial raised (for error and out_of_memory outcomes)."""
+
+    type: str = Field(description="Exception class, e.g. 'torch.OutOfMemoryError'.")
+    message: str = Field(description="First 2000 characters of the exception message.")
+    traceback_tail: str = Field("", description="Last lines of the traceback, for errors in the user's model.")
+
+
+class Trial(_Strict):
+    """One child process, one batch size."""
+
+    index: int = Field(description="1-based order in which the trial ran.")
+    batch_size: int
+    purpose: Literal["search", "recommendation_check"] = Field(
+        description="search: a step of the edge search; recommendation_check: running the recommended batch."
+    )
+    outcome: Outcome
+    peak_bytes: int | None = Field(
+        None,
+        description=(
+            "Peak memory compared with the capacity. CUDA: torch.cuda.max_memory_reserved. "
+            "CPU: the child's peak resident set (VmHWM), imports included."
+        ),
+    )
+    peak_allocated_bytes: int | None = Field(None, description="CUDA only: torch.cuda.max_memory_allocated.")
+    step_seconds: list[float] = Field(
+        default_factory=list, description="Wall time of each completed training step; the first includes warm-up."
+    )
+    seconds: float = Field(description="Wall time of the whole child process, start-up and imports included.")
+    phase: str | None = Field(
+        None, description="Last phase the child reported: started, imported, model_built, step N, done."
+    )
+    error: ErrorInfo | None = None
+    exit_code: int | None = Field(None, description="The child's exit status; negative means killed by a signal.")
+    signal: str | None = Field(None, description="Name of the signal that killed the child, if any.")
+    stderr_tail: str | None = Field(None, description="Last lines of the child's stderr, kept for failed trials.")
+
+
+class DeviceInfo(_Strict):
+    """Where the trials ran, and the memory they were allowed."""
+
+    backend: Literal["cpu", "cuda"]
+    requested: str = Field(description="The spec's device (auto, cpu, cuda, cuda:N) after command-line overrides.")
+    name: str = Field(description="GPU name, or the CPU model for the CPU backend.")
+    index: int | None = Field(None, description="CUDA device index within CUDA_VISIBLE_DEVICES.")
+    total_memory_bytes: int = Field(description="GPU memory, or the machine's RAM on the CPU backend.")
+    memory_budget_bytes: int | None = Field(None, description="The cap applied to each trial, if any.")
+    budget_source: Literal["spec", "command line", "default"] | None = None
+    capacity_bytes: int = Field(description="What the peaks are compared with: the budget if set, else total memory.")
+    import_baseline_bytes: int | None = Field(
+        None,
+        description=(
+            "CPU: memory the child holds after importing torch and building nothing (data segment), "
+            "which is part of the budget."
+        ),
+    )
+    note: str | None = Field(None, description="How this device was chosen, when it was not asked for explicitly.")
+
+
+class AllocatorInfo(_Strict):
+    """The allocator configuration every trial ran with."""
+
+    value: str | None = Field(description="The PYTORCH_CUDA_ALLOC_CONF string, or null for torch's default.")
+    source: Literal["spec", "environment", "none"]
+    variables: list[str] = Field(description="Environment variables set to this value in each child.")
+    applies: bool = Field(description="False on the CPU backend, where the CUDA allocator is not used.")
+
+
+class MemoryModel(_Strict):
+    """Peak memory as a line over the batch size, fitted to the trials that fit: peak ≈ intercept + per_sample·batch."""
+
+    intercept_bytes: float
+    per_sample_bytes: float
+    points: int = Field(description="Number of fitting trials the line was fitted to.")
+
+
+class Recommendation(_Strict):
+    """How the recommended batch follows from the maximum."""
+
+    headroom_bytes: int = Field(description="Memory to keep free below the capacity.")
+    target_peak_bytes: int = Field(description="capacity - headroom: the peak the recommended batch should stay under.")
+    memory_model: MemoryModel | None = Field(None, description="The line used to predict peaks; null with one point.")
+    multiple_of: int
+    predicted_peak_bytes: int | None = None
+    measured_peak_bytes: int | None = Field(None, description="Peak of the trial that ran the recommended batch.")
+    note: str = Field(description="How the number was derived, in words.")
+
+
+class Result(_Strict):
+    """What ``isoprobe run`` found, with every trial as evidence."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    isoprobe_version: str
+    python_version: str
+    torch_version: str | None = None
+    torchvision_version: str | None = None
+    spec_path: str
+    spec: Spec = Field(description="The spec as validated, command-line overrides applied.")
+    device: DeviceInfo | None = None
+    allocator: AllocatorInfo
+    answered: bool = Field(description="True when max_batch_size is a proven answer (exit code 0).")
+    max_batch_size: int | None = Field(
+        None, description="Largest batch that fit. Always a batch that was run successfully; null if none did."
+    )
+    first_failing_batch_size: int | None = Field(
+        None, description="Smallest batch above max_batch_size that ran out of memory; null if none was tried."
+    )
+    limited_by: Literal["max_batch_size", "dataset_size", "search_ceiling"] | None = Field(
+        None, description="Why no larger batch was tried, when the search stopped at a cap rather than at memory."
+    )
+    recommended_batch_size: int | None = Field(
+        None, description="A batch at or below max_batch_size with the headroom and rounding applied; it was run."
+    )
+    recommendation: Recommendation | None = None
+    stop_reason: StopReason
+    message: str = Field(description="One sentence for people: the answer, or why there is none.")
+    suggestions: list[str] = Field(default_factory=list, description="What to try when the answer is not usable.")
+    trials: list[Trial]
+    total_seconds: float

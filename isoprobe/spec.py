@@ -1,0 +1,375 @@
+"""The spec: what the user writes in YAML, validated into one typed ``Spec``.
+
+Every field a user can set is documented here, once, in its ``Field``
+description; ``isoprobe schema --spec`` prints them as JSON Schema.
+Loading is split into parse (YAML), override (command-line flags), validate
+(pydantic, every problem collected) and resolve (paths against the spec file),
+and every failure on the way becomes one ``SpecError`` that names the file,
+the field and the fix. This module must not import torch.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from isoprobe.errors import Problem, SpecError
+from isoprobe.units import parse_bytes
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo must never be silently ignored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+ByteCount = Annotated[int, BeforeValidator(parse_bytes)]
+
+
+def _parse_headroom(value: Any) -> float | int:
+    """A number in [0, 1) is a fraction of memory; an integer >= 1 or a size string is bytes."""
+    if isinstance(value, bool):
+        raise ValueError("expected a fraction such as 0.1 or a size such as '2GiB'")
+    if isinstance(value, (int, float)):
+        if 0 <= value < 1:
+            return float(value)
+        if float(value).is_integer():
+            return int(value)
+        raise ValueError(f"{value} is neither a fraction in [0, 1) nor a whole number of bytes")
+    return parse_bytes(value)
+
+
+Headroom = Annotated[float | int, BeforeValidator(_parse_headroom)]
+
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
+
+
+class ModelSpec(_Strict):
+    """Which network to train. Give exactly one of ``torchvision`` and ``factory``."""
+
+    torchvision: str | None = Field(
+        None,
+        description="Name of a torchvision model, as accepted by torchvision.models.get_model, e.g. 'resnet50'.",
+    )
+    factory: str | None = Field(
+        None,
+        description=(
+            "A Python function returning a torch.nn.Module, written 'package.module:function' "
+            "(importable; the spec's folder is on the import path) or 'path/to/file.py:function' "
+            "(relative to the spec file)."
+        ),
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the model builder, e.g. {num_classes: 1000}. Weights are never downloaded.",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> "ModelSpec":
+        if (self.torchvision is None) == (self.factory is None):
+            raise ValueError("give exactly one of 'torchvision' (a model name) or 'factory' ('module:function')")
+        if self.factory is not None and not re.fullmatch(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*", self.factory):
+            raise ValueError(
+                f"factory {self.factory!r} must look like 'package.module:function' or 'file.py:function'"
+            )
+        return self
+
+
+class InputSpec(_Strict):
+    """One sample of the model's input; the batch dimension is added in front."""
+
+    shape: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, description="Per-sample input shape without the batch dimension, e.g. [3, 224, 224]."
+    )
+    dtype: Literal["float32", "float16", "bfloat16", "float64", "int64"] = Field(
+        "float32", description="Element type of the synthetic input."
+    )
+    high: int | None = Field(
+        None,
+        ge=1,
+        description="For dtype int64 only: inputs are random integers in [0, high), e.g. a vocabulary size.",
+    )
+
+    @model_validator(mode="after")
+    def _high_only_for_integers(self) -> "InputSpec":
+        if self.dtype == "int64" and self.high is None:
+            raise ValueError("dtype int64 needs 'high' (inputs are drawn from [0, high))")
+        if self.dtype != "int64" and self.high is not None:
+            raise ValueError("'high' applies to dtype int64 only")
+        return self
+
+
+class TargetSpec(_Strict):
+    """What the loss compares the output with. Give exactly one of ``classes`` and ``shape``."""
+
+    classes: int | None = Field(
+        None, ge=2, description="Classification: number of classes; the loss is cross-entropy."
+    )
+    shape: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, min_length=1, description="Regression: per-sample target shape; the loss is mean squared error."
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_task(self) -> "TargetSpec":
+        if (self.classes is None) == (self.shape is None):
+            raise ValueError("give exactly one of 'classes' (classification) or 'shape' (regression)")
+        return self
+
+
+class OptimizerSpec(_Strict):
+    """The optimizer whose state is part of the memory a training step needs."""
+
+    name: Literal["sgd", "adam", "adamw"] = Field(
+        "adam", description="sgd (momentum 0.9 unless kwargs say otherwise), adam or adamw."
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the torch.optim class, e.g. {lr: 0.001}."
+    )
+
+
+class SearchSpec(_Strict):
+    """Where the search starts, where it must stop, and what one trial is."""
+
+    start_batch_size: int = Field(
+        2, ge=1, description="First batch tried. 2 by default: BatchNorm needs more than one sample in training."
+    )
+    max_batch_size: int | None = Field(
+        None, ge=1, description="Never try a batch above this. The answer is this value if it fits."
+    )
+    dataset_size: int | None = Field(
+        None, ge=1, description="Number of samples in the dataset: a batch larger than the dataset is never tried."
+    )
+    steps: int = Field(
+        3,
+        ge=2,
+        description=(
+            "Training steps per trial (at least 2: Adam's state is allocated at the first optimizer step, "
+            "so the second step's peak can exceed the first's)."
+        ),
+    )
+    trial_timeout: float = Field(
+        600.0, gt=0, description="Seconds one trial may take before its whole process group is killed."
+    )
+
+    @model_validator(mode="after")
+    def _start_within_caps(self) -> "SearchSpec":
+        for name in ("max_batch_size", "dataset_size"):
+            cap = getattr(self, name)
+            if cap is not None and self.start_batch_size > cap:
+                raise ValueError(f"start_batch_size {self.start_batch_size} is above {name} {cap}")
+        return self
+
+    @property
+    def cap(self) -> int | None:
+        """The largest batch the search may try, or None when only memory limits it."""
+        caps = [c for c in (self.max_batch_size, self.dataset_size) if c is not None]
+        return min(caps) if caps else None
+
+
+class RecommendationSpec(_Strict):
+    """How the recommended batch is derived from the maximum: headroom below the edge, then rounding."""
+
+    headroom: Headroom = Field(
+        0.1,
+        description=(
+            "Memory to keep free below the capacity (device memory or memory_budget): a fraction in [0, 1) "
+            "such as 0.1, or a size such as '2GiB'."
+        ),
+    )
+    multiple_of: int = Field(
+        1, ge=1, description="Round the recommended batch down to a multiple of this (e.g. 8 for tensor cores)."
+    )
+
+
+class Spec(_Strict):
+    """A training setup to probe."""
+
+    model: ModelSpec
+    input: InputSpec
+    target: TargetSpec
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    device: str = Field(
+        "auto",
+        pattern=DEVICE_PATTERN,
+        description="auto (CUDA if a GPU is visible, else CPU), cpu, cuda or cuda:N.",
+    )
+    memory_budget: ByteCount | None = Field(
+        None,
+        description=(
+            "Memory the trial may use, e.g. '8GiB', '16 GB' or bytes. On CUDA: a cap below the card's memory "
+            "(ask 'what fits on a 16 GB card' on a bigger one). On CPU: a hard limit on the child process, "
+            "imports included; default 4GiB."
+        ),
+    )
+    allocator: str | None = Field(
+        None,
+        description=(
+            "PYTORCH_CUDA_ALLOC_CONF for every trial, e.g. 'expandable_segments:True'. "
+            "Unset: the value in isoprobe's own environment, if any, is passed on."
+        ),
+    )
+    recommendation: RecommendationSpec = Field(default_factory=RecommendationSpec)
+
+
+# --------------------------------------------------------------------------- loading
+
+#: Command-line flags that override spec fields, by flag name -> dotted field path.
+OVERRIDABLE = {
+    "--device": "device",
+    "--memory-budget": "memory_budget",
+    "--max-batch-size": "search.max_batch_size",
+}
+
+
+def load_spec(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> Spec:
+    """Read, override, validate and resolve a spec file; raise one ``SpecError`` with every problem."""
+    path = Path(path)
+    source = str(path)
+    raw = _read_yaml(path)
+    flag_of_field: dict[str, str] = {}
+    for flag, value in (overrides or {}).items():
+        if value is None:
+            continue
+        dotted = OVERRIDABLE[flag]
+        _set_dotted(raw, dotted, value)
+        flag_of_field[dotted] = flag
+    try:
+        spec = Spec.model_validate(raw)
+    except ValidationError as exc:
+        raise SpecError(source, [_problem_from(error, flag_of_field) for error in exc.errors()]) from None
+    return _resolve_paths(spec, path.parent.resolve(), source)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise SpecError(str(path), [Problem("", "no such file", "check the path to the spec")]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise SpecError(str(path), [Problem("", f"cannot read the file: {exc}", "")]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        reason = getattr(exc, "problem", None) or str(exc)
+        raise SpecError(
+            str(path), [Problem(where, f"not valid YAML: {reason}", "fix the YAML syntax at that place")]
+        ) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError(
+            str(path),
+            [Problem("", f"the spec must be a YAML mapping, got {type(data).__name__}", "see specs/ for examples")],
+        )
+    return data
+
+
+def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    node = raw
+    for part in parents:
+        child = node.get(part)
+        if not isinstance(child, dict):
+            child = {}
+            node[part] = child
+        node = child
+    node[leaf] = value
+
+
+def _problem_from(error: dict[str, Any], flag_of_field: dict[str, str]) -> Problem:
+    """Turn one pydantic error into a sentence a user can act on."""
+    location = [str(part) for part in error["loc"]]
+    field = ".".join(location)
+    kind = error["type"]
+    message = error["msg"]
+    if message.startswith("Value error, "):
+        message = message[len("Value error, "):]
+    fix = ""
+    if kind == "extra_forbidden":
+        allowed = _known_fields(location[:-1])
+        close = difflib.get_close_matches(location[-1], allowed, n=1)
+        message = f"unknown field {location[-1]!r}"
+        fix = (f"did you mean {close[0]!r}? " if close else "") + f"known fields here: {', '.join(allowed)}"
+    elif kind == "missing":
+        message = "this field is required"
+        fix = _describe(location) or "add it; see specs/ for examples"
+    elif kind == "literal_error":
+        fix = f"use one of {error.get('ctx', {}).get('expected', '')}"
+    elif kind == "string_pattern_mismatch" and location == ["device"]:
+        message = f"{error.get('input')!r} is not a device"
+        fix = "use auto, cpu, cuda or cuda:N"
+    else:
+        fix = _describe(location)
+    if field in flag_of_field:
+        field = f"{field} (from {flag_of_field[field]})"
+    return Problem(field, message, fix)
+
+
+def _model_at(location: list[str]) -> type[BaseModel] | None:
+    model: type[BaseModel] | None = Spec
+    for part in location:
+        if model is None or part not in model.model_fields:
+            return None
+        annotation = model.model_fields[part].annotation
+        candidates = getattr(annotation, "__args__", (annotation,))
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+    return model
+
+
+def _known_fields(location: list[str]) -> list[str]:
+    model = _model_at(location)
+    return list(model.model_fields) if model else []
+
+
+def _describe(location: list[str]) -> str:
+    """The field's own documentation, as the fix hint: documented once, shown where it matters."""
+    parent = _model_at(location[:-1]) if location else None
+    if parent is None or not location or location[-1] not in parent.model_fields:
+        return ""
+    return parent.model_fields[location[-1]].description or ""
+
+
+def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
+    """Make a file-form factory absolute, so the child finds it whatever its working directory."""
+    factory = spec.model.factory
+    if factory is None:
+        return spec
+    target, function = factory.rsplit(":", 1)
+    if not (target.endswith(".py") or "/" in target):
+        return spec
+    file = (base / target).resolve()
+    if not file.is_file():
+        raise SpecError(
+            source,
+            [Problem("model.factory", f"no such file: {file}", "paths are relative to the spec file's folder")],
+        )
+    model = spec.model.model_copy(update={"factory": f"{file}:{function}"})
+    return spec.model_copy(update={"model": model})
+
+
+def check_references(spec: Spec, source: str) -> None:
+    """Checks that need the installed packages but not torch itself: does the named model exist?
+
+    Fast on purpose (``isoprobe validate`` runs it); the inspect child checks the
+    same things authoritatively before any trial.
+    """
+    from isoprobe.catalog import suggest, torchvision_model_names
+
+    problems: list[Problem] = []
+    name = spec.model.torchvision
+    known = torchvision_model_names()
+    if name is not None and known is not None and name not in known:
+        close = suggest(name, known)
+        fix = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "see torchvision.models.list_models()"
+        problems.append(Problem("model.torchvision", f"torchvision has no model named {name!r}", fix))
+    if problems:
+        raise SpecError(source, problems)

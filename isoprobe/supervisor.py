@@ -1,0 +1,242 @@
+"""One child process per trial: start it isolated, bound it in time and memory, read its verdict.
+
+This is the only module that starts processes. Each child gets:
+- its own session and process group (``start_new_session``), so a timeout or an
+  interrupt kills the child *and* anything it started (DataLoader workers);
+- ``PR_SET_PDEATHSIG`` = SIGKILL, so it dies with the parent;
+- on the CPU backend, ``RLIMIT_DATA`` = the budget plus ``MALLOC_MMAP_THRESHOLD_``
+  so that exceeding the budget is a real, repeatable allocation failure
+  (measured: shared/notes/processes-and-memory.md);
+- its own environment: the allocator setting, no GPU for the CPU backend;
+- stdout and stderr to files (a pipe nobody reads can block a chatty model),
+  and the verdict on a separate events file, accepted only as complete lines.
+
+``classify_exit`` turns what the child left behind into a verdict; it is pure,
+so every failure shape (signal, exit without result, half a line) is tested
+with literal values.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import resource
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from isoprobe.outcomes import Outcome
+
+#: Below this size glibc serves allocations from its heap and may keep freed memory,
+#: which makes an RLIMIT_DATA boundary flaky; above it every block is its own mmap.
+MALLOC_MMAP_THRESHOLD = 131072
+#: Seconds between SIGTERM and SIGKILL when a child's group is stopped.
+KILL_GRACE_SECONDS = 2.0
+_STDERR_TAIL_CHARS = 4000
+_PR_SET_PDEATHSIG = 1
+_PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """Everything a finished child left behind."""
+
+    returncode: int
+    timed_out: bool
+    seconds: float
+    events: list[dict] = field(default_factory=list)
+    stderr_tail: str = ""
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A child's end, classified."""
+
+    outcome: Outcome
+    result: dict | None   # the child's 'result' event, if it wrote one
+    phase: str | None
+    signal_name: str | None
+
+
+def classify_exit(run: ChildRun) -> Verdict:
+    """fits / out_of_memory / error come from the child's own result; crashed / timed_out from how it ended."""
+    result = next((e for e in reversed(run.events) if e.get("event") == "result"), None)
+    phase = _last_phase(run.events)
+    signal_name = _signal_name(run.returncode)
+    if run.timed_out:
+        return Verdict(Outcome.TIMED_OUT, result, phase, signal_name)
+    if result is None:
+        return Verdict(Outcome.CRASHED, None, phase, signal_name)
+    try:
+        outcome = Outcome(result.get("outcome"))
+    except ValueError:
+        return Verdict(Outcome.CRASHED, result, phase, signal_name)
+    if outcome is Outcome.FITS and run.returncode != 0:
+        # It said 'fits', then died on the way out: unknown is never 'fits'.
+        return Verdict(Outcome.CRASHED, result, phase, signal_name)
+    # A failure verdict stands even if the exit was unclean: both say 'not this batch'.
+    return Verdict(outcome, result, phase, signal_name)
+
+
+def _last_phase(events: list[dict]) -> str | None:
+    for event in reversed(events):
+        kind = event.get("event")
+        if kind == "result":
+            return event.get("phase")
+        if kind == "step":
+            return f"step {event.get('step')}"
+        if kind in ("started", "imported", "model_built"):
+            return kind
+    return None
+
+
+def _signal_name(returncode: int) -> str | None:
+    if returncode >= 0:
+        return None
+    try:
+        return signal.Signals(-returncode).name
+    except ValueError:
+        return f"signal {-returncode}"
+
+
+def read_events(path: Path) -> list[dict]:
+    """Complete JSON lines only: a line cut short by a dying child is dropped, not guessed at."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return []
+    events = []
+    for line in data.split(b"\n")[:-1]:  # the part after the last newline is incomplete by definition
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(event, dict):
+            events.append(event)
+    return events
+
+
+def child_environment(
+    base: dict[str, str], *, backend: str, allocator: str | None, events_path: Path
+) -> dict[str, str]:
+    """The environment one trial runs in. Pure, so what each child gets is testable."""
+    env = dict(base)
+    env["ISOPROBE_EVENTS"] = str(events_path)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a segfault or abort leaves a Python stack in stderr
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, base.get("PYTHONPATH", "")) if p)
+    if allocator is not None:
+        # torch reads PYTORCH_CUDA_ALLOC_CONF; newer releases also PYTORCH_ALLOC_CONF. Same value in both,
+        # so whichever the installed torch prefers, the trial runs with the spec's setting.
+        env["PYTORCH_CUDA_ALLOC_CONF"] = allocator
+        env["PYTORCH_ALLOC_CONF"] = allocator
+    if backend == "cpu":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MALLOC_MMAP_THRESHOLD)
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU trial can never create a CUDA context by accident
+    return env
+
+
+def _prepare_child(memory_limit: int | None, parent_pid: int):
+    """Runs in the child between fork and exec: die with the parent, and cap memory if asked."""
+
+    def prepare() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+            os._exit(1)
+        if memory_limit is not None:
+            resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
+
+    return prepare
+
+
+def kill_group(pid: int, grace: float = KILL_GRACE_SECONDS) -> None:
+    """SIGTERM the child's process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def run_child(
+    request: dict,
+    workdir: Path,
+    *,
+    backend: str,
+    timeout: float,
+    memory_limit: int | None,
+    allocator: str | None,
+    name: str,
+) -> ChildRun:
+    """Start ``python -m isoprobe.child`` for one request and wait for it, killing its group on timeout."""
+    request_path = workdir / f"{name}.request.json"
+    events_path = workdir / f"{name}.events.jsonl"
+    stdout_path = workdir / f"{name}.stdout"
+    stderr_path = workdir / f"{name}.stderr"
+    request_path.write_text(json.dumps(request))
+    env = child_environment(os.environ, backend=backend, allocator=allocator, events_path=events_path)
+    started = time.monotonic()
+    timed_out = False
+    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "isoprobe.child", str(request_path)],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            env=env,
+            cwd=workdir,
+            start_new_session=True,
+            preexec_fn=_prepare_child(memory_limit, os.getpid()),
+        )
+        try:
+            returncode = process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            timed_out = True
+            kill_group(process.pid)
+            returncode = process.wait()
+        finally:
+            # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
+            if process.poll() is None:
+                kill_group(process.pid)
+                process.wait()
+            try:
+                os.killpg(process.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+    seconds = time.monotonic() - started
+    return ChildRun(
+        returncode=returncode,
+        timed_out=timed_out,
+        seconds=seconds,
+        events=read_events(events_path),
+        stderr_tail=_tail(stderr_path),
+    )
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - _STDERR_TAIL_CHARS))
+            return handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""

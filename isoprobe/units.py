@@ -1,0 +1,51 @@
+"""Byte sizes as people write them ("8GiB", "16 GB", 3221225472) and as people read them.
+
+Decimal units (kB, MB, GB, TB) are powers of 1000 and binary units (KiB, MiB,
+GiB, TiB) powers of 1024, as on a GPU data sheet versus ``nvidia-smi``: users
+mix both, so both are accepted and neither is guessed from the other.
+"""
+
+from __future__ import annotations
+
+import re
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 1000, "kb": 1000, "kib": 1024,
+    "m": 1000**2, "mb": 1000**2, "mib": 1024**2,
+    "g": 1000**3, "gb": 1000**3, "gib": 1024**3,
+    "t": 1000**4, "tb": 1000**4, "tib": 1024**4,
+}
+_PATTERN = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*$")
+
+
+def parse_bytes(value: int | float | str) -> int:
+    """Return a byte count; raise ValueError with a usable message otherwise."""
+    if isinstance(value, bool):
+        raise ValueError("expected a size such as '8GiB', '16 GB' or a number of bytes, got a boolean")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"a size must be positive, got {value}")
+        return int(value)
+    match = _PATTERN.match(str(value))
+    if not match or match.group(2).lower() not in _UNITS:
+        raise ValueError(
+            f"cannot read {value!r} as a size; write e.g. '8GiB', '16 GB', '512MiB' or a number of bytes"
+        )
+    number = float(match.group(1)) * _UNITS[match.group(2).lower()]
+    if number < 1:
+        raise ValueError(f"a size must be positive, got {value!r}")
+    return int(number)
+
+
+def format_bytes(count: int | float | None) -> str:
+    """Binary units with two decimals: the way memory is reported by torch and nvidia-smi."""
+    if count is None:
+        return "-"
+    value = float(count)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(value) < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
