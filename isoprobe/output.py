@@ -33,7 +33,8 @@ def trial_line(trial: Trial) -> str:
     if trial.outcome is not Outcome.FITS:
         reason = trial.signal or (trial.error.type if trial.error else None) or trial.phase
         detail = f" ({reason})" if reason else ""
-    purpose = "  [recommendation check]" if trial.purpose == "recommendation_check" else ""
+    purpose = {"search": "", "recommendation_check": "  [recommendation check]",
+               "memory_check": "  [memory check: re-run with more memory]"}[trial.purpose]
     return (
         f"isoprobe: trial {trial.index:>2}  batch {trial.batch_size:>6}  "
         f"{trial.outcome.value + detail:<30}  peak {peak:>10}  {trial.seconds:6.1f} s{purpose}"

@@ -18,7 +18,7 @@ from typing import Literal
 
 from isoprobe import __version__
 from isoprobe.errors import ProbeError, Problem, SpecError
-from isoprobe.outcomes import Outcome
+from isoprobe.outcomes import Outcome, maybe_allocation_failure
 from isoprobe.output import Reporter
 from isoprobe.recommend import advise
 from isoprobe.result import (
@@ -231,13 +231,47 @@ class TrialRunner:
         self.trials: list[Trial] = []
 
     def run(self, batch_size: int, purpose: str = "search") -> Trial:
+        """One trial; an ambiguous library error is re-run with more memory before it is classified."""
+        budget = self.target.info.memory_budget_bytes
+        trial = self._launch(batch_size, purpose, budget)
+        if (
+            trial.outcome is Outcome.ERROR
+            and trial.error is not None
+            and maybe_allocation_failure(trial.error.message)
+            and budget is not None
+        ):
+            larger = self._larger_budget(budget)
+            check = self._launch(batch_size, "memory_check", larger)
+            if check.outcome is Outcome.FITS:
+                trial = trial.model_copy(
+                    update={
+                        "outcome": Outcome.OUT_OF_MEMORY,
+                        "reclassified": (
+                            f"{trial.error.type}: {trial.error.message.splitlines()[0]} under the "
+                            f"{format_bytes(budget)} budget, but batch {batch_size} fit with "
+                            f"{format_bytes(larger) if larger else 'no cap'} (trial {check.index}): "
+                            "an allocation failure"
+                        ),
+                    }
+                )
+                self.trials[trial.index - 1] = trial
+                self.reporter.note(f"trial {trial.index} reclassified as out_of_memory: {trial.reclassified}")
+        return trial
+
+    def _larger_budget(self, budget: int) -> int | None:
+        """Twice the budget: on CPU capped at the machine's RAM; on CUDA no cap at all (the whole card)."""
+        if self.target.backend == "cuda":
+            return None
+        return min(2 * budget, self.target.info.total_memory_bytes)
+
+    def _launch(self, batch_size: int, purpose: str, budget: int | None) -> Trial:
         index = len(self.trials) + 1
         request = {
             "mode": "trial",
             "spec": self.spec.model_dump(mode="json"),
             "batch_size": batch_size,
             "device": self.target.device,
-            "memory_budget_bytes": self.target.info.memory_budget_bytes,
+            "memory_budget_bytes": budget,
             "python_path": self.python_path,
         }
         run = run_child(
@@ -245,7 +279,7 @@ class TrialRunner:
             self.workdir,
             backend=self.target.backend,
             timeout=self.spec.search.trial_timeout,
-            memory_limit=self.target.info.memory_budget_bytes if self.target.backend == "cpu" else None,
+            memory_limit=budget if self.target.backend == "cpu" else None,
             allocator=self.spec.allocator,
             name=f"trial{index:03d}-b{batch_size}",
         )
@@ -302,7 +336,9 @@ def run_probe(
             stop = StopReason(conclusion.stop.value)
             if conclusion.exact:
                 try:
-                    recommended, recommendation = _recommend(spec, target, runner, conclusion.max_fitting)
+                    recommended, recommendation = _recommend(
+                        spec, target, runner, conclusion.max_fitting, conclusion.first_failing
+                    )
                 except KeyboardInterrupt:
                     interrupted = StopReason.INTERRUPTED
                 except Terminated:
@@ -342,29 +378,33 @@ def run_probe(
     )
 
 
-def _recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int):
+def _recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int, first_failing: int | None):
     """Advise from the fitting trials, then run the advised batch unless it already ran and fit."""
-    fitting = [(t.batch_size, t.peak_bytes) for t in runner.trials if t.outcome is Outcome.FITS and t.peak_bytes]
+    under_budget = [t for t in runner.trials if t.purpose != "memory_check"]
+    fitting = [(t.batch_size, t.peak_bytes) for t in under_budget if t.outcome is Outcome.FITS and t.peak_bytes]
     advice = advise(
         max_fitting,
         fitting,
         target.info.capacity_bytes,
         spec.recommendation.headroom,
         spec.recommendation.multiple_of,
+        first_failing,
     )
     batch, note = advice.batch_size, advice.note
-    measured = next((t for t in runner.trials if t.batch_size == batch and t.outcome is Outcome.FITS), None)
+    measured = next((t for t in under_budget if t.batch_size == batch and t.outcome is Outcome.FITS), None)
     if measured is None:
         check = runner.run(batch, purpose="recommendation_check")
         if check.outcome is Outcome.FITS:
             measured = check
         else:
-            lower = [t for t in runner.trials if t.outcome is Outcome.FITS and t.batch_size <= batch]
+            lower = [t for t in runner.trials
+                     if t.purpose != "memory_check" and t.outcome is Outcome.FITS and t.batch_size <= batch]
             measured = max(lower, key=lambda t: t.batch_size) if lower else None
             note += f"; the check run of {batch} ended {check.outcome.value}, so the recommendation fell back"
             batch = measured.batch_size if measured else None
     model = advice.line
     return batch, Recommendation(
+        capacity_bytes=advice.capacity_bytes,
         headroom_bytes=advice.headroom_bytes,
         target_peak_bytes=advice.target_peak_bytes,
         memory_model=MemoryModel(intercept_bytes=model.intercept, per_sample_bytes=model.slope, points=model.points)

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from isoprobe.units import format_bytes
+
 
 @dataclass(frozen=True)
 class Line:
@@ -28,6 +30,7 @@ class Line:
 @dataclass(frozen=True)
 class Advice:
     batch_size: int
+    capacity_bytes: int
     headroom_bytes: int
     target_peak_bytes: int
     line: Line | None
@@ -60,11 +63,22 @@ def advise(
     capacity: int,
     headroom: float | int,
     multiple_of: int,
+    first_failing: int | None = None,
 ) -> Advice:
-    """The recommended batch: at most ``max_batch``, predicted to peak below capacity - headroom, rounded down."""
+    """The recommended batch: at most ``max_batch``, predicted to peak below capacity - headroom, rounded down.
+
+    When the edge is known (``first_failing``), the capacity is the lower of the
+    nominal one and the peak the line predicts at the first failing batch: the
+    memory actually reachable in the peak's own terms. On CUDA the two agree
+    (reserved memory against the cap); on CPU the cap is on the data segment
+    while the peak is resident memory, which stays below the cap at the edge,
+    so a headroom against the nominal budget would barely move the batch.
+    """
+    line = fit_line([(b, p) for b, p in fitting if b <= max_batch])
+    if line is not None and line.slope > 0 and first_failing is not None:
+        capacity = min(capacity, int(line.at(first_failing)))
     reserve = headroom_in_bytes(headroom, capacity)
     target = capacity - reserve
-    line = fit_line([(b, p) for b, p in fitting if b <= max_batch])
     notes: list[str] = []
     if line is None or line.slope <= 0:
         batch = max_batch
@@ -72,7 +86,7 @@ def advise(
     else:
         batch = min(max_batch, int((target - line.intercept) // line.slope))
         notes.append(
-            f"largest batch whose predicted peak stays {reserve} bytes below the capacity "
+            f"largest batch whose predicted peak stays {format_bytes(reserve)} below the capacity "
             f"(line over {line.points} fitting trials)"
         )
         smallest = min(b for b, _ in fitting)
@@ -87,4 +101,4 @@ def advise(
         else:
             notes.append(f"kept {batch}: no multiple of {multiple_of} is at or below it")
     predicted = int(line.at(batch)) if line is not None and line.slope > 0 else None
-    return Advice(batch, reserve, target, line, predicted, "; ".join(notes))
+    return Advice(batch, capacity, reserve, target, line, predicted, "; ".join(notes))

@@ -65,8 +65,12 @@ class Trial(_Strict):
 
     index: int = Field(description="1-based order in which the trial ran.")
     batch_size: int
-    purpose: Literal["search", "recommendation_check"] = Field(
-        description="search: a step of the edge search; recommendation_check: running the recommended batch."
+    purpose: Literal["search", "recommendation_check", "memory_check"] = Field(
+        description=(
+            "search: a step of the edge search; recommendation_check: running the recommended batch; "
+            "memory_check: the previous trial re-run with more memory, to tell an ambiguous library error "
+            "from an allocation failure (its verdict never counts as 'fits')."
+        )
     )
     outcome: Outcome
     peak_bytes: int | None = Field(
@@ -88,6 +92,9 @@ class Trial(_Strict):
     exit_code: int | None = Field(None, description="The child's exit status; negative means killed by a signal.")
     signal: str | None = Field(None, description="Name of the signal that killed the child, if any.")
     stderr_tail: str | None = Field(None, description="Last lines of the child's stderr, kept for failed trials.")
+    reclassified: str | None = Field(
+        None, description="Why the outcome differs from what the child reported, with the evidence."
+    )
 
 
 class DeviceInfo(_Strict):
@@ -131,7 +138,13 @@ class MemoryModel(_Strict):
 class Recommendation(_Strict):
     """How the recommended batch follows from the maximum."""
 
-    headroom_bytes: int = Field(description="Memory to keep free below the capacity.")
+    capacity_bytes: int = Field(
+        description=(
+            "The capacity the headroom is measured from: the device capacity, or, when the edge was found, "
+            "the peak the memory model predicts at the first failing batch if that is lower."
+        )
+    )
+    headroom_bytes: int = Field(description="Memory to keep free below that capacity.")
     target_peak_bytes: int = Field(description="capacity - headroom: the peak the recommended batch should stay under.")
     memory_model: MemoryModel | None = Field(None, description="The line used to predict peaks; null with one point.")
     multiple_of: int

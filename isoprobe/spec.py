@@ -37,6 +37,8 @@ def _parse_headroom(value: Any) -> float | int:
     if isinstance(value, bool):
         raise ValueError("expected a fraction such as 0.1 or a size such as '2GiB'")
     if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"headroom cannot be negative, got {value}")
         if 0 <= value < 1:
             return float(value)
         if float(value).is_integer():
@@ -178,8 +180,10 @@ class RecommendationSpec(_Strict):
     headroom: Headroom = Field(
         0.1,
         description=(
-            "Memory to keep free below the capacity (device memory or memory_budget): a fraction in [0, 1) "
-            "such as 0.1, or a size such as '2GiB'."
+            "Memory to keep free below the capacity: a fraction in [0, 1) such as 0.1, or a size such as '2GiB'. "
+            "The capacity is memory_budget or the device's memory; once the edge is found, the peak predicted "
+            "at the first failing batch if that is lower (on CPU the peak is resident memory, which stays below "
+            "the data-segment cap)."
         ),
     )
     multiple_of: int = Field(
@@ -278,9 +282,10 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
     node = raw
     for part in parents:
         child = node.get(part)
+        if child is None:
+            child = node[part] = {}
         if not isinstance(child, dict):
-            child = {}
-            node[part] = child
+            return  # the section itself is wrong: leave it for validation to report, override unapplied
         node = child
     node[leaf] = value
 

@@ -113,7 +113,7 @@ def read_events(path: Path) -> list[dict]:
     for line in data.split(b"\n")[:-1]:  # the part after the last newline is incomplete by definition
         try:
             event = json.loads(line)
-        except ValueError:
+        except (ValueError, RecursionError):
             continue
         if isinstance(event, dict):
             events.append(event)

@@ -7,6 +7,7 @@ mix both, so both are accepted and neither is guessed from the other.
 
 from __future__ import annotations
 
+import math
 import re
 
 _UNITS = {
@@ -25,8 +26,8 @@ def parse_bytes(value: int | float | str) -> int:
     if isinstance(value, bool):
         raise ValueError("expected a size such as '8GiB', '16 GB' or a number of bytes, got a boolean")
     if isinstance(value, (int, float)):
-        if value <= 0:
-            raise ValueError(f"a size must be positive, got {value}")
+        if not math.isfinite(value) or value < 1:
+            raise ValueError(f"a size must be at least one byte, got {value}; write e.g. '8GiB' or '512MiB'")
         return int(value)
     match = _PATTERN.match(str(value))
     if not match or match.group(2).lower() not in _UNITS:

@@ -1,0 +1,339 @@
+"""Byte sizes, the out-of-memory classifier and the recommendation arithmetic: plain functions."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from isoprobe.outcomes import Outcome, classify_exception, maybe_allocation_failure
+from isoprobe.recommend import Line, advise, fit_line, headroom_in_bytes
+from isoprobe.units import format_bytes, parse_bytes
+
+# --------------------------------------------------------------------------- parse_bytes
+
+
+@pytest.mark.parametrize(
+    "written,expected",
+    [
+        ("8GiB", 8 * 1024**3),
+        ("8gib", 8 * 1024**3),
+        ("16 GB", 16 * 1000**3),
+        ("16GB", 16 * 1000**3),
+        ("512MiB", 512 * 1024**2),
+        ("512 MB", 512 * 1000**2),
+        ("1.5GiB", int(1.5 * 1024**3)),
+        ("4 KiB", 4096),
+        ("4k", 4000),
+        ("2 TiB", 2 * 1024**4),
+        ("1T", 1000**4),
+        ("100", 100),
+        ("100 B", 100),
+        ("  3 GiB  ", 3 * 1024**3),
+        (1073741824, 1024**3),
+        (2048.0, 2048),
+    ],
+)
+def test_parse_bytes(written, expected):
+    assert parse_bytes(written) == expected
+    assert isinstance(parse_bytes(written), int)
+
+
+@pytest.mark.parametrize("written", ["lots", "", "GiB", "8 XB", "-1GiB", "0", "0GiB", "0.5", "1e9", "8 Gi B"])
+def test_parse_bytes_rejects_unreadable_strings(written):
+    with pytest.raises(ValueError):
+        parse_bytes(written)
+
+
+@pytest.mark.parametrize("written", [0, -1, -2.5, True, False])
+def test_parse_bytes_rejects_non_positive_numbers_and_booleans(written):
+    with pytest.raises(ValueError):
+        parse_bytes(written)
+
+
+def test_parse_bytes_message_shows_how_to_write_a_size():
+    with pytest.raises(ValueError, match="8GiB"):
+        parse_bytes("lots")
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    number=st.integers(1, 10**6),
+    unit=st.sampled_from(["", "B", "k", "KB", "KiB", "M", "MB", "MiB", "G", "GB", "GiB", "TB", "TiB"]),
+    space=st.sampled_from(["", " "]),
+)
+def test_parse_bytes_scales_whole_numbers_exactly(number, unit, space):
+    scale = {
+        "": 1, "B": 1, "k": 1000, "KB": 1000, "KiB": 1024, "M": 1000**2, "MB": 1000**2, "MiB": 1024**2,
+        "G": 1000**3, "GB": 1000**3, "GiB": 1024**3, "TB": 1000**4, "TiB": 1024**4,
+    }[unit]
+    assert parse_bytes(f"{number}{space}{unit}") == number * scale
+
+
+# --------------------------------------------------------------------------- format_bytes
+
+
+@pytest.mark.parametrize(
+    "count,text",
+    [
+        (None, "-"),
+        (0, "0 B"),
+        (1023, "1023 B"),
+        (1024, "1.00 KiB"),
+        (1536, "1.50 KiB"),
+        (5 * 1024**2, "5.00 MiB"),
+        (1024**3, "1.00 GiB"),
+        (int(2.25 * 1024**3), "2.25 GiB"),
+        (1024**4, "1024.00 GiB"),  # GiB is the largest unit
+        (-2048, "-2.00 KiB"),
+    ],
+)
+def test_format_bytes(count, text):
+    assert format_bytes(count) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 1000), st.sampled_from(["KiB", "MiB", "GiB"]))
+def test_format_bytes_round_trips_whole_binary_units(number, unit):
+    text = format_bytes(parse_bytes(f"{number}{unit}"))
+    if number < 1024 or unit == "GiB":
+        assert text == f"{number:.2f} {unit}"
+    assert parse_bytes(text.replace(" ", "")) == parse_bytes(f"{number}{unit}")
+
+
+# --------------------------------------------------------------------------- classify_exception
+
+OOM = Outcome.OUT_OF_MEMORY
+ERROR = Outcome.ERROR
+TORCH_OOM_MRO = ["OutOfMemoryError", "RuntimeError", "Exception", "BaseException", "object"]
+RUNTIME_MRO = ["RuntimeError", "Exception", "BaseException", "object"]
+
+
+@pytest.mark.parametrize(
+    "names,message,expected",
+    [
+        (
+            TORCH_OOM_MRO,
+            "CUDA out of memory. Tried to allocate 20.00 MiB. GPU 0 has a total capacity of 15.77 GiB "
+            "of which 4.12 MiB is free.",
+            OOM,
+        ),
+        # The type alone is enough, whatever the message says.
+        (TORCH_OOM_MRO, "", OOM),
+        (
+            RUNTIME_MRO,
+            "[enforce fail at alloc_cpu.cpp:121] data. DefaultCPUAllocator: can't allocate memory: "
+            "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)",
+            OOM,
+        ),
+        (["MemoryError", "Exception", "BaseException", "object"], "", OOM),
+        (["_ArrayMemoryError", "MemoryError", "Exception", "BaseException", "object"], "Unable to allocate", OOM),
+        (RUNTIME_MRO, "CUDA error: out of memory", OOM),
+        (RUNTIME_MRO, "CUDA error: CUBLAS_STATUS_ALLOC_FAILED when calling `cublasCreate(handle)`", OOM),
+        (RUNTIME_MRO, "cuDNN error: CUDNN_STATUS_ALLOC_FAILED", OOM),
+        (RUNTIME_MRO, "MPS backend out of memory (MPS allocated: 1.00 GB)", OOM),
+        (
+            RUNTIME_MRO,
+            "mat1 and mat2 shapes cannot be multiplied (64x512 and 256x10)",
+            ERROR,
+        ),
+        (
+            RUNTIME_MRO,
+            "CUDA error: device-side assert triggered\nCUDA kernel errors might be asynchronously reported "
+            "at some other API call, so the stacktrace below might be incorrect.",
+            ERROR,
+        ),
+        (
+            RUNTIME_MRO,
+            "CUDA error: an illegal memory access was encountered\nCompile with `TORCH_USE_CUDA_DSA` "
+            "to enable device-side assertions.",
+            ERROR,
+        ),
+        (["ValueError", "Exception", "BaseException", "object"], "Expected more than 1 value per channel", ERROR),
+        (["KeyError", "LookupError", "Exception", "BaseException", "object"], "'memory'", ERROR),
+        (["ZeroDivisionError", "ArithmeticError", "Exception", "BaseException", "object"], "division by zero", ERROR),
+    ],
+)
+def test_classify_exception(names, message, expected):
+    assert classify_exception(names, message) is expected
+
+
+def test_classify_exception_is_case_insensitive():
+    assert classify_exception(RUNTIME_MRO, "CUDA OUT OF MEMORY") is OOM
+    assert classify_exception(RUNTIME_MRO, "Can't Allocate Memory") is OOM
+
+
+def test_classify_exception_needs_an_exact_type_name():
+    # A class merely *named* like memory is not an allocation failure.
+    assert classify_exception(["MemoryErrorHandlerFailed", "Exception"], "boom") is ERROR
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(max_size=200))
+def test_classify_exception_only_ever_answers_oom_or_error(message):
+    assert classify_exception(RUNTIME_MRO, message) in (OOM, ERROR)
+    assert classify_exception(TORCH_OOM_MRO, message) is OOM
+
+
+@pytest.mark.parametrize(
+    "message",
+    [
+        "could not create a primitive",
+        "RuntimeError: could not create a primitive descriptor for a convolution forward propagation primitive",
+        "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
+    ],
+)
+def test_ambiguous_library_errors_are_flagged_but_not_called_oom(message):
+    # They *may* be a failed allocation; the message alone must not make them out_of_memory.
+    assert maybe_allocation_failure(message)
+    assert classify_exception(RUNTIME_MRO, message) is ERROR
+
+
+@pytest.mark.parametrize(
+    "message",
+    ["mat1 and mat2 shapes cannot be multiplied", "CUDA error: an illegal memory access was encountered", ""],
+)
+def test_plain_errors_are_not_ambiguous(message):
+    assert not maybe_allocation_failure(message)
+
+
+# --------------------------------------------------------------------------- fit_line
+
+
+def test_fit_line_is_exact_on_points_on_a_line():
+    line = fit_line([(2, 1200), (4, 1400), (6, 1600)])
+    assert line == Line(intercept=1000.0, slope=100.0, points=3)
+    assert line.at(10) == 2000.0
+
+
+def test_fit_line_is_exact_on_doubling_batches():
+    points = [(b, 5_000_000 + 250_000 * b) for b in (2, 4, 8, 16, 32, 64)]
+    line = fit_line(points)
+    assert line.slope == pytest.approx(250_000, rel=1e-12)
+    assert line.intercept == pytest.approx(5_000_000, rel=1e-12)
+    assert line.points == 6
+
+
+def test_fit_line_least_squares_on_noisy_points():
+    # y = 10 + 2x with residuals +1, -1, -1, +1: least squares recovers the line exactly.
+    line = fit_line([(0, 11), (1, 11), (2, 13), (3, 17)])
+    assert line.slope == pytest.approx(2.0)
+    assert line.intercept == pytest.approx(10.0)
+
+
+@pytest.mark.parametrize("points", [[], [(4, 100)], [(4, 100), (4, 120)]])
+def test_fit_line_needs_two_distinct_batches(points):
+    assert fit_line(points) is None
+
+
+# --------------------------------------------------------------------------- advise
+
+# peak = 1000 + 100 * batch, exactly.
+FITTING = [(2, 1200), (4, 1400), (6, 1600)]
+
+
+def test_headroom_in_bytes_fraction_versus_bytes():
+    assert headroom_in_bytes(0.1, 10_000) == 1000
+    assert headroom_in_bytes(0.0, 10_000) == 0
+    assert headroom_in_bytes(2000, 10_000) == 2000
+    assert headroom_in_bytes(1, 10_000) == 1  # an int is bytes, never "100 %"
+
+
+def test_advise_fraction_headroom():
+    advice = advise(200, FITTING, capacity=10_000, headroom=0.1, multiple_of=1)
+    assert advice.headroom_bytes == 1000
+    assert advice.target_peak_bytes == 9000
+    assert advice.batch_size == 80  # (9000 - 1000) / 100
+    assert advice.predicted_peak_bytes == 9000
+    assert advice.line == Line(1000.0, 100.0, 3)
+
+
+def test_advise_bytes_headroom():
+    advice = advise(200, FITTING, capacity=10_000, headroom=2000, multiple_of=1)
+    assert advice.headroom_bytes == 2000
+    assert advice.target_peak_bytes == 8000
+    assert advice.batch_size == 70
+    assert advice.predicted_peak_bytes == 8000
+
+
+def test_advise_never_above_max():
+    advice = advise(50, FITTING, capacity=10_000, headroom=0.1, multiple_of=1)
+    assert advice.batch_size == 50
+
+
+def test_advise_ignores_fits_above_max_for_the_line():
+    # A point above max_batch is not part of the fit.
+    advice = advise(6, FITTING + [(100, 999_999)], capacity=10_000, headroom=0.1, multiple_of=1)
+    assert advice.line == Line(1000.0, 100.0, 3)
+
+
+def test_advise_rounds_down_to_multiple_of():
+    advice = advise(200, FITTING, capacity=10_000, headroom=1500, multiple_of=8)
+    # target 8500 -> 75 -> 72
+    assert advice.batch_size == 72
+    assert advice.batch_size % 8 == 0
+    assert "multiple of 8" in advice.note
+    assert advice.predicted_peak_bytes == 1000 + 100 * 72
+
+
+def test_advise_one_point_falls_back_to_max_without_headroom():
+    advice = advise(37, [(37, 5000)], capacity=10_000, headroom=0.5, multiple_of=1)
+    assert advice.batch_size == 37
+    assert advice.line is None
+    assert advice.predicted_peak_bytes is None
+    assert "headroom not applied" in advice.note
+
+
+def test_advise_flat_line_falls_back_to_max():
+    advice = advise(8, [(2, 5000), (4, 5000), (8, 5000)], capacity=10_000, headroom=0.1, multiple_of=1)
+    assert advice.batch_size == 8
+    assert advice.predicted_peak_bytes is None
+    assert "headroom not applied" in advice.note
+
+
+def test_advise_rounding_that_would_give_zero_keeps_the_value():
+    advice = advise(3, [(3, 5000)], capacity=10_000, headroom=0.1, multiple_of=8)
+    assert advice.batch_size == 3
+    assert "kept 3" in advice.note
+
+
+def test_advise_unreachable_headroom_recommends_the_smallest_fit():
+    advice = advise(6, FITTING, capacity=1100, headroom=0.1, multiple_of=1)
+    assert advice.batch_size == 2
+    assert "smallest batch that fit" in advice.note
+
+
+def test_advise_edge_lowers_the_capacity_to_the_peak_at_first_failing():
+    # The line predicts 1000 + 100 * 51 = 6100 at the first failing batch, below the nominal 10_000.
+    advice = advise(50, FITTING, capacity=10_000, headroom=0.1, multiple_of=1, first_failing=51)
+    assert advice.capacity_bytes == 6100
+    assert advice.headroom_bytes == 610
+    assert advice.target_peak_bytes == 5490
+    assert advice.batch_size == 44
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    intercept=st.integers(0, 10**9),
+    slope=st.integers(1, 10**7),
+    max_batch=st.integers(6, 5000),
+    headroom_fraction=st.sampled_from([0.0, 0.05, 0.1, 0.25, 0.5]),
+    extra_capacity=st.integers(0, 10**10),
+    multiple_of=st.sampled_from([1, 2, 8, 64]),
+)
+def test_advise_properties(intercept, slope, max_batch, headroom_fraction, extra_capacity, multiple_of):
+    fitting = [(b, intercept + slope * b) for b in (2, 4, 6)]
+    capacity = intercept + extra_capacity + 1
+    advice = advise(max_batch, fitting, capacity, headroom_fraction, multiple_of)
+
+    assert 1 <= advice.batch_size <= max_batch
+    assert advice.headroom_bytes == int(headroom_fraction * capacity)
+    assert advice.target_peak_bytes == capacity - advice.headroom_bytes
+    if multiple_of > 1 and advice.batch_size >= multiple_of:
+        assert advice.batch_size % multiple_of == 0
+    if "smallest batch that fit" not in advice.note:
+        # The recommendation's predicted peak stays within the target.
+        assert intercept + slope * advice.batch_size <= advice.target_peak_bytes
+    if multiple_of == 1 and advice.batch_size < max_batch and "smallest batch that fit" not in advice.note:
+        # ... and it is the largest such batch.
+        assert intercept + slope * (advice.batch_size + 1) > advice.target_peak_bytes
