@@ -297,6 +297,13 @@ def run_inspect(request: dict, events: Events) -> None:
             facts["cuda_devices"].append({"name": properties.name, "total_memory_bytes": properties.total_memory})
         facts["cuda_version"] = torch.version.cuda
     problems = []
+    if facts["cuda_available"] and spec.get("allocator"):
+        # The allocator reads its setting at the first CUDA allocation and rejects unknown keys only
+        # then: touch it here, so a typo is a spec error before any trial, not a failed trial.
+        try:
+            torch.empty(1, device="cuda")
+        except Exception as exc:
+            problems.append({"stage": "allocator", "type": type(exc).__name__, "message": str(exc)[:_MESSAGE_CHARS]})
     stage = "model"
     try:
         with torch.device("meta"):

@@ -179,14 +179,17 @@ def inspect_environment(spec: Spec, spec_path: str, workdir: Path, python_path: 
         how = "timed out" if run.timed_out else f"exited with status {run.returncode}"
         raise ProbeError(f"the environment check (importing torch in a child process) {how}", run.stderr_tail)
     if result["problems"]:
-        fields = {"model": "model", "optimizer": "optimizer.kwargs"}
+        fields = {"model": "model", "optimizer": "optimizer.kwargs", "allocator": "allocator"}
         raise SpecError(
             spec_path,
             [
                 Problem(
                     fields.get(p["stage"], "model"),
-                    f"cannot be built: {p['type']}: {p['message']}",
-                    "check the name, the factory's module and function, and the keyword arguments",
+                    f"{'rejected by torch' if p['stage'] == 'allocator' else 'cannot be built'}: "
+                    f"{p['type']}: {p['message']}",
+                    "check the allocator string (keys such as expandable_segments:True, max_split_size_mb:128)"
+                    if p["stage"] == "allocator"
+                    else "check the name, the factory's module and function, and the keyword arguments",
                 )
                 for p in result["problems"]
             ],

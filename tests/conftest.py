@@ -52,10 +52,10 @@ def write_spec(tmp_path):
 
 
 def hog_spec(**search) -> dict:
-    """A CPU spec around tests/models.py:memory_hog (~16 MiB of activations per sample)."""
+    """A CPU spec around tests/models.py:memory_hog (~32 MiB of activations per sample)."""
     return {
-        "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 262144, "depth": 8}},
-        "input": {"shape": [262144]},
+        "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 524288, "depth": 8}},
+        "input": {"shape": [524288]},
         "target": {"classes": 10},
         "optimizer": {"name": "sgd"},
         "search": {"steps": 2, "trial_timeout": 120, **search},

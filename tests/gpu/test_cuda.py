@@ -1,0 +1,50 @@
+"""The CUDA backend, for real. Skipped without a GPU (CI and dev machines have none)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import run_cli
+
+torch = pytest.importorskip("torch")
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+def _spec(budget: str) -> dict:
+    return {
+        "model": {"torchvision": "resnet18", "kwargs": {"num_classes": 100}},
+        "input": {"shape": [3, 128, 128]},
+        "target": {"classes": 100},
+        "optimizer": {"name": "adam"},
+        "search": {"steps": 3, "start_batch_size": 16},
+        "device": "cuda",
+        "memory_budget": budget,
+    }
+
+
+def test_cuda_probe_finds_an_edge_under_a_budget(write_spec):
+    run = run_cli("run", str(write_spec(_spec("2GiB"))))
+    assert run.returncode == 0, run.stderr
+    result = json.loads(run.stdout)
+    assert result["device"]["backend"] == "cuda"
+    assert result["stop_reason"] == "edge_found"
+    assert result["first_failing_batch_size"] == result["max_batch_size"] + 1
+    budget = 2 * 1024**3
+    for trial in result["trials"]:
+        if trial["outcome"] == "fits":
+            assert trial["peak_allocated_bytes"] <= trial["peak_bytes"] <= budget
+    failing = [t for t in result["trials"] if t["outcome"] == "out_of_memory"]
+    assert failing and all("OutOfMemoryError" in t["error"]["type"] for t in failing)
+
+
+def test_bad_allocator_setting_is_not_an_out_of_memory(write_spec):
+    spec = _spec("2GiB")
+    spec["allocator"] = "no_such_key:1"
+    run = run_cli("run", str(write_spec(spec)))
+    assert run.returncode == 2, run.stderr  # a spec error, found before any trial
+    assert "allocator" in run.stderr and "no_such_key" in run.stderr
