@@ -14,7 +14,7 @@ import sys
 from typing import Sequence
 
 from isoprobe import __version__
-from isoprobe.errors import ExitCode, ProbeError, SpecError
+from isoprobe.errors import ExitCode, ProbeError, SpecError, Terminated
 
 EXIT_CODES_HELP = """exit codes:
   0    answered: the maximum is proven (edge found, or a cap reached)
@@ -90,7 +90,7 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 def cmd_run(args: argparse.Namespace) -> int:
     from isoprobe.output import Reporter, result_json, summary_lines
-    from isoprobe.probe import Terminated, run_probe
+    from isoprobe.probe import run_probe
     from isoprobe.result import exit_code_for
 
     spec = _load(args)
@@ -124,5 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(error.evidence.rstrip(), file=sys.stderr)
         return ExitCode.NO_ANSWER
     except KeyboardInterrupt:
-        print("isoprobe: interrupted", file=sys.stderr)
+        print("isoprobe: interrupted before the first trial", file=sys.stderr)
         return ExitCode.INTERRUPTED
+    except Terminated:
+        print("isoprobe: terminated before the first trial", file=sys.stderr)
+        return ExitCode.TERMINATED

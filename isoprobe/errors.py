@@ -73,3 +73,10 @@ class ProbeError(IsoprobeError):
         self.message = message
         self.evidence = evidence
         super().__init__(message)
+
+
+class Terminated(BaseException):
+    """Raised in the parent on SIGTERM, so that the same cleanup runs as for Ctrl-C (KeyboardInterrupt).
+
+    A BaseException, like KeyboardInterrupt, so that no ``except Exception`` swallows it.
+    """

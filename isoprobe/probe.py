@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Literal
 
 from isoprobe import __version__
-from isoprobe.errors import ProbeError, Problem, SpecError
+from isoprobe.errors import ProbeError, Problem, SpecError, Terminated
 from isoprobe.outcomes import Outcome, maybe_allocation_failure
 from isoprobe.output import Reporter
 from isoprobe.recommend import advise
@@ -31,7 +31,7 @@ from isoprobe.result import (
     StopReason,
     Trial,
 )
-from isoprobe.search import Limits, Observation, run_search
+from isoprobe.search import Limits, Observation, bounds, run_search
 from isoprobe.spec import Spec
 from isoprobe.supervisor import ChildRun, classify_exit, run_child
 from isoprobe.units import format_bytes
@@ -39,15 +39,11 @@ from isoprobe.units import format_bytes
 #: CPU backend budget when the spec sets none. Big enough for resnet50 at a
 #: handful of samples (imports take ~0.9 GiB of it), small enough that the
 #: search ends in minutes on 2 cores.
-DEFAULT_CPU_BUDGET = 4 * 1024**3
+DEFAULT_CPU_BUDGET = 3 * 1024**3
 #: The inspect child imports torch and builds the model on the meta device.
 INSPECT_TIMEOUT_SECONDS = 300.0
 #: Data segment a trial needs beyond the import baseline before any model exists.
 _MIN_BUDGET_MARGIN = 64 * 1024**2
-
-
-class Terminated(BaseException):
-    """Raised in the parent on SIGTERM, so the same cleanup runs as for Ctrl-C."""
 
 
 @dataclass(frozen=True)
@@ -325,39 +321,11 @@ def run_probe(
                if info.import_baseline_bytes else "")
         )
         runner = TrialRunner(spec, target, workdir, python_path, reporter)
-        limits = Limits(start=spec.search.start_batch_size, cap=spec.search.cap)
-        history: list[Observation] = []
-        interrupted: StopReason | None = None
-        try:
-            conclusion = run_search(runner.observe, limits, history)
-        except KeyboardInterrupt:
-            interrupted = StopReason.INTERRUPTED
-        except Terminated:
-            interrupted = StopReason.TERMINATED
-        recommended, recommendation = None, None
-        if interrupted is None:
-            stop = StopReason(conclusion.stop.value)
-            if conclusion.exact:
-                try:
-                    recommended, recommendation = _recommend(
-                        spec, target, runner, conclusion.max_fitting, conclusion.first_failing
-                    )
-                except KeyboardInterrupt:
-                    interrupted = StopReason.INTERRUPTED
-                except Terminated:
-                    interrupted = StopReason.TERMINATED
-            max_fitting, first_failing = conclusion.max_fitting, conclusion.first_failing
-        if interrupted is not None:
-            stop = interrupted
-            fits = [o.batch_size for o in history if o.outcome is Outcome.FITS]
-            max_fitting = max(fits) if fits else None
-            fails = [o.batch_size for o in history if o.outcome is Outcome.OUT_OF_MEMORY
-                     and (max_fitting is None or o.batch_size > max_fitting)]
-            first_failing = min(fails) if fails else None
-            recommended, recommendation = None, None
-    limited_by = _limited_by(spec, limits, max_fitting) if stop is StopReason.CAPPED else None
+        found = _search(spec, target, runner)
+    stop, max_fitting, first_failing = found.stop, found.max_fitting, found.first_failing
+    limited_by = _limited_by(spec, max_fitting) if stop is StopReason.CAPPED else None
     message, suggestions = _explain(stop, spec, info, runner.trials, max_fitting, first_failing, limited_by,
-                                    recommended)
+                                    found.recommended)
     return Result(
         isoprobe_version=__version__,
         python_version=platform.python_version(),
@@ -371,14 +339,41 @@ def run_probe(
         max_batch_size=max_fitting,
         first_failing_batch_size=first_failing,
         limited_by=limited_by,
-        recommended_batch_size=recommended,
-        recommendation=recommendation,
+        recommended_batch_size=found.recommended,
+        recommendation=found.recommendation,
         stop_reason=stop,
         message=message,
         suggestions=suggestions,
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
     )
+
+
+@dataclass(frozen=True)
+class Found:
+    """What the search and the recommendation established."""
+
+    stop: StopReason
+    max_fitting: int | None
+    first_failing: int | None
+    recommended: int | None = None
+    recommendation: Recommendation | None = None
+
+
+def _search(spec: Spec, target: Target, runner: TrialRunner) -> Found:
+    """The edge search over real trials, then the recommendation; an interrupt keeps the trials so far."""
+    limits = Limits(start=spec.search.start_batch_size, cap=spec.search.cap)
+    history: list[Observation] = []
+    try:
+        conclusion = run_search(runner.observe, limits, history)
+        found = Found(StopReason(conclusion.stop.value), conclusion.max_fitting, conclusion.first_failing)
+        if not conclusion.exact:
+            return found
+        recommended, recommendation = _recommend(spec, target, runner, found.max_fitting, found.first_failing)
+        return Found(found.stop, found.max_fitting, found.first_failing, recommended, recommendation)
+    except (KeyboardInterrupt, Terminated) as stopped:
+        reason = StopReason.INTERRUPTED if isinstance(stopped, KeyboardInterrupt) else StopReason.TERMINATED
+        return Found(reason, *bounds(history))
 
 
 def _recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int, first_failing: int | None):
@@ -419,7 +414,7 @@ def _recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int
     )
 
 
-def _limited_by(spec: Spec, limits: Limits, max_fitting: int | None) -> str:
+def _limited_by(spec: Spec, max_fitting: int | None) -> str:
     if spec.search.dataset_size is not None and max_fitting == spec.search.dataset_size and (
         spec.search.max_batch_size is None or spec.search.dataset_size <= spec.search.max_batch_size
     ):

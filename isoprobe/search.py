@@ -84,7 +84,8 @@ class Conclusion:
         return self.stop in (Stop.EDGE_FOUND, Stop.CAPPED)
 
 
-def _bounds(history: list[Observation] | tuple[Observation, ...]) -> tuple[int | None, int | None]:
+def bounds(history: list[Observation] | tuple[Observation, ...]) -> tuple[int | None, int | None]:
+    """(largest batch that fit, smallest batch above it that ran out of memory), either may be None."""
     fits = [o.batch_size for o in history if o.outcome is Outcome.FITS]
     lower = max(fits) if fits else None
     fails = [
@@ -99,7 +100,7 @@ def plan_next(history: list[Observation] | tuple[Observation, ...], limits: Limi
     """The next batch to try, or None when the history already holds the answer."""
     if any(o.outcome in _STOPPING for o in history):
         return None
-    lower, upper = _bounds(history)
+    lower, upper = bounds(history)
     if lower is None:
         return None if upper is not None else limits.start
     if upper is None:
@@ -110,7 +111,7 @@ def plan_next(history: list[Observation] | tuple[Observation, ...], limits: Limi
 def conclude(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> Conclusion:
     """Read the answer off a finished history."""
     history = tuple(history)
-    lower, upper = _bounds(history)
+    lower, upper = bounds(history)
     for observation in history:
         if observation.outcome in _STOPPING:
             return Conclusion(_STOPPING[observation.outcome], lower, upper, history)

@@ -209,7 +209,7 @@ class Spec(_Strict):
         description=(
             "Memory the trial may use, e.g. '8GiB', '16 GB' or bytes. On CUDA: a cap below the card's memory "
             "(ask 'what fits on a 16 GB card' on a bigger one). On CPU: a hard limit on the child process, "
-            "imports included; default 4GiB."
+            "imports included; default 3GiB."
         ),
     )
     allocator: str | None = Field(
