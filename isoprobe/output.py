@@ -26,6 +26,15 @@ class Reporter:
         self._write(trial_line(trial))
 
 
+_PURPOSE_LABELS = {
+    "search": "",
+    "retry": "  [retry after a crash or timeout]",
+    "confirmation": "  [confirmation of the maximum]",
+    "recommendation_check": "  [recommendation check]",
+    "memory_check": "  [memory check: re-run with more memory]",
+}
+
+
 def trial_line(trial: Trial) -> str:
     """``isoprobe: trial  3  batch     16  fits  peak 2.31 GiB  12.4 s``"""
     peak = format_bytes(trial.peak_bytes) if trial.outcome is Outcome.FITS else "-"
@@ -33,8 +42,7 @@ def trial_line(trial: Trial) -> str:
     if trial.outcome is not Outcome.FITS:
         reason = trial.signal or (trial.error.type if trial.error else None) or trial.phase
         detail = f" ({reason})" if reason else ""
-    purpose = {"search": "", "recommendation_check": "  [recommendation check]",
-               "memory_check": "  [memory check: re-run with more memory]"}[trial.purpose]
+    purpose = _PURPOSE_LABELS[trial.purpose]
     return (
         f"isoprobe: trial {trial.index:>2}  batch {trial.batch_size:>6}  "
         f"{trial.outcome.value + detail:<30}  peak {peak:>10}  {trial.seconds:6.1f} s{purpose}"

@@ -12,7 +12,7 @@ import os
 import platform
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Literal
 
@@ -31,7 +31,7 @@ from isoprobe.result import (
     StopReason,
     Trial,
 )
-from isoprobe.search import Limits, Observation, bounds, run_search
+from isoprobe.search import Limits, Observation, bounds, run_search, verdicts
 from isoprobe.spec import Spec
 from isoprobe.supervisor import ChildRun, classify_exit, run_child
 from isoprobe.units import format_bytes
@@ -200,7 +200,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> 
     verdict = classify_exit(run)
     result = verdict.result or {}
     error = result.get("error")
-    keep_stderr = verdict.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT, Outcome.ERROR)
+    keep_stderr = verdict.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT, Outcome.ERROR) or bool(verdict.evidence)
     return Trial(
         index=index,
         batch_size=batch_size,
@@ -215,7 +215,11 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> 
         exit_code=run.returncode,
         signal=verdict.signal_name,
         stderr_tail=run.stderr_tail[-2000:] if keep_stderr and run.stderr_tail else None,
+        reclassified=verdict.evidence,
     )
+
+
+_SEARCH_PURPOSES = ("search", "retry", "confirmation")
 
 
 class TrialRunner:
@@ -288,7 +292,15 @@ class TrialRunner:
         return trial
 
     def observe(self, batch_size: int) -> Observation:
-        trial = self.run(batch_size)
+        """The search's oracle. A batch seen before is a retry (after a crash or timeout) or a confirmation."""
+        earlier = [t for t in self.trials if t.batch_size == batch_size and t.purpose in _SEARCH_PURPOSES]
+        if not earlier:
+            purpose = "search"
+        elif earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT):
+            purpose = "retry"
+        else:
+            purpose = "confirmation"
+        trial = self.run(batch_size, purpose)
         return Observation(batch_size, trial.outcome, trial.peak_bytes if trial.outcome is Outcome.FITS else None)
 
 
@@ -324,8 +336,7 @@ def run_probe(
         found = _search(spec, target, runner)
     stop, max_fitting, first_failing = found.stop, found.max_fitting, found.first_failing
     limited_by = _limited_by(spec, max_fitting) if stop is StopReason.CAPPED else None
-    message, suggestions = _explain(stop, spec, info, runner.trials, max_fitting, first_failing, limited_by,
-                                    found.recommended)
+    message, suggestions = _explain(found, spec, info, runner.trials, limited_by)
     return Result(
         isoprobe_version=__version__,
         python_version=platform.python_version(),
@@ -338,6 +349,9 @@ def run_probe(
         answered=stop in (StopReason.EDGE_FOUND, StopReason.CAPPED),
         max_batch_size=max_fitting,
         first_failing_batch_size=first_failing,
+        first_failing_outcome=found.first_failing_outcome,
+        flaky_batch_sizes=list(found.flaky),
+        edge_flaky=any(max_fitting is None or b >= max_fitting for b in found.flaky),
         limited_by=limited_by,
         recommended_batch_size=found.recommended,
         recommendation=found.recommendation,
@@ -356,24 +370,40 @@ class Found:
     stop: StopReason
     max_fitting: int | None
     first_failing: int | None
+    first_failing_outcome: Outcome | None = None
+    flaky: tuple[int, ...] = ()
     recommended: int | None = None
     recommendation: Recommendation | None = None
 
 
 def _search(spec: Spec, target: Target, runner: TrialRunner) -> Found:
     """The edge search over real trials, then the recommendation; an interrupt keeps the trials so far."""
-    limits = Limits(start=spec.search.start_batch_size, cap=spec.search.cap)
+    limits = Limits(
+        start=spec.search.start_batch_size,
+        cap=spec.search.cap,
+        retries=spec.search.retries,
+        confirmations=spec.search.confirmations,
+    )
     history: list[Observation] = []
     try:
         conclusion = run_search(runner.observe, limits, history)
-        found = Found(StopReason(conclusion.stop.value), conclusion.max_fitting, conclusion.first_failing)
+        found = Found(
+            StopReason(conclusion.stop.value),
+            conclusion.max_fitting,
+            conclusion.first_failing,
+            conclusion.first_failing_outcome,
+            conclusion.flaky,
+        )
         if not conclusion.exact:
             return found
         recommended, recommendation = _recommend(spec, target, runner, found.max_fitting, found.first_failing)
-        return Found(found.stop, found.max_fitting, found.first_failing, recommended, recommendation)
+        return replace(found, recommended=recommended, recommendation=recommendation)
     except (KeyboardInterrupt, Terminated) as stopped:
         reason = StopReason.INTERRUPTED if isinstance(stopped, KeyboardInterrupt) else StopReason.TERMINATED
-        return Found(reason, *bounds(history))
+        lower, upper = bounds(history, limits)
+        judged = verdicts(history, limits)
+        flaky = tuple(sorted(b for b, v in judged.items() if v.flaky))
+        return Found(reason, lower, upper, judged[upper].outcome if upper is not None else None, flaky)
 
 
 def _recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int, first_failing: int | None):
@@ -431,11 +461,19 @@ _SAVE_MEMORY = [
 ]
 
 
-def _explain(stop, spec, info, trials, max_fitting, first_failing, limited_by, recommended):
+def _explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], limited_by: str | None):
+    """The one-sentence answer and what to try next, from what the search established."""
+    stop, max_fitting, first_failing, recommended = found.stop, found.max_fitting, found.first_failing, found.recommended
     where = f"{info.backend} ({format_bytes(info.capacity_bytes)})"
     last = trials[-1] if trials else None
     if stop is StopReason.EDGE_FOUND:
-        text = f"batch {max_fitting} fits and {first_failing} runs out of memory on {where}"
+        if found.first_failing_outcome is Outcome.OUT_OF_MEMORY:
+            how = "runs out of memory"
+        else:
+            how = f"{found.first_failing_outcome.value} (counted as failing; not proven to be memory)"
+        text = f"batch {max_fitting} fits and {first_failing} {how} on {where}"
+        if found.flaky:
+            text += f"; flaky batches (fit in one run, failed in another): {list(found.flaky)}"
         return text + (f"; recommended {recommended}" if recommended else ""), []
     if stop is StopReason.CAPPED:
         text = f"batch {max_fitting} fits; larger batches were not tried because of {limited_by}"

@@ -65,9 +65,11 @@ class Trial(_Strict):
 
     index: int = Field(description="1-based order in which the trial ran.")
     batch_size: int
-    purpose: Literal["search", "recommendation_check", "memory_check"] = Field(
+    purpose: Literal["search", "retry", "confirmation", "recommendation_check", "memory_check"] = Field(
         description=(
-            "search: a step of the edge search; recommendation_check: running the recommended batch; "
+            "search: a step of the edge search; retry: the same batch again after a crash or timeout; "
+            "confirmation: the maximum run again before it is reported; "
+            "recommendation_check: running the recommended batch; "
             "memory_check: the previous trial re-run with more memory, to tell an ambiguous library error "
             "from an allocation failure (its verdict never counts as 'fits')."
         )
@@ -171,6 +173,20 @@ class Result(_Strict):
     )
     first_failing_batch_size: int | None = Field(
         None, description="Smallest batch above max_batch_size that ran out of memory; null if none was tried."
+    )
+    first_failing_outcome: Outcome | None = Field(
+        None,
+        description=(
+            "How first_failing_batch_size failed: out_of_memory, or crashed / timed_out when that persisted "
+            "over every retry (then the edge is where trials stop running, not proven to be memory)."
+        ),
+    )
+    flaky_batch_sizes: list[int] = Field(
+        default_factory=list,
+        description="Batches that both fit and failed across their runs; none of them is ever reported as fitting.",
+    )
+    edge_flaky: bool = Field(
+        False, description="True when a batch at or above the reported maximum fit in some run and failed in another."
     )
     limited_by: Literal["max_batch_size", "dataset_size", "search_ceiling"] | None = Field(
         None, description="Why no larger batch was tried, when the search stopped at a cap rather than at memory."

@@ -158,6 +158,24 @@ class SearchSpec(_Strict):
     trial_timeout: float = Field(
         600.0, gt=0, description="Seconds one trial may take before its whole process group is killed."
     )
+    retries: int = Field(
+        1,
+        ge=0,
+        le=5,
+        description=(
+            "Extra attempts, each in a fresh process, for a batch whose trial crashed or timed out. If the "
+            "failure persists, the batch counts as failing with that class (never as out of memory)."
+        ),
+    )
+    confirmations: int = Field(
+        1,
+        ge=0,
+        le=5,
+        description=(
+            "Extra runs of the final maximum before it is reported. If one fails, the edge is flaky and the "
+            "answer moves down to the largest batch that fit every time it ran."
+        ),
+    )
 
     @model_validator(mode="after")
     def _start_within_caps(self) -> "SearchSpec":

@@ -3,7 +3,10 @@
 This is the only module that starts processes. Each child gets:
 - its own session and process group (``start_new_session``), so a timeout or an
   interrupt kills the child *and* anything it started (DataLoader workers);
-- ``PR_SET_PDEATHSIG`` = SIGKILL, so it dies with the parent;
+- a *lifeline*: the read end of a pipe whose write end only the parent holds.
+  When the parent dies, however it dies (SIGKILL included), the pipe reads EOF
+  and a watchdog thread in the child kills the child's whole process group.
+  (``PR_SET_PDEATHSIG`` would kill the child alone and orphan its grandchildren.);
 - on the CPU backend, ``RLIMIT_DATA`` = the budget plus ``MALLOC_MMAP_THRESHOLD_``
   so that exceeding the budget is a real, repeatable allocation failure
   (measured: shared/notes/processes-and-memory.md);
@@ -18,7 +21,6 @@ with literal values.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import resource
@@ -29,15 +31,17 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from isoprobe.oomkill import memory_cgroup_dir, oom_kill_count
 from isoprobe.outcomes import Outcome
 
 #: Below this size glibc serves allocations from its heap and may keep freed memory,
 #: which makes an RLIMIT_DATA boundary flaky; above it every block is its own mmap.
 MALLOC_MMAP_THRESHOLD = 131072
+#: Environment variable naming the child's end of the lifeline pipe (see the module docstring).
+LIFELINE_ENV = "ISOPROBE_LIFELINE_FD"
 #: Seconds between SIGTERM and SIGKILL when a child's group is stopped.
 KILL_GRACE_SECONDS = 2.0
 _STDERR_TAIL_CHARS = 4000
-_PR_SET_PDEATHSIG = 1
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -50,6 +54,7 @@ class ChildRun:
     seconds: float
     events: list[dict] = field(default_factory=list)
     stderr_tail: str = ""
+    oom_kills: int | None = None  # OOM kills the child's memory cgroup counted during the run; None: unknown
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ class Verdict:
     result: dict | None   # the child's 'result' event, if it wrote one
     phase: str | None
     signal_name: str | None
+    evidence: str | None = None  # why the outcome is not what the child itself reported
 
 
 def classify_exit(run: ChildRun) -> Verdict:
@@ -69,6 +75,14 @@ def classify_exit(run: ChildRun) -> Verdict:
     signal_name = _signal_name(run.returncode)
     if run.timed_out:
         return Verdict(Outcome.TIMED_OUT, result, phase, signal_name)
+    if run.returncode == -signal.SIGKILL and run.oom_kills:
+        return Verdict(
+            Outcome.OUT_OF_MEMORY,
+            result,
+            phase,
+            signal_name,
+            f"SIGKILL while the memory cgroup's oom_kill counter rose by {run.oom_kills}: the kernel's OOM killer",
+        )
     if result is None:
         return Verdict(Outcome.CRASHED, None, phase, signal_name)
     try:
@@ -141,15 +155,10 @@ def child_environment(
 
 
 def _prepare_child(memory_limit: int | None, parent_pid: int):
-    """Runs in the child between fork and exec: die with the parent, and cap memory if asked."""
+    """Runs in the child between fork and exec: give up if the parent is gone, and cap memory if asked."""
 
     def prepare() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        except (OSError, AttributeError):
-            pass
-        if os.getppid() != parent_pid:  # the parent died before prctl took effect
+        if os.getppid() != parent_pid:
             os._exit(1)
         if memory_limit is not None:
             resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
@@ -193,19 +202,30 @@ def run_child(
     stderr_path = workdir / f"{name}.stderr"
     request_path.write_text(json.dumps(request))
     env = child_environment(os.environ, backend=backend, allocator=allocator, events_path=events_path)
+    cgroup = memory_cgroup_dir()  # the child starts in the parent's cgroup
+    kills_before = oom_kill_count(cgroup)
+    lifeline_read, lifeline_write = os.pipe()
+    env[LIFELINE_ENV] = str(lifeline_read)
     started = time.monotonic()
     timed_out = False
     with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "isoprobe.child", str(request_path)],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=err,
-            env=env,
-            cwd=workdir,
-            start_new_session=True,
-            preexec_fn=_prepare_child(memory_limit, os.getpid()),
-        )
+        try:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "isoprobe.child", str(request_path)],
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=err,
+                env=env,
+                cwd=workdir,
+                start_new_session=True,
+                pass_fds=(lifeline_read,),
+                preexec_fn=_prepare_child(memory_limit, os.getpid()),
+            )
+        except BaseException:
+            os.close(lifeline_write)
+            raise
+        finally:
+            os.close(lifeline_read)
         try:
             returncode = process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -221,13 +241,16 @@ def run_child(
                 os.killpg(process.pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+            os.close(lifeline_write)
     seconds = time.monotonic() - started
+    kills_after = oom_kill_count(cgroup)
     return ChildRun(
         returncode=returncode,
         timed_out=timed_out,
         seconds=seconds,
         events=read_events(events_path),
         stderr_tail=_tail(stderr_path),
+        oom_kills=None if kills_before is None or kills_after is None else kills_after - kills_before,
     )
 
 

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +18,76 @@ import yaml
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 MODELS = TESTS / "models.py"
+FAULTS = TESTS / "faults.py"
+
+# Make this pytest process a child subreaper: a process that isoprobe orphans is
+# re-parented here instead of to init, so it stays a descendant and the
+# leftover check below sees it.
+_PR_SET_CHILD_SUBREAPER = 36
+ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
+def _descendants(root: int) -> list[int]:
+    """Live (non-zombie) descendants of ``root``, from /proc: by ancestry, not by name."""
+    parent_of: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as stat:
+                state, ppid = stat.read().rsplit(")", 1)[1].split()[:2]
+        except (OSError, ValueError):
+            continue
+        if state not in ("Z", "X"):
+            parent_of[int(entry)] = int(ppid)
+    found, frontier = [], [root]
+    while frontier:
+        current = frontier.pop()
+        children = [pid for pid, ppid in parent_of.items() if ppid == current]
+        found += children
+        frontier += children
+    return found
+
+
+def _reap_zombies() -> None:
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+@pytest.fixture(autouse=True)
+def no_leftover_processes():
+    """After every test, nothing started during it may still be alive (waits up to 3 s, then fails)."""
+    before = set(_descendants(os.getpid()))
+    yield
+    deadline = time.monotonic() + 3
+    while True:
+        _reap_zombies()
+        left = [pid for pid in _descendants(os.getpid()) if pid not in before]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    for pid in left:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    assert not left, f"processes left alive after the test: {_describe(left)}"
+
+
+def _describe(pids: list[int]) -> str:
+    out = []
+    for pid in pids:
+        try:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            out.append(f"{pid}: {command[:120]}")
+        except OSError:
+            out.append(str(pid))
+    return "; ".join(out)
 
 
 @dataclass

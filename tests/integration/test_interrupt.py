@@ -73,3 +73,74 @@ def test_signal_mid_trial_kills_the_child_and_prints_the_trials_so_far(write_spe
     assert result["stop_reason"] == reason
     assert result["answered"] is False
     assert len(result["trials"]) >= 1
+
+
+def _wait_for(predicate, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    return predicate()
+
+
+def _descendants(pid: int) -> list[int]:
+    found, frontier = [], [pid]
+    while frontier:
+        children = _children_of(frontier.pop())
+        found += children
+        frontier += children
+    return found
+
+
+def _hanging_grandchild_spec(write_spec):
+    from conftest import FAULTS
+
+    spec = hog_spec(start_batch_size=2, max_batch_size=2)
+    spec["model"] = {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": "grandchild_hang", "at": 2}}
+    spec["input"] = {"shape": [16]}
+    spec["target"] = {"classes": 4}
+    return write_spec(spec)
+
+
+def test_sigkill_to_the_parent_leaves_no_child_nor_grandchild(write_spec):
+    path = _hanging_grandchild_spec(write_spec)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "isoprobe", "run", str(path)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    # The trial child and its hanging grandchild (sleep), both under isoprobe.
+    tree = _wait_for(lambda: len(_descendants(process.pid)) >= 2 and _descendants(process.pid), 60)
+    assert tree and len(tree) >= 2, f"no trial with a grandchild appeared: {tree}"
+    process.kill()
+    process.wait()
+    killed = time.monotonic()
+    _wait_for(lambda: not any(_alive(pid) for pid in tree), 5)
+    survivors = [pid for pid in tree if _alive(pid)]
+    assert not survivors, f"survived the parent's SIGKILL: {survivors}"
+    assert time.monotonic() - killed < 3
+
+
+def test_as_pid_1_in_a_fresh_pid_namespace_sigterm_stops_cleanly(write_spec):
+    if os.geteuid() != 0 or subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"]).returncode:
+        pytest.skip("needs root and unshare --pid")
+    path = _hanging_grandchild_spec(write_spec)
+    outer = subprocess.Popen(
+        ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "isoprobe", "run", str(path)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    # unshare's child is isoprobe, PID 1 inside the namespace; wait until its trial (and grandchild) run.
+    isoprobe = _wait_for(lambda: (_children_of(outer.pid) or [None])[0], 30)
+    assert isoprobe, "isoprobe did not start"
+    tree = _wait_for(lambda: len(_descendants(isoprobe)) >= 2 and _descendants(isoprobe), 60)
+    assert tree, "no trial started"
+    with open(f"/proc/{isoprobe}/status") as status:
+        assert "NSpid:" in (line := next(l for l in status if l.startswith("NSpid:"))) and line.split()[-1] == "1"
+    sent = time.monotonic()
+    os.kill(isoprobe, signal.SIGTERM)
+    stdout, stderr = outer.communicate(timeout=30)
+    assert outer.returncode == 143, stderr
+    assert time.monotonic() - sent < 5
+    assert json.loads(stdout)["stop_reason"] == "terminated"
+    assert not any(_alive(pid) for pid in tree)

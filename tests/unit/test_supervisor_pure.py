@@ -283,3 +283,39 @@ def test_read_events_survives_absurdly_nested_json(tmp_path):
     path = tmp_path / "events.jsonl"
     path.write_bytes(b"[" * 100000 + b"\n" + json.dumps({"event": "started"}).encode() + b"\n")
     assert read_events(path) == [{"event": "started"}]
+
+
+def test_every_trial_purpose_has_a_progress_label():
+    from typing import get_args
+
+    from isoprobe.output import _PURPOSE_LABELS
+    from isoprobe.result import Trial
+
+    assert set(get_args(Trial.model_fields["purpose"].annotation)) == set(_PURPOSE_LABELS)
+
+
+def test_sigkill_while_the_cgroup_counted_an_oom_kill_is_out_of_memory():
+    verdict = classify_exit(ChildRun(returncode=-9, timed_out=False, seconds=1.0, events=[], oom_kills=1))
+    assert verdict.outcome is Outcome.OUT_OF_MEMORY
+    assert "oom_kill" in verdict.evidence
+
+
+@pytest.mark.parametrize("oom_kills", [0, None])
+def test_sigkill_without_kernel_evidence_stays_crashed(oom_kills):
+    verdict = classify_exit(ChildRun(returncode=-9, timed_out=False, seconds=1.0, events=[], oom_kills=oom_kills))
+    assert verdict.outcome is Outcome.CRASHED and verdict.evidence is None
+
+
+def test_oom_kill_counter_parsing_v1_and_v2(tmp_path):
+    from isoprobe.oomkill import oom_kill_count
+
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 1\noom_kill 5\noom_group_kill 0\n")
+    assert oom_kill_count(v1) == 3
+    assert oom_kill_count(v2) == 5
+    assert oom_kill_count(tmp_path / "missing") is None
+    assert oom_kill_count(None) is None
