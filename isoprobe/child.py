@@ -307,21 +307,72 @@ def run_inspect(request: dict, events: Events) -> None:
         try:
             torch.empty(1, device="cuda")
         except Exception as exc:
-            problems.append({"stage": "allocator", "type": type(exc).__name__, "message": str(exc)[:_MESSAGE_CHARS]})
-    stage = "model"
+            problems.append(_problem("allocator", exc))
+    problems += _check_buildable(torch, spec, request.get("python_path", []), facts)
+    events.emit("result", outcome="inspected", facts=facts, problems=problems)
+
+
+def _problem(stage: str, exc: BaseException) -> dict:
+    return {"stage": stage, "type": type(exc).__name__, "message": str(exc)[:_MESSAGE_CHARS]}
+
+
+def _check_buildable(torch, spec: dict, python_path: list[str], facts: dict) -> list[dict]:
+    """Can the model and optimizer be built, and does the output fit the target? Before any trial.
+
+    On the meta device first: shapes without memory. A model the meta device cannot
+    build is built for real on the CPU, once: if that raises too, the factory itself
+    is broken (a spec error); if not, only the meta device was the problem.
+    """
     try:
         with torch.device("meta"):
-            model = build_model(spec, request.get("python_path", []))
-            stage = "optimizer"
-            build_optimizer(spec, model.parameters())
-        facts["parameter_count"] = sum(p.numel() for p in model.parameters())
-        facts["parameter_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+            model = build_model(spec, python_path)
     except (ImportError, AttributeError, TypeError, ValueError, KeyError) as exc:
-        # The spec names something that cannot be built: a user's mistake, reported before any trial.
-        problems.append({"stage": stage, "type": type(exc).__name__, "message": str(exc)[:_MESSAGE_CHARS]})
-    except Exception as exc:  # the meta device is not supported by every model: leave the verdict to the trials
+        return [_problem("model", exc)]
+    except Exception as exc:
         facts["meta_build_warning"] = f"{type(exc).__name__}: {str(exc)[:500]}"
-    events.emit("result", outcome="inspected", facts=facts, problems=problems)
+        try:
+            build_model(spec, python_path)
+        except Exception as real_exc:
+            return [_problem("model", real_exc)]
+        return []
+    try:
+        with torch.device("meta"):
+            build_optimizer(spec, model.parameters())
+    except Exception as exc:
+        return [_problem("optimizer", exc)]
+    facts["parameter_count"] = sum(p.numel() for p in model.parameters())
+    facts["parameter_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    return _check_output_shape(torch, spec, model, facts)
+
+
+def _check_output_shape(torch, spec: dict, model, facts: dict) -> list[dict]:
+    """One forward pass on meta tensors (no memory, no compute): does the output match the target?"""
+    try:
+        inputs = make_inputs(spec, 2, torch.device("meta"))
+        model.train()
+        output = primary_output(model(inputs))
+    except RuntimeError as exc:
+        message = str(exc)
+        if any(word in message for word in ("shape", "size", "dimension", "mat1 and mat2", "channels")):
+            return [{"stage": "input", "type": type(exc).__name__, "message": message[:_MESSAGE_CHARS]}]
+        facts["meta_forward_warning"] = f"{type(exc).__name__}: {message[:500]}"
+        return []
+    except Exception as exc:  # an op without a meta kernel, say: the trials will tell
+        facts["meta_forward_warning"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        return []
+    target = spec["target"]
+    shape = list(output.shape)
+    if target.get("classes") is not None:
+        if len(shape) < 2 or shape[1] != target["classes"]:
+            return [{"stage": "target", "type": "ShapeMismatch",
+                     "message": f"the model's output has shape {shape} (per sample {shape[1:]}), "
+                                f"so its class dimension is {shape[1] if len(shape) > 1 else 'missing'}, "
+                                f"not target.classes = {target['classes']}"}]
+    elif shape[1:] != list(target["shape"]):
+        return [{"stage": "target", "type": "ShapeMismatch",
+                 "message": f"the model's output per sample has shape {shape[1:]}, not target.shape = "
+                            f"{list(target['shape'])}"}]
+    return []
 
 
 def watch_parent(fd: int) -> None:

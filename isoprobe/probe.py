@@ -175,22 +175,25 @@ def inspect_environment(spec: Spec, spec_path: str, workdir: Path, python_path: 
         how = "timed out" if run.timed_out else f"exited with status {run.returncode}"
         raise ProbeError(f"the environment check (importing torch in a child process) {how}", run.stderr_tail)
     if result["problems"]:
-        fields = {"model": "model", "optimizer": "optimizer.kwargs", "allocator": "allocator"}
-        raise SpecError(
-            spec_path,
-            [
-                Problem(
-                    fields.get(p["stage"], "model"),
-                    f"{'rejected by torch' if p['stage'] == 'allocator' else 'cannot be built'}: "
-                    f"{p['type']}: {p['message']}",
-                    "check the allocator string (keys such as expandable_segments:True, max_split_size_mb:128)"
-                    if p["stage"] == "allocator"
-                    else "check the name, the factory's module and function, and the keyword arguments",
-                )
-                for p in result["problems"]
-            ],
-        )
+        raise SpecError(spec_path, [_inspect_problem(p) for p in result["problems"]])
     return result["facts"]
+
+
+_INSPECT_STAGES = {
+    # stage: (field, what went wrong, how to fix it)
+    "model": ("model", "cannot be built", "check the name, the factory's module and function, and the kwargs"),
+    "optimizer": ("optimizer.kwargs", "cannot be built", "check the optimizer's keyword arguments"),
+    "allocator": ("allocator", "rejected by torch",
+                  "check the allocator string (keys such as expandable_segments:True, max_split_size_mb:128)"),
+    "input": ("input.shape", "does not fit the model", "set input.shape to what the model takes for one sample"),
+    "target": ("target", "does not match the model's output",
+               "set target.classes (or target.shape) to the model's output, or change the model's kwargs"),
+}
+
+
+def _inspect_problem(problem: dict) -> Problem:
+    field, what, fix = _INSPECT_STAGES.get(problem["stage"], _INSPECT_STAGES["model"])
+    return Problem(field, f"{what}: {problem['type']}: {problem['message']}", fix)
 
 
 # --------------------------------------------------------------------------- trials

@@ -50,6 +50,10 @@ def _parse_headroom(value: Any) -> float | int:
 Headroom = Annotated[float | int, BeforeValidator(_parse_headroom)]
 
 DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
+#: 2**36 elements is 256 GiB of float32 for ONE sample: a larger shape is a typo.
+MAX_SAMPLE_ELEMENTS = 1 << 36
+#: The search never tries more (search.DEFAULT_CEILING); a start or cap above it is a typo.
+MAX_BATCH_SIZE = 1 << 24
 
 
 class ModelSpec(_Strict):
@@ -57,6 +61,7 @@ class ModelSpec(_Strict):
 
     torchvision: str | None = Field(
         None,
+        min_length=1,
         description="Name of a torchvision model, as accepted by torchvision.models.get_model, e.g. 'resnet50'.",
     )
     factory: str | None = Field(
@@ -87,7 +92,7 @@ class InputSpec(_Strict):
     """One sample of the model's input; the batch dimension is added in front."""
 
     shape: list[Annotated[int, Field(ge=1)]] = Field(
-        min_length=1, description="Per-sample input shape without the batch dimension, e.g. [3, 224, 224]."
+        min_length=1, max_length=8, description="Per-sample input shape without the batch dimension, e.g. [3, 224, 224]."
     )
     dtype: Literal["float32", "float16", "bfloat16", "float64", "int64"] = Field(
         "float32", description="Element type of the synthetic input."
@@ -97,6 +102,15 @@ class InputSpec(_Strict):
         ge=1,
         description="For dtype int64 only: inputs are random integers in [0, high), e.g. a vocabulary size.",
     )
+
+    @model_validator(mode="after")
+    def _plausible_size(self) -> "InputSpec":
+        elements = 1
+        for dimension in self.shape:
+            elements *= dimension
+        if elements > MAX_SAMPLE_ELEMENTS:
+            raise ValueError(f"one sample of shape {self.shape} has {elements} elements: far beyond any real input")
+        return self
 
     @model_validator(mode="after")
     def _high_only_for_integers(self) -> "InputSpec":
@@ -111,7 +125,7 @@ class TargetSpec(_Strict):
     """What the loss compares the output with. Give exactly one of ``classes`` and ``shape``."""
 
     classes: int | None = Field(
-        None, ge=2, description="Classification: number of classes; the loss is cross-entropy."
+        None, ge=2, le=1 << 24, description="Classification: number of classes; the loss is cross-entropy."
     )
     shape: list[Annotated[int, Field(ge=1)]] | None = Field(
         None, min_length=1, description="Regression: per-sample target shape; the loss is mean squared error."
@@ -139,10 +153,10 @@ class SearchSpec(_Strict):
     """Where the search starts, where it must stop, and what one trial is."""
 
     start_batch_size: int = Field(
-        2, ge=1, description="First batch tried. 2 by default: BatchNorm needs more than one sample in training."
+        2, ge=1, le=MAX_BATCH_SIZE, description="First batch tried. 2 by default: BatchNorm needs more than one sample in training."
     )
     max_batch_size: int | None = Field(
-        None, ge=1, description="Never try a batch above this. The answer is this value if it fits."
+        None, ge=1, le=MAX_BATCH_SIZE, description="Never try a batch above this. The answer is this value if it fits."
     )
     dataset_size: int | None = Field(
         None, ge=1, description="Number of samples in the dataset: a batch larger than the dataset is never tried."
@@ -150,13 +164,14 @@ class SearchSpec(_Strict):
     steps: int = Field(
         3,
         ge=2,
+        le=1000,
         description=(
             "Training steps per trial (at least 2: Adam's state is allocated at the first optimizer step, "
             "so the second step's peak can exceed the first's)."
         ),
     )
     trial_timeout: float = Field(
-        600.0, gt=0, description="Seconds one trial may take before its whole process group is killed."
+        600.0, gt=0, le=7 * 24 * 3600, description="Seconds one trial may take before its whole process group is killed."
     )
     retries: int = Field(
         1,
@@ -205,7 +220,7 @@ class RecommendationSpec(_Strict):
         ),
     )
     multiple_of: int = Field(
-        1, ge=1, description="Round the recommended batch down to a multiple of this (e.g. 8 for tensor cores)."
+        1, ge=1, le=MAX_BATCH_SIZE, description="Round the recommended batch down to a multiple of this (e.g. 8 for tensor cores)."
     )
 
 
@@ -224,6 +239,7 @@ class Spec(_Strict):
     )
     memory_budget: ByteCount | None = Field(
         None,
+        le=1 << 50,
         description=(
             "Memory the trial may use, e.g. '8GiB', '16 GB' or bytes. On CUDA: a cap below the card's memory "
             "(ask 'what fits on a 16 GB card' on a bigger one). On CPU: a hard limit on the child process, "
@@ -269,30 +285,95 @@ def load_spec(path: str | os.PathLike, overrides: dict[str, Any] | None = None) 
     return _resolve_paths(spec, path.parent.resolve(), source)
 
 
+#: A spec is a few dozen values. Anything far larger is a mistake or an attack (a YAML
+#: "billion laughs" alias bomb expands exponentially when walked), refused before validation.
+MAX_SPEC_VALUES = 10_000
+MAX_SPEC_BYTES = 1_000_000
+
+
+class _SpecLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing duplicate keys (PyYAML keeps the last one silently)."""
+
+
+def _construct_unique_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    loader.flatten_mapping(node)
+    seen: set = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            duplicate = key in seen
+        except TypeError:
+            break  # unhashable: construct_mapping below reports it
+        if duplicate:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r} (YAML would keep only the last one)", key_node.start_mark
+            )
+        seen.add(key)
+    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+
+_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
 def _read_yaml(path: Path) -> dict[str, Any]:
+    source = str(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        if path.is_dir():
+            raise SpecError(source, [Problem("", "is a directory, not a spec file", "give the path of a .yaml file")])
+        raw = path.read_bytes()[: MAX_SPEC_BYTES + 1]
     except FileNotFoundError:
-        raise SpecError(str(path), [Problem("", "no such file", "check the path to the spec")]) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise SpecError(str(path), [Problem("", f"cannot read the file: {exc}", "")]) from None
+        raise SpecError(source, [Problem("", "no such file", "check the path to the spec")]) from None
+    except OSError as exc:
+        raise SpecError(source, [Problem("", f"cannot read the file: {exc.strerror or exc}", "")]) from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise SpecError(source, [Problem("", f"larger than {MAX_SPEC_BYTES} bytes: not a spec", "")])
     try:
-        data = yaml.safe_load(text)
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecError(
+            source,
+            [Problem("", f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
+                     "save the spec as UTF-8")],
+        ) from None
+    try:
+        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        reason = getattr(exc, "problem", None) or str(exc)
+        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpecError(
-            str(path), [Problem(where, f"not valid YAML: {reason}", "fix the YAML syntax at that place")]
+            source, [Problem(where, f"not valid YAML: {reason}", "fix the YAML syntax at that place")]
         ) from None
+    except RecursionError:
+        raise SpecError(source, [Problem("", "nested too deeply to be a spec", "")]) from None
     if data is None:
-        data = {}
+        raise SpecError(source, [Problem("", "the file is empty", "see specs/ for examples")])
     if not isinstance(data, dict):
         raise SpecError(
-            str(path),
+            source,
             [Problem("", f"the spec must be a YAML mapping, got {type(data).__name__}", "see specs/ for examples")],
         )
+    if _count_values(data, MAX_SPEC_VALUES) > MAX_SPEC_VALUES:
+        raise SpecError(
+            source,
+            [Problem("", f"expands to more than {MAX_SPEC_VALUES} values (YAML aliases?)",
+                     "write the spec out plainly; it needs a few dozen values")],
+        )
     return data
+
+
+def _count_values(data: Any, limit: int) -> int:
+    """Values in ``data`` counting every visit (aliases expand), stopping as soon as ``limit`` is passed."""
+    count, stack = 0, [data]
+    while stack and count <= limit:
+        item = stack.pop()
+        count += 1
+        if isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            stack.extend(item)
+    return count
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
@@ -330,6 +411,12 @@ def _problem_from(error: dict[str, Any], flag_of_field: dict[str, str]) -> Probl
     elif kind == "string_pattern_mismatch" and location == ["device"]:
         message = f"{error.get('input')!r} is not a device"
         fix = "use auto, cpu, cuda or cuda:N"
+    elif kind in ("model_type", "dict_type"):
+        message = f"expected a mapping of fields here, got {type(error.get('input')).__name__} {error.get('input')!r}"
+        fix = "known fields here: " + ", ".join(_known_fields(location)) if _known_fields(location) else ""
+    elif kind == "less_than_equal" and location == ["memory_budget"]:
+        message = f"{error.get('input')!r} is more than 1 PiB: not a memory size"
+        fix = "write e.g. '16GiB'"
     else:
         fix = _describe(location)
     if field in flag_of_field:
@@ -354,11 +441,14 @@ def _known_fields(location: list[str]) -> list[str]:
 
 
 def _describe(location: list[str]) -> str:
-    """The field's own documentation, as the fix hint: documented once, shown where it matters."""
+    """The field's own documentation (first sentence) as the fix hint: documented once, shown where it matters."""
+    while location and location[-1].isdigit():  # an item of a list: describe the list
+        location = location[:-1]
     parent = _model_at(location[:-1]) if location else None
     if parent is None or not location or location[-1] not in parent.model_fields:
         return ""
-    return parent.model_fields[location[-1]].description or ""
+    description = parent.model_fields[location[-1]].description or ""
+    return re.split(r"(?<=\.)\s+(?=[A-Z])", description, maxsplit=1)[0]
 
 
 def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
@@ -387,7 +477,7 @@ def check_references(spec: Spec, source: str) -> None:
     """
     from isoprobe.catalog import suggest, torchvision_model_names
 
-    problems: list[Problem] = []
+    problems: list[Problem] = list(_factory_problems(spec.model.factory, Path(source).parent))
     name = spec.model.torchvision
     known = torchvision_model_names()
     if name is not None and known is not None and name not in known:
@@ -396,3 +486,57 @@ def check_references(spec: Spec, source: str) -> None:
         problems.append(Problem("model.torchvision", f"torchvision has no model named {name!r}", fix))
     if problems:
         raise SpecError(source, problems)
+
+
+def _factory_problems(factory: str | None, spec_dir: Path) -> list[Problem]:
+    """Does the factory's module exist, and does it define the function? Checked without running it.
+
+    A file is parsed (not imported) and its top-level names read; a module is only
+    located (``find_spec`` on its top-level package). Running the factory, and what
+    it raises, is the inspect child's job.
+    """
+    import ast
+    import importlib.util
+    import sys
+
+    if factory is None:
+        return []
+    target, function = factory.rsplit(":", 1)
+    if target.endswith(".py") or "/" in target:
+        file = Path(target)
+        try:
+            tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+        except (OSError, UnicodeDecodeError) as exc:
+            return [Problem("model.factory", f"cannot read {file}: {exc}", "")]
+        except SyntaxError as exc:
+            return [Problem("model.factory", f"{file} line {exc.lineno}: {exc.msg}", "fix the Python syntax")]
+        defined = {
+            getattr(node, "name", None) for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
+        }
+        for node in tree.body:
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                defined |= {t.id for t in targets if isinstance(t, ast.Name)}
+            elif isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
+        if function not in defined and not any(isinstance(n, ast.ImportFrom) and
+                                               any(a.name == "*" for a in n.names) for n in tree.body):
+            close = difflib.get_close_matches(function, sorted(n for n in defined if n), n=1)
+            hint = f"did you mean {close[0]!r}?" if close else f"define {function}() in {file.name}"
+            return [Problem("model.factory", f"{file.name} defines no {function!r}", hint)]
+        return []
+    top = target.split(".")[0]
+    added = str(spec_dir.resolve()) not in sys.path
+    if added:
+        sys.path.insert(0, str(spec_dir.resolve()))
+    try:
+        found = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        found = None
+    finally:
+        if added:
+            sys.path.remove(str(spec_dir.resolve()))
+    if found is None:
+        return [Problem("model.factory", f"no module named {top!r} on the import path",
+                        "install it, or put it next to the spec, or use 'path/to/file.py:function'")]
+    return []

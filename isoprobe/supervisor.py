@@ -166,6 +166,16 @@ def _prepare_child(memory_limit: int | None, parent_pid: int):
     return prepare
 
 
+def write_atomically(path: Path, text: str) -> None:
+    """Write to a temporary name in the same folder, then rename: a reader sees all of it or nothing."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
 def kill_group(pid: int, grace: float = KILL_GRACE_SECONDS) -> None:
     """SIGTERM the child's process group, then SIGKILL whatever is left after ``grace`` seconds."""
     try:
@@ -200,7 +210,7 @@ def run_child(
     events_path = workdir / f"{name}.events.jsonl"
     stdout_path = workdir / f"{name}.stdout"
     stderr_path = workdir / f"{name}.stderr"
-    request_path.write_text(json.dumps(request))
+    write_atomically(request_path, json.dumps(request))
     env = child_environment(os.environ, backend=backend, allocator=allocator, events_path=events_path)
     cgroup = memory_cgroup_dir()  # the child starts in the parent's cgroup
     kills_before = oom_kill_count(cgroup)

@@ -216,8 +216,13 @@ def test_missing_file(tmp_path):
     assert str(path) in info.value.render()
 
 
-def test_empty_file_reports_missing_sections_not_a_crash(tmp_path):
-    problems = problems_of(write(tmp_path, ""))
+def test_empty_file_is_one_clear_problem_not_a_crash(tmp_path):
+    [problem] = problems_of(write(tmp_path, ""))
+    assert problem.message == "the file is empty"
+
+
+def test_an_empty_mapping_reports_every_missing_section(tmp_path):
+    problems = problems_of(write(tmp_path, "{}\n"))
     assert {"model", "input", "target"} <= {p.field for p in problems}
 
 

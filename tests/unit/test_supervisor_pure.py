@@ -319,3 +319,13 @@ def test_oom_kill_counter_parsing_v1_and_v2(tmp_path):
     assert oom_kill_count(v2) == 5
     assert oom_kill_count(tmp_path / "missing") is None
     assert oom_kill_count(None) is None
+
+
+def test_write_atomically_replaces_whole_and_leaves_no_temporary(tmp_path):
+    from isoprobe.supervisor import write_atomically
+
+    target = tmp_path / "request.json"
+    target.write_text("old")
+    write_atomically(target, '{"new": true}')
+    assert target.read_text() == '{"new": true}'
+    assert [p.name for p in tmp_path.iterdir()] == ["request.json"]

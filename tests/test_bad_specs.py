@@ -1,0 +1,108 @@
+"""The hostile-spec corpus: every file in tests/bad_specs/ and the exact message it must produce.
+
+Each bad spec must give exit code 2, one clear message naming the file, the
+field and the fix, nothing on stdout, and no traceback. The static ones are
+caught by ``isoprobe validate`` without importing torch (a fraction of a second
+each here); the ``run-*`` ones need the model built, so ``isoprobe run`` catches
+them in its inspect child before any trial.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from conftest import TESTS, run_cli
+
+BAD = TESTS / "bad_specs"
+
+# file, the message's first line after "isoprobe: FILE: " ({here} is this folder), start of the fix (None: no fix line)
+STATIC = [
+    ('a-directory.yaml', 'is a directory, not a spec file', 'give the path of a .yaml file'),
+    ('bad-device.yaml', "device: 'gpu' is not a device", 'use auto, cpu, cuda or cuda:N'),
+    ('empty-model-name.yaml', 'model.torchvision: String should have at least 1 character', 'Name of a torchvision model, as accepted'),
+    ('empty.yaml', 'the file is empty', 'see specs/ for examples'),
+    ('factory-file-missing.yaml', 'model.factory: no such file: {here}/missing_models.py', "paths are relative to the spec file's fo"),
+    ('factory-function-missing.yaml', "model.factory: helpers.py defines no 'biuld_model'", "did you mean 'build_model'?"),
+    ('factory-malformed.yaml', "model: factory 'helpers.build_model' must look like 'package.module:function' or 'file.py:function'", None),
+    ('factory-module-missing.yaml', "model.factory: no module named 'no_such_package' on the import path", 'install it, or put it next to the spec, '),
+    ('factory-syntax-error.yaml', 'model.factory: {here}/broken_syntax.py line 1: invalid syntax', 'fix the Python syntax'),
+    ('headroom-too-large.yaml', 'recommendation.headroom: 1.5 is neither a fraction in [0, 1) nor a whole number of bytes', 'Memory to keep free below the capacity: '),
+    ('huge-budget.yaml', "memory_budget: '2000TiB' is more than 1 PiB: not a memory size", "write e.g. '16GiB'"),
+    ('huge-shape.yaml', 'input: one sample of shape [100000, 100000, 100] has 1000000000000 elements: far beyond any real input', None),
+    ('huge-start.yaml', 'search.start_batch_size: Input should be less than or equal to 16777216', 'First batch tried. 2 by default: BatchNo'),
+    ('int-input-without-high.yaml', "input: dtype int64 needs 'high' (inputs are drawn from [0, high))", None),
+    ('missing-model-name.yaml', "model: give exactly one of 'torchvision' (a model name) or 'factory' ('module:function')", None),
+    ('negative-budget.yaml', "memory_budget: cannot read '-1GiB' as a size; write e.g. '8GiB', '16 GB', '512MiB' or a number of bytes", "Memory the trial may use, e.g. '8GiB', '"),
+    ('negative-max.yaml', 'search.max_batch_size: Input should be greater than or equal to 1', 'Never try a batch above this.'),
+    ('negative-timeout.yaml', 'search.trial_timeout: Input should be greater than 0', 'Seconds one trial may take before its wh'),
+    ('non-utf8.yaml', 'not UTF-8 text (byte 0xe9 at offset 56)', 'save the spec as UTF-8'),
+    ('one-step.yaml', 'search.steps: Input should be greater than or equal to 2', 'Training steps per trial (at least 2: Ad'),
+    ('only-comments.yaml', 'the file is empty', 'see specs/ for examples'),
+    ('start-above-dataset.yaml', 'search: start_batch_size 16 is above dataset_size 8', None),
+    ('start-above-max.yaml', 'search: start_batch_size 64 is above max_batch_size 32', None),
+    ('top-level-list.yaml', 'the spec must be a YAML mapping, got list', 'see specs/ for examples'),
+    ('top-level-scalar.yaml', 'the spec must be a YAML mapping, got str', 'see specs/ for examples'),
+    ('two-model-sources.yaml', "model: give exactly one of 'torchvision' (a model name) or 'factory' ('module:function')", None),
+    ('two-targets.yaml', "target: give exactly one of 'classes' (classification) or 'shape' (regression)", None),
+    ('unknown-nested-key.yaml', "search.max_batch: unknown field 'max_batch'", "did you mean 'max_batch_size'? known fie"),
+    ('unknown-optimizer.yaml', "optimizer.name: Input should be 'sgd', 'adam' or 'adamw'", "use one of 'sgd', 'adam' or 'adamw'"),
+    ('unknown-top-level-key.yaml', "optimzer: unknown field 'optimzer'", "did you mean 'optimizer'? known fields h"),
+    ('unknown-torchvision-model.yaml', "model.torchvision: torchvision has no model named 'resnet5O'", "did you mean 'resnet50' or 'resnet152' o"),
+    ('unreadable-budget.yaml', "memory_budget: cannot read 'lots' as a size; write e.g. '8GiB', '16 GB', '512MiB' or a number of bytes", "Memory the trial may use, e.g. '8GiB', '"),
+    ('wrong-type-model.yaml', "model: expected a mapping of fields here, got str 'resnet18'", 'known fields here: torchvision, factory,'),
+    ('wrong-type-shape.yaml', 'input.shape: Input should be a valid list', 'Per-sample input shape without the batch'),
+    ('wrong-type-steps.yaml', 'search.steps: Input should be a valid integer, unable to parse string as an integer', 'Training steps per trial (at least 2: Ad'),
+    ('yaml-alias-bomb.yaml', 'expands to more than 10000 values (YAML aliases?)', 'write the spec out plainly; it needs a f'),
+    ('yaml-bad-indent.yaml', 'line 3, column 10: not valid YAML: mapping values are not allowed here', 'fix the YAML syntax at that place'),
+    ('yaml-deep-nesting.yaml', 'nested too deeply to be a spec', None),
+    ('yaml-duplicate-key.yaml', "line 5, column 1: not valid YAML: duplicate key 'device' (YAML would keep only the last one)", 'fix the YAML syntax at that place'),
+    ('yaml-tab-indent.yaml', "line 2, column 1: not valid YAML: found character '\\t' that cannot start any token", 'fix the YAML syntax at that place'),
+    ('yaml-unclosed-flow.yaml', "line 2, column 6: not valid YAML: expected ',' or '}', but got ':'", 'fix the YAML syntax at that place'),
+    ('zero-budget.yaml', "memory_budget: a size must be at least one byte, got 0; write e.g. '8GiB' or '512MiB'", "Memory the trial may use, e.g. '8GiB', '"),
+    ('zero-in-shape.yaml', 'input.shape.1: Input should be greater than or equal to 1', 'Per-sample input shape without the batch'),
+    ('zero-start.yaml', 'search.start_batch_size: Input should be greater than or equal to 1', 'First batch tried. 2 by default: BatchNo'),
+]
+
+NEEDS_THE_MODEL = [
+    ("run-factory-raises.yaml", "model: cannot be built: RuntimeError: this factory is broken on purpose"),
+    ("run-output-classes-mismatch.yaml", "target: does not match the model's output: ShapeMismatch: the model's "
+     "output has shape [2, 1000] (per sample [1000]), so its class dimension is 1000, not target.classes = 10"),
+    ("run-output-shape-mismatch.yaml", "target: does not match the model's output: ShapeMismatch: the model's "
+     "output per sample has shape [2], not target.shape = [3]"),
+    ("run-input-does-not-fit-model.yaml", "input.shape: does not fit the model: RuntimeError:"),
+    ("run-kwarg-typo.yaml", "model: cannot be built: TypeError:"),
+]
+
+
+def test_the_corpus_is_complete():
+    files = {p.name for p in BAD.glob("*.yaml")}
+    assert files == {name for name, *_ in STATIC} | {name for name, _ in NEEDS_THE_MODEL}
+    assert len(files) >= 30
+
+
+def _assert_refused(run, path: Path, first_line: str, fix: str | None) -> None:
+    assert run.returncode == 2, run.stderr
+    assert run.stdout == ""
+    assert "Traceback" not in run.stderr
+    lines = run.stderr.splitlines()
+    [at] = [i for i, line in enumerate(lines) if line.startswith(f"isoprobe: {path}: ")]  # exactly one message
+    assert lines[at].startswith(f"isoprobe: {path}: {first_line}"), lines[at]
+    if fix is not None:
+        assert lines[at + 1].strip().startswith(f"fix: {fix}"), lines
+
+
+@pytest.mark.parametrize(("name", "first_line", "fix"), STATIC, ids=[row[0] for row in STATIC])
+def test_static_bad_spec_is_refused_with_its_message(name, first_line, fix):
+    path = BAD / name
+    _assert_refused(run_cli("validate", str(path)), path, first_line.replace("{here}", str(BAD)), fix)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(("name", "first_line"), NEEDS_THE_MODEL, ids=[row[0] for row in NEEDS_THE_MODEL])
+def test_bad_spec_that_needs_the_model_is_refused_before_any_trial(name, first_line):
+    path = BAD / name
+    run = run_cli("run", str(path))
+    _assert_refused(run, path, first_line, None)
+    assert "isoprobe: trial" not in run.stderr
