@@ -325,7 +325,10 @@ def run_probe(
     with tempfile.TemporaryDirectory(prefix="isoprobe-") as scratch:
         workdir = Path(scratch)
         reporter.note("checking the environment (importing torch in a child process)")
-        facts = inspect_environment(spec, spec_path, workdir, python_path)
+        try:
+            facts = inspect_environment(spec, spec_path, workdir, python_path)
+        except (KeyboardInterrupt, Terminated) as stopped:
+            return _stopped_before_trials(spec, spec_path, stopped, environ, started)
         target = resolve_target(spec, facts, budget_source, spec_path)
         info = target.info
         if info.note:
@@ -407,6 +410,24 @@ def _search(spec: Spec, target: Target, runner: TrialRunner) -> Found:
         judged = verdicts(history, limits)
         flaky = tuple(sorted(b for b, v in judged.items() if v.flaky))
         return Found(reason, lower, upper, judged[upper].outcome if upper is not None else None, flaky)
+
+
+def _stopped_before_trials(spec: Spec, spec_path: str, stopped: BaseException, environ: dict, started: float):
+    """SIGINT/SIGTERM during the environment check: still one JSON document, with no trial in it."""
+    reason = StopReason.INTERRUPTED if isinstance(stopped, KeyboardInterrupt) else StopReason.TERMINATED
+    return Result(
+        isoprobe_version=__version__,
+        python_version=platform.python_version(),
+        spec_path=spec_path,
+        spec=spec,
+        allocator=allocator_info(spec, "cuda" if spec.device != "cpu" else "cpu", environ),
+        answered=False,
+        stop_reason=reason,
+        message=f"stopped by {'SIGTERM' if reason is StopReason.TERMINATED else 'SIGINT'} "
+                "during the environment check, before any trial",
+        trials=[],
+        total_seconds=round(time.monotonic() - started, 3),
+    )
 
 
 def _recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int, first_failing: int | None):

@@ -39,8 +39,10 @@ from isoprobe.outcomes import Outcome
 MALLOC_MMAP_THRESHOLD = 131072
 #: Environment variable naming the child's end of the lifeline pipe (see the module docstring).
 LIFELINE_ENV = "ISOPROBE_LIFELINE_FD"
-#: Seconds between SIGTERM and SIGKILL when a child's group is stopped.
+#: Seconds between SIGTERM and SIGKILL when a timed-out child's group is stopped.
 KILL_GRACE_SECONDS = 2.0
+#: The same when isoprobe itself is interrupted: every group must be gone within 2 s.
+INTERRUPT_GRACE_SECONDS = 0.5
 _STDERR_TAIL_CHARS = 4000
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
@@ -244,8 +246,8 @@ def run_child(
             returncode = process.wait()
         finally:
             # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
-            if process.poll() is None:
-                kill_group(process.pid)
+            if process.poll() is None:  # interrupted: the user is waiting, so a short grace
+                kill_group(process.pid, grace=INTERRUPT_GRACE_SECONDS)
                 process.wait()
             try:
                 os.killpg(process.pid, signal.SIGKILL)
