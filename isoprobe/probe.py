@@ -217,7 +217,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> 
         error=ErrorInfo(**error) if error else None,
         exit_code=run.returncode,
         signal=verdict.signal_name,
-        stderr_tail=run.stderr_tail[-2000:] if keep_stderr and run.stderr_tail else None,
+        stderr_tail=run.stderr_tail if keep_stderr and run.stderr_tail else None,
         reclassified=verdict.evidence,
     )
 

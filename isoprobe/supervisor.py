@@ -44,6 +44,7 @@ KILL_GRACE_SECONDS = 2.0
 #: The same when isoprobe itself is interrupted: every group must be gone within 2 s.
 INTERRUPT_GRACE_SECONDS = 0.5
 _STDERR_TAIL_CHARS = 4000
+_STDERR_SCAN_BYTES = 65536
 _PACKAGE_ROOT = str(Path(__file__).resolve().parent.parent)
 
 
@@ -267,11 +268,22 @@ def run_child(
 
 
 def _tail(path: Path) -> str:
+    """The end of a child's stderr, with faulthandler's headline kept even if the dump is long.
+
+    A crash dump lists every thread's stack and the loaded extension modules after
+    its first line ("Fatal Python error: Segmentation fault"); the first line is the
+    evidence, so it is put in front when the tail alone would cut it off.
+    """
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
-            handle.seek(max(0, size - _STDERR_TAIL_CHARS))
-            return handle.read().decode("utf-8", errors="replace")
+            handle.seek(max(0, size - _STDERR_SCAN_BYTES))
+            end = handle.read().decode("utf-8", errors="replace")
     except OSError:
         return ""
+    tail = end[-_STDERR_TAIL_CHARS:]
+    headline = next((line for line in reversed(end.splitlines()) if line.startswith("Fatal Python error:")), None)
+    if headline is not None and headline not in tail:
+        tail = f"{headline}\n[...]\n{tail}"
+    return tail

@@ -329,3 +329,19 @@ def test_write_atomically_replaces_whole_and_leaves_no_temporary(tmp_path):
     write_atomically(target, '{"new": true}')
     assert target.read_text() == '{"new": true}'
     assert [p.name for p in tmp_path.iterdir()] == ["request.json"]
+
+
+def test_stderr_tail_keeps_faulthandlers_headline_behind_a_long_dump(tmp_path):
+    from isoprobe.supervisor import _tail
+
+    stderr = tmp_path / "stderr"
+    dump = "Fatal Python error: Segmentation fault\n\n" + "".join(
+        f'  File "/some/long/path/module{i}.py", line {i} in function_{i}\n' for i in range(400)
+    )
+    stderr.write_text("model output\n" * 50 + dump)
+    tail = _tail(stderr)
+    assert tail.startswith("Fatal Python error: Segmentation fault\n[...]\n")
+    assert tail.endswith("line 399 in function_399\n")
+    short = tmp_path / "short"
+    short.write_text("Fatal Python error: Aborted\n\nCurrent thread 0x1\n")
+    assert _tail(short) == "Fatal Python error: Aborted\n\nCurrent thread 0x1\n"
