@@ -56,6 +56,9 @@ def test_edge_is_adjacent_and_every_reported_batch_was_run(edge):
     assert result["recommendation"]["measured_peak_bytes"] > 0
     fitting_peaks = [t["peak_bytes"] for t in result["trials"] if t["outcome"] == "fits"]
     assert all(p is not None and p > 0 for p in fitting_peaks)
+    # search.steps is what the child really runs: every fitting trial timed exactly that many steps.
+    steps = result["spec"]["search"]["steps"]
+    assert all(len(t["step_seconds"]) == steps for t in result["trials"] if t["outcome"] == "fits")
 
 
 def test_progress_is_one_stderr_line_per_trial(edge):
