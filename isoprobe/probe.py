@@ -31,7 +31,7 @@ from isoprobe.result import (
     StopReason,
     Trial,
 )
-from isoprobe.search import Limits, Observation, bounds, run_search, verdicts
+from isoprobe.search import Limits, Observation, progress, run_search
 from isoprobe.spec import Spec
 from isoprobe.supervisor import ChildRun, classify_exit, run_child
 from isoprobe.units import format_bytes
@@ -406,10 +406,8 @@ def _search(spec: Spec, target: Target, runner: TrialRunner) -> Found:
         return replace(found, recommended=recommended, recommendation=recommendation)
     except (KeyboardInterrupt, Terminated) as stopped:
         reason = StopReason.INTERRUPTED if isinstance(stopped, KeyboardInterrupt) else StopReason.TERMINATED
-        lower, upper = bounds(history, limits)
-        judged = verdicts(history, limits)
-        flaky = tuple(sorted(b for b, v in judged.items() if v.flaky))
-        return Found(reason, lower, upper, judged[upper].outcome if upper is not None else None, flaky)
+        known = progress(history, limits)
+        return Found(reason, known.max_fitting, known.first_failing, known.first_failing_outcome, known.flaky)
 
 
 def _stopped_before_trials(spec: Spec, spec_path: str, stopped: BaseException, environ: dict, started: float):

@@ -175,21 +175,42 @@ class Conclusion:
         return self.stop in (Stop.EDGE_FOUND, Stop.CAPPED)
 
 
+@dataclass(frozen=True)
+class Progress:
+    """What a history shows so far, finished or not (an interrupted search reports this)."""
+
+    max_fitting: int | None
+    first_failing: int | None
+    first_failing_outcome: Outcome | None
+    flaky: tuple[int, ...]
+
+
+def progress(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> Progress:
+    """The bounds, how the upper one failed, and the flaky batches, from any history."""
+    judged = verdicts(history, limits)
+    lower, upper = bounds(history, limits)
+    return Progress(
+        lower,
+        upper,
+        judged[upper].outcome if upper is not None else None,
+        tuple(sorted(b for b, v in judged.items() if v.flaky)),
+    )
+
+
 def conclude(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> Conclusion:
     """Read the answer off a finished history; raise ValueError for an unfinished one.
 
-    An interrupted search has no conclusion: ``bounds`` and ``verdicts`` tell what is known so far.
+    An interrupted search has no conclusion: ``progress`` tells what is known so far.
     """
     history = tuple(history)
     if not history:
         raise ValueError("no trial has run yet")
     judged = verdicts(history, limits)
-    lower, upper = bounds(history, limits)
-    flaky = tuple(sorted(b for b, v in judged.items() if v.flaky))
-    upper_outcome = judged[upper].outcome if upper is not None else None
+    known = progress(history, limits)
+    lower, upper_outcome = known.max_fitting, known.first_failing_outcome
 
     def answer(stop: Stop) -> Conclusion:
-        return Conclusion(stop, lower, upper, upper_outcome, flaky, history)
+        return Conclusion(stop, lower, known.first_failing, upper_outcome, known.flaky, history)
 
     errors = [b for b, v in judged.items() if v.outcome is Outcome.ERROR]
     if errors:
@@ -201,7 +222,7 @@ def conclude(history: list[Observation] | tuple[Observation, ...], limits: Limit
             upper_outcome, Stop.START_DOES_NOT_FIT
         )
         return answer(stop)
-    return answer(Stop.CAPPED if upper is None else Stop.EDGE_FOUND)
+    return answer(Stop.CAPPED if known.first_failing is None else Stop.EDGE_FOUND)
 
 
 def run_search(
