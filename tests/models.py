@@ -68,3 +68,24 @@ class AmbiguousUnderCap(nn.Module):
 
 def ambiguous_under_cap(threshold: int = 0) -> nn.Module:
     return AmbiguousUnderCap(threshold)
+
+
+def big_linear(features: int = 4096) -> nn.Module:
+    """64 MiB of weights: optimizer state (none for plain SGD, two buffers for Adam) shows in the peak."""
+    return nn.Linear(features, features)
+
+
+class EmbeddingRegressor(nn.Module):
+    """Token ids in, a vector out: needs integer inputs (input.dtype int64) and an MSE target."""
+
+    def __init__(self, vocabulary: int, width: int, outputs: int):
+        super().__init__()
+        self.embedding = nn.Embedding(vocabulary, width)
+        self.head = nn.Linear(width, outputs)
+
+    def forward(self, tokens):
+        return self.head(self.embedding(tokens).mean(dim=1))
+
+
+def embedding_regressor(vocabulary: int = 1000, width: int = 16, outputs: int = 4) -> nn.Module:
+    return EmbeddingRegressor(vocabulary, width, outputs)

@@ -19,8 +19,10 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory):
     """One probe that finds a real out-of-memory edge (around batch 25 under 1.5 GiB)."""
+    spec = hog_spec(start_batch_size=16)
+    spec["recommendation"] = {"headroom": 0.1, "multiple_of": 4}
     path = tmp_path_factory.mktemp("edge") / "hog.yaml"
-    path.write_text(json.dumps(hog_spec(start_batch_size=16)))  # JSON is YAML
+    path.write_text(json.dumps(spec))  # JSON is YAML
     return path, run_cli("run", str(path))
 
 
@@ -52,6 +54,7 @@ def test_edge_is_adjacent_and_every_reported_batch_was_run(edge):
     assert not any(t["outcome"] == "fits" and t["batch_size"] > maximum for t in result["trials"])
     recommended = result["recommended_batch_size"]
     assert recommended is not None and recommended <= maximum
+    assert recommended % 4 == 0  # recommendation.multiple_of
     assert (recommended, "fits") in outcomes
     assert result["recommendation"]["measured_peak_bytes"] > 0
     fitting_peaks = [t["peak_bytes"] for t in result["trials"] if t["outcome"] == "fits"]
