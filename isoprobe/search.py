@@ -6,10 +6,21 @@ known); ``conclude`` reads the answer off the same history. ``run_search``
 is the loop that joins them to an oracle, so tests drive it with scripted and
 flaky oracles and the product drives it with real child processes.
 
-Strategy: grow from the start by doubling until the first failure or a cap,
-then bisect until the largest batch that fits and the smallest that fails are
-adjacent, then run that largest batch again (``confirmations``) before
-answering.
+Strategy: ``plan_next`` owns what every strategy shares (begin at the start,
+retry a crash or timeout, stop on an error, confirm the maximum once the
+bracket is closed); a *step* only picks the next batch strictly inside the
+open bracket. Two steps exist:
+- ``doubling_step``, the classic: double until the first failure or a cap, then
+  bisect until the largest batch that fits and the smallest that fails are
+  adjacent;
+- ``guided_step`` (the default): peak memory is close to ``a + k·batch``, so it
+  fits that line to the peaks the fitting trials measured, jumps next to the
+  edge the line predicts against the memory capacity, and checks the edge pair
+  there. Safeguards make a wrong line (noise, a cuDNN workspace jump, a
+  capacity in the wrong units) cost at most about twice the classic's trials;
+  with no capacity or no readings it *is* the classic.
+Either way the answer is the same exact edge: a step only chooses where to
+look, the verdicts decide.
 
 A batch may be tried more than once, so each batch gets one *verdict* from
 all its attempts:
@@ -30,6 +41,7 @@ flaky or crashing batch can only make the answer smaller, never larger.
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -49,6 +61,10 @@ class Observation:
     batch_size: int
     outcome: Outcome
     peak_bytes: int | None = None
+    #: Memory the trial held without its batch (weights, gradients, optimizer state, runtime),
+    #: read after the steps in the same units as ``peak_bytes``: the line's anchor while only one
+    #: batch has been measured.
+    base_bytes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -60,6 +76,7 @@ class Limits:
     ceiling: int = DEFAULT_CEILING
     retries: int = 1        # extra attempts for a batch whose trial crashed or timed out
     confirmations: int = 1  # extra runs of the final maximum before it is reported
+    capacity: int | None = None  # memory the peaks are compared with (guided step); None: no prediction
 
     def __post_init__(self) -> None:
         if self.start < 1:
@@ -139,8 +156,184 @@ def bounds(history: list[Observation] | tuple[Observation, ...], limits: Limits)
     return lower, (min(fails) if fails else None)
 
 
-def plan_next(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> int | None:
-    """The next batch to try, or None when the history already holds the answer."""
+Step = Callable[[tuple[Observation, ...], Limits, int, "int | None"], int]
+
+
+def doubling_step(history: tuple[Observation, ...], limits: Limits, lower: int, upper: int | None) -> int:
+    """The classic move: double while nothing has failed, then bisect the bracket."""
+    if upper is None:
+        return min(2 * lower, limits.highest)
+    return (lower + upper) // 2
+
+
+@dataclass(frozen=True)
+class MemoryLine:
+    """Peak memory as ``intercept + slope·batch``, fitted to what the trials measured."""
+
+    intercept: float
+    slope: float
+    batches: int  # distinct batches it stands on; 1 means anchored on the trial's base reading
+
+    def largest_within(self, capacity: int) -> int:
+        """The largest batch whose predicted peak is within ``capacity`` (may be below 1)."""
+        return math.floor((capacity - self.intercept) / self.slope)
+
+
+#: The line is fitted to the largest few fitting batches: near the edge is where it must be right.
+LINE_BATCHES = 3
+#: While the line stands on a single batch (and its base reading), its slope is a rough estimate:
+#: the first jump goes only this fraction of the way to the predicted edge, so that it most likely
+#: fits and gives the line a far second point.
+FIRST_JUMP_FRACTION = 0.8
+#: Before anything has failed, never jump beyond this factor above the largest batch that fit: a
+#: prediction from small batches is an extrapolation, and a huge batch can fail for other reasons.
+MAX_JUMP_FACTOR = 16
+
+
+def memory_line(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> MemoryLine | None:
+    """The memory line from the batches that fit every time; None without a rising line.
+
+    Two or more batches with peak readings: least squares over the largest
+    ``LINE_BATCHES`` of them. One batch: the line through its base reading (the
+    memory held without the batch) and its peak. Nothing usable: None, and the
+    guided step falls back to doubling and bisection.
+    """
+    judged = verdicts(history, limits)
+    readings: dict[int, list[Observation]] = {}
+    for o in history:
+        verdict = judged.get(o.batch_size)
+        if o.peak_bytes is not None and verdict is not None and verdict.outcome is Outcome.FITS:
+            readings.setdefault(o.batch_size, []).append(o)
+    if not readings:
+        return None
+    if len(readings) == 1:
+        (batch, observed), = readings.items()
+        peak = sum(o.peak_bytes for o in observed) / len(observed)
+        bases = [o.base_bytes for o in observed if o.base_bytes is not None]
+        if not bases:
+            return None
+        base = sum(bases) / len(bases)
+        if peak <= base:
+            return None
+        return MemoryLine(base, (peak - base) / batch, 1)
+    points = [(b, o.peak_bytes) for b in sorted(readings)[-LINE_BATCHES:] for o in readings[b]]
+    mean_b = sum(b for b, _ in points) / len(points)
+    mean_p = sum(p for _, p in points) / len(points)
+    sxx = sum((b - mean_b) ** 2 for b, _ in points)
+    slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / sxx
+    if slope <= 0:
+        return None
+    return MemoryLine(mean_p - slope * mean_b, slope, min(len(readings), LINE_BATCHES))
+
+
+def _misses(history: tuple[Observation, ...], limits: Limits) -> int:
+    """How many of the latest new batches in a row the line mispredicted, signed.
+
+    +k: the last k new batches fit although the line said they would fail (it
+    under-predicts); -k: they failed although it said they would fit. 0 when the
+    last new batch went as predicted, or was not a prediction (no line then).
+    Each batch is judged against the line as it stood when that batch was chosen.
+    """
+    judged = verdicts(history, limits)
+    streak = 0
+    seen: set[int] = set()
+    for index, observation in enumerate(history):
+        batch = observation.batch_size
+        if batch in seen or batch not in judged:
+            continue
+        seen.add(batch)
+        line = memory_line(history[:index], limits) if limits.capacity is not None else None
+        if line is None or judged[batch].outcome is None:
+            streak = 0
+            continue
+        fits = judged[batch].outcome is Outcome.FITS
+        predicted_fits = batch <= line.largest_within(limits.capacity)
+        if fits == predicted_fits:
+            streak = 0
+        elif fits:
+            streak = streak + 1 if streak > 0 else 1
+        else:
+            streak = streak - 1 if streak < 0 else -1
+    return streak
+
+
+def _bracket_stalled(history: tuple[Observation, ...], limits: Limits) -> bool:
+    """True when the last new batch, tried inside a bracket, did not halve it.
+
+    The classic bisection halves the bracket with every trial; a line that keeps
+    landing near one bound (noisy readings, a curve that is not a line) may
+    shrink it by one sample a time. After such a step the next one bisects, so a
+    wrong line costs at most about twice the bisection's trials, while a right
+    one (which lands on the edge and shrinks the bracket to a pair) never trips it.
+    """
+    firsts: list[int] = []
+    seen: set[int] = set()
+    for index, observation in enumerate(history):
+        if observation.batch_size not in seen:
+            seen.add(observation.batch_size)
+            firsts.append(index)
+    if len(firsts) < 2:
+        return False
+    before_lower, before_upper = bounds(history[: firsts[-1]], limits)
+    lower, upper = bounds(history, limits)
+    if before_lower is None or before_upper is None or lower is None or upper is None:
+        return False
+    return upper - lower > (before_upper - before_lower) / 2
+
+
+def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, upper: int | None) -> int:
+    """Jump to where the memory line says the edge is, and check the edge pair there.
+
+    With the line's predicted edge ``e`` (largest batch within the capacity):
+    - one measured batch only (slope uncertain): go ``FIRST_JUMP_FRACTION`` of the
+      way to ``e``, to get a far second point that most likely fits; if a bracket
+      already exists, the line has failed once: bisect;
+    - otherwise try ``e + 1`` while the bracket's top is above it (expected to
+      fail: it pins the upper bound right above the edge), then ``e`` (expected
+      to fit: it pins the lower bound). An accurate line closes the bracket in
+      two trials.
+    Safeguards: after k mispredictions in a row on the same side the step moves
+    at least 2^(k-1) from the bound that keeps moving (galloping), but never past
+    the bracket's midpoint; when the last new batch did not halve the bracket,
+    the step bisects (``_bracket_stalled``). So a wrong or noisy line
+    degrades to bisection. Before any failure the jump is at most
+    ``MAX_JUMP_FACTOR`` × ``lower``.
+    """
+    line = memory_line(history, limits) if limits.capacity is not None else None
+    if line is None or (upper is not None and _bracket_stalled(history, limits)):
+        return doubling_step(history, limits, lower, upper)
+    top = limits.highest if upper is None else upper - 1
+    edge = line.largest_within(limits.capacity)
+    if line.batches == 1:
+        if upper is not None:
+            return (lower + upper) // 2
+        candidate = lower + math.floor(FIRST_JUMP_FRACTION * (edge - lower))
+    else:
+        candidate = edge + 1 if upper is None or edge + 1 < upper else edge
+    misses = _misses(history, limits)
+    middle = top if upper is None else (lower + upper) // 2
+    if misses > 0:    # it keeps under-predicting: gallop upwards
+        candidate = max(candidate, min(lower + 2 ** min(misses - 1, 62), middle))
+    elif misses < 0:  # it keeps over-predicting: gallop downwards (only inside a bracket)
+        candidate = min(candidate, max(top + 1 - 2 ** min(-misses - 1, 62), middle))
+    if upper is None:
+        candidate = min(candidate, MAX_JUMP_FACTOR * lower)
+    return max(lower + 1, min(candidate, top))
+
+
+def plan_next(
+    history: list[Observation] | tuple[Observation, ...], limits: Limits, step: Step | None = None
+) -> int | None:
+    """The next batch to try, or None when the history already holds the answer.
+
+    What every strategy shares lives here: stop on an error, retry a crash or
+    timeout first, begin at the start, and confirm the maximum once the bracket
+    is closed. ``step`` (default ``guided_step``) only chooses the next batch
+    strictly inside the open bracket: above ``lower``, and below ``upper`` or at
+    most the largest allowed batch.
+    """
+    step = guided_step if step is None else step
+    history = tuple(history)
     judged = verdicts(history, limits)
     if any(v.outcome is Outcome.ERROR for v in judged.values()):
         return None
@@ -150,10 +343,12 @@ def plan_next(history: list[Observation] | tuple[Observation, ...], limits: Limi
     lower, upper = bounds(history, limits)
     if lower is None:
         return None if upper is not None else limits.start
-    if upper is None and lower < limits.highest:
-        return min(2 * lower, limits.highest)
-    if upper is not None and upper - lower > 1:
-        return (lower + upper) // 2
+    if (upper is None and lower < limits.highest) or (upper is not None and upper - lower > 1):
+        batch = step(history, limits, lower, upper)
+        ceiling = limits.highest if upper is None else upper - 1
+        if not lower < batch <= ceiling:
+            raise AssertionError(f"step proposed {batch} outside the open bracket ({lower}, {ceiling}]")
+        return batch
     # The bracket is closed: confirm the maximum before answering.
     return lower if judged[lower].fits_count < 1 + limits.confirmations else None
 
@@ -229,6 +424,7 @@ def run_search(
     oracle: Callable[[int], Observation],
     limits: Limits,
     history: list[Observation] | None = None,
+    step: Step | None = None,
 ) -> Conclusion:
     """Ask the oracle until the answer is known.
 
@@ -236,7 +432,7 @@ def run_search(
     the loop is interrupted, and resume from them.
     """
     history = [] if history is None else history
-    while (batch := plan_next(history, limits)) is not None:
+    while (batch := plan_next(history, limits, step)) is not None:
         if sum(o.batch_size == batch for o in history) >= limits.most_attempts:
             raise AssertionError(f"the planner proposed batch {batch} more than {limits.most_attempts} times")
         observation = oracle(batch)

@@ -710,7 +710,7 @@ def test_oracle_answering_for_another_batch_is_rejected():
 @pytest.mark.parametrize("retries,confirmations", [(0, 0), (1, 0), (0, 2), (2, 1)])
 def test_run_search_refuses_to_try_a_batch_more_than_most_attempts(monkeypatch, retries, confirmations):
     limits = Limits(start=2, retries=retries, confirmations=confirmations)
-    monkeypatch.setattr(search, "plan_next", lambda history, limits: 2)  # a planner stuck on one batch
+    monkeypatch.setattr(search, "plan_next", lambda history, limits, step=None: 2)  # a planner stuck on one batch
     oracle = Oracle(100)
     with pytest.raises(AssertionError, match="more than"):
         run_search(oracle, limits)

@@ -1,0 +1,143 @@
+"""The model-guided step: same guarantees as doubling, far fewer trials when memory is linear.
+
+The oracle here is a synthetic device: peak(b) = base + per_sample·b (+ noise,
++ an optional step where a kernel would switch algorithms), and a batch fits
+when its *true* peak is within the capacity. Each fitting trial also reads a
+base (the memory held without the batch), a little above the true intercept as
+on real devices. Whatever the line's quality, the answer must be the exact
+edge, a batch that was run and fit every time.
+"""
+
+from __future__ import annotations
+
+import random
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from isoprobe.outcomes import Outcome
+from isoprobe.search import Limits, Observation, Stop, doubling_step, guided_step, run_search
+
+MiB = 1024**2
+
+
+class Device:
+    """Linear memory with optional noise on the readings and a step in the true curve."""
+
+    def __init__(self, base, per_sample, capacity, noise=0, step_at=None, step_bytes=0, seed=0, faults=None,
+                 base_error=0.05, readings=True):
+        self.base, self.per_sample, self.capacity = base, per_sample, capacity
+        self.base_error, self.readings = base_error, readings
+        self.noise, self.step_at, self.step_bytes = noise, step_at, step_bytes
+        self.random = random.Random(seed)
+        self.faults = faults or {}
+        self.asked: list[int] = []
+
+    def true_peak(self, batch: int) -> int:
+        extra = self.step_bytes if self.step_at is not None and batch >= self.step_at else 0
+        return self.base + self.per_sample * batch + extra
+
+    @property
+    def true_max(self) -> int:
+        """Largest batch whose true peak fits, in closed form (the curve is a line with one step)."""
+        without_step = max(0, (self.capacity - self.base) // self.per_sample)
+        if self.step_at is None or without_step < self.step_at:
+            return without_step
+        with_step = (self.capacity - self.base - self.step_bytes) // self.per_sample
+        return with_step if with_step >= self.step_at else self.step_at - 1
+
+    def __call__(self, batch: int) -> Observation:
+        self.asked.append(batch)
+        attempt = self.asked.count(batch)
+        if (batch, attempt) in self.faults:
+            return Observation(batch, self.faults[(batch, attempt)])
+        if self.true_peak(batch) > self.capacity:
+            return Observation(batch, Outcome.OUT_OF_MEMORY)
+        if not self.readings:
+            return Observation(batch, Outcome.FITS)
+        reading = self.true_peak(batch) + (self.random.randint(-self.noise, self.noise) if self.noise else 0)
+        base = int(self.base * (1 + self.random.uniform(0, self.base_error)))
+        return Observation(batch, Outcome.FITS, max(1, reading), base)
+
+
+def search(device: Device, start=2, cap=None, confirmations=1, step=guided_step):
+    limits = Limits(start=start, cap=cap, capacity=device.capacity, confirmations=confirmations)
+    return run_search(device, limits, step=step), limits
+
+
+devices = st.builds(
+    Device,
+    base=st.integers(100 * MiB, 4000 * MiB),
+    per_sample=st.integers(1024, 200 * MiB),
+    capacity=st.integers(4000 * MiB, 80_000 * MiB),
+    noise=st.sampled_from([0, MiB, 50 * MiB, 500 * MiB]),
+    step_at=st.one_of(st.none(), st.integers(2, 5000)),
+    step_bytes=st.integers(0, 2000 * MiB),
+    seed=st.integers(0, 1000),
+    base_error=st.sampled_from([0, 0.05, 0.3, 2.0]),
+    readings=st.sampled_from([True, True, True, False]),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(device=devices, start=st.integers(1, 16), cap=st.one_of(st.none(), st.integers(16, 100_000)))
+def test_guided_finds_the_exact_edge_whatever_the_line(device, start, cap):
+    true_max = device.true_max
+    conclusion, limits = search(device, start=start, cap=cap)
+    allowed = min(true_max, limits.highest)
+    if true_max < start:
+        assert conclusion.stop is Stop.START_DOES_NOT_FIT
+        return
+    assert conclusion.max_fitting == allowed
+    if allowed < limits.highest:
+        assert conclusion.stop is Stop.EDGE_FOUND and conclusion.first_failing == allowed + 1
+    else:
+        assert conclusion.stop is Stop.CAPPED
+    assert all(b <= limits.highest for b in device.asked)
+    assert all(o.outcome is Outcome.FITS for o in conclusion.history if o.batch_size == conclusion.max_fitting)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    device=devices,
+    faults=st.dictionaries(
+        st.tuples(st.integers(1, 3000), st.integers(1, 2)),
+        st.sampled_from([Outcome.OUT_OF_MEMORY, Outcome.CRASHED, Outcome.TIMED_OUT]),
+        max_size=6,
+    ),
+)
+def test_guided_is_never_above_the_true_maximum_under_faults(device, faults):
+    device.faults = faults
+    conclusion, _ = search(device)
+    if conclusion.max_fitting is not None:
+        assert conclusion.max_fitting <= device.true_max
+        assert all(o.outcome is Outcome.FITS for o in conclusion.history if o.batch_size == conclusion.max_fitting)
+
+
+@settings(max_examples=200, deadline=None)
+@given(device=devices)
+def test_guided_takes_at_most_about_twice_the_doubling_trials(device):
+    guided, _ = search(device)
+    doubling, _ = search(Device(device.base, device.per_sample, device.capacity, device.noise, device.step_at,
+                                device.step_bytes, seed=0, readings=False), step=doubling_step)
+    assert len(guided.history) <= 2 * len(doubling.history) + 2
+
+
+def test_exact_linear_memory_finds_515_in_a_handful_of_trials():
+    # The seeds' MobileNetV3 figure: a maximum of 515. Doubling plus bisection needs about 19 trials.
+    per_sample = 30 * MiB
+    device = Device(base=1000 * MiB, per_sample=per_sample, capacity=1000 * MiB + 515 * per_sample + per_sample // 2)
+    assert device.true_max == 515
+    conclusion, _ = search(device, confirmations=0)
+    assert conclusion.max_fitting == 515 and conclusion.first_failing == 516
+    assert len(conclusion.history) <= 6, device.asked
+    doubling, _ = search(Device(device.base, per_sample, device.capacity), confirmations=0, step=doubling_step)
+    assert len(doubling.history) >= 2 * len(conclusion.history)
+
+
+def test_without_a_capacity_guided_is_exactly_doubling():
+    device = Device(base=100 * MiB, per_sample=10 * MiB, capacity=2000 * MiB)
+    limits = Limits(start=2, capacity=None)
+    guided = run_search(device, limits, step=guided_step)
+    other = Device(base=100 * MiB, per_sample=10 * MiB, capacity=2000 * MiB)
+    assert [o.batch_size for o in guided.history] == [o.batch_size for o in run_search(other, limits).history]
