@@ -3,18 +3,25 @@
 Subcommands: ``run`` (probe), ``validate`` (check a spec, run nothing),
 ``schema`` (the result's JSON Schema). Nothing here imports torch; ``run``
 reaches torch only through child processes.
+
+Start-up time is part of the interface (``validate`` and ``schema`` are meant
+for editors, CI and scripts; ``benchmarks/cli_startup.py`` measures it), so
+each command imports only what it uses, inside its ``cmd_*`` function: the
+module level needs nothing beyond argparse, and ``--help``/``--version`` (which
+exit inside ``parse_args``) import neither pydantic nor YAML; ``validate``
+imports the spec model but not the result model or the probe.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import signal
 import sys
-from typing import Sequence
+from typing import TYPE_CHECKING
 
 from isoprobe import __version__
-from isoprobe.errors import ExitCode, ProbeError, SpecError, Terminated
+
+if TYPE_CHECKING:  # annotations only (postponed by ``from __future__ import annotations``)
+    from typing import Sequence
 
 EXIT_CODES_HELP = """exit codes:
   0    answered: the maximum is proven (edge found, or a cap reached)
@@ -69,6 +76,8 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
+    from isoprobe.errors import ExitCode
+
     spec = _load(args)
     model = spec.model.torchvision or spec.model.factory
     print(f"{args.spec}: valid (model {model}, input {spec.input.shape}, optimizer {spec.optimizer.name}, "
@@ -77,7 +86,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
 
 def cmd_schema(args: argparse.Namespace) -> int:
-    if args.spec:
+    import json
+
+    from isoprobe.errors import ExitCode
+
+    if args.spec:  # only the model asked for is imported: the result module (and its models) costs time
         from isoprobe.spec import Spec
 
         print(json.dumps(Spec.model_json_schema(), indent=2))
@@ -89,6 +102,9 @@ def cmd_schema(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import signal
+
+    from isoprobe.errors import Terminated
     from isoprobe.output import Reporter, result_json, summary_lines
     from isoprobe.probe import run_probe
     from isoprobe.result import exit_code_for
@@ -113,6 +129,10 @@ _COMMANDS = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema}
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Imported after parsing: --help, --version and usage errors exit inside parse_args
+    # and need none of it (errors.py pulls in dataclasses, and with it inspect and ast).
+    from isoprobe.errors import ExitCode, ProbeError, SpecError, Terminated
+
     try:
         return int(_COMMANDS[args.command](args))
     except SpecError as error:

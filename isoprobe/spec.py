@@ -11,12 +11,12 @@ the field and the fix. This module must not import torch.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from isoprobe.errors import Problem, SpecError
@@ -291,31 +291,48 @@ MAX_SPEC_VALUES = 10_000
 MAX_SPEC_BYTES = 1_000_000
 
 
-class _SpecLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing duplicate keys (PyYAML keeps the last one silently)."""
+@functools.lru_cache(maxsize=None)
+def _spec_loader() -> type:
+    """PyYAML's safe loader, refusing duplicate keys (PyYAML keeps the last one silently).
 
+    Built on first use, not at import: importing PyYAML takes ~25 ms (its reader
+    compiles a large Unicode regex), and ``isoprobe schema``, the result model and
+    the trial child import this module without ever reading YAML. The class never
+    changes, so it is made once per process.
 
-def _construct_unique_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    loader.flatten_mapping(node)
-    seen: set = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        try:
-            duplicate = key in seen
-        except TypeError:
-            break  # unhashable: construct_mapping below reports it
-        if duplicate:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r} (YAML would keep only the last one)", key_node.start_mark
-            )
-        seen.add(key)
-    return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+    The pure-Python loader on purpose, not ``yaml.CSafeLoader``: libyaml words its
+    errors differently (e.g. it leaves out the offending character), and those
+    messages are what a user sees; a spec is a few hundred bytes, parsed in about
+    a millisecond either way.
+    """
+    import yaml
 
+    class _SpecLoader(yaml.SafeLoader):
+        """PyYAML's safe loader with the duplicate-key check below."""
 
-_SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+    def construct_unique_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+        loader.flatten_mapping(node)
+        seen: set = set()
+        for key_node, _ in node.value:
+            key = loader.construct_object(key_node, deep=deep)
+            try:
+                duplicate = key in seen
+            except TypeError:
+                break  # unhashable: construct_mapping below reports it
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"duplicate key {key!r} (YAML would keep only the last one)", key_node.start_mark
+                )
+            seen.add(key)
+        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
+
+    _SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_unique_mapping)
+    return _SpecLoader
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
+    import yaml  # see _spec_loader: only reading a spec needs PyYAML
+
     source = str(path)
     try:
         if path.is_dir():
@@ -336,7 +353,7 @@ def _read_yaml(path: Path) -> dict[str, Any]:
                      "save the spec as UTF-8")],
         ) from None
     try:
-        data = yaml.load(text, Loader=_SpecLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_spec_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -26,6 +26,47 @@ def test_parent_modules_never_import_torch():
     assert done.returncode == 0, done.stderr
 
 
+def _modules_loaded_by(*argv: str) -> set[str]:
+    """Every module in ``sys.modules`` after ``isoprobe ARGV`` ran in a fresh interpreter (exit included)."""
+    code = (
+        "import sys\n"
+        "from isoprobe.cli import main\n"
+        "try:\n"
+        f"    code = main({list(argv)!r})\n"
+        "except SystemExit as exit:\n"
+        "    code = exit.code\n"
+        "assert code == 0, code\n"
+        "print('--- modules ---')\n"
+        "print('\\n'.join(sorted(sys.modules)))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return set(done.stdout.split("--- modules ---\n", 1)[1].split())
+
+
+def test_each_command_imports_only_what_it_needs():
+    """Start-up time is mostly imports (see benchmarks/cli_startup.py): no command loads what it does not use.
+
+    --help needs neither pydantic nor YAML; validate needs the spec model but
+    not the result model, the output or the probe; schema reads no YAML, and
+    ``schema --spec`` does not build the result model.
+    """
+    help_ = _modules_loaded_by("--help")
+    assert not {"pydantic", "yaml", "isoprobe.spec", "isoprobe.errors"} & help_
+
+    validate = _modules_loaded_by("validate", "specs/resnet50.yaml")
+    assert {"pydantic", "yaml", "isoprobe.spec"} <= validate
+    assert not {"isoprobe.result", "isoprobe.output", "isoprobe.probe", "isoprobe.supervisor", "torch"} & validate
+
+    schema = _modules_loaded_by("schema")
+    assert {"pydantic", "isoprobe.result"} <= schema
+    assert "yaml" not in schema
+
+    spec_schema = _modules_loaded_by("schema", "--spec")
+    assert "isoprobe.spec" in spec_schema
+    assert not {"yaml", "isoprobe.result"} & spec_schema
+
+
 def test_validate_accepts_the_shipped_specs():
     for spec in sorted((REPO / "specs").glob("*.yaml")):
         run = run_cli("validate", str(spec))
