@@ -4,8 +4,8 @@ Run:  python benchmarks/simulate_search.py [--seeds N]
 
 For every true maximum on a log grid from 2 to 8192 (100 values) and several
 seeds, a synthetic device has linear peak memory, ``peak = a + k·batch``, with
-a random fixed part ``a`` and slope ``k``; its readings are noisy (±1 % of the
-capacity, i.e. up to a few samples' worth near the edge), and the base reading
+a random fixed part ``a`` and slope ``k``; its readings are noisy (0 to ±5 % of the
+capacity at most, several samples' worth near a large edge), and the base reading
 (the memory a trial holds without its batch) is 0–10 % above the true ``a``, as
 measured on the CPU backend. Both searches start at 2, with no cap. Counts are
 trials until the edge pair is known (no confirmation run), and in brackets with
@@ -31,16 +31,22 @@ from isoprobe.search import Limits, Observation, doubling_step, guided_step, run
 MiB = 1024**2
 
 
-def device(true_max: int, seed: int, noise_fraction: float):
-    """An oracle whose largest fitting batch is ``true_max``, and its capacity."""
+def device(true_max: int, seed: int, noise_fraction: float, floor: bool = False):
+    """An oracle whose largest fitting batch is ``true_max``, and its capacity.
+
+    ``floor``: small batches peak on something other than their activations, as
+    measured on the CPU backend (a small CNN peaks the same at batch 2 and 11):
+    peak = max(a + k·batch, a + k·true_max/5).
+    """
     rng = random.Random(seed)
     base = rng.randint(300, 3000) * MiB
     per_sample = rng.randint(1 * MiB, 400 * MiB) // 10 + 1
     capacity = base + per_sample * true_max + per_sample // 2
     noise = int(noise_fraction * capacity)
+    flat = per_sample * (true_max // 5) if floor else 0
 
     def oracle(batch: int) -> Observation:
-        true_peak = base + per_sample * batch
+        true_peak = base + max(per_sample * batch, flat)
         if true_peak > capacity:
             return Observation(batch, Outcome.OUT_OF_MEMORY)
         reading = true_peak + rng.randint(-noise, noise)
@@ -49,8 +55,8 @@ def device(true_max: int, seed: int, noise_fraction: float):
     return oracle, capacity
 
 
-def trials(true_max: int, seed: int, step, confirmations: int, noise_fraction: float) -> int:
-    oracle, capacity = device(true_max, seed, noise_fraction)
+def trials(true_max: int, seed: int, step, confirmations: int, noise_fraction: float, floor: bool = False) -> int:
+    oracle, capacity = device(true_max, seed, noise_fraction, floor)
     limits = Limits(start=2, confirmations=confirmations, capacity=capacity)
     conclusion = run_search(oracle, limits, step=step)
     assert conclusion.max_fitting == true_max and conclusion.first_failing == true_max + 1, (true_max, seed)
@@ -71,12 +77,14 @@ def main() -> None:
     cases = [(t, seed) for t in grid for seed in range(args.seeds)]
     print(f"{len(cases)} simulated devices: {len(grid)} true maxima from {grid[0]} to {grid[-1]} (log grid) "
           f"x {args.seeds} seeds; start 2, no cap")
-    for noise in (0.0, 0.01, 0.05):
-        print(f"\nreadings noise ±{noise:.0%} of the capacity; trials to the exact edge (+1 confirmation run)")
+    for noise, floor in ((0.0, False), (0.001, False), (0.01, False), (0.05, False), (0.001, True)):
+        shape = "linear with a flat start (small batches peak at the batch-max/5 level)" if floor else "linear"
+        print(f"\n{shape} memory, readings noise ±{noise:.1%} of the capacity; "
+              "trials to the exact edge (+1 confirmation run)")
         results = {}
         for name, step in (("model-guided", guided_step), ("doubling+bisection", doubling_step)):
-            plain = [trials(t, s, step, 0, noise) for t, s in cases]
-            confirmed = [trials(t, s, step, 1, noise) for t, s in cases]
+            plain = [trials(t, s, step, 0, noise, floor) for t, s in cases]
+            confirmed = [trials(t, s, step, 1, noise, floor) for t, s in cases]
             results[name] = plain
             print(f"  {name:<19} {distribution(plain)}   (confirmed: median {statistics.median(confirmed)})")
         guided, doubling = results["model-guided"], results["doubling+bisection"]

@@ -11,6 +11,10 @@ completed step), then exactly one ``result``. A process that ends without a
 ``result`` event is classified by the parent (crashed, timed out). The child
 classifies its own exceptions: out of memory versus any other error.
 
+Started as ``python -m isoprobe.child --wait`` it is a *warm* child: it
+imports torch and the model library first, then reads the request's path from
+stdin (see ``supervisor.Launcher``).
+
 Two modes: ``trial`` runs the training steps; ``inspect`` (once per probe, before
 any trial) reports versions and the device, and checks that the model can be
 built, on the meta device so that it costs no memory.
@@ -60,8 +64,28 @@ def _proc_status_bytes(*keys: str) -> dict[str, int | None]:
 
 
 def _cpu_memory() -> dict[str, int | None]:
-    readings = _proc_status_bytes("VmHWM", "VmRSS", "VmData")
-    return {"peak_rss": readings["VmHWM"], "rss": readings["VmRSS"], "data": readings["VmData"]}
+    readings = _proc_status_bytes("VmHWM", "VmRSS", "VmData", "VmPeak", "VmSize")
+    peak_data = None
+    if None not in (readings["VmPeak"], readings["VmSize"], readings["VmData"]):
+        peak_data = readings["VmPeak"] - (readings["VmSize"] - readings["VmData"])
+    return {"peak_rss": readings["VmHWM"], "rss": readings["VmRSS"], "data": readings["VmData"], "peak_data": peak_data}
+
+
+def _cpu_readings() -> dict[str, int | None]:
+    """A CPU trial's peaks: resident (what people know) and the data segment (what the budget caps).
+
+    RLIMIT_DATA caps the data segment, which runs a near-constant ~200 MiB above
+    the resident set (mapped but untouched pages), so the resident peak is not in
+    the budget's units. Linux keeps no high-water mark of the data segment, but
+    it keeps one of the whole address space (VmPeak); the part of the address
+    space that is not data (code, read-only mappings, the stack) is settled once
+    the imports are done, so VmPeak minus that part estimates the data peak.
+    Measured on ResNet50 under 3 GiB: the estimate puts batch 21 at 2.97 GiB and
+    predicts 22 above 3 GiB, where the edge is. ``base_bytes`` is the data
+    segment after the steps, with the batch's activations freed.
+    """
+    memory = _cpu_memory()
+    return {"peak_bytes": memory["peak_rss"], "budget_peak_bytes": memory["peak_data"], "base_bytes": memory["data"]}
 
 
 # --------------------------------------------------------------------------- building blocks
@@ -253,9 +277,12 @@ def _train(request: dict, events: Events, progress: dict) -> dict:
         events.emit("step", step=step, seconds=progress["step_seconds"][-1])
     if cuda:
         report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        report["peak_bytes"] = torch.cuda.max_memory_reserved(device)
+        report["peak_bytes"] = report["budget_peak_bytes"] = torch.cuda.max_memory_reserved(device)
+        # Weights, gradients and optimizer state, with the batch's activations freed. In allocated
+        # bytes, a little below the reserved line's intercept: a conservative anchor for the search.
+        report["base_bytes"] = torch.cuda.memory_allocated(device)
     else:
-        report["peak_bytes"] = _cpu_memory()["peak_rss"]
+        report.update(_cpu_readings())
     progress["phase"] = "done"
     return report
 
@@ -298,7 +325,10 @@ def run_inspect(request: dict, events: Events) -> None:
     if facts["cuda_available"]:
         for index in range(torch.cuda.device_count()):
             properties = torch.cuda.get_device_properties(index)
-            facts["cuda_devices"].append({"name": properties.name, "total_memory_bytes": properties.total_memory})
+            free, _ = torch.cuda.mem_get_info(index)  # this child's own context is already taken out
+            facts["cuda_devices"].append(
+                {"name": properties.name, "total_memory_bytes": properties.total_memory, "free_memory_bytes": free}
+            )
         facts["cuda_version"] = torch.version.cuda
     problems = []
     if facts["cuda_available"] and spec.get("allocator"):
@@ -396,13 +426,38 @@ def watch_parent(fd: int) -> None:
     threading.Thread(target=watch, name="isoprobe-lifeline", daemon=True).start()
 
 
+def wait_for_request(events: Events) -> str | None:
+    """Warm start: import what the trial will need, then block until the parent sends the request's path.
+
+    Importing torch does not initialise CUDA, and nothing here touches a device:
+    the ``warm`` event records ``cuda_initialized`` so that a test (and a
+    suspicious user) can see it stayed that way. EOF on stdin means the parent
+    no longer needs this child: it exits quietly.
+    """
+    started = time.perf_counter()
+    modules = [m for m in os.environ.pop("ISOPROBE_PRELOAD", "").split(",") if m]
+    for module in modules:
+        __import__(module)
+    torch = sys.modules.get("torch")
+    cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
+    events.emit("warm", modules=modules, seconds=time.perf_counter() - started, cuda_initialized=cuda_initialized)
+    line = sys.stdin.readline().strip()
+    return line or None
+
+
 def main(argv: list[str]) -> int:
     lifeline = os.environ.pop("ISOPROBE_LIFELINE_FD", None)
     if lifeline is not None:
         watch_parent(int(lifeline))
     events = Events(os.environ["ISOPROBE_EVENTS"])
     events.emit("started", pid=os.getpid())
-    with open(argv[1]) as handle:
+    request_path = argv[1]
+    if request_path == "--wait":
+        request_path = wait_for_request(events)
+        if request_path is None:
+            return 0
+        events.emit("request", path=request_path)
+    with open(request_path) as handle:
         request = json.load(handle)
     if request["mode"] == "inspect":
         run_inspect(request, events)
@@ -412,5 +467,20 @@ def main(argv: list[str]) -> int:
     return 0
 
 
+def exit_now(status: int) -> None:
+    """Leave without the interpreter's teardown: the verdict is written, and tearing down torch costs ~1 s.
+
+    Nothing is lost: events go out with unbuffered ``os.write``, and the standard
+    streams are flushed here. (A crash during a slow teardown would also turn a
+    written 'fits' into 'crashed', which is correct but wasteful.)
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)
+
+
 if __name__ == "__main__":
-    sys.exit(main(sys.argv))
+    exit_now(main(sys.argv))

@@ -31,9 +31,9 @@ from isoprobe.result import (
     StopReason,
     Trial,
 )
-from isoprobe.search import Limits, Observation, progress, run_search
+from isoprobe.search import Limits, Observation, doubling_step, guided_step, progress, run_search
 from isoprobe.spec import Spec
-from isoprobe.supervisor import ChildRun, classify_exit, run_child
+from isoprobe.supervisor import ChildRun, Launcher, classify_exit, run_child
 from isoprobe.units import format_bytes
 
 #: CPU backend budget when the spec sets none. Big enough for resnet50 at a
@@ -53,6 +53,16 @@ class Target:
     backend: Literal["cpu", "cuda"]
     device: str
     info: DeviceInfo
+    #: CUDA: the memory free when the environment was checked (other processes and a context already
+    #: taken out); what the allocator's reserved peak can actually reach.
+    free_bytes: int | None = None
+
+    @property
+    def search_capacity(self) -> int:
+        """The memory the search's line predicts against: the capacity, or less where less is free."""
+        if self.free_bytes is None:
+            return self.info.capacity_bytes
+        return min(self.info.capacity_bytes, self.free_bytes)
 
 
 # --------------------------------------------------------------------------- environment
@@ -144,7 +154,7 @@ def resolve_target(spec: Spec, facts: dict, budget_source: str | None, source: s
         capacity_bytes=budget or total,
         note=note,
     )
-    return Target("cuda", requested_device, info)
+    return Target("cuda", requested_device, info, devices[index].get("free_memory_bytes"))
 
 
 def allocator_info(spec: Spec, backend: str, environ: dict[str, str]) -> AllocatorInfo:
@@ -211,8 +221,11 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> 
         outcome=verdict.outcome,
         peak_bytes=result.get("peak_bytes"),
         peak_allocated_bytes=result.get("peak_allocated_bytes"),
+        budget_peak_bytes=result.get("budget_peak_bytes"),
+        base_bytes=result.get("base_bytes"),
         step_seconds=[round(s, 4) for s in result.get("step_seconds", [])],
         seconds=round(run.seconds, 3),
+        warm_start=run.warm,
         phase=verdict.phase,
         error=ErrorInfo(**error) if error else None,
         exit_code=run.returncode,
@@ -228,10 +241,10 @@ _SEARCH_PURPOSES = ("search", "retry", "confirmation")
 class TrialRunner:
     """The search's oracle: one fresh child process per call."""
 
-    def __init__(self, spec: Spec, target: Target, workdir: Path, python_path: list[str], reporter: Reporter):
+    def __init__(self, spec: Spec, target: Target, launcher: Launcher, python_path: list[str], reporter: Reporter):
         self.spec = spec
         self.target = target
-        self.workdir = workdir
+        self.launcher = launcher
         self.python_path = python_path
         self.reporter = reporter
         self.trials: list[Trial] = []
@@ -280,13 +293,10 @@ class TrialRunner:
             "memory_budget_bytes": budget,
             "python_path": self.python_path,
         }
-        run = run_child(
+        run = self.launcher.run(
             request,
-            self.workdir,
-            backend=self.target.backend,
             timeout=self.spec.search.trial_timeout,
             memory_limit=budget if self.target.backend == "cpu" else None,
-            allocator=self.spec.allocator,
             name=f"trial{index:03d}-b{batch_size}",
         )
         trial = trial_from_run(run, index, batch_size, purpose)
@@ -304,7 +314,10 @@ class TrialRunner:
         else:
             purpose = "confirmation"
         trial = self.run(batch_size, purpose)
-        return Observation(batch_size, trial.outcome, trial.peak_bytes if trial.outcome is Outcome.FITS else None)
+        if trial.outcome is not Outcome.FITS:
+            return Observation(batch_size, trial.outcome)
+        peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
+        return Observation(batch_size, trial.outcome, peak, trial.base_bytes)
 
 
 # --------------------------------------------------------------------------- the probe
@@ -324,22 +337,32 @@ def run_probe(
     python_path = [str(Path(spec_path).resolve().parent)]
     with tempfile.TemporaryDirectory(prefix="isoprobe-") as scratch:
         workdir = Path(scratch)
-        reporter.note("checking the environment (importing torch in a child process)")
+        likely_backend, likely_limit = _likely_target(spec)
+        launcher = _launcher(spec, workdir, likely_backend)
         try:
-            facts = inspect_environment(spec, spec_path, workdir, python_path)
-        except (KeyboardInterrupt, Terminated) as stopped:
-            return _stopped_before_trials(spec, spec_path, stopped, environ, started)
-        target = resolve_target(spec, facts, budget_source, spec_path)
-        info = target.info
-        if info.note:
-            reporter.note(info.note)
-        reporter.note(
-            f"backend {target.backend} ({info.name}), capacity {format_bytes(info.capacity_bytes)}"
-            + (f", of which importing torch takes {format_bytes(info.import_baseline_bytes)}"
-               if info.import_baseline_bytes else "")
-        )
-        runner = TrialRunner(spec, target, workdir, python_path, reporter)
-        found = _search(spec, target, runner)
+            # The first trial's process imports torch while the inspect child does the same.
+            launcher.prestart(likely_limit)
+            reporter.note("checking the environment (importing torch in a child process)")
+            try:
+                facts = inspect_environment(spec, spec_path, workdir, python_path)
+            except (KeyboardInterrupt, Terminated) as stopped:
+                return _stopped_before_trials(spec, spec_path, stopped, environ, started)
+            target = resolve_target(spec, facts, budget_source, spec_path)
+            info = target.info
+            if info.note:
+                reporter.note(info.note)
+            reporter.note(
+                f"backend {target.backend} ({info.name}), capacity {format_bytes(info.capacity_bytes)}"
+                + (f", of which importing torch takes {format_bytes(info.import_baseline_bytes)}"
+                   if info.import_baseline_bytes else "")
+            )
+            if target.backend != launcher.backend:  # the guess was wrong: its spare has the wrong environment
+                launcher.close()
+                launcher = _launcher(spec, workdir, target.backend)
+            runner = TrialRunner(spec, target, launcher, python_path, reporter)
+            found = _search(spec, target, runner)
+        finally:
+            launcher.close()
     stop, max_fitting, first_failing = found.stop, found.max_fitting, found.first_failing
     limited_by = _limited_by(spec, max_fitting) if stop is StopReason.CAPPED else None
     message, suggestions = _explain(found, spec, info, runner.trials, limited_by)
@@ -369,6 +392,37 @@ def run_probe(
     )
 
 
+def _launcher(spec: Spec, workdir: Path, backend: str) -> Launcher:
+    return Launcher(workdir, backend=backend, allocator=spec.allocator, preload=_preload(spec),
+                    warm=spec.search.warm_start)
+
+
+def _likely_target(spec: Spec) -> tuple[str, int | None]:
+    """The backend and CPU memory cap the trials will most likely get, known before the inspect child answers.
+
+    Only used to start the first trial's process early: if the guess is wrong, that
+    process is discarded, never used. ``auto`` counts as CPU where the NVIDIA
+    driver shows no GPU (no /proc/driver/nvidia/gpus entry).
+    """
+    no_gpu = not any(Path("/proc/driver/nvidia/gpus").glob("*"))
+    if spec.device == "cpu" or (spec.device == "auto" and no_gpu):
+        return "cpu", spec.memory_budget or DEFAULT_CPU_BUDGET
+    return "cuda", None
+
+
+def _preload(spec: Spec) -> tuple[str, ...]:
+    """What a warm child imports before its request: everything a trial imports that touches no device.
+
+    torch._dynamo is on the list because constructing any torch optimizer imports
+    it (torch/_compile.py), about 2.5 s measured here: without it the warm child
+    would save the import of torch only to pay as much again in the build.
+    """
+    modules = ["torch", "torch._dynamo"]
+    if spec.model.torchvision:
+        modules.append("torchvision")
+    return tuple(modules)
+
+
 @dataclass(frozen=True)
 class Found:
     """What the search and the recommendation established."""
@@ -389,10 +443,12 @@ def _search(spec: Spec, target: Target, runner: TrialRunner) -> Found:
         cap=spec.search.cap,
         retries=spec.search.retries,
         confirmations=spec.search.confirmations,
+        capacity=target.search_capacity,
     )
+    step = guided_step if spec.search.strategy == "guided" else doubling_step
     history: list[Observation] = []
     try:
-        conclusion = run_search(runner.observe, limits, history)
+        conclusion = run_search(runner.observe, limits, history, step=step)
         found = Found(
             StopReason(conclusion.stop.value),
             conclusion.max_fitting,

@@ -83,10 +83,33 @@ class Trial(_Strict):
         ),
     )
     peak_allocated_bytes: int | None = Field(None, description="CUDA only: torch.cuda.max_memory_allocated.")
+    budget_peak_bytes: int | None = Field(
+        None,
+        description=(
+            "Peak of the memory the budget counts, which the search's memory line is fitted to. CUDA: the same as "
+            "peak_bytes. CPU: the data segment that RLIMIT_DATA caps, estimated as VmPeak minus the address space "
+            "that is not data."
+        ),
+    )
+    base_bytes: int | None = Field(
+        None,
+        description=(
+            "Memory held after the steps with the batch's activations freed (weights, gradients, optimizer state, "
+            "runtime). CUDA: torch.cuda.memory_allocated; CPU: the data segment."
+        ),
+    )
     step_seconds: list[float] = Field(
         default_factory=list, description="Wall time of each completed training step; the first includes warm-up."
     )
-    seconds: float = Field(description="Wall time of the whole child process, start-up and imports included.")
+    seconds: float = Field(
+        description=(
+            "Wall time of the trial: from the start of its process (cold), or from the moment a warm process "
+            "received the request, to its end."
+        )
+    )
+    warm_start: bool = Field(
+        False, description="The process had imported torch before the request arrived (search.warm_start)."
+    )
     phase: str | None = Field(
         None, description="Last phase the child reported: started, imported, model_built, step N, done."
     )

@@ -172,15 +172,13 @@ class MemoryLine:
 
     intercept: float
     slope: float
-    batches: int  # distinct batches it stands on; 1 means anchored on the trial's base reading
+    batches: int  # distinct batches measured; 1 means the slope comes from one batch and its base reading
 
     def largest_within(self, capacity: int) -> int:
         """The largest batch whose predicted peak is within ``capacity`` (may be below 1)."""
         return math.floor((capacity - self.intercept) / self.slope)
 
 
-#: The line is fitted to the largest few fitting batches: near the edge is where it must be right.
-LINE_BATCHES = 3
 #: While the line stands on a single batch (and its base reading), its slope is a rough estimate:
 #: the first jump goes only this fraction of the way to the predicted edge, so that it most likely
 #: fits and gives the line a far second point.
@@ -191,12 +189,17 @@ MAX_JUMP_FACTOR = 16
 
 
 def memory_line(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> MemoryLine | None:
-    """The memory line from the batches that fit every time; None without a rising line.
+    """The memory line through the largest batch that fit every time; None without a rising line.
 
-    Two or more batches with peak readings: least squares over the largest
-    ``LINE_BATCHES`` of them. One batch: the line through its base reading (the
-    memory held without the batch) and its peak. Nothing usable: None, and the
-    guided step falls back to doubling and bisection.
+    Its slope is the larger of two estimates: the secant through the two largest
+    measured batches (local: near the edge is where the line must be right),
+    and the slope from that batch's base reading (the memory held without the
+    batch) to its peak. Small batches often peak on something other than their
+    activations (a kernel's scratch, the optimizer step), which flattens the
+    secant between them; the base-anchored slope is then the steeper one, and
+    choosing it makes the prediction err on the side of batches that fit. With
+    one measured batch only the base-anchored slope exists; with no base
+    reading either, there is no line and the guided step is the classic one.
     """
     judged = verdicts(history, limits)
     readings: dict[int, list[Observation]] = {}
@@ -206,24 +209,24 @@ def memory_line(history: tuple[Observation, ...] | list[Observation], limits: Li
             readings.setdefault(o.batch_size, []).append(o)
     if not readings:
         return None
-    if len(readings) == 1:
-        (batch, observed), = readings.items()
-        peak = sum(o.peak_bytes for o in observed) / len(observed)
-        bases = [o.base_bytes for o in observed if o.base_bytes is not None]
-        if not bases:
-            return None
-        base = sum(bases) / len(bases)
-        if peak <= base:
-            return None
-        return MemoryLine(base, (peak - base) / batch, 1)
-    points = [(b, o.peak_bytes) for b in sorted(readings)[-LINE_BATCHES:] for o in readings[b]]
-    mean_b = sum(b for b, _ in points) / len(points)
-    mean_p = sum(p for _, p in points) / len(points)
-    sxx = sum((b - mean_b) ** 2 for b, _ in points)
-    slope = sum((b - mean_b) * (p - mean_p) for b, p in points) / sxx
+
+    def mean(values: list[int]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    batches = sorted(readings)
+    top = batches[-1]
+    peak = mean([o.peak_bytes for o in readings[top]])
+    base = mean([o.base_bytes for o in readings[top] if o.base_bytes is not None])
+    slopes = []
+    if base is not None and peak > base:
+        slopes.append((peak - base) / top)
+    if len(batches) >= 2:
+        second = batches[-2]
+        slopes.append((peak - mean([o.peak_bytes for o in readings[second]])) / (top - second))
+    slope = max(slopes, default=0.0)
     if slope <= 0:
         return None
-    return MemoryLine(mean_p - slope * mean_b, slope, min(len(readings), LINE_BATCHES))
+    return MemoryLine(peak - slope * top, slope, len(batches))
 
 
 def _misses(history: tuple[Observation, ...], limits: Limits) -> int:

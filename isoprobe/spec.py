@@ -191,6 +191,21 @@ class SearchSpec(_Strict):
             "answer moves down to the largest batch that fit every time it ran."
         ),
     )
+    strategy: Literal["guided", "doubling"] = Field(
+        "guided",
+        description=(
+            "guided: fit peak memory = a + k*batch to the trials that fit and jump next to the edge it predicts "
+            "(falls back to bisection when the prediction misses); doubling: the classic double-then-bisect. "
+            "Both find the same exact edge; guided needs fewer trials."
+        ),
+    )
+    warm_start: bool = Field(
+        True,
+        description=(
+            "Start the next trial's process while the current one runs, importing torch (never touching the "
+            "GPU) so that it only builds and trains when its turn comes. false: every trial starts cold."
+        ),
+    )
 
     @model_validator(mode="after")
     def _start_within_caps(self) -> "SearchSpec":

@@ -1,6 +1,7 @@
 """One child process per trial: start it isolated, bound it in time and memory, read its verdict.
 
-This is the only module that starts processes. Each child gets:
+This is the only module that starts processes. ``Launcher`` starts them (and
+can keep one *warm* spare started ahead, see its docstring). Each child gets:
 - its own session and process group (``start_new_session``), so a timeout or an
   interrupt kills the child *and* anything it started (DataLoader workers);
 - a *lifeline*: the read end of a pipe whose write end only the parent holds.
@@ -39,6 +40,10 @@ from isoprobe.outcomes import Outcome
 MALLOC_MMAP_THRESHOLD = 131072
 #: Environment variable naming the child's end of the lifeline pipe (see the module docstring).
 LIFELINE_ENV = "ISOPROBE_LIFELINE_FD"
+#: Environment variable listing the modules a warm child imports before its request arrives.
+PRELOAD_ENV = "ISOPROBE_PRELOAD"
+#: The child's argument that means: import, then wait for the request's path on stdin.
+WAIT_ARGUMENT = "--wait"
 #: Seconds between SIGTERM and SIGKILL when a timed-out child's group is stopped.
 KILL_GRACE_SECONDS = 2.0
 #: The same when isoprobe itself is interrupted: every group must be gone within 2 s.
@@ -58,6 +63,7 @@ class ChildRun:
     events: list[dict] = field(default_factory=list)
     stderr_tail: str = ""
     oom_kills: int | None = None  # OOM kills the child's memory cgroup counted during the run; None: unknown
+    warm: bool = False  # the child had imported torch before its request arrived (see Launcher)
 
 
 @dataclass(frozen=True)
@@ -198,6 +204,181 @@ def kill_group(pid: int, grace: float = KILL_GRACE_SECONDS) -> None:
         pass
 
 
+@dataclass
+class _Started:
+    """A child process and the files it writes; ``warm`` ones wait for their request on stdin."""
+
+    process: subprocess.Popen
+    lifeline_write: int
+    events_path: Path
+    stderr_path: Path
+    memory_limit: int | None
+    warm: bool
+
+
+class Launcher:
+    """Starts the children of one probe; with ``warm=True`` it keeps one started ahead.
+
+    A warm spare is started while the current trial runs: it imports Python,
+    torch and the model library (``preload``), then blocks reading its
+    request's path from stdin. It never touches CUDA before that (importing
+    torch does not create a context), so two contexts never share the GPU and
+    the running trial's measurement is undisturbed. When its turn comes it gets
+    the request and only builds and trains: the import, seconds per trial, is
+    off the critical path. The spare has the same memory cap and environment a
+    cold child would have; a request with a different cap (a memory check) runs
+    cold, and a spare that died while waiting is replaced by a cold start, so a
+    warm start can change how fast a verdict comes, never what it is.
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        backend: str,
+        allocator: str | None,
+        preload: tuple[str, ...] = (),
+        warm: bool = False,
+    ):
+        self.workdir = workdir
+        self.backend = backend
+        self.allocator = allocator
+        self.preload = preload
+        self.warm = warm
+        self._spare: _Started | None = None
+        self._count = 0
+
+    def __enter__(self) -> "Launcher":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def prestart(self, memory_limit: int | None) -> None:
+        """Start the spare now (warm launchers only), e.g. while the environment is being checked."""
+        if self.warm and self._spare is None:
+            self._spare = self._spawn(memory_limit, None)
+
+    def close(self) -> None:
+        """Stop the spare, if any: nothing outlives the probe."""
+        spare, self._spare = self._spare, None
+        if spare is not None:
+            _stop(spare, grace=INTERRUPT_GRACE_SECONDS)
+
+    def run(self, request: dict, *, timeout: float, memory_limit: int | None, name: str) -> ChildRun:
+        """Run one request in a fresh process (the spare if it fits) and wait for it, killing its group on timeout."""
+        request_path = self.workdir / f"{name}.request.json"
+        write_atomically(request_path, json.dumps(request))
+        cgroup = memory_cgroup_dir()  # the child starts in the parent's cgroup
+        kills_before = oom_kill_count(cgroup)
+        child = self._take_spare(memory_limit)
+        started = time.monotonic()
+        if child is not None and not _deliver(child, request_path):
+            _stop(child, grace=0)
+            child = None
+        if child is None:
+            child = self._spawn(memory_limit, request_path)
+            started = time.monotonic()
+        timed_out = False
+        try:
+            if self.warm and self._spare is None:
+                self._spare = self._spawn(memory_limit, None)  # the next trial's child imports while this one runs
+            try:
+                returncode = child.process.wait(timeout=timeout)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                kill_group(child.process.pid)
+                returncode = child.process.wait()
+        finally:
+            # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
+            _stop(child, grace=INTERRUPT_GRACE_SECONDS)
+        seconds = time.monotonic() - started
+        kills_after = oom_kill_count(cgroup)
+        return ChildRun(
+            returncode=returncode,
+            timed_out=timed_out,
+            seconds=seconds,
+            events=read_events(child.events_path),
+            stderr_tail=_tail(child.stderr_path),
+            oom_kills=None if kills_before is None or kills_after is None else kills_after - kills_before,
+            warm=child.warm,
+        )
+
+    def _take_spare(self, memory_limit: int | None) -> _Started | None:
+        spare = self._spare
+        if spare is None or spare.memory_limit != memory_limit:
+            return None  # a different cap: run cold, keep the spare for the next ordinary trial
+        self._spare = None
+        if spare.process.poll() is not None:  # died while waiting (killed, or its import failed)
+            _stop(spare, grace=0)
+            return None
+        return spare
+
+    def _spawn(self, memory_limit: int | None, request_path: Path | None) -> _Started:
+        """Start a child: with a request path it runs it at once (cold), without it waits (warm)."""
+        self._count += 1
+        stem = self.workdir / f"child{self._count:03d}"
+        events_path = stem.with_suffix(".events.jsonl")
+        stderr_path = stem.with_suffix(".stderr")
+        env = child_environment(os.environ, backend=self.backend, allocator=self.allocator, events_path=events_path)
+        if self.preload:
+            env[PRELOAD_ENV] = ",".join(self.preload)
+        lifeline_read, lifeline_write = os.pipe()
+        env[LIFELINE_ENV] = str(lifeline_read)
+        warm = request_path is None
+        argv = [sys.executable, "-m", "isoprobe.child", WAIT_ARGUMENT if warm else str(request_path)]
+        with open(stem.with_suffix(".stdout"), "wb") as out, open(stderr_path, "wb") as err:
+            try:
+                process = subprocess.Popen(
+                    argv,
+                    stdin=subprocess.PIPE if warm else subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=env,
+                    cwd=self.workdir,
+                    start_new_session=True,
+                    pass_fds=(lifeline_read,),
+                    preexec_fn=_prepare_child(memory_limit, os.getpid()),
+                )
+            except BaseException:
+                os.close(lifeline_write)
+                raise
+            finally:
+                os.close(lifeline_read)
+        return _Started(process, lifeline_write, events_path, stderr_path, memory_limit, warm)
+
+
+def _deliver(child: _Started, request_path: Path) -> bool:
+    """Hand a waiting child its request; False if it is gone (its pipe is closed)."""
+    if child.process.poll() is not None:
+        return False
+    try:
+        child.process.stdin.write(f"{request_path}\n".encode())
+        child.process.stdin.close()
+    except (BrokenPipeError, OSError):
+        return False
+    return True
+
+
+def _stop(child: _Started, grace: float) -> None:
+    """Kill the child's whole group (if still there), reap it, and close what the parent held."""
+    if child.process.poll() is None:
+        kill_group(child.process.pid, grace=grace)
+    child.process.wait()
+    try:
+        os.killpg(child.process.pid, signal.SIGKILL)  # a grandchild that outlived the child
+    except (ProcessLookupError, PermissionError):
+        pass
+    if child.process.stdin is not None and not child.process.stdin.closed:
+        try:
+            child.process.stdin.close()
+        except OSError:
+            pass
+    if child.lifeline_write >= 0:
+        os.close(child.lifeline_write)
+        child.lifeline_write = -1
+
+
 def run_child(
     request: dict,
     workdir: Path,
@@ -208,63 +389,9 @@ def run_child(
     allocator: str | None,
     name: str,
 ) -> ChildRun:
-    """Start ``python -m isoprobe.child`` for one request and wait for it, killing its group on timeout."""
-    request_path = workdir / f"{name}.request.json"
-    events_path = workdir / f"{name}.events.jsonl"
-    stdout_path = workdir / f"{name}.stdout"
-    stderr_path = workdir / f"{name}.stderr"
-    write_atomically(request_path, json.dumps(request))
-    env = child_environment(os.environ, backend=backend, allocator=allocator, events_path=events_path)
-    cgroup = memory_cgroup_dir()  # the child starts in the parent's cgroup
-    kills_before = oom_kill_count(cgroup)
-    lifeline_read, lifeline_write = os.pipe()
-    env[LIFELINE_ENV] = str(lifeline_read)
-    started = time.monotonic()
-    timed_out = False
-    with open(stdout_path, "wb") as out, open(stderr_path, "wb") as err:
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "isoprobe.child", str(request_path)],
-                stdin=subprocess.DEVNULL,
-                stdout=out,
-                stderr=err,
-                env=env,
-                cwd=workdir,
-                start_new_session=True,
-                pass_fds=(lifeline_read,),
-                preexec_fn=_prepare_child(memory_limit, os.getpid()),
-            )
-        except BaseException:
-            os.close(lifeline_write)
-            raise
-        finally:
-            os.close(lifeline_read)
-        try:
-            returncode = process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            kill_group(process.pid)
-            returncode = process.wait()
-        finally:
-            # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
-            if process.poll() is None:  # interrupted: the user is waiting, so a short grace
-                kill_group(process.pid, grace=INTERRUPT_GRACE_SECONDS)
-                process.wait()
-            try:
-                os.killpg(process.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-            os.close(lifeline_write)
-    seconds = time.monotonic() - started
-    kills_after = oom_kill_count(cgroup)
-    return ChildRun(
-        returncode=returncode,
-        timed_out=timed_out,
-        seconds=seconds,
-        events=read_events(events_path),
-        stderr_tail=_tail(stderr_path),
-        oom_kills=None if kills_before is None or kills_after is None else kills_after - kills_before,
-    )
+    """One cold child for one request (the inspect child, and callers that need no spare)."""
+    with Launcher(workdir, backend=backend, allocator=allocator) as launcher:
+        return launcher.run(request, timeout=timeout, memory_limit=memory_limit, name=name)
 
 
 def _tail(path: Path) -> str:
