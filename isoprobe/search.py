@@ -297,13 +297,19 @@ def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, up
       two trials.
     Safeguards: after k mispredictions in a row on the same side the step moves
     at least 2^(k-1) from the bound that keeps moving (galloping), but never past
-    the bracket's midpoint; when the last new batch did not halve the bracket,
-    the step bisects (``_bracket_stalled``). So a wrong or noisy line
-    degrades to bisection. Before any failure the jump is at most
-    ``MAX_JUMP_FACTOR`` × ``lower``.
+    the bracket's midpoint. When the last new batch did not halve the bracket,
+    the step bisects (``_bracket_stalled``), unless that batch was a first miss,
+    which gets one galloping step. So a wrong or noisy line degrades to
+    bisection. Before any failure the jump is at most ``MAX_JUMP_FACTOR`` ×
+    ``lower``.
     """
     line = memory_line(history, limits) if limits.capacity is not None else None
-    if line is None or (upper is not None and _bracket_stalled(history, limits)):
+    if line is None:
+        return doubling_step(history, limits, lower, upper)
+    misses = _misses(history, limits)
+    # A single miss gets one galloping step next to it (an edge predicted one sample off is the
+    # common case); a stalled bracket after that is bisected.
+    if upper is not None and abs(misses) != 1 and _bracket_stalled(history, limits):
         return doubling_step(history, limits, lower, upper)
     top = limits.highest if upper is None else upper - 1
     edge = line.largest_within(limits.capacity)
@@ -313,7 +319,6 @@ def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, up
         candidate = lower + math.floor(FIRST_JUMP_FRACTION * (edge - lower))
     else:
         candidate = edge + 1 if upper is None or edge + 1 < upper else edge
-    misses = _misses(history, limits)
     middle = top if upper is None else (lower + upper) // 2
     if misses > 0:    # it keeps under-predicting: gallop upwards
         candidate = max(candidate, min(lower + 2 ** min(misses - 1, 62), middle))

@@ -48,3 +48,21 @@ def test_bad_allocator_setting_is_not_an_out_of_memory(write_spec):
     run = run_cli("run", str(write_spec(spec)))
     assert run.returncode == 2, run.stderr  # a spec error, found before any trial
     assert "allocator" in run.stderr and "no_such_key" in run.stderr
+
+
+def test_a_warm_cuda_child_creates_no_context_before_its_request(tmp_path):
+    """Two contexts on one GPU would disturb the running trial: the spare must wait with CUDA untouched."""
+    from isoprobe.spec import Spec
+    from isoprobe.supervisor import Launcher, classify_exit
+
+    spec = Spec.model_validate(_spec("2GiB"))
+    request = {"mode": "trial", "spec": spec.model_dump(mode="json"), "batch_size": 16, "device": "cuda:0",
+               "memory_budget_bytes": 2 * 1024**3, "python_path": []}
+    with Launcher(tmp_path, backend="cuda", allocator=None, preload=("torch", "torch._dynamo", "torchvision"),
+                  warm=True) as launcher:
+        launcher.prestart(None)
+        run = launcher.run(request, timeout=300, memory_limit=None, name="warm")
+    assert run.warm
+    warm = next(e for e in run.events if e["event"] == "warm")
+    assert warm["cuda_initialized"] is False
+    assert classify_exit(run).outcome.value == "fits"

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isoprobe.outcomes import Outcome
-from isoprobe.search import Limits, Observation, Stop, doubling_step, guided_step, run_search
+from isoprobe.search import Limits, Observation, Stop, doubling_step, guided_step, plan_next, run_search
 
 MiB = 1024**2
 
@@ -141,3 +141,32 @@ def test_without_a_capacity_guided_is_exactly_doubling():
     guided = run_search(device, limits, step=guided_step)
     other = Device(base=100 * MiB, per_sample=10 * MiB, capacity=2000 * MiB)
     assert [o.batch_size for o in guided.history] == [o.batch_size for o in run_search(other, limits).history]
+
+
+# --------------------------------------------------------------------------- measured histories
+
+# Budget readings of specs/small-cnn.yaml on the CPU backend under 1.25 GiB (budget_peak_bytes, base_bytes).
+SMALL_CNN = Limits(start=2, capacity=1342177280)
+SMALL_CNN_START = [
+    Observation(2, Outcome.FITS, 965242880, 904687616),
+    Observation(11, Outcome.FITS, 970874880, 904810496),
+    Observation(73, Outcome.FITS, 1138069504, 908406784),
+]
+
+
+def test_measured_small_cnn_the_line_predicts_within_one_sample_of_the_edge():
+    assert plan_next(SMALL_CNN_START, SMALL_CNN) == 138  # predicted edge 137: check 138 fails first
+
+
+def test_an_edge_predicted_one_sample_high_costs_one_more_trial_not_a_bisection():
+    history = SMALL_CNN_START + [Observation(138, Outcome.OUT_OF_MEMORY), Observation(137, Outcome.OUT_OF_MEMORY)]
+    assert plan_next(history, SMALL_CNN) == 136  # one galloping step down, not the midpoint 105
+    history.append(Observation(136, Outcome.FITS, 1339371520, 911527936))
+    assert plan_next(history, SMALL_CNN) == 136  # the bracket is closed: confirm the maximum
+
+
+def test_a_flat_start_does_not_send_the_first_jump_past_the_edge():
+    # Batches 2 and 11 peak almost alike (something other than activations dominates): the secant
+    # between them is nearly flat, the slope from the base reading is not, and the larger one is used.
+    history = SMALL_CNN_START[:2]
+    assert plan_next(history, SMALL_CNN) < 137

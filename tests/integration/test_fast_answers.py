@@ -1,0 +1,145 @@
+"""Issue 4 end to end on the CPU backend: the guided search, the budget's readings, warm children.
+
+Real child processes, real training steps, a real memory cap. Nothing here
+asserts a time: the benchmarks under benchmarks/ measure those.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+
+from conftest import hog_spec, run_cli
+from isoprobe.spec import Spec
+from isoprobe.supervisor import Launcher, classify_exit
+
+pytestmark = pytest.mark.integration
+
+GiB = 1024**3
+EXTRA = ("confirmation", "recommendation_check")
+
+
+@pytest.fixture(scope="module")
+def by_strategy(tmp_path_factory):
+    """The same spec probed with each search strategy (memory_hog: ~32 MiB per sample, edge ~25 under 1.5 GiB)."""
+    runs = {}
+    folder = tmp_path_factory.mktemp("strategies")
+    for strategy in ("guided", "doubling"):
+        spec = hog_spec(start_batch_size=2, strategy=strategy)
+        path = folder / f"{strategy}.yaml"
+        path.write_text(json.dumps(spec))  # JSON is YAML
+        runs[strategy] = run_cli("run", str(path))
+    return runs
+
+
+def test_both_strategies_find_the_same_exact_edge(by_strategy):
+    guided, doubling = by_strategy["guided"].json, by_strategy["doubling"].json
+    for result in (guided, doubling):
+        assert result["stop_reason"] == "edge_found"
+        assert result["first_failing_batch_size"] == result["max_batch_size"] + 1
+    assert guided["max_batch_size"] == doubling["max_batch_size"]
+
+
+def test_the_guided_search_needs_fewer_trials_to_the_edge(by_strategy):
+    def to_edge(result):
+        return [t["batch_size"] for t in result["trials"] if t["purpose"] not in EXTRA]
+
+    guided, doubling = to_edge(by_strategy["guided"].json), to_edge(by_strategy["doubling"].json)
+    assert len(guided) < len(doubling), (guided, doubling)
+    assert doubling[:4] == [2, 4, 8, 16]  # the classic doubles
+    assert guided[1] > 4  # the guided search jumps from its first measurement
+
+
+def test_cpu_readings_are_in_the_budgets_units(by_strategy):
+    result = by_strategy["guided"].json
+    budget = result["device"]["memory_budget_bytes"]
+    fitting = [t for t in result["trials"] if t["outcome"] == "fits"]
+    for trial in fitting:
+        # The data segment (what RLIMIT_DATA caps) runs above the resident set, and under the cap.
+        assert trial["peak_bytes"] < trial["budget_peak_bytes"] <= budget
+        assert 0 < trial["base_bytes"] < trial["budget_peak_bytes"]
+    at_edge = max(fitting, key=lambda t: t["batch_size"])
+    # At the edge the data peak is within one sample (~32 MiB) of the cap, resident memory is not.
+    assert budget - at_edge["budget_peak_bytes"] < 64 * 1024**2, at_edge
+    assert budget - at_edge["peak_bytes"] > 64 * 1024**2, at_edge
+
+
+def test_trials_after_the_first_start_warm_and_cold_start_is_an_option(by_strategy, write_spec):
+    warm = by_strategy["guided"].json["trials"]
+    assert all(t["warm_start"] for t in warm), [(t["index"], t["warm_start"]) for t in warm]
+    spec = hog_spec(start_batch_size=2, max_batch_size=4, confirmations=0, warm_start=False)
+    cold = run_cli("run", str(write_spec(spec)))
+    assert cold.returncode == 0, cold.stderr
+    assert [t["warm_start"] for t in cold.json["trials"]] == [False] * len(cold.json["trials"])
+
+
+# --------------------------------------------------------------------------- the launcher itself
+
+
+def _request(batch: int) -> dict:
+    spec = Spec.model_validate(hog_spec())
+    return {
+        "mode": "trial",
+        "spec": spec.model_dump(mode="json"),
+        "batch_size": batch,
+        "device": "cpu",
+        "memory_budget_bytes": int(1.5 * GiB),
+        "python_path": [],
+    }
+
+
+def _launcher(tmp_path) -> Launcher:
+    return Launcher(tmp_path, backend="cpu", allocator=None, preload=("torch", "torch._dynamo"), warm=True)
+
+
+def test_a_warm_child_imports_first_and_gets_its_request_later_without_cuda(tmp_path):
+    with _launcher(tmp_path) as launcher:
+        launcher.prestart(int(1.5 * GiB))
+        run = launcher.run(_request(2), timeout=120, memory_limit=int(1.5 * GiB), name="t1")
+    assert run.warm and classify_exit(run).outcome.value == "fits"
+    kinds = [e["event"] for e in run.events]
+    assert kinds.index("warm") < kinds.index("request") < kinds.index("model_built"), kinds
+    warm = run.events[1]
+    assert warm["modules"] == ["torch", "torch._dynamo"]
+    assert warm["cuda_initialized"] is False
+
+
+def test_a_spare_that_died_while_waiting_is_replaced_by_a_cold_start(tmp_path):
+    budget = int(1.5 * GiB)
+    with _launcher(tmp_path) as launcher:
+        first = launcher.run(_request(2), timeout=120, memory_limit=budget, name="t1")
+        assert not first.warm  # nothing was prestarted
+        spare = launcher._spare
+        assert spare is not None  # started while the first trial ran
+        os.killpg(spare.process.pid, signal.SIGKILL)
+        spare.process.wait()
+        second = launcher.run(_request(2), timeout=120, memory_limit=budget, name="t2")
+    assert not second.warm
+    assert classify_exit(second).outcome.value == "fits"  # the dead spare is not this trial's crash
+
+
+def test_a_request_under_another_cap_runs_cold_and_the_spare_waits_for_the_next(tmp_path):
+    budget = int(1.5 * GiB)
+    with _launcher(tmp_path) as launcher:
+        launcher.prestart(budget)
+        spare = launcher._spare
+        check = launcher.run(_request(2), timeout=120, memory_limit=2 * budget, name="check")
+        assert not check.warm and launcher._spare is spare
+        after = launcher.run(_request(2), timeout=120, memory_limit=budget, name="t2")
+    assert after.warm
+    assert classify_exit(after).outcome.value == "fits"
+
+
+def test_closing_the_launcher_stops_the_spare(tmp_path):
+    launcher = _launcher(tmp_path)
+    launcher.prestart(None)
+    pid = launcher._spare.process.pid
+    launcher.close()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(pid, 0)
+    # (and the autouse fixture finds no process left behind)
+
+
