@@ -13,9 +13,13 @@ memory cap and on the same device as isoprobe used. It prints, for each: trials
 ratios. isoprobe's extra runs (the confirmation of the maximum and the
 recommended batch's check) are counted in its total and its wall time.
 
+``--save DIR`` keeps every run's JSON (isoprobe's full result included).
+
 Variants of isoprobe (``--variants``, default ``guided``): ``guided`` (the
 default settings), ``cold`` (``search.warm_start: false``: every trial imports
-torch itself), ``doubling`` (``search.strategy: doubling``). With ``guided``
+torch itself), ``doubling`` (``search.strategy: doubling``), ``once``
+(``search.confirmations: 0``: every batch runs once, the baseline's level of
+checking; the recommended batch is still run). With ``guided``
 and ``cold`` both run, it prints what a warm start saved per trial, batch by
 batch. The numbers are measurements of this machine at this moment: run the
 variants in one invocation to compare them.
@@ -45,6 +49,7 @@ VARIANTS = {
     "guided": {},
     "cold": {"warm_start": False},
     "doubling": {"strategy": "doubling"},
+    "once": {"confirmations": 0},
 }
 EXTRA_PURPOSES = ("confirmation", "recommendation_check")
 
@@ -152,6 +157,7 @@ def main() -> None:
     parser.add_argument("specs", nargs="+", type=Path)
     parser.add_argument("--variants", default="guided", help="comma-separated: guided, cold, doubling")
     parser.add_argument("--device", help="override the specs' device (cpu, cuda, cuda:N)")
+    parser.add_argument("--save", type=Path, help="folder to write every run's JSON into")
     args = parser.parse_args()
     variants = [v.strip() for v in args.variants.split(",") if v.strip()]
     unknown = set(variants) - set(VARIANTS)
@@ -161,6 +167,11 @@ def main() -> None:
         runs = [run_isoprobe(spec_path, variant, args.device) for variant in variants]
         baseline = run_baseline(spec_path, runs[0]["result"])
         report(spec_path, runs, baseline)
+        if args.save:
+            args.save.mkdir(parents=True, exist_ok=True)
+            for run in runs + [baseline]:
+                name = run["name"].replace(" ", "-").replace("(", "").replace(")", "")
+                (args.save / f"{spec_path.stem}.{name}.json").write_text(json.dumps(run, indent=1))
 
 
 if __name__ == "__main__":
