@@ -58,13 +58,13 @@ def test_cpu_readings_are_in_the_budgets_units(by_strategy):
     budget = result["device"]["memory_budget_bytes"]
     fitting = [t for t in result["trials"] if t["outcome"] == "fits"]
     for trial in fitting:
-        # The data segment (what RLIMIT_DATA caps) runs above the resident set, and under the cap.
-        assert trial["peak_bytes"] < trial["budget_peak_bytes"] <= budget
-        assert 0 < trial["base_bytes"] < trial["budget_peak_bytes"]
+        # The data segment is what RLIMIT_DATA caps: a trial that fit stayed under the cap. (Resident
+        # memory is not comparable: it counts the libraries' code, which the cap does not, and leaves
+        # out mapped pages never touched, which the cap counts; which is larger depends on the install.)
+        assert 0 < trial["base_bytes"] < trial["budget_peak_bytes"] <= budget
     at_edge = max(fitting, key=lambda t: t["batch_size"])
-    # At the edge the data peak is within one sample (~32 MiB) of the cap, resident memory is not.
+    # At the edge the data peak is within one sample (~32 MiB) of the cap: the reading is in the cap's units.
     assert budget - at_edge["budget_peak_bytes"] < 64 * 1024**2, at_edge
-    assert budget - at_edge["peak_bytes"] > 64 * 1024**2, at_edge
 
 
 def test_trials_after_the_first_start_warm_and_cold_start_is_an_option(by_strategy, write_spec):

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import REPO, hog_spec
+from conftest import FAULTS, REPO, hog_spec
 
 pytestmark = pytest.mark.integration
 
@@ -39,10 +39,24 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def hanging_after_first_trial() -> dict:
+    return {
+        "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": "hang", "at": 3}},
+        "input": {"shape": [16]},
+        "target": {"classes": 4},
+        "optimizer": {"name": "sgd"},
+        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": 300},
+        "device": "cpu",
+        "memory_budget": "2GiB",
+    }
+
+
 @pytest.mark.parametrize(("signum", "code", "reason"), [(signal.SIGINT, 130, "interrupted"),
                                                          (signal.SIGTERM, 143, "terminated")])
 def test_signal_mid_trial_kills_the_child_and_prints_the_trials_so_far(write_spec, signum, code, reason):
-    path = write_spec(hog_spec(start_batch_size=2))
+    # Batch 2 fits; every larger batch hangs until killed. So the signal always lands mid-trial,
+    # however few trials the search needs (a spec that merely runs long races with the search).
+    path = write_spec(hanging_after_first_trial())
     process = subprocess.Popen(
         [sys.executable, "-m", "isoprobe", "run", str(path)],
         cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
