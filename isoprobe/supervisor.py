@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -167,6 +168,7 @@ def _prepare_child(memory_limit: int | None, parent_pid: int):
     """Runs in the child between fork and exec: give up if the parent is gone, and cap memory if asked."""
 
     def prepare() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _INTERRUPTS)  # see _signals_deferred
         if os.getppid() != parent_pid:
             os._exit(1)
         if memory_limit is not None:
@@ -257,7 +259,8 @@ class Launcher:
     def prestart(self, memory_limit: int | None) -> None:
         """Start the spare now (warm launchers only), e.g. while the environment is being checked."""
         if self.warm and self._spare is None:
-            self._spare = self._spawn(memory_limit, None)
+            with _signals_deferred():
+                self._spare = self._spawn(memory_limit, None)
 
     def close(self) -> None:
         """Stop the spare, if any: nothing outlives the probe."""
@@ -271,18 +274,20 @@ class Launcher:
         write_atomically(request_path, json.dumps(request))
         cgroup = memory_cgroup_dir()  # the child starts in the parent's cgroup
         kills_before = oom_kill_count(cgroup)
-        child = self._take_spare(memory_limit)
+        child: _Started | None = None
         started = time.monotonic()
-        if child is not None and not _deliver(child, request_path):
-            _stop(child, grace=0)
-            child = None
-        if child is None:
-            child = self._spawn(memory_limit, request_path)
-            started = time.monotonic()
         timed_out = False
         try:
-            if self.warm and self._spare is None:
-                self._spare = self._spawn(memory_limit, None)  # the next trial's child imports while this one runs
+            with _signals_deferred():
+                child = self._take_spare(memory_limit)
+                if child is not None and not _deliver(child, request_path):
+                    _stop(child, grace=0)
+                    child = None
+                if child is None:
+                    child = self._spawn(memory_limit, request_path)
+                started = time.monotonic()
+                if self.warm and self._spare is None:
+                    self._spare = self._spawn(memory_limit, None)  # the next trial's child imports while this one runs
             try:
                 returncode = child.process.wait(timeout=timeout)
             except subprocess.TimeoutExpired:
@@ -291,7 +296,8 @@ class Launcher:
                 returncode = child.process.wait()
         finally:
             # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
-            _stop(child, grace=INTERRUPT_GRACE_SECONDS)
+            if child is not None:
+                _stop(child, grace=INTERRUPT_GRACE_SECONDS)
         seconds = time.monotonic() - started
         kills_after = oom_kill_count(cgroup)
         return ChildRun(
@@ -346,6 +352,28 @@ class Launcher:
             finally:
                 os.close(lifeline_read)
         return _Started(process, lifeline_write, events_path, stderr_path, memory_limit, warm)
+
+
+#: The signals that interrupt isoprobe (KeyboardInterrupt, errors.Terminated).
+_INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
+
+
+@contextmanager
+def _signals_deferred():
+    """Hold SIGINT and SIGTERM while children are started and recorded, then let them land.
+
+    An interrupt raised inside ``subprocess.Popen`` (between fork and the end of
+    its bookkeeping) or between taking the spare and recording it as the running
+    child would lose track of a process that is already alive. Blocked here, the
+    signal is delivered the moment this block ends, where every child is known
+    and the ``finally`` clauses stop them. Children unblock both signals for
+    themselves (``_prepare_child``): the mask would otherwise survive exec.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _INTERRUPTS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def _deliver(child: _Started, request_path: Path) -> bool:
