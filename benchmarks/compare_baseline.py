@@ -16,7 +16,7 @@ recommended batch's check) are counted in its total and its wall time.
 ``--save DIR`` keeps every run's JSON (isoprobe's full result included).
 
 Variants of isoprobe (``--variants``, default ``guided``): ``guided`` (the
-default settings), ``cold`` (``search.warm_start: false``: every trial imports
+settings with ``search.warm_start: true``), ``cold`` (``search.warm_start: false``: every trial imports
 torch itself), ``doubling`` (``search.strategy: doubling``), ``once``
 (``search.confirmations: 0``: every batch runs once, the baseline's level of
 checking; the recommended batch is still run). With ``guided``
@@ -46,10 +46,10 @@ from isoprobe.spec import load_spec  # noqa: E402
 from isoprobe.supervisor import _prepare_child, child_environment  # noqa: E402
 
 VARIANTS = {
-    "guided": {},
+    "guided": {"warm_start": True},
     "cold": {"warm_start": False},
     "doubling": {"strategy": "doubling"},
-    "once": {"confirmations": 0},
+    "once": {"confirmations": 0, "warm_start": True},
 }
 EXTRA_PURPOSES = ("confirmation", "recommendation_check")
 

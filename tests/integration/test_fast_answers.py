@@ -28,7 +28,7 @@ def by_strategy(tmp_path_factory):
     runs = {}
     folder = tmp_path_factory.mktemp("strategies")
     for strategy in ("guided", "doubling"):
-        spec = hog_spec(start_batch_size=2, strategy=strategy)
+        spec = hog_spec(start_batch_size=2, strategy=strategy, warm_start=True)
         path = folder / f"{strategy}.yaml"
         path.write_text(json.dumps(spec))  # JSON is YAML
         runs[strategy] = run_cli("run", str(path))
@@ -67,10 +67,10 @@ def test_cpu_readings_are_in_the_budgets_units(by_strategy):
     assert budget - at_edge["budget_peak_bytes"] < 64 * 1024**2, at_edge
 
 
-def test_trials_after_the_first_start_warm_and_cold_start_is_an_option(by_strategy, write_spec):
+def test_with_warm_start_every_trial_starts_warm_and_cold_is_the_default(by_strategy, write_spec):
     warm = by_strategy["guided"].json["trials"]
     assert all(t["warm_start"] for t in warm), [(t["index"], t["warm_start"]) for t in warm]
-    spec = hog_spec(start_batch_size=2, max_batch_size=4, confirmations=0, warm_start=False)
+    spec = hog_spec(start_batch_size=2, max_batch_size=4, confirmations=0)
     cold = run_cli("run", str(write_spec(spec)))
     assert cold.returncode == 0, cold.stderr
     assert [t["warm_start"] for t in cold.json["trials"]] == [False] * len(cold.json["trials"])
