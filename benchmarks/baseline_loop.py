@@ -27,7 +27,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from isoprobe.child import build_model, build_optimizer, loss_of, make_inputs, make_targets, primary_output  # noqa: E402
+from isoprobe.child import build_model, build_optimizer, make_inputs, train_step  # noqa: E402
 from isoprobe.outcomes import Outcome, classify_exception, maybe_allocation_failure  # noqa: E402
 
 
@@ -58,19 +58,12 @@ def main(request_path: str) -> None:
 
     def fits(batch: int) -> bool:
         began = time.monotonic()
-        optimizer = inputs = targets = output = loss = None
+        optimizer = inputs = targets = None
         try:
             optimizer = build_optimizer(spec, model.parameters())
             inputs = make_inputs(spec, batch, device)
             for _ in range(spec["search"]["steps"]):
-                optimizer.zero_grad(set_to_none=True)
-                output = primary_output(model(inputs))
-                if targets is None:
-                    targets = make_targets(spec, output, device)
-                loss = loss_of(spec, output, targets)
-                loss.backward()
-                optimizer.step()
-                output = loss = None
+                targets = train_step(spec, model, optimizer, inputs, targets, device)
             if cuda:
                 torch.cuda.synchronize(device)
             ok = True
@@ -79,7 +72,7 @@ def main(request_path: str) -> None:
                 raise
             ok = False
         finally:
-            optimizer = inputs = targets = output = loss = None
+            optimizer = inputs = targets = None
             model.zero_grad(set_to_none=True)
             gc.collect()
             if cuda:

@@ -201,6 +201,22 @@ def loss_of(spec: dict, output, targets):
 # --------------------------------------------------------------------------- modes
 
 
+def train_step(spec: dict, model, optimizer, inputs, targets, device):
+    """One training step: forward, loss, backward, optimizer step; returns the targets (drawn on the first step).
+
+    The output and the loss die with this frame, so the step's activations are
+    freed before the next one, as in a real training loop.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    output = primary_output(model(inputs))
+    if targets is None:
+        targets = make_targets(spec, output, device)
+    loss = loss_of(spec, output, targets)
+    loss.backward()
+    optimizer.step()
+    return targets
+
+
 def _setup_cuda(torch, request: dict) -> dict:
     """Select the GPU, touch the allocator (a bad allocator setting fails here), apply the budget."""
     device = torch.device(request["device"])
@@ -262,14 +278,7 @@ def _train(request: dict, events: Events, progress: dict) -> dict:
     targets = None
     for step in range(1, spec["search"]["steps"] + 1):
         started = time.perf_counter()
-        optimizer.zero_grad(set_to_none=True)
-        output = primary_output(model(inputs))
-        if targets is None:
-            targets = make_targets(spec, output, device)
-        loss = loss_of(spec, output, targets)
-        loss.backward()
-        optimizer.step()
-        del output, loss
+        targets = train_step(spec, model, optimizer, inputs, targets, device)
         if cuda:
             torch.cuda.synchronize(device)
         progress["step_seconds"].append(time.perf_counter() - started)
