@@ -450,11 +450,14 @@ def wait_for_request(events: Events) -> str | None:
         __import__(module)
     torch = sys.modules.get("torch")
     cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
+    if niced is not None:
+        # Back to normal before waiting: blocked, the child needs no CPU, and a spare that is
+        # stopped instead of used must not die at idle priority (its exit could wait for minutes
+        # behind a busy machine, and the parent with it).
+        _restore_priority(niced)
     events.emit("warm", modules=modules, seconds=time.perf_counter() - started, cuda_initialized=cuda_initialized,
                 idle_priority=niced is not None)
     line = sys.stdin.readline().strip()
-    if niced is not None:
-        _restore_priority(niced)
     return line or None
 
 

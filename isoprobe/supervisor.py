@@ -187,6 +187,28 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
+def lift_idle_policy(pid: int) -> None:
+    """Give a child's idle-class threads the normal policy back, so that a kill ends it promptly.
+
+    A warm spare imports under ``SCHED_IDLE`` (see ``child.wait_for_request``).
+    Killed in the middle, its exit (unmapping torch) still runs at idle
+    priority, and on a machine whose cores are busy that took longer than 30 s
+    (measured: docs/measurements.md), with the parent waiting to reap it. Same
+    owner, and the child only went idle where it may come back, so this is
+    allowed wherever the child's own switch was; failures are ignored.
+    """
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for task in tasks:
+        try:
+            if os.sched_getscheduler(int(task)) == os.SCHED_IDLE:
+                os.sched_setscheduler(int(task), os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
 def kill_group(pid: int, grace: float = KILL_GRACE_SECONDS) -> None:
     """SIGTERM the child's process group, then SIGKILL whatever is left after ``grace`` seconds."""
     try:
@@ -391,6 +413,7 @@ def _deliver(child: _Started, request_path: Path) -> bool:
 def _stop(child: _Started, grace: float) -> None:
     """Kill the child's whole group (if still there), reap it, and close what the parent held."""
     if child.process.poll() is None:
+        lift_idle_policy(child.process.pid)
         kill_group(child.process.pid, grace=grace)
     child.process.wait()
     try:
