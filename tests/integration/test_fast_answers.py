@@ -8,13 +8,17 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import signal
+import subprocess
+import sys
+import time
 
 import pytest
 
 from conftest import hog_spec, run_cli
 from isoprobe.spec import Spec
-from isoprobe.supervisor import Launcher, classify_exit
+from isoprobe.supervisor import Launcher, classify_exit, lift_idle_policy
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +32,7 @@ def by_strategy(tmp_path_factory):
     runs = {}
     folder = tmp_path_factory.mktemp("strategies")
     for strategy in ("guided", "doubling"):
-        spec = hog_spec(start_batch_size=2, strategy=strategy, warm_start=True)
+        spec = hog_spec(start_batch_size=2, strategy=strategy)  # warm start is the default
         path = folder / f"{strategy}.yaml"
         path.write_text(json.dumps(spec))  # JSON is YAML
         runs[strategy] = run_cli("run", str(path))
@@ -67,10 +71,10 @@ def test_cpu_readings_are_in_the_budgets_units(by_strategy):
     assert budget - at_edge["budget_peak_bytes"] < 64 * 1024**2, at_edge
 
 
-def test_with_warm_start_every_trial_starts_warm_and_cold_is_the_default(by_strategy, write_spec):
+def test_warm_start_is_the_default_and_can_be_turned_off(by_strategy, write_spec):
     warm = by_strategy["guided"].json["trials"]
     assert all(t["warm_start"] for t in warm), [(t["index"], t["warm_start"]) for t in warm]
-    spec = hog_spec(start_batch_size=2, max_batch_size=4, confirmations=0)
+    spec = hog_spec(start_batch_size=2, max_batch_size=4, confirmations=0, warm_start=False)
     cold = run_cli("run", str(write_spec(spec)))
     assert cold.returncode == 0, cold.stderr
     assert [t["warm_start"] for t in cold.json["trials"]] == [False] * len(cold.json["trials"])
@@ -143,3 +147,45 @@ def test_closing_the_launcher_stops_the_spare(tmp_path):
     # (and the autouse fixture finds no process left behind)
 
 
+
+
+def _may_leave_idle_policy() -> bool:
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    return os.geteuid() == 0 or soft == resource.RLIM_INFINITY or soft >= 20 - os.getpriority(os.PRIO_PROCESS, 0)
+
+
+def _policies(pid: int) -> set[int]:
+    return {os.sched_getscheduler(int(task)) for task in os.listdir(f"/proc/{pid}/task")}
+
+
+@pytest.mark.skipif(not _may_leave_idle_policy(), reason="needs root or RLIMIT_NICE to leave SCHED_IDLE")
+def test_a_spare_waits_for_its_request_at_normal_priority(tmp_path):
+    # An idle-class spare that is stopped instead of used dies at idle priority: behind a busy
+    # machine that took over 30 s, with isoprobe waiting to reap it (docs/measurements.md).
+    with _launcher(tmp_path) as launcher:
+        launcher.prestart(None)
+        spare = launcher._spare
+        events = tmp_path / "child001.events.jsonl"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and b'"warm"' not in (events.read_bytes() if events.exists() else b""):
+            time.sleep(0.05)
+        warm = next(json.loads(line) for line in events.read_text().splitlines() if '"warm"' in line)
+        assert warm["idle_priority"] is True  # it did import at idle priority...
+        assert _policies(spare.process.pid) == {os.SCHED_OTHER}  # ...and waits at normal priority
+
+
+@pytest.mark.skipif(not _may_leave_idle_policy(), reason="needs root or RLIMIT_NICE to leave SCHED_IDLE")
+def test_the_supervisor_lifts_an_idle_child_to_normal_before_stopping_it():
+    code = ("import os, threading, time; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); "
+            "threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); print('idle', flush=True); "
+            "time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout.readline() == "idle\n"
+        assert _policies(child.pid) == {os.SCHED_IDLE}  # both threads: a new thread inherits the policy
+        lift_idle_policy(child.pid)
+        assert _policies(child.pid) == {os.SCHED_OTHER}
+    finally:
+        child.kill()
+        child.wait()
+    lift_idle_policy(child.pid)  # a process that is gone: nothing to do, no error
