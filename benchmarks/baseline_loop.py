@@ -27,7 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from isoprobe.child import build_model, build_optimizer, make_inputs, train_step  # noqa: E402
+from isoprobe.training import Step, build_optimizer  # noqa: E402
+from isoprobe.workload import build_model  # noqa: E402
 from isoprobe.outcomes import Outcome, classify_exception, maybe_allocation_failure  # noqa: E402
 
 
@@ -51,19 +52,19 @@ def main(request_path: str) -> None:
         if budget:
             total = torch.cuda.get_device_properties(device).total_memory
             torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
-    model = build_model(spec, request.get("python_path", [])).to(device)
-    model.train()
+    python_path = request.get("python_path", [])
+    # One model for every trial, as Lightning's loop keeps it (training options applied once).
+    step = Step(spec, build_model(spec, python_path), device, python_path)
     ready = time.monotonic()
     trials: list[dict] = []
 
     def fits(batch: int) -> bool:
         began = time.monotonic()
-        optimizer = inputs = targets = None
+        prepared = None
         try:
-            optimizer = build_optimizer(spec, model.parameters())
-            inputs = make_inputs(spec, batch, device)
+            prepared = step.batch(batch)
             for _ in range(spec["search"]["steps"]):
-                targets = train_step(spec, model, optimizer, inputs, targets, device)
+                step.run(prepared)
             if cuda:
                 torch.cuda.synchronize(device)
             ok = True
@@ -72,8 +73,11 @@ def main(request_path: str) -> None:
                 raise
             ok = False
         finally:
-            optimizer = inputs = targets = None
-            model.zero_grad(set_to_none=True)
+            prepared = None
+            if step.optimizer is not None:  # the next trial starts with a fresh optimizer, no state yet
+                step.optimizer = None
+                step.optimizer = build_optimizer(spec, step.model.parameters())
+            step.model.zero_grad(set_to_none=True)
             gc.collect()
             if cuda:
                 torch.cuda.empty_cache()

@@ -30,6 +30,8 @@ import time
 import traceback
 
 from isoprobe.outcomes import Outcome, classify_exception
+from isoprobe.training import Step, build_optimizer, enable_checkpointing
+from isoprobe.workload import build_model, import_callable, make_batch, primary_output, task_of
 
 _TRACEBACK_LINES = 25
 _MESSAGE_CHARS = 2000
@@ -88,133 +90,16 @@ def _cpu_readings() -> dict[str, int | None]:
     return {"peak_bytes": memory["peak_rss"], "budget_peak_bytes": memory["peak_data"], "base_bytes": memory["data"]}
 
 
-# --------------------------------------------------------------------------- building blocks
-
-
-def _import_factory(reference: str, python_path: list[str]):
-    """Resolve 'module:function' or '/abs/file.py:function' to the callable."""
-    import importlib
-    import importlib.util
-
-    target, function = reference.rsplit(":", 1)
-    for entry in reversed(python_path):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    if target.endswith(".py") or "/" in target:
-        module_spec = importlib.util.spec_from_file_location(f"isoprobe_factory_{abs(hash(target))}", target)
-        if module_spec is None or module_spec.loader is None:
-            raise ImportError(f"cannot load {target}")
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
-    else:
-        module = importlib.import_module(target)
-    builder = getattr(module, function, None)
-    if builder is None or not callable(builder):
-        raise AttributeError(f"{target} has no callable named {function!r}")
-    return builder
-
-
-def build_model(spec: dict, python_path: list[str]):
-    import torch
-
-    model_spec = spec["model"]
-    kwargs = dict(model_spec.get("kwargs") or {})
-    if model_spec.get("torchvision"):
-        import torchvision
-
-        kwargs.setdefault("weights", None)
-        model = torchvision.models.get_model(model_spec["torchvision"], **kwargs)
-    else:
-        model = _import_factory(model_spec["factory"], python_path)(**kwargs)
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"the model builder returned {type(model).__name__}, not a torch.nn.Module")
-    return model
-
-
-def build_optimizer(spec: dict, parameters):
-    import torch
-
-    optimizer_spec = spec["optimizer"]
-    name = optimizer_spec["name"]
-    kwargs = dict(optimizer_spec.get("kwargs") or {})
-    if name == "sgd":
-        kwargs.setdefault("lr", 0.01)
-        kwargs.setdefault("momentum", 0.9)
-        return torch.optim.SGD(parameters, **kwargs)
-    if name == "adam":
-        return torch.optim.Adam(parameters, **kwargs)
-    if name == "adamw":
-        return torch.optim.AdamW(parameters, **kwargs)
-    raise ValueError(f"unknown optimizer {name!r}")
-
-
-def make_inputs(spec: dict, batch_size: int, device):
-    import torch
-
-    shape = (batch_size, *spec["input"]["shape"])
-    dtype = getattr(torch, spec["input"]["dtype"])
-    if spec["input"]["dtype"] == "int64":
-        return torch.randint(0, spec["input"]["high"], shape, device=device)
-    return torch.randn(shape, dtype=dtype, device=device)
-
-
-def primary_output(output):
-    """The tensor the loss applies to, from the shapes torchvision and common libraries return."""
-    import torch
-
-    if isinstance(output, torch.Tensor):
-        return output
-    if isinstance(output, dict):
-        return output["out"] if "out" in output else next(iter(output.values()))
-    if hasattr(output, "logits"):
-        return output.logits
-    if isinstance(output, (tuple, list)) and output:
-        return primary_output(output[0])
-    raise TypeError(f"cannot find the output tensor in a {type(output).__name__}")
-
-
-def make_targets(spec: dict, output, device):
-    """Targets of the exact shape the loss needs, drawn once and reused every step."""
-    import torch
-
-    target = spec["target"]
-    batch = output.shape[0]
-    if target.get("classes") is not None:
-        # (B, C) -> (B,); (B, C, H, W) -> (B, H, W): per-pixel classes for dense outputs.
-        return torch.randint(0, target["classes"], (batch, *output.shape[2:]), device=device)
-    return torch.randn((batch, *target["shape"]), dtype=output.dtype, device=device)
-
-
-def loss_of(spec: dict, output, targets):
-    import torch.nn.functional as F
-
-    if spec["target"].get("classes") is not None:
-        return F.cross_entropy(output, targets)
-    if tuple(output.shape) != tuple(targets.shape):
-        raise ValueError(
-            f"the model's output has shape {tuple(output.shape)} but target.shape gives "
-            f"{tuple(targets.shape)}: set target.shape to the per-sample output shape {list(output.shape[1:])}"
-        )
-    return F.mse_loss(output, targets)
-
-
 # --------------------------------------------------------------------------- modes
 
 
-def train_step(spec: dict, model, optimizer, inputs, targets, device):
-    """One training step: forward, loss, backward, optimizer step; returns the targets (drawn on the first step).
-
-    The output and the loss die with this frame, so the step's activations are
-    freed before the next one, as in a real training loop.
-    """
-    optimizer.zero_grad(set_to_none=True)
-    output = primary_output(model(inputs))
-    if targets is None:
-        targets = make_targets(spec, output, device)
-    loss = loss_of(spec, output, targets)
-    loss.backward()
-    optimizer.step()
-    return targets
+def _import_model_library(spec: dict):
+    """The model source's library (torchvision, timm or transformers), or None for a factory."""
+    model = spec["model"]
+    for source, module in (("torchvision", "torchvision"), ("timm", "timm"), ("huggingface", "transformers")):
+        if model.get(source):
+            return __import__(module)
+    return None
 
 
 def _setup_cuda(torch, request: dict) -> dict:
@@ -258,32 +143,41 @@ def _train(request: dict, events: Events, progress: dict) -> dict:
     report: dict = {}
     import torch
 
-    if spec["model"].get("torchvision"):
-        import torchvision  # noqa: F401  (imported here so its cost lands in the 'imported' phase)
+    _import_model_library(spec)  # here, so that its cost lands in the 'imported' phase
     progress["phase"] = "imported"
     events.emit("imported", memory=_cpu_memory())
     device = torch.device(request["device"])
     cuda = device.type == "cuda"
     if cuda:
         report.update(_setup_cuda(torch, request))
-    model = build_model(spec, request.get("python_path", [])).to(device)
-    model.train()
-    optimizer = build_optimizer(spec, model.parameters())
+    python_path = request.get("python_path", [])
+    step = Step(spec, build_model(spec, python_path), device, python_path)
     progress["phase"] = "model_built"
     events.emit("model_built", memory=_cpu_memory())
     if cuda:
         # Peaks from here on; the model's weights are allocated already and still count.
         torch.cuda.reset_peak_memory_stats(device)
-    inputs = make_inputs(spec, request["batch_size"], device)
-    targets = None
-    for step in range(1, spec["search"]["steps"] + 1):
+    batch = step.batch(request["batch_size"])
+    for index in range(1, spec["search"]["steps"] + 1):
         started = time.perf_counter()
-        targets = train_step(spec, model, optimizer, inputs, targets, device)
+        step.run(batch)
         if cuda:
             torch.cuda.synchronize(device)
         progress["step_seconds"].append(time.perf_counter() - started)
-        progress["phase"] = f"step {step}"
-        events.emit("step", step=step, seconds=progress["step_seconds"][-1])
+        progress["phase"] = f"step {index}"
+        events.emit("step", step=index, seconds=progress["step_seconds"][-1])
+    if (spec.get("training") or {}).get("eval_pass"):
+        progress["phase"] = "eval"
+        seconds = step.evaluate(batch)
+        if cuda:
+            torch.cuda.synchronize(device)
+        report["eval_seconds"] = seconds
+        events.emit("eval", seconds=seconds)
+    report["applied"] = step.applied
+    if (spec.get("training") or {}).get("compile") and len(progress["step_seconds"]) >= 2:
+        # The first step compiles (forward and backward graphs); the later ones show what a step costs.
+        later = sorted(progress["step_seconds"][1:])
+        report["compile_seconds"] = max(0.0, progress["step_seconds"][0] - later[len(later) // 2])
     if cuda:
         report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
         report["peak_bytes"] = report["budget_peak_bytes"] = torch.cuda.max_memory_reserved(device)
@@ -322,10 +216,11 @@ def run_inspect(request: dict, events: Events) -> None:
 
     spec = request["spec"]
     facts: dict = {"torch_version": torch.__version__, "memory_before_import": before}
+    library = _import_model_library(spec)  # imported as a trial will: its memory belongs in the baseline
+    if library is not None and library.__name__ != "torchvision":
+        facts[f"{library.__name__}_version"] = library.__version__
     if spec["model"].get("torchvision"):
-        import torchvision  # imported as a trial will: its memory belongs in the baseline
-
-        facts["torchvision_version"] = torchvision.__version__
+        facts["torchvision_version"] = library.__version__
     else:
         facts["torchvision_version"] = _installed_version("torchvision")  # no import: ~2.5 s saved
     facts["memory_after_import"] = _cpu_memory()
@@ -356,12 +251,18 @@ def _problem(stage: str, exc: BaseException) -> dict:
 
 
 def _check_buildable(torch, spec: dict, python_path: list[str], facts: dict) -> list[dict]:
-    """Can the model and optimizer be built, and does the output fit the target? Before any trial.
+    """Can the model, optimizer and training options be set up, and does the output fit the target?
 
     On the meta device first: shapes without memory. A model the meta device cannot
     build is built for real on the CPU, once: if that raises too, the factory itself
     is broken (a spec error); if not, only the meta device was the problem.
     """
+    for stage in ("batch", "loss"):
+        if spec["model"].get(stage):
+            try:
+                import_callable(spec["model"][stage], python_path)
+            except Exception as exc:
+                return [_problem(stage, exc)]
     try:
         with torch.device("meta"):
             model = build_model(spec, python_path)
@@ -374,22 +275,66 @@ def _check_buildable(torch, spec: dict, python_path: list[str], facts: dict) -> 
         except Exception as real_exc:
             return [_problem("model", real_exc)]
         return []
-    try:
-        with torch.device("meta"):
-            build_optimizer(spec, model.parameters())
-    except Exception as exc:
-        return [_problem("optimizer", exc)]
+    device = _trial_device(torch, spec)
+    problems = _check_precision(torch, spec, device)
+    if (spec.get("training") or {}).get("mode", "train") == "train":
+        try:
+            # One real parameter on the trial's device: fused/foreach and unknown kwargs fail here, not in a trial.
+            build_optimizer(spec, [torch.nn.Parameter(torch.zeros(4, device=device))])
+        except Exception as exc:
+            problems.append(_problem("optimizer", exc))
     facts["parameter_count"] = sum(p.numel() for p in model.parameters())
     facts["parameter_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    return _check_output_shape(torch, spec, model, facts)
+    if not spec["model"].get("batch"):
+        problems += _check_output_shape(torch, spec, model, facts)
+    if (spec.get("training") or {}).get("gradient_checkpointing"):
+        try:
+            facts["checkpointing"] = enable_checkpointing(model)
+        except Exception as exc:
+            problems.append(_problem("checkpointing", exc))
+    return problems
+
+
+def _trial_device(torch, spec: dict):
+    wanted = spec.get("device", "auto")
+    if wanted == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda:0" if wanted in ("auto", "cuda") else wanted)
+
+
+def _check_precision(torch, spec: dict, device) -> list[dict]:
+    """Can this device run the spec's precision? A tiny real op under the same autocast, and the scaler."""
+    precision = (spec.get("training") or {}).get("precision", "fp32")
+    if precision == "fp32":
+        return []
+    dtype = torch.float16 if precision == "fp16-mixed" else torch.bfloat16
+    try:
+        if device.type == "cuda" and dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            name = torch.cuda.get_device_name(device)
+            raise RuntimeError(f"{name} does not support bfloat16 (it needs compute capability 8.0, Ampere, or newer)")
+        a = torch.ones(4, 4, device=device)
+        if precision == "bf16-true":
+            (a.to(dtype) @ a.to(dtype)).sum()
+        else:
+            with torch.autocast(device.type, dtype=dtype):
+                (a @ a).sum()
+        if precision == "fp16-mixed":
+            torch.amp.GradScaler(device.type)
+    except Exception as exc:
+        return [{"stage": "precision", "type": type(exc).__name__,
+                 "message": f"{precision} on {device.type}: {str(exc)[:_MESSAGE_CHARS]}"}]
+    return []
 
 
 def _check_output_shape(torch, spec: dict, model, facts: dict) -> list[dict]:
     """One forward pass on meta tensors (no memory, no compute): does the output match the target?"""
+    task = task_of(spec)
+    if task == "detection" or (spec["model"].get("huggingface") and task == "language_modeling"):
+        return []  # these models compute their own losses from the batch
     try:
-        inputs = make_inputs(spec, 2, torch.device("meta"))
+        batch = make_batch(spec, 2, torch.device("meta"), [])
         model.train()
-        output = primary_output(model(inputs))
+        output = primary_output(model(batch.inputs))
     except RuntimeError as exc:
         message = str(exc)
         if any(word in message for word in ("shape", "size", "dimension", "mat1 and mat2", "channels")):
@@ -399,8 +344,19 @@ def _check_output_shape(torch, spec: dict, model, facts: dict) -> list[dict]:
     except Exception as exc:  # an op without a meta kernel, say: the trials will tell
         facts["meta_forward_warning"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         return []
-    target = spec["target"]
+    target = spec.get("target")
+    if target is None or spec["model"].get("loss"):
+        return []  # the user's loss decides what the output must be
     shape = list(output.shape)
+    if task == "language_modeling":
+        if len(shape) != 3:
+            return [{"stage": "target", "type": "ShapeMismatch",
+                     "message": f"language_modeling needs logits (batch, sequence, vocabulary); the model "
+                                f"returned shape {shape}"}]
+        return []
+    if task == "segmentation" and len(shape) != 4:
+        return [{"stage": "target", "type": "ShapeMismatch",
+                 "message": f"segmentation needs outputs (batch, classes, height, width); the model returned {shape}"}]
     if target.get("classes") is not None:
         if len(shape) < 2 or shape[1] != target["classes"]:
             return [{"stage": "target", "type": "ShapeMismatch",

@@ -79,9 +79,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from isoprobe.errors import ExitCode
 
     spec = _load(args)
-    model = spec.model.torchvision or spec.model.factory
-    print(f"{args.spec}: valid (model {model}, input {spec.input.shape}, optimizer {spec.optimizer.name}, "
-          f"device {spec.device})")
+    source = spec.model.source
+    inputs = f"input {spec.input.shape}" if spec.input is not None else f"batch {spec.model.batch}"
+    task = spec.target.resolved_task if spec.target is not None else f"loss {spec.model.loss}"
+    print(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
+          f"{spec.training.mode} {spec.training.precision}, optimizer {spec.optimizer.name}, device {spec.device})")
     return ExitCode.ANSWERED
 
 

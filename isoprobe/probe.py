@@ -23,6 +23,7 @@ from isoprobe.output import Reporter
 from isoprobe.recommend import advise
 from isoprobe.result import (
     AllocatorInfo,
+    Applied,
     DeviceInfo,
     ErrorInfo,
     MemoryModel,
@@ -198,6 +199,11 @@ _INSPECT_STAGES = {
     "input": ("input.shape", "does not fit the model", "set input.shape to what the model takes for one sample"),
     "target": ("target", "does not match the model's output",
                "set target.classes (or target.shape) to the model's output, or change the model's kwargs"),
+    "precision": ("training.precision", "cannot run on this device", "use fp32 or a precision the device supports"),
+    "checkpointing": ("training.gradient_checkpointing", "cannot be applied to this model",
+                      "turn it off, or wrap the model's blocks in nn.Sequential stages in the factory"),
+    "batch": ("model.batch", "cannot be loaded", "check the module and function name"),
+    "loss": ("model.loss", "cannot be loaded", "check the module and function name"),
 }
 
 
@@ -207,6 +213,17 @@ def _inspect_problem(problem: dict) -> Problem:
 
 
 # --------------------------------------------------------------------------- trials
+
+
+def _rounded(value, digits: int):
+    return None if value is None else round(float(value), digits)
+
+
+def _applied(values: dict | None) -> Applied | None:
+    """The child's report of what ran; keys this version does not know are dropped, not fatal."""
+    if not values:
+        return None
+    return Applied(**{k: v for k, v in values.items() if k in Applied.model_fields})
 
 
 def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> Trial:
@@ -224,6 +241,9 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> 
         budget_peak_bytes=result.get("budget_peak_bytes"),
         base_bytes=result.get("base_bytes"),
         step_seconds=[round(s, 4) for s in result.get("step_seconds", [])],
+        compile_seconds=_rounded(result.get("compile_seconds"), 3),
+        eval_seconds=_rounded(result.get("eval_seconds"), 4),
+        applied=_applied(result.get("applied")),
         seconds=round(run.seconds, 3),
         warm_start=run.warm,
         phase=verdict.phase,
@@ -422,6 +442,10 @@ def _preload(spec: Spec) -> tuple[str, ...]:
     modules = ["torch", "torch._dynamo"]
     if spec.model.torchvision:
         modules.append("torchvision")
+    elif spec.model.timm:
+        modules.append("timm")
+    elif spec.model.huggingface:
+        modules.append("transformers")
     return tuple(modules)
 
 
@@ -534,11 +558,18 @@ def _limited_by(spec: Spec, max_fitting: int | None) -> str:
     return "search_ceiling"
 
 
-_SAVE_MEMORY = [
-    "mixed precision (autocast fp16 with a GradScaler, or bf16) shrinks activations",
-    "gradient checkpointing (torch.utils.checkpoint) trades recomputation for activation memory",
-    "a smaller per-sample input (shorter sequences, smaller images) or a smaller model",
-]
+def _save_memory(spec: Spec) -> list[str]:
+    """What the spec could still turn on to need less memory: only the levers it does not use yet."""
+    training = spec.training
+    levers = []
+    if training.precision == "fp32":
+        levers.append("training.precision: bf16-mixed (or fp16-mixed) shrinks activations")
+    if not training.gradient_checkpointing and training.mode == "train":
+        levers.append("training.gradient_checkpointing: true trades recomputation for activation memory")
+    if spec.optimizer.name != "sgd" and training.mode == "train":
+        levers.append("optimizer sgd keeps less state than adam/adamw (none without momentum)")
+    levers.append("a smaller per-sample input (shorter sequences, smaller images) or a smaller model")
+    return levers
 
 
 def _explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], limited_by: str | None):
@@ -559,7 +590,7 @@ def _explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], li
         text = f"batch {max_fitting} fits; larger batches were not tried because of {limited_by}"
         return text + (f"; recommended {recommended}" if recommended else ""), []
     if stop is StopReason.START_DOES_NOT_FIT:
-        suggestions = list(_SAVE_MEMORY)
+        suggestions = _save_memory(spec)
         if info.backend == "cpu":
             suggestions.insert(0, "a larger memory_budget (--memory-budget) for the CPU backend")
         if spec.search.start_batch_size > 2:

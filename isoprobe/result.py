@@ -60,6 +60,26 @@ class ErrorInfo(_Strict):
     traceback_tail: str = Field("", description="Last lines of the traceback, for errors in the user's model.")
 
 
+class Applied(_Strict):
+    """What the trial's step really ran with, read back from torch in the child (not copied from the spec)."""
+
+    mode: Literal["train", "inference"] | None = None
+    precision: str | None = Field(None, description="The spec's training.precision.")
+    weights_dtype: str | None = Field(None, description="dtype of the model's first parameter (bfloat16 under bf16-true).")
+    loss_dtype: str | None = Field(None, description="dtype of the loss the backward pass started from.")
+    output_dtype: str | None = Field(None, description="dtype of the model's output (bfloat16 or float16 under autocast).")
+    grad_scaler: bool | None = Field(None, description="A GradScaler scaled the loss (fp16-mixed).")
+    channels_last: bool | None = Field(None, description="The model's 4-d weights are in channels_last layout.")
+    input_channels_last: bool | None = Field(None, description="The image batch is in channels_last layout.")
+    checkpointing: Literal["model", "blocks"] | None = Field(
+        None, description="Gradient checkpointing through the model's own switch, or by wrapping its blocks."
+    )
+    checkpointed_blocks: int | None = Field(None, description="How many blocks (or segments) recompute in backward.")
+    compiled: bool | None = Field(None, description="The model ran through torch.compile.")
+    cudnn_benchmark: bool | None = Field(None, description="torch.backends.cudnn.benchmark during the steps.")
+    eval_pass: bool | None = Field(None, description="An evaluation pass ran after the training steps.")
+
+
 class Trial(_Strict):
     """One child process, one batch size."""
 
@@ -101,6 +121,12 @@ class Trial(_Strict):
     step_seconds: list[float] = Field(
         default_factory=list, description="Wall time of each completed training step; the first includes warm-up."
     )
+    compile_seconds: float | None = Field(
+        None,
+        description="training.compile: the first step's extra time over a later step's (tracing and compiling).",
+    )
+    eval_seconds: float | None = Field(None, description="training.eval_pass: wall time of the evaluation pass.")
+    applied: Applied | None = Field(None, description="What the step really ran with (trials that got that far).")
     seconds: float = Field(
         description=(
             "Wall time of the trial: from the start of its process (cold), or from the moment a warm process "

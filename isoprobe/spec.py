@@ -56,13 +56,36 @@ MAX_SAMPLE_ELEMENTS = 1 << 36
 MAX_BATCH_SIZE = 1 << 24
 
 
+_CALLABLE_REFERENCE = re.compile(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*")
+#: The model sources, in the order a reader meets them; exactly one is given.
+MODEL_SOURCES = ("torchvision", "timm", "huggingface", "factory")
+
+
 class ModelSpec(_Strict):
-    """Which network to train. Give exactly one of ``torchvision`` and ``factory``."""
+    """Which network to train. Give exactly one of ``torchvision``, ``timm``, ``huggingface`` and ``factory``."""
 
     torchvision: str | None = Field(
         None,
         min_length=1,
-        description="Name of a torchvision model, as accepted by torchvision.models.get_model, e.g. 'resnet50'.",
+        description="Name of a torchvision model, as accepted by torchvision.models.get_model, e.g. 'resnet50', "
+        "'deeplabv3_resnet50' (segmentation) or 'fasterrcnn_resnet50_fpn' (detection).",
+    )
+    timm: str | None = Field(
+        None,
+        min_length=1,
+        description="Name of a timm model, as accepted by timm.create_model, e.g. 'convnext_tiny' "
+        "(needs the extra: pip install 'isoprobe[timm]'). Random weights, never downloaded.",
+    )
+    huggingface: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "A Hugging Face transformers model type, e.g. 'gpt2', 'bert' or 'llama', built from its config "
+            "with random weights and no download (AutoConfig.for_model(type, **kwargs)); kwargs are config "
+            "values such as n_layer. The head follows target.task: language_modeling builds the causal-LM "
+            "model, classification the sequence-classification one. Needs the extra: "
+            "pip install 'isoprobe[huggingface]'."
+        ),
     )
     factory: str | None = Field(
         None,
@@ -74,18 +97,45 @@ class ModelSpec(_Strict):
     )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Keyword arguments for the model builder, e.g. {num_classes: 1000}. Weights are never downloaded.",
+        description="Keyword arguments for the model builder (for huggingface: config values), e.g. "
+        "{num_classes: 1000}. Weights are never downloaded.",
+    )
+    batch: str | None = Field(
+        None,
+        description=(
+            "Optional batch maker 'module:function' or 'file.py:function', called as f(batch_size, device) and "
+            "returning (inputs, targets): inputs a tensor, a tuple (model(*inputs)) or a dict (model(**inputs)). "
+            "For inputs the built-in tasks do not cover; replaces the 'input' section."
+        ),
+    )
+    loss: str | None = Field(
+        None,
+        description=(
+            "Optional loss 'module:function' or 'file.py:function', called as f(output, targets) and returning "
+            "a scalar tensor. Replaces the loss of target.task; with it, the 'target' section may be left out."
+        ),
     )
 
     @model_validator(mode="after")
     def _exactly_one_source(self) -> "ModelSpec":
-        if (self.torchvision is None) == (self.factory is None):
-            raise ValueError("give exactly one of 'torchvision' (a model name) or 'factory' ('module:function')")
-        if self.factory is not None and not re.fullmatch(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*", self.factory):
+        given = [name for name in MODEL_SOURCES if getattr(self, name) is not None]
+        if len(given) != 1:
             raise ValueError(
-                f"factory {self.factory!r} must look like 'package.module:function' or 'file.py:function'"
+                "give exactly one of 'torchvision' (a model name), 'timm' (a model name), 'huggingface' "
+                f"(a model type) or 'factory' ('module:function'); got {', '.join(given) or 'none'}"
             )
+        for name in ("factory", "batch", "loss"):
+            value = getattr(self, name)
+            if value is not None and not _CALLABLE_REFERENCE.fullmatch(value):
+                message = f"{name} {value!r} must look like 'package.module:function' or 'file.py:function'"
+                # factory keeps its historical wording; batch and loss name their own field.
+                raise ValueError(message if name == "factory" else f"{name}: {message}")
         return self
+
+    @property
+    def source(self) -> str:
+        """Which of MODEL_SOURCES this spec names."""
+        return next(name for name in MODEL_SOURCES if getattr(self, name) is not None)
 
 
 class InputSpec(_Strict):
@@ -121,21 +171,58 @@ class InputSpec(_Strict):
         return self
 
 
-class TargetSpec(_Strict):
-    """What the loss compares the output with. Give exactly one of ``classes`` and ``shape``."""
+TASKS = ("classification", "segmentation", "language_modeling", "regression", "detection")
 
+
+class TargetSpec(_Strict):
+    """What the loss compares the output with: the task, and the classes or the shape of its targets."""
+
+    task: Literal["classification", "segmentation", "language_modeling", "regression", "detection"] | None = Field(
+        None,
+        description=(
+            "classification: cross-entropy over (batch, classes) outputs; segmentation: per-pixel cross-entropy "
+            "over (batch, classes, H, W); language_modeling: next-token cross-entropy, the labels being the input "
+            "ids shifted by one (input: int64 token ids of the maximum sequence length, high = vocabulary size); "
+            "regression: mean squared error against target.shape; detection: torchvision detection models, "
+            "which return their own losses (synthetic boxes and labels). Unset: classification when classes is "
+            "given, regression when shape is."
+        ),
+    )
     classes: int | None = Field(
-        None, ge=2, le=1 << 24, description="Classification: number of classes; the loss is cross-entropy."
+        None, ge=2, le=1 << 24, description="Number of classes (classification, segmentation, detection)."
     )
     shape: list[Annotated[int, Field(ge=1)]] | None = Field(
         None, min_length=1, description="Regression: per-sample target shape; the loss is mean squared error."
     )
+    boxes_per_image: int = Field(
+        8, ge=1, le=1000, description="Detection: synthetic ground-truth boxes per image."
+    )
 
     @model_validator(mode="after")
-    def _exactly_one_task(self) -> "TargetSpec":
-        if (self.classes is None) == (self.shape is None):
-            raise ValueError("give exactly one of 'classes' (classification) or 'shape' (regression)")
+    def _fields_fit_the_task(self) -> "TargetSpec":
+        task = self.resolved_task
+        if task is None:
+            raise ValueError(
+                "give exactly one of 'classes' (classification, segmentation, detection) or 'shape' (regression)"
+            )
+        if task == "regression":
+            if self.shape is None or self.classes is not None:
+                raise ValueError("regression takes 'shape' (the per-sample target shape), not 'classes'")
+        elif self.shape is not None:
+            raise ValueError(f"'shape' is for regression; {task} takes 'classes'")
+        elif task in ("classification", "segmentation", "detection") and self.classes is None:
+            raise ValueError(f"{task} needs 'classes'")
         return self
+
+    @property
+    def resolved_task(self) -> str | None:
+        if self.task is not None:
+            return self.task
+        if self.classes is not None and self.shape is None:
+            return "classification"
+        if self.shape is not None and self.classes is None:
+            return "regression"
+        return None
 
 
 class OptimizerSpec(_Strict):
@@ -147,6 +234,66 @@ class OptimizerSpec(_Strict):
     kwargs: dict[str, Any] = Field(
         default_factory=dict, description="Keyword arguments for the torch.optim class, e.g. {lr: 0.001}."
     )
+
+
+class TrainingSpec(_Strict):
+    """How one step runs: what the real training loop does to memory, done for real in every trial."""
+
+    mode: Literal["train", "inference"] = Field(
+        "train",
+        description=(
+            "train: forward, loss, backward, optimizer step. inference: forward only under "
+            "torch.inference_mode() with the model in eval mode and no optimizer (serving)."
+        ),
+    )
+    precision: Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"] = Field(
+        "fp32",
+        description=(
+            "fp32; fp16-mixed: autocast to float16 with a GradScaler; bf16-mixed: autocast to bfloat16; "
+            "bf16-true: the whole model and its inputs in bfloat16. The device must support it (a spec error "
+            "otherwise, e.g. bf16 on a GPU older than Ampere)."
+        ),
+    )
+    channels_last: bool = Field(
+        False, description="Convert the model and the image batch to the channels_last memory format (convolutional models)."
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description=(
+            "Recompute activations in the backward pass instead of keeping them: the model's own switch where "
+            "it has one (Hugging Face gradient_checkpointing_enable, timm set_grad_checkpointing), otherwise "
+            "every block of the model's sequential stages (e.g. ResNet's layer1..4) wrapped in "
+            "torch.utils.checkpoint."
+        ),
+    )
+    compile: bool = Field(
+        False,
+        description="Run the model through torch.compile. Compile time is reported apart from the step time.",
+    )
+    compile_backend: str = Field(
+        "inductor", min_length=1, description="The torch.compile backend when compile is true, e.g. inductor or aot_eager."
+    )
+    cudnn_benchmark: bool = Field(
+        False,
+        description="torch.backends.cudnn.benchmark: cuDNN autotuning, which can pick algorithms with larger workspaces.",
+    )
+    eval_pass: bool = Field(
+        False,
+        description=(
+            "Also run an evaluation forward pass (eval mode, no gradients) at the same batch after the training "
+            "steps of each trial, so that the answer covers validation too (train mode only)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainingSpec":
+        if self.mode == "inference" and self.gradient_checkpointing:
+            raise ValueError(
+                "gradient_checkpointing: saves memory for the backward pass; mode inference has none"
+            )
+        if self.mode == "inference" and self.eval_pass:
+            raise ValueError("eval_pass: adds an evaluation pass to training; in mode inference every step is one")
+        return self
 
 
 class SearchSpec(_Strict):
@@ -244,9 +391,14 @@ class Spec(_Strict):
     """A training setup to probe."""
 
     model: ModelSpec
-    input: InputSpec
-    target: TargetSpec
+    input: InputSpec | None = Field(
+        None, description="One sample of the input; required unless model.batch makes the batches."
+    )
+    target: TargetSpec | None = Field(
+        None, description="The task and its targets; required unless model.loss computes the loss."
+    )
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
     search: SearchSpec = Field(default_factory=SearchSpec)
     device: str = Field(
         "auto",
@@ -270,6 +422,29 @@ class Spec(_Strict):
         ),
     )
     recommendation: RecommendationSpec = Field(default_factory=RecommendationSpec)
+
+    @model_validator(mode="after")
+    def _sections_fit_together(self) -> "Spec":
+        if self.input is None and self.model.batch is None:
+            raise ValueError("input: this section is required (the per-sample shape), unless model.batch makes the batches")
+        if self.target is None and self.model.loss is None:
+            raise ValueError("target: this section is required (the task and its classes or shape), unless model.loss is given")
+        task = self.target.resolved_task if self.target is not None else None
+        if task == "language_modeling" and self.model.batch is None:
+            if self.input is None or self.input.dtype != "int64" or len(self.input.shape) != 1:
+                raise ValueError(
+                    "input: language_modeling takes token ids: input {shape: [sequence_length], dtype: int64, "
+                    "high: vocabulary_size}"
+                )
+        if task == "detection" and self.model.batch is None and (self.input is None or len(self.input.shape) != 3):
+            raise ValueError("input.shape: detection takes images: [channels, height, width]")
+        if self.training.channels_last and self.model.batch is None and (
+            self.input is None or len(self.input.shape) != 3
+        ):
+            raise ValueError("training.channels_last: applies to image batches, input.shape [channels, height, width]")
+        if self.model.huggingface is not None and task not in (None, "language_modeling", "classification"):
+            raise ValueError("target.task: huggingface models take language_modeling or classification here")
+        return self
 
 
 # --------------------------------------------------------------------------- loading
@@ -425,11 +600,16 @@ def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
 def _problem_from(error: dict[str, Any], flag_of_field: dict[str, str]) -> Problem:
     """Turn one pydantic error into a sentence a user can act on."""
     location = [str(part) for part in error["loc"]]
-    field = ".".join(location)
     kind = error["type"]
     message = error["msg"]
     if message.startswith("Value error, "):
         message = message[len("Value error, "):]
+    named = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", message)
+    if named and kind == "value_error":
+        # A check across fields (a model validator) names the field at the front of its message,
+        # relative to the section it validates (the whole spec: the full dotted path).
+        location, message = location + named.group(1).split("."), message[named.end():]
+    field = ".".join(location)
     fix = ""
     if kind == "extra_forbidden":
         allowed = _known_fields(location[:-1])
@@ -485,21 +665,30 @@ def _describe(location: list[str]) -> str:
 
 
 def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
-    """Make a file-form factory absolute, so the child finds it whatever its working directory."""
-    factory = spec.model.factory
-    if factory is None:
+    """Make file-form references (factory, batch, loss) absolute, so the child finds them from any folder."""
+    update = {}
+    for name in ("factory", "batch", "loss"):
+        reference = getattr(spec.model, name)
+        if reference is None:
+            continue
+        target, function = reference.rsplit(":", 1)
+        if not (target.endswith(".py") or "/" in target):
+            continue
+        file = (base / target).resolve()
+        if not file.is_file():
+            raise SpecError(
+                source,
+                [Problem(f"model.{name}", f"no such file: {file}", "paths are relative to the spec file's folder")],
+            )
+        update[name] = f"{file}:{function}"
+    if not update:
         return spec
-    target, function = factory.rsplit(":", 1)
-    if not (target.endswith(".py") or "/" in target):
-        return spec
-    file = (base / target).resolve()
-    if not file.is_file():
-        raise SpecError(
-            source,
-            [Problem("model.factory", f"no such file: {file}", "paths are relative to the spec file's folder")],
-        )
-    model = spec.model.model_copy(update={"factory": f"{file}:{function}"})
-    return spec.model_copy(update={"model": model})
+    return spec.model_copy(update={"model": spec.model.model_copy(update=update)})
+
+
+#: The optional extras, by model source: the distribution to look for and how to install it.
+EXTRAS = {"timm": ("timm", "pip install 'isoprobe[timm]'"),
+          "huggingface": ("transformers", "pip install 'isoprobe[huggingface]'")}
 
 
 def check_references(spec: Spec, source: str) -> None:
@@ -510,7 +699,17 @@ def check_references(spec: Spec, source: str) -> None:
     """
     from isoprobe.catalog import suggest, torchvision_model_names
 
-    problems: list[Problem] = list(_factory_problems(spec.model.factory, Path(source).parent))
+    problems: list[Problem] = []
+    for name in ("factory", "batch", "loss"):
+        problems += _factory_problems(getattr(spec.model, name), Path(source).parent, f"model.{name}")
+    source_name = spec.model.source
+    if source_name in EXTRAS:
+        import importlib.util
+
+        module, install = EXTRAS[source_name]
+        if importlib.util.find_spec(module) is None:
+            problems.append(Problem(f"model.{source_name}", f"needs the {module} package, which is not installed",
+                                    install))
     name = spec.model.torchvision
     known = torchvision_model_names()
     if name is not None and known is not None and name not in known:
@@ -521,7 +720,7 @@ def check_references(spec: Spec, source: str) -> None:
         raise SpecError(source, problems)
 
 
-def _factory_problems(factory: str | None, spec_dir: Path) -> list[Problem]:
+def _factory_problems(factory: str | None, spec_dir: Path, field: str = "model.factory") -> list[Problem]:
     """Does the factory's module exist, and does it define the function? Checked without running it.
 
     A file is parsed (not imported) and its top-level names read; a module is only
@@ -540,9 +739,9 @@ def _factory_problems(factory: str | None, spec_dir: Path) -> list[Problem]:
         try:
             tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
         except (OSError, UnicodeDecodeError) as exc:
-            return [Problem("model.factory", f"cannot read {file}: {exc}", "")]
+            return [Problem(field, f"cannot read {file}: {exc}", "")]
         except SyntaxError as exc:
-            return [Problem("model.factory", f"{file} line {exc.lineno}: {exc.msg}", "fix the Python syntax")]
+            return [Problem(field, f"{file} line {exc.lineno}: {exc.msg}", "fix the Python syntax")]
         defined = {
             getattr(node, "name", None) for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
         }
@@ -556,7 +755,7 @@ def _factory_problems(factory: str | None, spec_dir: Path) -> list[Problem]:
                                                any(a.name == "*" for a in n.names) for n in tree.body):
             close = difflib.get_close_matches(function, sorted(n for n in defined if n), n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"define {function}() in {file.name}"
-            return [Problem("model.factory", f"{file.name} defines no {function!r}", hint)]
+            return [Problem(field, f"{file.name} defines no {function!r}", hint)]
         return []
     top = target.split(".")[0]
     added = str(spec_dir.resolve()) not in sys.path
@@ -570,6 +769,6 @@ def _factory_problems(factory: str | None, spec_dir: Path) -> list[Problem]:
         if added:
             sys.path.remove(str(spec_dir.resolve()))
     if found is None:
-        return [Problem("model.factory", f"no module named {top!r} on the import path",
+        return [Problem(field, f"no module named {top!r} on the import path",
                         "install it, or put it next to the spec, or use 'path/to/file.py:function'")]
     return []

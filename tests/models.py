@@ -89,3 +89,109 @@ class EmbeddingRegressor(nn.Module):
 
 def embedding_regressor(vocabulary: int = 1000, width: int = 16, outputs: int = 4) -> nn.Module:
     return EmbeddingRegressor(vocabulary, width, outputs)
+
+
+# --------------------------------------------------------------------------- issue 5: fidelity
+
+
+class Residual(nn.Module):
+    """A wide residual MLP block: its hidden activations are what checkpointing drops."""
+
+    def __init__(self, width: int, expansion: int):
+        super().__init__()
+        self.up = nn.Linear(width, width * expansion)
+        self.act = nn.GELU()
+        self.down = nn.Linear(width * expansion, width)
+
+    def forward(self, x):
+        return x + self.down(self.act(self.up(x)))
+
+
+def deep_mlp(width: int = 256, depth: int = 12, expansion: int = 8, classes: int = 10) -> nn.Module:
+    """A deep stack of blocks in one nn.Sequential stage (what the generic checkpointing wraps)."""
+    return nn.Sequential(nn.Sequential(*[Residual(width, expansion) for _ in range(depth)]), nn.Linear(width, classes))
+
+
+class EvalHeavy(nn.Module):
+    """Uses more memory in eval mode than in training: eval runs a 'test-time augmentation' of 16 copies."""
+
+    def __init__(self, features: int = 4096, classes: int = 10):
+        super().__init__()
+        self.body = nn.Linear(features, features)
+        self.head = nn.Linear(features, classes)
+
+    def forward(self, x):
+        if not self.training:
+            x = x.unsqueeze(1).expand(-1, 16, -1).reshape(-1, x.shape[-1]).contiguous()
+            return self.head(torch.relu(self.body(x))).reshape(-1, 16, self.head.out_features).mean(1)
+        return self.head(torch.relu(self.body(x)))
+
+
+def eval_heavy(features: int = 4096, classes: int = 10) -> nn.Module:
+    return EvalHeavy(features, classes)
+
+
+class PairScorer(nn.Module):
+    """Takes two named inputs (a query and a document): the built-in batches cannot express that."""
+
+    def __init__(self, width: int = 64):
+        super().__init__()
+        self.query = nn.Linear(width, width)
+        self.document = nn.Linear(width, width)
+
+    def forward(self, query, document):
+        return (self.query(query) * self.document(document)).sum(-1)
+
+
+def pair_scorer(width: int = 64) -> nn.Module:
+    return PairScorer(width)
+
+
+def pair_batch(batch_size: int, device) -> tuple:
+    """model.batch for pair_scorer: dict inputs, and a score per pair as the target."""
+    inputs = {"query": torch.randn(batch_size, 64, device=device), "document": torch.randn(batch_size, 64, device=device)}
+    return inputs, torch.randn(batch_size, device=device)
+
+
+def pair_loss(output, targets):
+    """model.loss for pair_scorer: a margin-free squared error on the scores."""
+    return ((output - targets) ** 2).mean()
+
+
+def tiny_lm(vocabulary: int = 1000, width: int = 64, layers: int = 2) -> nn.Module:
+    """A small causal language model (embedding, transformer encoder with a causal mask, head)."""
+    return TinyLM(vocabulary, width, layers)
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocabulary: int, width: int, layers: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, width)
+        layer = nn.TransformerEncoderLayer(width, 4, width * 4, batch_first=True)
+        self.blocks = nn.TransformerEncoder(layer, layers)
+        self.head = nn.Linear(width, vocabulary)
+
+    def forward(self, ids):
+        mask = nn.Transformer.generate_square_subsequent_mask(ids.shape[1], device=ids.device)
+        return self.head(self.blocks(self.embed(ids), mask=mask, is_causal=True))
+
+
+class CompiledOnly(nn.Module):
+    """Refuses to run eagerly: a trial with it fits only if torch.compile really traced its forward.
+
+    Under torch.compile the forward runs once, while dynamo traces it (is_compiling() is True there);
+    later calls run the captured graph. Called eagerly, it raises.
+    """
+
+    def __init__(self, width: int, classes: int):
+        super().__init__()
+        self.linear = nn.Linear(width, classes)
+
+    def forward(self, x):
+        if not torch.compiler.is_compiling():
+            raise RuntimeError("compiled_only ran eagerly: torch.compile was not applied")
+        return self.linear(x)
+
+
+def compiled_only(width: int = 16, classes: int = 10) -> nn.Module:
+    return CompiledOnly(width, classes)

@@ -110,7 +110,8 @@ def test_start_batch_that_does_not_fit_exits_3_with_suggestions(write_spec):
     result = run.json
     assert result["stop_reason"] == "start_does_not_fit"
     assert result["first_failing_batch_size"] == 64
-    assert any("mixed precision" in s for s in result["suggestions"])
+    assert any("training.precision" in s for s in result["suggestions"])
+    assert any("training.gradient_checkpointing" in s for s in result["suggestions"])
     assert any("checkpointing" in s for s in result["suggestions"])
 
 

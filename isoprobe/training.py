@@ -1,0 +1,298 @@
+"""How a trial's step runs: the levers of the spec's ``training`` section, applied for real.
+
+Child-side only. ``Step.prepare`` turns the built model into the one the real
+job trains (bf16 weights, channels_last, gradient checkpointing, compile,
+cuDNN autotuning) and records in ``applied`` what is *in effect*, read back
+from torch rather than copied from the spec, so that a test can tell an
+option that was applied from one that was silently ignored. ``run`` is one
+training (or inference) step; ``evaluate`` is the optional evaluation pass.
+"""
+
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+from isoprobe import workload
+
+_AUTOCAST_DTYPES = {"fp16-mixed": "float16", "bf16-mixed": "bfloat16"}
+
+
+class Step:
+    """The model, optimizer, scaler and autocast settings of one trial, and its step."""
+
+    def __init__(self, spec: dict, model, device, python_path: list[str]):
+        import torch
+
+        self.spec = spec
+        self.training = spec.get("training") or {}
+        self.device = device
+        self.python_path = python_path
+        self.applied: dict[str, Any] = {}
+        self.mode = self.training.get("mode", "train")
+        precision = self.training.get("precision", "fp32")
+        self.precision = precision
+        self.float_dtype = torch.bfloat16 if precision == "bf16-true" else None
+        self.autocast_dtype = getattr(torch, _AUTOCAST_DTYPES[precision]) if precision in _AUTOCAST_DTYPES else None
+        self.user_loss = workload.import_callable(spec["model"]["loss"], python_path) if spec["model"].get("loss") else None
+        self.model = self._prepare(model)
+        self.optimizer = None
+        self.scaler = None
+        if self.mode == "train":
+            self.optimizer = build_optimizer(spec, self.model.parameters())
+            if precision == "fp16-mixed":
+                self.scaler = torch.amp.GradScaler(device.type)
+        self.applied["grad_scaler"] = self.scaler is not None
+        self.compile_seconds: float | None = None
+
+    def _prepare(self, model):
+        import torch
+
+        training = self.training
+        if self.float_dtype is not None:
+            # Converted where it was built (the CPU), then moved: the device never holds both copies.
+            model = model.to(self.float_dtype)
+        model = model.to(self.device)
+        if training.get("channels_last"):
+            model = model.to(memory_format=torch.channels_last)
+        if training.get("cudnn_benchmark") is not None:
+            torch.backends.cudnn.benchmark = bool(training.get("cudnn_benchmark"))
+        self.applied["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
+        self.applied["precision"] = self.precision
+        self.applied["weights_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
+        self.applied["channels_last"] = _any_channels_last(model)
+        if training.get("gradient_checkpointing"):
+            via, count = enable_checkpointing(model)
+            self.applied["checkpointing"] = via
+            self.applied["checkpointed_blocks"] = count
+        if self.mode == "train":
+            model.train()
+        else:
+            model.eval()
+        self.applied["mode"] = self.mode
+        if training.get("compile"):
+            model = torch.compile(model, backend=training.get("compile_backend", "inductor"))
+            self.applied["compiled"] = True
+        return model
+
+    def batch(self, batch_size: int) -> workload.Batch:
+        import torch
+
+        batch = workload.make_batch(self.spec, batch_size, self.device, self.python_path, self.float_dtype)
+        if self.training.get("channels_last"):
+            batch.inputs = workload.adapt_inputs(
+                batch.inputs,
+                lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t,
+            )
+            self.applied["input_channels_last"] = _tensors_channels_last(batch.inputs)
+        return batch
+
+    def _autocast(self):
+        import contextlib
+
+        import torch
+
+        if self.autocast_dtype is None:
+            return contextlib.nullcontext()
+        return torch.autocast(self.device.type, dtype=self.autocast_dtype)
+
+    def run(self, batch: workload.Batch) -> None:
+        """One step: train (forward, loss, backward, optimizer step) or inference (forward only)."""
+        import torch
+
+        if self.mode == "inference":
+            with torch.inference_mode(), self._autocast():
+                output = workload.forward_only(self.spec, self.model, batch)
+                self._note_output(output)
+            return
+        self.optimizer.zero_grad(set_to_none=True)
+        with self._autocast():
+            loss, output = workload.forward_loss(self.spec, self.model, batch, self.user_loss)
+        if "loss_dtype" not in self.applied:
+            self.applied["loss_dtype"] = str(loss.dtype).removeprefix("torch.")
+            if output is not None:
+                self._note_output(output)
+        del output  # the step's activations die with the backward pass, as in a real loop
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            loss.backward()
+            self.optimizer.step()
+
+    def evaluate(self, batch: workload.Batch) -> float:
+        """The evaluation pass: eval mode, no gradients, same batch; back to training after. Returns seconds."""
+        import torch
+
+        started = time.perf_counter()
+        self.model.eval()
+        try:
+            with torch.no_grad(), self._autocast():
+                workload.forward_only(self.spec, self.model, batch)
+        finally:
+            self.model.train()
+        self.applied["eval_pass"] = True
+        return time.perf_counter() - started
+
+    def _note_output(self, output) -> None:
+        if "output_dtype" in self.applied:
+            return
+        try:
+            self.applied["output_dtype"] = str(workload.primary_output(output).dtype).removeprefix("torch.")
+        except TypeError:
+            pass
+
+
+def _any_channels_last(model) -> bool:
+    import torch
+
+    for parameter in model.parameters():
+        if parameter.dim() == 4:
+            return parameter.is_contiguous(memory_format=torch.channels_last) and not parameter.is_contiguous()
+    return False
+
+
+def _tensors_channels_last(inputs) -> bool:
+    import torch
+
+    found = []
+    workload.adapt_inputs(inputs, lambda t: found.append(t) or t)
+    images = [t for t in found if t.dim() == 4]
+    return bool(images) and all(
+        t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous() for t in images
+    )
+
+
+def build_optimizer(spec: dict, parameters):
+    import torch
+
+    optimizer_spec = spec["optimizer"]
+    name = optimizer_spec["name"]
+    kwargs = dict(optimizer_spec.get("kwargs") or {})
+    if name == "sgd":
+        kwargs.setdefault("lr", 0.01)
+        kwargs.setdefault("momentum", 0.9)
+        return torch.optim.SGD(parameters, **kwargs)
+    if name == "adam":
+        return torch.optim.Adam(parameters, **kwargs)
+    if name == "adamw":
+        return torch.optim.AdamW(parameters, **kwargs)
+    raise ValueError(f"unknown optimizer {name!r}")
+
+
+# --------------------------------------------------------------------------- gradient checkpointing
+
+
+def enable_checkpointing(model) -> tuple[str, int]:
+    """Turn on gradient checkpointing; return how ('model' switch or 'blocks' wrapped) and how many blocks.
+
+    A model's own switch comes first (Hugging Face, timm): it knows its blocks.
+    Otherwise every block of the model's sequential stages is wrapped, which is
+    what people do by hand for torchvision models. Raises ValueError when the
+    model has neither: silently training without checkpointing would answer
+    for a setup the user did not ask about.
+    """
+    if hasattr(model, "gradient_checkpointing_enable") and getattr(model, "supports_gradient_checkpointing", True):
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return "model", sum(1 for m in model.modules() if getattr(m, "gradient_checkpointing", False))
+    if hasattr(model, "set_grad_checkpointing"):
+        try:
+            model.set_grad_checkpointing(True)
+            return "model", sum(1 for m in model.modules() if getattr(m, "grad_checkpointing", False))
+        except (AssertionError, NotImplementedError):
+            pass  # this timm model has no support: fall back to wrapping its blocks
+    count = _wrap_blocks(model)
+    if count == 0:
+        raise ValueError(
+            "training.gradient_checkpointing: the model has no sequential stages to checkpoint and no switch of "
+            "its own (gradient_checkpointing_enable / set_grad_checkpointing)"
+        )
+    return "blocks", count
+
+
+def _wrap_blocks(module) -> int:
+    """Wrap every child of each nn.Sequential stage (or nn.ModuleList of blocks) in a checkpoint; return the count.
+
+    A stage whose children are themselves containers (ResNet's Bottlenecks, ViT's
+    encoder blocks) has each child wrapped. A stage of plain layers (a deep MLP)
+    is split into about sqrt(n) segments, since checkpointing single layers
+    saves nothing. The search goes top-down and does not enter what it wrapped.
+    """
+    import math
+
+    import torch
+
+    count = 0
+    for name, child in list(module.named_children()):
+        if isinstance(child, torch.nn.ModuleList) and len(child) >= 2 and all(
+            len(list(block.children())) > 0 for block in child
+        ):
+            # A list of blocks that the parent's forward calls in turn (transformer layers).
+            for index, block in enumerate(list(child)):
+                child[index] = CheckpointedBlock(block)
+                count += 1
+            continue
+        if isinstance(child, torch.nn.Sequential) and len(child) >= 2:
+            layers = list(child.children())
+            if any(len(list(layer.children())) > 0 for layer in layers):
+                for index, layer in enumerate(layers):
+                    child[index] = CheckpointedBlock(layer)
+                    count += 1
+                continue
+            if len(layers) >= 4:
+                segments = max(2, round(math.sqrt(len(layers))))
+                setattr(module, name, CheckpointedSequence(child, segments))
+                count += segments
+                continue
+        count += _wrap_blocks(child)
+    return count
+
+
+@functools.lru_cache(maxsize=None)
+def _checkpointed_block_class():
+    import torch
+    from torch.utils.checkpoint import checkpoint, checkpoint_sequential
+
+    class _Block(torch.nn.Module):
+        """One block whose activations are recomputed in the backward pass."""
+
+        def __init__(self, block):
+            super().__init__()
+            self.block = block
+
+        def forward(self, *args, **kwargs):
+            if not torch.is_grad_enabled():
+                return self.block(*args, **kwargs)
+            return checkpoint(self.block, *args, use_reentrant=False, **kwargs)
+
+        def __getattr__(self, name):
+            # The parent may read its blocks' attributes (nn.TransformerEncoder reads layers[0].self_attn).
+            try:
+                return super().__getattr__(name)
+            except AttributeError:
+                return getattr(super().__getattr__("block"), name)
+
+    class _Sequence(torch.nn.Module):
+        """A sequence of plain layers checkpointed in segments."""
+
+        def __init__(self, sequence, segments: int):
+            super().__init__()
+            self.sequence = sequence
+            self.segments = segments
+
+        def forward(self, x):
+            if not torch.is_grad_enabled():
+                return self.sequence(x)
+            return checkpoint_sequential(self.sequence, self.segments, x, use_reentrant=False)
+
+    return _Block, _Sequence
+
+
+def CheckpointedBlock(block):  # noqa: N802 - a class built on first use (torch is imported lazily)
+    return _checkpointed_block_class()[0](block)
+
+
+def CheckpointedSequence(sequence, segments: int):  # noqa: N802
+    return _checkpointed_block_class()[1](sequence, segments)

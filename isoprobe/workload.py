@@ -1,0 +1,302 @@
+"""What a trial trains: the model from its source, a synthetic batch of the task's worst-case shape, the loss.
+
+Child-side only (imports torch lazily, like child.py). The four model sources
+(torchvision, timm, Hugging Face transformers from a config, a user factory)
+and the five tasks (classification, segmentation, language modelling,
+regression, detection) meet here, so that ``training.py`` can run one step the
+same way for all of them: ``forward_loss`` for a training step,
+``forward_only`` for inference and evaluation.
+
+The batch is always the *worst case* the spec describes: every sequence at the
+maximum length, every image at full size, because a real epoch meets that
+batch sooner or later and the answer must hold for it.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+#: What the loss functions of the built-in tasks expect the model to return, for error messages.
+_EXPECTED_OUTPUT = {
+    "classification": "(batch, classes)",
+    "segmentation": "(batch, classes, height, width)",
+    "language_modeling": "(batch, sequence, vocabulary)",
+    "regression": "(batch, *target.shape)",
+}
+
+
+@dataclass
+class Batch:
+    """One synthetic batch: what the model is called with, and what the loss compares against.
+
+    ``targets`` is None for the built-in classification-like tasks until the first
+    forward pass shows the output's shape (per-pixel targets for dense outputs).
+    """
+
+    inputs: Any
+    targets: Any = None
+
+
+def task_of(spec: dict) -> str | None:
+    target = spec.get("target")
+    if target is None:
+        return None
+    if target.get("task"):
+        return target["task"]
+    return "classification" if target.get("classes") is not None else "regression"
+
+
+def import_callable(reference: str, python_path: list[str]):
+    """Resolve 'module:function' or '/abs/file.py:function' to the callable."""
+    target, function = reference.rsplit(":", 1)
+    for entry in reversed(python_path):
+        if entry not in sys.path:
+            sys.path.insert(0, entry)
+    if target.endswith(".py") or "/" in target:
+        name = f"isoprobe_user_{abs(hash(target))}"
+        module = sys.modules.get(name)
+        if module is None:
+            module_spec = importlib.util.spec_from_file_location(name, target)
+            if module_spec is None or module_spec.loader is None:
+                raise ImportError(f"cannot load {target}")
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+            sys.modules[name] = module  # factory, batch and loss from one file share one module
+    else:
+        module = importlib.import_module(target)
+    found = getattr(module, function, None)
+    if found is None or not callable(found):
+        raise AttributeError(f"{target} has no callable named {function!r}")
+    return found
+
+
+# --------------------------------------------------------------------------- the model
+
+
+def build_model(spec: dict, python_path: list[str]):
+    """The spec's model with fresh random weights; nothing is ever downloaded."""
+    import torch
+
+    model_spec = spec["model"]
+    kwargs = dict(model_spec.get("kwargs") or {})
+    if model_spec.get("torchvision"):
+        import torchvision
+
+        kwargs.setdefault("weights", None)
+        if task_of(spec) == "detection" or _is_torchvision_detection(model_spec["torchvision"]):
+            kwargs.setdefault("weights_backbone", None)
+        model = torchvision.models.get_model(model_spec["torchvision"], **kwargs)
+    elif model_spec.get("timm"):
+        import timm
+
+        kwargs.setdefault("pretrained", False)
+        model = timm.create_model(model_spec["timm"], **kwargs)
+    elif model_spec.get("huggingface"):
+        model = _build_huggingface(spec, kwargs)
+    else:
+        model = import_callable(model_spec["factory"], python_path)(**kwargs)
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"the model builder returned {type(model).__name__}, not a torch.nn.Module")
+    return model
+
+
+def _is_torchvision_detection(name: str) -> bool:
+    import torchvision
+
+    try:
+        return name in torchvision.models.list_models(module=torchvision.models.detection)
+    except Exception:
+        return False
+
+
+def _build_huggingface(spec: dict, config_values: dict):
+    """``AutoConfig.for_model`` + ``from_config``: the architecture at random init, no download, no cache."""
+    import transformers
+
+    task = task_of(spec)
+    if task == "classification":
+        config_values.setdefault("num_labels", spec["target"]["classes"])
+    config = transformers.AutoConfig.for_model(spec["model"]["huggingface"], **config_values)
+    if task == "language_modeling":
+        config.use_cache = False  # a training step keeps no key/value cache
+        auto = transformers.AutoModelForCausalLM
+    elif task == "classification":
+        auto = transformers.AutoModelForSequenceClassification
+    else:
+        auto = transformers.AutoModel
+    return auto.from_config(config)
+
+
+# --------------------------------------------------------------------------- the batch
+
+
+def make_batch(spec: dict, batch_size: int, device, python_path: list[str], float_dtype=None) -> Batch:
+    """A synthetic batch of the worst-case shape; ``float_dtype`` overrides floating inputs (bf16-true)."""
+    import torch
+
+    maker = spec["model"].get("batch")
+    if maker:
+        made = import_callable(maker, python_path)(batch_size, device)
+        if not (isinstance(made, (tuple, list)) and len(made) == 2):
+            raise TypeError(f"model.batch must return (inputs, targets), got {type(made).__name__}")
+        inputs, targets = made
+        return Batch(_cast_floats(inputs, float_dtype), targets)
+    task = task_of(spec)
+    shape = (batch_size, *spec["input"]["shape"])
+    dtype = getattr(torch, spec["input"]["dtype"])
+    if float_dtype is not None and dtype.is_floating_point:
+        dtype = float_dtype
+    if task == "detection":
+        return _detection_batch(spec, batch_size, device, dtype)
+    if spec["input"]["dtype"] == "int64":
+        inputs = torch.randint(0, spec["input"]["high"], shape, device=device)
+    else:
+        inputs = torch.randn(shape, dtype=dtype, device=device)
+    if task == "language_modeling":
+        return Batch(inputs, inputs)  # the labels are the ids; the loss shifts them by one
+    return Batch(inputs)
+
+
+def _cast_floats(value, dtype):
+    import torch
+
+    if dtype is None:
+        return value
+    if isinstance(value, torch.Tensor):
+        return value.to(dtype) if value.is_floating_point() else value
+    if isinstance(value, dict):
+        return {k: _cast_floats(v, dtype) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_cast_floats(v, dtype) for v in value)
+    return value
+
+
+def _detection_batch(spec: dict, batch_size: int, device, dtype) -> Batch:
+    """Images at full size and ``boxes_per_image`` valid boxes each (torchvision's detection format)."""
+    import torch
+
+    channels, height, width = spec["input"]["shape"]
+    count = spec["target"]["boxes_per_image"]
+    classes = spec["target"]["classes"]
+    images, targets = [], []
+    generator = torch.Generator().manual_seed(0)
+    for _ in range(batch_size):
+        images.append(torch.rand((channels, height, width), dtype=dtype, device=device))
+        corner = torch.rand((count, 2), generator=generator) * torch.tensor([width * 0.7, height * 0.7])
+        size = 8 + torch.rand((count, 2), generator=generator) * torch.tensor([width * 0.3, height * 0.3])
+        boxes = torch.cat([corner, torch.minimum(corner + size, torch.tensor([width, height]))], dim=1)
+        labels = torch.randint(1, classes, (count,), generator=generator)
+        targets.append({"boxes": boxes.to(device), "labels": labels.to(device)})
+    return Batch(images, targets)
+
+
+def adapt_inputs(inputs, transform):
+    """Apply ``transform`` to every tensor in the inputs (a tensor, a list/tuple, or a dict)."""
+    import torch
+
+    if isinstance(inputs, torch.Tensor):
+        return transform(inputs)
+    if isinstance(inputs, dict):
+        return {k: adapt_inputs(v, transform) for k, v in inputs.items()}
+    if isinstance(inputs, (list, tuple)):
+        return type(inputs)(adapt_inputs(v, transform) for v in inputs)
+    return inputs
+
+
+# --------------------------------------------------------------------------- forward and loss
+
+
+def call_model(spec: dict, model, inputs, targets=None):
+    """Call the model the way its kind expects: detection models take (images, targets) in training."""
+    if task_of(spec) == "detection" and not spec["model"].get("batch"):
+        return model(inputs, targets) if model.training else model(inputs)
+    if isinstance(inputs, dict):
+        return model(**inputs)
+    if isinstance(inputs, tuple):
+        return model(*inputs)
+    return model(inputs)
+
+
+def forward_loss(spec: dict, model, batch: Batch, user_loss=None):
+    """Forward pass and the scalar loss, as the real training loop computes it; returns (loss, output)."""
+    task = task_of(spec)
+    if spec["model"].get("huggingface") and task == "language_modeling" and user_loss is None:
+        # The model's own loss: it shifts the labels and upcasts the logits to float32, as real training does.
+        output = model(input_ids=batch.inputs, labels=batch.targets)
+        return _model_loss(output), output
+    output = call_model(spec, model, batch.inputs, batch.targets)
+    if user_loss is not None:
+        return user_loss(output, batch.targets), output
+    if task == "detection":
+        return sum(output.values()), None  # torchvision detection models return their losses in training mode
+    logits = primary_output(output)
+    if batch.targets is None:
+        batch.targets = make_targets(spec, logits)
+    return loss_of(spec, logits, batch.targets), logits
+
+
+def _model_loss(output):
+    loss = getattr(output, "loss", None)
+    if loss is None:
+        raise TypeError("the Hugging Face model returned no loss for labels=input_ids")
+    return loss
+
+
+def forward_only(spec: dict, model, batch: Batch):
+    """Forward pass without a loss (inference and evaluation); the caller sets the grad mode."""
+    if spec["model"].get("huggingface"):
+        return model(input_ids=batch.inputs)
+    return call_model(spec, model, batch.inputs, batch.targets)
+
+
+def primary_output(output):
+    """The tensor the loss applies to, from the shapes torchvision and common libraries return."""
+    import torch
+
+    if isinstance(output, torch.Tensor):
+        return output
+    if isinstance(output, dict):
+        return output["out"] if "out" in output else next(iter(output.values()))
+    if hasattr(output, "logits"):
+        return output.logits
+    if isinstance(output, (tuple, list)) and output:
+        return primary_output(output[0])
+    raise TypeError(f"cannot find the output tensor in a {type(output).__name__}")
+
+
+def make_targets(spec: dict, output):
+    """Targets of the exact shape the loss needs, drawn once from the first output and reused every step."""
+    import torch
+
+    target = spec["target"]
+    batch = output.shape[0]
+    if target.get("classes") is not None:
+        # (B, C) -> (B,); (B, C, H, W) -> (B, H, W): per-pixel classes for dense outputs.
+        return torch.randint(0, target["classes"], (batch, *output.shape[2:]), device=output.device)
+    return torch.randn((batch, *target["shape"]), dtype=output.dtype, device=output.device)
+
+
+def loss_of(spec: dict, output, targets):
+    import torch.nn.functional as F
+
+    task = task_of(spec)
+    if task == "language_modeling":
+        if output.dim() != 3:
+            raise ValueError(f"language_modeling needs logits {_EXPECTED_OUTPUT[task]}, got {tuple(output.shape)}")
+        # Next-token prediction; logits upcast to float32 as Hugging Face's loss does (it costs memory).
+        logits = output[:, :-1, :].float()
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets[:, 1:].reshape(-1))
+    if task in ("classification", "segmentation"):
+        if task == "segmentation" and output.dim() != 4:
+            raise ValueError(f"segmentation needs outputs {_EXPECTED_OUTPUT[task]}, got {tuple(output.shape)}")
+        return F.cross_entropy(output, targets)
+    if tuple(output.shape) != tuple(targets.shape):
+        raise ValueError(
+            f"the model's output has shape {tuple(output.shape)} but target.shape gives "
+            f"{tuple(targets.shape)}: set target.shape to the per-sample output shape {list(output.shape[1:])}"
+        )
+    return F.mse_loss(output, targets)
