@@ -251,7 +251,8 @@ class TrainingSpec(_Strict):
         description=(
             "fp32; fp16-mixed: autocast to float16 with a GradScaler; bf16-mixed: autocast to bfloat16; "
             "bf16-true: the whole model and its inputs in bfloat16. The device must support it (a spec error "
-            "otherwise, e.g. bf16 on a GPU older than Ampere)."
+            "otherwise, e.g. bf16 on a GPU older than Ampere). On the CPU backend most CPUs emulate float16, "
+            "so fp16-mixed trials run several times slower there; the memory answer is unaffected."
         ),
     )
     channels_last: bool = Field(

@@ -66,3 +66,41 @@ def test_a_warm_cuda_child_creates_no_context_before_its_request(tmp_path):
     warm = next(e for e in run.events if e["event"] == "warm")
     assert warm["cuda_initialized"] is False
     assert classify_exit(run).outcome.value == "fits"
+
+
+def _one_trial(tmp_path, spec: dict, batch: int) -> dict:
+    from isoprobe.spec import Spec
+    from isoprobe.supervisor import classify_exit, run_child
+
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    request = {"mode": "trial", "spec": Spec.model_validate(spec).model_dump(mode="json"), "batch_size": batch,
+               "device": "cuda:0", "memory_budget_bytes": None, "python_path": []}
+    run = run_child(request, tmp_path, backend="cuda", timeout=300, memory_limit=None, allocator=None, name="one")
+    verdict = classify_exit(run)
+    assert verdict.outcome.value == "fits", run.stderr_tail
+    return verdict.result
+
+
+@pytest.mark.parametrize(("precision", "dtype"), [("fp16-mixed", "float16"), ("bf16-mixed", "bfloat16")])
+def test_cuda_autocast_runs_in_the_asked_dtype_and_needs_less_than_fp32(tmp_path, precision, dtype):
+    if precision.startswith("bf16") and not torch.cuda.is_bf16_supported():
+        pytest.skip("this GPU has no bfloat16")
+    plain = _one_trial(tmp_path / "fp32", {**_spec("2GiB"), "training": {"precision": "fp32"}}, 64)
+    mixed = _one_trial(tmp_path / precision, {**_spec("2GiB"), "training": {"precision": precision}}, 64)
+    assert mixed["applied"]["output_dtype"] == dtype
+    assert mixed["applied"]["grad_scaler"] is (precision == "fp16-mixed")
+    assert mixed["peak_allocated_bytes"] < plain["peak_allocated_bytes"]
+
+
+def test_cuda_channels_last_and_cudnn_benchmark_take_effect(tmp_path):
+    spec = {**_spec("2GiB"), "training": {"channels_last": True, "cudnn_benchmark": True}}
+    result = _one_trial(tmp_path, spec, 32)
+    assert result["applied"]["channels_last"] and result["applied"]["input_channels_last"]
+    assert result["applied"]["cudnn_benchmark"] is True
+
+
+def test_cuda_gradient_checkpointing_lowers_the_peak(tmp_path):
+    plain = _one_trial(tmp_path / "plain", _spec("2GiB"), 64)
+    checkpointed = _one_trial(tmp_path / "ckpt", {**_spec("2GiB"), "training": {"gradient_checkpointing": True}}, 64)
+    assert checkpointed["applied"]["checkpointing"] == "blocks"
+    assert checkpointed["peak_allocated_bytes"] < 0.8 * plain["peak_allocated_bytes"]
