@@ -174,6 +174,13 @@ def _train(request: dict, events: Events, progress: dict) -> dict:
         report["eval_seconds"] = seconds
         events.emit("eval", seconds=seconds)
     report["applied"] = step.applied
+    sizes = dict(step.sizes or {})
+    if cuda:
+        free, total = torch.cuda.mem_get_info(device)
+        sizes["cuda_context_bytes"] = max(0, (total - free) - torch.cuda.memory_reserved(device))
+        sizes["reserved_unallocated_bytes"] = torch.cuda.max_memory_reserved(device) - torch.cuda.max_memory_allocated(device)
+    if sizes:
+        report["sizes"] = sizes
     if (spec.get("training") or {}).get("compile") and len(progress["step_seconds"]) >= 2:
         # The first step compiles (forward and backward graphs); the later ones show what a step costs.
         later = sorted(progress["step_seconds"][1:])

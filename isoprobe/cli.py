@@ -56,6 +56,17 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     with_overrides(run)
+    run.add_argument(
+        "--format", choices=("auto", "json", "table"), default="auto",
+        help="stdout: json (the machine contract), table (for people), or auto (default): table when stdout is "
+             "a terminal, json when it is a pipe or a file",
+    )
+    show = commands.add_parser("show", help="render a saved result (JSON from 'isoprobe run') as a table")
+    show.add_argument("result", help="path to a result JSON file")
+    show.add_argument("--format", choices=("table", "json"), default="table")
+    plot = commands.add_parser("plot", help="draw a saved result: peak memory and throughput over the batch (PNG)")
+    plot.add_argument("result", help="path to a result JSON file")
+    plot.add_argument("-o", "--output", help="PNG to write (default: next to the result, .png)")
     validate = commands.add_parser("validate", help="check a spec without running anything")
     with_overrides(validate)
     schema = commands.add_parser("schema", help="print the JSON Schema of the result (or of the spec)")
@@ -107,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     import signal
 
     from isoprobe.errors import Terminated
-    from isoprobe.output import Reporter, result_json, summary_lines
+    from isoprobe.output import Reporter, render_table, result_json, summary_lines
     from isoprobe.probe import run_probe
     from isoprobe.result import exit_code_for
 
@@ -120,13 +131,55 @@ def cmd_run(args: argparse.Namespace) -> int:
     reporter = Reporter(lambda line: print(line, file=sys.stderr, flush=True))
     budget_source = "command line" if args.memory_budget is not None else "spec"
     result = run_probe(spec, args.spec, reporter, budget_source=budget_source)
-    print(result_json(result), flush=True)
+    table = args.format == "table" or (args.format == "auto" and sys.stdout.isatty())
+    print(render_table(result) if table else result_json(result), flush=True)
     for line in summary_lines(result):
         print(line, file=sys.stderr)
     return exit_code_for(result.stop_reason)
 
 
-_COMMANDS = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema}
+def _read_result(path: str):
+    """A saved result, validated against the current model; a bad file is the user's mistake (exit 2)."""
+    from pydantic import ValidationError
+
+    from isoprobe.errors import Problem, SpecError
+    from isoprobe.result import Result
+
+    try:
+        text = open(path, encoding="utf-8").read()
+    except OSError as exc:
+        raise SpecError(path, [Problem("", f"cannot read the file: {exc.strerror or exc}", "")]) from None
+    try:
+        return Result.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise SpecError(path, [Problem(where, f"not an isoprobe result: {first['msg']}",
+                                       "give the JSON that 'isoprobe run' printed")]) from None
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from isoprobe.errors import ExitCode
+    from isoprobe.output import render_table, result_json
+
+    result = _read_result(args.result)
+    print(render_table(result) if args.format == "table" else result_json(result))
+    return ExitCode.ANSWERED
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from isoprobe.errors import ExitCode, Problem, SpecError
+
+    _read_result(args.result)  # a clear error for a file that is not a result, before matplotlib loads
+    from isoprobe.plot import PlotUnavailable, main_plot
+
+    try:
+        return main_plot(args.result, args.output)
+    except PlotUnavailable as exc:
+        raise SpecError(args.result, [Problem("", str(exc), "pip install 'isoprobe[plot]'")]) from None
+
+
+_COMMANDS = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema, "show": cmd_show, "plot": cmd_plot}
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -65,3 +65,67 @@ def summary_lines(result: Result) -> list[str]:
 
 def result_json(result: Result) -> str:
     return result.model_dump_json(indent=2)
+
+
+# --------------------------------------------------------------------------- the table view
+
+
+def render_table(result: Result) -> str:
+    """The whole result for people: the answer, every trial, throughput, the memory breakdown, the plan.
+
+    Rendered from the same ``Result`` the JSON is, field by field; nothing here
+    is computed that the JSON does not hold.
+    """
+    lines: list[str] = []
+    device = result.device
+    model = result.spec.model
+    where = (f"{device.backend} {device.name}, capacity {format_bytes(device.capacity_bytes)}"
+             if device else "no device")
+    lines.append(f"isoprobe {result.isoprobe_version}: {model.source} {getattr(model, model.source)} on {where}")
+    lines.append(f"answer: {result.message}")
+    lines.append("")
+    header = f"{'#':>3}  {'batch':>6}  {'outcome':<16} {'peak':>10}  {'budget peak':>11}  {'samples/s':>10}  {'seconds':>8}  purpose"
+    lines.append(header)
+    lines.append("-" * len(header))
+    for trial in result.trials:
+        lines.append(
+            f"{trial.index:>3}  {trial.batch_size:>6}  {trial.outcome.value:<16} "
+            f"{format_bytes(trial.peak_bytes) if trial.peak_bytes else '-':>10}  "
+            f"{format_bytes(trial.budget_peak_bytes) if trial.budget_peak_bytes else '-':>11}  "
+            f"{f'{trial.samples_per_second:.2f}' if trial.samples_per_second else '-':>10}  "
+            f"{trial.seconds:>8.1f}  {trial.purpose}"
+        )
+    if result.recommended_batch_size is not None and result.recommendation is not None:
+        lines += ["", f"recommended: {result.recommended_batch_size} ({result.recommendation.note})"]
+    if result.throughput is not None:
+        t = result.throughput
+        lines += ["", f"throughput: fastest {t.fastest_batch_size} "
+                      f"(best {t.best_samples_per_second:.2f} samples/s; {t.note})"]
+    if result.memory_breakdown is not None:
+        lines += ["", "memory breakdown" + (f" (sizes from batch {result.memory_breakdown.from_batch_size})"
+                                            if result.memory_breakdown.from_batch_size else "") + ":"]
+        lines += [f"  {name:<28} {value}" for name, value in breakdown_rows(result)]
+    if result.accumulation is not None:
+        lines += ["", f"accumulation: {result.accumulation.note}"]
+    lines += ["", f"{len(result.trials)} trials in {result.total_seconds:.1f} s"]
+    return "\n".join(lines)
+
+
+def breakdown_rows(result: Result) -> list[tuple[str, str]]:
+    """The memory breakdown as (label, value) rows, in the order people learn the categories."""
+    b = result.memory_breakdown
+    if b is None:
+        return []
+    rows = [
+        ("parameters", format_bytes(b.parameter_bytes) if b.parameter_bytes is not None else "-"),
+        ("gradients", format_bytes(b.gradient_bytes) if b.gradient_bytes is not None else "-"),
+        ("optimizer state", format_bytes(b.optimizer_state_bytes) if b.optimizer_state_bytes is not None else "-"),
+        ("activations per sample", f"{format_bytes(int(b.activation_bytes_per_sample))} (slope of the peak)"
+         if b.activation_bytes_per_sample is not None else "-"),
+        ("fixed part", f"{format_bytes(int(b.fixed_bytes))} (the line at batch 0)" if b.fixed_bytes is not None else "-"),
+    ]
+    if b.cuda_context_bytes is not None:
+        rows.append(("CUDA context and libraries", format_bytes(b.cuda_context_bytes)))
+    if b.reserved_unallocated_bytes is not None:
+        rows.append(("reserved, not allocated", format_bytes(b.reserved_unallocated_bytes)))
+    return rows

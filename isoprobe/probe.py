@@ -22,8 +22,10 @@ from isoprobe.outcomes import Outcome, maybe_allocation_failure
 from isoprobe.output import Reporter
 from isoprobe.recommend import advise
 from isoprobe.result import (
+    AccumulationPlan,
     AllocatorInfo,
     Applied,
+    Sizes,
     DeviceInfo,
     ErrorInfo,
     MemoryModel,
@@ -35,6 +37,8 @@ from isoprobe.result import (
 from isoprobe.search import Limits, Observation, doubling_step, guided_step, progress, run_search
 from isoprobe.spec import Spec
 from isoprobe.supervisor import ChildRun, Launcher, classify_exit, run_child
+from isoprobe.insights import memory_breakdown, step_throughput, throughput
+from isoprobe.plan import plan_accumulation, world_size_from_environment
 from isoprobe.units import format_bytes
 
 #: CPU backend budget when the spec sets none. Big enough for resnet50 at a
@@ -215,6 +219,12 @@ def _inspect_problem(problem: dict) -> Problem:
 # --------------------------------------------------------------------------- trials
 
 
+def _throughput(verdict, batch_size: int, result: dict) -> tuple[float | None, float | None]:
+    if verdict.outcome is not Outcome.FITS:
+        return None, None
+    return step_throughput(batch_size, result.get("step_seconds", []))
+
+
 def _rounded(value, digits: int):
     return None if value is None else round(float(value), digits)
 
@@ -231,6 +241,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> 
     result = verdict.result or {}
     error = result.get("error")
     keep_stderr = verdict.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT, Outcome.ERROR) or bool(verdict.evidence)
+    speed, spread = _throughput(verdict, batch_size, result)
     return Trial(
         index=index,
         batch_size=batch_size,
@@ -241,6 +252,9 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> 
         budget_peak_bytes=result.get("budget_peak_bytes"),
         base_bytes=result.get("base_bytes"),
         step_seconds=[round(s, 4) for s in result.get("step_seconds", [])],
+        samples_per_second=_rounded(speed, 3),
+        step_seconds_spread=_rounded(spread, 4),
+        sizes=Sizes(**result["sizes"]) if verdict.outcome is Outcome.FITS and result.get("sizes") else None,
         compile_seconds=_rounded(result.get("compile_seconds"), 3),
         eval_seconds=_rounded(result.get("eval_seconds"), 4),
         applied=_applied(result.get("applied")),
@@ -411,11 +425,39 @@ def run_probe(
         limited_by=limited_by,
         recommended_batch_size=found.recommended,
         recommendation=found.recommendation,
+        throughput=throughput(runner.trials, spec.recommendation.throughput_tolerance),
+        memory_breakdown=memory_breakdown(runner.trials),
+        accumulation=_accumulation(spec, found, environ),
         stop_reason=stop,
         message=message,
         suggestions=suggestions,
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def _accumulation(spec: Spec, found: "Found", environ: dict[str, str]) -> AccumulationPlan | None:
+    """Micro-batch x accumulation steps x ranks for plan.target_global_batch, within the recommended batch."""
+    target = spec.plan.target_global_batch
+    largest = found.recommended or found.max_fitting
+    if target is None or largest is None:
+        return None
+    if spec.plan.world_size is not None:
+        world, source = spec.plan.world_size, "spec"
+    else:
+        world, source = world_size_from_environment(environ) or (1, "default")
+    plan = plan_accumulation(target, world, largest, min(spec.search.start_batch_size, largest))
+    if plan is None:
+        return None
+    return AccumulationPlan(
+        target_global_batch=target,
+        world_size=world,
+        world_size_source=source,
+        micro_batch_size=plan.micro_batch_size,
+        accumulation_steps=plan.accumulation_steps,
+        global_batch_size=plan.global_batch_size,
+        difference=plan.difference,
+        note=plan.note,
     )
 
 
@@ -490,6 +532,8 @@ def _search(spec: Spec, target: Target, runner: TrialRunner) -> Found:
         if not conclusion.exact:
             return found
         recommended, recommendation = _recommend(spec, target, runner, found.max_fitting, found.first_failing)
+        if spec.recommendation.objective == "throughput" and recommended is not None:
+            recommended, recommendation = _prefer_throughput(spec, runner.trials, recommended, recommendation)
         return replace(found, recommended=recommended, recommendation=recommendation)
     except (KeyboardInterrupt, Terminated) as stopped:
         reason = StopReason.INTERRUPTED if isinstance(stopped, KeyboardInterrupt) else StopReason.TERMINATED
@@ -551,6 +595,19 @@ def _recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int
         measured_peak_bytes=measured.peak_bytes if measured else None,
         note=note,
     )
+
+
+def _prefer_throughput(spec: Spec, trials: list[Trial], recommended: int, recommendation: Recommendation):
+    """objective: throughput: the smallest tested batch within the headroom that is about as fast as the best."""
+    within = [t for t in trials if t.batch_size <= recommended]
+    curve = throughput(within, spec.recommendation.throughput_tolerance)
+    if curve is None or curve.fastest_batch_size >= recommended:
+        return recommended, recommendation
+    fastest = curve.fastest_batch_size
+    note = (f"{recommendation.note}; objective throughput: {fastest} runs within "
+            f"{spec.recommendation.throughput_tolerance:.0%} of the best samples/s measured up to {recommended}")
+    measured = max((t.peak_bytes for t in trials if t.batch_size == fastest and t.peak_bytes), default=None)
+    return fastest, recommendation.model_copy(update={"note": note, "measured_peak_bytes": measured})
 
 
 def _limited_by(spec: Spec, max_fitting: int | None) -> str:

@@ -80,6 +80,16 @@ class Applied(_Strict):
     eval_pass: bool | None = Field(None, description="An evaluation pass ran after the training steps.")
 
 
+class Sizes(_Strict):
+    """What the child measured of the training state, after the first optimizer step."""
+
+    parameter_bytes: int | None = None
+    gradient_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    cuda_context_bytes: int | None = Field(None, description="CUDA: in use on the device but not held by torch's allocator.")
+    reserved_unallocated_bytes: int | None = Field(None, description="CUDA: peak reserved minus peak allocated.")
+
+
 class Trial(_Strict):
     """One child process, one batch size."""
 
@@ -121,12 +131,23 @@ class Trial(_Strict):
     step_seconds: list[float] = Field(
         default_factory=list, description="Wall time of each completed training step; the first includes warm-up."
     )
+    samples_per_second: float | None = Field(
+        None,
+        description=(
+            "Throughput: batch size / median of the timed steps (every step but the first, which warms up; "
+            "on CUDA the steps are synchronised). Null for trials that did not fit."
+        ),
+    )
+    step_seconds_spread: float | None = Field(
+        None, description="(slowest - fastest) / median of the timed steps: how noisy samples_per_second is."
+    )
     compile_seconds: float | None = Field(
         None,
         description="training.compile: the first step's extra time over a later step's (tracing and compiling).",
     )
     eval_seconds: float | None = Field(None, description="training.eval_pass: wall time of the evaluation pass.")
     applied: Applied | None = Field(None, description="What the step really ran with (trials that got that far).")
+    sizes: Sizes | None = Field(None, description="Parameters, gradients and optimizer state, measured (trials that fit).")
     seconds: float = Field(
         description=(
             "Wall time of the trial: from the start of its process (cold), or from the moment a warm process "
@@ -184,6 +205,64 @@ class MemoryModel(_Strict):
     intercept_bytes: float
     per_sample_bytes: float
     points: int = Field(description="Number of fitting trials the line was fitted to.")
+
+
+class ThroughputPoint(_Strict):
+    batch_size: int
+    samples_per_second: float = Field(description="The best of the runs of this batch (confirmations run it twice).")
+    step_seconds_spread: float | None = Field(None, description="Spread of the timed steps of that run.")
+
+
+class Throughput(_Strict):
+    """Samples per second over the batches that fit: the maximum is not always the fastest."""
+
+    points: list[ThroughputPoint] = Field(description="One per tested batch that fit, by batch size.")
+    best_samples_per_second: float
+    fastest_batch_size: int = Field(
+        description="The smallest tested batch within `tolerance` of the best measured throughput."
+    )
+    tolerance: float = Field(description="recommendation.throughput_tolerance: the fraction of the best that counts as as fast.")
+    note: str = Field(description="What the points are (and are not): tested batches only, timing noise.")
+
+
+class MemoryBreakdown(_Strict):
+    """Where the memory goes: the four categories people learn, measured in the child and from the line."""
+
+    parameter_bytes: int | None = Field(None, description="The model's parameters: count x element size.")
+    gradient_bytes: int | None = Field(None, description="The gradients after a backward pass (same size as the trainable parameters).")
+    optimizer_state_bytes: int | None = Field(
+        None, description="Tensors in the optimizer's state after its first step (Adam: two per parameter)."
+    )
+    activation_bytes_per_sample: float | None = Field(
+        None, description="Slope of the peak over the batch size, from the memory line: what one more sample costs."
+    )
+    fixed_bytes: float | None = Field(
+        None,
+        description=(
+            "Intercept of the line: what the peak would be at batch 0 (weights, gradients, optimizer state, "
+            "runtime; on CPU also the imported libraries)."
+        ),
+    )
+    cuda_context_bytes: int | None = Field(
+        None, description="CUDA only: device memory in use that torch's allocator does not hold (context, libraries)."
+    )
+    reserved_unallocated_bytes: int | None = Field(
+        None, description="CUDA only: reserved by the caching allocator but not allocated at the peak (fragmentation, cache)."
+    )
+    from_batch_size: int | None = Field(None, description="The trial the child-side numbers come from (the largest that fit).")
+
+
+class AccumulationPlan(_Strict):
+    """How to reach plan.target_global_batch: micro-batch x accumulation steps x data-parallel ranks."""
+
+    target_global_batch: int
+    world_size: int
+    world_size_source: str = Field(description="spec, or the environment variable it came from (WORLD_SIZE, SLURM_NTASKS), or default.")
+    micro_batch_size: int = Field(description="Per rank and step; at most the recommended batch.")
+    accumulation_steps: int
+    global_batch_size: int = Field(description="micro_batch_size x accumulation_steps x world_size.")
+    difference: int = Field(description="global_batch_size - target_global_batch; 0 when the target is reached exactly.")
+    note: str
 
 
 class Recommendation(_Strict):
@@ -244,6 +323,11 @@ class Result(_Strict):
         None, description="A batch at or below max_batch_size with the headroom and rounding applied; it was run."
     )
     recommendation: Recommendation | None = None
+    throughput: Throughput | None = Field(None, description="Samples per second over the batches that fit.")
+    memory_breakdown: MemoryBreakdown | None = Field(None, description="Parameters, gradients, optimizer state, activations.")
+    accumulation: AccumulationPlan | None = Field(
+        None, description="Micro-batch and accumulation steps for plan.target_global_batch, when the spec sets it."
+    )
     stop_reason: StopReason
     message: str = Field(description="One sentence for people: the answer, or why there is none.")
     suggestions: list[str] = Field(default_factory=list, description="What to try when the answer is not usable.")

@@ -386,6 +386,32 @@ class RecommendationSpec(_Strict):
     multiple_of: int = Field(
         1, ge=1, le=MAX_BATCH_SIZE, description="Round the recommended batch down to a multiple of this (e.g. 8 for tensor cores)."
     )
+    objective: Literal["max", "throughput"] = Field(
+        "max",
+        description=(
+            "max: recommend the largest batch within the headroom; throughput: the smallest tested batch within "
+            "the headroom that is within throughput_tolerance of the best measured throughput."
+        ),
+    )
+    throughput_tolerance: float = Field(
+        0.03, ge=0, lt=1, description="Fraction of the best throughput that counts as as fast (0.03: within 3 %)."
+    )
+
+
+class PlanSpec(_Strict):
+    """A target global batch to reach by gradient accumulation and data parallelism."""
+
+    target_global_batch: int | None = Field(
+        None, ge=1, le=1 << 30, description="The global batch the real job wants (micro-batch x accumulation x ranks)."
+    )
+    world_size: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description=(
+            "Data-parallel ranks. Unset: WORLD_SIZE (torchrun) or SLURM_NTASKS from the environment, else 1."
+        ),
+    )
 
 
 class Spec(_Strict):
@@ -423,6 +449,7 @@ class Spec(_Strict):
         ),
     )
     recommendation: RecommendationSpec = Field(default_factory=RecommendationSpec)
+    plan: PlanSpec = Field(default_factory=PlanSpec)
 
     @model_validator(mode="after")
     def _sections_fit_together(self) -> "Spec":

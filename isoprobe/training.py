@@ -44,7 +44,7 @@ class Step:
             if precision == "fp16-mixed":
                 self.scaler = torch.amp.GradScaler(device.type)
         self.applied["grad_scaler"] = self.scaler is not None
-        self.compile_seconds: float | None = None
+        self.sizes: dict | None = None
 
     def _prepare(self, model):
         import torch
@@ -121,6 +121,28 @@ class Step:
         else:
             loss.backward()
             self.optimizer.step()
+        if self.sizes is None:
+            self.sizes = self._measure_sizes()
+
+    def _measure_sizes(self) -> dict:
+        """Parameters, gradients and optimizer state in bytes, after the first step allocated them all."""
+        import torch
+
+        def nbytes(tensor) -> int:
+            return tensor.numel() * tensor.element_size()
+
+        parameters = list(self.model.parameters())
+        state = sum(
+            nbytes(value)
+            for per_parameter in self.optimizer.state.values()
+            for value in per_parameter.values()
+            if isinstance(value, torch.Tensor) and value.dim() > 0  # Adam's step counter is a 0-d tensor
+        )
+        return {
+            "parameter_bytes": sum(nbytes(p) for p in parameters),
+            "gradient_bytes": sum(nbytes(p.grad) for p in parameters if p.grad is not None),
+            "optimizer_state_bytes": state,
+        }
 
     def evaluate(self, batch: workload.Batch) -> float:
         """The evaluation pass: eval mode, no gradients, same batch; back to training after. Returns seconds."""

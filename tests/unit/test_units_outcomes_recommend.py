@@ -181,6 +181,7 @@ def test_classify_exception_only_ever_answers_oom_or_error(message):
         "could not create a primitive",
         "RuntimeError: could not create a primitive descriptor for a convolution forward propagation primitive",
         "cuDNN error: CUDNN_STATUS_INTERNAL_ERROR",
+        "std::bad_alloc",  # measured: MobileNetV3, fp16 autocast, batch 27 under a 1.5 GiB cap
     ],
 )
 def test_ambiguous_library_errors_are_flagged_but_not_called_oom(message):
