@@ -107,6 +107,13 @@ def render_table(result: Result) -> str:
         lines += [f"  {name:<28} {value}" for name, value in breakdown_rows(result)]
     if result.accumulation is not None:
         lines += ["", f"accumulation: {result.accumulation.note}"]
+    if result.allocator_comparison is not None:
+        comparison = result.allocator_comparison
+        lines += ["", f"allocators: {comparison.note}"]
+        for outcome in comparison.outcomes:
+            best = "  <- best" if outcome.setting == comparison.best else ""
+            lines.append(f"  {outcome.setting:<32} max {outcome.max_batch_size}  first failing "
+                         f"{outcome.first_failing_batch_size}  ({outcome.trials} trials){best}")
     lines += ["", f"{len(result.trials)} trials in {result.total_seconds:.1f} s"]
     return "\n".join(lines)
 

@@ -23,7 +23,9 @@ from isoprobe.output import Reporter
 from isoprobe.recommend import advise
 from isoprobe.result import (
     AccumulationPlan,
+    AllocatorComparison,
     AllocatorInfo,
+    AllocatorOutcome,
     Applied,
     Sizes,
     DeviceInfo,
@@ -163,14 +165,17 @@ def resolve_target(spec: Spec, facts: dict, budget_source: str | None, source: s
 
 
 def allocator_info(spec: Spec, backend: str, environ: dict[str, str]) -> AllocatorInfo:
-    if spec.allocator is not None:
+    if spec.allocators and backend == "cuda":
+        value, source = spec.allocators[0], "spec"
+    elif spec.allocator is not None:
         value, source = spec.allocator, "spec"
     elif environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF"):
         value = environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF")
         source = "environment"
     else:
         value, source = None, "none"
-    variables = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] if spec.allocator is not None else []
+    variables = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] if spec.allocator is not None or (
+        spec.allocators and backend == "cuda") else []
     return AllocatorInfo(value=value, source=source, variables=variables, applies=backend == "cuda")
 
 
@@ -282,6 +287,7 @@ class TrialRunner:
         self.python_path = python_path
         self.reporter = reporter
         self.trials: list[Trial] = []
+        self.allocator_label: str | None = None  # set while comparing allocators: tags each trial
 
     def run(self, batch_size: int, purpose: str = "search") -> Trial:
         """One trial; an ambiguous library error is re-run with more memory before it is classified."""
@@ -334,13 +340,16 @@ class TrialRunner:
             name=f"trial{index:03d}-b{batch_size}",
         )
         trial = trial_from_run(run, index, batch_size, purpose)
+        if self.allocator_label is not None:
+            trial = trial.model_copy(update={"allocator": self.allocator_label})
         self.trials.append(trial)
         self.reporter.trial(trial)
         return trial
 
     def observe(self, batch_size: int) -> Observation:
         """The search's oracle. A batch seen before is a retry (after a crash or timeout) or a confirmation."""
-        earlier = [t for t in self.trials if t.batch_size == batch_size and t.purpose in _SEARCH_PURPOSES]
+        earlier = [t for t in self.trials if t.batch_size == batch_size and t.purpose in _SEARCH_PURPOSES
+                   and t.allocator == self.allocator_label]
         if not earlier:
             purpose = "search"
         elif earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT):
@@ -401,7 +410,23 @@ def run_probe(
                 launcher.close()
                 launcher = _launcher(spec, workdir, target.backend)
             runner = TrialRunner(spec, target, launcher, python_path, reporter)
+            comparison = None
+            if spec.allocators and target.backend == "cuda":
+                runner.allocator_label = spec.allocators[0]
             found = _search(spec, target, runner)
+            if spec.allocators:
+                def relaunch(setting: str) -> Launcher:
+                    nonlocal launcher
+                    launcher.close()
+                    launcher = _launcher(spec, workdir, target.backend, allocator=_allocator_value(setting))
+                    return launcher
+
+                try:
+                    comparison = compare_allocators(spec, target, runner, found, relaunch)
+                except (KeyboardInterrupt, Terminated) as stopped:
+                    # The first setting's answer stands; the comparison is incomplete, and the exit code says so.
+                    reason = StopReason.INTERRUPTED if isinstance(stopped, KeyboardInterrupt) else StopReason.TERMINATED
+                    found = replace(found, stop=reason)
         finally:
             launcher.close()
     stop, max_fitting, first_failing = found.stop, found.max_fitting, found.first_failing
@@ -428,6 +453,7 @@ def run_probe(
         throughput=throughput(runner.trials, spec.recommendation.throughput_tolerance),
         memory_breakdown=memory_breakdown(runner.trials),
         accumulation=_accumulation(spec, found, environ),
+        allocator_comparison=comparison,
         stop_reason=stop,
         message=message,
         suggestions=suggestions,
@@ -461,9 +487,64 @@ def _accumulation(spec: Spec, found: "Found", environ: dict[str, str]) -> Accumu
     )
 
 
-def _launcher(spec: Spec, workdir: Path, backend: str) -> Launcher:
-    return Launcher(workdir, backend=backend, allocator=spec.allocator, preload=_preload(spec),
+def _allocator_value(setting: str | None) -> str | None:
+    """An ``allocators`` entry as the launcher takes it: 'default' is '' (the variables removed)."""
+    return "" if setting == "default" else setting
+
+
+def _launcher(spec: Spec, workdir: Path, backend: str, allocator: str | None = None) -> Launcher:
+    if allocator is None:
+        allocator = _allocator_value(spec.allocators[0]) if spec.allocators and backend == "cuda" else spec.allocator
+    return Launcher(workdir, backend=backend, allocator=allocator, preload=_preload(spec),
                     warm=spec.search.warm_start)
+
+
+def compare_allocators(spec: Spec, target: Target, runner: TrialRunner, first: "Found", relaunch) -> AllocatorComparison:
+    """The edge under each further allocator setting, starting where the previous setting's edge was.
+
+    The first setting's search already ran (``first``). Each next one starts at
+    the largest batch that fit so far: allocator settings move the edge by a
+    few samples, so the guided search confirms or corrects it in a few trials.
+    If that start does not fit under the new setting, the search runs again
+    from the spec's start, so the answer is exact either way. On the CPU
+    backend nothing runs: PYTORCH_CUDA_ALLOC_CONF does not touch CPU memory.
+    """
+    if target.backend != "cuda":
+        return AllocatorComparison(
+            applies=False,
+            note="the CPU backend does not use the CUDA caching allocator: the settings cannot change what "
+                 "fits, so the edge was searched once, with none of them",
+        )
+    outcomes = [_allocator_outcome(spec.allocators[0], first, runner)]
+    start = first.max_fitting
+    for setting in spec.allocators[1:]:
+        runner.launcher = relaunch(setting)
+        runner.allocator_label = setting
+        runner.reporter.note(f"allocator {setting!r}: searching from batch {start or spec.search.start_batch_size}")
+        found = _edge_search(spec, target, runner, start=start)
+        if found.stop is StopReason.START_DOES_NOT_FIT and start and start > spec.search.start_batch_size:
+            found = _edge_search(spec, target, runner, start=None)
+        outcomes.append(_allocator_outcome(setting, found, runner))
+        if found.max_fitting:
+            start = max(start or 0, found.max_fitting)
+    ranked = [o for o in outcomes if o.max_batch_size is not None]
+    best = max(ranked, key=lambda o: o.max_batch_size).setting if ranked else None
+    return AllocatorComparison(
+        applies=True,
+        outcomes=outcomes,
+        best=best,
+        note="each setting searched in fresh processes; later ones started from the largest batch that fit so far",
+    )
+
+
+def _allocator_outcome(setting: str, found: "Found", runner: TrialRunner) -> AllocatorOutcome:
+    return AllocatorOutcome(
+        setting=setting,
+        max_batch_size=found.max_fitting,
+        first_failing_batch_size=found.first_failing,
+        stop_reason=found.stop.value,
+        trials=sum(1 for t in runner.trials if t.allocator == setting),
+    )
 
 
 def _likely_target(spec: Spec) -> tuple[str, int | None]:
@@ -507,6 +588,21 @@ class Found:
     flaky: tuple[int, ...] = ()
     recommended: int | None = None
     recommendation: Recommendation | None = None
+
+
+def _edge_search(spec: Spec, target: Target, runner: TrialRunner, start: int | None) -> Found:
+    """The edge search alone (no recommendation), from ``start`` or the spec's start batch."""
+    limits = Limits(
+        start=start or spec.search.start_batch_size,
+        cap=spec.search.cap,
+        retries=spec.search.retries,
+        confirmations=spec.search.confirmations,
+        capacity=target.search_capacity,
+    )
+    step = guided_step if spec.search.strategy == "guided" else doubling_step
+    conclusion = run_search(runner.observe, limits, [], step=step)
+    return Found(StopReason(conclusion.stop.value), conclusion.max_fitting, conclusion.first_failing,
+                 conclusion.first_failing_outcome, conclusion.flaky)
 
 
 def _search(spec: Spec, target: Target, runner: TrialRunner) -> Found:

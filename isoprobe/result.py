@@ -148,6 +148,9 @@ class Trial(_Strict):
     eval_seconds: float | None = Field(None, description="training.eval_pass: wall time of the evaluation pass.")
     applied: Applied | None = Field(None, description="What the step really ran with (trials that got that far).")
     sizes: Sizes | None = Field(None, description="Parameters, gradients and optimizer state, measured (trials that fit).")
+    allocator: str | None = Field(
+        None, description="When comparing allocators: the setting this trial ran under ('default': torch's own)."
+    )
     seconds: float = Field(
         description=(
             "Wall time of the trial: from the start of its process (cold), or from the moment a warm process "
@@ -252,6 +255,23 @@ class MemoryBreakdown(_Strict):
     from_batch_size: int | None = Field(None, description="The trial the child-side numbers come from (the largest that fit).")
 
 
+class AllocatorOutcome(_Strict):
+    setting: str = Field(description="The PYTORCH_CUDA_ALLOC_CONF value, or 'default'.")
+    max_batch_size: int | None
+    first_failing_batch_size: int | None
+    stop_reason: str
+    trials: int = Field(description="Trials this setting needed.")
+
+
+class AllocatorComparison(_Strict):
+    """The edge under each allocator setting of the spec's ``allocators``."""
+
+    applies: bool = Field(description="False on the CPU backend, where the CUDA allocator is not used.")
+    outcomes: list[AllocatorOutcome] = Field(default_factory=list)
+    best: str | None = Field(None, description="The setting with the largest maximum (the first listed on a tie).")
+    note: str
+
+
 class AccumulationPlan(_Strict):
     """How to reach plan.target_global_batch: micro-batch x accumulation steps x data-parallel ranks."""
 
@@ -325,6 +345,9 @@ class Result(_Strict):
     recommendation: Recommendation | None = None
     throughput: Throughput | None = Field(None, description="Samples per second over the batches that fit.")
     memory_breakdown: MemoryBreakdown | None = Field(None, description="Parameters, gradients, optimizer state, activations.")
+    allocator_comparison: AllocatorComparison | None = Field(
+        None, description="The maximum under each of the spec's allocators, when it lists several."
+    )
     accumulation: AccumulationPlan | None = Field(
         None, description="Micro-batch and accumulation steps for plan.target_global_batch, when the spec sets it."
     )

@@ -448,6 +448,18 @@ class Spec(_Strict):
             "Unset: the value in isoprobe's own environment, if any, is passed on."
         ),
     )
+    allocators: list[str] | None = Field(
+        None,
+        min_length=2,
+        max_length=8,
+        description=(
+            "Allocator settings to compare, e.g. [default, 'expandable_segments:True', 'max_split_size_mb:128'] "
+            "('default': torch's own, the variable unset). The edge is searched under each, starting from what "
+            "the previous one found; the result gives the maximum per setting and the best. The answer's "
+            "max_batch_size is the first one's. CUDA only: on the CPU backend the setting has no effect, so "
+            "the edge is searched once and the result says so. Replaces 'allocator'."
+        ),
+    )
     recommendation: RecommendationSpec = Field(default_factory=RecommendationSpec)
     plan: PlanSpec = Field(default_factory=PlanSpec)
 
@@ -470,6 +482,11 @@ class Spec(_Strict):
             self.input is None or len(self.input.shape) != 3
         ):
             raise ValueError("training.channels_last: applies to image batches, input.shape [channels, height, width]")
+        if self.allocators is not None:
+            if self.allocator is not None:
+                raise ValueError("allocators: give either 'allocator' (one setting) or 'allocators' (to compare)")
+            if len(set(self.allocators)) != len(self.allocators):
+                raise ValueError("allocators: each setting once")
         if self.model.huggingface is not None and task not in (None, "language_modeling", "classification"):
             raise ValueError("target.task: huggingface models take language_modeling or classification here")
         return self

@@ -153,7 +153,11 @@ def child_environment(
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault or abort leaves a Python stack in stderr
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, base.get("PYTHONPATH", "")) if p)
-    if allocator is not None:
+    if allocator == "":
+        # torch's default allocator: a setting inherited from isoprobe's own environment must not leak in.
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        env.pop("PYTORCH_ALLOC_CONF", None)
+    elif allocator is not None:
         # torch reads PYTORCH_CUDA_ALLOC_CONF; newer releases also PYTORCH_ALLOC_CONF. Same value in both,
         # so whichever the installed torch prefers, the trial runs with the spec's setting.
         env["PYTORCH_CUDA_ALLOC_CONF"] = allocator

@@ -35,6 +35,7 @@ def probed(tmp_path_factory):
         "memory_budget": "1.5GiB",
         "recommendation": {"objective": "throughput", "throughput_tolerance": 0.5},
         "plan": {"target_global_batch": 1000, "world_size": 4},
+        "allocators": ["default", "expandable_segments:True"],
     }
     path = tmp_path_factory.mktemp("answers") / "spec.yaml"
     path.write_text(json.dumps(spec))
@@ -101,3 +102,11 @@ def test_run_format_table_prints_the_table_and_auto_prints_json_into_a_pipe(prob
                             "--max-batch-size", "4"], cwd=REPO, capture_output=True, text=True)
     assert table.returncode == 0, table.stderr
     assert table.stdout.startswith("isoprobe ") and "memory breakdown" in table.stdout
+
+
+def test_allocator_candidates_on_the_cpu_backend_are_reported_as_not_applying(probed):
+    _, result = probed
+    comparison = result["allocator_comparison"]
+    assert comparison["applies"] is False and comparison["outcomes"] == []
+    assert "CPU" in comparison["note"]
+    assert all(t["allocator"] is None for t in result["trials"])  # searched once, with none of them

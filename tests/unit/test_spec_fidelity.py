@@ -263,3 +263,28 @@ def test_inference_with_the_other_options_is_valid(tmp_path):
     training = load(tmp_path, "model: {torchvision: resnet18}\n" + IMAGE +
                     "training: {mode: inference, precision: bf16-true, channels_last: true, compile: true}\n").training
     assert training.mode == "inference"
+
+
+# --------------------------------------------------------------------------- issue 6: allocators, plan, objective
+
+
+def test_allocators_compare_two_or_more_distinct_settings_and_replace_allocator(tmp_path):
+    base = "model: {torchvision: resnet18}\ninput: {shape: [3, 32, 32]}\ntarget: {classes: 10}\n"
+    assert load(tmp_path, base + "allocators: [default, 'expandable_segments:True']\n").allocators
+    one = refused(tmp_path, base + "allocators: [default]\n")
+    assert one.field == "allocators"
+    twice = refused(tmp_path, base + "allocators: [default, default]\n")
+    assert twice.field == "allocators" and "once" in twice.message
+    both = refused(tmp_path, base + "allocator: 'expandable_segments:True'\nallocators: [default, 'a:1']\n")
+    assert both.field == "allocators" and "either" in both.message
+
+
+def test_plan_and_objective_fields_are_validated(tmp_path):
+    base = "model: {torchvision: resnet18}\ninput: {shape: [3, 32, 32]}\ntarget: {classes: 10}\n"
+    spec = load(tmp_path, base + "plan: {target_global_batch: 1024, world_size: 8}\n"
+                                 "recommendation: {objective: throughput, throughput_tolerance: 0.05}\n")
+    assert spec.plan.target_global_batch == 1024 and spec.recommendation.objective == "throughput"
+    assert refused(tmp_path, base + "plan: {target_global_batch: 0}\n").field == "plan.target_global_batch"
+    assert refused(tmp_path, base + "recommendation: {objective: fastest}\n").field == "recommendation.objective"
+    assert refused(tmp_path, base + "recommendation: {throughput_tolerance: 1.5}\n").field == \
+        "recommendation.throughput_tolerance"
