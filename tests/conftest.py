@@ -136,3 +136,23 @@ def hog_spec(**search) -> dict:
         "device": "cpu",
         "memory_budget": "1.5GiB",
     }
+
+
+def run_one_trial(spec: dict, batch: int, workdir: Path, budget: int) -> dict:
+    """One trial of ``spec`` at ``batch`` in a fresh child under the CPU cap; its result event (it must fit)."""
+    from isoprobe.spec import Spec
+    from isoprobe.supervisor import classify_exit, run_child
+
+    request = {
+        "mode": "trial",
+        "spec": Spec.model_validate(spec).model_dump(mode="json"),
+        "batch_size": batch,
+        "device": "cpu",
+        "memory_budget_bytes": budget,
+        "python_path": [str(TESTS)],
+    }
+    run = run_child(request, workdir, backend="cpu", timeout=300, memory_limit=budget, allocator=None, name="t")
+    verdict = classify_exit(run)
+    result = verdict.result or {}
+    assert verdict.outcome.value == "fits", (verdict, result.get("error"), run.stderr_tail[-2000:])
+    return result

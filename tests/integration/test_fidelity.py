@@ -15,9 +15,7 @@ import copy
 
 import pytest
 
-from conftest import MODELS, TESTS, run_cli
-from isoprobe.spec import Spec
-from isoprobe.supervisor import classify_exit, run_child
+from conftest import MODELS, run_cli, run_one_trial
 
 pytestmark = pytest.mark.integration
 
@@ -48,18 +46,7 @@ def spec(model: dict, **sections) -> dict:
 
 def run_trial(d: dict, batch: int, tmp_path) -> dict:
     """One trial in a fresh child under the CPU cap; its ``result`` event (which must say 'fits')."""
-    request = {
-        "mode": "trial",
-        "spec": Spec.model_validate(d).model_dump(mode="json"),
-        "batch_size": batch,
-        "device": "cpu",
-        "memory_budget_bytes": BUDGET,
-        "python_path": [str(TESTS)],
-    }
-    run = run_child(request, tmp_path, backend="cpu", timeout=300, memory_limit=BUDGET, allocator=None, name="t")
-    verdict = classify_exit(run)
-    result = verdict.result or {}
-    assert verdict.outcome.value == "fits", (verdict, result.get("error"), run.stderr_tail[-2000:])
+    result = run_one_trial(d, batch, tmp_path, BUDGET)
     assert result["applied"], result
     return result
 

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import MODELS, TESTS, run_cli
-from isoprobe.spec import Spec
-from isoprobe.supervisor import classify_exit, run_child
+from conftest import MODELS, run_cli, run_one_trial
 
 pytestmark = pytest.mark.integration
 
@@ -31,18 +29,7 @@ def spec(model: dict, **sections) -> dict:
 
 def fits(d: dict, batch: int, tmp_path) -> dict:
     """One trial of the spec ``d`` at ``batch`` in a fresh child; asserts it fits and returns its result event."""
-    request = {
-        "mode": "trial",
-        "spec": Spec.model_validate(d).model_dump(mode="json"),
-        "batch_size": batch,
-        "device": "cpu",
-        "memory_budget_bytes": BUDGET,
-        "python_path": [str(TESTS)],
-    }
-    run = run_child(request, tmp_path, backend="cpu", timeout=300, memory_limit=BUDGET, allocator=None, name="t")
-    verdict = classify_exit(run)
-    result = verdict.result or {}
-    assert verdict.outcome.value == "fits", (verdict, result.get("error"), run.stderr_tail[-2000:])
+    result = run_one_trial(d, batch, tmp_path, BUDGET)
     assert len(result["step_seconds"]) == 2
     return result
 
