@@ -63,7 +63,7 @@ def run_isoprobe(spec_path: Path, variant: str, device: str | None) -> dict:
         raw.setdefault("search", {}).update(settings)
         path = spec_path.with_name(f".{spec_path.stem}.{variant}.benchmark.yaml")
         path.write_text(yaml.safe_dump(raw))
-    command = ["isoprobe", "run", str(path)] + (["--device", device] if device else [])
+    command = ["isoprobe", "run", str(path), "--no-cache"] + (["--device", device] if device else [])
     try:
         began = time.monotonic()
         done = subprocess.run(command, capture_output=True, text=True)

@@ -62,7 +62,7 @@ def main() -> int:
     args = parser.parse_args()
     rows = []
     for spec in args.specs:
-        command = [*_isoprobe(), "run", spec]
+        command = [*_isoprobe(), "run", spec, "--no-cache"]  # a probe is what is measured
         if args.memory_budget:
             command += ["--memory-budget", args.memory_budget]
         started = time.monotonic()

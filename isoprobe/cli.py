@@ -24,12 +24,15 @@ if TYPE_CHECKING:  # annotations only (postponed by ``from __future__ import ann
     from typing import Sequence
 
 EXIT_CODES_HELP = """exit codes:
-  0    answered: the maximum is proven (edge found, or a cap reached)
+  0    answered: the maximum is proven (edge found, or a cap reached), or read from the cache;
+       with --fallback-batch-size also when the probe could not answer (the fallback was printed)
   2    bad spec or usage
   3    not even the start batch fits
   4    the probe could not answer (a trial raised an error, crashed or timed out)
   130  interrupted (SIGINT); 143 terminated (SIGTERM)
 """
+
+RUN_FORMATS = ("auto", "json", "table", "env", "taskprolog")
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -57,13 +60,25 @@ def _parser() -> argparse.ArgumentParser:
     )
     with_overrides(run)
     run.add_argument(
-        "--format", choices=("auto", "json", "table"), default="auto",
-        help="stdout: json (the machine contract), table (for people), or auto (default): table when stdout is "
-             "a terminal, json when it is a pipe or a file",
+        "--format", choices=RUN_FORMATS, default="auto",
+        help="stdout: json (the machine contract), table (for people), env (export lines for "
+             "eval \"$(isoprobe run ...)\" in sh/bash/dash), taskprolog (export/print lines for a Slurm "
+             "TaskProlog), or auto (default): table when stdout is a terminal, json when it is a pipe or a file",
     )
+    cache = run.add_argument_group("result cache (ISOPROBE_CACHE_DIR, default: the user's cache folder)")
+    cache.add_argument("--no-cache", action="store_true", help="neither read nor write the cache: always probe")
+    cache.add_argument("--refresh", action="store_true", help="probe again and replace the cached answer")
+    hook = run.add_argument_group("hook mode (Slurm prologs, job scripts, container entrypoints)")
+    hook.add_argument(
+        "--fallback-batch-size", type=int, metavar="N",
+        help="if the probe cannot answer (bad spec, nothing fits, a failed trial, an internal error), print N as "
+             "ISOPROBE_BATCH_SIZE with a warning and exit 0 instead of failing the job; needs --format env or "
+             "taskprolog",
+    )
+    hook.add_argument("--log", metavar="FILE", help="also append progress, errors and the result JSON to FILE")
     show = commands.add_parser("show", help="render a saved result (JSON from 'isoprobe run') as a table")
     show.add_argument("result", help="path to a result JSON file")
-    show.add_argument("--format", choices=("table", "json"), default="table")
+    show.add_argument("--format", choices=("table", "json", "env", "taskprolog"), default="table")
     plot = commands.add_parser("plot", help="draw a saved result: peak memory and throughput over the batch (PNG)")
     plot.add_argument("result", help="path to a result JSON file")
     plot.add_argument("-o", "--output", help="PNG to write (default: next to the result, .png)")
@@ -114,28 +129,192 @@ def cmd_schema(args: argparse.Namespace) -> int:
     return ExitCode.ANSWERED
 
 
+class _Log:
+    """``--log FILE``: a copy of everything people would read, for hooks whose stderr nobody sees."""
+
+    def __init__(self, path: str | None):
+        self._file = open(path, "a", encoding="utf-8") if path else None
+
+    def write(self, text: str) -> None:
+        if self._file is not None:
+            self._file.write(text.rstrip("\n") + "\n")
+            self._file.flush()
+
+    def say(self, line: str) -> None:
+        """A line for people: stderr, and the log."""
+        print(line, file=sys.stderr, flush=True)
+        self.write(line)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     import signal
 
     from isoprobe.errors import Terminated
-    from isoprobe.output import Reporter, render_table, result_json, summary_lines
-    from isoprobe.probe import run_probe
-    from isoprobe.result import exit_code_for
-
-    spec = _load(args)
 
     def on_sigterm(signum, frame):
         raise Terminated()
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    reporter = Reporter(lambda line: print(line, file=sys.stderr, flush=True))
-    budget_source = "command line" if args.memory_budget is not None else "spec"
-    result = run_probe(spec, args.spec, reporter, budget_source=budget_source)
-    table = args.format == "table" or (args.format == "auto" and sys.stdout.isatty())
-    print(render_table(result) if table else result_json(result), flush=True)
+    if args.fallback_batch_size is not None and args.fallback_batch_size < 1:
+        _usage_error("--fallback-batch-size must be at least 1")
+    if args.fallback_batch_size is not None and args.format not in ("env", "taskprolog"):
+        _usage_error("--fallback-batch-size needs --format env or --format taskprolog (a job reads the fallback "
+                     "from ISOPROBE_BATCH_SIZE)")
+    try:
+        log = _Log(args.log)
+    except OSError as exc:
+        _usage_error(f"--log {args.log}: {exc.strerror or exc}")
+    if args.fallback_batch_size is None:
+        return _run_and_print(args, log)
+    return _run_as_hook(args, log)
+
+
+def _usage_error(message: str):
+    from isoprobe.errors import ExitCode
+
+    print(f"isoprobe run: {message}", file=sys.stderr)
+    raise SystemExit(ExitCode.BAD_SPEC)
+
+
+def _run_and_print(args: argparse.Namespace, log: _Log) -> int:
+    from isoprobe.output import summary_lines
+    from isoprobe.result import exit_code_for
+
+    result = _result_for(args, log)
+    print(_render(result, args.format), flush=True)
+    log.write(_render(result, "json"))
     for line in summary_lines(result):
-        print(line, file=sys.stderr)
+        log.say(line)
     return exit_code_for(result.stop_reason)
+
+
+def _run_as_hook(args: argparse.Namespace, log: _Log) -> int:
+    """Hook mode: never fail the job because the probe could not answer; the fallback and a warning instead."""
+    import traceback
+
+    from isoprobe.errors import ExitCode, ProbeError, SpecError
+    from isoprobe.result import StopReason, exit_code_for
+    from isoprobe.shell import fallback_variables, render
+
+    try:
+        result = _result_for(args, log)
+    except SpecError as error:
+        reason, why = "bad_spec", error.render()
+    except ProbeError as error:
+        reason, why = "error", error.message
+        if error.evidence:
+            log.write(error.evidence)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as error:  # a bug in isoprobe must not stop the job either; the traceback goes to the log
+        log.write(traceback.format_exc())
+        reason, why = "internal_error", f"{type(error).__name__}: {error}"
+    else:
+        log.write(_render(result, "json"))
+        if result.answered or result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
+            print(_render(result, args.format), flush=True)
+            return exit_code_for(result.stop_reason)
+        reason, why = result.stop_reason.value, result.message
+    warning = f"no probed answer ({why}); using the fallback batch size {args.fallback_batch_size}"
+    log.say(f"isoprobe: {warning}")
+    print(render(fallback_variables(args.fallback_batch_size, reason), [warning], args.format), flush=True)
+    return ExitCode.ANSWERED
+
+
+def _render(result, fmt: str) -> str:
+    from isoprobe.output import render_table, result_json
+
+    if fmt in ("env", "taskprolog"):
+        from isoprobe.shell import render, result_variables
+
+        return render(result_variables(result), [] if result.answered else [result.message], fmt)
+    if fmt == "table" or (fmt == "auto" and sys.stdout.isatty()):
+        return render_table(result)
+    return result_json(result)
+
+
+def _result_for(args: argparse.Namespace, log: _Log):
+    """The result for the spec: from the cache when it holds the answer, else from a probe (then stored)."""
+    import os
+
+    from isoprobe.cache import ResultCache, cache_directory, cache_key, key_material
+    from isoprobe.hardware import nvml_gpus, run_environment, visible_devices
+    from isoprobe.output import Reporter
+
+    spec = _load(args)
+    reporter = Reporter(log.say)
+    environ = dict(os.environ)
+    gpus = nvml_gpus(visible_devices(environ))
+    environment = run_environment(environ, gpus)
+    if args.no_cache:
+        return _probe(spec, args, reporter, environ, environment, cache=None)
+    cache = ResultCache(cache_directory(environ))
+    key = cache_key(key_material(spec, args.spec, environ, gpus))
+    if not args.refresh and (hit := _cached(cache, key, spec, args, reporter, environ, environment)):
+        return hit
+    lock = cache.lock(key)
+    from filelock import Timeout
+
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        reporter.note(f"another isoprobe is probing this setup (lock {lock.lock_file}); waiting for its answer")
+        lock.acquire()
+    try:
+        if not args.refresh and (hit := _cached(cache, key, spec, args, reporter, environ, environment)):
+            return hit
+        return _probe(spec, args, reporter, environ, environment, cache=(cache, key))
+    finally:
+        lock.release()
+
+
+def _probe(spec, args, reporter, environ, environment, cache):
+    from isoprobe.cache import now_utc
+    from isoprobe.output import result_json
+    from isoprobe.probe import run_probe
+    from isoprobe.result import CacheInfo, RunEnvironment
+
+    budget_source = "command line" if args.memory_budget is not None else "spec"
+    result = run_probe(spec, args.spec, reporter, budget_source=budget_source, environ=environ)
+    result = result.model_copy(update={"environment": RunEnvironment.model_validate(environment)})
+    if cache is None or not result.answered:  # only proven answers are kept; a failure is probed again
+        return result
+    store, key = cache
+    info = CacheInfo(hit=False, key=key, path=str(store.entry(key)), stored_at=now_utc())
+    result = result.model_copy(update={"cache": info})
+    try:
+        store.write(key, result_json(result))
+        reporter.note(f"answer cached in {info.path}")
+    except OSError as exc:  # a read-only or full cache folder costs the next run a probe, not this one its answer
+        reporter.note(f"could not write the cache entry {info.path}: {exc.strerror or exc}")
+        result = result.model_copy(update={"cache": None})
+    return result
+
+
+def _cached(cache, key, spec, args, reporter, environ, environment):
+    """The stored answer, re-planned and re-labelled for this invocation, or None (missing or unreadable)."""
+    from pydantic import ValidationError
+
+    from isoprobe.plan import accumulation_plan
+    from isoprobe.result import CacheInfo, Result, RunEnvironment
+
+    text = cache.read(key)
+    if text is None:
+        return None
+    try:
+        stored = Result.model_validate_json(text)
+    except (ValidationError, ValueError) as exc:
+        reporter.note(f"cache entry {cache.entry(key)} is unreadable ({type(exc).__name__}); probing again")
+        return None
+    reporter.note(f"answer from the cache ({cache.entry(key)}, stored {stored.cache.stored_at if stored.cache else '?'}); "
+                  "no trial ran (--refresh probes again)")
+    return stored.model_copy(update={
+        "spec_path": args.spec,
+        "environment": RunEnvironment.model_validate(environment),
+        "accumulation": accumulation_plan(spec, stored.recommended_batch_size or stored.max_batch_size, environ),
+        "cache": CacheInfo(hit=True, key=key, path=str(cache.entry(key)),
+                           stored_at=stored.cache.stored_at if stored.cache else None),
+    })
 
 
 def _read_result(path: str):
@@ -160,10 +339,9 @@ def _read_result(path: str):
 
 def cmd_show(args: argparse.Namespace) -> int:
     from isoprobe.errors import ExitCode
-    from isoprobe.output import render_table, result_json
 
     result = _read_result(args.result)
-    print(render_table(result) if args.format == "table" else result_json(result))
+    print(_render(result, args.format))
     return ExitCode.ANSWERED
 
 

@@ -59,7 +59,11 @@ def summary_lines(result: Result) -> list[str]:
             f"of {format_bytes(result.device.capacity_bytes if result.device else None)}"
         )
     lines += [f"isoprobe:   try: {s}" for s in result.suggestions]
-    lines.append(f"isoprobe: {len(result.trials)} trials in {result.total_seconds:.1f} s")
+    probed = f"{len(result.trials)} trials in {result.total_seconds:.1f} s"
+    if result.cache is not None and result.cache.hit:
+        lines.append(f"isoprobe: answer from the cache, no trial ran now (probed {result.cache.stored_at}: {probed})")
+    else:
+        lines.append(f"isoprobe: {probed}")
     return lines
 
 
@@ -83,6 +87,14 @@ def render_table(result: Result) -> str:
              if device else "no device")
     lines.append(f"isoprobe {result.isoprobe_version}: {model.source} {getattr(model, model.source)} on {where}")
     lines.append(f"answer: {result.message}")
+    if result.cache is not None:
+        lines.append(f"cache: {'hit, no trial ran now' if result.cache.hit else 'stored'} "
+                     f"({result.cache.path}, probed {result.cache.stored_at})")
+    job = result.environment
+    if job is not None and (job.slurm_job_id or job.cuda_visible_devices is not None):
+        lines.append(f"job: {job.hostname}" + (f", Slurm job {job.slurm_job_id} on {job.slurm_node}" if job.slurm_job_id else "")
+                     + (f", GPUs {job.cuda_visible_devices!r} ({job.visible_devices_source})"
+                        if job.cuda_visible_devices is not None else ""))
     lines.append("")
     header = f"{'#':>3}  {'batch':>6}  {'outcome':<16} {'peak':>10}  {'budget peak':>11}  {'samples/s':>10}  {'seconds':>8}  purpose"
     lines.append(header)

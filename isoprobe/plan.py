@@ -205,3 +205,34 @@ def positive_integer(text: str | None) -> int | None:
         return None
     value = int(stripped)
     return value if value > 0 else None
+
+
+def accumulation_plan(spec, largest: int | None, environ: Mapping[str, str]):
+    """The result's ``accumulation`` block for ``spec.plan``, or None: micro-batches up to ``largest``.
+
+    Separate from the probe because the world size may come from the environment
+    (WORLD_SIZE, SLURM_NTASKS): an answer read from the cache is re-planned for the
+    job that asks, not for the one that probed.
+    """
+    from isoprobe.result import AccumulationPlan
+
+    target = spec.plan.target_global_batch
+    if target is None or largest is None:
+        return None
+    if spec.plan.world_size is not None:
+        world, source = spec.plan.world_size, "spec"
+    else:
+        world, source = world_size_from_environment(environ) or (1, "default")
+    plan = plan_accumulation(target, world, largest, min(spec.search.start_batch_size, largest))
+    if plan is None:
+        return None
+    return AccumulationPlan(
+        target_global_batch=target,
+        world_size=world,
+        world_size_source=source,
+        micro_batch_size=plan.micro_batch_size,
+        accumulation_steps=plan.accumulation_steps,
+        global_batch_size=plan.global_batch_size,
+        difference=plan.difference,
+        note=plan.note,
+    )

@@ -22,7 +22,6 @@ from isoprobe.outcomes import Outcome, maybe_allocation_failure
 from isoprobe.output import Reporter
 from isoprobe.recommend import advise
 from isoprobe.result import (
-    AccumulationPlan,
     AllocatorComparison,
     AllocatorInfo,
     AllocatorOutcome,
@@ -39,8 +38,9 @@ from isoprobe.result import (
 from isoprobe.search import Limits, Observation, doubling_step, guided_step, progress, run_search
 from isoprobe.spec import Spec
 from isoprobe.supervisor import ChildRun, Launcher, classify_exit, run_child
+from isoprobe.hardware import cpu_name, ram_bytes
 from isoprobe.insights import memory_breakdown, step_throughput, throughput
-from isoprobe.plan import plan_accumulation, world_size_from_environment
+from isoprobe.plan import accumulation_plan
 from isoprobe.units import format_bytes
 
 #: CPU backend budget when the spec sets none. Big enough for resnet50 at a
@@ -75,20 +75,6 @@ class Target:
 # --------------------------------------------------------------------------- environment
 
 
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "cpu"
-
-
-def _ram_bytes() -> int:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
 def resolve_target(spec: Spec, facts: dict, budget_source: str | None, source: str = "spec") -> Target:
     """Pick the backend from the spec's device and what the inspect child saw. Pure given ``facts``."""
     requested = spec.device
@@ -121,8 +107,8 @@ def resolve_target(spec: Spec, facts: dict, budget_source: str | None, source: s
         info = DeviceInfo(
             backend="cpu",
             requested=spec.device,
-            name=_cpu_name(),
-            total_memory_bytes=_ram_bytes(),
+            name=cpu_name(),
+            total_memory_bytes=ram_bytes(),
             memory_budget_bytes=budget,
             budget_source=source,
             capacity_bytes=budget,
@@ -452,38 +438,13 @@ def run_probe(
         recommendation=found.recommendation,
         throughput=throughput(runner.trials, spec.recommendation.throughput_tolerance),
         memory_breakdown=memory_breakdown(runner.trials),
-        accumulation=_accumulation(spec, found, environ),
+        accumulation=accumulation_plan(spec, found.recommended or found.max_fitting, environ),
         allocator_comparison=comparison,
         stop_reason=stop,
         message=message,
         suggestions=suggestions,
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
-    )
-
-
-def _accumulation(spec: Spec, found: "Found", environ: dict[str, str]) -> AccumulationPlan | None:
-    """Micro-batch x accumulation steps x ranks for plan.target_global_batch, within the recommended batch."""
-    target = spec.plan.target_global_batch
-    largest = found.recommended or found.max_fitting
-    if target is None or largest is None:
-        return None
-    if spec.plan.world_size is not None:
-        world, source = spec.plan.world_size, "spec"
-    else:
-        world, source = world_size_from_environment(environ) or (1, "default")
-    plan = plan_accumulation(target, world, largest, min(spec.search.start_batch_size, largest))
-    if plan is None:
-        return None
-    return AccumulationPlan(
-        target_global_batch=target,
-        world_size=world,
-        world_size_source=source,
-        micro_batch_size=plan.micro_batch_size,
-        accumulation_steps=plan.accumulation_steps,
-        global_batch_size=plan.global_batch_size,
-        difference=plan.difference,
-        note=plan.note,
     )
 
 

@@ -303,6 +303,45 @@ class Recommendation(_Strict):
     note: str = Field(description="How the number was derived, in words.")
 
 
+class GpuFacts(_Strict):
+    """One GPU as NVML (the driver) describes it, read without creating a CUDA context."""
+
+    nvml_index: int = Field(description="The driver's index (nvidia-smi's), which CUDA_VISIBLE_DEVICES refers to.")
+    uuid: str
+    name: str
+    total_memory_bytes: int
+    driver_version: str | None = None
+
+
+class RunEnvironment(_Strict):
+    """Where and for which job this run happened: the scheduler's facts, not part of the answer."""
+
+    hostname: str
+    slurm_job_id: str | None = Field(None, description="SLURM_JOB_ID (with SLURM_ARRAY_JOB_ID/TASK_ID for arrays).")
+    slurm_array_task_id: str | None = None
+    slurm_node: str | None = Field(None, description="SLURMD_NODENAME, else SLURM_NODELIST.")
+    cuda_visible_devices: str | None = Field(
+        None, description="The GPUs the trials may use, as CUDA_VISIBLE_DEVICES gives them to the children."
+    )
+    visible_devices_source: Literal["CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "none"] = Field(
+        "none", description="Where cuda_visible_devices came from: Slurm's GPU variables count when CUDA's is unset."
+    )
+    slurm_step_gpus: str | None = None
+    slurm_job_gpus: str | None = None
+    gpus: list[GpuFacts] | None = Field(
+        None, description="The visible GPUs in CUDA's order, from NVML; null where NVML is not available."
+    )
+
+
+class CacheInfo(_Strict):
+    """Where this result is kept, and whether it came from there instead of from trials."""
+
+    hit: bool = Field(description="True when the answer was read from the cache: no trial ran in this invocation.")
+    key: str = Field(description="SHA-256 of everything that changes the answer (spec, device, versions, allocator).")
+    path: str = Field(description="The cache entry's file.")
+    stored_at: str | None = Field(None, description="When the entry was written (UTC, ISO 8601).")
+
+
 class Result(_Strict):
     """What ``isoprobe run`` found, with every trial as evidence."""
 
@@ -351,6 +390,8 @@ class Result(_Strict):
     accumulation: AccumulationPlan | None = Field(
         None, description="Micro-batch and accumulation steps for plan.target_global_batch, when the spec sets it."
     )
+    environment: RunEnvironment | None = Field(None, description="Host, Slurm job and GPUs of this invocation.")
+    cache: CacheInfo | None = Field(None, description="The result cache's entry; null with --no-cache.")
     stop_reason: StopReason
     message: str = Field(description="One sentence for people: the answer, or why there is none.")
     suggestions: list[str] = Field(default_factory=list, description="What to try when the answer is not usable.")

@@ -33,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from isoprobe.hardware import visible_devices
 from isoprobe.oomkill import memory_cgroup_dir, oom_kill_count
 from isoprobe.outcomes import Outcome
 
@@ -165,6 +166,12 @@ def child_environment(
     if backend == "cpu":
         env["MALLOC_MMAP_THRESHOLD_"] = str(MALLOC_MMAP_THRESHOLD)
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU trial can never create a CUDA context by accident
+    else:
+        # A Slurm job's GPUs, where only Slurm's variables name them (a batch shell, a hook): cuda:0 of
+        # the trial must be the job's first GPU, not the node's.
+        visible = visible_devices(base)
+        if visible.source != "CUDA_VISIBLE_DEVICES" and visible.value is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible.value
     return env
 
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,6 +60,22 @@ def _reap_zombies() -> None:
             return
 
 
+# The result cache: no run in the suite may answer from another run's probe (fault-injection
+# variables, for one, are not part of the cache key), nor touch the user's cache. Module-scoped
+# fixtures run before any per-test fixture, so the session gets a folder of its own at import,
+# every test another (isolated_cache), and every run_cli call a fresh one unless it names one.
+_SESSION_CACHE = tempfile.TemporaryDirectory(prefix="isoprobe-test-cache-")
+os.environ["ISOPROBE_CACHE_DIR"] = _SESSION_CACHE.name
+
+
+@pytest.fixture(autouse=True)
+def isolated_cache(tmp_path_factory, monkeypatch):
+    """An empty result cache for this test; the runs it starts inherit ISOPROBE_CACHE_DIR."""
+    directory = tmp_path_factory.mktemp("isoprobe-cache")
+    monkeypatch.setenv("ISOPROBE_CACHE_DIR", str(directory))
+    return directory
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes():
     """After every test, nothing started during it may still be alive (waits up to 3 s, then fails)."""
@@ -101,15 +118,25 @@ class CliRun:
         return json.loads(self.stdout)
 
 
-def run_cli(*args: str, timeout: float = 600, cwd: Path | None = None) -> CliRun:
-    """``python -m isoprobe ARGS`` in a fresh process, as a user (or a Slurm hook) runs it."""
-    done = subprocess.run(
-        [sys.executable, "-m", "isoprobe", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=cwd or REPO,
-    )
+def run_cli(
+    *args: str, timeout: float = 600, cwd: Path | None = None, cache_dir: Path | None = None,
+    env: dict[str, str] | None = None,
+) -> CliRun:
+    """``python -m isoprobe ARGS`` in a fresh process, as a user (or a Slurm hook) runs it.
+
+    With an empty result cache of its own unless ``cache_dir`` names one (the cache tests do).
+    """
+    environment = {**os.environ, **(env or {})}
+    with tempfile.TemporaryDirectory(prefix="isoprobe-cache-") as fresh:
+        environment["ISOPROBE_CACHE_DIR"] = str(cache_dir or fresh)
+        done = subprocess.run(
+            [sys.executable, "-m", "isoprobe", *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=cwd or REPO,
+            env=environment,
+        )
     return CliRun(done.returncode, done.stdout, done.stderr)
 
 

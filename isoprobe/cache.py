@@ -1,0 +1,183 @@
+"""Answers kept on disk, so a pre-job hook that asks again answers in a blink.
+
+A probe costs minutes of GPU time and its answer only changes when something it
+depends on changes, so a result is stored under a key made of all of that: the
+resolved spec (with overrides), the code of the user's factory files, the device
+(the GPU model, memory and driver from NVML, or the CPU's facts), the torch,
+torchvision and model-library versions, the allocator setting and isoprobe's own
+version. Which node or job asked is not in the key: a job array on identical GPUs
+shares one answer. What is not in it either: memory other processes hold on the
+GPU at the time (the probe measures what was free then).
+
+The hit path imports neither torch nor the probe, so it costs what the CLI's start-up
+costs. Writers are safe in numbers: an entry is written to a temporary file and
+renamed over the old one (a reader sees the old entry or the new one, never half of
+one), and a lock per key makes concurrent runs of the same setup single-flight: the
+first probes, the others wait for its answer instead of probing too. The lock is a
+``filelock`` lock (flock), which the kernel releases if its holder dies.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import re
+import tempfile
+from collections.abc import Mapping
+from datetime import datetime, timezone
+from pathlib import Path
+
+from isoprobe import __version__
+from isoprobe.hardware import cpu_name, ram_bytes, visible_devices
+from isoprobe.spec import Spec
+
+CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
+#: Bumped when the key's recipe changes, so old entries are simply not found.
+KEY_VERSION = 1
+
+
+def cache_directory(environ: Mapping[str, str]) -> Path:
+    """``$ISOPROBE_CACHE_DIR`` (a shared filesystem for a cluster), else the user's cache folder."""
+    configured = environ.get(CACHE_DIR_VARIABLE, "").strip()
+    if configured:
+        return Path(configured).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("isoprobe"))
+
+
+def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: list[dict] | None) -> dict:
+    """Everything that changes the answer, as plain data (the key is its hash; tests read it)."""
+    cuda = spec.device != "cpu" and bool(gpus)
+    if cuda:
+        device = {
+            "backend": "cuda",
+            "requested": spec.device,
+            # The model, memory and driver, not the card: identical GPUs on other nodes share the answer.
+            "gpus": [{k: g[k] for k in ("name", "total_memory_bytes", "driver_version")} for g in gpus],
+            "allocator_environment": {
+                name: environ[name] for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if name in environ
+            },
+        }
+    else:
+        device = {"backend": "cpu", "requested": spec.device, "cpu": cpu_name(), "ram_bytes": ram_bytes()}
+    return {
+        "key_version": KEY_VERSION,
+        "isoprobe": __version__,
+        "python": platform.python_version(),
+        "packages": _package_versions(spec),
+        "spec": spec.model_dump(mode="json"),
+        "code": _code_digests(spec, Path(spec_path).resolve().parent),
+        "device": device,
+    }
+
+
+def cache_key(material: dict) -> str:
+    return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def _package_versions(spec: Spec) -> dict[str, str | None]:
+    """Installed versions, read from the distributions' metadata: nothing is imported."""
+    from importlib import metadata
+
+    names = ["torch", "torchvision"]
+    if spec.model.timm:
+        names.append("timm")
+    if spec.model.huggingface:
+        names.append("transformers")
+    versions: dict[str, str | None] = {}
+    for name in names:
+        try:
+            versions[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            versions[name] = None
+    versions["torch_cuda"] = _torch_cuda_version()
+    return versions
+
+
+def _torch_cuda_version() -> str | None:
+    """The CUDA release torch was built with, from torch/version.py's text (importing torch takes seconds)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec("torch")
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    try:
+        text = (Path(list(found.submodule_search_locations)[0]) / "version.py").read_text()
+    except OSError:
+        return None
+    match = re.search(r"^cuda\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+    return match.group(1) if match else None
+
+
+def _code_digests(spec: Spec, spec_dir: Path) -> dict[str, str]:
+    """SHA-256 of the user's files the spec's factory, batch and loss come from: editing the model is a new key."""
+    digests = {}
+    for name in ("factory", "batch", "loss"):
+        reference = getattr(spec.model, name)
+        if reference is None:
+            continue
+        target = reference.rsplit(":", 1)[0]
+        if target.endswith(".py") or "/" in target:
+            candidates = [Path(target)]
+        else:  # a module found from the spec's folder (where the child looks first)
+            relative = Path(*target.split("."))
+            candidates = [spec_dir / relative.with_suffix(".py"), spec_dir / relative / "__init__.py"]
+        for file in candidates:
+            try:
+                digests[name] = hashlib.sha256(file.read_bytes()).hexdigest()
+                break
+            except OSError:
+                continue
+    return digests
+
+
+class ResultCache:
+    """One folder of ``KEY.json`` entries with a ``KEY.lock`` beside each."""
+
+    def __init__(self, directory: Path):
+        self.directory = directory
+
+    def entry(self, key: str) -> Path:
+        return self.directory / f"{key}.json"
+
+    def lock(self, key: str):
+        """A lock on one key, held while its answer is probed and written (see the module's docstring)."""
+        from filelock import FileLock
+
+        self.directory.mkdir(parents=True, exist_ok=True)
+        return FileLock(str(self.directory / f"{key}.lock"))
+
+    def read(self, key: str) -> str | None:
+        try:
+            return self.entry(key).read_text(encoding="utf-8")
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def write(self, key: str, text: str) -> Path:
+        """Atomically: a temporary file in the same folder, flushed to disk, renamed over the entry."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{key[:16]}.", suffix=".tmp", dir=self.directory)
+        try:
+            with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
+                handle.write(text)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(temporary, 0o644)  # mkstemp makes it 0600; a shared cache is read by other users' jobs
+            os.replace(temporary, self.entry(key))
+        except BaseException:
+            try:
+                os.unlink(temporary)
+            except OSError:
+                pass
+            raise
+        return self.entry(key)
+
+
+def now_utc() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="seconds")

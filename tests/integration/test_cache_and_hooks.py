@@ -1,0 +1,110 @@
+"""The result cache and hook mode, end to end through the real CLI on the CPU backend.
+
+A hit must answer without any child process: the stored trials come back, no trial
+line is printed, and it takes a fraction of a probe's time. In hook mode a probe
+that cannot answer gives the fallback and exit 0, and the log holds the evidence.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import time
+
+import pytest
+
+from conftest import hog_spec, run_cli
+
+pytestmark = pytest.mark.integration
+
+TRIAL_LINE = "isoprobe: trial "
+
+
+def _eval_env(lines: str, names: list[str]) -> list[str]:
+    shell = shutil.which("dash") or shutil.which("sh")
+    script = 'eval "$L"; ' + "; ".join(f'printf "%s\\n" "${n}"' for n in names)
+    done = subprocess.run([shell, "-c", script], env={"L": lines}, capture_output=True, text=True, timeout=10)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.splitlines()
+
+
+def test_a_second_run_answers_from_the_cache_without_any_trial(write_spec, tmp_path):
+    cache = tmp_path / "cache"
+    spec = str(write_spec(hog_spec(max_batch_size=4)))
+
+    uncached = run_cli("run", spec, "--format", "json", "--no-cache", cache_dir=cache)
+    assert uncached.returncode == 0, uncached.stderr
+    assert uncached.json["cache"] is None and not cache.exists()  # --no-cache neither reads nor writes
+
+    first = run_cli("run", spec, "--format", "json", cache_dir=cache)
+    assert first.returncode == 0, first.stderr
+    stored = first.json
+    assert stored["cache"]["hit"] is False and TRIAL_LINE in first.stderr
+    assert json.loads((cache / f"{stored['cache']['key']}.json").read_text())["max_batch_size"] == 4
+
+    started = time.monotonic()
+    second = run_cli("run", spec, "--format", "json", cache_dir=cache)
+    took = time.monotonic() - started
+    assert second.returncode == 0, second.stderr
+    hit = second.json
+    assert hit["cache"]["hit"] is True and hit["cache"]["key"] == stored["cache"]["key"]
+    assert TRIAL_LINE not in second.stderr and "answer from the cache" in second.stderr
+    assert hit["trials"] == stored["trials"] and hit["max_batch_size"] == 4
+    assert took < 10, second.stderr  # a probe here takes tens of seconds; the hit, under a second (benchmarked)
+
+    env = run_cli("run", spec, "--format", "env", cache_dir=cache)
+    assert env.returncode == 0, env.stderr
+    assert _eval_env(env.stdout, ["ISOPROBE_MAX_BATCH_SIZE", "ISOPROBE_BATCH_SIZE", "ISOPROBE_CACHE_HIT"]) == [
+        "4", str(stored["recommended_batch_size"]), "1"]
+
+    refreshed = run_cli("run", spec, "--format", "json", "--refresh", cache_dir=cache)
+    assert refreshed.returncode == 0, refreshed.stderr
+    assert refreshed.json["cache"]["hit"] is False and TRIAL_LINE in refreshed.stderr
+
+
+def test_a_cache_entry_that_is_not_a_result_is_probed_again(write_spec, tmp_path):
+    cache = tmp_path / "cache"
+    spec = str(write_spec(hog_spec(max_batch_size=2)))
+    first = run_cli("run", spec, "--format", "json", cache_dir=cache)
+    assert first.returncode == 0, first.stderr
+    entry = cache / f"{first.json['cache']['key']}.json"
+    entry.write_text('{"truncated": ')
+    again = run_cli("run", spec, "--format", "json", cache_dir=cache)
+    assert again.returncode == 0, again.stderr
+    assert "unreadable" in again.stderr and TRIAL_LINE in again.stderr
+    assert json.loads(entry.read_text())["max_batch_size"] == 2  # and the entry is whole again
+
+
+def test_hook_mode_gives_the_fallback_when_nothing_fits_and_caches_nothing(write_spec, tmp_path):
+    cache, log = tmp_path / "cache", tmp_path / "hook.log"
+    spec = str(write_spec(hog_spec(start_batch_size=96)))  # ~3 GiB of activations under a 1.5 GiB cap
+    run = run_cli("run", spec, "--format", "env", "--fallback-batch-size", "6", "--log", str(log), cache_dir=cache)
+    assert run.returncode == 0, run.stderr
+    assert _eval_env(run.stdout, ["ISOPROBE_BATCH_SIZE", "ISOPROBE_FALLBACK", "ISOPROBE_STOP_REASON"]) == [
+        "6", "1", "start_does_not_fit"]
+    assert "using the fallback batch size 6" in run.stderr
+    logged = log.read_text()
+    assert TRIAL_LINE in logged and '"stop_reason": "start_does_not_fit"' in logged
+    assert not list(cache.glob("*.json"))  # a failure is never cached
+
+    prolog = run_cli("run", spec, "--format", "taskprolog", "--fallback-batch-size", "6", cache_dir=cache)
+    assert prolog.returncode == 0
+    assert prolog.stdout.splitlines()[0].startswith("print isoprobe: no probed answer")
+    assert "export ISOPROBE_BATCH_SIZE=6" in prolog.stdout.splitlines()
+
+
+def test_hook_mode_survives_a_bad_spec_and_says_why_in_the_log(tmp_path):
+    bad, log = tmp_path / "bad.yaml", tmp_path / "hook.log"
+    bad.write_text("model: {torchvision: resnet50}\ninput: {shape: [3, 224, 224]}\nbogus_key: 1\n")
+    run = run_cli("run", str(bad), "--format", "env", "--fallback-batch-size", "8", "--log", str(log))
+    assert run.returncode == 0, run.stderr
+    assert _eval_env(run.stdout, ["ISOPROBE_BATCH_SIZE", "ISOPROBE_STOP_REASON"]) == ["8", "bad_spec"]
+    assert "bogus_key" in log.read_text()
+    without = run_cli("run", str(bad), "--format", "env")
+    assert without.returncode == 2 and without.stdout == ""  # without a fallback, the job sees the failure
+
+
+def test_a_fallback_needs_a_shell_format():
+    run = run_cli("run", "specs/resnet50.yaml", "--fallback-batch-size", "8", "--format", "json")
+    assert run.returncode == 2 and "--format env" in run.stderr
