@@ -362,6 +362,13 @@ _COMMANDS = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema, "sh
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # pydantic looks for plugins in every installed distribution's entry points when it builds its
+    # first model: ~0.2 s with torch, transformers and timm installed, which would make a cache hit
+    # (a pre-job hook's whole run) twice as slow (measured with benchmarks/cli_startup.py). isoprobe
+    # uses no pydantic plugin; a user who wants one can still set the variable themselves.
+    import os
+
+    os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     # Imported after parsing: --help, --version and usage errors exit inside parse_args
     # and need none of it (errors.py pulls in dataclasses, and with it inspect and ast).
     from isoprobe.errors import ExitCode, ProbeError, SpecError, Terminated
