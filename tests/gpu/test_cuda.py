@@ -104,3 +104,27 @@ def test_cuda_gradient_checkpointing_lowers_the_peak(tmp_path):
     checkpointed = _one_trial(tmp_path / "ckpt", {**_spec("2GiB"), "training": {"gradient_checkpointing": True}}, 64)
     assert checkpointed["applied"]["checkpointing"] == "blocks"
     assert checkpointed["peak_allocated_bytes"] < 0.8 * plain["peak_allocated_bytes"]
+
+
+def test_nvml_facts_for_the_cache_key_match_what_torch_sees():
+    # The parent reads the GPU from NVML (no CUDA context); the trials see it through torch. Same card.
+    import os
+
+    from isoprobe.hardware import nvml_gpus, visible_devices
+
+    gpus = nvml_gpus(visible_devices(os.environ))
+    assert gpus, "NVML sees no GPU although torch does"
+    props = torch.cuda.get_device_properties(0)
+    assert gpus[0]["name"] == props.name
+    # NVML and the runtime may count a few reserved MiB differently; the key needs the model, not the byte.
+    assert gpus[0]["total_memory_bytes"] == pytest.approx(props.total_memory, rel=0.05)
+
+
+def test_a_cached_cuda_answer_is_keyed_by_the_gpu_and_returned_without_trials(write_spec, tmp_path):
+    spec = str(write_spec(_spec("2GiB")))
+    first = run_cli("run", spec, "--format", "json", cache_dir=tmp_path / "cache")
+    assert first.returncode == 0, first.stderr
+    second = run_cli("run", spec, "--format", "json", cache_dir=tmp_path / "cache")
+    result = json.loads(second.stdout)
+    assert result["cache"]["hit"] is True and "isoprobe: trial " not in second.stderr
+    assert result["environment"]["gpus"][0]["name"] == result["device"]["name"]
