@@ -1,18 +1,40 @@
-# isoprobe as a container entrypoint: `docker run --gpus all IMAGE run /specs/resnet50.yaml`.
-# The registry's torch wheel carries its own CUDA libraries; the host needs only the NVIDIA driver
-# (and the NVIDIA container toolkit for --gpus). Without a GPU the CPU backend runs.
+# isoprobe as a container: the entrypoint is `isoprobe`, run as a non-root user.
+#
+#   docker build -t isoprobe .
+#   docker run --rm --gpus all -v "$PWD/specs:/specs:ro" -v isoprobe-cache:/cache isoprobe run resnet50.yaml
+#   docker run --rm isoprobe run /opt/isoprobe/specs/small-cnn.yaml     # a shipped spec, CPU, no mount
+#
+# Specs: mount a folder at /specs (the working directory, so relative paths work; read-only is fine,
+# a factory file next to a spec is found there). Cache: /cache is a volume, and ISOPROBE_CACHE_DIR
+# points at it, so answers outlive the container. The registry's torch wheel carries its own CUDA
+# libraries: the host needs only the NVIDIA driver and the NVIDIA container toolkit for --gpus.
+# Without a GPU the CPU backend runs. isoprobe is PID 1 here (exec-form ENTRYPOINT, no shell):
+# it forwards signals to the probe and reaps orphaned processes itself (isoprobe/pid1.py).
 FROM python:3.11-slim
 
 ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PIP_ROOT_USER_ACTION=ignore \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 
+# The project first, the specs after it: editing a spec does not reinstall torch.
 WORKDIR /opt/isoprobe
 COPY pyproject.toml README.md ./
 COPY isoprobe ./isoprobe
-COPY specs ./specs
 RUN pip install . && isoprobe --version
+COPY specs ./specs
 
-WORKDIR /work
+# A fixed uid (1000) so that files written to a bind-mounted cache belong to a predictable owner;
+# /cache is created and chowned before VOLUME, so a fresh named volume starts writable for it.
+RUN groupadd --gid 1000 isoprobe \
+    && useradd --uid 1000 --gid isoprobe --create-home --shell /usr/sbin/nologin isoprobe \
+    && mkdir -p /specs /cache \
+    && chown isoprobe:isoprobe /specs /cache
+ENV ISOPROBE_CACHE_DIR=/cache
+VOLUME ["/cache"]
+
+USER 1000:1000
+WORKDIR /specs
 ENTRYPOINT ["isoprobe"]
 CMD ["--help"]

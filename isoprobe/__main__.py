@@ -1,5 +1,5 @@
 """``python -m isoprobe`` is the same as the ``isoprobe`` command."""
 
-from isoprobe.cli import main
+from isoprobe.cli import entry
 
-raise SystemExit(main())
+raise SystemExit(entry())

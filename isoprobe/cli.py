@@ -360,6 +360,13 @@ def cmd_plot(args: argparse.Namespace) -> int:
 _COMMANDS = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema, "show": cmd_show, "plot": cmd_plot}
 
 
+def entry() -> int:
+    """The ``isoprobe`` command: ``main``, behind a tiny init when isoprobe is PID 1 (a container)."""
+    from isoprobe.pid1 import main_as_pid1
+
+    return main_as_pid1(main)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     # pydantic looks for plugins in every installed distribution's entry points when it builds its
