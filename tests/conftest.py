@@ -107,6 +107,17 @@ def _describe(pids: list[int]) -> str:
     return "; ".join(out)
 
 
+def wait_for(predicate, timeout: float):
+    """Poll ``predicate`` every 50 ms until it returns something true or ``timeout`` seconds pass; its last value."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    return predicate()
+
+
 @dataclass
 class CliRun:
     returncode: int

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import FAULTS, REPO, hog_spec
+from conftest import FAULTS, REPO, hog_spec, wait_for as _wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -88,16 +88,6 @@ def test_signal_mid_trial_kills_the_child_and_prints_the_trials_so_far(write_spe
     assert result["stop_reason"] == reason
     assert result["answered"] is False
     assert len(result["trials"]) >= 1
-
-
-def _wait_for(predicate, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    return predicate()
 
 
 def _descendants(pid: int) -> list[int]:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAULTS, REPO
+from conftest import FAULTS, REPO, wait_for as _wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -67,16 +67,6 @@ def _tree(root: int) -> dict[int, str]:
             tree[current] = table[current][0]
         frontier += [pid for pid, (_, ppid) in table.items() if ppid == current]
     return tree
-
-
-def _wait_for(predicate, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)
-    return predicate()
 
 
 @pytest.fixture
