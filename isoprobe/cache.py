@@ -154,9 +154,10 @@ class ResultCache:
         return FileLock(str(self.directory / f"{key}.lock"))
 
     def read(self, key: str) -> str | None:
+        """The entry's text, or None when there is none; other errors (permissions) are the caller's."""
         try:
             return self.entry(key).read_text(encoding="utf-8")
-        except (FileNotFoundError, NotADirectoryError):
+        except FileNotFoundError:
             return None
 
     def write(self, key: str, text: str) -> Path:

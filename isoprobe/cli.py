@@ -250,16 +250,20 @@ def _result_for(args: argparse.Namespace, log: _Log):
         return _probe(spec, args, reporter, environ, environment, cache=None)
     cache = ResultCache(cache_directory(environ))
     key = cache_key(key_material(spec, args.spec, environ, gpus))
-    if not args.refresh and (hit := _cached(cache, key, spec, args, reporter, environ, environment)):
-        return hit
-    lock = cache.lock(key)
     from filelock import Timeout
 
     try:
-        lock.acquire(timeout=0)
-    except Timeout:
-        reporter.note(f"another isoprobe is probing this setup (lock {lock.lock_file}); waiting for its answer")
-        lock.acquire()
+        if not args.refresh and (hit := _cached(cache, key, spec, args, reporter, environ, environment)):
+            return hit
+        lock = cache.lock(key)
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            reporter.note(f"another isoprobe is probing this setup (lock {lock.lock_file}); waiting for its answer")
+            lock.acquire()
+    except OSError as exc:  # an unusable cache folder (read-only, not a folder) costs the cache, not the answer
+        reporter.note(f"the cache folder {cache.directory} cannot be used ({exc.strerror or exc}); probing without it")
+        return _probe(spec, args, reporter, environ, environment, cache=None)
     try:
         if not args.refresh and (hit := _cached(cache, key, spec, args, reporter, environ, environment)):
             return hit

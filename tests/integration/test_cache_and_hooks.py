@@ -76,6 +76,15 @@ def test_a_cache_entry_that_is_not_a_result_is_probed_again(write_spec, tmp_path
     assert json.loads(entry.read_text())["max_batch_size"] == 2  # and the entry is whole again
 
 
+def test_an_unusable_cache_folder_costs_the_cache_not_the_answer(write_spec, tmp_path):
+    not_a_folder = tmp_path / "cache"
+    not_a_folder.write_text("a file where the cache folder should be")
+    run = run_cli("run", str(write_spec(hog_spec(max_batch_size=2))), "--format", "json", cache_dir=not_a_folder)
+    assert run.returncode == 0, run.stderr
+    assert "cannot be used" in run.stderr and "Traceback" not in run.stderr
+    assert run.json["max_batch_size"] == 2 and run.json["cache"] is None
+
+
 def test_hook_mode_gives_the_fallback_when_nothing_fits_and_caches_nothing(write_spec, tmp_path):
     cache, log = tmp_path / "cache", tmp_path / "hook.log"
     spec = str(write_spec(hog_spec(start_batch_size=96)))  # ~3 GiB of activations under a 1.5 GiB cap
