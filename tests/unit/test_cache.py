@@ -11,7 +11,6 @@ from isoprobe import cache as cache_module
 from isoprobe.cache import ResultCache, cache_directory, cache_key, key_material
 from isoprobe.spec import Spec
 
-REPO = Path(__file__).resolve().parents[2]
 A100 = [{"nvml_index": 0, "uuid": "GPU-a", "name": "NVIDIA A100-SXM4-80GB", "total_memory_bytes": 80 * 1024**3,
          "driver_version": "550.54.15"}]
 
