@@ -21,6 +21,14 @@ REPO = TESTS.parent
 MODELS = TESTS / "models.py"
 FAULTS = TESTS / "faults.py"
 
+# The suite sends SIGINT to isoprobe processes and expects Ctrl-C's behaviour (exit 130 with the
+# trials so far). A non-interactive shell starts background commands (`nohup bash .ci/run &`) with
+# SIGINT ignored, every child inherits that, and Python then installs no KeyboardInterrupt handler:
+# isoprobe rightly keeps ignoring it, and the SIGINT tests hung (measured: SigIgn of the stuck
+# isoprobe had SIGINT set, 2026-11-23). A handler, unlike SIG_IGN, is reset to the default at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
 # Make this pytest process a child subreaper: a process that isoprobe orphans is
 # re-parented here instead of to init, so it stays a descendant and the
 # leftover check below sees it.
