@@ -184,6 +184,19 @@ def hog_spec(**search) -> dict:
     }
 
 
+def faulty_spec(fault: str, *, at: int, trial_timeout: float, **fault_kwargs) -> dict:
+    """A tiny CPU spec around tests/faults.py:faulty: batches from ``at`` on do ``fault``; the search starts at 2."""
+    return {
+        "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": fault, "at": at, **fault_kwargs}},
+        "input": {"shape": [16]},
+        "target": {"classes": 4},
+        "optimizer": {"name": "sgd"},
+        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": trial_timeout},
+        "device": "cpu",
+        "memory_budget": "2GiB",
+    }
+
+
 def run_one_trial(spec: dict, batch: int, workdir: Path, budget: int) -> dict:
     """One trial of ``spec`` at ``batch`` in a fresh child under the CPU cap; its result event (it must fit)."""
     from isoprobe.spec import Spec

@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from conftest import FAULTS, REPO, hog_spec, wait_for as _wait_for
+from conftest import REPO, faulty_spec, hog_spec, wait_for as _wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -40,15 +40,7 @@ def _alive(pid: int) -> bool:
 
 
 def hanging_after_first_trial() -> dict:
-    return {
-        "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": "hang", "at": 3}},
-        "input": {"shape": [16]},
-        "target": {"classes": 4},
-        "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": 300},
-        "device": "cpu",
-        "memory_budget": "2GiB",
-    }
+    return faulty_spec("hang", at=3, trial_timeout=300)
 
 
 @pytest.mark.parametrize(("signum", "code", "reason"), [(signal.SIGINT, 130, "interrupted"),

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAULTS, REPO, wait_for as _wait_for
+from conftest import REPO, faulty_spec, wait_for as _wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -136,15 +136,7 @@ def _leaking_spec(tmp_path: Path) -> Path:
     # kills the group after the trial; by then the sleep is an orphan of PID 1, which must reap it.
     # `edge` is far away: the probe has dozens of trials to go when the SIGTERM comes.
     path = tmp_path / "leaking.yaml"
-    path.write_text(json.dumps({
-        "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": "grandchild", "at": 2, "edge": 1000000}},
-        "input": {"shape": [16]},
-        "target": {"classes": 4},
-        "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": 120},
-        "device": "cpu",
-        "memory_budget": "2GiB",
-    }))
+    path.write_text(json.dumps(faulty_spec("grandchild", at=2, edge=1000000, trial_timeout=120)))
     return path
 
 
