@@ -29,7 +29,7 @@ EXIT_CODES_HELP = """exit codes:
   2    bad spec or usage
   3    not even the start batch fits
   4    the probe could not answer (a trial raised an error, crashed or timed out)
-  130  interrupted (SIGINT); 143 terminated (SIGTERM)
+  130  interrupted (SIGINT); 143 terminated (SIGTERM); 141 stdout closed early (a pipe to head)
 """
 
 RUN_FORMATS = ("auto", "json", "table", "env", "taskprolog")
@@ -400,3 +400,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Terminated:
         print("isoprobe: terminated before the first trial", file=sys.stderr)
         return ExitCode.TERMINATED
+    except BrokenPipeError:
+        # stdout's reader went away (``isoprobe show R.json | head``): not an error worth a traceback.
+        # stdout is pointed at /dev/null so that the interpreter's final flush fails quietly too.
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return ExitCode.STDOUT_CLOSED

@@ -29,6 +29,7 @@ class ExitCode(enum.IntEnum):
     START_DOES_NOT_FIT = 3
     NO_ANSWER = 4
     INTERRUPTED = 130
+    STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
     TERMINATED = 143
 
 

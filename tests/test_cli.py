@@ -143,3 +143,13 @@ def test_help_documents_the_exit_codes():
     assert run.returncode == 0
     for code in ("0", "2", "3", "4", "130"):
         assert f"\n  {code} " in run.stdout
+
+
+def test_a_reader_that_stops_early_gets_no_traceback():
+    # `isoprobe schema | true`: the reader is gone before isoprobe (0.1 s to start) writes a byte.
+    reader_gone = subprocess.run(
+        f"{sys.executable} -m isoprobe schema | true; echo \"${{PIPESTATUS[0]}}\"",
+        shell=True, executable="/bin/bash", capture_output=True, text=True, cwd=REPO, timeout=60,
+    )
+    assert "Traceback" not in reader_gone.stderr and "BrokenPipe" not in reader_gone.stderr, reader_gone.stderr
+    assert reader_gone.stdout.strip() == "141"
