@@ -99,16 +99,13 @@ def _package_versions(spec: Spec) -> dict[str, str | None]:
 
 def _torch_cuda_version() -> str | None:
     """The CUDA release torch was built with, from torch/version.py's text (importing torch takes seconds)."""
-    import importlib.util
+    from isoprobe.catalog import package_folder
 
-    try:
-        found = importlib.util.find_spec("torch")
-    except (ImportError, ValueError):
-        return None
-    if found is None or not found.submodule_search_locations:
+    package = package_folder("torch")
+    if package is None:
         return None
     try:
-        text = (Path(list(found.submodule_search_locations)[0]) / "version.py").read_text()
+        text = (package / "version.py").read_text()
     except OSError:
         return None
     match = re.search(r"^cuda\b[^=\n]*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)

@@ -28,6 +28,17 @@ _DECORATOR_OR_DEF = re.compile(
 )
 
 
+def package_folder(name: str) -> Path | None:
+    """Where an installed package's files are, found without importing it (importing torch takes seconds)."""
+    try:
+        found = importlib.util.find_spec(name)
+    except (ImportError, ValueError):
+        return None
+    if found is None or not found.submodule_search_locations:
+        return None
+    return Path(next(iter(found.submodule_search_locations)))
+
+
 @functools.lru_cache(maxsize=1)
 def torchvision_model_names() -> frozenset[str] | None:
     """Registered torchvision model names, or None when they cannot be read from source.
@@ -35,13 +46,10 @@ def torchvision_model_names() -> frozenset[str] | None:
     A decorator line names the model (its ``name=`` or, without one, the next
     ``def`` after it); a ``def`` with no decorator pending is not a model.
     """
-    try:
-        found = importlib.util.find_spec("torchvision")
-    except (ImportError, ValueError):
+    package = package_folder("torchvision")
+    if package is None:
         return None
-    if found is None or not found.submodule_search_locations:
-        return None
-    models_dir = Path(next(iter(found.submodule_search_locations))) / "models"
+    models_dir = package / "models"
     names: set[str] = set()
     for source in models_dir.rglob("*.py"):
         try:
