@@ -27,9 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from isoprobe.training import Step, build_optimizer  # noqa: E402
-from isoprobe.workload import build_model  # noqa: E402
+from isoprobe.child.training import Step, build_optimizer  # noqa: E402
+from isoprobe.child.workload import build_model  # noqa: E402
 from isoprobe.outcomes import Outcome, classify_exception, maybe_allocation_failure  # noqa: E402
+from isoprobe.spec import MAX_BATCH_SIZE, Spec  # noqa: E402
 
 
 def is_out_of_memory(exc: BaseException) -> bool:
@@ -41,7 +42,7 @@ def is_out_of_memory(exc: BaseException) -> bool:
 def main(request_path: str) -> None:
     started = time.monotonic()
     request = json.loads(Path(request_path).read_text())
-    spec, device_name = request["spec"], request["device"]
+    spec, device_name = Spec.model_validate(request["spec"]), request["device"]
     import torch
 
     device = torch.device(device_name)
@@ -63,7 +64,7 @@ def main(request_path: str) -> None:
         prepared = None
         try:
             prepared = step.batch(batch)
-            for _ in range(spec["search"]["steps"]):
+            for _ in range(spec.search.steps):
                 step.run(prepared)
             if cuda:
                 torch.cuda.synchronize(device)
@@ -84,11 +85,9 @@ def main(request_path: str) -> None:
         trials.append({"batch_size": batch, "fits": ok, "seconds": round(time.monotonic() - began, 3)})
         return ok
 
-    cap = spec["search"].get("max_batch_size")
-    dataset = spec["search"].get("dataset_size")
-    highest = min(c for c in (cap, dataset, 1 << 24) if c is not None)
+    highest = min(c for c in (spec.search.cap, MAX_BATCH_SIZE) if c is not None)
     low, high = None, None
-    batch = spec["search"]["start_batch_size"]
+    batch = spec.search.start_batch_size
     while high is None and (low is None or low < highest):
         if fits(batch):
             low, batch = batch, min(2 * batch, highest)

@@ -43,7 +43,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from isoprobe.spec import load_spec  # noqa: E402
-from isoprobe.supervisor import _prepare_child, child_environment  # noqa: E402
+from isoprobe.executors.processes import child_environment, prepare_child  # noqa: E402
 
 VARIANTS = {
     "guided": {"warm_start": True},
@@ -109,7 +109,7 @@ def run_baseline(spec_path: Path, result: dict) -> dict:
         done = subprocess.run(
             [sys.executable, str(ROOT / "benchmarks" / "baseline_loop.py"), str(request_path)],
             capture_output=True, text=True, env=env,
-            preexec_fn=_prepare_child(budget if backend == "cpu" else None, os.getpid()),
+            preexec_fn=prepare_child(budget if backend == "cpu" else None, os.getpid()),
         )
         wall = time.monotonic() - began
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]

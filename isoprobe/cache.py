@@ -31,7 +31,7 @@ from pathlib import Path
 
 from isoprobe import __version__
 from isoprobe.hardware import cpu_name, ram_bytes, visible_devices
-from isoprobe.spec import Spec
+from isoprobe.spec import CALLABLE_FIELDS, Spec, is_file_reference
 
 CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
 #: Bumped when the key's recipe changes, so old entries are simply not found.
@@ -83,10 +83,8 @@ def _package_versions(spec: Spec) -> dict[str, str | None]:
     from importlib import metadata
 
     names = ["torch", "torchvision"]
-    if spec.model.timm:
-        names.append("timm")
-    if spec.model.huggingface:
-        names.append("transformers")
+    if spec.model.library not in (None, *names):
+        names.append(spec.model.library)
     versions: dict[str, str | None] = {}
     for name in names:
         try:
@@ -115,12 +113,12 @@ def _torch_cuda_version() -> str | None:
 def _code_digests(spec: Spec, spec_dir: Path) -> dict[str, str]:
     """SHA-256 of the user's files the spec's factory, batch and loss come from: editing the model is a new key."""
     digests = {}
-    for name in ("factory", "batch", "loss"):
+    for name in CALLABLE_FIELDS:
         reference = getattr(spec.model, name)
         if reference is None:
             continue
         target = reference.rsplit(":", 1)[0]
-        if target.endswith(".py") or "/" in target:
+        if is_file_reference(target):
             candidates = [Path(target)]
         else:  # a module found from the spec's folder (where the child looks first)
             relative = Path(*target.split("."))

@@ -235,90 +235,17 @@ def _render(result, fmt: str) -> str:
 
 def _result_for(args: argparse.Namespace, log: _Log):
     """The result for the spec: from the cache when it holds the answer, else from a probe (then stored)."""
-    import os
-
-    from isoprobe.cache import ResultCache, cache_directory, cache_key, key_material
-    from isoprobe.hardware import nvml_gpus, run_environment, visible_devices
     from isoprobe.output import Reporter
+    from isoprobe.probe.answer import answer
 
-    spec = _load(args)
-    reporter = Reporter(log.say)
-    environ = dict(os.environ)
-    gpus = nvml_gpus(visible_devices(environ))
-    environment = run_environment(environ, gpus)
-    if args.no_cache:
-        return _probe(spec, args, reporter, environ, environment, cache=None)
-    cache = ResultCache(cache_directory(environ))
-    key = cache_key(key_material(spec, args.spec, environ, gpus))
-    from filelock import Timeout
-
-    try:
-        if not args.refresh and (hit := _cached(cache, key, spec, args, reporter, environ, environment)):
-            return hit
-        lock = cache.lock(key)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            reporter.note(f"another isoprobe is probing this setup (lock {lock.lock_file}); waiting for its answer")
-            lock.acquire()
-    except OSError as exc:  # an unusable cache folder (read-only, not a folder) costs the cache, not the answer
-        reporter.note(f"the cache folder {cache.directory} cannot be used ({exc.strerror or exc}); probing without it")
-        return _probe(spec, args, reporter, environ, environment, cache=None)
-    try:
-        if not args.refresh and (hit := _cached(cache, key, spec, args, reporter, environ, environment)):
-            return hit
-        return _probe(spec, args, reporter, environ, environment, cache=(cache, key))
-    finally:
-        lock.release()
-
-
-def _probe(spec, args, reporter, environ, environment, cache):
-    from isoprobe.cache import now_utc
-    from isoprobe.output import result_json
-    from isoprobe.probe import run_probe
-    from isoprobe.result import CacheInfo, RunEnvironment
-
-    budget_source = "command line" if args.memory_budget is not None else "spec"
-    result = run_probe(spec, args.spec, reporter, budget_source=budget_source, environ=environ)
-    result = result.model_copy(update={"environment": RunEnvironment.model_validate(environment)})
-    if cache is None or not result.answered:  # only proven answers are kept; a failure is probed again
-        return result
-    store, key = cache
-    info = CacheInfo(hit=False, key=key, path=str(store.entry(key)), stored_at=now_utc())
-    result = result.model_copy(update={"cache": info})
-    try:
-        store.write(key, result_json(result))
-        reporter.note(f"answer cached in {info.path}")
-    except OSError as exc:  # a read-only or full cache folder costs the next run a probe, not this one its answer
-        reporter.note(f"could not write the cache entry {info.path}: {exc.strerror or exc}")
-        result = result.model_copy(update={"cache": None})
-    return result
-
-
-def _cached(cache, key, spec, args, reporter, environ, environment):
-    """The stored answer, re-planned and re-labelled for this invocation, or None (missing or unreadable)."""
-    from pydantic import ValidationError
-
-    from isoprobe.plan import accumulation_plan
-    from isoprobe.result import CacheInfo, Result, RunEnvironment
-
-    text = cache.read(key)
-    if text is None:
-        return None
-    try:
-        stored = Result.model_validate_json(text)
-    except (ValidationError, ValueError) as exc:
-        reporter.note(f"cache entry {cache.entry(key)} is unreadable ({type(exc).__name__}); probing again")
-        return None
-    reporter.note(f"answer from the cache ({cache.entry(key)}, stored {stored.cache.stored_at if stored.cache else '?'}); "
-                  "no trial ran (--refresh probes again)")
-    return stored.model_copy(update={
-        "spec_path": args.spec,
-        "environment": RunEnvironment.model_validate(environment),
-        "accumulation": accumulation_plan(spec, stored.recommended_batch_size or stored.max_batch_size, environ),
-        "cache": CacheInfo(hit=True, key=key, path=str(cache.entry(key)),
-                           stored_at=stored.cache.stored_at if stored.cache else None),
-    })
+    return answer(
+        _load(args),
+        args.spec,
+        Reporter(log.say),
+        use_cache=not args.no_cache,
+        refresh=args.refresh,
+        budget_source="command line" if args.memory_budget is not None else "spec",
+    )
 
 
 def _read_result(path: str):

@@ -11,7 +11,7 @@ when set (even empty: no GPU), else ``SLURM_STEP_GPUS`` (an srun step's GPUs),
 else ``SLURM_JOB_GPUS`` (a batch shell gets only this). Slurm exports
 ``CUDA_VISIBLE_DEVICES`` itself for steps that ask for GPUs, but a hook or a batch
 shell can see only the job's list; the trials must then use the job's GPUs, not
-GPU 0 of the node, so :func:`visible_devices` tells the supervisor what to pass on.
+GPU 0 of the node, so :func:`visible_devices` tells the local executor what to pass on.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A trial killed by the kernel's OOM killer (or a memory cgroup's limit) dies of
 SIGKILL with no message, exactly like a trial killed by anything else. The
 memory cgroup counts its OOM kills (cgroup v2: ``memory.events``, v1:
-``memory.oom_control``, line ``oom_kill N``). The supervisor reads the counter
+``memory.oom_control``, line ``oom_kill N``). The local executor reads the counter
 of the cgroup the child runs in before and after the trial: a SIGKILL during
 which the counter moved is classified as out of memory, with that evidence in
 the result. Where no counter can be read, a SIGKILL stays 'crashed'.

@@ -1,6 +1,6 @@
 """How a trial ended, and how to tell an out-of-memory failure from everything else.
 
-Shared by the child (which classifies its own exception), the supervisor (which
+Shared by the child (which classifies its own exception), the probe (which
 adds crashed and timed out) and the search (which only moves on fits and
 out_of_memory). Plain Python on purpose: the child imports it before torch, and
 the classifier is tested with strings, without torch.
@@ -19,6 +19,23 @@ class Outcome(str, enum.Enum):
     ERROR = "error"                  # any other exception: a bug in the model or spec, not a memory verdict
     CRASHED = "crashed"              # killed by a signal, or exited without a complete result
     TIMED_OUT = "timed_out"          # ran past the trial timeout; its process group was killed
+
+
+class StopReason(str, enum.Enum):
+    """Why a probe ended; decides the exit code (``result.exit_code_for``).
+
+    The search ends with one of the first six; the probe adds the two
+    interrupts. One enumeration for both, so a search's stop is the result's.
+    """
+
+    EDGE_FOUND = "edge_found"                  # max fits (every time) and max + 1 fails
+    CAPPED = "capped"                          # the largest allowed batch fits (every time); see ``limited_by``
+    START_DOES_NOT_FIT = "start_does_not_fit"  # not even the start batch fits
+    ERROR = "error"                            # a trial raised a non-memory exception (a bug, not a verdict)
+    CRASHED = "crashed"                        # nothing fits, and the start batch's verdict is crashed
+    TIMED_OUT = "timed_out"                    # nothing fits, and the start batch's verdict is timed out
+    INTERRUPTED = "interrupted"                # SIGINT (Ctrl-C)
+    TERMINATED = "terminated"                  # SIGTERM
 
 
 #: Substrings of exception messages that mean an allocation failed. Checked

@@ -10,11 +10,11 @@ does not do, and isoprobe does neither on its own:
   be unkillable short of SIGKILL.
 - **Orphans.** Every process whose parent dies is re-parented to PID 1, and only
   PID 1 can reap it. Trials leave such processes behind (compile workers,
-  data-loader workers, whatever a user's model spawns and leaks: the supervisor
+  data-loader workers, whatever a user's model spawns and leaks: the local executor
   kills a finished trial's whole group, and its members are orphans by then).
   Unreaped, each stays a zombie, holding a PID, until the container ends.
 
-Why not a SIGCHLD handler in isoprobe itself. The supervisor waits for its own
+Why not a SIGCHLD handler in isoprobe itself. The local executor waits for its own
 children through ``subprocess.Popen`` (``waitpid`` on their PIDs). A
 ``waitpid(-1)`` anywhere else in the same process would steal those exit
 statuses: Popen would then see "no such child", report exit status 0, and a

@@ -61,7 +61,9 @@ def _peak(trial: dict) -> int | None:
 
 def _model_name(result: dict) -> str:
     model = (result.get("spec") or {}).get("model") or {}
-    for source in ("torchvision", "timm", "huggingface", "factory"):
+    from isoprobe.spec import MODEL_SOURCES
+
+    for source in MODEL_SOURCES:
         value = model.get(source)
         if value:
             if source == "factory" and "/" in value:  # 'path/to/file.py:function' -> 'file.py:function'

@@ -7,13 +7,12 @@ can be traced to the trial that decided it.
 
 from __future__ import annotations
 
-import enum
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from isoprobe.errors import ExitCode
-from isoprobe.outcomes import Outcome
+from isoprobe.outcomes import Outcome, StopReason
 from isoprobe.spec import Spec
 
 SCHEMA_VERSION = 1
@@ -21,19 +20,6 @@ SCHEMA_VERSION = 1
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
-
-
-class StopReason(str, enum.Enum):
-    """Why the probe ended; decides the exit code."""
-
-    EDGE_FOUND = "edge_found"                  # max fits and max + 1 ran out of memory
-    CAPPED = "capped"                          # the largest allowed batch fits (see ``limited_by``)
-    START_DOES_NOT_FIT = "start_does_not_fit"  # not even the start batch fits
-    ERROR = "error"                            # a trial raised a non-memory exception (a bug, not a verdict)
-    CRASHED = "crashed"                        # a trial died by a signal or without a result
-    TIMED_OUT = "timed_out"                    # a trial ran past the timeout
-    INTERRUPTED = "interrupted"                # SIGINT (Ctrl-C)
-    TERMINATED = "terminated"                  # SIGTERM
 
 
 _EXIT_CODES = {

@@ -40,12 +40,11 @@ flaky or crashing batch can only make the answer smaller, never larger.
 
 from __future__ import annotations
 
-import enum
 import math
 from dataclasses import dataclass, field
 from typing import Callable
 
-from isoprobe.outcomes import Outcome
+from isoprobe.outcomes import Outcome, StopReason
 
 #: Without a user cap the search still stops: no real setup fits 16M samples,
 #: and a tiny model on tiny inputs must not double forever.
@@ -94,17 +93,6 @@ class Limits:
     def most_attempts(self) -> int:
         """No batch is ever tried more often than this."""
         return 1 + max(self.retries, self.confirmations)
-
-
-class Stop(str, enum.Enum):
-    """Why the search ended."""
-
-    EDGE_FOUND = "edge_found"                  # max fits (every time), max + 1 fails
-    CAPPED = "capped"                          # the largest allowed batch fits (every time)
-    START_DOES_NOT_FIT = "start_does_not_fit"  # the start batch runs out of memory
-    ERROR = "error"                            # a trial raised a non-memory exception
-    CRASHED = "crashed"                        # nothing fits, and the start batch's verdict is crashed
-    TIMED_OUT = "timed_out"                    # nothing fits, and the start batch's verdict is timed out
 
 
 @dataclass(frozen=True)
@@ -365,7 +353,7 @@ def plan_next(
 class Conclusion:
     """The search's answer, read off the history."""
 
-    stop: Stop
+    stop: StopReason
     max_fitting: int | None       # largest batch that fit every time it ran
     first_failing: int | None     # smallest failing batch above it
     first_failing_outcome: Outcome | None = None
@@ -375,7 +363,7 @@ class Conclusion:
     @property
     def exact(self) -> bool:
         """True when ``max_fitting`` is proven to be the largest allowed batch that fits."""
-        return self.stop in (Stop.EDGE_FOUND, Stop.CAPPED)
+        return self.stop in (StopReason.EDGE_FOUND, StopReason.CAPPED)
 
 
 @dataclass(frozen=True)
@@ -412,20 +400,20 @@ def conclude(history: list[Observation] | tuple[Observation, ...], limits: Limit
     known = progress(history, limits)
     lower, upper_outcome = known.max_fitting, known.first_failing_outcome
 
-    def answer(stop: Stop) -> Conclusion:
+    def answer(stop: StopReason) -> Conclusion:
         return Conclusion(stop, lower, known.first_failing, upper_outcome, known.flaky, history)
 
     errors = [b for b, v in judged.items() if v.outcome is Outcome.ERROR]
     if errors:
-        return answer(Stop.ERROR)
+        return answer(StopReason.ERROR)
     if plan_next(history, limits) is not None:
         raise ValueError("the search is not finished")
     if lower is None:
-        stop = {Outcome.CRASHED: Stop.CRASHED, Outcome.TIMED_OUT: Stop.TIMED_OUT}.get(
-            upper_outcome, Stop.START_DOES_NOT_FIT
+        stop = {Outcome.CRASHED: StopReason.CRASHED, Outcome.TIMED_OUT: StopReason.TIMED_OUT}.get(
+            upper_outcome, StopReason.START_DOES_NOT_FIT
         )
         return answer(stop)
-    return answer(Stop.CAPPED if known.first_failing is None else Stop.EDGE_FOUND)
+    return answer(StopReason.CAPPED if known.first_failing is None else StopReason.EDGE_FOUND)
 
 
 def run_search(

@@ -59,6 +59,22 @@ MAX_BATCH_SIZE = 1 << 24
 _CALLABLE_REFERENCE = re.compile(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*")
 #: The model sources, in the order a reader meets them; exactly one is given.
 MODEL_SOURCES = ("torchvision", "timm", "huggingface", "factory")
+#: The library (importable module and distribution) each named model source builds with; a factory has none.
+#: The one place this mapping lives: the child imports it, the cache keys its version, the warm spare preloads it.
+MODEL_LIBRARIES = {"torchvision": "torchvision", "timm": "timm", "huggingface": "transformers"}
+#: What a user installs for a source whose library is not a core dependency.
+EXTRAS = {"timm": "pip install 'isoprobe[timm]'", "huggingface": "pip install 'isoprobe[huggingface]'"}
+#: The spec fields that name a callable: 'module:function' or 'file.py:function'.
+CALLABLE_FIELDS = ("factory", "batch", "loss")
+
+
+def is_file_reference(target: str) -> bool:
+    """Whether the part before ':' of a callable reference names a file (vs. an importable module).
+
+    The one rule, used where a reference is resolved against the spec's folder,
+    hashed for the cache key, checked before any trial, and imported in the child.
+    """
+    return target.endswith(".py") or "/" in target
 
 
 class ModelSpec(_Strict):
@@ -124,7 +140,7 @@ class ModelSpec(_Strict):
                 "give exactly one of 'torchvision' (a model name), 'timm' (a model name), 'huggingface' "
                 f"(a model type) or 'factory' ('module:function'); got {', '.join(given) or 'none'}"
             )
-        for name in ("factory", "batch", "loss"):
+        for name in CALLABLE_FIELDS:
             value = getattr(self, name)
             if value is not None and not _CALLABLE_REFERENCE.fullmatch(value):
                 message = f"{name} {value!r} must look like 'package.module:function' or 'file.py:function'"
@@ -136,6 +152,11 @@ class ModelSpec(_Strict):
     def source(self) -> str:
         """Which of MODEL_SOURCES this spec names."""
         return next(name for name in MODEL_SOURCES if getattr(self, name) is not None)
+
+    @property
+    def library(self) -> str | None:
+        """The module the source builds with (MODEL_LIBRARIES), or None for a factory."""
+        return MODEL_LIBRARIES.get(self.source)
 
 
 class InputSpec(_Strict):
@@ -712,12 +733,12 @@ def _describe(location: list[str]) -> str:
 def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
     """Make file-form references (factory, batch, loss) absolute, so the child finds them from any folder."""
     update = {}
-    for name in ("factory", "batch", "loss"):
+    for name in CALLABLE_FIELDS:
         reference = getattr(spec.model, name)
         if reference is None:
             continue
         target, function = reference.rsplit(":", 1)
-        if not (target.endswith(".py") or "/" in target):
+        if not is_file_reference(target):
             continue
         file = (base / target).resolve()
         if not file.is_file():
@@ -732,10 +753,6 @@ def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
 
 
 #: The optional extras, by model source: the distribution to look for and how to install it.
-EXTRAS = {"timm": ("timm", "pip install 'isoprobe[timm]'"),
-          "huggingface": ("transformers", "pip install 'isoprobe[huggingface]'")}
-
-
 def check_references(spec: Spec, source: str) -> None:
     """Checks that need the installed packages but not torch itself: does the named model exist?
 
@@ -745,16 +762,16 @@ def check_references(spec: Spec, source: str) -> None:
     from isoprobe.catalog import suggest, torchvision_model_names
 
     problems: list[Problem] = []
-    for name in ("factory", "batch", "loss"):
+    for name in CALLABLE_FIELDS:
         problems += _factory_problems(getattr(spec.model, name), Path(source).parent, f"model.{name}")
     source_name = spec.model.source
     if source_name in EXTRAS:
         import importlib.util
 
-        module, install = EXTRAS[source_name]
+        module = spec.model.library
         if importlib.util.find_spec(module) is None:
             problems.append(Problem(f"model.{source_name}", f"needs the {module} package, which is not installed",
-                                    install))
+                                    EXTRAS[source_name]))
     name = spec.model.torchvision
     known = torchvision_model_names()
     if name is not None and known is not None and name not in known:
@@ -779,7 +796,7 @@ def _factory_problems(factory: str | None, spec_dir: Path, field: str = "model.f
     if factory is None:
         return []
     target, function = factory.rsplit(":", 1)
-    if target.endswith(".py") or "/" in target:
+    if is_file_reference(target):
         file = Path(target)
         try:
             tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))

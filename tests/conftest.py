@@ -159,6 +159,66 @@ def run_cli(
     return CliRun(done.returncode, done.stdout, done.stderr)
 
 
+def cli(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None, cache_dir: Path | None = None,
+) -> CliRun:
+    """``isoprobe ARGS`` in this process: ``isoprobe.cli.main``, as ``run_cli`` runs it but without a new interpreter.
+
+    For what needs no process of its own (validate, schema, help, show, mistakes refused before a
+    trial): a fresh ``python -m isoprobe`` costs ~0.4 s of start-up, this a few milliseconds. It
+    reproduces what a caller of the real command sees: stdout and stderr captured as text, the
+    exit status (a ``SystemExit``, as argparse raises for --help and usage errors, becomes its
+    code; an exception that escapes ``main`` becomes the interpreter's traceback on stderr and
+    status 1), ``env`` on top of the environment, ``cwd`` (the repository by default) and an
+    empty result cache of its own unless ``cache_dir`` names one. Everything it touches is put
+    back afterwards: os.environ, the working folder, sys.path, sys.stdout/sys.stderr and the
+    SIGINT/SIGTERM handlers (``isoprobe run`` installs one for SIGTERM).
+
+    What it cannot show, use ``run_cli`` for: the modules a fresh interpreter imports, the
+    interpreter's exit path (final flush, a closed pipe), signals sent from outside.
+    """
+    import contextlib
+    import io
+    import traceback
+
+    from isoprobe.cli import main
+
+    stdout, stderr = io.StringIO(), io.StringIO()
+    saved_environ = dict(os.environ)
+    saved_cwd = os.getcwd()
+    saved_path = list(sys.path)
+    saved_handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with tempfile.TemporaryDirectory(prefix="isoprobe-cache-") as fresh:
+            os.environ.update(env or {})
+            os.environ["ISOPROBE_CACHE_DIR"] = str(cache_dir or fresh)
+            os.chdir(cwd or REPO)
+            with contextlib.redirect_stdout(stdout), contextlib.redirect_stderr(stderr):
+                try:
+                    returncode = main(list(args))
+                except SystemExit as exit_:  # as the interpreter maps it: None is 0, a message is 1
+                    if exit_.code is None or isinstance(exit_.code, int):
+                        returncode = exit_.code or 0
+                    else:
+                        print(exit_.code, file=sys.stderr)
+                        returncode = 1
+                except KeyboardInterrupt:
+                    raise
+                except Exception:  # what `python -m isoprobe` would print before exiting 1
+                    traceback.print_exc(file=sys.stderr)
+                    returncode = 1
+    finally:
+        os.chdir(saved_cwd)
+        for name in set(os.environ) - set(saved_environ):
+            del os.environ[name]
+        os.environ.update(saved_environ)
+        sys.path[:] = saved_path
+        for signum, handler in saved_handlers.items():
+            if handler is not None:  # None: installed outside Python, cannot be put back from here
+                signal.signal(signum, handler)
+    return CliRun(int(returncode), stdout.getvalue(), stderr.getvalue())
+
+
 @pytest.fixture
 def write_spec(tmp_path):
     """Write a spec (a dict) as YAML and return its path."""
@@ -198,20 +258,19 @@ def faulty_spec(fault: str, *, at: int, trial_timeout: float, **fault_kwargs) ->
 
 
 def run_one_trial(spec: dict, batch: int, workdir: Path, budget: int) -> dict:
-    """One trial of ``spec`` at ``batch`` in a fresh child under the CPU cap; its result event (it must fit)."""
-    from isoprobe.spec import Spec
-    from isoprobe.supervisor import classify_exit, run_child
+    """One trial of ``spec`` at ``batch`` in a fresh child under the CPU cap; its result event (it must fit).
 
-    request = {
-        "mode": "trial",
-        "spec": Spec.model_validate(spec).model_dump(mode="json"),
-        "batch_size": batch,
-        "device": "cpu",
-        "memory_budget_bytes": budget,
-        "python_path": [str(TESTS)],
-    }
-    run = run_child(request, workdir, backend="cpu", timeout=300, memory_limit=budget, allocator=None, name="t")
-    verdict = classify_exit(run)
-    result = verdict.result or {}
-    assert verdict.outcome.value == "fits", (verdict, result.get("error"), run.stderr_tail[-2000:])
-    return result
+    The child's ``TrialResult`` as a dict (``model_dump()``): a field the child left unset is None.
+    """
+    from isoprobe.executors import Conditions
+    from isoprobe.executors.local import run_once
+    from isoprobe.probe.classify import classify_exit
+    from isoprobe.protocol import TrialRequest
+    from isoprobe.spec import Spec
+
+    request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cpu",
+                           memory_budget_bytes=budget, python_path=[str(TESTS)])
+    run = run_once(request, Conditions(backend="cpu", memory_limit=budget), timeout=300, workdir=workdir)
+    end = classify_exit(run)
+    assert end.outcome.value == "fits", (end, end.result and end.result.error, run.stderr_tail[-2000:])
+    return end.result.model_dump()

@@ -17,7 +17,6 @@ flaky_oom (out of memory with probability ``probability``), nth:K:<fault>
 from __future__ import annotations
 
 import ctypes
-import json
 import os
 import random
 import signal
@@ -27,6 +26,9 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
+from isoprobe.outcomes import Outcome
+from isoprobe.protocol import EVENTS_ENV, TrialResult, event_line
 
 CPU_OOM_MESSAGE = (
     "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
@@ -60,11 +62,11 @@ def _commit(fault: str, probability: float) -> None:
         junk = bytes(random.Random(7).randrange(256) for _ in range(4096))
         os.write(1, junk)
         os.write(2, junk)
-        os.write(1, b'{"event": "result", "outcome": "fits"}\n')  # a fake verdict on stdout changes nothing
+        os.write(1, event_line(TrialResult(outcome=Outcome.FITS, phase="done")))  # a verdict on stdout changes nothing
     elif fault == "half_result":
-        line = json.dumps({"event": "result", "outcome": "fits", "phase": "done", "step_seconds": []})
-        fd = os.open(os.environ["ISOPROBE_EVENTS"], os.O_WRONLY | os.O_APPEND)
-        os.write(fd, line[: len(line) // 2].encode())
+        line = event_line(TrialResult(outcome=Outcome.FITS, phase="done", step_seconds=[]))
+        fd = os.open(os.environ[EVENTS_ENV], os.O_WRONLY | os.O_APPEND)
+        os.write(fd, line[: len(line) // 2])
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault in ("grandchild", "grandchild_hang"):
         subprocess.Popen(["sleep", "1000"], stdout=1, stderr=2, close_fds=False)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import TESTS, run_cli
+from conftest import TESTS, cli, run_cli
 
 BAD = TESTS / "bad_specs"
 
@@ -96,7 +96,7 @@ def _assert_refused(run, path: Path, first_line: str, fix: str | None) -> None:
 @pytest.mark.parametrize(("name", "first_line", "fix"), STATIC, ids=[row[0] for row in STATIC])
 def test_static_bad_spec_is_refused_with_its_message(name, first_line, fix):
     path = BAD / name
-    _assert_refused(run_cli("validate", str(path)), path, first_line.replace("{here}", str(BAD)), fix)
+    _assert_refused(cli("validate", str(path)), path, first_line.replace("{here}", str(BAD)), fix)
 
 
 @pytest.mark.integration

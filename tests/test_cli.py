@@ -1,6 +1,8 @@
 """The command line as a user meets it: validate, schema, help, and mistakes without tracebacks.
 
-Fast: nothing here runs a trial.
+Fast: nothing here runs a trial. Most tests call the CLI in this process (``cli``); the ones
+about the process itself (what a fresh interpreter imports, a closed pipe at exit) and one
+end-to-end refusal run the real ``python -m isoprobe`` (``run_cli``).
 """
 
 from __future__ import annotations
@@ -9,14 +11,19 @@ import json
 import subprocess
 import sys
 
-from conftest import REPO, run_cli
+from conftest import REPO, cli, run_cli
 
 
 def test_parent_modules_never_import_torch():
+    """Every module of the package but the child's (found by walking it, so a new module is covered too)."""
     code = (
-        "import sys\n"
-        "import isoprobe.cli, isoprobe.probe, isoprobe.supervisor, isoprobe.search, isoprobe.spec, "
-        "isoprobe.result, isoprobe.output, isoprobe.recommend, isoprobe.catalog\n"
+        "import importlib, pkgutil, sys\n"
+        "import isoprobe\n"
+        "names = [m.name for m in pkgutil.walk_packages(isoprobe.__path__, 'isoprobe.')\n"
+        "         if not m.name.startswith('isoprobe.child') and m.name != 'isoprobe.__main__']\n"
+        "assert {'isoprobe.probe.pipeline', 'isoprobe.executors.local', 'isoprobe.protocol'} <= set(names), names\n"
+        "for name in names:\n"
+        "    importlib.import_module(name)\n"
         "from isoprobe.cli import main\n"
         "main(['validate', 'specs/resnet50.yaml'])\n"
         "assert 'torch' not in sys.modules, 'the parent imported torch'\n"
@@ -56,7 +63,8 @@ def test_each_command_imports_only_what_it_needs():
 
     validate = _modules_loaded_by("validate", "specs/resnet50.yaml")
     assert {"pydantic", "yaml", "isoprobe.spec"} <= validate
-    assert not {"isoprobe.result", "isoprobe.output", "isoprobe.probe", "isoprobe.supervisor", "torch"} & validate
+    assert not {"isoprobe.result", "isoprobe.output", "isoprobe.probe", "isoprobe.executors", "isoprobe.protocol",
+                "torch"} & validate
 
     schema = _modules_loaded_by("schema")
     assert {"pydantic", "isoprobe.result"} <= schema
@@ -69,34 +77,99 @@ def test_each_command_imports_only_what_it_needs():
 
 def test_validate_accepts_the_shipped_specs():
     for spec in sorted((REPO / "specs").glob("*.yaml")):
-        run = run_cli("validate", str(spec))
+        run = cli("validate", str(spec))
         assert run.returncode == 0, (spec, run.stderr)
         assert "valid" in run.stdout
 
 
-def test_bad_spec_is_exit_2_naming_file_field_and_fix_without_traceback(write_spec):
-    path = write_spec(
-        {
-            "model": {"torchvision": "resnet5O"},
-            "input": {"shape": [3, 224, 224]},
-            "target": {"classes": 10},
-            "optimzer": {"name": "adam"},
-            "search": {"steps": 1},
-        }
-    )
-    for command in ("validate", "run"):
-        run = run_cli(command, str(path))
-        assert run.returncode == 2
-        assert run.stdout == ""
-        assert "Traceback" not in run.stderr
-        assert str(path) in run.stderr
-        assert "optimzer" in run.stderr and "did you mean 'optimizer'" in run.stderr
-        assert "search.steps" in run.stderr
+BAD_SPEC = {
+    "model": {"torchvision": "resnet5O"},
+    "input": {"shape": [3, 224, 224]},
+    "target": {"classes": 10},
+    "optimzer": {"name": "adam"},
+    "search": {"steps": 1},
+}
 
+
+def _assert_bad_spec_refused(run, path) -> None:
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert "Traceback" not in run.stderr
+    assert str(path) in run.stderr
+    assert "optimzer" in run.stderr and "did you mean 'optimizer'" in run.stderr
+    assert "search.steps" in run.stderr
+
+
+def test_bad_spec_is_exit_2_naming_file_field_and_fix_without_traceback(write_spec):
+    path = write_spec(BAD_SPEC)
+    for command in ("validate", "run"):
+        _assert_bad_spec_refused(cli(command, str(path)), path)
+
+
+def test_a_real_process_refuses_a_bad_spec_as_the_in_process_cli_does(write_spec):
+    """End to end, as a user runs it: a fresh ``python -m isoprobe run``, its exit path included.
+
+    The tests above call ``main`` in this process; this one checks that the real command gives
+    the same refusal, byte for byte (status, stdout, stderr), so that they test what users meet.
+    """
+    path = write_spec(BAD_SPEC)
+    real = run_cli("run", str(path))
+    _assert_bad_spec_refused(real, path)
+    assert real == cli("run", str(path))
+
+
+def test_the_in_process_cli_behaves_like_a_process_and_puts_everything_back(
+    write_spec, tmp_path, monkeypatch, isolated_cache,
+):
+    """``cli``, which most tests here use instead of a fresh interpreter, is faithful and leaves no trace.
+
+    It applies ``cwd``, ``env`` and an empty cache folder of its own; ``isoprobe run`` installs a
+    SIGTERM handler and ``main`` sets PYDANTIC_DISABLE_PLUGINS, and neither may leak into the next
+    test; an exception that escapes ``main`` must look as it does to a user (a traceback on
+    stderr, status 1), so that the "no traceback" assertions here can fail.
+    """
+    import os
+    import signal
+
+    import isoprobe.cli
+
+    def mine(signum, frame):
+        pass
+
+    def show_the_process(args):
+        print(json.dumps({"cwd": os.getcwd(), "marker": os.environ.get("ISOPROBE_TEST_MARKER"),
+                          "cache": os.environ["ISOPROBE_CACHE_DIR"]}))
+        return 0
+
+    monkeypatch.delenv("PYDANTIC_DISABLE_PLUGINS", raising=False)
+    previous = signal.signal(signal.SIGTERM, mine)
+    try:
+        environ, cwd, path = dict(os.environ), os.getcwd(), list(sys.path)
+        write_spec(BAD_SPEC, name="relative.yaml")
+        run = cli("run", "relative.yaml", cwd=tmp_path, env={"ISOPROBE_TEST_MARKER": "1"})
+        _assert_bad_spec_refused(run, "relative.yaml")  # found relative to cwd
+        assert signal.getsignal(signal.SIGTERM) is mine
+        assert dict(os.environ) == environ and os.getcwd() == cwd and sys.path == path
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+    monkeypatch.setitem(isoprobe.cli._COMMANDS, "schema", show_the_process)
+    seen = cli("schema", cwd=tmp_path, env={"ISOPROBE_TEST_MARKER": "1"}).json
+    assert seen["cwd"] == str(tmp_path) and seen["marker"] == "1"
+    assert seen["cache"] != str(isolated_cache) and seen["cache"] != cli("schema").json["cache"]
+    assert cli("schema").json["cwd"] == str(REPO)  # as run_cli, the repository by default
+
+    def broken(args):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(isoprobe.cli._COMMANDS, "schema", broken)
+    run = cli("schema")
+    assert run.returncode == 1
+    assert "Traceback" in run.stderr and "RuntimeError: a bug" in run.stderr
 
 def test_unknown_model_name_is_exit_2_with_a_suggestion(write_spec):
     path = write_spec({"model": {"torchvision": "resnet5O"}, "input": {"shape": [3, 8, 8]}, "target": {"classes": 2}})
-    run = run_cli("validate", str(path))
+    run = cli("validate", str(path))
     assert run.returncode == 2
     assert "model.torchvision" in run.stderr and "resnet50" in run.stderr
 
@@ -104,7 +177,7 @@ def test_unknown_model_name_is_exit_2_with_a_suggestion(write_spec):
 def test_invalid_yaml_names_the_line(write_spec, tmp_path):
     path = tmp_path / "broken.yaml"
     path.write_text("model:\n  torchvision: [resnet50\ninput: {shape: [3]}\n")
-    run = run_cli("validate", str(path))
+    run = cli("validate", str(path))
     assert run.returncode == 2
     assert "line" in run.stderr and "YAML" in run.stderr
     assert "Traceback" not in run.stderr
@@ -112,34 +185,34 @@ def test_invalid_yaml_names_the_line(write_spec, tmp_path):
 
 def test_command_line_overrides_are_validated_and_named(write_spec):
     path = write_spec({"model": {"torchvision": "resnet18"}, "input": {"shape": [3, 8, 8]}, "target": {"classes": 2}})
-    run = run_cli("validate", str(path), "--memory-budget", "lots", "--device", "gpu")
+    run = cli("validate", str(path), "--memory-budget", "lots", "--device", "gpu")
     assert run.returncode == 2
     assert "--memory-budget" in run.stderr and "--device" in run.stderr
 
 
 def test_missing_spec_file_is_exit_2():
-    run = run_cli("run", "does/not/exist.yaml")
+    run = cli("run", "does/not/exist.yaml")
     assert run.returncode == 2
     assert "no such file" in run.stderr
 
 
 def test_usage_error_is_exit_2():
-    assert run_cli("frobnicate").returncode == 2
+    assert cli("frobnicate").returncode == 2
 
 
 def test_schema_is_json_schema_of_the_result_and_of_the_spec():
-    result_schema = json.loads(run_cli("schema").stdout)
+    result_schema = json.loads(cli("schema").stdout)
     assert result_schema["title"] == "Result"
     assert {"max_batch_size", "first_failing_batch_size", "recommended_batch_size", "trials"} <= set(
         result_schema["properties"]
     )
-    spec_schema = json.loads(run_cli("schema", "--spec").stdout)
+    spec_schema = json.loads(cli("schema", "--spec").stdout)
     assert spec_schema["title"] == "Spec"
     assert spec_schema["additionalProperties"] is False
 
 
 def test_help_documents_the_exit_codes():
-    run = run_cli("--help")
+    run = cli("--help")
     assert run.returncode == 0
     for code in ("0", "2", "3", "4", "130"):
         assert f"\n  {code} " in run.stdout

@@ -52,33 +52,41 @@ def test_bad_allocator_setting_is_not_an_out_of_memory(write_spec):
 
 def test_a_warm_cuda_child_creates_no_context_before_its_request(tmp_path):
     """Two contexts on one GPU would disturb the running trial: the spare must wait with CUDA untouched."""
+    from isoprobe.executors import Conditions
+    from isoprobe.executors.local import LocalExecutor
+    from isoprobe.probe.classify import classify_exit
+    from isoprobe.protocol import TrialRequest, Warm, last_of
     from isoprobe.spec import Spec
-    from isoprobe.supervisor import Launcher, classify_exit
 
     spec = Spec.model_validate(_spec("2GiB"))
-    request = {"mode": "trial", "spec": spec.model_dump(mode="json"), "batch_size": 16, "device": "cuda:0",
-               "memory_budget_bytes": 2 * 1024**3, "python_path": []}
-    with Launcher(tmp_path, backend="cuda", allocator=None, preload=("torch", "torch._dynamo", "torchvision"),
-                  warm=True) as launcher:
-        launcher.prestart(None)
-        run = launcher.run(request, timeout=300, memory_limit=None, name="warm")
+    request = TrialRequest(spec=spec, batch_size=16, device="cuda:0", memory_budget_bytes=2 * 1024**3,
+                           python_path=[])
+    conditions = Conditions(backend="cuda", allocator=None, preload=("torch", "torch._dynamo", "torchvision"))
+    with LocalExecutor(tmp_path, warm=True) as executor:
+        executor.prestart(conditions)
+        run = executor.run(request, conditions, timeout=300, name="warm")
     assert run.warm
-    warm = next(e for e in run.events if e["event"] == "warm")
-    assert warm["cuda_initialized"] is False
+    warm = last_of(run.events, Warm)
+    assert warm is not None, run.events
+    assert warm.cuda_initialized is False
     assert classify_exit(run).outcome.value == "fits"
 
 
 def _one_trial(tmp_path, spec: dict, batch: int) -> dict:
+    """One CUDA trial in a fresh child; its ``TrialResult`` as a dict (it must fit)."""
+    from isoprobe.executors import Conditions
+    from isoprobe.executors.local import run_once
+    from isoprobe.probe.classify import classify_exit
+    from isoprobe.protocol import TrialRequest
     from isoprobe.spec import Spec
-    from isoprobe.supervisor import classify_exit, run_child
 
     tmp_path.mkdir(parents=True, exist_ok=True)
-    request = {"mode": "trial", "spec": Spec.model_validate(spec).model_dump(mode="json"), "batch_size": batch,
-               "device": "cuda:0", "memory_budget_bytes": None, "python_path": []}
-    run = run_child(request, tmp_path, backend="cuda", timeout=300, memory_limit=None, allocator=None, name="one")
-    verdict = classify_exit(run)
-    assert verdict.outcome.value == "fits", run.stderr_tail
-    return verdict.result
+    request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cuda:0",
+                           memory_budget_bytes=None, python_path=[])
+    run = run_once(request, Conditions(backend="cuda", allocator=None), timeout=300, workdir=tmp_path)
+    end = classify_exit(run)
+    assert end.outcome.value == "fits", run.stderr_tail
+    return end.result.model_dump()
 
 
 @pytest.mark.parametrize(("precision", "dtype"), [("fp16-mixed", "float16"), ("bf16-mixed", "bfloat16")])

@@ -17,8 +17,12 @@ import time
 import pytest
 
 from conftest import hog_spec, run_cli
+from isoprobe.executors import Conditions
+from isoprobe.executors.local import LocalExecutor
+from isoprobe.executors.processes import lift_idle_policy
+from isoprobe.probe.classify import classify_exit
+from isoprobe.protocol import TrialRequest, Warm, last_of, read_events
 from isoprobe.spec import Spec
-from isoprobe.supervisor import Launcher, classify_exit, lift_idle_policy
 
 pytestmark = pytest.mark.integration
 
@@ -80,68 +84,66 @@ def test_warm_start_is_the_default_and_can_be_turned_off(by_strategy, write_spec
     assert [t["warm_start"] for t in cold.json["trials"]] == [False] * len(cold.json["trials"])
 
 
-# --------------------------------------------------------------------------- the launcher itself
+# --------------------------------------------------------------------------- the local executor itself
 
 
-def _request(batch: int) -> dict:
-    spec = Spec.model_validate(hog_spec())
-    return {
-        "mode": "trial",
-        "spec": spec.model_dump(mode="json"),
-        "batch_size": batch,
-        "device": "cpu",
-        "memory_budget_bytes": int(1.5 * GiB),
-        "python_path": [],
-    }
+def _request(batch: int) -> TrialRequest:
+    return TrialRequest(spec=Spec.model_validate(hog_spec()), batch_size=batch, device="cpu",
+                        memory_budget_bytes=int(1.5 * GiB), python_path=[])
 
 
-def _launcher(tmp_path) -> Launcher:
-    return Launcher(tmp_path, backend="cpu", allocator=None, preload=("torch", "torch._dynamo"), warm=True)
+def _conditions(memory_limit: int | None) -> Conditions:
+    return Conditions(backend="cpu", allocator=None, memory_limit=memory_limit, preload=("torch", "torch._dynamo"))
+
+
+def _executor(tmp_path) -> LocalExecutor:
+    return LocalExecutor(tmp_path, warm=True)
 
 
 def test_a_warm_child_imports_first_and_gets_its_request_later_without_cuda(tmp_path):
-    with _launcher(tmp_path) as launcher:
-        launcher.prestart(int(1.5 * GiB))
-        run = launcher.run(_request(2), timeout=120, memory_limit=int(1.5 * GiB), name="t1")
+    with _executor(tmp_path) as executor:
+        executor.prestart(_conditions(int(1.5 * GiB)))
+        run = executor.run(_request(2), _conditions(int(1.5 * GiB)), timeout=120, name="t1")
     assert run.warm and classify_exit(run).outcome.value == "fits"
-    kinds = [e["event"] for e in run.events]
+    kinds = [e.event for e in run.events]
     assert kinds.index("warm") < kinds.index("request") < kinds.index("model_built"), kinds
     warm = run.events[1]
-    assert warm["modules"] == ["torch", "torch._dynamo"]
-    assert warm["cuda_initialized"] is False
+    assert isinstance(warm, Warm), run.events
+    assert warm.modules == ["torch", "torch._dynamo"]
+    assert warm.cuda_initialized is False
 
 
 def test_a_spare_that_died_while_waiting_is_replaced_by_a_cold_start(tmp_path):
     budget = int(1.5 * GiB)
-    with _launcher(tmp_path) as launcher:
-        first = launcher.run(_request(2), timeout=120, memory_limit=budget, name="t1")
+    with _executor(tmp_path) as executor:
+        first = executor.run(_request(2), _conditions(budget), timeout=120, name="t1")
         assert not first.warm  # nothing was prestarted
-        spare = launcher._spare
+        spare = executor._spare
         assert spare is not None  # started while the first trial ran
         os.killpg(spare.process.pid, signal.SIGKILL)
         spare.process.wait()
-        second = launcher.run(_request(2), timeout=120, memory_limit=budget, name="t2")
+        second = executor.run(_request(2), _conditions(budget), timeout=120, name="t2")
     assert not second.warm
     assert classify_exit(second).outcome.value == "fits"  # the dead spare is not this trial's crash
 
 
 def test_a_request_under_another_cap_runs_cold_and_the_spare_waits_for_the_next(tmp_path):
     budget = int(1.5 * GiB)
-    with _launcher(tmp_path) as launcher:
-        launcher.prestart(budget)
-        spare = launcher._spare
-        check = launcher.run(_request(2), timeout=120, memory_limit=2 * budget, name="check")
-        assert not check.warm and launcher._spare is spare
-        after = launcher.run(_request(2), timeout=120, memory_limit=budget, name="t2")
+    with _executor(tmp_path) as executor:
+        executor.prestart(_conditions(budget))
+        spare = executor._spare
+        check = executor.run(_request(2), _conditions(2 * budget), timeout=120, name="check")
+        assert not check.warm and executor._spare is spare
+        after = executor.run(_request(2), _conditions(budget), timeout=120, name="t2")
     assert after.warm
     assert classify_exit(after).outcome.value == "fits"
 
 
-def test_closing_the_launcher_stops_the_spare(tmp_path):
-    launcher = _launcher(tmp_path)
-    launcher.prestart(None)
-    pid = launcher._spare.process.pid
-    launcher.close()
+def test_closing_the_executor_stops_the_spare(tmp_path):
+    executor = _executor(tmp_path)
+    executor.prestart(_conditions(None))
+    pid = executor._spare.process.pid
+    executor.close()
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
     # (and the autouse fixture finds no process left behind)
@@ -162,20 +164,21 @@ def _policies(pid: int) -> set[int]:
 def test_a_spare_waits_for_its_request_at_normal_priority(tmp_path):
     # An idle-class spare that is stopped instead of used dies at idle priority: behind a busy
     # machine that took over 30 s, with isoprobe waiting to reap it (docs/measurements.md).
-    with _launcher(tmp_path) as launcher:
-        launcher.prestart(None)
-        spare = launcher._spare
+    with _executor(tmp_path) as executor:
+        executor.prestart(_conditions(None))
+        spare = executor._spare
         events = tmp_path / "child001.events.jsonl"
         deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and b'"warm"' not in (events.read_bytes() if events.exists() else b""):
+        while time.monotonic() < deadline and last_of(read_events(events), Warm) is None:
             time.sleep(0.05)
-        warm = next(json.loads(line) for line in events.read_text().splitlines() if '"warm"' in line)
-        assert warm["idle_priority"] is True  # it did import at idle priority...
+        warm = last_of(read_events(events), Warm)
+        assert warm is not None, "the spare never reported its imports"
+        assert warm.idle_priority is True  # it did import at idle priority...
         assert _policies(spare.process.pid) == {os.SCHED_OTHER}  # ...and waits at normal priority
 
 
 @pytest.mark.skipif(not _may_leave_idle_policy(), reason="needs root or RLIMIT_NICE to leave SCHED_IDLE")
-def test_the_supervisor_lifts_an_idle_child_to_normal_before_stopping_it():
+def test_the_executor_lifts_an_idle_child_to_normal_before_stopping_it():
     code = ("import os, threading, time; os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)); "
             "threading.Thread(target=time.sleep, args=(60,), daemon=True).start(); print('idle', flush=True); "
             "time.sleep(60)")

@@ -171,19 +171,23 @@ def test_sigterm_during_the_environment_check_still_prints_one_json_document(wri
 
 
 def test_a_signal_while_the_first_spare_starts_still_gives_one_json_document(tmp_path, monkeypatch):
-    # The spare is started with SIGINT/SIGTERM held (supervisor._signals_deferred); a signal that came
-    # meanwhile lands as the start ends. Raised right there, it must still end in a result document.
+    # The spare is started with SIGINT/SIGTERM held (executors.processes.signals_deferred); a signal that
+    # came meanwhile lands as the start ends. Raised right there, it must still end in a result document.
     from isoprobe.errors import Terminated
+    from isoprobe.executors.local import LocalExecutor
     from isoprobe.output import Reporter
-    from isoprobe.probe import run_probe
+    from isoprobe.probe.pipeline import run_probe
     from isoprobe.spec import load_spec
-    from isoprobe.supervisor import Launcher
 
-    def signal_lands(self, memory_limit):
+    prestarted = []
+
+    def signal_lands(self, conditions):
+        prestarted.append(conditions)
         raise Terminated()
 
-    monkeypatch.setattr(Launcher, "prestart", signal_lands)
+    monkeypatch.setattr(LocalExecutor, "prestart", signal_lands)
     path = tmp_path / "spec.yaml"
     path.write_text(json.dumps(hog_spec()))
     result = run_probe(load_spec(path), str(path), Reporter(lambda line: None))
     assert result.stop_reason.value == "terminated" and result.trials == []
+    assert [c.backend for c in prestarted] == ["cpu"]  # it landed at the first start, before the environment check

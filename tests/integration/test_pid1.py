@@ -132,7 +132,7 @@ def _program(tmp_path: Path, body: str) -> Path:
 
 
 def _leaking_spec(tmp_path: Path) -> Path:
-    # Every trial leaves a grandchild (`sleep 1000`) in its process group and fits. The supervisor
+    # Every trial leaves a grandchild (`sleep 1000`) in its process group and fits. The local executor
     # kills the group after the trial; by then the sleep is an orphan of PID 1, which must reap it.
     # `edge` is far away: the probe has dozens of trials to go when the SIGTERM comes.
     path = tmp_path / "leaking.yaml"

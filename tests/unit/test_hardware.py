@@ -8,7 +8,7 @@ import types
 import pytest
 
 from isoprobe.hardware import nvml_gpus, run_environment, visible_devices
-from isoprobe.supervisor import child_environment
+from isoprobe.executors.processes import child_environment
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,7 @@ from isoprobe.search import (
     Conclusion,
     Limits,
     Observation,
-    Stop,
+    StopReason,
     Verdict,
     bounds,
     conclude,
@@ -163,7 +163,7 @@ def test_run_search_finds_exactly_the_edge(start, threshold, cap_offset, retries
     counts = {b: oracle.asked.count(b) for b in oracle.asked}
 
     if threshold < start:
-        assert conclusion.stop is Stop.START_DOES_NOT_FIT
+        assert conclusion.stop is StopReason.START_DOES_NOT_FIT
         assert (conclusion.max_fitting, conclusion.first_failing) == (None, start)
         assert conclusion.first_failing_outcome is OOM
         assert oracle.asked == [start]
@@ -181,11 +181,11 @@ def test_run_search_finds_exactly_the_edge(start, threshold, cap_offset, retries
     if confirmations:
         assert oracle.asked[-confirmations:] == [expected] * confirmations
     if threshold >= highest:
-        assert conclusion.stop is Stop.CAPPED
+        assert conclusion.stop is StopReason.CAPPED
         assert conclusion.first_failing is None
         assert conclusion.first_failing_outcome is None
     else:
-        assert conclusion.stop is Stop.EDGE_FOUND
+        assert conclusion.stop is StopReason.EDGE_FOUND
         assert conclusion.first_failing == expected + 1
         assert conclusion.first_failing_outcome is OOM
         assert oracle.attempts()[expected + 1] == [OOM]
@@ -211,17 +211,17 @@ def test_run_search_respects_a_small_ceiling(start, threshold, cap_offset, ceili
     assert limits.highest == highest
     assert max(oracle.asked) <= highest
     if threshold < start:
-        assert conclusion.stop is Stop.START_DOES_NOT_FIT
+        assert conclusion.stop is StopReason.START_DOES_NOT_FIT
         assert len(oracle.asked) == 1
     else:
         answer = min(threshold, highest)
         repeated = {b for b in oracle.asked if oracle.asked.count(b) > 1}
         assert repeated == ({answer} if confirmations else set())
         if threshold >= highest:
-            assert conclusion.stop is Stop.CAPPED
+            assert conclusion.stop is StopReason.CAPPED
             assert conclusion.max_fitting == highest
         else:
-            assert conclusion.stop is Stop.EDGE_FOUND
+            assert conclusion.stop is StopReason.EDGE_FOUND
             assert (conclusion.max_fitting, conclusion.first_failing) == (threshold, threshold + 1)
 
 
@@ -240,7 +240,7 @@ def test_trial_count_is_logarithmic(start, threshold, confirmations):
 def test_trial_count_for_515_from_2():
     oracle = Oracle(515)
     conclusion = run_search(oracle, Limits(start=2))
-    assert conclusion.stop is Stop.EDGE_FOUND
+    assert conclusion.stop is StopReason.EDGE_FOUND
     assert (conclusion.max_fitting, conclusion.first_failing) == (515, 516)
     assert len(oracle.asked) <= 2 * math.ceil(math.log2(515)) + 2 + 1
     # Doubling goes 2, 4, ..., 512, 1024, then bisects between 512 and 1024 ...
@@ -253,7 +253,7 @@ def test_trial_count_for_515_from_2():
 def test_cap_that_fits_is_the_answer_and_is_tried():
     oracle = Oracle(10_000)
     conclusion = run_search(oracle, Limits(start=2, cap=100))
-    assert conclusion.stop is Stop.CAPPED
+    assert conclusion.stop is StopReason.CAPPED
     assert conclusion.max_fitting == 100
     assert conclusion.first_failing is None
     assert oracle.asked == [2, 4, 8, 16, 32, 64, 100, 100]
@@ -262,7 +262,7 @@ def test_cap_that_fits_is_the_answer_and_is_tried():
 def test_cap_equal_to_start():
     oracle = Oracle(10_000)
     conclusion = run_search(oracle, Limits(start=8, cap=8))
-    assert conclusion.stop is Stop.CAPPED
+    assert conclusion.stop is StopReason.CAPPED
     assert conclusion.max_fitting == 8
     assert oracle.asked == [8, 8]
 
@@ -270,14 +270,14 @@ def test_cap_equal_to_start():
 def test_cap_equal_to_start_without_confirmations():
     oracle = Oracle(10_000)
     conclusion = run_search(oracle, Limits(start=8, cap=8, confirmations=0))
-    assert triple(conclusion) == (Stop.CAPPED, 8, None)
+    assert triple(conclusion) == (StopReason.CAPPED, 8, None)
     assert oracle.asked == [8]
 
 
 def test_default_ceiling_stops_a_model_that_always_fits():
     oracle = Oracle(10**12)
     conclusion = run_search(oracle, Limits())
-    assert conclusion.stop is Stop.CAPPED
+    assert conclusion.stop is StopReason.CAPPED
     assert conclusion.max_fitting == DEFAULT_CEILING
     assert max(oracle.asked) == DEFAULT_CEILING
     assert oracle.asked == [2**k for k in range(1, 25)] + [DEFAULT_CEILING]  # 2, 4, ..., 2**24, 2**24
@@ -294,7 +294,7 @@ def test_default_ceiling_from_an_odd_start_lands_on_the_ceiling():
 def test_start_does_not_fit():
     oracle = Oracle(0)
     conclusion = run_search(oracle, Limits(start=1))
-    assert conclusion.stop is Stop.START_DOES_NOT_FIT
+    assert conclusion.stop is StopReason.START_DOES_NOT_FIT
     assert (conclusion.max_fitting, conclusion.first_failing) == (None, 1)
     assert conclusion.first_failing_outcome is OOM
     assert oracle.asked == [1]  # out of memory is a verdict: never retried
@@ -303,7 +303,7 @@ def test_start_does_not_fit():
 def test_start_fits_but_start_plus_one_does_not():
     oracle = Oracle(2)
     conclusion = run_search(oracle, Limits(start=2))
-    assert conclusion.stop is Stop.EDGE_FOUND
+    assert conclusion.stop is StopReason.EDGE_FOUND
     assert (conclusion.max_fitting, conclusion.first_failing) == (2, 3)
     assert oracle.asked == [2, 4, 3, 2]
 
@@ -313,7 +313,7 @@ def test_the_maximum_is_confirmed_last_and_exactly_confirmations_times(confirmat
     oracle = Oracle(6)
     conclusion = run_search(oracle, Limits(start=2, confirmations=confirmations))
     assert oracle.asked == [2, 4, 8, 6, 7] + [6] * confirmations
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 6, 7)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 6, 7)
 
 
 # --------------------------------------------------------------------------- flaky oracles: never above the truth
@@ -332,7 +332,7 @@ def check_flaky_run(oracle: Oracle, limits: Limits, conclusion: Conclusion) -> N
     # No batch is tried more often than the limits allow.
     assert all(len(a) <= limits.most_attempts for a in attempts.values())
     # Faults here are memory, crash and timeout: never an error, and never an unfinished search.
-    assert conclusion.stop is not Stop.ERROR
+    assert conclusion.stop is not StopReason.ERROR
     assert plan_next(conclusion.history, limits) is None
 
     for batch, outcomes in attempts.items():
@@ -369,17 +369,17 @@ def check_flaky_run(oracle: Oracle, limits: Limits, conclusion: Conclusion) -> N
 
     if conclusion.exact:
         assert attempts[best] == [FITS] * (1 + limits.confirmations)
-        if conclusion.stop is Stop.EDGE_FOUND:
+        if conclusion.stop is StopReason.EDGE_FOUND:
             assert conclusion.first_failing == best + 1
         else:
-            assert conclusion.stop is Stop.CAPPED
+            assert conclusion.stop is StopReason.CAPPED
             assert best == limits.highest
             assert conclusion.first_failing is None
     else:
         assert best is None
         assert conclusion.first_failing == limits.start
-        expected_stop = {CRASHED: Stop.CRASHED, TIMED_OUT: Stop.TIMED_OUT}.get(
-            conclusion.first_failing_outcome, Stop.START_DOES_NOT_FIT
+        expected_stop = {CRASHED: StopReason.CRASHED, TIMED_OUT: StopReason.TIMED_OUT}.get(
+            conclusion.first_failing_outcome, StopReason.START_DOES_NOT_FIT
         )
         assert conclusion.stop is expected_stop
 
@@ -390,7 +390,7 @@ def check_flaky_run(oracle: Oracle, limits: Limits, conclusion: Conclusion) -> N
     # With no fault actually drawn the flaky search is the clean search.
     if not faulty:
         if threshold < limits.start:
-            assert conclusion.stop is Stop.START_DOES_NOT_FIT
+            assert conclusion.stop is StopReason.START_DOES_NOT_FIT
         else:
             assert best == min(threshold, limits.highest)
 
@@ -459,7 +459,7 @@ def test_a_failed_confirmation_moves_the_answer_down():
     conclusion = run_search(oracle, Limits(start=2, retries=1, confirmations=1))
 
     assert oracle.asked == [2, 4, 8, 16, 32, 24, 20, 22, 21, 20, 18, 19, 19]
-    assert conclusion.stop is Stop.EDGE_FOUND
+    assert conclusion.stop is StopReason.EDGE_FOUND
     # The answer is the largest batch that fit every time; 20 fit once and failed once.
     assert (conclusion.max_fitting, conclusion.first_failing) == (19, 20)
     assert conclusion.first_failing_outcome is OOM
@@ -472,7 +472,7 @@ def test_a_failed_confirmation_of_the_start_leaves_no_answer():
     oracle = Oracle(2, faults={(2, 2): OOM})
     conclusion = run_search(oracle, Limits(start=2))
     assert oracle.asked == [2, 4, 3, 2]
-    assert triple(conclusion) == (Stop.START_DOES_NOT_FIT, None, 2)
+    assert triple(conclusion) == (StopReason.START_DOES_NOT_FIT, None, 2)
     assert conclusion.flaky == (2,)
     assert not conclusion.exact
 
@@ -482,7 +482,7 @@ def test_a_failed_confirmation_of_the_cap_bisects_below_it():
     conclusion = run_search(oracle, Limits(start=2, cap=100))
     # A confirmation that times out is not retried (the batch already fit once): 100 is flaky.
     assert oracle.asked == [2, 4, 8, 16, 32, 64, 100, 100, 82, 91, 95, 97, 98, 99, 99]
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 99, 100)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 99, 100)
     assert conclusion.first_failing_outcome is TIMED_OUT
     assert conclusion.flaky == (100,)
 
@@ -491,7 +491,7 @@ def test_a_second_confirmation_that_fails_also_moves_the_answer_down():
     oracle = Oracle(6, faults={(6, 3): CRASHED})
     conclusion = run_search(oracle, Limits(start=2, confirmations=2))
     assert oracle.asked == [2, 4, 8, 6, 7, 6, 6, 5, 5, 5]
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 5, 6)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 5, 6)
     assert conclusion.first_failing_outcome is CRASHED
     assert conclusion.flaky == (6,)
 
@@ -505,7 +505,7 @@ def test_a_crash_then_a_fit_is_a_failing_flaky_batch():
     # 4 is retried at once; it fits, but a batch that crashed is never the answer.
     assert oracle.asked == [2, 4, 4, 3, 3]
     assert oracle.attempts()[4] == [CRASHED, FITS]
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 3, 4)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 3, 4)
     assert conclusion.first_failing_outcome is CRASHED
     assert conclusion.flaky == (4,)
     assert verdicts(conclusion.history, Limits(start=2, retries=1))[4] == Verdict(4, CRASHED, 2, 1, True)
@@ -516,7 +516,7 @@ def test_a_start_that_crashes_once_then_fits_is_no_answer(failure):
     oracle = Oracle(20, faults={(2, 1): failure})
     conclusion = run_search(oracle, Limits(start=2, retries=1))
     assert oracle.asked == [2, 2]
-    expected = Stop.CRASHED if failure is CRASHED else Stop.TIMED_OUT
+    expected = StopReason.CRASHED if failure is CRASHED else StopReason.TIMED_OUT
     assert triple(conclusion) == (expected, None, 2)
     assert conclusion.flaky == (2,)
 
@@ -529,13 +529,13 @@ def test_a_batch_that_always_crashes_fails_with_that_class_after_every_retry(fai
     assert oracle.attempts()[16] == [failure] * (1 + retries)
     # The retries come one after the other, before anything else is tried.
     assert oracle.asked == [2, 4, 8] + [16] * (1 + retries) + [12, 14, 15, 15]
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 15, 16)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 15, 16)
     assert conclusion.first_failing_outcome is failure  # never silently out of memory
     assert conclusion.exact
     assert conclusion.flaky == ()
 
 
-@pytest.mark.parametrize("failure,stop", [(CRASHED, Stop.CRASHED), (TIMED_OUT, Stop.TIMED_OUT)])
+@pytest.mark.parametrize("failure,stop", [(CRASHED, StopReason.CRASHED), (TIMED_OUT, StopReason.TIMED_OUT)])
 @pytest.mark.parametrize("retries", [0, 1, 2])
 def test_a_start_that_always_fails_this_way_stops_with_that_class(failure, stop, retries):
     oracle = Oracle(100, always={4: failure})
@@ -550,7 +550,7 @@ def test_with_no_retries_a_crash_is_final_after_one_attempt():
     oracle = Oracle(20, faults={(8, 1): CRASHED})
     conclusion = run_search(oracle, Limits(start=2, retries=0, confirmations=0))
     assert oracle.asked == [2, 4, 8, 6, 7]
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 7, 8)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 7, 8)
     assert conclusion.first_failing_outcome is CRASHED
 
 
@@ -598,7 +598,7 @@ def test_an_error_stops_the_search_immediately(start, threshold, fail_at, retrie
     oracle = Oracle(threshold, fail_at_call=fail_at, failure=ERROR)
     conclusion = run_search(oracle, limits)
 
-    assert conclusion.stop is Stop.ERROR
+    assert conclusion.stop is StopReason.ERROR
     assert len(oracle.asked) == fail_at  # no call after the failing trial
     assert oracle.asked == clean.asked[:fail_at]
     assert conclusion.history[-1].outcome is ERROR
@@ -622,14 +622,14 @@ def test_an_error_at_any_attempt_stops_at_once(faults, asked):
     oracle = Oracle(6, faults=faults)
     conclusion = run_search(oracle, Limits(start=2, retries=2, confirmations=2))
     assert oracle.asked == asked
-    assert conclusion.stop is Stop.ERROR
+    assert conclusion.stop is StopReason.ERROR
     assert not conclusion.exact
 
 
 def test_an_error_on_the_first_trial_has_no_bounds():
     oracle = Oracle(100, fail_at_call=1, failure=ERROR)
     conclusion = run_search(oracle, Limits(start=4))
-    assert triple(conclusion) == (Stop.ERROR, None, None)
+    assert triple(conclusion) == (StopReason.ERROR, None, None)
     assert conclusion.first_failing_outcome is None
     assert oracle.asked == [4]
 
@@ -643,7 +643,7 @@ def test_a_hole_below_the_edge_caps_the_answer_below_the_hole():
     oracle = Oracle(20, always={12: OOM})
     conclusion = run_search(oracle, Limits(start=3))
     assert oracle.asked == [3, 6, 12, 9, 10, 11, 11]
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 11, 12)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 11, 12)
 
 
 def test_a_failure_below_a_batch_that_always_fits_does_not_lower_the_answer():
@@ -654,7 +654,7 @@ def test_a_failure_below_a_batch_that_always_fits_does_not_lower_the_answer():
     assert bounds(history, LIMITS) == (6, 7)
     assert plan_next(history, LIMITS) is None
     conclusion = conclude(history, LIMITS)
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 6, 7)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 6, 7)
     assert conclusion.exact
 
 
@@ -667,7 +667,7 @@ def test_resuming_over_a_failure_below_a_fit_keeps_searching_above(failure):
     conclusion = run_search(oracle, Limits(start=4, retries=1), history)
     assert 3 not in oracle.asked
     assert oracle.asked == [8, 16, 32, 24, 20, 22, 21, 20]
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 20, 21)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 20, 21)
 
 
 # --------------------------------------------------------------------------- resuming and guarding the oracle
@@ -698,7 +698,7 @@ def test_resume_after_a_crash_retries_the_crashed_batch_first():
     oracle = Oracle(6)
     conclusion = run_search(oracle, Limits(start=2, retries=1), history)
     assert oracle.asked == [8, 6, 7, 6]
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 6, 7)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 6, 7)
     assert conclusion.first_failing_outcome is OOM  # the retry gave a memory verdict
 
 
@@ -878,14 +878,14 @@ def test_plan_next_stops_on_an_error_even_with_a_retry_pending():
 def test_conclude_edge_found():
     history = history_of((2, FITS), (4, FITS), (8, OOM), (6, FITS), (7, OOM), (6, FITS))
     conclusion = conclude(history, LIMITS)
-    assert conclusion == Conclusion(Stop.EDGE_FOUND, 6, 7, OOM, (), tuple(history))
+    assert conclusion == Conclusion(StopReason.EDGE_FOUND, 6, 7, OOM, (), tuple(history))
     assert conclusion.exact
 
 
 def test_conclude_edge_found_over_a_crashed_upper_bound():
     history = history_of((2, FITS), (4, FITS), (8, OOM), (6, FITS), (7, CRASHED), (7, CRASHED), (6, FITS))
     conclusion = conclude(history, LIMITS)
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 6, 7)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 6, 7)
     assert conclusion.first_failing_outcome is CRASHED
     assert conclusion.exact
 
@@ -895,31 +895,31 @@ def test_conclude_reports_flaky_batches_sorted():
         (2, FITS), (4, FITS), (8, CRASHED), (8, FITS), (6, FITS), (7, OOM), (6, OOM), (5, FITS), (5, FITS)
     )
     conclusion = conclude(history, LIMITS)
-    assert triple(conclusion) == (Stop.EDGE_FOUND, 5, 6)
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 5, 6)
     assert conclusion.first_failing_outcome is OOM
     assert conclusion.flaky == (6, 8)
 
 
 def test_conclude_start_does_not_fit():
     conclusion = conclude([obs(2, OOM)], LIMITS)
-    assert triple(conclusion) == (Stop.START_DOES_NOT_FIT, None, 2)
+    assert triple(conclusion) == (StopReason.START_DOES_NOT_FIT, None, 2)
     assert conclusion.first_failing_outcome is OOM
     assert not conclusion.exact
 
 
-@pytest.mark.parametrize("outcome,stop", [(CRASHED, Stop.CRASHED), (TIMED_OUT, Stop.TIMED_OUT)])
+@pytest.mark.parametrize("outcome,stop", [(CRASHED, StopReason.CRASHED), (TIMED_OUT, StopReason.TIMED_OUT)])
 def test_conclude_start_crashed_or_timed_out(outcome, stop):
     conclusion = conclude([obs(2, outcome), obs(2, outcome)], LIMITS)
     assert triple(conclusion) == (stop, None, 2)
     assert conclusion.first_failing_outcome is outcome
     assert not conclusion.exact
     # A start that crashed, then ran out of memory on the retry, did not fit: a memory verdict.
-    assert conclude([obs(2, outcome), obs(2, OOM)], LIMITS).stop is Stop.START_DOES_NOT_FIT
+    assert conclude([obs(2, outcome), obs(2, OOM)], LIMITS).stop is StopReason.START_DOES_NOT_FIT
 
 
 def test_conclude_capped():
     conclusion = conclude(history_of((2, FITS), (4, FITS), (4, FITS)), Limits(start=2, cap=4))
-    assert triple(conclusion) == (Stop.CAPPED, 4, None)
+    assert triple(conclusion) == (StopReason.CAPPED, 4, None)
     assert conclusion.first_failing_outcome is None
     assert conclusion.exact
 
@@ -935,14 +935,14 @@ def test_conclude_capped():
 )
 def test_conclude_on_an_error_keeps_the_bounds_seen(history, upper):
     conclusion = conclude(history, LIMITS)
-    assert triple(conclusion) == (Stop.ERROR, 4, upper)
+    assert triple(conclusion) == (StopReason.ERROR, 4, upper)
     assert conclusion.first_failing_outcome is OOM
     assert not conclusion.exact
 
 
 def test_conclude_on_an_error_ignores_a_pending_retry():
     conclusion = conclude(history_of((2, FITS), (4, CRASHED), (3, ERROR)), LIMITS)
-    assert triple(conclusion) == (Stop.ERROR, 2, None)
+    assert triple(conclusion) == (StopReason.ERROR, 2, None)
 
 
 def test_conclude_refuses_an_empty_history():
@@ -1019,4 +1019,4 @@ def test_a_history_resumed_under_a_lower_cap_never_answers_above_it():
     limits = Limits(start=2, cap=5)
     assert plan_next(history, limits) == 5
     conclusion = run_search(lambda b: Observation(b, FITS), limits, list(history))
-    assert conclusion.max_fitting == 5 and conclusion.stop is Stop.CAPPED
+    assert conclusion.max_fitting == 5 and conclusion.stop is StopReason.CAPPED

@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isoprobe.outcomes import Outcome
-from isoprobe.search import Limits, Observation, Stop, doubling_step, guided_step, plan_next, run_search
+from isoprobe.search import Limits, Observation, StopReason, doubling_step, guided_step, plan_next, run_search
 
 MiB = 1024**2
 
@@ -86,13 +86,13 @@ def test_guided_finds_the_exact_edge_whatever_the_line(device, start, cap):
     conclusion, limits = search(device, start=start, cap=cap)
     allowed = min(true_max, limits.highest)
     if true_max < start:
-        assert conclusion.stop is Stop.START_DOES_NOT_FIT
+        assert conclusion.stop is StopReason.START_DOES_NOT_FIT
         return
     assert conclusion.max_fitting == allowed
     if allowed < limits.highest:
-        assert conclusion.stop is Stop.EDGE_FOUND and conclusion.first_failing == allowed + 1
+        assert conclusion.stop is StopReason.EDGE_FOUND and conclusion.first_failing == allowed + 1
     else:
-        assert conclusion.stop is Stop.CAPPED
+        assert conclusion.stop is StopReason.CAPPED
     assert all(b <= limits.highest for b in device.asked)
     assert all(o.outcome is Outcome.FITS for o in conclusion.history if o.batch_size == conclusion.max_fitting)
 

@@ -1,6 +1,6 @@
 """What a trial trains: the model from its source, a synthetic batch of the task's worst-case shape, the loss.
 
-Child-side only (imports torch lazily, like child.py). The four model sources
+Child-side only (imports torch lazily, like the rest of the child). The four model sources
 (torchvision, timm, Hugging Face transformers from a config, a user factory)
 and the five tasks (classification, segmentation, language modelling,
 regression, detection) meet here, so that ``training.py`` can run one step the
@@ -19,6 +19,8 @@ import importlib.util
 import sys
 from dataclasses import dataclass
 from typing import Any
+
+from isoprobe.spec import Spec, is_file_reference
 
 #: What the loss functions of the built-in tasks expect the model to return, for error messages.
 _EXPECTED_OUTPUT = {
@@ -41,13 +43,9 @@ class Batch:
     targets: Any = None
 
 
-def task_of(spec: dict) -> str | None:
-    target = spec.get("target")
-    if target is None:
-        return None
-    if target.get("task"):
-        return target["task"]
-    return "classification" if target.get("classes") is not None else "regression"
+def task_of(spec: Spec) -> str | None:
+    """The target's task (given, or implied by classes / shape); None when model.loss replaces the target."""
+    return spec.target.resolved_task if spec.target is not None else None
 
 
 def import_callable(reference: str, python_path: list[str]):
@@ -56,7 +54,7 @@ def import_callable(reference: str, python_path: list[str]):
     for entry in reversed(python_path):
         if entry not in sys.path:
             sys.path.insert(0, entry)
-    if target.endswith(".py") or "/" in target:
+    if is_file_reference(target):
         name = f"isoprobe_user_{abs(hash(target))}"
         module = sys.modules.get(name)
         if module is None:
@@ -77,28 +75,34 @@ def import_callable(reference: str, python_path: list[str]):
 # --------------------------------------------------------------------------- the model
 
 
-def build_model(spec: dict, python_path: list[str]):
+def import_model_library(spec: Spec):
+    """The model source's library (``ModelSpec.library``: torchvision, timm or transformers), or None for a factory."""
+    library = spec.model.library
+    return importlib.import_module(library) if library is not None else None
+
+
+def build_model(spec: Spec, python_path: list[str]):
     """The spec's model with fresh random weights; nothing is ever downloaded."""
     import torch
 
-    model_spec = spec["model"]
-    kwargs = dict(model_spec.get("kwargs") or {})
-    if model_spec.get("torchvision"):
+    model_spec = spec.model
+    kwargs = dict(model_spec.kwargs)
+    if model_spec.torchvision is not None:
         import torchvision
 
         kwargs.setdefault("weights", None)
-        if task_of(spec) == "detection" or _is_torchvision_detection(model_spec["torchvision"]):
+        if task_of(spec) == "detection" or _is_torchvision_detection(model_spec.torchvision):
             kwargs.setdefault("weights_backbone", None)
-        model = torchvision.models.get_model(model_spec["torchvision"], **kwargs)
-    elif model_spec.get("timm"):
+        model = torchvision.models.get_model(model_spec.torchvision, **kwargs)
+    elif model_spec.timm is not None:
         import timm
 
         kwargs.setdefault("pretrained", False)
-        model = timm.create_model(model_spec["timm"], **kwargs)
-    elif model_spec.get("huggingface"):
+        model = timm.create_model(model_spec.timm, **kwargs)
+    elif model_spec.huggingface is not None:
         model = _build_huggingface(spec, kwargs)
     else:
-        model = import_callable(model_spec["factory"], python_path)(**kwargs)
+        model = import_callable(model_spec.factory, python_path)(**kwargs)
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the model builder returned {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -113,14 +117,14 @@ def _is_torchvision_detection(name: str) -> bool:
         return False
 
 
-def _build_huggingface(spec: dict, config_values: dict):
+def _build_huggingface(spec: Spec, config_values: dict):
     """``AutoConfig.for_model`` + ``from_config``: the architecture at random init, no download, no cache."""
     import transformers
 
     task = task_of(spec)
     if task == "classification":
-        config_values.setdefault("num_labels", spec["target"]["classes"])
-    config = transformers.AutoConfig.for_model(spec["model"]["huggingface"], **config_values)
+        config_values.setdefault("num_labels", spec.target.classes)
+    config = transformers.AutoConfig.for_model(spec.model.huggingface, **config_values)
     if task == "language_modeling":
         config.use_cache = False  # a training step keeps no key/value cache
         auto = transformers.AutoModelForCausalLM
@@ -134,26 +138,26 @@ def _build_huggingface(spec: dict, config_values: dict):
 # --------------------------------------------------------------------------- the batch
 
 
-def make_batch(spec: dict, batch_size: int, device, python_path: list[str], float_dtype=None) -> Batch:
+def make_batch(spec: Spec, batch_size: int, device, python_path: list[str], float_dtype=None) -> Batch:
     """A synthetic batch of the worst-case shape; ``float_dtype`` overrides floating inputs (bf16-true)."""
     import torch
 
-    maker = spec["model"].get("batch")
-    if maker:
+    maker = spec.model.batch
+    if maker is not None:
         made = import_callable(maker, python_path)(batch_size, device)
         if not (isinstance(made, (tuple, list)) and len(made) == 2):
             raise TypeError(f"model.batch must return (inputs, targets), got {type(made).__name__}")
         inputs, targets = made
         return Batch(_cast_floats(inputs, float_dtype), targets)
     task = task_of(spec)
-    shape = (batch_size, *spec["input"]["shape"])
-    dtype = getattr(torch, spec["input"]["dtype"])
+    shape = (batch_size, *spec.input.shape)
+    dtype = getattr(torch, spec.input.dtype)
     if float_dtype is not None and dtype.is_floating_point:
         dtype = float_dtype
     if task == "detection":
         return _detection_batch(spec, batch_size, device, dtype)
-    if spec["input"]["dtype"] == "int64":
-        inputs = torch.randint(0, spec["input"]["high"], shape, device=device)
+    if spec.input.dtype == "int64":
+        inputs = torch.randint(0, spec.input.high, shape, device=device)
     else:
         inputs = torch.randn(shape, dtype=dtype, device=device)
     if task == "language_modeling":
@@ -175,13 +179,13 @@ def _cast_floats(value, dtype):
     return value
 
 
-def _detection_batch(spec: dict, batch_size: int, device, dtype) -> Batch:
+def _detection_batch(spec: Spec, batch_size: int, device, dtype) -> Batch:
     """Images at full size and ``boxes_per_image`` valid boxes each (torchvision's detection format)."""
     import torch
 
-    channels, height, width = spec["input"]["shape"]
-    count = spec["target"]["boxes_per_image"]
-    classes = spec["target"]["classes"]
+    channels, height, width = spec.input.shape
+    count = spec.target.boxes_per_image
+    classes = spec.target.classes
     images, targets = [], []
     generator = torch.Generator().manual_seed(0)
     for _ in range(batch_size):
@@ -210,9 +214,9 @@ def adapt_inputs(inputs, transform):
 # --------------------------------------------------------------------------- forward and loss
 
 
-def call_model(spec: dict, model, inputs, targets=None):
+def call_model(spec: Spec, model, inputs, targets=None):
     """Call the model the way its kind expects: detection models take (images, targets) in training."""
-    if task_of(spec) == "detection" and not spec["model"].get("batch"):
+    if task_of(spec) == "detection" and spec.model.batch is None:
         return model(inputs, targets) if model.training else model(inputs)
     if isinstance(inputs, dict):
         return model(**inputs)
@@ -221,10 +225,10 @@ def call_model(spec: dict, model, inputs, targets=None):
     return model(inputs)
 
 
-def forward_loss(spec: dict, model, batch: Batch, user_loss=None):
+def forward_loss(spec: Spec, model, batch: Batch, user_loss=None):
     """Forward pass and the scalar loss, as the real training loop computes it; returns (loss, output)."""
     task = task_of(spec)
-    if spec["model"].get("huggingface") and task == "language_modeling" and user_loss is None:
+    if spec.model.huggingface is not None and task == "language_modeling" and user_loss is None:
         # The model's own loss: it shifts the labels and upcasts the logits to float32, as real training does.
         output = model(input_ids=batch.inputs, labels=batch.targets)
         return _model_loss(output), output
@@ -246,9 +250,9 @@ def _model_loss(output):
     return loss
 
 
-def forward_only(spec: dict, model, batch: Batch):
+def forward_only(spec: Spec, model, batch: Batch):
     """Forward pass without a loss (inference and evaluation); the caller sets the grad mode."""
-    if spec["model"].get("huggingface"):
+    if spec.model.huggingface is not None:
         return model(input_ids=batch.inputs)
     return call_model(spec, model, batch.inputs, batch.targets)
 
@@ -268,19 +272,19 @@ def primary_output(output):
     raise TypeError(f"cannot find the output tensor in a {type(output).__name__}")
 
 
-def make_targets(spec: dict, output):
+def make_targets(spec: Spec, output):
     """Targets of the exact shape the loss needs, drawn once from the first output and reused every step."""
     import torch
 
-    target = spec["target"]
+    target = spec.target
     batch = output.shape[0]
-    if target.get("classes") is not None:
+    if target.classes is not None:
         # (B, C) -> (B,); (B, C, H, W) -> (B, H, W): per-pixel classes for dense outputs.
-        return torch.randint(0, target["classes"], (batch, *output.shape[2:]), device=output.device)
-    return torch.randn((batch, *target["shape"]), dtype=output.dtype, device=output.device)
+        return torch.randint(0, target.classes, (batch, *output.shape[2:]), device=output.device)
+    return torch.randn((batch, *target.shape), dtype=output.dtype, device=output.device)
 
 
-def loss_of(spec: dict, output, targets):
+def loss_of(spec: Spec, output, targets):
     import torch.nn.functional as F
 
     task = task_of(spec)

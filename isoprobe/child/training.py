@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any
 
-from isoprobe import workload
+from isoprobe.child import workload
+from isoprobe.result import Applied, Sizes
+from isoprobe.spec import Spec
 
 _AUTOCAST_DTYPES = {"fp16-mixed": "float16", "bf16-mixed": "bfloat16"}
 
@@ -22,20 +23,22 @@ _AUTOCAST_DTYPES = {"fp16-mixed": "float16", "bf16-mixed": "bfloat16"}
 class Step:
     """The model, optimizer, scaler and autocast settings of one trial, and its step."""
 
-    def __init__(self, spec: dict, model, device, python_path: list[str]):
+    def __init__(self, spec: Spec, model, device, python_path: list[str]):
         import torch
 
         self.spec = spec
-        self.training = spec.get("training") or {}
+        self.training = spec.training
         self.device = device
         self.python_path = python_path
-        self.applied: dict[str, Any] = {}
-        self.mode = self.training.get("mode", "train")
-        precision = self.training.get("precision", "fp32")
+        #: Filled in as each option takes effect, read back from torch (``Applied`` fields only).
+        self.applied = Applied()
+        self.mode = self.training.mode
+        precision = self.training.precision
         self.precision = precision
         self.float_dtype = torch.bfloat16 if precision == "bf16-true" else None
         self.autocast_dtype = getattr(torch, _AUTOCAST_DTYPES[precision]) if precision in _AUTOCAST_DTYPES else None
-        self.user_loss = workload.import_callable(spec["model"]["loss"], python_path) if spec["model"].get("loss") else None
+        loss = spec.model.loss
+        self.user_loss = workload.import_callable(loss, python_path) if loss is not None else None
         self.model = self._prepare(model)
         self.optimizer = None
         self.scaler = None
@@ -43,49 +46,47 @@ class Step:
             self.optimizer = build_optimizer(spec, self.model.parameters())
             if precision == "fp16-mixed":
                 self.scaler = torch.amp.GradScaler(device.type)
-        self.applied["grad_scaler"] = self.scaler is not None
-        self.sizes: dict | None = None
+        self.applied.grad_scaler = self.scaler is not None
+        self.sizes: Sizes | None = None
 
     def _prepare(self, model):
         import torch
 
         training = self.training
+        applied = self.applied
         if self.float_dtype is not None:
             # Converted where it was built (the CPU), then moved: the device never holds both copies.
             model = model.to(self.float_dtype)
         model = model.to(self.device)
-        if training.get("channels_last"):
+        if training.channels_last:
             model = model.to(memory_format=torch.channels_last)
-        if training.get("cudnn_benchmark") is not None:
-            torch.backends.cudnn.benchmark = bool(training.get("cudnn_benchmark"))
-        self.applied["cudnn_benchmark"] = bool(torch.backends.cudnn.benchmark)
-        self.applied["precision"] = self.precision
-        self.applied["weights_dtype"] = str(next(model.parameters()).dtype).removeprefix("torch.")
-        self.applied["channels_last"] = _any_channels_last(model)
-        if training.get("gradient_checkpointing"):
-            via, count = enable_checkpointing(model)
-            self.applied["checkpointing"] = via
-            self.applied["checkpointed_blocks"] = count
+        torch.backends.cudnn.benchmark = training.cudnn_benchmark
+        applied.cudnn_benchmark = bool(torch.backends.cudnn.benchmark)
+        applied.precision = self.precision
+        applied.weights_dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+        applied.channels_last = _any_channels_last(model)
+        if training.gradient_checkpointing:
+            applied.checkpointing, applied.checkpointed_blocks = enable_checkpointing(model)
         if self.mode == "train":
             model.train()
         else:
             model.eval()
-        self.applied["mode"] = self.mode
-        if training.get("compile"):
-            model = torch.compile(model, backend=training.get("compile_backend", "inductor"))
-            self.applied["compiled"] = True
+        applied.mode = self.mode
+        if training.compile:
+            model = torch.compile(model, backend=training.compile_backend)
+            applied.compiled = True
         return model
 
     def batch(self, batch_size: int) -> workload.Batch:
         import torch
 
         batch = workload.make_batch(self.spec, batch_size, self.device, self.python_path, self.float_dtype)
-        if self.training.get("channels_last"):
+        if self.training.channels_last:
             batch.inputs = workload.adapt_inputs(
                 batch.inputs,
                 lambda t: t.contiguous(memory_format=torch.channels_last) if t.dim() == 4 else t,
             )
-            self.applied["input_channels_last"] = _tensors_channels_last(batch.inputs)
+            self.applied.input_channels_last = _tensors_channels_last(batch.inputs)
         return batch
 
     def _autocast(self):
@@ -109,8 +110,8 @@ class Step:
         self.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss, output = workload.forward_loss(self.spec, self.model, batch, self.user_loss)
-        if "loss_dtype" not in self.applied:
-            self.applied["loss_dtype"] = str(loss.dtype).removeprefix("torch.")
+        if self.applied.loss_dtype is None:
+            self.applied.loss_dtype = str(loss.dtype).removeprefix("torch.")
             if output is not None:
                 self._note_output(output)
         del output  # the step's activations die with the backward pass, as in a real loop
@@ -124,7 +125,7 @@ class Step:
         if self.sizes is None:
             self.sizes = self._measure_sizes()
 
-    def _measure_sizes(self) -> dict:
+    def _measure_sizes(self) -> Sizes:
         """Parameters, gradients and optimizer state in bytes, after the first step allocated them all."""
         import torch
 
@@ -138,11 +139,11 @@ class Step:
             for value in per_parameter.values()
             if isinstance(value, torch.Tensor) and value.dim() > 0  # Adam's step counter is a 0-d tensor
         )
-        return {
-            "parameter_bytes": sum(nbytes(p) for p in parameters),
-            "gradient_bytes": sum(nbytes(p.grad) for p in parameters if p.grad is not None),
-            "optimizer_state_bytes": state,
-        }
+        return Sizes(
+            parameter_bytes=sum(nbytes(p) for p in parameters),
+            gradient_bytes=sum(nbytes(p.grad) for p in parameters if p.grad is not None),
+            optimizer_state_bytes=state,
+        )
 
     def evaluate(self, batch: workload.Batch) -> float:
         """The evaluation pass: eval mode, no gradients, same batch; back to training after. Returns seconds."""
@@ -155,14 +156,14 @@ class Step:
                 workload.forward_only(self.spec, self.model, batch)
         finally:
             self.model.train()
-        self.applied["eval_pass"] = True
+        self.applied.eval_pass = True
         return time.perf_counter() - started
 
     def _note_output(self, output) -> None:
-        if "output_dtype" in self.applied:
+        if self.applied.output_dtype is not None:
             return
         try:
-            self.applied["output_dtype"] = str(workload.primary_output(output).dtype).removeprefix("torch.")
+            self.applied.output_dtype = str(workload.primary_output(output).dtype).removeprefix("torch.")
         except TypeError:
             pass
 
@@ -187,12 +188,11 @@ def _tensors_channels_last(inputs) -> bool:
     )
 
 
-def build_optimizer(spec: dict, parameters):
+def build_optimizer(spec: Spec, parameters):
     import torch
 
-    optimizer_spec = spec["optimizer"]
-    name = optimizer_spec["name"]
-    kwargs = dict(optimizer_spec.get("kwargs") or {})
+    name = spec.optimizer.name
+    kwargs = dict(spec.optimizer.kwargs)
     if name == "sgd":
         kwargs.setdefault("lr", 0.01)
         kwargs.setdefault("momentum", 0.9)

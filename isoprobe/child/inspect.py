@@ -1,0 +1,198 @@
+"""The environment check, once per probe before any trial: versions, devices, and can the spec be set up?
+
+The model is built on the meta device, so the check costs no memory; every
+problem it finds is an ``InspectProblem`` whose ``stage`` the parent maps to
+the spec field to fix, so that a typo is a spec error before any trial runs,
+not a failed trial.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from isoprobe.child.memory import cpu_memory
+from isoprobe.child.training import build_optimizer, enable_checkpointing
+from isoprobe.child.trial import MESSAGE_CHARS
+from isoprobe.child.workload import (
+    build_model,
+    import_callable,
+    import_model_library,
+    make_batch,
+    primary_output,
+    task_of,
+)
+from isoprobe.protocol import CudaDevice, Facts, InspectProblem, InspectRequest, Inspected
+from isoprobe.spec import Spec
+
+if TYPE_CHECKING:
+    from isoprobe.child.main import Events
+
+
+def _installed_version(distribution: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(distribution)
+    except PackageNotFoundError:
+        return None
+
+
+def run_inspect(request: InspectRequest, events: Events) -> None:
+    """Versions, devices, and whether the model and optimizer can be built at all."""
+    before = cpu_memory()
+    import torch
+
+    spec = request.spec
+    facts: dict[str, Any] = {"torch_version": torch.__version__, "memory_before_import": before}  # Facts fields
+    library = import_model_library(spec)  # imported as a trial will: its memory belongs in the baseline
+    if library is not None and library.__name__ != "torchvision":
+        facts["library_versions"] = {library.__name__: library.__version__}
+    if spec.model.library == "torchvision":
+        facts["torchvision_version"] = library.__version__
+    else:
+        facts["torchvision_version"] = _installed_version("torchvision")  # no import: ~2.5 s saved
+    facts["memory_after_import"] = cpu_memory()
+    facts["cuda_available"] = torch.cuda.is_available()
+    facts["cuda_devices"] = []
+    if facts["cuda_available"]:
+        for index in range(torch.cuda.device_count()):
+            properties = torch.cuda.get_device_properties(index)
+            free, _ = torch.cuda.mem_get_info(index)  # this child's own context is already taken out
+            facts["cuda_devices"].append(
+                CudaDevice(name=properties.name, total_memory_bytes=properties.total_memory, free_memory_bytes=free)
+            )
+        facts["cuda_version"] = torch.version.cuda
+    problems = []
+    if facts["cuda_available"] and spec.allocator:
+        # The allocator reads its setting at the first CUDA allocation and rejects unknown keys only
+        # then: touch it here, so a typo is a spec error before any trial, not a failed trial.
+        try:
+            torch.empty(1, device="cuda")
+        except Exception as exc:
+            problems.append(_problem("allocator", exc))
+    problems += _check_buildable(torch, spec, request.python_path, facts)
+    events.emit(Inspected(facts=Facts(**facts), problems=problems))
+
+
+def _problem(stage: str, exc: BaseException, prefix: str = "") -> InspectProblem:
+    return InspectProblem(stage=stage, type=type(exc).__name__, message=prefix + str(exc)[:MESSAGE_CHARS])
+
+
+def _mismatch(message: str) -> list[InspectProblem]:
+    return [InspectProblem(stage="target", type="ShapeMismatch", message=message)]
+
+
+def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str, Any]) -> list[InspectProblem]:
+    """Can the model, optimizer and training options be set up, and does the output fit the target?
+
+    On the meta device first: shapes without memory. A model the meta device cannot
+    build is built for real on the CPU, once: if that raises too, the factory itself
+    is broken (a spec error); if not, only the meta device was the problem.
+    """
+    for stage in ("batch", "loss"):
+        reference = getattr(spec.model, stage)
+        if reference is not None:
+            try:
+                import_callable(reference, python_path)
+            except Exception as exc:
+                return [_problem(stage, exc)]
+    try:
+        with torch.device("meta"):
+            model = build_model(spec, python_path)
+    except (ImportError, AttributeError, TypeError, ValueError, KeyError) as exc:
+        return [_problem("model", exc)]
+    except Exception as exc:
+        facts["meta_build_warning"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        try:
+            build_model(spec, python_path)
+        except Exception as real_exc:
+            return [_problem("model", real_exc)]
+        return []
+    device = _trial_device(torch, spec)
+    problems = _check_precision(torch, spec, device)
+    if spec.training.mode == "train":
+        try:
+            # One real parameter on the trial's device: fused/foreach and unknown kwargs fail here, not in a trial.
+            build_optimizer(spec, [torch.nn.Parameter(torch.zeros(4, device=device))])
+        except Exception as exc:
+            problems.append(_problem("optimizer", exc))
+    facts["parameter_count"] = sum(p.numel() for p in model.parameters())
+    facts["parameter_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
+    if spec.model.batch is None:
+        problems += _check_output_shape(torch, spec, model, facts)
+    if spec.training.gradient_checkpointing:
+        try:
+            facts["checkpointing"] = enable_checkpointing(model)
+        except Exception as exc:
+            problems.append(_problem("checkpointing", exc))
+    return problems
+
+
+def _trial_device(torch, spec: Spec):
+    wanted = spec.device
+    if wanted == "cpu" or not torch.cuda.is_available():
+        return torch.device("cpu")
+    return torch.device("cuda:0" if wanted in ("auto", "cuda") else wanted)
+
+
+def _check_precision(torch, spec: Spec, device) -> list[InspectProblem]:
+    """Can this device run the spec's precision? A tiny real op under the same autocast, and the scaler."""
+    precision = spec.training.precision
+    if precision == "fp32":
+        return []
+    dtype = torch.float16 if precision == "fp16-mixed" else torch.bfloat16
+    try:
+        if device.type == "cuda" and dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported():
+            name = torch.cuda.get_device_name(device)
+            raise RuntimeError(f"{name} does not support bfloat16 (it needs compute capability 8.0, Ampere, or newer)")
+        a = torch.ones(4, 4, device=device)
+        if precision == "bf16-true":
+            (a.to(dtype) @ a.to(dtype)).sum()
+        else:
+            with torch.autocast(device.type, dtype=dtype):
+                (a @ a).sum()
+        if precision == "fp16-mixed":
+            torch.amp.GradScaler(device.type)
+    except Exception as exc:
+        return [_problem("precision", exc, prefix=f"{precision} on {device.type}: ")]
+    return []
+
+
+def _check_output_shape(torch, spec: Spec, model, facts: dict[str, Any]) -> list[InspectProblem]:
+    """One forward pass on meta tensors (no memory, no compute): does the output match the target?"""
+    task = task_of(spec)
+    if task == "detection" or (spec.model.huggingface is not None and task == "language_modeling"):
+        return []  # these models compute their own losses from the batch
+    try:
+        batch = make_batch(spec, 2, torch.device("meta"), [])
+        model.train()
+        output = primary_output(model(batch.inputs))
+    except RuntimeError as exc:
+        message = str(exc)
+        if any(word in message for word in ("shape", "size", "dimension", "mat1 and mat2", "channels")):
+            return [_problem("input", exc)]
+        facts["meta_forward_warning"] = f"{type(exc).__name__}: {message[:500]}"
+        return []
+    except Exception as exc:  # an op without a meta kernel, say: the trials will tell
+        facts["meta_forward_warning"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+        return []
+    target = spec.target
+    if target is None or spec.model.loss is not None:
+        return []  # the user's loss decides what the output must be
+    shape = list(output.shape)
+    if task == "language_modeling":
+        if len(shape) != 3:
+            return _mismatch(f"language_modeling needs logits (batch, sequence, vocabulary); the model "
+                             f"returned shape {shape}")
+        return []
+    if task == "segmentation" and len(shape) != 4:
+        return _mismatch(f"segmentation needs outputs (batch, classes, height, width); the model returned {shape}")
+    if target.classes is not None:
+        if len(shape) < 2 or shape[1] != target.classes:
+            return _mismatch(f"the model's output has shape {shape} (per sample {shape[1:]}), "
+                             f"so its class dimension is {shape[1] if len(shape) > 1 else 'missing'}, "
+                             f"not target.classes = {target.classes}")
+    elif shape[1:] != list(target.shape):
+        return _mismatch(f"the model's output per sample has shape {shape[1:]}, not target.shape = "
+                         f"{list(target.shape)}")
+    return []

@@ -1,0 +1,146 @@
+"""A trial: the spec's training steps at one batch size, and the peak memory they needed.
+
+The child classifies its own exception (out of memory versus any other error,
+``outcomes.classify_exception``) and writes exactly one ``TrialResult``. A
+process that ends without one is classified by the parent (crashed, timed out).
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from isoprobe.child.memory import cpu_memory, cpu_readings
+from isoprobe.child.training import Step
+from isoprobe.child.workload import build_model, import_model_library
+from isoprobe.outcomes import Outcome, classify_exception
+from isoprobe.protocol import EvalDone, Imported, ModelBuilt, StepDone, TrialRequest, TrialResult
+from isoprobe.result import ErrorInfo, Sizes
+
+if TYPE_CHECKING:
+    from isoprobe.child.main import Events
+
+_TRACEBACK_LINES = 25
+#: Exception messages are cut to this many characters (ErrorInfo.message, InspectProblem.message).
+MESSAGE_CHARS = 2000
+
+
+@dataclass
+class _Progress:
+    """How far the trial got: reported with the verdict, whatever the verdict is."""
+
+    phase: str = "started"
+    step_seconds: list[float] = field(default_factory=list)
+
+
+def _setup_cuda(torch, request: TrialRequest) -> dict[str, Any]:
+    """Select the GPU, touch the allocator (a bad allocator setting fails here), apply the budget."""
+    device = torch.device(request.device)
+    torch.cuda.set_device(device)
+    torch.empty(1, device=device)
+    total = torch.cuda.get_device_properties(device).total_memory
+    budget = request.memory_budget_bytes
+    if budget:
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
+    return {"total_memory_bytes": total}
+
+
+def run_trial(request: TrialRequest, events: Events) -> None:
+    progress = _Progress()
+    report: dict[str, Any] = {}
+    failure: tuple[Outcome, ErrorInfo] | None = None
+    try:
+        report = _train(request, events, progress)
+    except Exception as exc:  # classified, never guessed: see outcomes.classify_exception
+        failure = _describe_failure(exc)
+    if failure is None:
+        events.emit(TrialResult(outcome=Outcome.FITS, phase=progress.phase, step_seconds=progress.step_seconds,
+                                **report))
+        return
+    # The model, optimizer and batch lived in _train's frame, kept alive by the traceback
+    # until the except block ended: collect them before writing, so that reporting an
+    # out-of-memory does not itself run out of memory.
+    gc.collect()
+    outcome, error = failure
+    if outcome is Outcome.ERROR:
+        sys.stderr.write(error.traceback_tail)
+    if not request.device.startswith("cuda"):
+        report["peak_bytes"] = cpu_memory().peak_rss
+    events.emit(TrialResult(outcome=outcome, phase=progress.phase, step_seconds=progress.step_seconds, error=error,
+                            **report))
+
+
+def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[str, Any]:
+    """Build, then run the spec's training steps; return the peak readings (TrialResult fields). Raises on failure."""
+    spec = request.spec
+    report: dict[str, Any] = {}
+    import torch
+
+    import_model_library(spec)  # here, so that its cost lands in the 'imported' phase
+    progress.phase = "imported"
+    events.emit(Imported(memory=cpu_memory()))
+    device = torch.device(request.device)
+    cuda = device.type == "cuda"
+    if cuda:
+        report.update(_setup_cuda(torch, request))
+    python_path = request.python_path
+    step = Step(spec, build_model(spec, python_path), device, python_path)
+    progress.phase = "model_built"
+    events.emit(ModelBuilt(memory=cpu_memory()))
+    if cuda:
+        # Peaks from here on; the model's weights are allocated already and still count.
+        torch.cuda.reset_peak_memory_stats(device)
+    batch = step.batch(request.batch_size)
+    for index in range(1, spec.search.steps + 1):
+        started = time.perf_counter()
+        step.run(batch)
+        if cuda:
+            torch.cuda.synchronize(device)
+        progress.step_seconds.append(time.perf_counter() - started)
+        progress.phase = f"step {index}"
+        events.emit(StepDone(step=index, seconds=progress.step_seconds[-1]))
+    if spec.training.eval_pass:
+        progress.phase = "eval"
+        seconds = step.evaluate(batch)
+        if cuda:
+            torch.cuda.synchronize(device)
+        report["eval_seconds"] = seconds
+        events.emit(EvalDone(seconds=seconds))
+    report["applied"] = step.applied
+    sizes = step.sizes
+    if cuda:
+        free, total = torch.cuda.mem_get_info(device)
+        peak_reserved, peak_allocated = torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)
+        sizes = (sizes or Sizes()).model_copy(update={
+            "cuda_context_bytes": max(0, (total - free) - torch.cuda.memory_reserved(device)),
+            "reserved_unallocated_bytes": peak_reserved - peak_allocated,
+        })
+    report["sizes"] = sizes
+    if spec.training.compile and len(progress.step_seconds) >= 2:
+        # The first step compiles (forward and backward graphs); the later ones show what a step costs.
+        later = sorted(progress.step_seconds[1:])
+        report["compile_seconds"] = max(0.0, progress.step_seconds[0] - later[len(later) // 2])
+    if cuda:
+        report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+        report["peak_bytes"] = report["budget_peak_bytes"] = torch.cuda.max_memory_reserved(device)
+        # Weights, gradients and optimizer state, with the batch's activations freed. In allocated
+        # bytes, a little below the reserved line's intercept: a conservative anchor for the search.
+        report["base_bytes"] = torch.cuda.memory_allocated(device)
+    else:
+        report.update(cpu_readings())
+    progress.phase = "done"
+    return report
+
+
+def _describe_failure(exc: BaseException) -> tuple[Outcome, ErrorInfo]:
+    names = [cls.__name__ for cls in type(exc).__mro__]
+    message = str(exc)
+    outcome = classify_exception(names, message)
+    lines = traceback.format_exception(type(exc), exc, exc.__traceback__)
+    tail = "".join(lines)[-8000:].splitlines()[-_TRACEBACK_LINES:]
+    qualified = f"{type(exc).__module__}.{type(exc).__qualname__}".removeprefix("builtins.")
+    return outcome, ErrorInfo(type=qualified, message=message[:MESSAGE_CHARS], traceback_tail="\n".join(tail) + "\n")

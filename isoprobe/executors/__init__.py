@@ -1,0 +1,80 @@
+"""The seam between the probe and processes: an executor runs one request and reports what the child left.
+
+The probe never starts a process itself. It hands an executor a request (a
+trial or the environment check, ``isoprobe.protocol``) and the *conditions*
+the process must be started under (backend, allocator setting, memory cap,
+what to import ahead), and gets back a ``ChildRun``: the child's typed events,
+its exit status, whether it timed out, the tail of its stderr. Classifying that
+into an outcome is the probe's job (``isoprobe.probe.classify``), so every
+executor's runs are judged by the same rules.
+
+Executors:
+
+- ``local.LocalExecutor``: one isolated child process per request on this
+  machine (own session, rlimits, lifeline, a warm spare). The default.
+- ``scripted.ScriptedExecutor``: canned child runs from a script, no process
+  and no torch, for testing the orchestration (retries, confirmations,
+  reclassification, interrupts) as plain unit tests.
+
+What a new executor must provide is the three methods of ``Executor``. One
+that runs several trials at once, a gang of ranks per trial, or a trial as a
+cluster job fits behind the same interface: the search and the probe do not
+change.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from isoprobe.protocol import InspectRequest, TrialRequest
+
+
+@dataclass(frozen=True)
+class Conditions:
+    """How a child's process is started, as opposed to what it is asked to do (its request).
+
+    Two requests under equal conditions can share a process started ahead of
+    time (a warm spare); under different ones they cannot.
+    """
+
+    backend: Literal["cpu", "cuda"]
+    #: PYTORCH_CUDA_ALLOC_CONF for the child: None inherits isoprobe's own environment, '' removes it
+    #: (torch's default), anything else is set.
+    allocator: str | None = None
+    #: CPU backend: the RLIMIT_DATA cap in bytes. None: no cap.
+    memory_limit: int | None = None
+    #: Modules a process started ahead imports before its request arrives (nothing that touches a device).
+    preload: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ChildRun:
+    """Everything a finished child left behind."""
+
+    returncode: int
+    timed_out: bool
+    seconds: float
+    events: list = field(default_factory=list)  # isoprobe.protocol events, in the order written
+    stderr_tail: str = ""
+    oom_kills: int | None = None  # OOM kills the child's memory cgroup counted during the run; None: unknown
+    warm: bool = False  # the child had imported torch before its request arrived
+
+
+class Executor(Protocol):
+    """Runs requests in fresh processes. Used as a context manager: nothing it started outlives ``close``."""
+
+    def prestart(self, conditions: Conditions) -> None:
+        """A hint: the next trials will run under ``conditions`` (an executor may start a process ahead)."""
+
+    def run(self, request: "TrialRequest | InspectRequest", conditions: Conditions, *, timeout: float,
+            name: str) -> ChildRun:
+        """Run one request to its end (or kill it at ``timeout`` seconds) and return what it left behind.
+
+        KeyboardInterrupt and ``errors.Terminated`` pass through, after whatever
+        the executor started for this request is gone.
+        """
+
+    def close(self) -> None:
+        """Stop everything still running or waiting."""

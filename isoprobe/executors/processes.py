@@ -1,0 +1,167 @@
+"""Process primitives of the local executor: a child's environment, its start, its end, its stderr.
+
+Pure where possible (``child_environment``), so what each child gets is
+testable without starting one; the rest are small wrappers over the kernel's
+process groups and signals.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from isoprobe.hardware import visible_devices
+from isoprobe.protocol import EVENTS_ENV
+
+#: Below this size glibc serves allocations from its heap and may keep freed memory,
+#: which makes an RLIMIT_DATA boundary flaky; above it every block is its own mmap.
+MALLOC_MMAP_THRESHOLD = 131072
+#: Seconds between SIGTERM and SIGKILL when a timed-out child's group is stopped.
+KILL_GRACE_SECONDS = 2.0
+#: The same when isoprobe itself is interrupted: every group must be gone within 2 s.
+INTERRUPT_GRACE_SECONDS = 0.5
+_STDERR_TAIL_CHARS = 4000
+_STDERR_SCAN_BYTES = 65536
+_PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
+
+
+def child_environment(
+    base: dict[str, str], *, backend: str, allocator: str | None, events_path: Path
+) -> dict[str, str]:
+    """The environment one trial runs in. Pure, so what each child gets is testable."""
+    env = dict(base)
+    env[EVENTS_ENV] = str(events_path)
+    env["PYTHONUNBUFFERED"] = "1"
+    env["PYTHONFAULTHANDLER"] = "1"  # a segfault or abort leaves a Python stack in stderr
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, base.get("PYTHONPATH", "")) if p)
+    if allocator == "":
+        # torch's default allocator: a setting inherited from isoprobe's own environment must not leak in.
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        env.pop("PYTORCH_ALLOC_CONF", None)
+    elif allocator is not None:
+        # torch reads PYTORCH_CUDA_ALLOC_CONF; newer releases also PYTORCH_ALLOC_CONF. Same value in both,
+        # so whichever the installed torch prefers, the trial runs with the spec's setting.
+        env["PYTORCH_CUDA_ALLOC_CONF"] = allocator
+        env["PYTORCH_ALLOC_CONF"] = allocator
+    if backend == "cpu":
+        env["MALLOC_MMAP_THRESHOLD_"] = str(MALLOC_MMAP_THRESHOLD)
+        env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU trial can never create a CUDA context by accident
+    else:
+        # A Slurm job's GPUs, where only Slurm's variables name them (a batch shell, a hook): cuda:0 of
+        # the trial must be the job's first GPU, not the node's.
+        visible = visible_devices(base)
+        if visible.source != "CUDA_VISIBLE_DEVICES" and visible.value is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible.value
+    return env
+
+
+#: The signals that interrupt isoprobe (KeyboardInterrupt, errors.Terminated).
+INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
+
+
+def prepare_child(memory_limit: int | None, parent_pid: int):
+    """Runs in the child between fork and exec: give up if the parent is gone, and cap memory if asked."""
+
+    def prepare() -> None:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)  # see signals_deferred
+        if os.getppid() != parent_pid:
+            os._exit(1)
+        if memory_limit is not None:
+            resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
+
+    return prepare
+
+
+@contextmanager
+def signals_deferred():
+    """Hold SIGINT and SIGTERM while children are started and recorded, then let them land.
+
+    An interrupt raised inside ``subprocess.Popen`` (between fork and the end of
+    its bookkeeping) or between taking the spare and recording it as the running
+    child would lose track of a process that is already alive. Blocked here, the
+    signal is delivered the moment this block ends, where every child is known
+    and the ``finally`` clauses stop them. Children unblock both signals for
+    themselves (``prepare_child``): the mask would otherwise survive exec.
+    """
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, INTERRUPTS)
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Write to a temporary name in the same folder, then rename: a reader sees all of it or nothing."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def lift_idle_policy(pid: int) -> None:
+    """Give a child's idle-class threads the normal policy back, so that a kill ends it promptly.
+
+    A warm spare imports under ``SCHED_IDLE`` (see ``child.warm``). Killed in
+    the middle, its exit (unmapping torch) still runs at idle priority, and on a
+    machine whose cores are busy that took longer than 30 s (measured:
+    docs/measurements.md), with the parent waiting to reap it. Same owner, and
+    the child only went idle where it may come back, so this is allowed
+    wherever the child's own switch was; failures are ignored.
+    """
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for task in tasks:
+        try:
+            if os.sched_getscheduler(int(task)) == os.SCHED_IDLE:
+                os.sched_setscheduler(int(task), os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def kill_group(pid: int, grace: float = KILL_GRACE_SECONDS) -> None:
+    """SIGTERM the child's process group, then SIGKILL whatever is left after ``grace`` seconds."""
+    try:
+        os.killpg(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        try:
+            os.killpg(pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.05)
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def stderr_tail(path: Path) -> str:
+    """The end of a child's stderr, with faulthandler's headline kept even if the dump is long.
+
+    A crash dump lists every thread's stack and the loaded extension modules after
+    its first line ("Fatal Python error: Segmentation fault"); the first line is the
+    evidence, so it is put in front when the tail alone would cut it off.
+    """
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - _STDERR_SCAN_BYTES))
+            end = handle.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+    tail = end[-_STDERR_TAIL_CHARS:]
+    headline = next((line for line in reversed(end.splitlines()) if line.startswith("Fatal Python error:")), None)
+    if headline is not None and headline not in tail:
+        tail = f"{headline}\n[...]\n{tail}"
+    return tail

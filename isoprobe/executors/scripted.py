@@ -1,0 +1,174 @@
+"""An executor without processes: each request is answered by a script with a canned ``ChildRun``.
+
+Like httpx's ``MockTransport``: the probe, the search and the classification
+run for real, and only the child processes are replaced, so retries,
+reclassification, confirmations, flaky edges, interrupts mid-probe and the
+allocator comparison are plain unit tests, with no torch and no waiting.
+
+A script is a function of one ``Call`` (the request, the conditions, how many
+times this batch was asked for) that returns a ``ChildRun``, built with the
+helpers below from the same protocol events a real child writes, or raises
+``KeyboardInterrupt`` / ``errors.Terminated`` as a signal would. ``linear``
+makes a script of a device whose peak is ``fixed + per_sample * batch``.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Callable
+
+from isoprobe.executors import ChildRun, Conditions
+from isoprobe.outcomes import Outcome
+from isoprobe.protocol import (
+    Facts,
+    Imported,
+    InspectProblem,
+    InspectRequest,
+    Inspected,
+    MemoryReading,
+    ModelBuilt,
+    Started,
+    StepDone,
+    TrialRequest,
+    TrialResult,
+)
+from isoprobe.result import ErrorInfo, Sizes
+
+#: What the CPU allocator says when the cap is hit (c10's DefaultCPUAllocator).
+CPU_OOM_MESSAGE = ("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to "
+                   "allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")
+#: The import baseline of a canned CPU child (what importing torch costs, measured about this much here).
+IMPORT_BASELINE_BYTES = 900 * 1024**2
+
+
+@dataclass(frozen=True)
+class Call:
+    """One request as the script sees it."""
+
+    request: TrialRequest
+    conditions: Conditions
+    attempt: int  # 1 the first time this batch size is asked for (under any purpose), 2 the next...
+    number: int   # 1-based count of trial requests so far
+
+    @property
+    def batch_size(self) -> int:
+        return self.request.batch_size
+
+    @property
+    def budget(self) -> int | None:
+        return self.request.memory_budget_bytes
+
+
+Script = Callable[[Call], ChildRun]
+
+
+@dataclass
+class ScriptedExecutor:
+    """Answers trial requests from ``script`` and the environment check from ``inspected``; records every call."""
+
+    script: Script
+    inspected: ChildRun | None = None
+    calls: list[Call] = field(default_factory=list)
+    prestarts: list[Conditions] = field(default_factory=list)
+    closed: bool = False
+
+    def __enter__(self) -> "ScriptedExecutor":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def prestart(self, conditions: Conditions) -> None:
+        self.prestarts.append(conditions)
+
+    def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
+        if isinstance(request, InspectRequest):
+            return self.inspected if self.inspected is not None else inspected()
+        attempt = 1 + sum(1 for c in self.calls if c.batch_size == request.batch_size)
+        call = Call(request, conditions, attempt, len(self.calls) + 1)
+        self.calls.append(call)
+        return self.script(call)
+
+    def close(self) -> None:
+        self.closed = True
+
+    @property
+    def batches(self) -> list[int]:
+        """The batch sizes asked for, in order."""
+        return [c.batch_size for c in self.calls]
+
+
+# --------------------------------------------------------------------------- canned runs
+
+
+def _progress(steps: int) -> list:
+    memory = MemoryReading(data=IMPORT_BASELINE_BYTES, rss=IMPORT_BASELINE_BYTES, peak_rss=IMPORT_BASELINE_BYTES)
+    return [Started(pid=4242), Imported(memory=memory), ModelBuilt(memory=memory),
+            *(StepDone(step=i, seconds=0.1) for i in range(1, steps + 1))]
+
+
+def fits(peak_bytes: int, *, base_bytes: int | None = None, steps: int = 3, step_seconds: float = 0.1,
+         sizes: Sizes | None = None, seconds: float = 1.0, warm: bool = False) -> ChildRun:
+    """A child that ran every step and reported ``peak_bytes`` (as both the resident and the budget's peak)."""
+    result = TrialResult(outcome=Outcome.FITS, phase="done", step_seconds=[step_seconds] * steps,
+                         peak_bytes=peak_bytes, budget_peak_bytes=peak_bytes,
+                         base_bytes=base_bytes if base_bytes is not None else IMPORT_BASELINE_BYTES, sizes=sizes)
+    return ChildRun(returncode=0, timed_out=False, seconds=seconds, events=[*_progress(steps), result], warm=warm)
+
+
+def failed(outcome: Outcome, error_type: str, message: str, *, traceback_tail: str = "", at_step: int = 1,
+           stderr_tail: str = "", returncode: int = 0) -> ChildRun:
+    """A child that caught its own exception in step ``at_step`` and classified it (out_of_memory or error)."""
+    result = TrialResult(outcome=outcome, phase=f"step {at_step}", step_seconds=[0.1] * (at_step - 1),
+                         error=ErrorInfo(type=error_type, message=message, traceback_tail=traceback_tail))
+    return ChildRun(returncode=returncode, timed_out=False, seconds=1.0, events=[*_progress(at_step - 1), result],
+                    stderr_tail=stderr_tail)
+
+
+def out_of_memory(message: str = CPU_OOM_MESSAGE, error_type: str = "RuntimeError") -> ChildRun:
+    return failed(Outcome.OUT_OF_MEMORY, error_type, message)
+
+
+def error(message: str = "deliberate non-memory bug", error_type: str = "KeyError") -> ChildRun:
+    tail = f"Traceback (most recent call last):\n  ...\n{error_type}: {message}\n"
+    return failed(Outcome.ERROR, error_type, message, traceback_tail=tail, stderr_tail=tail)
+
+
+def crashed(signum: int | None = signal.SIGSEGV, *, stderr_tail: str = "Fatal Python error: Segmentation fault\n",
+            steps_done: int = 0, returncode: int | None = None, oom_kills: int | None = None) -> ChildRun:
+    """A child that died without a verdict: by ``signum``, or (``signum=None``) by exiting ``returncode``."""
+    code = -signum if signum is not None else (returncode or 0)
+    return ChildRun(returncode=code, timed_out=False, seconds=1.0, events=_progress(steps_done),
+                    stderr_tail=stderr_tail, oom_kills=oom_kills)
+
+
+def timed_out(seconds: float = 60.0) -> ChildRun:
+    """A child killed at the trial timeout (its group got SIGTERM)."""
+    return ChildRun(returncode=-signal.SIGTERM, timed_out=True, seconds=seconds, events=_progress(1))
+
+
+def inspected(facts: Facts | None = None, problems: list[InspectProblem] | None = None) -> ChildRun:
+    """The environment check's answer: by default a CPU machine with torch imported in 900 MiB."""
+    facts = facts or Facts(torch_version="2.0.0+scripted", torchvision_version="0.15.0+scripted",
+                           memory_after_import=MemoryReading(data=IMPORT_BASELINE_BYTES))
+    return ChildRun(returncode=0, timed_out=False, seconds=1.0,
+                    events=[Started(pid=4241), Inspected(facts=facts, problems=problems or [])])
+
+
+def linear(fixed: int, per_sample: int, *, faults: Callable[[Call], ChildRun | None] | None = None) -> Script:
+    """A device whose peak is ``fixed + per_sample * batch``: fits under the request's budget, else out of memory.
+
+    ``faults`` (optional) sees every call first; whatever it returns (a crash, a
+    hang, a flaky failure) replaces the device's answer, None keeps it.
+    """
+
+    def script(call: Call) -> ChildRun:
+        if faults is not None and (fault := faults(call)) is not None:
+            return fault
+        peak = fixed + per_sample * call.batch_size
+        if call.budget is not None and peak > call.budget:
+            return out_of_memory()
+        return fits(peak, base_bytes=fixed)
+
+    return script

@@ -1,0 +1,221 @@
+"""Before any trial: check the environment in a child, then decide where trials run and under what.
+
+The parent never imports torch, so what torch and the GPU are like comes from
+an ``inspect`` child (``protocol.InspectRequest``), run through the same
+executor as the trials. What it cannot build becomes a ``SpecError`` naming
+the field to fix. ``resolve_target`` and ``trial_conditions`` are pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from isoprobe.errors import ProbeError, Problem, SpecError
+from isoprobe.executors import Conditions, Executor
+from isoprobe.hardware import cpu_name, ram_bytes
+from isoprobe.protocol import Facts, InspectProblem, InspectRequest, Inspected, last_of
+from isoprobe.result import AllocatorInfo, DeviceInfo
+from isoprobe.spec import Spec
+from isoprobe.units import format_bytes
+
+#: CPU backend budget when the spec sets none. Big enough for resnet50 at a
+#: handful of samples (imports take ~0.9 GiB of it), small enough that the
+#: search ends in minutes on 2 cores.
+DEFAULT_CPU_BUDGET = 3 * 1024**3
+#: The inspect child imports torch and builds the model on the meta device.
+INSPECT_TIMEOUT_SECONDS = 300.0
+#: Data segment a trial needs beyond the import baseline before any model exists.
+_MIN_BUDGET_MARGIN = 64 * 1024**2
+
+
+@dataclass(frozen=True)
+class Target:
+    """The resolved device: where trials run and the memory they may use."""
+
+    backend: Literal["cpu", "cuda"]
+    device: str
+    info: DeviceInfo
+    #: CUDA: the memory free when the environment was checked (other processes and a context already
+    #: taken out); what the allocator's reserved peak can actually reach.
+    free_bytes: int | None = None
+
+    @property
+    def search_capacity(self) -> int:
+        """The memory the search's line predicts against: the capacity, or less where less is free."""
+        if self.free_bytes is None:
+            return self.info.capacity_bytes
+        return min(self.info.capacity_bytes, self.free_bytes)
+
+
+def inspect_environment(spec: Spec, spec_path: str, executor: Executor, python_path: list[str]) -> Facts:
+    """Run the inspect child; map what it cannot build to a SpecError."""
+    conditions = Conditions(backend="cpu" if spec.device == "cpu" else "cuda", allocator=spec.allocator)
+    run = executor.run(InspectRequest(spec=spec, python_path=python_path), conditions,
+                       timeout=INSPECT_TIMEOUT_SECONDS, name="inspect")
+    inspected = last_of(run.events, Inspected)
+    if inspected is None or run.timed_out:
+        how = "timed out" if run.timed_out else f"exited with status {run.returncode}"
+        raise ProbeError(f"the environment check (importing torch in a child process) {how}", run.stderr_tail)
+    if inspected.problems:
+        raise SpecError(spec_path, [_inspect_problem(p) for p in inspected.problems])
+    return inspected.facts
+
+
+_INSPECT_STAGES = {
+    # stage: (field, what went wrong, how to fix it)
+    "model": ("model", "cannot be built", "check the name, the factory's module and function, and the kwargs"),
+    "optimizer": ("optimizer.kwargs", "cannot be built", "check the optimizer's keyword arguments"),
+    "allocator": ("allocator", "rejected by torch",
+                  "check the allocator string (keys such as expandable_segments:True, max_split_size_mb:128)"),
+    "input": ("input.shape", "does not fit the model", "set input.shape to what the model takes for one sample"),
+    "target": ("target", "does not match the model's output",
+               "set target.classes (or target.shape) to the model's output, or change the model's kwargs"),
+    "precision": ("training.precision", "cannot run on this device", "use fp32 or a precision the device supports"),
+    "checkpointing": ("training.gradient_checkpointing", "cannot be applied to this model",
+                      "turn it off, or wrap the model's blocks in nn.Sequential stages in the factory"),
+    "batch": ("model.batch", "cannot be loaded", "check the module and function name"),
+    "loss": ("model.loss", "cannot be loaded", "check the module and function name"),
+}
+
+
+def _inspect_problem(problem: InspectProblem) -> Problem:
+    field, what, fix = _INSPECT_STAGES[problem.stage]
+    return Problem(field, f"{what}: {problem.type}: {problem.message}", fix)
+
+
+def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: str = "spec") -> Target:
+    """Pick the backend from the spec's device and what the inspect child saw. Pure given ``facts``."""
+    requested = spec.device
+    devices = facts.cuda_devices
+    note = None
+    if requested == "auto":
+        if devices:
+            requested_device, note = "cuda:0", "device auto: a GPU is visible, using cuda:0"
+        else:
+            requested_device = "cpu"
+            note = "device auto: no GPU visible, using the CPU backend (memory capped per trial)"
+    else:
+        requested_device = "cuda:0" if requested == "cuda" else requested
+    if requested_device == "cpu":
+        return _cpu_target(spec, facts, budget_source, source, note)
+    index = int(requested_device.split(":")[1])
+    if not devices:
+        raise SpecError(
+            source,
+            [Problem("device", f"{requested} was asked for, but torch sees no GPU here", "use device: auto or cpu")],
+        )
+    if index >= len(devices):
+        raise SpecError(
+            source,
+            [Problem("device", f"{requested} does not exist: {len(devices)} GPU(s) visible", "pick cuda:0 .. "
+                     f"cuda:{len(devices) - 1}")],
+        )
+    device = devices[index]
+    budget = spec.memory_budget
+    if budget is not None and budget > device.total_memory_bytes:
+        raise SpecError(
+            source,
+            [Problem("memory_budget",
+                     f"{format_bytes(budget)} is more than the GPU has ({format_bytes(device.total_memory_bytes)})",
+                     "lower it, or leave it unset to use the whole GPU")],
+        )
+    info = DeviceInfo(
+        backend="cuda",
+        requested=spec.device,
+        name=device.name,
+        index=index,
+        total_memory_bytes=device.total_memory_bytes,
+        memory_budget_bytes=budget,
+        budget_source=budget_source if budget is not None else None,
+        capacity_bytes=budget or device.total_memory_bytes,
+        note=note,
+    )
+    return Target("cuda", requested_device, info, device.free_memory_bytes)
+
+
+def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str, note: str | None) -> Target:
+    budget = spec.memory_budget or DEFAULT_CPU_BUDGET
+    baseline = facts.memory_after_import.data
+    if baseline and budget < baseline + _MIN_BUDGET_MARGIN:
+        raise SpecError(
+            source,
+            [
+                Problem(
+                    "memory_budget",
+                    f"{format_bytes(budget)} is less than a trial needs just to import torch "
+                    f"({format_bytes(baseline)} measured here)",
+                    f"give at least {format_bytes(baseline + 512 * 1024**2)} for a small model",
+                )
+            ],
+        )
+    info = DeviceInfo(
+        backend="cpu",
+        requested=spec.device,
+        name=cpu_name(),
+        total_memory_bytes=ram_bytes(),
+        memory_budget_bytes=budget,
+        budget_source=budget_source if spec.memory_budget else "default",
+        capacity_bytes=budget,
+        import_baseline_bytes=baseline,
+        note=note,
+    )
+    return Target("cpu", "cpu", info)
+
+
+def likely_backend(spec: Spec) -> Literal["cpu", "cuda"]:
+    """The backend the trials will most likely get, known before the inspect child answers.
+
+    Only used to start the first trial's process early: if the guess is wrong,
+    that process is discarded, never used. ``auto`` counts as CPU where the
+    NVIDIA driver shows no GPU (no /proc/driver/nvidia/gpus entry).
+    """
+    no_gpu = not any(Path("/proc/driver/nvidia/gpus").glob("*"))
+    return "cpu" if spec.device == "cpu" or (spec.device == "auto" and no_gpu) else "cuda"
+
+
+def allocator_setting(spec: Spec, backend: str, label: str | None = None) -> str | None:
+    """The PYTORCH_CUDA_ALLOC_CONF a trial gets: an ``allocators`` entry ('default' is '': removed), or ``allocator``."""
+    if label is None and spec.allocators and backend == "cuda":
+        label = spec.allocators[0]
+    if label is not None:
+        return "" if label == "default" else label
+    return spec.allocator
+
+
+def preload(spec: Spec) -> tuple[str, ...]:
+    """What a warm child imports before its request: everything a trial imports that touches no device.
+
+    torch._dynamo is on the list because constructing any torch optimizer imports
+    it (torch/_compile.py), about 2.5 s measured here: without it the warm child
+    would save the import of torch only to pay as much again in the build.
+    """
+    library = spec.model.library
+    return ("torch", "torch._dynamo") + ((library,) if library else ())
+
+
+def trial_conditions(spec: Spec, backend: str, memory_limit: int | None, allocator_label: str | None = None
+                     ) -> Conditions:
+    """How every ordinary trial's process is started: the backend, the allocator, the CPU cap, the preload."""
+    return Conditions(
+        backend=backend,
+        allocator=allocator_setting(spec, backend, allocator_label),
+        memory_limit=memory_limit if backend == "cpu" else None,
+        preload=preload(spec),
+    )
+
+
+def allocator_info(spec: Spec, backend: str, environ: dict[str, str]) -> AllocatorInfo:
+    if spec.allocators and backend == "cuda":
+        value, source = spec.allocators[0], "spec"
+    elif spec.allocator is not None:
+        value, source = spec.allocator, "spec"
+    elif environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF"):
+        value = environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF")
+        source = "environment"
+    else:
+        value, source = None, "none"
+    variables = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] if spec.allocator is not None or (
+        spec.allocators and backend == "cuda") else []
+    return AllocatorInfo(value=value, source=source, variables=variables, applies=backend == "cuda")

@@ -1,0 +1,161 @@
+"""The probe: spec -> environment check -> search over real trials -> recommendation -> Result.
+
+This is where the pure parts (search, recommend, explain) meet the executor.
+It never imports torch and never starts a process itself: the environment
+check and every trial go through one ``Executor`` (``isoprobe.executors``),
+the local one by default, a scripted one in unit tests.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from isoprobe import __version__
+from isoprobe.errors import Terminated
+from isoprobe.executors import Executor
+from isoprobe.insights import memory_breakdown, throughput
+from isoprobe.output import Reporter
+from isoprobe.plan import accumulation_plan
+from isoprobe.probe.edge import compare_allocators, search_and_recommend, stop_reason_of
+from isoprobe.probe.environment import (
+    DEFAULT_CPU_BUDGET,
+    allocator_info,
+    inspect_environment,
+    likely_backend,
+    resolve_target,
+    trial_conditions,
+)
+from isoprobe.probe.explain import Found, explain, limited_by
+from isoprobe.probe.trials import TrialRunner
+from isoprobe.result import Result, StopReason
+from isoprobe.spec import Spec
+from isoprobe.units import format_bytes
+
+
+def local_executor(spec: Spec) -> Executor:
+    """The default: isolated child processes on this machine, a warm spare if the spec wants one."""
+    from isoprobe.executors.local import LocalExecutor
+
+    return LocalExecutor(warm=spec.search.warm_start)
+
+
+def run_probe(
+    spec: Spec,
+    spec_path: str,
+    reporter: Reporter,
+    *,
+    budget_source: str = "spec",
+    environ: dict[str, str] | None = None,
+    executor: Executor | None = None,
+) -> Result:
+    """Everything ``isoprobe run`` does between a valid spec and the printed result.
+
+    ``executor`` runs the environment check and the trials (default: the local
+    one); it is closed before this returns, so nothing it started outlives the probe.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    started = time.monotonic()
+    python_path = [str(Path(spec_path).resolve().parent)]
+    executor = executor if executor is not None else local_executor(spec)
+    try:
+        reporter.note("checking the environment (importing torch in a child process)")
+        try:
+            # The first trial's process imports torch while the inspect child does the same. Inside
+            # this try: a signal held while the spare starts lands as it ends, and must still give a
+            # JSON document (found by test_interrupt with warm start on: 1 run in the full suite).
+            backend = likely_backend(spec)
+            executor.prestart(trial_conditions(spec, backend, spec.memory_budget or DEFAULT_CPU_BUDGET))
+            facts = inspect_environment(spec, spec_path, executor, python_path)
+        except (KeyboardInterrupt, Terminated) as stopped:
+            return _stopped_before_trials(spec, spec_path, stopped, environ, started)
+        target = resolve_target(spec, facts, budget_source, spec_path)
+        _describe_target(spec, target, reporter)
+        runner = TrialRunner(spec, target, executor, python_path, reporter)
+        comparison = None
+        if spec.allocators and target.backend == "cuda":
+            runner.allocator_label = spec.allocators[0]
+        try:
+            executor.prestart(runner.conditions)  # the guess was wrong: a spare started for it is replaced
+        except (KeyboardInterrupt, Terminated) as stopped:
+            # A signal held while the spare was replaced lands here, before the first trial: still one document.
+            found = Found(stop_reason_of(stopped), None, None)
+        else:
+            found = search_and_recommend(spec, target, runner)
+        interrupted = found.stop in (StopReason.INTERRUPTED, StopReason.TERMINATED)
+        if spec.allocators and not (interrupted and target.backend == "cuda"):  # no new trials after a signal
+            try:
+                comparison = compare_allocators(spec, target, runner, found)
+            except (KeyboardInterrupt, Terminated) as stopped:
+                # The first setting's answer stands; the comparison is incomplete, and the exit code says so.
+                found = replace(found, stop=stop_reason_of(stopped))
+    finally:
+        executor.close()
+    stop, max_fitting = found.stop, found.max_fitting
+    capped_by = limited_by(spec, max_fitting) if stop is StopReason.CAPPED else None
+    message, suggestions = explain(found, spec, target.info, runner.trials, capped_by)
+    return Result(
+        isoprobe_version=__version__,
+        python_version=platform.python_version(),
+        torch_version=facts.torch_version,
+        torchvision_version=facts.torchvision_version,
+        spec_path=spec_path,
+        spec=spec,
+        device=target.info,
+        allocator=allocator_info(spec, target.backend, environ),
+        answered=stop in (StopReason.EDGE_FOUND, StopReason.CAPPED),
+        max_batch_size=max_fitting,
+        first_failing_batch_size=found.first_failing,
+        first_failing_outcome=found.first_failing_outcome,
+        flaky_batch_sizes=list(found.flaky),
+        edge_flaky=any(max_fitting is None or b >= max_fitting for b in found.flaky),
+        limited_by=capped_by,
+        recommended_batch_size=found.recommended,
+        recommendation=found.recommendation,
+        throughput=throughput(runner.trials, spec.recommendation.throughput_tolerance),
+        memory_breakdown=memory_breakdown(runner.trials),
+        accumulation=accumulation_plan(spec, found.recommended or found.max_fitting, environ),
+        allocator_comparison=comparison,
+        stop_reason=stop,
+        message=message,
+        suggestions=suggestions,
+        trials=runner.trials,
+        total_seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def _describe_target(spec: Spec, target, reporter: Reporter) -> None:
+    info = target.info
+    if info.note:
+        reporter.note(info.note)
+    if target.backend == "cpu" and spec.training.precision == "fp16-mixed":
+        reporter.note(
+            "fp16 autocast on the CPU backend: most CPUs emulate float16 math, so steps run several "
+            "times slower than fp32 (8x measured on AVX-512 without FP16); the memory is what fp16 needs"
+        )
+    reporter.note(
+        f"backend {target.backend} ({info.name}), capacity {format_bytes(info.capacity_bytes)}"
+        + (f", of which importing torch takes {format_bytes(info.import_baseline_bytes)}"
+           if info.import_baseline_bytes else "")
+    )
+
+
+def _stopped_before_trials(spec: Spec, spec_path: str, stopped: BaseException, environ: dict, started: float):
+    """SIGINT/SIGTERM during the environment check: still one JSON document, with no trial in it."""
+    reason = stop_reason_of(stopped)
+    return Result(
+        isoprobe_version=__version__,
+        python_version=platform.python_version(),
+        spec_path=spec_path,
+        spec=spec,
+        allocator=allocator_info(spec, "cuda" if spec.device != "cpu" else "cpu", environ),
+        answered=False,
+        stop_reason=reason,
+        message=f"stopped by {'SIGTERM' if reason is StopReason.TERMINATED else 'SIGINT'} "
+                "during the environment check, before any trial",
+        trials=[],
+        total_seconds=round(time.monotonic() - started, 3),
+    )

@@ -1,0 +1,154 @@
+"""The search's oracle: each call runs one trial through the executor and records it as a ``Trial``.
+
+``TrialRunner`` knows what a trial is *for* (search, retry, confirmation,
+recommendation check, memory check) and when an ambiguous library error needs
+evidence (a re-run with more memory) before it counts as out of memory. It
+does not know how a process is started: that is the executor's job, so the
+same runner drives real children, a gang of ranks, or a scripted executor in
+a unit test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from isoprobe.executors import ChildRun, Conditions, Executor
+from isoprobe.insights import step_throughput
+from isoprobe.outcomes import Outcome, maybe_allocation_failure
+from isoprobe.output import Reporter
+from isoprobe.probe.classify import classify_exit
+from isoprobe.probe.environment import Target, trial_conditions
+from isoprobe.protocol import TrialRequest
+from isoprobe.result import Trial
+from isoprobe.search import Observation
+from isoprobe.spec import Spec
+from isoprobe.units import format_bytes
+
+#: The purposes whose trials the search itself asked for (its history).
+_SEARCH_PURPOSES = ("search", "retry", "confirmation")
+
+
+def _rounded(value, digits: int):
+    return None if value is None else round(float(value), digits)
+
+
+def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> Trial:
+    """A finished child's run as the result's ``Trial``: its classified outcome and what it measured."""
+    end = classify_exit(run)
+    result = end.result
+    fits = end.outcome is Outcome.FITS
+    keep_stderr = end.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT, Outcome.ERROR) or bool(end.evidence)
+    steps = result.step_seconds if result else []
+    speed, spread = step_throughput(batch_size, steps) if fits else (None, None)
+    return Trial(
+        index=index,
+        batch_size=batch_size,
+        purpose=purpose,
+        outcome=end.outcome,
+        peak_bytes=result.peak_bytes if result else None,
+        peak_allocated_bytes=result.peak_allocated_bytes if result else None,
+        budget_peak_bytes=result.budget_peak_bytes if result else None,
+        base_bytes=result.base_bytes if result else None,
+        step_seconds=[round(s, 4) for s in steps],
+        samples_per_second=_rounded(speed, 3),
+        step_seconds_spread=_rounded(spread, 4),
+        sizes=result.sizes if fits and result else None,
+        compile_seconds=_rounded(result.compile_seconds, 3) if result else None,
+        eval_seconds=_rounded(result.eval_seconds, 4) if result else None,
+        applied=result.applied if result else None,
+        seconds=round(run.seconds, 3),
+        warm_start=run.warm,
+        phase=end.phase,
+        error=result.error if result else None,
+        exit_code=run.returncode,
+        signal=end.signal_name,
+        stderr_tail=run.stderr_tail if keep_stderr and run.stderr_tail else None,
+        reclassified=end.evidence,
+    )
+
+
+class TrialRunner:
+    """Runs trials through an executor and keeps them all, in order, as the result's ``trials``."""
+
+    def __init__(self, spec: Spec, target: Target, executor: Executor, python_path: list[str], reporter: Reporter):
+        self.spec = spec
+        self.target = target
+        self.executor = executor
+        self.python_path = python_path
+        self.reporter = reporter
+        self.trials: list[Trial] = []
+        self.allocator_label: str | None = None  # set while comparing allocators: tags each trial
+        self.conditions = trial_conditions(spec, target.backend, target.info.memory_budget_bytes)
+
+    def use_allocator(self, label: str) -> None:
+        """From now on trials run under this ``allocators`` entry (and are tagged with it)."""
+        self.allocator_label = label
+        self.conditions = trial_conditions(self.spec, self.target.backend, self.target.info.memory_budget_bytes,
+                                           label)
+        self.executor.prestart(self.conditions)
+
+    def run(self, batch_size: int, purpose: str = "search") -> Trial:
+        """One trial; an ambiguous library error is re-run with more memory before it is classified."""
+        budget = self.target.info.memory_budget_bytes
+        trial = self._launch(batch_size, purpose, budget)
+        if (
+            trial.outcome is Outcome.ERROR
+            and trial.error is not None
+            and maybe_allocation_failure(trial.error.message)
+            and budget is not None
+        ):
+            larger = self._larger_budget(budget)
+            check = self._launch(batch_size, "memory_check", larger)
+            if check.outcome is Outcome.FITS:
+                trial = trial.model_copy(
+                    update={
+                        "outcome": Outcome.OUT_OF_MEMORY,
+                        "reclassified": (
+                            f"{trial.error.type}: {trial.error.message.splitlines()[0]} under the "
+                            f"{format_bytes(budget)} budget, but batch {batch_size} fit with "
+                            f"{format_bytes(larger) if larger else 'no cap'} (trial {check.index}): "
+                            "an allocation failure"
+                        ),
+                    }
+                )
+                self.trials[trial.index - 1] = trial
+                self.reporter.note(f"trial {trial.index} reclassified as out_of_memory: {trial.reclassified}")
+        return trial
+
+    def _larger_budget(self, budget: int) -> int | None:
+        """Twice the budget: on CPU capped at the machine's RAM; on CUDA no cap at all (the whole card)."""
+        if self.target.backend == "cuda":
+            return None
+        return min(2 * budget, self.target.info.total_memory_bytes)
+
+    def _launch(self, batch_size: int, purpose: str, budget: int | None) -> Trial:
+        index = len(self.trials) + 1
+        request = TrialRequest(spec=self.spec, batch_size=batch_size, device=self.target.device,
+                               memory_budget_bytes=budget, python_path=self.python_path)
+        conditions = self.conditions
+        if self.target.backend == "cpu" and budget != conditions.memory_limit:
+            conditions = replace(conditions, memory_limit=budget)
+        run = self.executor.run(request, conditions, timeout=self.spec.search.trial_timeout,
+                                name=f"trial{index:03d}-b{batch_size}")
+        trial = trial_from_run(run, index, batch_size, purpose)
+        if self.allocator_label is not None:
+            trial = trial.model_copy(update={"allocator": self.allocator_label})
+        self.trials.append(trial)
+        self.reporter.trial(trial)
+        return trial
+
+    def observe(self, batch_size: int) -> Observation:
+        """The search's oracle. A batch seen before is a retry (after a crash or timeout) or a confirmation."""
+        earlier = [t for t in self.trials if t.batch_size == batch_size and t.purpose in _SEARCH_PURPOSES
+                   and t.allocator == self.allocator_label]
+        if not earlier:
+            purpose = "search"
+        elif earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT):
+            purpose = "retry"
+        else:
+            purpose = "confirmation"
+        trial = self.run(batch_size, purpose)
+        if trial.outcome is not Outcome.FITS:
+            return Observation(batch_size, trial.outcome)
+        peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
+        return Observation(batch_size, trial.outcome, peak, trial.base_bytes)

@@ -1,0 +1,238 @@
+"""The contract between the parent and a trial's child process: requests in, events out.
+
+Both sides import this module, and it imports no torch, so the parent can read
+what a child wrote without ever loading torch. Everything that crosses the
+process boundary is defined here and only here:
+
+- **Requests** (parent to child, a JSON file whose path is on the child's
+  command line or, for a warm child, on its stdin): ``TrialRequest`` runs
+  training steps at one batch size, ``InspectRequest`` checks the environment
+  once per probe. The spec travels typed, so the child reads its defaults from
+  the same model the parent validated, never restated by hand.
+- **Events** (child to parent, one complete JSON line each, appended to the
+  file named by ``EVENTS_ENV``): ``started``, ``warm``, ``request``,
+  ``imported``, ``model_built``, ``step``, ``eval``, then exactly one
+  ``result`` (a trial) or ``inspected`` (the environment check). A line that
+  is cut short, is not JSON or does not match an event's model is dropped: it
+  is never guessed at, so a child that leaves no valid verdict is ``crashed``.
+- **The names** of the environment variables and arguments that wire a child
+  to its parent.
+
+Only same-version parents and children talk (the child runs from the parent's
+own package), so every model is strict (``extra="forbid"``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from isoprobe.outcomes import Outcome
+from isoprobe.result import Applied, ErrorInfo, Sizes
+from isoprobe.spec import Spec
+
+#: The child's module: ``python -m isoprobe.child REQUEST.json`` (cold) or ``... --wait`` (warm).
+CHILD_MODULE = "isoprobe.child"
+#: The child's argument that means: import first, then read the request's path from stdin.
+WAIT_ARGUMENT = "--wait"
+#: Environment variable naming the file the child appends its events to.
+EVENTS_ENV = "ISOPROBE_EVENTS"
+#: Environment variable naming the child's end of the lifeline pipe (see executors.local).
+LIFELINE_ENV = "ISOPROBE_LIFELINE_FD"
+#: Environment variable listing (comma-separated) the modules a warm child imports before its request.
+PRELOAD_ENV = "ISOPROBE_PRELOAD"
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class TrialRequest(_Message):
+    """Run the spec's training steps at one batch size and report the peak memory."""
+
+    mode: Literal["trial"] = "trial"
+    spec: Spec
+    batch_size: int = Field(ge=1)
+    device: str = Field(description="torch device string the trial runs on: 'cpu' or 'cuda:N'.")
+    memory_budget_bytes: int | None = Field(
+        None, description="CUDA: applied as the per-process memory fraction. CPU: the rlimit (set by the executor)."
+    )
+    python_path: list[str] = Field(default_factory=list, description="Folders put in front of sys.path (the spec's).")
+
+
+class InspectRequest(_Message):
+    """Report versions and devices, and check that the model, optimizer and options can be set up."""
+
+    mode: Literal["inspect"] = "inspect"
+    spec: Spec
+    python_path: list[str] = Field(default_factory=list)
+
+
+Request = Annotated[Union[TrialRequest, InspectRequest], Field(discriminator="mode")]
+_REQUEST = TypeAdapter(Request)
+
+
+def request_json(request: TrialRequest | InspectRequest) -> str:
+    return request.model_dump_json()
+
+
+def read_request(path: str | Path) -> TrialRequest | InspectRequest:
+    """The child's side: its request file, typed (a malformed one raises ValidationError)."""
+    return _REQUEST.validate_json(Path(path).read_bytes())
+
+
+# --------------------------------------------------------------------------- events
+
+
+class MemoryReading(_Message):
+    """The child's own memory from /proc/self/status, in bytes (None where the kernel does not say)."""
+
+    peak_rss: int | None = None
+    rss: int | None = None
+    data: int | None = None
+    peak_data: int | None = None
+
+
+class _Event(_Message):
+    t: float = Field(default_factory=time.time, description="Wall-clock time the child wrote the event.")
+
+
+class Started(_Event):
+    event: Literal["started"] = "started"
+    pid: int
+
+
+class Warm(_Event):
+    """A warm child finished its imports and waits for its request (it never touched a device)."""
+
+    event: Literal["warm"] = "warm"
+    modules: list[str]
+    seconds: float
+    cuda_initialized: bool
+    idle_priority: bool
+
+
+class RequestReceived(_Event):
+    event: Literal["request"] = "request"
+    path: str
+
+
+class Imported(_Event):
+    event: Literal["imported"] = "imported"
+    memory: MemoryReading
+
+
+class ModelBuilt(_Event):
+    event: Literal["model_built"] = "model_built"
+    memory: MemoryReading
+
+
+class StepDone(_Event):
+    event: Literal["step"] = "step"
+    step: int
+    seconds: float
+
+
+class EvalDone(_Event):
+    event: Literal["eval"] = "eval"
+    seconds: float
+
+
+class TrialResult(_Event):
+    """The child's own verdict: fits, out_of_memory or error, with what it measured."""
+
+    event: Literal["result"] = "result"
+    outcome: Literal[Outcome.FITS, Outcome.OUT_OF_MEMORY, Outcome.ERROR]
+    phase: str
+    step_seconds: list[float] = Field(default_factory=list)
+    peak_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    budget_peak_bytes: int | None = None
+    base_bytes: int | None = None
+    total_memory_bytes: int | None = None
+    sizes: Sizes | None = None
+    compile_seconds: float | None = None
+    eval_seconds: float | None = None
+    applied: Applied | None = None
+    error: ErrorInfo | None = None
+
+
+class CudaDevice(_Message):
+    name: str
+    total_memory_bytes: int
+    free_memory_bytes: int | None = Field(None, description="Free when inspected, this child's context taken out.")
+
+
+class InspectProblem(_Message):
+    """Something in the spec that cannot be set up; the parent maps ``stage`` to the spec field to fix."""
+
+    stage: Literal["model", "optimizer", "allocator", "input", "target", "precision", "checkpointing", "batch",
+                   "loss"]
+    type: str
+    message: str
+
+
+class Facts(_Message):
+    """What the environment check found: versions, devices, and the model's size."""
+
+    torch_version: str
+    torchvision_version: str | None = None
+    library_versions: dict[str, str] = Field(default_factory=dict, description="timm / transformers, if imported.")
+    cuda_version: str | None = None
+    cuda_available: bool = False
+    cuda_devices: list[CudaDevice] = Field(default_factory=list)
+    memory_before_import: MemoryReading = MemoryReading()
+    memory_after_import: MemoryReading = MemoryReading()
+    parameter_count: int | None = None
+    parameter_bytes: int | None = None
+    checkpointing: tuple[str, int] | None = None
+    meta_build_warning: str | None = None
+    meta_forward_warning: str | None = None
+
+
+class Inspected(_Event):
+    event: Literal["inspected"] = "inspected"
+    facts: Facts
+    problems: list[InspectProblem] = Field(default_factory=list)
+
+
+Event = Annotated[
+    Union[Started, Warm, RequestReceived, Imported, ModelBuilt, StepDone, EvalDone, TrialResult, Inspected],
+    Field(discriminator="event"),
+]
+_EVENT = TypeAdapter(Event)
+
+
+def event_line(event: _Event) -> bytes:
+    """One event as the child writes it: a single JSON line, written with one ``write``."""
+    return event.model_dump_json().encode() + b"\n"
+
+
+def parse_events(data: bytes) -> list:
+    """Complete, valid event lines only: a line cut short by a dying child is dropped, not guessed at."""
+    events = []
+    for line in data.split(b"\n")[:-1]:  # the part after the last newline is incomplete by definition
+        try:
+            events.append(_EVENT.validate_json(line))
+        except (ValidationError, ValueError, RecursionError):
+            continue
+    return events
+
+
+def read_events(path: Path) -> list:
+    try:
+        return parse_events(path.read_bytes())
+    except FileNotFoundError:
+        return []
+
+
+def last_of(events: list, kind: type):
+    """The last event of one kind, or None."""
+    return next((e for e in reversed(events) if isinstance(e, kind)), None)
+

@@ -1,0 +1,160 @@
+"""Shared by the orchestration unit tests: the integration tiers' spec shapes, and a probe over a scripted executor.
+
+``run_probe`` with an ``isoprobe.executors.scripted.ScriptedExecutor`` runs the
+real search, classification, retries, confirmations, reclassification and
+recommendation, with canned child runs instead of processes: no torch, no
+waiting. Not a test module (no ``test_`` prefix); the unit tests import it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from isoprobe.errors import Terminated
+from isoprobe.executors.scripted import Call, ScriptedExecutor, crashed, error, fits, linear
+from isoprobe.outcomes import StopReason
+from isoprobe.output import Reporter
+from isoprobe.probe import run_probe
+from isoprobe.result import Result, Sizes, exit_code_for
+from isoprobe.spec import Spec
+
+TESTS = Path(__file__).resolve().parents[1]
+FAULTS = TESTS / "faults.py"
+MODELS = TESTS / "models.py"
+#: Where the specs "are": only its folder is used (the trials' python_path); nothing reads it.
+SPEC_PATH = str(TESTS / "spec.yaml")
+
+KiB, MiB, GiB = 1024, 1024**2, 1024**3
+
+
+def faulty_spec(fault: str = "segfault", *, at: int = 8, edge: int | None = None, start: int = 7,
+                cap: int | None = 8, timeout: float = 60, probability: float = 1.0, **search) -> dict:
+    """tests/integration/test_faults.py's shape: start 7, cap 8, fault at 8, one retry, one confirmation."""
+    kwargs = {"fault": fault, "at": at, "edge": edge, "probability": probability, "state_dir": None}
+    return {
+        "model": {"factory": f"{FAULTS}:faulty", "kwargs": kwargs},
+        "input": {"shape": [16]},
+        "target": {"classes": 4},
+        "optimizer": {"name": "sgd"},
+        "search": {"start_batch_size": start, "max_batch_size": cap, "steps": 2, "trial_timeout": timeout,
+                   **search},
+        "device": "cpu",
+        "memory_budget": "2GiB",
+        "recommendation": {"headroom": 0.0},
+    }
+
+
+def hog_spec(**search) -> dict:
+    """tests/conftest.py's hog_spec: ~32 MiB of activations per sample under a 1.5 GiB cap."""
+    return {
+        "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 524288, "depth": 8}},
+        "input": {"shape": [524288]},
+        "target": {"classes": 10},
+        "optimizer": {"name": "sgd"},
+        "search": {"steps": 2, "trial_timeout": 120, **search},
+        "device": "cpu",
+        "memory_budget": "1.5GiB",
+    }
+
+
+def with_model(spec: dict, factory: str, **kwargs) -> dict:
+    """``spec`` with another factory of tests/models.py and the tiny input and target they take."""
+    spec = copy.deepcopy(spec)
+    spec["model"] = {"factory": f"{MODELS}:{factory}", **({"kwargs": kwargs} if kwargs else {})}
+    spec["input"] = {"shape": [16]}
+    spec["target"] = {"classes": 4}
+    return spec
+
+
+#: A device like the one memory_hog meets under the 1.5 GiB cap: the peak is 720 MiB + 32 MiB per sample,
+#: so batch 25 (1520 MiB) fits and 26 (1552 MiB) runs out of memory.
+HOG_FIXED, HOG_PER_SAMPLE, HOG_MAX = 720 * MiB, 32 * MiB, 25
+
+
+@dataclass
+class Probed:
+    """One scripted probe: its result, the executor (every call it got), and the progress lines."""
+
+    result: Result
+    executor: ScriptedExecutor
+    lines: list[str]
+
+    @property
+    def exit_code(self) -> int:
+        return int(exit_code_for(self.result.stop_reason))
+
+    @property
+    def trials(self) -> list:
+        return self.result.trials
+
+    def at(self, batch: int) -> list:
+        return [t for t in self.result.trials if t.batch_size == batch]
+
+    def sequence(self) -> list[tuple]:
+        """(batch, purpose, outcome) of every trial, in order."""
+        return [(t.batch_size, t.purpose, t.outcome.value) for t in self.result.trials]
+
+
+def probe(spec: dict | Spec, executor: ScriptedExecutor, *, environ: dict | None = None) -> Probed:
+    """``run_probe`` over ``executor``; nothing it used may be left open (every test checks that)."""
+    spec = spec if isinstance(spec, Spec) else Spec.model_validate(spec)
+    lines: list[str] = []
+    try:
+        result = run_probe(spec, SPEC_PATH, Reporter(lines.append), environ={} if environ is None else environ,
+                           executor=executor)
+    except (KeyboardInterrupt, Terminated) as escaped:  # a KeyboardInterrupt would stop pytest itself
+        raise AssertionError(f"{type(escaped).__name__} escaped run_probe: no result document") from None
+    finally:
+        assert executor.closed, "run_probe ended with its executor still open"
+    # Every trial in the result is one executor run, in order. Only a signal may have cut one more run short.
+    ran = [(t.batch_size, t.index) for t in result.trials]
+    calls = [(c.batch_size, c.number) for c in executor.calls]
+    if result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
+        assert calls[: len(ran)] == ran and len(calls) <= len(ran) + 1, (calls, ran)
+    else:
+        assert calls == ran, (calls, ran)
+    return Probed(result, executor, lines)
+
+
+def fits_timed(peak: int, step_seconds: list[float], *, base_bytes: int | None = None,
+               sizes: Sizes | None = None):
+    """A fit whose steps took ``step_seconds`` each (``scripted.fits`` times every step alike)."""
+    run = fits(peak, base_bytes=base_bytes, steps=len(step_seconds), sizes=sizes)
+    verdict = run.events[-1].model_copy(update={"step_seconds": list(step_seconds)})
+    return replace(run, events=[*run.events[:-1], verdict])
+
+
+def fault_at(batch: int, fault, *, attempt: int | None = None):
+    """A ``linear(faults=...)`` hook: ``fault`` (a ChildRun) at batches >= ``batch``, on one attempt or all."""
+
+    def faults(call: Call):
+        if call.batch_size >= batch and (attempt is None or call.attempt == attempt):
+            return fault
+        return None
+
+    return faults
+
+
+def every_purpose():
+    """memory_hog's device, except: 26 crashes on its first run, and past the edge oneDNN's ambiguous error.
+
+    With ``every_purpose_spec`` a probe runs a trial of every purpose: search,
+    retry, memory check, confirmation and recommendation check.
+    """
+
+    def faults(call: Call):
+        if call.batch_size == 26 and call.attempt == 1:
+            return crashed()
+        if HOG_FIXED + HOG_PER_SAMPLE * call.batch_size > call.conditions.memory_limit:
+            return error("could not create a primitive", "RuntimeError")
+        return None
+
+    return linear(HOG_FIXED, HOG_PER_SAMPLE, faults=faults)
+
+
+def every_purpose_spec() -> dict:
+    spec = hog_spec(start_batch_size=16)
+    spec["recommendation"] = {"headroom": 0.1, "multiple_of": 4}
+    return spec

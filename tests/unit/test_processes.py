@@ -1,0 +1,132 @@
+"""The local executor's process primitives that need no child: a child's environment, the request file,
+its stderr's tail, and the cgroup's OOM-kill counter. No process is started here."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from isoprobe.executors.processes import MALLOC_MMAP_THRESHOLD, child_environment, stderr_tail, write_atomically
+from isoprobe.protocol import EVENTS_ENV
+
+# --------------------------------------------------------------------------- child_environment
+
+
+def test_child_environment_cpu_with_allocator(tmp_path):
+    events = tmp_path / "t.events.jsonl"
+    base = {"PATH": "/usr/bin", "HOME": "/home/u", "CUDA_VISIBLE_DEVICES": "0,1"}
+    env = child_environment(base, backend="cpu", allocator="expandable_segments:True", events_path=events)
+    assert env[EVENTS_ENV] == str(events)
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["MALLOC_MMAP_THRESHOLD_"] == str(MALLOC_MMAP_THRESHOLD)
+    assert env["CUDA_VISIBLE_DEVICES"] == ""
+    assert env["PATH"] == "/usr/bin" and env["HOME"] == "/home/u"
+    # The base mapping is not modified.
+    assert base == {"PATH": "/usr/bin", "HOME": "/home/u", "CUDA_VISIBLE_DEVICES": "0,1"}
+
+
+def test_child_environment_allocator_overrides_an_inherited_one(tmp_path):
+    base = {"PYTORCH_CUDA_ALLOC_CONF": "garbage_collection_threshold:0.6"}
+    env = child_environment(base, backend="cuda", allocator="expandable_segments:True", events_path=tmp_path / "e")
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert env["PYTORCH_ALLOC_CONF"] == "expandable_segments:True"
+
+
+def test_child_environment_without_allocator_leaves_the_inherited_one(tmp_path):
+    base = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}
+    env = child_environment(base, backend="cuda", allocator=None, events_path=tmp_path / "e")
+    assert env["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"
+    assert "PYTORCH_ALLOC_CONF" not in env
+
+
+def test_child_environment_without_allocator_sets_none(tmp_path):
+    env = child_environment({}, backend="cuda", allocator=None, events_path=tmp_path / "e")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env
+    assert "PYTORCH_ALLOC_CONF" not in env
+
+
+def test_child_environment_empty_allocator_removes_inherited_ones(tmp_path):
+    # '' is torch's default allocator ('default' in the spec's allocators): nothing of isoprobe's own may leak in.
+    base = {"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "PYTORCH_ALLOC_CONF": "max_split_size_mb:128"}
+    env = child_environment(base, backend="cuda", allocator="", events_path=tmp_path / "e")
+    assert "PYTORCH_CUDA_ALLOC_CONF" not in env
+    assert "PYTORCH_ALLOC_CONF" not in env
+    assert base["PYTORCH_CUDA_ALLOC_CONF"] == "expandable_segments:True"  # the base is not modified
+
+
+def test_child_environment_cuda_keeps_the_gpus_and_malloc(tmp_path):
+    base = {"CUDA_VISIBLE_DEVICES": "1"}
+    env = child_environment(base, backend="cuda", allocator=None, events_path=tmp_path / "e")
+    assert env["CUDA_VISIBLE_DEVICES"] == "1"
+    assert "MALLOC_MMAP_THRESHOLD_" not in env
+    no_gpu_var = child_environment({}, backend="cuda", allocator=None, events_path=tmp_path / "e")
+    assert "CUDA_VISIBLE_DEVICES" not in no_gpu_var
+
+
+def test_child_environment_makes_the_package_importable_and_keeps_pythonpath(tmp_path):
+    import isoprobe
+
+    package_root = str(Path(isoprobe.__file__).resolve().parent.parent)
+    env = child_environment({"PYTHONPATH": "/user/lib"}, backend="cpu", allocator=None, events_path=tmp_path / "e")
+    parts = env["PYTHONPATH"].split(os.pathsep)
+    assert parts[0] == package_root
+    assert "/user/lib" in parts
+    bare = child_environment({}, backend="cpu", allocator=None, events_path=tmp_path / "e")
+    assert bare["PYTHONPATH"] == package_root  # no empty entry (which would mean the working directory)
+    assert env["PYTHONUNBUFFERED"] == "1"
+    assert env["PYTHONFAULTHANDLER"] == "1"
+
+
+def test_child_environment_accepts_os_environ(tmp_path):
+    env = child_environment(os.environ, backend="cpu", allocator=None, events_path=tmp_path / "e")
+    assert isinstance(env, dict)
+    assert env[EVENTS_ENV] == str(tmp_path / "e")
+    assert EVENTS_ENV not in os.environ or os.environ[EVENTS_ENV] != env[EVENTS_ENV]
+
+
+# --------------------------------------------------------------------------- files
+
+
+def test_write_atomically_replaces_whole_and_leaves_no_temporary(tmp_path):
+    target = tmp_path / "request.json"
+    target.write_text("old")
+    write_atomically(target, '{"new": true}')
+    assert target.read_text() == '{"new": true}'
+    assert [p.name for p in tmp_path.iterdir()] == ["request.json"]
+
+
+def test_stderr_tail_keeps_faulthandlers_headline_behind_a_long_dump(tmp_path):
+    stderr = tmp_path / "stderr"
+    dump = "Fatal Python error: Segmentation fault\n\n" + "".join(
+        f'  File "/some/long/path/module{i}.py", line {i} in function_{i}\n' for i in range(400)
+    )
+    stderr.write_text("model output\n" * 50 + dump)
+    tail = stderr_tail(stderr)
+    assert tail.startswith("Fatal Python error: Segmentation fault\n[...]\n")
+    assert tail.endswith("line 399 in function_399\n")
+    short = tmp_path / "short"
+    short.write_text("Fatal Python error: Aborted\n\nCurrent thread 0x1\n")
+    assert stderr_tail(short) == "Fatal Python error: Aborted\n\nCurrent thread 0x1\n"
+
+
+def test_stderr_tail_of_a_missing_file_is_empty(tmp_path):
+    assert stderr_tail(tmp_path / "never-written") == ""
+
+
+# --------------------------------------------------------------------------- the kernel's evidence
+
+
+def test_oom_kill_counter_parsing_v1_and_v2(tmp_path):
+    from isoprobe.oomkill import oom_kill_count
+
+    v1 = tmp_path / "v1"
+    v1.mkdir()
+    (v1 / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 3\n")
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    (v2 / "memory.events").write_text("low 0\nhigh 0\nmax 2\noom 1\noom_kill 5\noom_group_kill 0\n")
+    assert oom_kill_count(v1) == 3
+    assert oom_kill_count(v2) == 5
+    assert oom_kill_count(tmp_path / "missing") is None
+    assert oom_kill_count(None) is None
