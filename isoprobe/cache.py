@@ -9,12 +9,18 @@ version. Which node or job asked is not in the key: a job array on identical GPU
 shares one answer. What is not in it either: memory other processes hold on the
 GPU at the time (the probe measures what was free then).
 
+What the key cannot cover, the entry does: the other source files the trials
+imported (``cache_sources``), re-hashed on every hit. And what an entry says is
+checked before it is believed (``cache_trust``); its file is read only as a
+regular file of bounded size (``cache_files``).
+
 The hit path imports neither torch nor the probe, so it costs what the CLI's start-up
 costs. Writers are safe in numbers: an entry is written to a temporary file and
 renamed over the old one (a reader sees the old entry or the new one, never half of
 one), and a lock per key makes concurrent runs of the same setup single-flight: the
 first probes, the others wait for its answer instead of probing too. The lock is a
-``filelock`` lock (flock), which the kernel releases if its holder dies.
+``flock`` on a regular file (``cache_files.KeyLock``), which the kernel releases if
+its holder dies.
 """
 
 from __future__ import annotations
@@ -30,12 +36,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from isoprobe import __version__
-from isoprobe.hardware import cpu_name, ram_bytes, visible_devices
+from isoprobe.cache_files import KeyLock, read_bounded
+from isoprobe.hardware import cpu_name, ram_bytes
 from isoprobe.spec import CALLABLE_FIELDS, Spec, is_file_reference
 
 CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
-#: Bumped when the key's recipe changes, so old entries are simply not found.
-KEY_VERSION = 1
+#: Bumped when the key's recipe or the entry's promises change, so old entries are simply not found
+#: (2: entries record the sources their trials ran).
+KEY_VERSION = 2
+#: An entry larger than this is refused unread (a real one with hundreds of trials is well under 1 MiB).
+ENTRY_LIMIT = 16 * 1024 * 1024
 
 
 def cache_directory(environ: Mapping[str, str]) -> Path:
@@ -141,19 +151,20 @@ class ResultCache:
     def entry(self, key: str) -> Path:
         return self.directory / f"{key}.json"
 
-    def lock(self, key: str):
+    def lock(self, key: str) -> KeyLock:
         """A lock on one key, held while its answer is probed and written (see the module's docstring)."""
-        from filelock import FileLock
-
         self.directory.mkdir(parents=True, exist_ok=True)
-        return FileLock(str(self.directory / f"{key}.lock"))
+        return KeyLock(self.directory / f"{key}.lock")
 
     def read(self, key: str) -> str | None:
-        """The entry's text, or None when there is none; other errors (permissions) are the caller's."""
-        try:
-            return self.entry(key).read_text(encoding="utf-8")
-        except FileNotFoundError:
-            return None
+        """The entry's text, or None when there is none.
+
+        ``UntrustedFile`` when the name holds no regular file within ``ENTRY_LIMIT``
+        (a FIFO, a link, a folder, a huge file), ``ValueError`` when it is not
+        UTF-8; other errors (permissions) are the caller's.
+        """
+        data = read_bounded(self.entry(key), ENTRY_LIMIT)
+        return None if data is None else data.decode("utf-8")
 
     def write(self, key: str, text: str) -> Path:
         """Atomically: a temporary file in the same folder, flushed to disk, renamed over the entry."""

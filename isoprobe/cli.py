@@ -26,9 +26,12 @@ if TYPE_CHECKING:  # annotations only (postponed by ``from __future__ import ann
 EXIT_CODES_HELP = """exit codes:
   0    answered: the maximum is proven (edge found, or a cap reached), or read from the cache;
        with --fallback-batch-size also when the probe could not answer (the fallback was printed)
-  2    bad spec or usage
+  2    bad spec or usage (also a spec path that is a pipe or a device: only regular files are read)
   3    not even the start batch fits
-  4    the probe could not answer (a trial raised an error, crashed or timed out)
+  4    the probe could not answer (a trial raised an error, crashed or timed out; or the system
+       refused what a trial needs, e.g. no space left in TMPDIR)
+  74   the result could not be written to stdout (a full disk); with --fallback-batch-size too,
+       since the fallback cannot reach the job either
   130  interrupted (SIGINT); 143 terminated (SIGTERM); 141 stdout closed early (a pipe to head)
 """
 
@@ -49,7 +52,8 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("spec", help="path to the YAML spec")
         sub.add_argument("--device", help="override the spec's device: auto, cpu, cuda, cuda:N")
         sub.add_argument("--memory-budget", help="override memory_budget, e.g. 8GiB or '16 GB'")
-        sub.add_argument("--max-batch-size", type=int, help="override search.max_batch_size")
+        # Not type=int: the value is checked with the spec (named, and in hook mode answered with the fallback).
+        sub.add_argument("--max-batch-size", help="override search.max_batch_size")
 
     run = commands.add_parser(
         "run",
@@ -70,12 +74,13 @@ def _parser() -> argparse.ArgumentParser:
     cache.add_argument("--refresh", action="store_true", help="probe again and replace the cached answer")
     hook = run.add_argument_group("hook mode (Slurm prologs, job scripts, container entrypoints)")
     hook.add_argument(
-        "--fallback-batch-size", type=int, metavar="N",
+        "--fallback-batch-size", type=_batch_size, metavar="N",
         help="if the probe cannot answer (bad spec, nothing fits, a failed trial, an internal error), print N as "
              "ISOPROBE_BATCH_SIZE with a warning and exit 0 instead of failing the job; needs --format env or "
              "taskprolog",
     )
-    hook.add_argument("--log", metavar="FILE", help="also append progress, errors and the result JSON to FILE")
+    hook.add_argument("--log", metavar="FILE", help="also append progress, errors and the result JSON to FILE "
+                                                   "(if it stops taking writes, a warning and the run goes on)")
     show = commands.add_parser("show", help="render a saved result (JSON from 'isoprobe run') as a table")
     show.add_argument("result", help="path to a result JSON file")
     show.add_argument("--format", choices=("table", "json", "env", "taskprolog"), default="table")
@@ -87,6 +92,15 @@ def _parser() -> argparse.ArgumentParser:
     schema = commands.add_parser("schema", help="print the JSON Schema of the result (or of the spec)")
     schema.add_argument("--spec", action="store_true", help="the spec's schema instead of the result's")
     return parser
+
+
+def _batch_size(text: str) -> int:
+    """argparse type for --fallback-batch-size: a whole number >= 1, refused in one short line otherwise."""
+    stripped = text.strip()
+    if not stripped.isdigit() or len(stripped) > 9 or int(stripped) < 1:
+        shown = text if len(text) <= 20 else f"{text[:12]}... ({len(text)} characters)"
+        raise argparse.ArgumentTypeError(f"{shown!r} is not a batch size; give a whole number such as 8")
+    return int(stripped)
 
 
 def _overrides(args: argparse.Namespace) -> dict:
@@ -108,8 +122,10 @@ def cmd_validate(args: argparse.Namespace) -> int:
     source = spec.model.source
     inputs = f"input {spec.input.shape}" if spec.input is not None else f"batch {spec.model.batch}"
     task = spec.target.resolved_task if spec.target is not None else f"loss {spec.model.loss}"
-    print(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
-          f"{spec.training.mode} {spec.training.precision}, optimizer {spec.optimizer.name}, device {spec.device})")
+    from isoprobe.streams import emit
+
+    emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
+         f"{spec.training.mode} {spec.training.precision}, optimizer {spec.optimizer.name}, device {spec.device})")
     return ExitCode.ANSWERED
 
 
@@ -117,84 +133,82 @@ def cmd_schema(args: argparse.Namespace) -> int:
     import json
 
     from isoprobe.errors import ExitCode
+    from isoprobe.streams import emit
 
     if args.spec:  # only the model asked for is imported: the result module (and its models) costs time
         from isoprobe.spec import Spec
 
-        print(json.dumps(Spec.model_json_schema(), indent=2))
+        emit(json.dumps(Spec.model_json_schema(), indent=2))
     else:
         from isoprobe.result import Result
 
-        print(json.dumps(Result.model_json_schema(), indent=2))
+        emit(json.dumps(Result.model_json_schema(), indent=2))
     return ExitCode.ANSWERED
-
-
-class _Log:
-    """``--log FILE``: a copy of everything people would read, for hooks whose stderr nobody sees."""
-
-    def __init__(self, path: str | None):
-        self._file = open(path, "a", encoding="utf-8") if path else None
-
-    def write(self, text: str) -> None:
-        if self._file is not None:
-            self._file.write(text.rstrip("\n") + "\n")
-            self._file.flush()
-
-    def say(self, line: str) -> None:
-        """A line for people: stderr, and the log."""
-        print(line, file=sys.stderr, flush=True)
-        self.write(line)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     import signal
 
     from isoprobe.errors import Terminated
+    from isoprobe.streams import Log, tell
 
     def on_sigterm(signum, frame):
         raise Terminated()
 
     signal.signal(signal.SIGTERM, on_sigterm)
-    if args.fallback_batch_size is not None and args.fallback_batch_size < 1:
-        _usage_error("--fallback-batch-size must be at least 1")
     if args.fallback_batch_size is not None and args.format not in ("env", "taskprolog"):
         _usage_error("--fallback-batch-size needs --format env or --format taskprolog (a job reads the fallback "
                      "from ISOPROBE_BATCH_SIZE)")
     try:
-        log = _Log(args.log)
+        log = Log(args.log)
     except OSError as exc:
-        _usage_error(f"--log {args.log}: {exc.strerror or exc}")
-    if args.fallback_batch_size is None:
-        return _run_and_print(args, log)
-    return _run_as_hook(args, log)
+        if args.fallback_batch_size is None:  # found before anything ran: the command line is wrong
+            _usage_error(f"--log {args.log}: {exc.strerror or exc}")
+        tell(f"isoprobe: --log {args.log}: cannot open ({exc.strerror or exc}); running without the log")
+        log = Log(None)  # in hook mode a log is never worth the job
+    try:
+        if args.fallback_batch_size is None:
+            return _run_and_print(args, log)
+        return _run_as_hook(args, log)
+    finally:
+        log.close()
 
 
 def _usage_error(message: str):
     from isoprobe.errors import ExitCode
+    from isoprobe.streams import tell
 
-    print(f"isoprobe run: {message}", file=sys.stderr)
+    tell(f"isoprobe run: {message}")
     raise SystemExit(ExitCode.BAD_SPEC)
 
 
-def _run_and_print(args: argparse.Namespace, log: _Log) -> int:
+def _run_and_print(args: argparse.Namespace, log) -> int:
     from isoprobe.output import summary_lines
     from isoprobe.result import exit_code_for
+    from isoprobe.streams import emit
 
     result = _result_for(args, log)
-    print(_render(result, args.format), flush=True)
-    log.write(_render(result, "json"))
+    log.write(_render(result, "json"))  # first: if stdout then fails (exit 74), the log still holds the answer
+    emit(_render(result, args.format))
     for line in summary_lines(result):
         log.say(line)
     return exit_code_for(result.stop_reason)
 
 
-def _run_as_hook(args: argparse.Namespace, log: _Log) -> int:
-    """Hook mode: never fail the job because the probe could not answer; the fallback and a warning instead."""
+def _run_as_hook(args: argparse.Namespace, log) -> int:
+    """Hook mode: never fail the job because the probe could not answer; the fallback and a warning instead.
+
+    Whatever goes wrong before the answer (the spec, a trial, the cache, the log,
+    no space for a trial's files, a bug in isoprobe) ends in the fallback and exit
+    0. The one failure no fallback can cover is stdout itself: then the job gets
+    nothing to read, and exit 74 (``OutputFailed``, raised by ``emit``) says so.
+    """
     import traceback
 
-    from isoprobe.errors import ExitCode, ProbeError, SpecError
+    from isoprobe.errors import ExitCode, OutputFailed, ProbeError, SpecError
     from isoprobe.result import StopReason, exit_code_for
     from isoprobe.shell import fallback_variables, render
+    from isoprobe.streams import emit
 
     try:
         result = _result_for(args, log)
@@ -212,12 +226,17 @@ def _run_as_hook(args: argparse.Namespace, log: _Log) -> int:
     else:
         log.write(_render(result, "json"))
         if result.answered or result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
-            print(_render(result, args.format), flush=True)
+            emit(_render(result, args.format))
             return exit_code_for(result.stop_reason)
         reason, why = result.stop_reason.value, result.message
     warning = f"no probed answer ({why}); using the fallback batch size {args.fallback_batch_size}"
     log.say(f"isoprobe: {warning}")
-    print(render(fallback_variables(args.fallback_batch_size, reason), [warning], args.format), flush=True)
+    try:
+        emit(render(fallback_variables(args.fallback_batch_size, reason), [warning], args.format),
+             what="the fallback batch size to stdout (the job gets no ISOPROBE_BATCH_SIZE)")
+    except OutputFailed as error:
+        log.write(f"isoprobe: {error}")  # main says it on stderr and exits 74
+        raise
     return ExitCode.ANSWERED
 
 
@@ -233,30 +252,63 @@ def _render(result, fmt: str) -> str:
     return result_json(result)
 
 
-def _result_for(args: argparse.Namespace, log: _Log):
-    """The result for the spec: from the cache when it holds the answer, else from a probe (then stored)."""
+def _result_for(args: argparse.Namespace, log):
+    """The result for the spec: from the cache when it holds the answer, else from a probe (then stored).
+
+    An ``OSError`` out of the probe is the system refusing what a trial needs
+    (no space left in TMPDIR for its files, too many open files): not the user's
+    spec and not a bug, so one line (``ProbeError``, exit 4), never a traceback.
+    """
+    from isoprobe.errors import ProbeError
     from isoprobe.output import Reporter
     from isoprobe.probe.answer import answer
 
-    return answer(
-        _load(args),
-        args.spec,
-        Reporter(log.say),
-        use_cache=not args.no_cache,
-        refresh=args.refresh,
-        budget_source="command line" if args.memory_budget is not None else "spec",
-    )
+    spec = _load(args)
+    try:
+        return answer(
+            spec,
+            args.spec,
+            Reporter(log.say),
+            use_cache=not args.no_cache,
+            refresh=args.refresh,
+            budget_source="command line" if args.memory_budget is not None else "spec",
+        )
+    except OSError as exc:
+        raise ProbeError(_system_refused(exc)) from None
+
+
+def _system_refused(exc: OSError) -> str:
+    """An OSError from the probe in one line: what, where, and what to do about it."""
+    import errno
+
+    where = f" ({exc.filename})" if exc.filename else ""
+    what = f"the probe stopped: {exc.strerror or exc}{where}"
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return what + "; a trial keeps its files in TMPDIR: free space there or point TMPDIR at a folder with room"
+    return what
+
+
+#: A result is a few kB per trial; far more is not a result (and is never read whole into memory).
+MAX_RESULT_BYTES = 64 << 20
 
 
 def _read_result(path: str):
-    """A saved result, validated against the current model; a bad file is the user's mistake (exit 2)."""
+    """A saved result, validated against the current model; a bad file is the user's mistake (exit 2).
+
+    Read as ``safe_read`` reads a spec: a regular file only (``/dev/zero`` or a FIFO
+    would never end), at most ``MAX_RESULT_BYTES``.
+    """
     from pydantic import ValidationError
 
     from isoprobe.errors import Problem, SpecError
     from isoprobe.result import Result
+    from isoprobe.safe_read import NOT_A_PIPE, Refused, read_regular_file
 
     try:
-        text = open(path, encoding="utf-8").read()
+        text = read_regular_file(path, MAX_RESULT_BYTES, what="a result file")
+    except Refused as exc:
+        fix = NOT_A_PIPE if exc.kind not in (None, "a directory") else "give the JSON file that 'isoprobe run' printed"
+        raise SpecError(path, [Problem("", exc.reason, fix)]) from None
     except OSError as exc:
         raise SpecError(path, [Problem("", f"cannot read the file: {exc.strerror or exc}", "")]) from None
     try:
@@ -270,22 +322,25 @@ def _read_result(path: str):
 
 def cmd_show(args: argparse.Namespace) -> int:
     from isoprobe.errors import ExitCode
+    from isoprobe.streams import emit
 
     result = _read_result(args.result)
-    print(_render(result, args.format))
+    emit(_render(result, args.format))
     return ExitCode.ANSWERED
 
 
 def cmd_plot(args: argparse.Namespace) -> int:
-    from isoprobe.errors import ExitCode, Problem, SpecError
+    from isoprobe.errors import OutputFailed, Problem, SpecError
 
-    _read_result(args.result)  # a clear error for a file that is not a result, before matplotlib loads
-    from isoprobe.plot import PlotUnavailable, main_plot
+    result = _read_result(args.result)  # a clear error for a file that is not a result, before matplotlib loads
+    from isoprobe.plot import PlotUnavailable, default_output, main_plot
 
     try:
-        return main_plot(args.result, args.output)
+        return main_plot(args.result, args.output, result=result)
     except PlotUnavailable as exc:
         raise SpecError(args.result, [Problem("", str(exc), "pip install 'isoprobe[plot]'")]) from None
+    except OSError as exc:  # the PNG could not be written: a full disk, a folder that is not there
+        raise OutputFailed(f"the plot {args.output or default_output(args.result)}", exc.strerror or str(exc)) from None
 
 
 _COMMANDS = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema, "show": cmd_show, "plot": cmd_plot}
@@ -309,28 +364,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
     # Imported after parsing: --help, --version and usage errors exit inside parse_args
     # and need none of it (errors.py pulls in dataclasses, and with it inspect and ast).
-    from isoprobe.errors import ExitCode, ProbeError, SpecError, Terminated
+    from isoprobe.errors import ExitCode, OutputFailed, ProbeError, SpecError, Terminated
+    from isoprobe.streams import detach_stdout, tell
 
     try:
         return int(_COMMANDS[args.command](args))
     except SpecError as error:
-        print(f"isoprobe: {error.render()}", file=sys.stderr)
+        tell(f"isoprobe: {error.render()}")
         return ExitCode.BAD_SPEC
     except ProbeError as error:
-        print(f"isoprobe: {error.message}", file=sys.stderr)
+        tell(f"isoprobe: {error.message}")
         if error.evidence:
-            print(error.evidence.rstrip(), file=sys.stderr)
+            tell(error.evidence.rstrip())
         return ExitCode.NO_ANSWER
+    except OutputFailed as error:
+        # The answer did not reach its reader: say so where a person may see it, and exit non-zero so that
+        # a job script does not go on with nothing (in hook mode: not even the fallback got through).
+        tell(f"isoprobe: {error}")
+        detach_stdout()  # the unwritten rest must not fail again in the interpreter's final flush
+        return ExitCode.OUTPUT_FAILED
     except KeyboardInterrupt:
-        print("isoprobe: interrupted before the first trial", file=sys.stderr)
+        tell("isoprobe: interrupted before the first trial")
         return ExitCode.INTERRUPTED
     except Terminated:
-        print("isoprobe: terminated before the first trial", file=sys.stderr)
+        tell("isoprobe: terminated before the first trial")
         return ExitCode.TERMINATED
     except BrokenPipeError:
         # stdout's reader went away (``isoprobe show R.json | head``): not an error worth a traceback.
         # stdout is pointed at /dev/null so that the interpreter's final flush fails quietly too.
-        import os
-
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        detach_stdout()
         return ExitCode.STDOUT_CLOSED

@@ -4,7 +4,9 @@ The tree::
 
     IsoprobeError      exit 1: internal, a bug in isoprobe
     ├── SpecError      exit 2: the spec or the command line is wrong; lists every problem found
-    └── ProbeError     exit 4: the probe could not start (the environment check child failed)
+    ├── ProbeError     exit 4: the probe could not start (the environment check child failed), or
+    │                  the system refused what it needs (no space left in TMPDIR for a trial's files)
+    └── OutputFailed   exit 74: the result could not be written (stdout on a full disk)
 
 Only a user's mistake travels as an exception. The other non-zero outcomes
 (the start batch does not fit: 3; the probe could not answer: 4; interrupted:
@@ -28,9 +30,16 @@ class ExitCode(enum.IntEnum):
     BAD_SPEC = 2
     START_DOES_NOT_FIT = 3
     NO_ANSWER = 4
+    OUTPUT_FAILED = 74  # sysexits' EX_IOERR: stdout (or plot's PNG) could not be written, e.g. a full disk
     INTERRUPTED = 130
     STDOUT_CLOSED = 141  # 128 + SIGPIPE, what a shell reports for a writer whose reader went away
     TERMINATED = 143
+
+
+def shown(value: object, limit: int = 40) -> str:
+    """``repr(value)`` for a message, shortened: a user's value can be 5000 digits long, a message cannot."""
+    text = repr(value)
+    return text if len(text) <= limit else f"{text[:limit - 10]}... ({len(text)} characters)"
 
 
 class IsoprobeError(Exception):
@@ -74,6 +83,20 @@ class ProbeError(IsoprobeError):
         self.message = message
         self.evidence = evidence
         super().__init__(message)
+
+
+class OutputFailed(IsoprobeError):
+    """Writing the result (stdout, or ``plot``'s PNG) failed: the answer, if any, did not reach its reader.
+
+    Not a closed pipe (that is exit 141, ``BrokenPipeError``): a full disk, an I/O
+    error, a read-only destination. ``what`` names the destination, ``reason``
+    the system's words.
+    """
+
+    def __init__(self, what: str, reason: str):
+        self.what = what
+        self.reason = reason
+        super().__init__(f"cannot write {what}: {reason}")
 
 
 class Terminated(BaseException):

@@ -9,6 +9,7 @@ the classifier is tested with strings, without torch.
 from __future__ import annotations
 
 import enum
+import errno
 
 
 class Outcome(str, enum.Enum):
@@ -38,35 +39,56 @@ class StopReason(str, enum.Enum):
     TERMINATED = "terminated"                  # SIGTERM
 
 
-#: Substrings of exception messages that mean an allocation failed. Checked
-#: case-insensitively. Sources: torch's CUDA caching allocator ("CUDA out of
-#: memory"), raw CUDA/cuBLAS/cuDNN status codes surfaced as RuntimeError, and
-#: c10's DefaultCPUAllocator ("can't allocate memory ... Error code 12").
-_OOM_MESSAGE_MARKERS = (
-    "out of memory",
-    "can't allocate memory",
-    "cannot allocate memory",
-    "cublas_status_alloc_failed",
-    "cudnn_status_alloc_failed",
-    "cudaerrormemoryallocation",
-    "failed to allocate memory",
+#: Exception class names (anywhere in the MRO) that are allocation failures by type: torch's
+#: OutOfMemoryError (c10::OutOfMemoryError, raised by the CUDA caching allocator and its kin),
+#: Python's MemoryError and its subclasses (numpy's _ArrayMemoryError).
+_OOM_TYPE_NAMES = {"OutOfMemoryError", "MemoryError", "_ArrayMemoryError"}
+
+#: Where torch reports a failed allocation as a plain RuntimeError (or a subclass), the allocator's
+#: own wording, compared case-insensitively. Read from the installed torch 2.14 (``strings`` on
+#: torch/lib/*.so, headers under torch/include, the bundled nvidia libraries), not guessed:
+_ALLOCATOR_MESSAGES = (
+    "cuda out of memory",                                  # libc10_cuda: the caching allocator (RuntimeError before 2.x)
+    "cuda error: out of memory",                           # C10_CUDA_CHECK: cudaErrorMemoryAllocation (libcudart's text)
+    "cudaerrormemoryallocation",                           # libtorch_cuda: the status by name
+    "cuda ran out of memory outside pytorch's allocator",  # libtorch_cuda: cuDNN's own allocations
+    "defaultcpuallocator: can't allocate memory",          # libc10: the CPU allocator (what the CPU cap makes fail)
+    "c10 out of memory",                                   # libc10: "C10 Out of Memory. Trying to allocate ..."
+    "unable to mmap memory",                               # libtorch_cpu: "Torch: unable to mmap memory: you tried ..."
+    "cannot allocate memory",                              # strerror(ENOMEM), appended by torch to a failed mmap/alloc
+    "cublas_status_alloc_failed",                          # ATen/cuda/Exceptions.h: "CUDA error: " + the cuBLAS status
+    "cusolver_status_alloc_failed",                        # libtorch_cuda
+    "cusparse_status_alloc_failed",                        # libcusparse's status string
+    "cufft_alloc_failed",                                  # libtorch_cuda
+    "cudnn_status_alloc_failed",                           # "cuDNN error: " + the status (cuDNN 8's name)
+    "cudnn_status_internal_error_host_allocation_failed",  # libcudnn_graph.so.9 (cuDNN 9's names)
+    "cudnn_status_internal_error_device_allocation_failed",
 )
 
-#: Exception class names (anywhere in the MRO) that are allocation failures by type.
-_OOM_TYPE_NAMES = {"OutOfMemoryError", "MemoryError", "_ArrayMemoryError"}
+#: An OSError with this errno is the kernel refusing memory: mmap, fork, or brk under the CPU cap
+#: (measured: ``mmap.mmap(-1, n, flags=MAP_PRIVATE)`` above RLIMIT_DATA raises "[Errno 12] Cannot
+#: allocate memory").
+_ENOMEM_PREFIX = f"[Errno {errno.ENOMEM}]"
 
 
 def classify_exception(type_names: list[str], message: str) -> Outcome:
-    """OUT_OF_MEMORY when the type or the message says an allocation failed, else ERROR.
+    """OUT_OF_MEMORY when the type, or an allocator's own wording on its own type, says an allocation failed.
 
     ``type_names`` is the class names of the exception's MRO (``type(e).__mro__``)
     so subclasses such as torch.OutOfMemoryError or numpy's _ArrayMemoryError
-    are recognised by name without importing either library.
+    are recognised by name without importing either library. A message counts
+    only on the type the allocators raise (RuntimeError and its subclasses; an
+    OSError for ENOMEM): a ValueError, KeyError or any other exception is a bug
+    in the model whatever its message says, such as "the loader ran out of
+    memory-mapped records". Loose text ("out of memory" anywhere) once made such
+    a bug an out-of-memory verdict, a false edge with exit 0.
     """
     if any(name in _OOM_TYPE_NAMES for name in type_names):
         return Outcome.OUT_OF_MEMORY
     lowered = message.lower()
-    if any(marker in lowered for marker in _OOM_MESSAGE_MARKERS):
+    if "RuntimeError" in type_names and any(marker in lowered for marker in _ALLOCATOR_MESSAGES):
+        return Outcome.OUT_OF_MEMORY
+    if "OSError" in type_names and message.startswith(_ENOMEM_PREFIX):
         return Outcome.OUT_OF_MEMORY
     return Outcome.ERROR
 

@@ -9,9 +9,10 @@ does not do, and isoprobe does neither on its own:
   once ``run`` has started; before that, and for the other signals, it would
   be unkillable short of SIGKILL.
 - **Orphans.** Every process whose parent dies is re-parented to PID 1, and only
-  PID 1 can reap it. Trials leave such processes behind (compile workers,
-  data-loader workers, whatever a user's model spawns and leaks: the local executor
-  kills a finished trial's whole group, and its members are orphans by then).
+  PID 1 can reap it. What a trial leaves (compile workers, data-loader workers,
+  whatever a user's model spawns and leaks) is re-parented to the trial's keeper,
+  a subreaper that kills and reaps it (``executors.keeper``); but a keeper whose
+  isoprobe died, and anything isoprobe's own process leaves, comes here.
   Unreaped, each stays a zombie, holding a PID, until the container ends.
 
 Why not a SIGCHLD handler in isoprobe itself. The local executor waits for its own
@@ -29,7 +30,7 @@ sent to PID 1's group (Ctrl-C on the container's terminal reaches the terminal's
 foreground group, which is PID 1's) reaches isoprobe exactly once: forwarded
 by PID 1. In PID 1's group it would get a second copy directly, and isoprobe
 turns SIGINT and SIGTERM into a result document plus exit 130/143: once each.
-Its trials are in sessions of their own already, and isoprobe stops them itself.
+Its trials' keepers are in sessions of their own already, and isoprobe stops them itself.
 
 When isoprobe exits, PID 1 exits with the same status (128 + N if it was killed
 by signal N). Whatever is still running in the namespace is then killed by the

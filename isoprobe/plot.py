@@ -244,17 +244,22 @@ def default_output(result_path: str | Path) -> Path:
     return output if output != path else path.with_name(path.name + ".png")
 
 
-def main_plot(result_path: str, output: str | None) -> int:
-    """Load and validate a result JSON, draw it; return the exit code (0).
+def main_plot(result_path: str, output: str | None, result: Any = None) -> int:
+    """Draw a result (``result``, or the one read from ``result_path``); return the exit code (0).
 
     Raises PlotUnavailable without matplotlib (before reading anything),
-    OSError when the file cannot be read, pydantic's ValidationError when it
-    is not a result.
+    OSError when the file cannot be read (``safe_read``: a regular file, so a
+    FIFO or /dev/zero is refused instead of hanging) or the PNG cannot be
+    written, pydantic's ValidationError when it is not a result.
     """
     _figure_class()
     from isoprobe.result import Result
 
-    result = Result.model_validate_json(Path(result_path).read_text(encoding="utf-8"))
+    if result is None:
+        from isoprobe.cli import MAX_RESULT_BYTES
+        from isoprobe.safe_read import read_regular_file
+
+        result = Result.model_validate_json(read_regular_file(result_path, MAX_RESULT_BYTES, what="a result file"))
     written = render(result.model_dump(mode="json"), output if output else default_output(result_path))
     print(f"isoprobe: wrote {written}", file=sys.stderr)
     return 0

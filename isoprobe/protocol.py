@@ -38,6 +38,8 @@ from isoprobe.spec import Spec
 CHILD_MODULE = "isoprobe.child"
 #: The child's argument that means: import first, then read the request's path from stdin.
 WAIT_ARGUMENT = "--wait"
+#: After ``WAIT_ARGUMENT``: import at idle priority (a spare, started beside a running trial).
+IDLE_ARGUMENT = "--idle"
 #: Environment variable naming the file the child appends its events to.
 EVENTS_ENV = "ISOPROBE_EVENTS"
 #: Environment variable naming the child's end of the lifeline pipe (see executors.local).
@@ -97,6 +99,11 @@ class MemoryReading(_Message):
     rss: int | None = None
     data: int | None = None
     peak_data: int | None = None
+
+
+#: The ``sources`` of a trial's and of the inspect child's last event (``isoprobe.cache_sources``).
+_SOURCES = ("The user's module files this child imported (outside the installed environment), as real path -> "
+            "SHA-256, read at its end: the cache trusts an answer only while they are unchanged.")
 
 
 class _Event(_Message):
@@ -161,6 +168,7 @@ class TrialResult(_Event):
     eval_seconds: float | None = None
     applied: Applied | None = None
     error: ErrorInfo | None = None
+    sources: dict[str, str] = Field(default_factory=dict, description=_SOURCES)
 
 
 class CudaDevice(_Message):
@@ -200,6 +208,7 @@ class Inspected(_Event):
     event: Literal["inspected"] = "inspected"
     facts: Facts
     problems: list[InspectProblem] = Field(default_factory=list)
+    sources: dict[str, str] = Field(default_factory=dict, description=_SOURCES)
 
 
 Event = Annotated[

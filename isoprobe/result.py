@@ -378,6 +378,14 @@ class Result(_Strict):
     )
     environment: RunEnvironment | None = Field(None, description="Host, Slurm job and GPUs of this invocation.")
     cache: CacheInfo | None = Field(None, description="The result cache's entry; null with --no-cache.")
+    sources: dict[str, str] | None = Field(
+        None,
+        description=(
+            "The user's source files the environment check and the trials imported (every module outside the "
+            "standard library, site-packages and isoprobe), as real path -> SHA-256 when the children read them. "
+            "A cached answer is used only while every one of them is unchanged. Null where not recorded."
+        ),
+    )
     stop_reason: StopReason
     message: str = Field(description="One sentence for people: the answer, or why there is none.")
     suggestions: list[str] = Field(default_factory=list, description="What to try when the answer is not usable.")

@@ -2,16 +2,18 @@
 
 Every field a user can set is documented here, once, in its ``Field``
 description; ``isoprobe schema --spec`` prints them as JSON Schema.
-Loading is split into parse (YAML), override (command-line flags), validate
-(pydantic, every problem collected) and resolve (paths against the spec file),
-and every failure on the way becomes one ``SpecError`` that names the file,
-the field and the fix. This module must not import torch.
+Loading is split into parse (YAML, in ``spec_yaml``: hostile files included),
+override (command-line flags), validate (pydantic, every problem collected) and
+resolve (paths against the spec file), and every failure on the way becomes one
+``SpecError`` that names the file, the field and the fix. Files a spec names are
+read only through ``safe_read`` (regular files, bounded). This module must not
+import torch.
 """
 
 from __future__ import annotations
 
 import difflib
-import functools
+import math
 import os
 import re
 from pathlib import Path
@@ -19,32 +21,43 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
-from isoprobe.errors import Problem, SpecError
-from isoprobe.units import parse_bytes
+from isoprobe.errors import Problem, SpecError, shown
+from isoprobe.safe_read import NOT_A_PIPE, Refused, kind_of, read_regular_file
+from isoprobe.spec_yaml import MAX_SPEC_BYTES, MAX_SPEC_VALUES, read_spec_yaml  # noqa: F401 - part of the API
+from isoprobe.units import MAX_BYTES, parse_bytes
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a typo must never be silently ignored."""
+    """Unknown keys are errors: a typo must never be silently ignored. A float must be finite (no inf, no NaN)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 ByteCount = Annotated[int, BeforeValidator(parse_bytes)]
 
 
 def _parse_headroom(value: Any) -> float | int:
-    """A number in [0, 1) is a fraction of memory; an integer >= 1 or a size string is bytes."""
+    """A number in [0, 1) is a fraction of memory; an integer >= 1 or a size string is bytes (at most 1 PiB).
+
+    Integers are compared as integers: one of 400 digits overflows ``float()``.
+    """
     if isinstance(value, bool):
         raise ValueError("expected a fraction such as 0.1 or a size such as '2GiB'")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is neither a fraction in [0, 1) nor a whole number of bytes")
     if isinstance(value, (int, float)):
         if value < 0:
-            raise ValueError(f"headroom cannot be negative, got {value}")
+            raise ValueError(f"headroom cannot be negative, got {shown(value)}")
         if 0 <= value < 1:
             return float(value)
-        if float(value).is_integer():
-            return int(value)
-        raise ValueError(f"{value} is neither a fraction in [0, 1) nor a whole number of bytes")
-    return parse_bytes(value)
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{value} is neither a fraction in [0, 1) nor a whole number of bytes")
+        count = int(value)
+    else:
+        count = parse_bytes(value)
+    if count > MAX_BYTES:
+        raise ValueError(f"{shown(value)} is more than 1 PiB: not a memory size")
+    return count
 
 
 Headroom = Annotated[float | int, BeforeValidator(_parse_headroom)]
@@ -340,7 +353,9 @@ class SearchSpec(_Strict):
         ),
     )
     trial_timeout: float = Field(
-        600.0, gt=0, le=7 * 24 * 3600, description="Seconds one trial may take before its whole process group is killed."
+        600.0, gt=0, le=7 * 24 * 3600,
+        description="Seconds one trial may take from the moment its process, imports done, receives the request; "
+                    "then it and everything it started is killed.",
     )
     retries: int = Field(
         1,
@@ -373,7 +388,8 @@ class SearchSpec(_Strict):
         description=(
             "Start the next trial's process while the current one runs: it imports torch at idle priority "
             "(never touching the GPU), so that it only builds and trains when its turn comes. Saves the import, "
-            "seconds per trial; false starts every trial cold."
+            "seconds per trial; false: each trial's process is started when the trial is due (same imports, "
+            "same timeout; only slower)."
         ),
     )
 
@@ -455,7 +471,7 @@ class Spec(_Strict):
     )
     memory_budget: ByteCount | None = Field(
         None,
-        le=1 << 50,
+        le=MAX_BYTES,
         description=(
             "Memory the trial may use, e.g. '8GiB', '16 GB' or bytes. On CUDA: a cap below the card's memory "
             "(ask 'what fits on a 16 GB card' on a bigger one). On CPU: a hard limit on the child process, "
@@ -527,7 +543,7 @@ def load_spec(path: str | os.PathLike, overrides: dict[str, Any] | None = None) 
     """Read, override, validate and resolve a spec file; raise one ``SpecError`` with every problem."""
     path = Path(path)
     source = str(path)
-    raw = _read_yaml(path)
+    raw = read_spec_yaml(path)
     flag_of_field: dict[str, str] = {}
     for flag, value in (overrides or {}).items():
         if value is None:
@@ -540,114 +556,6 @@ def load_spec(path: str | os.PathLike, overrides: dict[str, Any] | None = None) 
     except ValidationError as exc:
         raise SpecError(source, [_problem_from(error, flag_of_field) for error in exc.errors()]) from None
     return _resolve_paths(spec, path.parent.resolve(), source)
-
-
-#: A spec is a few dozen values. Anything far larger is a mistake or an attack (a YAML
-#: "billion laughs" alias bomb expands exponentially when walked), refused before validation.
-MAX_SPEC_VALUES = 10_000
-MAX_SPEC_BYTES = 1_000_000
-
-
-@functools.lru_cache(maxsize=None)
-def _spec_loader() -> type:
-    """PyYAML's safe loader, refusing duplicate keys (PyYAML keeps the last one silently).
-
-    Built on first use, not at import: importing PyYAML takes ~25 ms (its reader
-    compiles a large Unicode regex), and ``isoprobe schema``, the result model and
-    the trial child import this module without ever reading YAML. The class never
-    changes, so it is made once per process.
-
-    The pure-Python loader on purpose, not ``yaml.CSafeLoader``: libyaml words its
-    errors differently (e.g. it leaves out the offending character), and those
-    messages are what a user sees; a spec is a few hundred bytes, parsed in about
-    a millisecond either way.
-    """
-    import yaml
-
-    class _SpecLoader(yaml.SafeLoader):
-        """PyYAML's safe loader with the duplicate-key check below."""
-
-    def construct_unique_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-        loader.flatten_mapping(node)
-        seen: set = set()
-        for key_node, _ in node.value:
-            key = loader.construct_object(key_node, deep=deep)
-            try:
-                duplicate = key in seen
-            except TypeError:
-                break  # unhashable: construct_mapping below reports it
-            if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"duplicate key {key!r} (YAML would keep only the last one)", key_node.start_mark
-                )
-            seen.add(key)
-        return yaml.SafeLoader.construct_mapping(loader, node, deep=deep)
-
-    _SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_unique_mapping)
-    return _SpecLoader
-
-
-def _read_yaml(path: Path) -> dict[str, Any]:
-    import yaml  # see _spec_loader: only reading a spec needs PyYAML
-
-    source = str(path)
-    try:
-        if path.is_dir():
-            raise SpecError(source, [Problem("", "is a directory, not a spec file", "give the path of a .yaml file")])
-        raw = path.read_bytes()[: MAX_SPEC_BYTES + 1]
-    except FileNotFoundError:
-        raise SpecError(source, [Problem("", "no such file", "check the path to the spec")]) from None
-    except OSError as exc:
-        raise SpecError(source, [Problem("", f"cannot read the file: {exc.strerror or exc}", "")]) from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise SpecError(source, [Problem("", f"larger than {MAX_SPEC_BYTES} bytes: not a spec", "")])
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise SpecError(
-            source,
-            [Problem("", f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
-                     "save the spec as UTF-8")],
-        ) from None
-    try:
-        data = yaml.load(text, Loader=_spec_loader())  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise SpecError(
-            source, [Problem(where, f"not valid YAML: {reason}", "fix the YAML syntax at that place")]
-        ) from None
-    except RecursionError:
-        raise SpecError(source, [Problem("", "nested too deeply to be a spec", "")]) from None
-    if data is None:
-        raise SpecError(source, [Problem("", "the file is empty", "see specs/ for examples")])
-    if not isinstance(data, dict):
-        raise SpecError(
-            source,
-            [Problem("", f"the spec must be a YAML mapping, got {type(data).__name__}", "see specs/ for examples")],
-        )
-    if _count_values(data, MAX_SPEC_VALUES) > MAX_SPEC_VALUES:
-        raise SpecError(
-            source,
-            [Problem("", f"expands to more than {MAX_SPEC_VALUES} values (YAML aliases?)",
-                     "write the spec out plainly; it needs a few dozen values")],
-        )
-    return data
-
-
-def _count_values(data: Any, limit: int) -> int:
-    """Values in ``data`` counting every visit (aliases expand), stopping as soon as ``limit`` is passed."""
-    count, stack = 0, [data]
-    while stack and count <= limit:
-        item = stack.pop()
-        count += 1
-        if isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-        elif isinstance(item, (list, tuple)):
-            stack.extend(item)
-    return count
 
 
 def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
@@ -685,17 +593,18 @@ def _problem_from(error: dict[str, Any], flag_of_field: dict[str, str]) -> Probl
     elif kind == "missing":
         message = "this field is required"
         fix = _describe(location) or "add it; see specs/ for examples"
+    elif kind == "less_than_equal" and location == ["memory_budget"]:
+        message = f"{shown(error.get('input'))} is more than 1 PiB: not a memory size"  # as parse_bytes says it
+        fix = _describe(location)
     elif kind == "literal_error":
         fix = f"use one of {error.get('ctx', {}).get('expected', '')}"
     elif kind == "string_pattern_mismatch" and location == ["device"]:
-        message = f"{error.get('input')!r} is not a device"
+        message = f"{shown(error.get('input'))} is not a device"
         fix = "use auto, cpu, cuda or cuda:N"
     elif kind in ("model_type", "dict_type"):
-        message = f"expected a mapping of fields here, got {type(error.get('input')).__name__} {error.get('input')!r}"
+        given = error.get("input")
+        message = f"expected a mapping of fields here, got {type(given).__name__} {shown(given)}"
         fix = "known fields here: " + ", ".join(_known_fields(location)) if _known_fields(location) else ""
-    elif kind == "less_than_equal" and location == ["memory_budget"]:
-        message = f"{error.get('input')!r} is more than 1 PiB: not a memory size"
-        fix = "write e.g. '16GiB'"
     else:
         fix = _describe(location)
     if field in flag_of_field:
@@ -741,11 +650,16 @@ def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
         if not is_file_reference(target):
             continue
         file = (base / target).resolve()
-        if not file.is_file():
+        try:
+            kind = kind_of(file.stat().st_mode)
+        except OSError:
             raise SpecError(
                 source,
                 [Problem(f"model.{name}", f"no such file: {file}", "paths are relative to the spec file's folder")],
-            )
+            ) from None
+        if kind is not None:
+            raise SpecError(source, [Problem(f"model.{name}", f"{file} is {kind}, not a Python file",
+                                             "give a .py file" if kind == "a directory" else NOT_A_PIPE)])
         update[name] = f"{file}:{function}"
     if not update:
         return spec
@@ -782,6 +696,10 @@ def check_references(spec: Spec, source: str) -> None:
         raise SpecError(source, problems)
 
 
+#: A Python file that a factory, batch or loss names: far larger than this is generated junk, not code.
+MAX_FACTORY_BYTES = 16 << 20
+
+
 def _factory_problems(factory: str | None, spec_dir: Path, field: str = "model.factory") -> list[Problem]:
     """Does the factory's module exist, and does it define the function? Checked without running it.
 
@@ -799,11 +717,21 @@ def _factory_problems(factory: str | None, spec_dir: Path, field: str = "model.f
     if is_file_reference(target):
         file = Path(target)
         try:
-            tree = ast.parse(file.read_text(encoding="utf-8"), filename=str(file))
+            text = read_regular_file(file, MAX_FACTORY_BYTES, what="a Python file").decode("utf-8")
+        except Refused as exc:
+            return [Problem(field, f"{file} {exc.reason}",
+                            NOT_A_PIPE if exc.kind not in (None, "a directory") else "give a .py file")]
         except (OSError, UnicodeDecodeError) as exc:
             return [Problem(field, f"cannot read {file}: {exc}", "")]
+        try:
+            tree = ast.parse(text, filename=str(file))
         except SyntaxError as exc:
             return [Problem(field, f"{file} line {exc.lineno}: {exc.msg}", "fix the Python syntax")]
+        except ValueError as exc:  # older Pythons: "source code string cannot contain null bytes" (3.11.7: SyntaxError)
+            return [Problem(field, f"{file} cannot be parsed: {exc}", "fix the Python file")]
+        except (RecursionError, MemoryError) as exc:  # one expression of 200,000 terms: Python cannot compile it either
+            return [Problem(field, f"{file} is nested too deeply for Python's parser ({type(exc).__name__})",
+                            "split the long expression into several statements")]
         defined = {
             getattr(node, "name", None) for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
         }

@@ -12,6 +12,19 @@ an events line, then SIGKILL), grandchild (leave a grandchild holding
 stdout/stderr, sleeping, then carry on), grandchild_hang (same, then hang),
 flaky_oom (out of memory with probability ``probability``), nth:K:<fault>
 (commit <fault> only on the K-th attempt at each batch; needs ``state_dir``).
+
+Hostile conditions (issue 14): escape_session (start ``sleep 600`` in a new
+session, then carry on), escape_double_fork (the same by fork, setsid, fork),
+spin (a regex that backtracks for ever, holding the GIL), stop (SIGSTOP
+itself), sleep:S (sleep S seconds, once per process: a slow step), hang_on_exit
+(carry on, then hang while the child flushes stdout after its verdict),
+channel_hidden (raise unless the events file's path and descriptor are out of
+reach). Faults combine with ``+``, committed left to right:
+``escape_session+hang``.
+
+With ``state_dir``, a fault about to be committed first writes
+``committed-<pid>`` there (the fault's name inside), so that a test can wait
+until it has begun (a spinning or stopped trial writes nothing else).
 """
 
 from __future__ import annotations
@@ -19,8 +32,11 @@ from __future__ import annotations
 import ctypes
 import os
 import random
+import re
+import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -44,8 +60,79 @@ def _attempt_number(state_dir: str, batch: int) -> int:
     return number
 
 
+def _events_fd() -> int:
+    """The child's events file, found the hard way (its path is no longer in the environment)."""
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}").endswith(".events.jsonl"):
+                return int(fd)
+        except OSError:
+            continue
+    raise RuntimeError("no events file open")
+
+
+def _escape(double_fork: bool) -> None:
+    """Start ``sleep 600`` outside this process's session, where a kill of the trial's group cannot reach."""
+    if not double_fork:
+        subprocess.Popen(["sleep", "600"], start_new_session=True, stdin=subprocess.DEVNULL,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        return
+    sleep = shutil.which("sleep")
+    first = os.fork()
+    if first == 0:  # as little as possible from here to exec: this process has torch's threads
+        try:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv(sleep, ["sleep", "600"])
+        finally:
+            os._exit(0)
+    os.waitpid(first, 0)  # the middle process exits at once: the sleep is an orphan in its own session
+
+
+class _StuckFlush:
+    """sys.stdout whose flush never returns: the child hangs on its way out, after its verdict."""
+
+    def __init__(self, stream):
+        self._stream = stream
+
+    def __getattr__(self, name):
+        return getattr(self._stream, name)
+
+    def flush(self):
+        while True:
+            time.sleep(60)
+
+
+def _check_channel_hidden() -> None:
+    if EVENTS_ENV in os.environ:
+        raise RuntimeError(f"${EVENTS_ENV} is visible to the model")
+    # What a process the model starts without closing descriptors holds (the listing's own fd is gone by then).
+    links = subprocess.run(["ls", "-l", "/proc/self/fd/"], close_fds=False, capture_output=True, text=True,
+                           check=True).stdout
+    if ".events.jsonl" in links:
+        raise RuntimeError(f"a process the model starts inherits the events file: {links}")
+
+
 def _commit(fault: str, probability: float) -> None:
-    if fault == "segfault":
+    if "+" in fault:
+        for part in fault.split("+"):
+            _commit(part, probability)
+        return
+    if fault == "escape_session":
+        _escape(double_fork=False)
+    elif fault == "escape_double_fork":
+        _escape(double_fork=True)
+    elif fault == "spin":
+        re.match(r"(a|aa)*c", "a" * 64)  # exponential backtracking in C: the GIL is never released
+    elif fault == "stop":
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif fault.startswith("sleep:"):
+        time.sleep(float(fault.split(":", 1)[1]))
+    elif fault == "hang_on_exit":
+        sys.stdout = _StuckFlush(sys.stdout)
+    elif fault == "channel_hidden":
+        _check_channel_hidden()
+    elif fault == "segfault":
         ctypes.string_at(0)
     elif fault == "abort":
         os.abort()
@@ -65,8 +152,7 @@ def _commit(fault: str, probability: float) -> None:
         os.write(1, event_line(TrialResult(outcome=Outcome.FITS, phase="done")))  # a verdict on stdout changes nothing
     elif fault == "half_result":
         line = event_line(TrialResult(outcome=Outcome.FITS, phase="done", step_seconds=[]))
-        fd = os.open(os.environ[EVENTS_ENV], os.O_WRONLY | os.O_APPEND)
-        os.write(fd, line[: len(line) // 2])
+        os.write(_events_fd(), line[: len(line) // 2])
         os.kill(os.getpid(), signal.SIGKILL)
     elif fault in ("grandchild", "grandchild_hang"):
         subprocess.Popen(["sleep", "1000"], stdout=1, stderr=2, close_fds=False)
@@ -99,6 +185,8 @@ class Faulty(nn.Module):
                 _, k, inner = fault.split(":", 2)
                 fault = inner if _attempt_number(self.state_dir, batch) == int(k) else ""
             if fault:
+                if self.state_dir:
+                    (Path(self.state_dir) / f"committed-{os.getpid()}").write_text(fault)
                 _commit(fault, self.probability)
         return self.linear(x)
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from isoprobe.cache_sources import imported_sources
 from isoprobe.child.memory import cpu_memory
 from isoprobe.child.training import build_optimizer, enable_checkpointing
 from isoprobe.child.trial import MESSAGE_CHARS
@@ -71,7 +72,8 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
         except Exception as exc:
             problems.append(_problem("allocator", exc))
     problems += _check_buildable(torch, spec, request.python_path, facts)
-    events.emit(Inspected(facts=Facts(**facts), problems=problems))
+    # The user's modules the build imported: a cached answer is stale once one of them changes.
+    events.emit(Inspected(facts=Facts(**facts), problems=problems, sources=imported_sources()))
 
 
 def _problem(stage: str, exc: BaseException, prefix: str = "") -> InspectProblem:

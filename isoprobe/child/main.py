@@ -1,11 +1,13 @@
-"""The child's entry: wire up to the parent, wait for the request if warm, run it, leave fast.
+"""The child's entry: open the events channel, import, wait for the request, run it, leave fast.
 
-Run as ``python -m isoprobe.child REQUEST.json`` (cold) or ``python -m
-isoprobe.child --wait`` (warm) by the parent's executor and by nothing else.
-It reports through a dedicated events file (path in ``protocol.EVENTS_ENV``),
-one complete JSON line per event written with a single ``write``, because the
-user's model may print anything on stdout and a half-written line must be
-detectable.
+Run as ``python -m isoprobe.child --wait [--idle]`` by the parent's executor
+(through its keeper, ``executors.keeper``), and as ``python -m isoprobe.child
+REQUEST.json`` by hand. It reports through a dedicated events file (path in
+``protocol.EVENTS_ENV``), one complete JSON line per event written with a
+single ``write``, because the user's model may print anything on stdout and a
+half-written line must be detectable. The variable is removed from the
+environment as soon as the file is open, and the descriptor is not inherited:
+neither the model nor anything it starts finds the channel by looking there.
 
 Events, in order: ``started``, (warm only: ``warm``, ``request``), then the
 request's own: a trial's ``imported``, ``model_built``, ``step`` (one per
@@ -13,9 +15,16 @@ completed step), ``eval``, then exactly one ``result``; the environment check's
 one ``inspected``. A process that ends without its verdict is classified by the
 parent (crashed, timed out).
 
-Started with ``--wait`` it is a *warm* child: it imports torch and the model
-library first (the modules in ``protocol.PRELOAD_ENV``), then reads the
-request's path from stdin.
+Started with ``--wait`` it imports torch and the model library first (the
+modules in ``protocol.PRELOAD_ENV``), reports ``warm``, then reads the request's
+path from stdin. The executor starts *every* child so, a spare ahead of time
+(``--idle``: importing at idle priority beside the running trial) or one on
+demand, and delivers the request only after ``warm``: a trial's timeout runs
+from delivery and covers the same work whether its process was started early
+or not, and a cold trial has imported exactly what a warm one has.
+
+Nothing here keeps the child from outliving its parent: its keeper does, from
+outside (a trial holding the GIL or stopped cannot run a watchdog of its own).
 """
 
 from __future__ import annotations
@@ -29,7 +38,7 @@ from isoprobe.child.trial import run_trial
 from isoprobe.protocol import (
     CHILD_MODULE,
     EVENTS_ENV,
-    LIFELINE_ENV,
+    IDLE_ARGUMENT,
     PRELOAD_ENV,
     WAIT_ARGUMENT,
     InspectRequest,
@@ -40,53 +49,42 @@ from isoprobe.protocol import (
     read_request,
 )
 
-USAGE = f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT}   (with ${EVENTS_ENV} naming the events file)"
+USAGE = (f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}]   "
+         f"(with ${EVENTS_ENV} naming the events file)")
 
 
 class Events:
     """Append-only JSON-lines channel to the parent: one event, one line, one ``os.write``."""
 
     def __init__(self, path: str):
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.set_inheritable(self._fd, False)  # explicit: a process the model starts must not inherit it
 
     def emit(self, event) -> None:
         os.write(self._fd, event_line(event))
 
 
-def watch_parent(fd: int) -> None:
-    """Kill this process group when the parent dies: the lifeline pipe reads EOF only then.
-
-    A daemon thread, blocked in ``os.read`` (which releases the GIL), so it runs
-    whatever the trial is doing; killing the *group* takes any grandchild (a
-    DataLoader worker, a stray ``sleep``) with it.
-    """
-    import signal
-    import threading
-
-    def watch() -> None:
-        try:
-            while os.read(fd, 1):
-                pass
-        except OSError:
-            pass
-        os.killpg(os.getpgrp(), signal.SIGKILL)
-
-    threading.Thread(target=watch, name="isoprobe-lifeline", daemon=True).start()
-
-
-def wait_for_request(events: Events) -> str | None:
-    """Warm start: import what the trial will need, then block until the parent sends the request's path.
+def wait_for_request(events: Events, idle: bool) -> str | None:
+    """Import what the trial will need, then block until the parent sends the request's path.
 
     Importing torch does not initialise CUDA, and nothing here touches a device:
     the ``warm`` event records ``cuda_initialized`` so that a test (and a
-    suspicious user) can see it stayed that way. EOF on stdin means the parent
-    no longer needs this child: it exits quietly.
+    suspicious user) can see it stayed that way. An import that fails is not
+    this child's verdict: the modules after it are skipped, and the trial meets
+    the same failure in its own import, where it is classified as the trial's
+    (``warm.modules`` lists what was imported). EOF on stdin means the parent no
+    longer needs this child: it exits quietly.
     """
     started = time.perf_counter()
     modules = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
-    niced = _lower_priority()
+    niced = _lower_priority() if idle else None
+    imported = []
     for module in modules:
-        __import__(module)
+        try:
+            __import__(module)
+        except Exception:  # noqa: BLE001 - see the docstring: the trial reports it
+            break
+        imported.append(module)
     torch = sys.modules.get("torch")
     cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
     if niced is not None:
@@ -94,7 +92,7 @@ def wait_for_request(events: Events) -> str | None:
         # stopped instead of used must not die at idle priority (its exit could wait for minutes
         # behind a busy machine, and the parent with it).
         _restore_priority(niced)
-    events.emit(Warm(modules=modules, seconds=time.perf_counter() - started, cuda_initialized=cuda_initialized,
+    events.emit(Warm(modules=imported, seconds=time.perf_counter() - started, cuda_initialized=cuda_initialized,
                      idle_priority=niced is not None))
     line = sys.stdin.readline().strip()
     return line or None
@@ -142,17 +140,15 @@ def _lower_priority() -> int | None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or EVENTS_ENV not in os.environ:
+    waits = len(argv) in (2, 3) and argv[1] == WAIT_ARGUMENT and argv[2:] in ([], [IDLE_ARGUMENT])
+    if not (waits or (len(argv) == 2 and not argv[1].startswith("-"))) or EVENTS_ENV not in os.environ:
         sys.stderr.write(USAGE + "\n")
         return 2
-    lifeline = os.environ.pop(LIFELINE_ENV, None)
-    if lifeline is not None:
-        watch_parent(int(lifeline))
-    events = Events(os.environ[EVENTS_ENV])
+    events = Events(os.environ.pop(EVENTS_ENV))
     events.emit(Started(pid=os.getpid()))
     request_path = argv[1]
-    if request_path == WAIT_ARGUMENT:
-        request_path = wait_for_request(events)
+    if waits:
+        request_path = wait_for_request(events, idle=argv[2:] == [IDLE_ARGUMENT])
         if request_path is None:
             return 0
         events.emit(RequestReceived(path=request_path))

@@ -1,10 +1,23 @@
-"""The child's own memory, read from /proc/self/status: what a CPU trial's peaks are measured with.
+"""The child's own memory, read from /proc/self: what a CPU trial's peaks are measured with.
 
 Its own module because both the trial (its peaks) and the environment check
 (the import baseline) read it, and neither needs torch for it.
+
+Shared memory matters here because the CPU cap does not see it: RLIMIT_DATA
+counts private writable mappings only, so memory a model maps MAP_SHARED
+(``mmap.mmap(-1, n)``, shared-memory tensors, what DataLoader workers hand
+over) is allocated past the cap without any error. Measured here with a
+touched 512 MiB ``mmap.mmap(-1, n)`` under a 256 MiB RLIMIT_DATA: the mapping
+succeeds; VmRSS, VmHWM and smaps_rollup's Rss count it (RssShmem 512 MiB);
+VmData does not; VmPeak and VmSize do. So the resident peak (VmHWM) already
+includes shared memory, and the budget's peak below adds the shared mappings
+to the data segment, so that both readings show memory the cap let through
+and the parent can refuse a 'fits' that used it (``probe.plausibility``).
 """
 
 from __future__ import annotations
+
+import resource
 
 from isoprobe.protocol import MemoryReading
 
@@ -23,7 +36,36 @@ def _proc_status_bytes(*keys: str) -> dict[str, int | None]:
     return values
 
 
+def shared_writable_bytes(maps: str | None = None) -> int:
+    """The size of this process's writable shared mappings (``rw-s`` in /proc/self/maps), in bytes.
+
+    These are the mappings RLIMIT_DATA does not count but a model can fill:
+    anonymous shared memory (``/dev/zero (deleted)``), memfd and /dev/shm
+    files, SysV segments. Read-only shared mappings (locale caches and the like)
+    cannot be filled by the process and are left out. ``maps`` is the file's text,
+    for tests; 0 where it cannot be read.
+    """
+    if maps is None:
+        try:
+            with open("/proc/self/maps") as file:
+                maps = file.read()
+        except OSError:
+            return 0
+    total = 0
+    for line in maps.splitlines():
+        fields = line.split(maxsplit=2)
+        if len(fields) < 2 or len(fields[1]) != 4 or fields[1][1] != "w" or fields[1][3] != "s":
+            continue
+        start, _, end = fields[0].partition("-")
+        try:
+            total += int(end, 16) - int(start, 16)
+        except ValueError:
+            continue
+    return total
+
+
 def cpu_memory() -> MemoryReading:
+    """The readings of /proc/self/status; ``peak_data`` estimates the data segment's peak (see ``cpu_readings``)."""
     readings = _proc_status_bytes("VmHWM", "VmRSS", "VmData", "VmPeak", "VmSize")
     peak_data = None
     if None not in (readings["VmPeak"], readings["VmSize"], readings["VmData"]):
@@ -33,8 +75,33 @@ def cpu_memory() -> MemoryReading:
     )
 
 
+def data_cap() -> int | None:
+    """This process's RLIMIT_DATA (soft) in bytes, or None without one."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    return None if soft == resource.RLIM_INFINITY else soft
+
+
+def budget_peak(peak_data: int | None, cap: int | None, shared: int) -> int | None:
+    """The peak in the budget's units: the data segment's (never above the cap), plus the shared mappings.
+
+    ``peak_data`` (VmPeak minus the address space that is not data, now) can
+    overshoot: measured here, 1555 MiB for a trial whose data segment, polled
+    every 0.5 ms, never passed 1491 MiB under a 1536 MiB cap, because a new
+    malloc arena briefly reserves 64 MiB more address space than it keeps. The
+    kernel holds the data segment to the cap, so the cap is the estimate's
+    ceiling: that is knowledge, not rounding. Shared mappings are what the cap
+    does not hold; they are added on top, so only they can put this above the
+    cap. (A shared mapping still there now is not in ``peak_data``: it is in
+    VmSize as well as VmPeak.)
+    """
+    if peak_data is None:
+        return None
+    data = peak_data if cap is None else min(peak_data, cap)
+    return data + shared
+
+
 def cpu_readings() -> dict[str, int | None]:
-    """A CPU trial's peaks: resident (what people know) and the data segment (what the budget caps).
+    """A CPU trial's peaks: resident (what people know) and the budget's units (what the cap counts).
 
     RLIMIT_DATA caps the data segment, which runs a near-constant ~200 MiB above
     the resident set (mapped but untouched pages), so the resident peak is not in
@@ -46,7 +113,16 @@ def cpu_readings() -> dict[str, int | None]:
     predicts 22 above 3 GiB, where the edge is. ``base_bytes`` is the data
     segment after the steps, with the batch's activations freed.
 
+    Writable shared mappings count as data in both (``budget_peak``, and the
+    module's docstring): the cap cannot stop them, so they are measured instead,
+    and a trial whose budget peak is above its budget does not fit. Resident
+    (``peak_bytes``, VmHWM) counts the shared pages the child touched, also those
+    unmapped before the end.
+
     Keyed by the ``TrialResult`` fields they fill.
     """
+    shared = shared_writable_bytes()
     memory = cpu_memory()
-    return {"peak_bytes": memory.peak_rss, "budget_peak_bytes": memory.peak_data, "base_bytes": memory.data}
+    base = None if memory.data is None else memory.data + shared
+    return {"peak_bytes": memory.peak_rss, "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared),
+            "base_bytes": base}

@@ -1,8 +1,10 @@
 """A trial: the spec's training steps at one batch size, and the peak memory they needed.
 
 The child classifies its own exception (out of memory versus any other error,
-``outcomes.classify_exception``) and writes exactly one ``TrialResult``. A
-process that ends without one is classified by the parent (crashed, timed out).
+``outcomes.classify_exception``) and writes exactly one ``TrialResult``, with
+the user's source files it ran (``cache_sources``: the cache's answer is only
+as current as they are). A process that ends without one is classified by the
+parent (crashed, timed out).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from isoprobe.cache_sources import imported_sources
 from isoprobe.child.memory import cpu_memory, cpu_readings
 from isoprobe.child.training import Step
 from isoprobe.child.workload import build_model, import_model_library
@@ -58,8 +61,9 @@ def run_trial(request: TrialRequest, events: Events) -> None:
     except Exception as exc:  # classified, never guessed: see outcomes.classify_exception
         failure = _describe_failure(exc)
     if failure is None:
+        # Sources at the end: a forward pass may import lazily, and what it ran is what the answer depends on.
         events.emit(TrialResult(outcome=Outcome.FITS, phase=progress.phase, step_seconds=progress.step_seconds,
-                                **report))
+                                sources=imported_sources(), **report))
         return
     # The model, optimizer and batch lived in _train's frame, kept alive by the traceback
     # until the except block ended: collect them before writing, so that reporting an
@@ -71,7 +75,7 @@ def run_trial(request: TrialRequest, events: Events) -> None:
     if not request.device.startswith("cuda"):
         report["peak_bytes"] = cpu_memory().peak_rss
     events.emit(TrialResult(outcome=outcome, phase=progress.phase, step_seconds=progress.step_seconds, error=error,
-                            **report))
+                            sources=imported_sources(), **report))
 
 
 def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[str, Any]:

@@ -11,7 +11,8 @@ executor's runs are judged by the same rules.
 Executors:
 
 - ``local.LocalExecutor``: one isolated child process per request on this
-  machine (own session, rlimits, lifeline, a warm spare). The default.
+  machine (own session, rlimits, a keeper that kills everything it started
+  and holds the lifeline, a warm spare). The default.
 - ``scripted.ScriptedExecutor``: canned child runs from a script, no process
   and no torch, for testing the orchestration (retries, confirmations,
   reclassification, interrupts) as plain unit tests.
@@ -59,7 +60,10 @@ class ChildRun:
     events: list = field(default_factory=list)  # isoprobe.protocol events, in the order written
     stderr_tail: str = ""
     oom_kills: int | None = None  # OOM kills the child's memory cgroup counted during the run; None: unknown
-    warm: bool = False  # the child had imported torch before its request arrived
+    warm: bool = False  # the child was started ahead (a spare): its imports were off the critical path
+    #: Only with ``timed_out``: the child had written a complete verdict (a trial's result, the environment
+    #: check's report) when its deadline came, and was killed on its way out. False: no verdict by the deadline.
+    verdict_at_timeout: bool = False
 
 
 class Executor(Protocol):
@@ -70,7 +74,8 @@ class Executor(Protocol):
 
     def run(self, request: "TrialRequest | InspectRequest", conditions: Conditions, *, timeout: float,
             name: str) -> ChildRun:
-        """Run one request to its end (or kill it at ``timeout`` seconds) and return what it left behind.
+        """Run one request to its end (or kill it ``timeout`` seconds after the request reached a process that
+        had finished its imports) and return what it left behind.
 
         KeyboardInterrupt and ``errors.Terminated`` pass through, after whatever
         the executor started for this request is gone.

@@ -1,12 +1,18 @@
 """The local executor: each request in its own isolated child process on this machine.
 
-Each child gets:
-- its own session and process group (``start_new_session``), so a timeout or an
-  interrupt kills the child *and* anything it started (DataLoader workers);
+Each child runs under a *keeper* (``executors.keeper``), a tiny process that
+runs no user code, and gets:
+- a session and process group of its own, and ``PR_SET_PDEATHSIG`` towards its
+  keeper;
+- a keeper that is a child subreaper: whatever the trial starts, in whatever
+  session (``start_new_session=True``, a double fork), stays below the keeper,
+  and is killed and reaped before the keeper exits; the keeper then exits as
+  the child did, so the probe classifies the child's end;
 - a *lifeline*: the read end of a pipe whose write end only the parent holds.
   When the parent dies, however it dies (SIGKILL included), the pipe reads EOF
-  and a watchdog thread in the child kills the child's whole process group.
-  (``PR_SET_PDEATHSIG`` would kill the child alone and orphan its grandchildren.);
+  and the keeper SIGKILLs the whole tree, even if the trial holds the GIL or is
+  stopped. Closing it is also how this executor stops a child (a timeout, an
+  interrupt, an unused spare);
 - on the CPU backend, ``RLIMIT_DATA`` = the budget plus ``MALLOC_MMAP_THRESHOLD_``
   so that exceeding the budget is a real, repeatable allocation failure
   (measured: shared/notes/processes-and-memory.md);
@@ -14,13 +20,19 @@ Each child gets:
 - stdout and stderr to files (a pipe nobody reads can block a chatty model),
   and its events on a separate file, read back as complete lines only.
 
-With ``warm=True`` it keeps one *spare* started ahead (see ``LocalExecutor``).
+Every child starts by importing (``Conditions.preload``) and reporting
+``warm``; only then is its request delivered, and the request's timeout runs
+from delivery. The import has a bound of its own (``processes.import_timeout``).
+So a trial's timeout means the same whether its process was started ahead (a
+*spare*, see ``LocalExecutor``) or on demand, and the two import the same
+modules. A child that had written its verdict when its deadline came keeps it:
+it gets a short grace to exit, and if it is killed all the same, the run says
+so (``ChildRun.verdict_at_timeout``).
 """
 
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import tempfile
@@ -29,10 +41,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from isoprobe.executors import ChildRun, Conditions
+from isoprobe.executors import keeper
 from isoprobe.executors.processes import (
-    INTERRUPT_GRACE_SECONDS,
+    VERDICT_EXIT_GRACE_SECONDS,
     child_environment,
-    kill_group,
+    import_timeout,
     lift_idle_policy,
     prepare_child,
     signals_deferred,
@@ -40,14 +53,29 @@ from isoprobe.executors.processes import (
     write_atomically,
 )
 from isoprobe.oomkill import memory_cgroup_dir, oom_kill_count
-from isoprobe.protocol import CHILD_MODULE, LIFELINE_ENV, PRELOAD_ENV, WAIT_ARGUMENT, TrialRequest, read_events
+from isoprobe.protocol import (
+    CHILD_MODULE,
+    IDLE_ARGUMENT,
+    PRELOAD_ENV,
+    WAIT_ARGUMENT,
+    Inspected,
+    Started,
+    TrialRequest,
+    TrialResult,
+    Warm,
+    last_of,
+    read_events,
+)
+
+#: How often the parent looks at a child's events while it imports (the cost of a look: one small read).
+_POLL_SECONDS = 0.01
 
 
 @dataclass
 class _Started:
-    """A child process and the files it writes; ``warm`` ones wait for their request on stdin."""
+    """A keeper (and the child under it) and the files the child writes; ``warm``: started ahead, as a spare."""
 
-    process: subprocess.Popen
+    process: subprocess.Popen  # the keeper: its exit status is the child's
     lifeline_write: int
     events_path: Path
     stderr_path: Path
@@ -59,17 +87,17 @@ class LocalExecutor:
     """Starts the children of one probe; with ``warm=True`` it keeps one started ahead.
 
     A warm spare is started while the current trial runs: it imports Python,
-    torch and the model library (``Conditions.preload``), then blocks reading
-    its request's path from stdin. It never touches CUDA before that (importing
-    torch does not create a context), so two contexts never share the GPU and
-    the running trial's measurement is undisturbed. When its turn comes it gets
-    the request and only builds and trains: the import, seconds per trial, is
-    off the critical path. The spare is started under the conditions the probe
-    announced (``prestart``); a request under other conditions (a memory check
-    with a larger cap, the environment check) runs cold and leaves the spare
-    for the next ordinary trial, and a spare that died while waiting is
-    replaced by a cold start, so a warm start can change how fast a verdict
-    comes, never what it is.
+    torch and the model library (``Conditions.preload``) at idle priority, then
+    blocks reading its request's path from stdin. It never touches CUDA before
+    that (importing torch does not create a context), so two contexts never
+    share the GPU and the running trial's measurement is undisturbed. When its
+    turn comes it gets the request and only builds and trains: the import,
+    seconds per trial, is off the critical path. The spare is started under the
+    conditions the probe announced (``prestart``); a request under other
+    conditions (a memory check with a larger cap, the environment check) gets a
+    child started on demand and leaves the spare for the next ordinary trial,
+    and a spare that died while waiting is replaced by one started on demand,
+    so a warm start can change how fast a verdict comes, never what it is.
     """
 
     def __init__(self, workdir: Path | None = None, *, warm: bool = False):
@@ -97,21 +125,21 @@ class LocalExecutor:
         with signals_deferred():
             if self._spare is not None and self._spare.conditions != conditions:
                 spare, self._spare = self._spare, None
-                _stop(spare, grace=0)
+                _stop(spare)
             if self._spare is None:
-                self._spare = self._spawn(conditions, None)
+                self._spare = self._spawn(conditions, spare=True)
 
     def close(self) -> None:
         """Stop the spare, if any, and remove the scratch folder: nothing outlives the probe."""
         spare, self._spare = self._spare, None
         if spare is not None:
-            _stop(spare, grace=INTERRUPT_GRACE_SECONDS)
+            _stop(spare)
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
 
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
-        """Run one request in a fresh process (the spare if it matches) and wait, killing its group on timeout."""
+        """Run one request in a fresh process (the spare if it matches); ``timeout`` counts from its delivery."""
         request_path = self.workdir / f"{name}.request.json"
         write_atomically(request_path, request.model_dump_json())
         cgroup = memory_cgroup_dir()  # the child starts in the parent's cgroup
@@ -119,53 +147,61 @@ class LocalExecutor:
         if self._expected is None and isinstance(request, TrialRequest):
             self._expected = conditions  # nobody announced the trials' conditions: the first trial's
         child: _Started | None = None
-        started = time.monotonic()
-        timed_out = False
+        began = time.monotonic()
+        delivered: float | None = None
+        timed_out = verdict_at_timeout = False
         try:
             with signals_deferred():
                 child = self._take_spare(conditions)
-                if child is not None and not _deliver(child, request_path):
-                    _stop(child, grace=0)
-                    child = None
+            while True:
                 if child is None:
-                    child = self._spawn(conditions, request_path)
-                started = time.monotonic()
-                if self.warm and self._spare is None and conditions == self._expected:
-                    self._spare = self._spawn(conditions, None)  # the next trial's child imports while this one runs
-            try:
-                returncode = child.process.wait(timeout=timeout)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                kill_group(child.process.pid)
-                returncode = child.process.wait()
+                    with signals_deferred():
+                        child = self._spawn(conditions, spare=False)
+                ready = _await_warm(child, import_timeout(timeout))
+                if ready and _deliver(child, request_path):
+                    delivered = time.monotonic()
+                    break
+                if child.warm and ready is not None:
+                    _stop(child)  # a spare that died while waiting: one started now takes its place
+                    child = None
+                    continue
+                # Started for this request and gone before it could be delivered, or not ready in time.
+                timed_out = ready is None
+                break
+            if delivered is not None:
+                with signals_deferred():
+                    if self.warm and self._spare is None and conditions == self._expected:
+                        self._spare = self._spawn(conditions, spare=True)  # imports while this one runs
+                timed_out, verdict_at_timeout = _wait(child, timeout)
         finally:
             # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
             if child is not None:
-                _stop(child, grace=INTERRUPT_GRACE_SECONDS)
-        seconds = time.monotonic() - started
+                _stop(child)
+        seconds = time.monotonic() - (delivered if delivered is not None else began)
         kills_after = oom_kill_count(cgroup)
         return ChildRun(
-            returncode=returncode,
+            returncode=child.process.returncode,
             timed_out=timed_out,
             seconds=seconds,
             events=read_events(child.events_path),
             stderr_tail=stderr_tail(child.stderr_path),
             oom_kills=None if kills_before is None or kills_after is None else kills_after - kills_before,
             warm=child.warm,
+            verdict_at_timeout=verdict_at_timeout,
         )
 
     def _take_spare(self, conditions: Conditions) -> _Started | None:
         spare = self._spare
         if spare is None or spare.conditions != conditions:
-            return None  # other conditions: run cold, keep the spare for the next ordinary trial
+            return None  # other conditions: start one on demand, keep the spare for the next ordinary trial
         self._spare = None
-        if spare.process.poll() is not None:  # died while waiting (killed, or its import failed)
-            _stop(spare, grace=0)
+        if spare.process.poll() is not None:  # died while waiting (killed, say)
+            _stop(spare)
             return None
         return spare
 
-    def _spawn(self, conditions: Conditions, request_path: Path | None) -> _Started:
-        """Start a child: with a request path it runs it at once (cold), without it waits (warm)."""
+    def _spawn(self, conditions: Conditions, *, spare: bool) -> _Started:
+        """Start a keeper and its child, which imports ``conditions.preload`` and then waits for its request."""
         self._count += 1
         stem = self.workdir / f"child{self._count:03d}"
         events_path = stem.with_suffix(".events.jsonl")
@@ -174,15 +210,13 @@ class LocalExecutor:
                                 events_path=events_path)
         if conditions.preload:
             env[PRELOAD_ENV] = ",".join(conditions.preload)
+        child_argv = [sys.executable, "-m", CHILD_MODULE, WAIT_ARGUMENT] + ([IDLE_ARGUMENT] if spare else [])
         lifeline_read, lifeline_write = os.pipe()
-        env[LIFELINE_ENV] = str(lifeline_read)
-        warm = request_path is None
-        argv = [sys.executable, "-m", CHILD_MODULE, WAIT_ARGUMENT if warm else str(request_path)]
         with open(stem.with_suffix(".stdout"), "wb") as out, open(stderr_path, "wb") as err:
             try:
                 process = subprocess.Popen(
-                    argv,
-                    stdin=subprocess.PIPE if warm else subprocess.DEVNULL,
+                    keeper.command(lifeline_read, child_argv),
+                    stdin=subprocess.PIPE,
                     stdout=out,
                     stderr=err,
                     env=env,
@@ -196,7 +230,29 @@ class LocalExecutor:
                 raise
             finally:
                 os.close(lifeline_read)
-        return _Started(process, lifeline_write, events_path, stderr_path, conditions, warm)
+        return _Started(process, lifeline_write, events_path, stderr_path, conditions, spare)
+
+
+def _await_warm(child: _Started, timeout: float) -> bool | None:
+    """Wait until the child has imported: True once it reported ``warm``, False if it ended first, None at timeout.
+
+    A spare still importing when its turn comes is on the critical path from
+    now on: its idle priority is lifted (again at every look, since the child
+    lowers it itself once it starts importing).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        events = read_events(child.events_path)
+        if last_of(events, Warm) is not None:
+            return True
+        if child.process.poll() is not None:
+            return False
+        started = last_of(events, Started) if child.warm else None
+        if started is not None:
+            lift_idle_policy(started.pid)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(_POLL_SECONDS)
 
 
 def _deliver(child: _Started, request_path: Path) -> bool:
@@ -211,27 +267,44 @@ def _deliver(child: _Started, request_path: Path) -> bool:
     return True
 
 
-def _stop(child: _Started, grace: float) -> None:
-    """Kill the child's whole group (if still there), reap it, and close what the parent held."""
-    if child.process.poll() is None:
-        lift_idle_policy(child.process.pid)
-        kill_group(child.process.pid, grace=grace)
-    child.process.wait()
+def _wait(child: _Started, timeout: float) -> tuple[bool, bool]:
+    """Wait for the child's end, ``timeout`` seconds from delivery: (timed out, had its verdict at the deadline).
+
+    At the deadline its events are read before anything is killed. With a
+    verdict already there, the child was on its way out: it gets
+    ``VERDICT_EXIT_GRACE_SECONDS`` to finish, and an exit in that time is an
+    ordinary end. Killed all the same, the run is timed out *with* a verdict,
+    which the probe can tell from a trial that had no verdict by its deadline.
+    """
     try:
-        os.killpg(child.process.pid, signal.SIGKILL)  # a grandchild that outlived the child
-    except (ProcessLookupError, PermissionError):
+        child.process.wait(timeout=timeout)
+        return False, False
+    except subprocess.TimeoutExpired:
         pass
+    events = read_events(child.events_path)
+    if last_of(events, TrialResult) is None and last_of(events, Inspected) is None:
+        return True, False
+    try:
+        child.process.wait(timeout=VERDICT_EXIT_GRACE_SECONDS)
+        return False, False
+    except subprocess.TimeoutExpired:
+        return True, True
+
+
+def _stop(child: _Started) -> None:
+    """Close the lifeline (the keeper then kills and reaps the whole tree and exits) and reap the keeper."""
+    if child.lifeline_write >= 0:
+        os.close(child.lifeline_write)
+        child.lifeline_write = -1
+    child.process.wait()
     if child.process.stdin is not None and not child.process.stdin.closed:
         try:
             child.process.stdin.close()
         except OSError:
             pass
-    if child.lifeline_write >= 0:
-        os.close(child.lifeline_write)
-        child.lifeline_write = -1
 
 
 def run_once(request, conditions: Conditions, *, timeout: float, workdir: Path | None = None) -> ChildRun:
-    """One cold child for one request, in a throwaway executor (tests, benchmarks)."""
+    """One child started on demand for one request, in a throwaway executor (tests, benchmarks)."""
     with LocalExecutor(workdir) as executor:
         return executor.run(request, conditions, timeout=timeout, name="once")

@@ -1,8 +1,9 @@
-"""Process primitives of the local executor: a child's environment, its start, its end, its stderr.
+"""Process primitives of the local executor: a child's environment, its start, its deadlines, its stderr.
 
-Pure where possible (``child_environment``), so what each child gets is
-testable without starting one; the rest are small wrappers over the kernel's
-process groups and signals.
+Pure where possible (``child_environment``, ``import_timeout``), so what each
+child gets is testable without starting one; the rest are small wrappers over
+the kernel's signals and files. How a child and everything it starts is ended
+lives in ``keeper``.
 """
 
 from __future__ import annotations
@@ -10,20 +11,26 @@ from __future__ import annotations
 import os
 import resource
 import signal
-import time
 from contextlib import contextmanager
 from pathlib import Path
 
+from isoprobe.executors.keeper import lift_idle_policy  # noqa: F401 - one definition, used by the keeper too
 from isoprobe.hardware import visible_devices
 from isoprobe.protocol import EVENTS_ENV
 
 #: Below this size glibc serves allocations from its heap and may keep freed memory,
 #: which makes an RLIMIT_DATA boundary flaky; above it every block is its own mmap.
 MALLOC_MMAP_THRESHOLD = 131072
-#: Seconds between SIGTERM and SIGKILL when a timed-out child's group is stopped.
-KILL_GRACE_SECONDS = 2.0
-#: The same when isoprobe itself is interrupted: every group must be gone within 2 s.
-INTERRUPT_GRACE_SECONDS = 0.5
+#: The least time a child gets to import what it needs (torch, torch._dynamo, the model library) before
+#: its request is delivered. Not part of the trial's timeout, which runs from delivery, so that a warm
+#: and a cold trial get the same time for the same work. 300 s, as the environment check's whole
+#: budget: a first import from a cold page cache or a network filesystem (a cluster's shared
+#: software tree) takes minutes where a warm one takes seconds (measured here: 3 to 6 s for torch
+#: and torch._dynamo on 2 busy cores), and an import that really hangs is still ended.
+IMPORT_TIMEOUT_SECONDS = 300.0
+#: A child that had written its verdict when its deadline came gets this long to exit on its own
+#: (it is on its way out: flushing, unmapping) before it is killed.
+VERDICT_EXIT_GRACE_SECONDS = 2.0
 _STDERR_TAIL_CHARS = 4000
 _STDERR_SCAN_BYTES = 65536
 _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
@@ -64,7 +71,8 @@ INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
 
 
 def prepare_child(memory_limit: int | None, parent_pid: int):
-    """Runs in the child between fork and exec: give up if the parent is gone, and cap memory if asked."""
+    """Runs between fork and exec of the process the executor starts (the keeper, whose child inherits the
+    cap): give up if the parent is gone, and cap memory if asked."""
 
     def prepare() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)  # see signals_deferred
@@ -104,45 +112,10 @@ def write_atomically(path: Path, text: str) -> None:
     os.replace(temporary, path)
 
 
-def lift_idle_policy(pid: int) -> None:
-    """Give a child's idle-class threads the normal policy back, so that a kill ends it promptly.
-
-    A warm spare imports under ``SCHED_IDLE`` (see ``child.warm``). Killed in
-    the middle, its exit (unmapping torch) still runs at idle priority, and on a
-    machine whose cores are busy that took longer than 30 s (measured:
-    docs/measurements.md), with the parent waiting to reap it. Same owner, and
-    the child only went idle where it may come back, so this is allowed
-    wherever the child's own switch was; failures are ignored.
-    """
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return
-    for task in tasks:
-        try:
-            if os.sched_getscheduler(int(task)) == os.SCHED_IDLE:
-                os.sched_setscheduler(int(task), os.SCHED_OTHER, os.sched_param(0))
-        except (OSError, ValueError, AttributeError):
-            pass
-
-
-def kill_group(pid: int, grace: float = KILL_GRACE_SECONDS) -> None:
-    """SIGTERM the child's process group, then SIGKILL whatever is left after ``grace`` seconds."""
-    try:
-        os.killpg(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        return
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        try:
-            os.killpg(pid, 0)
-        except ProcessLookupError:
-            return
-        time.sleep(0.05)
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+def import_timeout(trial_timeout: float) -> float:
+    """How long a child may take to import before its request: ``IMPORT_TIMEOUT_SECONDS``, or the trial's
+    own timeout where that is longer (who allows a trial an hour allows its import as long)."""
+    return max(IMPORT_TIMEOUT_SECONDS, trial_timeout)
 
 
 def stderr_tail(path: Path) -> str:

@@ -10,10 +10,16 @@ times this batch was asked for) that returns a ``ChildRun``, built with the
 helpers below from the same protocol events a real child writes, or raises
 ``KeyboardInterrupt`` / ``errors.Terminated`` as a signal would. ``linear``
 makes a script of a device whose peak is ``fixed + per_sample * batch``.
+
+The probe vets every 'fits' against what the trial was asked
+(``probe.plausibility``), so ``fits`` writes what a real child would for the
+request being answered: its number of steps, step events whose times are the
+verdict's, an evaluation pass if one was asked for.
 """
 
 from __future__ import annotations
 
+import contextvars
 import signal
 from dataclasses import dataclass, field
 from typing import Callable
@@ -21,6 +27,7 @@ from typing import Callable
 from isoprobe.executors import ChildRun, Conditions
 from isoprobe.outcomes import Outcome
 from isoprobe.protocol import (
+    EvalDone,
     Facts,
     Imported,
     InspectProblem,
@@ -38,8 +45,12 @@ from isoprobe.result import ErrorInfo, Sizes
 #: What the CPU allocator says when the cap is hit (c10's DefaultCPUAllocator).
 CPU_OOM_MESSAGE = ("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to "
                    "allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")
-#: The import baseline of a canned CPU child (what importing torch costs, measured about this much here).
-IMPORT_BASELINE_BYTES = 900 * 1024**2
+#: The import baseline of a canned CPU child (the data segment after importing torch; about 800 MiB
+#: here). Below every canned device's fixed part (tests/unit/scripted_probe.py's memory_hog: 720 MiB),
+#: as a real device's fixed part includes its imports.
+IMPORT_BASELINE_BYTES = 512 * 1024**2
+#: The request a script is answering right now: what ``fits`` writes a child's events for.
+_ANSWERING: contextvars.ContextVar[TrialRequest | None] = contextvars.ContextVar("answering", default=None)
 
 
 @dataclass(frozen=True)
@@ -88,7 +99,11 @@ class ScriptedExecutor:
         attempt = 1 + sum(1 for c in self.calls if c.batch_size == request.batch_size)
         call = Call(request, conditions, attempt, len(self.calls) + 1)
         self.calls.append(call)
-        return self.script(call)
+        token = _ANSWERING.set(request)
+        try:
+            return self.script(call)
+        finally:
+            _ANSWERING.reset(token)
 
     def close(self) -> None:
         self.closed = True
@@ -102,19 +117,35 @@ class ScriptedExecutor:
 # --------------------------------------------------------------------------- canned runs
 
 
-def _progress(steps: int) -> list:
+def _progress(step_seconds: list[float]) -> list:
     memory = MemoryReading(data=IMPORT_BASELINE_BYTES, rss=IMPORT_BASELINE_BYTES, peak_rss=IMPORT_BASELINE_BYTES)
     return [Started(pid=4242), Imported(memory=memory), ModelBuilt(memory=memory),
-            *(StepDone(step=i, seconds=0.1) for i in range(1, steps + 1))]
+            *(StepDone(step=i, seconds=s) for i, s in enumerate(step_seconds, 1))]
 
 
-def fits(peak_bytes: int, *, base_bytes: int | None = None, steps: int = 3, step_seconds: float = 0.1,
-         sizes: Sizes | None = None, seconds: float = 1.0, warm: bool = False) -> ChildRun:
-    """A child that ran every step and reported ``peak_bytes`` (as both the resident and the budget's peak)."""
-    result = TrialResult(outcome=Outcome.FITS, phase="done", step_seconds=[step_seconds] * steps,
+def fits(peak_bytes: int, *, base_bytes: int | None = None, steps: int | None = None,
+         step_seconds: float | list[float] = 0.1, sizes: Sizes | None = None, seconds: float = 1.0,
+         warm: bool = False) -> ChildRun:
+    """A child that ran every step and reported ``peak_bytes`` (as both the resident and the budget's peak).
+
+    ``steps``: by default the request's (``search.steps``) when a script is
+    answering one, else 3. ``step_seconds``: each step's time, or a list of them
+    (which sets the number of steps).
+    """
+    request = _ANSWERING.get()
+    if isinstance(step_seconds, list):
+        times = list(step_seconds)
+    else:
+        if steps is None:
+            steps = request.spec.search.steps if request is not None else 3
+        times = [step_seconds] * steps
+    evaluated = [EvalDone(seconds=0.05)] if request is not None and request.spec.training.eval_pass else []
+    result = TrialResult(outcome=Outcome.FITS, phase="done", step_seconds=times,
                          peak_bytes=peak_bytes, budget_peak_bytes=peak_bytes,
-                         base_bytes=base_bytes if base_bytes is not None else IMPORT_BASELINE_BYTES, sizes=sizes)
-    return ChildRun(returncode=0, timed_out=False, seconds=seconds, events=[*_progress(steps), result], warm=warm)
+                         base_bytes=base_bytes if base_bytes is not None else IMPORT_BASELINE_BYTES, sizes=sizes,
+                         eval_seconds=0.05 if evaluated else None)
+    return ChildRun(returncode=0, timed_out=False, seconds=seconds, events=[*_progress(times), *evaluated, result],
+                    warm=warm)
 
 
 def failed(outcome: Outcome, error_type: str, message: str, *, traceback_tail: str = "", at_step: int = 1,
@@ -122,7 +153,8 @@ def failed(outcome: Outcome, error_type: str, message: str, *, traceback_tail: s
     """A child that caught its own exception in step ``at_step`` and classified it (out_of_memory or error)."""
     result = TrialResult(outcome=outcome, phase=f"step {at_step}", step_seconds=[0.1] * (at_step - 1),
                          error=ErrorInfo(type=error_type, message=message, traceback_tail=traceback_tail))
-    return ChildRun(returncode=returncode, timed_out=False, seconds=1.0, events=[*_progress(at_step - 1), result],
+    return ChildRun(returncode=returncode, timed_out=False, seconds=1.0,
+                    events=[*_progress([0.1] * (at_step - 1)), result],
                     stderr_tail=stderr_tail)
 
 
@@ -139,13 +171,13 @@ def crashed(signum: int | None = signal.SIGSEGV, *, stderr_tail: str = "Fatal Py
             steps_done: int = 0, returncode: int | None = None, oom_kills: int | None = None) -> ChildRun:
     """A child that died without a verdict: by ``signum``, or (``signum=None``) by exiting ``returncode``."""
     code = -signum if signum is not None else (returncode or 0)
-    return ChildRun(returncode=code, timed_out=False, seconds=1.0, events=_progress(steps_done),
+    return ChildRun(returncode=code, timed_out=False, seconds=1.0, events=_progress([0.1] * steps_done),
                     stderr_tail=stderr_tail, oom_kills=oom_kills)
 
 
 def timed_out(seconds: float = 60.0) -> ChildRun:
-    """A child killed at the trial timeout (its group got SIGTERM)."""
-    return ChildRun(returncode=-signal.SIGTERM, timed_out=True, seconds=seconds, events=_progress(1))
+    """A child killed at the trial timeout (its keeper SIGKILLs the tree)."""
+    return ChildRun(returncode=-signal.SIGKILL, timed_out=True, seconds=seconds, events=_progress([0.1]))
 
 
 def inspected(facts: Facts | None = None, problems: list[InspectProblem] | None = None) -> ChildRun:

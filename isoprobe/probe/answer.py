@@ -1,9 +1,13 @@
-"""The result for a spec: from the cache when it holds a proven answer, else from a probe that is then stored.
+"""The result for a spec: from the cache when it holds a trusted answer, else from a probe that is then stored.
 
 cache -> lock -> (cache again) -> probe -> store. Concurrent runs of one setup
-probe once: the first holds the key's lock and the others wait for its answer.
-A cache that cannot be used costs the cache, never the answer. Nothing here
-imports torch; a cache hit starts no child at all.
+probe once: the first holds the key's lock and the others wait for its answer,
+which may be "nothing fits" (exit 3) as much as a maximum. An entry answers
+only if it is a regular file that says something coherent (``cache_trust``)
+about the same code (``cache_sources``); anything else is noted and probed
+again, and the new answer replaces it. A cache that cannot be used costs the
+cache, never the answer. Nothing here imports torch; a cache hit starts no
+child at all.
 """
 
 from __future__ import annotations
@@ -37,16 +41,15 @@ def answer(
         return context.probe(cache=None)
     cache = ResultCache(cache_directory(environ))
     key = cache_key(key_material(spec, spec_path, environ, gpus))
-    from filelock import Timeout
-
     try:
         if not refresh and (hit := context.cached(cache, key)):
             return hit
         lock = cache.lock(key)
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            reporter.note(f"another isoprobe is probing this setup (lock {lock.lock_file}); waiting for its answer")
+        busy = not lock.try_acquire()
+        for note in lock.notes:  # a trap under the lock's name, removed
+            reporter.note(note)
+        if busy:
+            reporter.note(f"another isoprobe is probing this setup (lock {lock.path}); waiting for its answer")
             lock.acquire()
     except OSError as exc:  # an unusable cache folder (read-only, not a folder) costs the cache, not the answer
         reporter.note(f"the cache folder {cache.directory} cannot be used ({exc.strerror or exc}); probing without it")
@@ -66,51 +69,82 @@ class _Context:
         self.spec, self.spec_path, self.reporter = spec, spec_path, reporter
         self.budget_source, self.environ, self.environment = budget_source, environ, environment
         self.executor = executor
+        self.refused: set[str] = set()
 
     def probe(self, cache):
         from isoprobe.cache import now_utc
+        from isoprobe.cache_sources import SourceRecorder
+        from isoprobe.cache_trust import CACHEABLE, distrust
         from isoprobe.output import result_json
-        from isoprobe.probe.pipeline import run_probe
+        from isoprobe.probe.pipeline import local_executor, run_probe
         from isoprobe.result import CacheInfo, RunEnvironment
 
+        recorder = SourceRecorder(self.executor if self.executor is not None else local_executor(self.spec))
         result = run_probe(self.spec, self.spec_path, self.reporter, budget_source=self.budget_source,
-                           environ=self.environ, executor=self.executor)
-        result = result.model_copy(update={"environment": RunEnvironment.model_validate(self.environment)})
-        if cache is None or not result.answered:  # only proven answers are kept; a failure is probed again
+                           environ=self.environ, executor=recorder)
+        result = result.model_copy(update={"environment": RunEnvironment.model_validate(self.environment),
+                                           "sources": recorder.sources})
+        if cache is None or result.stop_reason not in CACHEABLE:  # only proven answers are kept
             return result
         store, key = cache
+        if recorder.conflicts:
+            self.reporter.note(f"{recorder.conflicts[0]} changed while it was probed, so the answer is not cached")
+            return result
         info = CacheInfo(hit=False, key=key, path=str(store.entry(key)), stored_at=now_utc())
-        result = result.model_copy(update={"cache": info})
+        stored = result.model_copy(update={"cache": info})
+        if reason := distrust(stored, key=key, spec=self.spec):  # never write what a read would refuse
+            self.reporter.note(f"the answer is not cached: {reason}")
+            return result
         try:
-            store.write(key, result_json(result))
+            store.write(key, result_json(stored))
             self.reporter.note(f"answer cached in {info.path}")
         except OSError as exc:  # a read-only or full cache folder costs the next run a probe, not this one its answer
             self.reporter.note(f"could not write the cache entry {info.path}: {exc.strerror or exc}")
-            result = result.model_copy(update={"cache": None})
-        return result
+            return result
+        return stored
 
     def cached(self, cache, key):
-        """The stored answer, re-planned and re-labelled for this invocation, or None (missing or unreadable)."""
+        """The stored answer, re-planned and re-labelled for this invocation, or None (missing, refused, stale)."""
         from pydantic import ValidationError
 
+        from isoprobe.cache_files import UntrustedFile
+        from isoprobe.cache_sources import changed_source
+        from isoprobe.cache_trust import distrust
         from isoprobe.plan import accumulation_plan
         from isoprobe.result import CacheInfo, Result, RunEnvironment
 
-        text = cache.read(key)
-        if text is None:
-            return None
+        entry = cache.entry(key)
         try:
+            text = cache.read(key)
+            if text is None:
+                return None
             stored = Result.model_validate_json(text)
+        except UntrustedFile as exc:
+            return self._refuse(f"cache entry {entry} is not trusted: {exc}; probing again")
         except (ValidationError, ValueError) as exc:
-            self.reporter.note(f"cache entry {cache.entry(key)} is unreadable ({type(exc).__name__}); probing again")
+            return self._refuse(f"cache entry {entry} is unreadable ({type(exc).__name__}); probing again")
+        except NotADirectoryError:  # the folder is not one: taking the lock says so, and probes without the cache
             return None
-        stored_at = stored.cache.stored_at if stored.cache else None
-        self.reporter.note(f"answer from the cache ({cache.entry(key)}, stored {stored_at or '?'}); "
+        except OSError as exc:  # a permission, say: the probe's write replaces the entry if the folder allows
+            return self._refuse(f"cache entry {entry} cannot be read ({exc.strerror or exc}); probing again")
+        if reason := distrust(stored, key=key, spec=self.spec):
+            return self._refuse(f"cache entry {entry} is not trusted: {reason}; probing again")
+        if reason := changed_source(stored.sources):
+            return self._refuse(f"cache entry {entry} is stale: {reason}; probing again")
+        stored_at = stored.cache.stored_at
+        self.reporter.note(f"answer from the cache ({entry}, stored {stored_at or '?'}); "
                            "no trial ran (--refresh probes again)")
         return stored.model_copy(update={
             "spec_path": self.spec_path,
             "environment": RunEnvironment.model_validate(self.environment),
             "accumulation": accumulation_plan(self.spec, stored.recommended_batch_size or stored.max_batch_size,
                                               self.environ),
-            "cache": CacheInfo(hit=True, key=key, path=str(cache.entry(key)), stored_at=stored_at),
+            "cache": CacheInfo(hit=True, key=key, path=str(entry), stored_at=stored_at),
         })
+
+    def _refuse(self, note: str) -> None:
+        """Say once why an entry is not used (the cache is read again under the lock)."""
+        if note not in self.refused:
+            self.refused.add(note)
+            self.reporter.note(note)
+        return None

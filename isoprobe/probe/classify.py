@@ -4,16 +4,19 @@ Pure: a ``ChildRun`` in, a ``TrialEnd`` out, so every way a child can end
 (a signal, an exit without a verdict, a verdict then a crash, half a line) is
 tested with literal values. fits / out_of_memory / error come from the child's
 own verdict; crashed and timed_out from how the process ended. Unknown is
-never ``fits``.
+never ``fits``. Given what the trial was asked (``plausibility.Asked``), a
+'fits' must also hold up against it: one that cannot be true is crashed, one
+over its budget is out of memory, each with the reason as evidence.
 """
 
 from __future__ import annotations
 
 import signal
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from isoprobe.executors import ChildRun
 from isoprobe.outcomes import Outcome
+from isoprobe.probe.plausibility import Asked, implausible, over_budget
 from isoprobe.protocol import Imported, ModelBuilt, Started, StepDone, TrialResult, last_of
 
 
@@ -28,13 +31,39 @@ class TrialEnd:
     evidence: str | None = None  # why the outcome is not what the child itself reported
 
 
-def classify_exit(run: ChildRun) -> TrialEnd:
-    """fits / out_of_memory / error come from the child's own result; crashed / timed_out from how it ended."""
+def classify_exit(run: ChildRun, asked: Asked | None = None) -> TrialEnd:
+    """fits / out_of_memory / error come from the child's own result; crashed / timed_out from how it ended.
+
+    With ``asked`` (the probe always gives it; a test of one child may not), a
+    'fits' is vetted: ``plausibility.implausible`` makes it crashed, without
+    the rejected verdict (its phase is then the last one the events show, not
+    the verdict's claim), and ``plausibility.over_budget`` out of memory.
+    """
+    end = _from_the_child(run)
+    if asked is None or end.outcome is not Outcome.FITS:
+        return end
+    reason = implausible(run.events, asked)
+    if reason is not None:
+        # Rejected: its numbers are not measurements, so the trial reports none of them (the reason names them).
+        return replace(end, outcome=Outcome.CRASHED, result=None, phase=last_phase(run.events, verdicts=False),
+                       evidence=reason)
+    reason = over_budget(end.result, asked)
+    if reason is not None:
+        return replace(end, outcome=Outcome.OUT_OF_MEMORY, evidence=reason)
+    return end
+
+
+def _from_the_child(run: ChildRun) -> TrialEnd:
     result = last_of(run.events, TrialResult)
     phase = last_phase(run.events)
-    signal_name = _signal_name(run.returncode)
-    if run.timed_out:
+    signal_name = signal_name_of(run.returncode)
+    if run.timed_out and not (run.verdict_at_timeout and result is not None):
         return TrialEnd(Outcome.TIMED_OUT, result, phase, signal_name)
+    if run.timed_out:
+        # Its verdict was written before the deadline; only its exit was late, and the kill was ours, so
+        # the verdict stands ("fits then died" is for deaths the child did not get from us).
+        return TrialEnd(result.outcome, result, phase, signal_name,
+                        "killed at the trial timeout after it had written its verdict: the verdict stands")
     if run.returncode == -signal.SIGKILL and run.oom_kills:
         return TrialEnd(
             Outcome.OUT_OF_MEMORY,
@@ -52,10 +81,10 @@ def classify_exit(run: ChildRun) -> TrialEnd:
     return TrialEnd(result.outcome, result, phase, signal_name)
 
 
-def last_phase(events: list) -> str | None:
-    """The last phase the child reached: started, imported, model_built, step N, or its verdict's."""
+def last_phase(events: list, *, verdicts: bool = True) -> str | None:
+    """The last phase the child reached: started, imported, model_built, step N, or (``verdicts``) its verdict's."""
     for event in reversed(events):
-        if isinstance(event, TrialResult):
+        if isinstance(event, TrialResult) and verdicts:
             return event.phase
         if isinstance(event, StepDone):
             return f"step {event.step}"
@@ -64,7 +93,8 @@ def last_phase(events: list) -> str | None:
     return None
 
 
-def _signal_name(returncode: int) -> str | None:
+def signal_name_of(returncode: int) -> str | None:
+    """SIGKILL, SIGSEGV... for a process killed by a signal (a negative return code), else None."""
     if returncode >= 0:
         return None
     try:

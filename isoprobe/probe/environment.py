@@ -13,9 +13,21 @@ from pathlib import Path
 from typing import Literal
 
 from isoprobe.errors import ProbeError, Problem, SpecError
-from isoprobe.executors import Conditions, Executor
+from isoprobe.executors import ChildRun, Conditions, Executor
 from isoprobe.hardware import cpu_name, ram_bytes
-from isoprobe.protocol import Facts, InspectProblem, InspectRequest, Inspected, last_of
+from isoprobe.probe.classify import signal_name_of
+from isoprobe.protocol import (
+    Facts,
+    Imported,
+    InspectProblem,
+    InspectRequest,
+    Inspected,
+    MemoryReading,
+    ModelBuilt,
+    Started,
+    Warm,
+    last_of,
+)
 from isoprobe.result import AllocatorInfo, DeviceInfo
 from isoprobe.spec import Spec
 from isoprobe.units import format_bytes
@@ -24,8 +36,6 @@ from isoprobe.units import format_bytes
 #: handful of samples (imports take ~0.9 GiB of it), small enough that the
 #: search ends in minutes on 2 cores.
 DEFAULT_CPU_BUDGET = 3 * 1024**3
-#: The inspect child imports torch and builds the model on the meta device.
-INSPECT_TIMEOUT_SECONDS = 300.0
 #: Data segment a trial needs beyond the import baseline before any model exists.
 _MIN_BUDGET_MARGIN = 64 * 1024**2
 
@@ -40,6 +50,10 @@ class Target:
     #: CUDA: the memory free when the environment was checked (other processes and a context already
     #: taken out); what the allocator's reserved peak can actually reach.
     free_bytes: int | None = None
+    #: CPU: the environment check's readings after its imports, which are every trial's (``preload``, in
+    #: ``inspect_conditions`` and ``trial_conditions`` alike): a trial's peak below them cannot be true
+    #: (``probe.plausibility``).
+    import_memory: MemoryReading | None = None
 
     @property
     def search_capacity(self) -> int:
@@ -49,18 +63,75 @@ class Target:
         return min(self.info.capacity_bytes, self.free_bytes)
 
 
+def inspect_conditions(spec: Spec) -> Conditions:
+    """How the environment check's process is started: it imports what every trial imports before its request.
+
+    Why the preload: the executor bounds a child's imports on their own, before
+    the request is delivered (``processes.import_timeout``: minutes, for a cold
+    page cache or a network filesystem), and runs the request's timeout from
+    delivery. So the check's whole bound is that import bound plus the spec's
+    ``search.trial_timeout`` for the rest (building the model on the meta device,
+    one forward pass on meta tensors, an optimizer on one parameter: less than a
+    trial does after the same imports). A factory that hangs is stopped after
+    trial_timeout, not after a fixed 300 s as it once was, and the ``warm``
+    event tells the two phases apart in the error. It also makes the import
+    baseline what a trial's process really imports (torch._dynamo included).
+    """
+    return Conditions(backend="cpu" if spec.device == "cpu" else "cuda", allocator=spec.allocator,
+                      preload=preload(spec))
+
+
 def inspect_environment(spec: Spec, spec_path: str, executor: Executor, python_path: list[str]) -> Facts:
-    """Run the inspect child; map what it cannot build to a SpecError."""
-    conditions = Conditions(backend="cpu" if spec.device == "cpu" else "cuda", allocator=spec.allocator)
-    run = executor.run(InspectRequest(spec=spec, python_path=python_path), conditions,
-                       timeout=INSPECT_TIMEOUT_SECONDS, name="inspect")
+    """Run the inspect child; map what it cannot build to a SpecError, and a child without an answer to a ProbeError."""
+    run = executor.run(InspectRequest(spec=spec, python_path=python_path), inspect_conditions(spec),
+                       timeout=spec.search.trial_timeout, name="inspect")
     inspected = last_of(run.events, Inspected)
-    if inspected is None or run.timed_out:
-        how = "timed out" if run.timed_out else f"exited with status {run.returncode}"
-        raise ProbeError(f"the environment check (importing torch in a child process) {how}", run.stderr_tail)
+    if inspected is None or (run.timed_out and not run.verdict_at_timeout):
+        raise ProbeError(inspect_failure(run, spec), run.stderr_tail)
     if inspected.problems:
         raise SpecError(spec_path, [_inspect_problem(p) for p in inspected.problems])
     return inspected.facts
+
+
+def inspect_failure(run: ChildRun, spec: Spec) -> str:
+    """What people read when the environment check gave no answer: how it ended, and in which phase.
+
+    The phase comes from the child's last event and says only what that event
+    proves: ``started`` (importing), ``warm`` (imported; from then on the check
+    reports nothing until its answer, so it names all it does then),
+    ``imported`` and ``model_built`` where a check reports them.
+    """
+    model = f"{spec.model.source}: {getattr(spec.model, spec.model.source)}"
+    phase, importing = _inspect_phase(run.events, model)
+    if run.timed_out and importing:
+        how = f"was stopped after {run.seconds:.0f} s"
+        fix = " Importing should take seconds: check the Python environment and its filesystem."
+    elif run.timed_out:
+        how = f"was stopped after search.trial_timeout ({spec.search.trial_timeout:g} s)"
+        fix = " If the model is this slow to build, raise search.trial_timeout."
+    else:
+        signal_name = signal_name_of(run.returncode)
+        how = (f"was killed by {signal_name}" if signal_name else f"exited with status {run.returncode}")
+        how += " without an answer"
+        fix = ""
+    return f"the environment check (a child process) {how}. {phase}{fix}"
+
+
+def _inspect_phase(events: list, model: str) -> tuple[str, bool]:
+    """Where the check was, as far as its last event shows, and whether that was still its imports."""
+    last = next((e for e in reversed(events) if isinstance(e, (Started, Warm, Imported, ModelBuilt))), None)
+    if isinstance(last, ModelBuilt):
+        return (f"Its last report was 'model_built': it had built the model ({model}) and was checking the "
+                "optimizer and the training options.", False)
+    if isinstance(last, Imported):
+        return f"Its last report was 'imported': it was building the model ({model}).", False
+    if isinstance(last, Warm):
+        return (f"It had imported {', '.join(last.modules) or 'nothing ahead'}; after that it looks at the GPUs, "
+                f"builds the model ({model}) on the meta device and checks the spec's options, and reports nothing "
+                "until its answer.", False)
+    if isinstance(last, Started):
+        return "Its last report was 'started': it was importing torch and the model library.", True
+    return "It reported nothing: it did not get past starting Python.", True
 
 
 _INSPECT_STAGES = {
@@ -161,7 +232,7 @@ def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str
         import_baseline_bytes=baseline,
         note=note,
     )
-    return Target("cpu", "cpu", info)
+    return Target("cpu", "cpu", info, import_memory=facts.memory_after_import)
 
 
 def likely_backend(spec: Spec) -> Literal["cpu", "cuda"]:

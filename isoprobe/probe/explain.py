@@ -82,6 +82,11 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
             ["fix the error shown in trials[-1].error.traceback_tail, then run again"],
         )
     if stop is StopReason.CRASHED and last is not None:
+        if last.reclassified:
+            return (
+                f"batch {last.batch_size} crashed: its 'fits' was rejected ({last.reclassified})",
+                ["see trials[-1].reclassified: the child's verdict contradicts what it was asked or measured"],
+            )
         how = f"killed by {last.signal}" if last.signal else f"exited with status {last.exit_code} without a result"
         return (
             f"batch {last.batch_size} crashed ({how}, last phase: {last.phase})",

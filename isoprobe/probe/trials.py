@@ -1,11 +1,12 @@
 """The search's oracle: each call runs one trial through the executor and records it as a ``Trial``.
 
 ``TrialRunner`` knows what a trial is *for* (search, retry, confirmation,
-recommendation check, memory check) and when an ambiguous library error needs
-evidence (a re-run with more memory) before it counts as out of memory. It
-does not know how a process is started: that is the executor's job, so the
-same runner drives real children, a gang of ranks, or a scripted executor in
-a unit test.
+recommendation check, memory check), what each was asked to do (against which
+its 'fits' is vetted, ``probe.plausibility``), and when an ambiguous library
+error needs evidence (a re-run with more memory) before it counts as out of
+memory. It does not know how a process is started: that is the executor's
+job, so the same runner drives real children, a gang of ranks, or a scripted
+executor in a unit test.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from isoprobe.outcomes import Outcome, maybe_allocation_failure
 from isoprobe.output import Reporter
 from isoprobe.probe.classify import classify_exit
 from isoprobe.probe.environment import Target, trial_conditions
+from isoprobe.probe.plausibility import Asked
 from isoprobe.protocol import TrialRequest
 from isoprobe.result import Trial
 from isoprobe.search import Observation
@@ -32,9 +34,12 @@ def _rounded(value, digits: int):
     return None if value is None else round(float(value), digits)
 
 
-def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str) -> Trial:
-    """A finished child's run as the result's ``Trial``: its classified outcome and what it measured."""
-    end = classify_exit(run)
+def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, asked: Asked | None = None) -> Trial:
+    """A finished child's run as the result's ``Trial``: its classified outcome and what it measured.
+
+    ``asked``: what the trial was asked to do, against which a 'fits' is vetted (``classify_exit``).
+    """
+    end = classify_exit(run, asked)
     result = end.result
     fits = end.outcome is Outcome.FITS
     keep_stderr = end.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT, Outcome.ERROR) or bool(end.evidence)
@@ -130,12 +135,19 @@ class TrialRunner:
             conditions = replace(conditions, memory_limit=budget)
         run = self.executor.run(request, conditions, timeout=self.spec.search.trial_timeout,
                                 name=f"trial{index:03d}-b{batch_size}")
-        trial = trial_from_run(run, index, batch_size, purpose)
+        trial = trial_from_run(run, index, batch_size, purpose, self._asked(budget))
         if self.allocator_label is not None:
             trial = trial.model_copy(update={"allocator": self.allocator_label})
         self.trials.append(trial)
         self.reporter.trial(trial)
+        if trial.reclassified:  # not what the child said: the reason, where people read the progress
+            self.reporter.note(f"  trial {index} is {trial.outcome.value}: {trial.reclassified}")
         return trial
+
+    def _asked(self, budget: int | None) -> Asked:
+        """What every trial of this probe is asked to do, under ``budget``: what its 'fits' is vetted against."""
+        return Asked(steps=self.spec.search.steps, backend=self.target.backend, budget_bytes=budget,
+                     eval_pass=self.spec.training.eval_pass, import_memory=self.target.import_memory)
 
     def observe(self, batch_size: int) -> Observation:
         """The search's oracle. A batch seen before is a retry (after a crash or timeout) or a confirmation."""

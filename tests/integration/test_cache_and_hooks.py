@@ -1,16 +1,21 @@
 """The result cache and hook mode, end to end through the real CLI on the CPU backend.
 
 A hit must answer without any child process: the stored trials come back, no trial
-line is printed, and it takes a fraction of a probe's time. In hook mode a probe
-that cannot answer gives the fallback and exit 0, and the log holds the evidence.
+line is printed, and it takes a fraction of a probe's time. A hit is refused once a
+source file the trials imported has changed (a helper module the factory imports).
+In hook mode a probe that cannot answer gives the fallback and exit 0, and the log
+holds the evidence.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 import subprocess
+import textwrap
 import time
+from pathlib import Path
 
 import pytest
 
@@ -85,7 +90,7 @@ def test_an_unusable_cache_folder_costs_the_cache_not_the_answer(write_spec, tmp
     assert run.json["max_batch_size"] == 2 and run.json["cache"] is None
 
 
-def test_hook_mode_gives_the_fallback_when_nothing_fits_and_caches_nothing(write_spec, tmp_path):
+def test_hook_mode_gives_the_fallback_when_nothing_fits_probed_or_cached(write_spec, tmp_path):
     cache, log = tmp_path / "cache", tmp_path / "hook.log"
     spec = str(write_spec(hog_spec(start_batch_size=96)))  # ~3 GiB of activations under a 1.5 GiB cap
     run = run_cli("run", spec, "--format", "env", "--fallback-batch-size", "6", "--log", str(log), cache_dir=cache)
@@ -95,12 +100,69 @@ def test_hook_mode_gives_the_fallback_when_nothing_fits_and_caches_nothing(write
     assert "using the fallback batch size 6" in run.stderr
     logged = log.read_text()
     assert TRIAL_LINE in logged and '"stop_reason": "start_does_not_fit"' in logged
-    assert not list(cache.glob("*.json"))  # a failure is never cached
+    assert len(list(cache.glob("*.json"))) == 1  # "nothing fits" is proven, so it is kept like an answer
 
     prolog = run_cli("run", spec, "--format", "taskprolog", "--fallback-batch-size", "6", cache_dir=cache)
     assert prolog.returncode == 0
+    assert TRIAL_LINE not in prolog.stderr  # from the cache
     assert prolog.stdout.splitlines()[0].startswith("print isoprobe: no probed answer")
     assert "export ISOPROBE_BATCH_SIZE=6" in prolog.stdout.splitlines()
+
+
+_EDGED_FACTORY = textwrap.dedent("""
+    import helper
+    from torch import nn
+
+    # What the CPU allocator says when the cap is hit (tests/faults.py): a real out-of-memory verdict.
+    OOM = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+           "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")
+
+
+    class Edged(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.linear = nn.Linear(16, 4)
+
+        def forward(self, x):
+            if x.shape[0] > helper.EDGE:
+                raise RuntimeError(OOM)
+            return self.linear(x)
+
+
+    def build():
+        return Edged()
+""")
+
+
+def test_editing_a_helper_module_the_factory_imports_makes_the_cached_answer_stale(write_spec, tmp_path):
+    """The key covers the factory file only; the helper it imports is in the entry's sources, re-hashed on a hit."""
+    cache, helper = tmp_path / "cache", tmp_path / "helper.py"
+    (tmp_path / "edged.py").write_text(_EDGED_FACTORY)
+    helper.write_text("EDGE = 6\n")
+    spec = str(write_spec({
+        "model": {"factory": "edged.py:build"}, "input": {"shape": [16]}, "target": {"classes": 4},
+        "optimizer": {"name": "sgd"}, "device": "cpu", "memory_budget": "2GiB",
+        "search": {"start_batch_size": 3, "max_batch_size": 7, "steps": 2, "strategy": "doubling",
+                   "confirmations": 0},
+        "recommendation": {"headroom": 0.0},
+    }))
+    first = run_cli("run", spec, "--format", "json", cache_dir=cache)
+    assert first.returncode == 0, first.stderr
+    assert first.json["max_batch_size"] == 6 and first.json["first_failing_batch_size"] == 7
+    assert first.json["sources"][str(helper.resolve())] == hashlib.sha256(b"EDGE = 6\n").hexdigest()
+
+    helper.write_text("EDGE = 3  # edited\n")
+    second = run_cli("run", spec, "--format", "json", cache_dir=cache)
+    assert second.returncode == 0, second.stderr
+    entry = first.json["cache"]["path"]
+    assert f"cache entry {entry} is stale: {helper.resolve()} changed since it was probed; probing again" \
+        in second.stderr
+    assert second.json["cache"]["hit"] is False and TRIAL_LINE in second.stderr
+    assert second.json["max_batch_size"] == 3 and second.json["first_failing_batch_size"] == 4
+    assert json.loads(Path(entry).read_text())["max_batch_size"] == 3  # the entry was replaced
+
+    third = run_cli("run", spec, "--format", "json", cache_dir=cache)
+    assert third.returncode == 0 and third.json["cache"]["hit"] is True and third.json["max_batch_size"] == 3
 
 
 def test_hook_mode_survives_a_bad_spec_and_says_why_in_the_log(tmp_path):

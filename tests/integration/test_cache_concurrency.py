@@ -1,15 +1,18 @@
 """The result cache under a job array's load: 32 processes at once neither corrupt nor lose entries,
-and concurrent runs of one setup probe it once (the lock per key)."""
+and concurrent runs of one setup probe it once (the lock per key), also when nothing fits."""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from conftest import FAULTS
 
 pytestmark = pytest.mark.integration
 
@@ -80,3 +83,26 @@ def test_32_concurrent_writers_of_distinct_and_shared_keys_leave_only_whole_entr
         assert json.loads(entry.read_text())["round"] == 19 or entry.name == "shared.json"
         json.loads(entry.read_text())
     assert not list((tmp_path / "cache").glob("*.tmp"))
+
+
+def test_concurrent_runs_of_a_spec_that_cannot_fit_probe_it_once_and_all_exit_3(write_spec, tmp_path):
+    """A proven "nothing fits" is an answer: the runs that waited for the lock take it from the cache."""
+    spec = write_spec({
+        "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": "raise", "at": 1000, "edge": 1}},
+        "input": {"shape": [16]}, "target": {"classes": 4}, "optimizer": {"name": "sgd"},
+        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": 120},
+        "device": "cpu", "memory_budget": "2GiB",
+    })  # batch 2 is above the edge 1: the CPU allocator's out-of-memory error at the start batch
+    environment = {**os.environ, "ISOPROBE_CACHE_DIR": str(tmp_path / "cache")}
+    runs = [subprocess.Popen([sys.executable, "-m", "isoprobe", "run", str(spec), "--format", "json"], cwd=REPO,
+                             env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for _ in range(3)]
+    outputs = [run.communicate(timeout=300) for run in runs]
+    assert [run.returncode for run in runs] == [3, 3, 3], [err for _, err in outputs]
+    results = [json.loads(out) for out, _ in outputs]
+    assert all(r["stop_reason"] == "start_does_not_fit" for r in results)
+    probed = [r for r in results if not r["cache"]["hit"]]
+    assert len(probed) == 1, [r["cache"] for r in results]  # exactly one probed; the others read its answer
+    assert len(probed[0]["trials"]) == 1
+    assert sum(err.count("isoprobe: trial ") for _, err in outputs) == 1  # one trial ran among all three
+    assert all(r["trials"] == probed[0]["trials"] for r in results)

@@ -21,7 +21,7 @@ from isoprobe.executors import Conditions
 from isoprobe.executors.local import LocalExecutor
 from isoprobe.executors.processes import lift_idle_policy
 from isoprobe.probe.classify import classify_exit
-from isoprobe.protocol import TrialRequest, Warm, last_of, read_events
+from isoprobe.protocol import Started, TrialRequest, Warm, last_of, read_events
 from isoprobe.spec import Spec
 
 pytestmark = pytest.mark.integration
@@ -120,7 +120,7 @@ def test_a_spare_that_died_while_waiting_is_replaced_by_a_cold_start(tmp_path):
         assert not first.warm  # nothing was prestarted
         spare = executor._spare
         assert spare is not None  # started while the first trial ran
-        os.killpg(spare.process.pid, signal.SIGKILL)
+        os.killpg(spare.process.pid, signal.SIGKILL)  # its keeper; the kernel then kills the child (PDEATHSIG)
         spare.process.wait()
         second = executor.run(_request(2), _conditions(budget), timeout=120, name="t2")
     assert not second.warm
@@ -174,7 +174,9 @@ def test_a_spare_waits_for_its_request_at_normal_priority(tmp_path):
         warm = last_of(read_events(events), Warm)
         assert warm is not None, "the spare never reported its imports"
         assert warm.idle_priority is True  # it did import at idle priority...
-        assert _policies(spare.process.pid) == {os.SCHED_OTHER}  # ...and waits at normal priority
+        child = last_of(read_events(events), Started).pid  # (spare.process is its keeper, which never goes idle)
+        assert child != spare.process.pid
+        assert _policies(child) == {os.SCHED_OTHER}  # ...and waits at normal priority
 
 
 @pytest.mark.skipif(not _may_leave_idle_policy(), reason="needs root or RLIMIT_NICE to leave SCHED_IDLE")

@@ -9,7 +9,7 @@ waiting. Not a test module (no ``test_`` prefix); the unit tests import it.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from isoprobe.errors import Terminated
@@ -121,9 +121,7 @@ def probe(spec: dict | Spec, executor: ScriptedExecutor, *, environ: dict | None
 def fits_timed(peak: int, step_seconds: list[float], *, base_bytes: int | None = None,
                sizes: Sizes | None = None):
     """A fit whose steps took ``step_seconds`` each (``scripted.fits`` times every step alike)."""
-    run = fits(peak, base_bytes=base_bytes, steps=len(step_seconds), sizes=sizes)
-    verdict = run.events[-1].model_copy(update={"step_seconds": list(step_seconds)})
-    return replace(run, events=[*run.events[:-1], verdict])
+    return fits(peak, base_bytes=base_bytes, step_seconds=list(step_seconds), sizes=sizes)
 
 
 def fault_at(batch: int, fault, *, attempt: int | None = None):

@@ -216,3 +216,23 @@ def test_sigkill_while_the_cgroup_counted_an_oom_kill_is_out_of_memory():
 def test_sigkill_without_kernel_evidence_stays_crashed(oom_kills):
     end = classify_exit(ChildRun(returncode=-9, timed_out=False, seconds=1.0, events=[], oom_kills=oom_kills))
     assert end.outcome is Outcome.CRASHED and end.evidence is None
+
+
+# --------------------------------------------------------------------------- vetted against what was asked
+
+
+def test_without_what_was_asked_the_childs_verdict_is_taken_as_written():
+    # A test of one child passes no Asked; the probe always does (tests/unit/test_plausibility.py has the rules).
+    from isoprobe.probe.plausibility import Asked
+
+    said = [STARTED, result(Outcome.FITS, phase="done", peak_bytes=1000)]  # no model, no steps
+    assert classify_exit(run(0, said)).outcome is Outcome.FITS
+    vetted = classify_exit(run(0, said), Asked(steps=2, backend="cpu"))
+    assert vetted.outcome is Outcome.CRASHED and vetted.result is None and vetted.phase == "started"
+    assert "no model_built event came before the verdict" in vetted.evidence
+
+
+def test_the_last_phase_can_leave_the_verdicts_claim_out():
+    events = [STARTED, IMPORTED, BUILT, step(1), result(Outcome.FITS, phase="done")]
+    assert last_phase(events) == "done"
+    assert last_phase(events, verdicts=False) == "step 1"

@@ -2,7 +2,8 @@
 
 The scenarios of tests/integration/test_cache_and_hooks.py that are about the
 flow (a hit starts nothing, --refresh and --no-cache, an unreadable entry or an
-unusable folder, a failure is never stored), with an executor that records
+unusable folder, a failure is never stored, a run that waited for the lock takes
+the holder's answer), with an executor that records
 every request instead of real children. What the integration file keeps: the
 real CLI end to end, the env output evaluated by a shell, hook mode.
 """
@@ -10,11 +11,16 @@ real CLI end to end, the env output evaluated by a shell, hook mode.
 from __future__ import annotations
 
 import json
+import threading
+import time
+from pathlib import Path
 
-from isoprobe.executors.scripted import ScriptedExecutor, linear
+from isoprobe.cache import ResultCache
+from isoprobe.executors.scripted import ScriptedExecutor, error, linear
 from isoprobe.output import Reporter
 from isoprobe.probe.answer import answer
 from isoprobe.protocol import InspectRequest
+from isoprobe.result import exit_code_for
 from isoprobe.spec import Spec
 from scripted_probe import HOG_FIXED, HOG_PER_SAMPLE, SPEC_PATH, hog_spec
 
@@ -123,9 +129,37 @@ def test_an_unusable_cache_folder_costs_the_cache_not_the_answer(tmp_path):
 
 def test_a_failure_is_never_cached(tmp_path):
     cache = tmp_path / "cache"
-    spec = hog_spec(start_batch_size=96)  # ~3 GiB of activations under a 1.5 GiB cap
-    result, _ = ask(spec, cache, Recording())
-    assert result.stop_reason.value == "start_does_not_fit" and result.cache is None
+    spec = hog_spec()
+    result, lines = ask(spec, cache, ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE, faults=lambda call: error())))
+    assert result.stop_reason.value == "error" and result.cache is None and "answer cached" not in lines
     assert not list(cache.glob("*.json"))
     again, _ = ask(spec, cache, (executor := Recording()))
     assert executor.calls  # probed again: nothing was stored
+
+
+def test_runs_that_wait_for_the_lock_take_the_holders_answer_even_when_nothing_fits(tmp_path):
+    """The lock's holder stores "nothing fits"; a run that waited for it answers from the cache (exit 3)."""
+    cache, spec = tmp_path / "cache", hog_spec(start_batch_size=96)
+    elsewhere, _ = ask(spec, tmp_path / "elsewhere", Recording())  # the holder's probe, made beforehand
+    store, key = ResultCache(cache), elsewhere.cache.key
+    holder = store.lock(key)
+    assert holder.try_acquire()
+    lines: list[str] = []
+    waiting = {}
+    waiter = threading.Thread(target=lambda: waiting.update(result=answer(
+        Spec.model_validate(spec), SPEC_PATH, Reporter(lines.append), environ={"ISOPROBE_CACHE_DIR": str(cache)},
+        executor=Untouchable())))
+    waiter.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not any("waiting for its answer" in line for line in lines) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert any("waiting for its answer" in line for line in lines), lines
+        store.write(key, Path(elsewhere.cache.path).read_text())
+    finally:
+        holder.release()
+        waiter.join(10)
+    assert not waiter.is_alive()
+    result = waiting["result"]
+    assert result.cache.hit is True and result.stop_reason.value == "start_does_not_fit"
+    assert int(exit_code_for(result.stop_reason)) == 3

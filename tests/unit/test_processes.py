@@ -130,3 +130,42 @@ def test_oom_kill_counter_parsing_v1_and_v2(tmp_path):
     assert oom_kill_count(v2) == 5
     assert oom_kill_count(tmp_path / "missing") is None
     assert oom_kill_count(None) is None
+
+
+# --------------------------------------------------------------------------- deadlines and the keeper
+
+
+def test_the_import_has_its_own_bound_never_shorter_than_the_trials():
+    from isoprobe.executors.processes import IMPORT_TIMEOUT_SECONDS, import_timeout
+
+    assert IMPORT_TIMEOUT_SECONDS == 300
+    assert import_timeout(7) == 300  # a tight trial timeout does not starve the import
+    assert import_timeout(3600) == 3600  # who allows a trial an hour allows its import as long
+
+
+def test_the_keeper_command_runs_it_isolated_with_the_lifeline_and_the_childs_argv():
+    import sys
+
+    from isoprobe.executors import keeper
+
+    argv = keeper.command(7, ["python", "-m", "isoprobe.child", "--wait"])
+    assert argv[:3] == [sys.executable, "-I", "-S"]  # no PYTHON* variables, no site-packages
+    assert Path(argv[3]) == Path(keeper.__file__).resolve()
+    assert argv[4:] == ["7", "--", "python", "-m", "isoprobe.child", "--wait"]
+
+
+def test_the_keeper_imports_the_standard_library_only():
+    """Run with -I -S it cannot import isoprobe, pydantic or torch, and must not need to (start-up, no user code)."""
+    import ast
+    import sys
+
+    from isoprobe.executors import keeper
+
+    tree = ast.parse(Path(keeper.__file__).read_text(encoding="utf-8"))
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            imported |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0:
+            imported.add(node.module.split(".")[0])
+    assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, imported

@@ -1,7 +1,11 @@
 """Fuzzing the spec loader: whatever the file holds, the user gets a SpecError or a Spec, never a traceback.
 
 Any other exception escaping ``load_spec`` / ``check_references`` would reach the
-user as a traceback with exit code 1; these property tests look for one.
+user as a traceback with exit code 1; these property tests look for one. Beyond
+YAML soup and replaced values, they write raw tokens that PyYAML, int() and
+float() choke on (5000-digit integers, overflowing floats, sizes of 400 digits,
+base-60 and hex integers, nesting far past any spec), at any field, and the
+same through the command-line overrides.
 """
 
 from __future__ import annotations
@@ -106,3 +110,43 @@ def test_a_valid_spec_with_one_value_replaced(tmp_path, path, value, extra_key):
 )
 def test_command_line_overrides(tmp_path, device, budget, cap):
     _load(tmp_path, yaml.safe_dump(VALID), {"--device": device, "--memory-budget": budget, "--max-batch-size": cap})
+
+
+def _digits(first: str = "1"):
+    return st.integers(1, 6000).map(lambda n: first + "0" * n)
+
+
+#: Tokens written into the YAML as they are: yaml.safe_dump cannot even write most of them.
+hostile_tokens = st.one_of(
+    _digits(),                                                     # past Python's 4300-digit int() limit, or not
+    _digits("-9"),
+    st.integers(1, 6000).map(lambda n: "0x" + "f" * n),
+    st.integers(1, 3000).map(lambda n: ":".join(["59"] * n)),      # YAML 1.1's base-60 integers
+    st.integers(300, 6000).map(lambda n: f"1.0e+{n}"),            # floats that overflow to infinity
+    st.sampled_from([".inf", "-.inf", "+.inf", ".nan", ".NaN", "1e400", "!!float 1.0e+999", "!!int 12abc",
+                     "2001-13-45", "!!binary '/w=='", "!!set {a}"]),
+    _digits().map(lambda number: f"'{number}GiB'"),                 # a size that overflows a float
+    _digits().map(lambda number: f"'{number}'"),
+    st.integers(1, 3000).map(lambda n: "[" * n + "1" + "]" * n),   # nesting, up to far past any spec
+    st.integers(1, 3000).map(lambda n: "{a: " * n + "1" + "}" * n),
+)
+
+
+@FUZZ
+@given(path=st.sampled_from(PATHS), token=hostile_tokens)
+def test_a_valid_spec_with_one_raw_hostile_token(tmp_path, path, token):
+    spec = yaml.safe_load(yaml.safe_dump(VALID))
+    node = spec
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = "HOSTILE_TOKEN"
+    loaded = _load(tmp_path, yaml.safe_dump(spec).replace("HOSTILE_TOKEN", token))
+    if loaded is not None:
+        loaded.model_dump_json()  # what travels to the trial and into the cache key must serialise
+
+
+@FUZZ
+@given(budget=st.one_of(_digits(), _digits().map(lambda number: number + "GiB"), st.sampled_from(["inf", "nan"])),
+       cap=st.one_of(_digits(), _digits("-"), st.sampled_from(["", "lots", "1e3", "4.5"])))
+def test_command_line_overrides_with_hostile_numbers(tmp_path, budget, cap):
+    _load(tmp_path, yaml.safe_dump(VALID), {"--memory-budget": budget, "--max-batch-size": cap})

@@ -1,0 +1,153 @@
+"""The user's source files a probe ran, so that a cached answer is trusted only while they are unchanged.
+
+The cache key covers the factory file, but a factory that does ``import
+helper`` (or a model package of its own) depends on files the key cannot
+know about: the parent computes the key before any child runs, and never
+imports the user's code. So the children say what they ran: at its end, each
+trial child (after its forward passes, which may import lazily) and the inspect
+child list every module in ``sys.modules`` whose file lies outside the
+installed environment (the standard library, site-packages, isoprobe itself,
+torch's generated-code caches), with its SHA-256 (``imported_sources``). The
+parent gathers them from the events (``SourceRecorder``), the entry keeps
+them as ``sources``, and a hit re-hashes each one (``changed_source``): one
+changed or missing file makes the entry stale. Hashing a few files costs
+microseconds, so the hit path stays free of torch and of children.
+
+A trial that crashes reports nothing; the modules it ran are the ones its
+siblings that finished ran too.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+from isoprobe.cache_files import UntrustedFile, sha256_of
+
+#: Where torch and triton put the code they generate and import (TorchInductor, Triton): not the user's.
+_GENERATED_CODE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
+
+
+def environment_roots() -> tuple[str, ...]:
+    """Folders whose modules are installed software, not the user's code (real paths, each ending in a separator)."""
+    import site
+
+    roots = {sysconfig.get_paths().get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= set(getattr(site, "getsitepackages", list)())
+    user_site = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
+    roots.add(user_site if isinstance(user_site, str) else None)
+    roots.add(str(Path(__file__).resolve().parent))  # isoprobe itself (an editable install lives in a checkout)
+    roots |= {os.environ.get(name) for name in _GENERATED_CODE_VARIABLES}
+    try:
+        import getpass
+
+        home = Path.home()
+        roots |= {str(home / ".triton"), str(home / ".cache" / "torch_extensions")}
+        roots.add(os.path.join(tempfile.gettempdir(), "torchinductor_" + getpass.getuser()))
+    except Exception:  # no home or user name (a container's anonymous uid)
+        pass
+    inductor = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if inductor is not None:  # only if torch loaded it: never import torch from here
+        try:
+            roots.add(inductor.cache_dir())
+        except Exception:
+            pass
+    return tuple(sorted({os.path.join(os.path.realpath(r), "") for r in roots if r}))
+
+
+def _module_file(module) -> str | None:
+    try:
+        file = getattr(module, "__file__", None)
+    except Exception:  # a lazy module that raises on attribute access
+        return None
+    return file if isinstance(file, str) and file else None
+
+
+def imported_sources(modules: Mapping[str, object] | None = None, roots: tuple[str, ...] | None = None,
+                     ) -> dict[str, str]:
+    """Real path -> SHA-256 of every loaded module's file outside ``roots`` (default: the installed environment).
+
+    A module registered under an installed package's name (torch puts generated
+    code under ``torch._inductor...``) is that package's, wherever its file is.
+    Never raises: a file that cannot be read now is left out.
+    """
+    modules = dict(sys.modules if modules is None else modules)
+    roots = environment_roots() if roots is None else roots
+    installed: dict[str, bool] = {}
+
+    def outside(path: str) -> bool:
+        return not any(path.startswith(root) for root in roots)
+
+    def top_level_installed(name: str) -> bool:
+        top = name.partition(".")[0]
+        if top not in installed:
+            file = _module_file(modules.get(top))
+            installed[top] = file is not None and not outside(os.path.realpath(file))
+        return installed[top]
+
+    sources: dict[str, str] = {}
+    for name, module in modules.items():
+        file = _module_file(module)
+        if file is None:
+            continue
+        path = os.path.realpath(file)
+        if path in sources or not outside(path) or ("." in name and top_level_installed(name)):
+            continue
+        try:
+            digest = sha256_of(path)
+        except (OSError, ValueError):
+            continue
+        if digest is not None:
+            sources[path] = digest
+    return dict(sorted(sources.items()))
+
+
+def changed_source(sources: Mapping[str, str]) -> str | None:
+    """Why the recorded sources no longer hold (the first file that changed), or None when all are as probed."""
+    for path, recorded in sources.items():
+        try:
+            current = sha256_of(path)
+        except UntrustedFile as exc:
+            return f"{path} changed since it was probed ({exc})"
+        except OSError as exc:
+            return f"{path} changed since it was probed (it cannot be read: {exc.strerror or exc})"
+        if current is None:
+            return f"{path} changed since it was probed (it no longer exists)"
+        if current != recorded:
+            return f"{path} changed since it was probed"
+    return None
+
+
+class SourceRecorder:
+    """An executor that passes everything to ``inner`` and gathers the ``sources`` its children report.
+
+    ``conflicts`` lists files two children reported with different digests: the
+    code was edited while the probe ran, so its answer is of no one version.
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.sources: dict[str, str] = {}
+        self.conflicts: list[str] = []
+
+    def prestart(self, conditions) -> None:
+        self.inner.prestart(conditions)
+
+    def run(self, request, conditions, *, timeout: float, name: str):
+        run = self.inner.run(request, conditions, timeout=timeout, name=name)
+        for event in run.events:
+            for path, digest in (getattr(event, "sources", None) or {}).items():
+                if self.sources.setdefault(path, digest) != digest and path not in self.conflicts:
+                    self.conflicts.append(path)
+        return run
+
+    def close(self) -> None:
+        self.inner.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(getattr(self.inner, "closed", False))
