@@ -231,6 +231,30 @@ def write_spec(tmp_path):
     return write
 
 
+def fault_spec(fault: str, *, at: int = 8, edge: int | None = None, start: int = 7, cap: int | None = 8,
+               timeout: float = 60, state_dir: str | None = None, probability: float = 1.0,
+               headroom: float | None = 0.0, **search) -> dict:
+    """The fault scenarios' spec: tests/faults.py:faulty fits below ``at``, commits ``fault`` from it on.
+
+    By default start 7, cap 8, fault at 8, one retry, one confirmation, no headroom (so the
+    recommendation is the maximum and costs no extra trial); ``headroom=None`` leaves the spec's default.
+    """
+    kwargs = {"fault": fault, "at": at, "edge": edge, "probability": probability, "state_dir": state_dir}
+    spec = {
+        "model": {"factory": f"{FAULTS}:faulty", "kwargs": kwargs},
+        "input": {"shape": [16]},
+        "target": {"classes": 4},
+        "optimizer": {"name": "sgd"},
+        "search": {"start_batch_size": start, "max_batch_size": cap, "steps": 2, "trial_timeout": timeout,
+                   **search},
+        "device": "cpu",
+        "memory_budget": "2GiB",
+    }
+    if headroom is not None:
+        spec["recommendation"] = {"headroom": headroom}
+    return spec
+
+
 def hog_spec(**search) -> dict:
     """A CPU spec around tests/models.py:memory_hog (~32 MiB of activations per sample)."""
     return {

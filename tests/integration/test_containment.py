@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAULTS, REPO, TESTS, run_cli, wait_for
+from conftest import FAULTS, REPO, TESTS, fault_spec, run_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -80,17 +80,8 @@ def mark():
 
 def spec(fault: str, *, at: int, edge: int | None = None, start: int = 2, cap: int | None = None,
          timeout: float = 60, state_dir: Path | None = None, **search) -> dict:
-    kwargs = {"fault": fault, "at": at, "edge": edge, "state_dir": str(state_dir) if state_dir else None}
-    return {
-        "model": {"factory": f"{FAULTS}:faulty", "kwargs": kwargs},
-        "input": {"shape": [16]},
-        "target": {"classes": 4},
-        "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": start, "max_batch_size": cap, "steps": 2, "trial_timeout": timeout,
-                   **search},
-        "device": "cpu",
-        "memory_budget": "2GiB",
-    }
+    return fault_spec(fault, at=at, edge=edge, start=start, cap=cap, timeout=timeout,
+                      state_dir=str(state_dir) if state_dir else None, headroom=None, **search)
 
 
 def start_isoprobe(path: Path, mark: str) -> subprocess.Popen:

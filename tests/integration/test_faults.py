@@ -24,27 +24,11 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FAULTS, TESTS, run_cli
+from conftest import FAULTS, TESTS, fault_spec, run_cli
 
 pytestmark = pytest.mark.integration
 
 BUDGET = 2 * 1024**3
-
-
-def fault_spec(fault: str, *, at: int = 8, edge: int | None = None, start: int = 7, cap: int | None = 8,
-               timeout: float = 60, state_dir: str | None = None, probability: float = 1.0, **search) -> dict:
-    kwargs = {"fault": fault, "at": at, "edge": edge, "probability": probability, "state_dir": state_dir}
-    return {
-        "model": {"factory": f"{FAULTS}:faulty", "kwargs": kwargs},
-        "input": {"shape": [16]},
-        "target": {"classes": 4},
-        "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": start, "max_batch_size": cap, "steps": 2, "trial_timeout": timeout,
-                   **search},
-        "device": "cpu",
-        "memory_budget": "2GiB",
-        "recommendation": {"headroom": 0.0},
-    }
 
 
 def one_trial(fault: str, tmp_path, *, batch: int = 8, timeout: float = 60):

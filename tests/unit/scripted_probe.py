@@ -20,6 +20,8 @@ from isoprobe.probe import run_probe
 from isoprobe.result import Result, Sizes, exit_code_for
 from isoprobe.spec import Spec
 
+from conftest import fault_spec, hog_spec  # noqa: F401 (hog_spec: re-exported for the unit tests)
+
 TESTS = Path(__file__).resolve().parents[1]
 FAULTS = TESTS / "faults.py"
 MODELS = TESTS / "models.py"
@@ -29,34 +31,9 @@ SPEC_PATH = str(TESTS / "spec.yaml")
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
 
-def faulty_spec(fault: str = "segfault", *, at: int = 8, edge: int | None = None, start: int = 7,
-                cap: int | None = 8, timeout: float = 60, probability: float = 1.0, **search) -> dict:
-    """tests/integration/test_faults.py's shape: start 7, cap 8, fault at 8, one retry, one confirmation."""
-    kwargs = {"fault": fault, "at": at, "edge": edge, "probability": probability, "state_dir": None}
-    return {
-        "model": {"factory": f"{FAULTS}:faulty", "kwargs": kwargs},
-        "input": {"shape": [16]},
-        "target": {"classes": 4},
-        "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": start, "max_batch_size": cap, "steps": 2, "trial_timeout": timeout,
-                   **search},
-        "device": "cpu",
-        "memory_budget": "2GiB",
-        "recommendation": {"headroom": 0.0},
-    }
-
-
-def hog_spec(**search) -> dict:
-    """tests/conftest.py's hog_spec: ~32 MiB of activations per sample under a 1.5 GiB cap."""
-    return {
-        "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 524288, "depth": 8}},
-        "input": {"shape": [524288]},
-        "target": {"classes": 10},
-        "optimizer": {"name": "sgd"},
-        "search": {"steps": 2, "trial_timeout": 120, **search},
-        "device": "cpu",
-        "memory_budget": "1.5GiB",
-    }
+def faulty_spec(fault: str = "segfault", **options) -> dict:
+    """tests/integration/test_faults.py's shape (conftest.fault_spec): start 7, cap 8, fault at 8."""
+    return fault_spec(fault, **options)
 
 
 def with_model(spec: dict, factory: str, **kwargs) -> dict:

@@ -196,7 +196,7 @@ def test_the_executor_is_closed_when_a_trial_cannot_even_start():
 def test_the_parent_side_never_imports_torch():
     # In a fresh interpreter: a whole scripted probe (search, retries, memory checks, recommendation) and its JSON.
     code = (
-        "import sys; sys.path.insert(0, sys.argv[1])\n"
+        "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]  # scripted_probe, and conftest above it\n"
         "from scripted_probe import every_purpose, every_purpose_spec, probe\n"
         "from isoprobe.executors.scripted import ScriptedExecutor\n"
         "from isoprobe.output import result_json\n"
@@ -206,6 +206,7 @@ def test_the_parent_side_never_imports_torch():
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'numpy')))\n"
     )
     here = Path(__file__).resolve().parent
-    done = subprocess.run([sys.executable, "-c", code, str(here)], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code, str(here), str(here.parent)], capture_output=True, text=True,
+                          timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.replace("'", '"')) == []
