@@ -36,7 +36,7 @@ STATIC = [
     ('missing-model-name.yaml', "model: give exactly one of 'torchvision' (a model name), 'timm' (a model name), 'huggingface' (a model type) or 'factory' ('module:function')", None),
     ('negative-budget.yaml', "memory_budget: cannot read '-1GiB' as a size; write e.g. '8GiB', '16 GB', '512MiB' or a number of bytes", "Memory the trial may use, e.g. '8GiB', '"),
     ('negative-max.yaml', 'search.max_batch_size: Input should be greater than or equal to 1', 'Never try a batch above this.'),
-    ('negative-timeout.yaml', 'search.trial_timeout: Input should be greater than 0', 'Seconds one trial may take before its wh'),
+    ('negative-timeout.yaml', 'search.trial_timeout: Input should be greater than 0', 'Seconds one trial may take from the mome'),
     ('non-utf8.yaml', 'not UTF-8 text (byte 0xe9 at offset 56)', 'save the spec as UTF-8'),
     ('one-step.yaml', 'search.steps: Input should be greater than or equal to 2', 'Training steps per trial (at least 2: Ad'),
     ('only-comments.yaml', 'the file is empty', 'see specs/ for examples'),
