@@ -14,6 +14,13 @@ Processes are the executor's business (``isoprobe.executors``); the trial
 itself is ``isoprobe.child``; what crosses between them is ``isoprobe.protocol``.
 """
 
-from isoprobe.probe.pipeline import run_probe
-
 __all__ = ["run_probe"]
+
+
+def __getattr__(name: str):
+    """``run_probe`` on first use: a cache hit (probe.answer) must not pay for importing the pipeline."""
+    if name == "run_probe":
+        from isoprobe.probe.pipeline import run_probe
+
+        return run_probe
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
