@@ -7,7 +7,6 @@ killer, a verdict cut short or malformed on the way) is one literal ``ChildRun``
 
 from __future__ import annotations
 
-import json
 
 import pytest
 
@@ -30,6 +29,8 @@ from isoprobe.protocol import (
 )
 from isoprobe.result import ErrorInfo
 
+from test_protocol import _REMOVED, tampered  # one way to forge a line, shared with the protocol tests
+
 STARTED = Started(pid=1)
 IMPORTED = Imported(memory=MemoryReading(peak_rss=1))
 BUILT = ModelBuilt(memory=MemoryReading())
@@ -47,18 +48,6 @@ def run(returncode: int = 0, events: list | None = None, timed_out: bool = False
     return ChildRun(returncode=returncode, timed_out=timed_out, seconds=1.0, events=events or [])
 
 
-_REMOVED = object()
-
-
-def tampered(original, /, **fields) -> bytes:
-    """A line as a broken child might write it: a valid event's JSON with some fields changed or removed."""
-    document = json.loads(event_line(original))
-    for name, value in fields.items():
-        if value is _REMOVED:
-            del document[name]
-        else:
-            document[name] = value
-    return json.dumps(document).encode() + b"\n"
 
 
 # --------------------------------------------------------------------------- the child's verdict
