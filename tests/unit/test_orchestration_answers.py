@@ -150,6 +150,33 @@ def test_max_batch_size_below_the_dataset_size_is_the_cap_that_limits():
     assert max(t.batch_size for t in probed.trials) == 5
 
 
+# --------------------------------------------------------------------------- the strategies (test_fast_answers.py)
+
+EXTRA = ("confirmation", "recommendation_check")
+
+
+@pytest.fixture(scope="module")
+def by_strategy():
+    """The hog device probed from batch 2 with each search strategy."""
+    return {s: probe(hog_spec(start_batch_size=2, strategy=s), hog_device()) for s in ("guided", "doubling")}
+
+
+def test_both_strategies_find_the_same_exact_edge(by_strategy):
+    for probed in by_strategy.values():
+        assert probed.result.stop_reason.value == "edge_found"
+        assert (probed.result.max_batch_size, probed.result.first_failing_batch_size) == (HOG_MAX, HOG_MAX + 1)
+
+
+def test_the_guided_search_needs_fewer_trials_to_the_edge(by_strategy):
+    # Whether it does on a real device depends on what the trials measure there; the search's own
+    # tests (tests/unit/test_search_guided.py) hold it to the real readings seen on the CPU backend.
+    guided, doubling = ([t.batch_size for t in by_strategy[s].trials if t.purpose not in EXTRA]
+                        for s in ("guided", "doubling"))
+    assert doubling[:4] == [2, 4, 8, 16]  # the classic doubles
+    assert guided[1] > 4  # the guided search jumps from its first measurement
+    assert len(guided) < len(doubling), (guided, doubling)
+
+
 # --------------------------------------------------------------------------- ambiguous library errors
 
 

@@ -170,3 +170,21 @@ def test_a_flat_start_does_not_send_the_first_jump_past_the_edge():
     # between them is nearly flat, the slope from the base reading is not, and the larger one is used.
     history = SMALL_CNN_START[:2]
     assert plan_next(history, SMALL_CNN) < 137
+
+
+# Budget readings of tests/models.py:memory_hog on the CPU backend under 1.5 GiB: 26 fits, 27 does not.
+MEMORY_HOG = Limits(start=2, capacity=1610612736)
+HOG_AT_2 = Observation(2, Outcome.FITS, 1050812416, 1023537152)
+
+
+def test_a_first_jump_from_an_underestimated_slope_still_fits():
+    # At batch 2 the peak is 26 MiB above the base: 13.6 MB a sample, where the batch costs 23 MB.
+    assert plan_next([HOG_AT_2], MEMORY_HOG) <= 26
+
+
+def test_a_line_that_predicted_the_failure_right_is_followed_not_bisected():
+    # CI once saw 2, 32 (out of memory), 17, 27 (out of memory, as the line through 2 and 17 said),
+    # and then a bisection to 22: the e + 1 step does not halve the bracket, but it was right.
+    history = [HOG_AT_2, Observation(32, Outcome.OUT_OF_MEMORY), Observation(17, Outcome.FITS, 1400135680, 1058287616),
+               Observation(27, Outcome.OUT_OF_MEMORY)]
+    assert plan_next(history, MEMORY_HOG) == 26
