@@ -77,11 +77,16 @@ def _numbering(result: Result, key: str, spec: Spec) -> str | None:
     return None
 
 
-def _runs(result: Result, batch: int) -> list[Outcome]:
-    """Every run of ``batch`` under the budget and the first allocator setting (what the answer is about)."""
+def _runs(result: Result, batch: int, purposes: tuple[str, ...] | None = None) -> list[Outcome]:
+    """Every run of ``batch`` under the budget and the first allocator setting (what the answer is about).
+
+    Soaks are left out unless ``purposes`` names them: the maximum is about
+    search.steps steps, and a soak that failed there moved the recommendation, not the edge.
+    """
     first = result.spec.allocators[0] if result.spec.allocators and result.device.backend == "cuda" else None
     return [t.outcome for t in result.trials
-            if t.batch_size == batch and t.purpose != "memory_check" and t.allocator == first]
+            if t.batch_size == batch and t.allocator == first
+            and (t.purpose in purposes if purposes else t.purpose not in ("memory_check", "soak"))]
 
 
 def _answer(result: Result) -> str | None:
@@ -100,8 +105,12 @@ def _answer(result: Result) -> str | None:
     if recommended is not None:
         if recommended > best:
             return f"its recommended batch {recommended} is above its maximum {best}"
-        if Outcome.FITS not in _runs(result, recommended):
+        if Outcome.FITS not in _runs(result, recommended) + _runs(result, recommended, ("soak",)):
             return f"no trial in it ran its recommended batch {recommended} successfully"
+        soaks = result.recommendation.soaks if result.recommendation else []
+        if soaks and not (soaks[-1].survived and soaks[-1].batch_size == recommended
+                          and _runs(result, recommended, ("soak",))[-1:] == [Outcome.FITS]):
+            return f"its recommended batch {recommended} is not the one its last soak ran and survived"
     if result.stop_reason is StopReason.CAPPED:
         return None if first_failing is None else "it says capped but names a first failing batch"
     if first_failing is None or first_failing <= best:

@@ -31,6 +31,7 @@ _PURPOSE_LABELS = {
     "retry": "  [retry after a crash or timeout]",
     "confirmation": "  [confirmation of the maximum]",
     "recommendation_check": "  [recommendation check]",
+    "soak": "  [soak of the recommendation: {steps} steps, peak {first} -> {last}]",
     "memory_check": "  [memory check: re-run with more memory]",
 }
 
@@ -42,7 +43,10 @@ def trial_line(trial: Trial) -> str:
     if trial.outcome is not Outcome.FITS:
         reason = trial.signal or (trial.error.type if trial.error else None) or trial.phase
         detail = f" ({reason})" if reason else ""
-    purpose = _PURPOSE_LABELS[trial.purpose]
+    peaks = trial.step_peak_bytes
+    purpose = _PURPOSE_LABELS[trial.purpose].format(
+        steps=len(trial.step_seconds), first=format_bytes(peaks[0] if peaks else None),
+        last=format_bytes(peaks[-1] if peaks else None))
     return (
         f"isoprobe: trial {trial.index:>2}  batch {trial.batch_size:>6}  "
         f"{trial.outcome.value + detail:<30}  peak {peak:>10}  {trial.seconds:6.1f} s{purpose}"
@@ -58,6 +62,8 @@ def summary_lines(result: Result) -> list[str]:
             f"measured peak {format_bytes(result.recommendation.measured_peak_bytes)} "
             f"of {format_bytes(result.device.capacity_bytes if result.device else None)}"
         )
+    elif result.recommendation is not None and result.recommendation.soaks:
+        lines.append(f"isoprobe: no recommendation: {result.recommendation.note}")
     lines += [f"isoprobe:   try: {s}" for s in result.suggestions]
     probed = f"{len(result.trials)} trials in {result.total_seconds:.1f} s"
     if result.cache is not None and result.cache.hit:

@@ -66,6 +66,9 @@ class TrialRequest(_Message):
         None, description="CUDA: applied as the per-process memory fraction. CPU: the rlimit (set by the executor)."
     )
     python_path: list[str] = Field(default_factory=list, description="Folders put in front of sys.path (the spec's).")
+    steps: int | None = Field(
+        None, ge=1, description="Training steps to run instead of search.steps (the recommendation's soak)."
+    )
 
 
 class InspectRequest(_Message):
@@ -144,6 +147,12 @@ class StepDone(_Event):
     event: Literal["step"] = "step"
     step: int
     seconds: float
+    peak_bytes: int | None = Field(
+        None, description="The trial's peak so far, in TrialResult.peak_bytes's units (CUDA reserved, CPU VmHWM)."
+    )
+    held_bytes: int | None = Field(
+        None, description="Memory held right after the step (CUDA torch.cuda.memory_allocated, CPU VmRSS)."
+    )
 
 
 class EvalDone(_Event):
@@ -181,7 +190,7 @@ class InspectProblem(_Message):
     """Something in the spec that cannot be set up; the parent maps ``stage`` to the spec field to fix."""
 
     stage: Literal["model", "optimizer", "allocator", "input", "target", "precision", "checkpointing", "batch",
-                   "loss"]
+                   "loss", "step"]
     type: str
     message: str
 

@@ -64,6 +64,13 @@ class Applied(_Strict):
     compiled: bool | None = Field(None, description="The model ran through torch.compile.")
     cudnn_benchmark: bool | None = Field(None, description="torch.backends.cudnn.benchmark during the steps.")
     eval_pass: bool | None = Field(None, description="An evaluation pass ran after the training steps.")
+    output_lifetime: Literal["through_backward", "freed_before_backward", "user_step"] | None = Field(
+        None,
+        description=(
+            "How long the step kept the model's output: training.output_lifetime, or user_step when model.step "
+            "ran instead of isoprobe's step (its code decides)."
+        ),
+    )
 
 
 class Sizes(_Strict):
@@ -81,11 +88,12 @@ class Trial(_Strict):
 
     index: int = Field(description="1-based order in which the trial ran.")
     batch_size: int
-    purpose: Literal["search", "retry", "confirmation", "recommendation_check", "memory_check"] = Field(
+    purpose: Literal["search", "retry", "confirmation", "recommendation_check", "soak", "memory_check"] = Field(
         description=(
             "search: a step of the edge search; retry: the same batch again after a crash or timeout; "
             "confirmation: the maximum run again before it is reported; "
-            "recommendation_check: running the recommended batch; "
+            "recommendation_check: running the recommended batch (when soak_steps is 0); "
+            "soak: the recommended batch run for recommendation.soak_steps steps; "
             "memory_check: the previous trial re-run with more memory, to tell an ambiguous library error "
             "from an allocation failure (its verdict never counts as 'fits')."
         )
@@ -116,6 +124,17 @@ class Trial(_Strict):
     )
     step_seconds: list[float] = Field(
         default_factory=list, description="Wall time of each completed training step; the first includes warm-up."
+    )
+    step_peak_bytes: list[int] = Field(
+        default_factory=list,
+        description=(
+            "The peak so far after each completed step, in peak_bytes's units: it only rises, and where it keeps "
+            "rising over the later steps, memory grows from step to step."
+        ),
+    )
+    step_held_bytes: list[int] = Field(
+        default_factory=list,
+        description="Memory held right after each completed step (CUDA allocated, CPU resident).",
     )
     samples_per_second: float | None = Field(
         None,
@@ -271,6 +290,26 @@ class AccumulationPlan(_Strict):
     note: str
 
 
+class Soak(_Strict):
+    """One run of a recommended batch for recommendation.soak_steps steps in a fresh process."""
+
+    batch_size: int
+    trial: int = Field(description="The trial that ran it (its step_peak_bytes show the peak after each step).")
+    outcome: Outcome
+    steps_completed: int
+    growth_bytes_per_step: float | None = Field(
+        None, description="How fast the peak still rose per step after the warm-up (a third of the steps); null "
+                          "with fewer than three steps."
+    )
+    still_rising: bool = Field(description="The peak rose over the last third of the steps by more than noise.")
+    projected_peak_bytes: int | None = Field(
+        None, description="The last step's peak plus the growth over the steps it did not reach."
+    )
+    survived: bool = Field(
+        description="It ran every step and fit, and its peak was not still rising above target_peak_bytes."
+    )
+
+
 class Recommendation(_Strict):
     """How the recommended batch follows from the maximum."""
 
@@ -286,6 +325,11 @@ class Recommendation(_Strict):
     multiple_of: int
     predicted_peak_bytes: int | None = None
     measured_peak_bytes: int | None = Field(None, description="Peak of the trial that ran the recommended batch.")
+    soak_steps: int = Field(0, description="Steps each soak ran (recommendation.soak_steps as applied; 0: none).")
+    soaks: list[Soak] = Field(
+        default_factory=list,
+        description="Every soak, in order: a batch that did not survive moved the recommendation down to the next.",
+    )
     note: str = Field(description="How the number was derived, in words.")
 
 

@@ -78,7 +78,7 @@ MODEL_LIBRARIES = {"torchvision": "torchvision", "timm": "timm", "huggingface": 
 #: What a user installs for a source whose library is not a core dependency.
 EXTRAS = {"timm": "pip install 'isoprobe[timm]'", "huggingface": "pip install 'isoprobe[huggingface]'"}
 #: The spec fields that name a callable: 'module:function' or 'file.py:function'.
-CALLABLE_FIELDS = ("factory", "batch", "loss")
+CALLABLE_FIELDS = ("factory", "batch", "loss", "step")
 
 
 def is_file_reference(target: str) -> bool:
@@ -142,6 +142,19 @@ class ModelSpec(_Strict):
         description=(
             "Optional loss 'module:function' or 'file.py:function', called as f(output, targets) and returning "
             "a scalar tensor. Replaces the loss of target.task; with it, the 'target' section may be left out."
+        ),
+    )
+    step: str | None = Field(
+        None,
+        description=(
+            "Optional training step 'module:function' or 'file.py:function', called as "
+            "f(model, optimizer, batch, device) once per step, where batch is (inputs, targets) from model.batch "
+            "or the built-in task (class indices per sample; per pixel at the input's size for segmentation). "
+            "It runs one full step as your real loop does: your loss, backward, gradient clipping, scheduler, "
+            "EMA copy of the weights... and replaces isoprobe's own step, so that what fits is what your code "
+            "allocates. State it keeps between steps (an EMA model) belongs in the function's module. Train mode "
+            "only; do autocast inside it (training.precision fp32 or bf16-true). Its signature is checked "
+            "before any trial."
         ),
     )
 
@@ -312,6 +325,18 @@ class TrainingSpec(_Strict):
         False,
         description="torch.backends.cudnn.benchmark: cuDNN autotuning, which can pick algorithms with larger workspaces.",
     )
+    output_lifetime: Literal["through_backward", "freed_before_backward"] = Field(
+        "through_backward",
+        description=(
+            "How long the step keeps the model's output. through_backward (default, conservative): until after "
+            "backward() and the optimizer step, as a plain loop does (outputs = model(x); loss = criterion(outputs, "
+            "y); loss.backward(); optimizer.step() drops outputs only when the next forward returns). "
+            "freed_before_backward: dropped once the loss is computed, as in frameworks whose step returns only "
+            "the loss: a Lightning training_step that returns the loss alone, Hugging Face's Trainer. For a "
+            "language model the logits are the step's largest tensor, so this moves the edge most there. "
+            "Ignored with model.step, whose code decides."
+        ),
+    )
     eval_pass: bool = Field(
         False,
         description=(
@@ -433,6 +458,19 @@ class RecommendationSpec(_Strict):
     throughput_tolerance: float = Field(
         0.03, ge=0, lt=1, description="Fraction of the best throughput that counts as as fast (0.03: within 3 %)."
     )
+    soak_steps: int | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        description=(
+            "Steps the recommended batch runs in a fresh process before it is reported, reading the peak after "
+            "each step: memory that grows over steps (fragmentation, a cache that fills, a leak) shows there. "
+            "A batch that fails, or whose peak still rises above the headroom line, moves the recommendation "
+            "down (up to 3 soaks). Default: 20 on CUDA; 6 on the CPU backend, where a step takes seconds to "
+            "minutes and the allocator settles within two steps, so 6 show a trend over the last four. 0: no "
+            "soak (the recommended batch is still run once if no trial ran it)."
+        ),
+    )
 
 
 class PlanSpec(_Strict):
@@ -504,8 +542,18 @@ class Spec(_Strict):
     def _sections_fit_together(self) -> "Spec":
         if self.input is None and self.model.batch is None:
             raise ValueError("input: this section is required (the per-sample shape), unless model.batch makes the batches")
-        if self.target is None and self.model.loss is None:
-            raise ValueError("target: this section is required (the task and its classes or shape), unless model.loss is given")
+        if self.target is None and self.model.loss is None and not (self.model.step and self.model.batch):
+            raise ValueError("target: this section is required (the task and its classes or shape), unless model.loss "
+                             "is given (or model.step with model.batch)")
+        if self.model.step is not None:
+            if self.model.loss is not None:
+                raise ValueError("model.loss: model.step computes its own loss; give one of them")
+            if self.training.mode != "train":
+                raise ValueError("model.step: a training step; training.mode inference runs no step of yours")
+            if self.training.precision.endswith("-mixed"):
+                raise ValueError(f"training.precision: {self.training.precision} autocasts isoprobe's own step; "
+                                 "with model.step do the autocast (and GradScaler) inside your step and leave "
+                                 "precision at fp32 (or bf16-true, which converts the model)")
         task = self.target.resolved_task if self.target is not None else None
         if task == "language_modeling" and self.model.batch is None:
             if self.input is None or self.input.dtype != "int64" or len(self.input.shape) != 1:

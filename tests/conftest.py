@@ -236,8 +236,8 @@ def fault_spec(fault: str, *, at: int = 8, edge: int | None = None, start: int =
                headroom: float | None = 0.0, **search) -> dict:
     """The fault scenarios' spec: tests/faults.py:faulty fits below ``at``, commits ``fault`` from it on.
 
-    By default start 7, cap 8, fault at 8, one retry, one confirmation, no headroom (so the
-    recommendation is the maximum and costs no extra trial); ``headroom=None`` leaves the spec's default.
+    By default start 7, cap 8, fault at 8, one retry, one confirmation, no headroom and no soak (so
+    the recommendation is the maximum and costs no extra trial); ``headroom=None`` leaves the spec's default.
     """
     kwargs = {"fault": fault, "at": at, "edge": edge, "probability": probability, "state_dir": state_dir}
     spec = {
@@ -250,13 +250,13 @@ def fault_spec(fault: str, *, at: int = 8, edge: int | None = None, start: int =
         "device": "cpu",
         "memory_budget": "2GiB",
     }
-    if headroom is not None:
-        spec["recommendation"] = {"headroom": headroom}
+    spec["recommendation"] = {"soak_steps": 0, **({"headroom": headroom} if headroom is not None else {})}
     return spec
 
 
 def hog_spec(**search) -> dict:
-    """A CPU spec around tests/models.py:memory_hog (~32 MiB of activations per sample)."""
+    """A CPU spec around tests/models.py:memory_hog (~32 MiB of activations per sample); no soak
+    (tests/unit/test_orchestration_soak.py and tests/integration/test_real_loop.py soak)."""
     return {
         "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 524288, "depth": 8}},
         "input": {"shape": [524288]},
@@ -265,6 +265,7 @@ def hog_spec(**search) -> dict:
         "search": {"steps": 2, "trial_timeout": 120, **search},
         "device": "cpu",
         "memory_budget": "1.5GiB",
+        "recommendation": {"soak_steps": 0},
     }
 
 
@@ -278,6 +279,7 @@ def faulty_spec(fault: str, *, at: int, trial_timeout: float, **fault_kwargs) ->
         "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": trial_timeout},
         "device": "cpu",
         "memory_budget": "2GiB",
+        "recommendation": {"soak_steps": 0},
     }
 
 

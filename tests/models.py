@@ -195,3 +195,78 @@ class CompiledOnly(nn.Module):
 
 def compiled_only(width: int = 16, classes: int = 10) -> nn.Module:
     return CompiledOnly(width, classes)
+
+
+# --------------------------------------------------------------------------- the real loop (issue 15)
+
+
+class LanguageModelHead(nn.Module):
+    """Token ids -> embedding -> one hidden layer -> logits over the vocabulary.
+
+    The logits, (batch, sequence, vocabulary), are most of the step's memory, as in a real language
+    model: how long the step keeps them (training.output_lifetime) moves the edge.
+    """
+
+    def __init__(self, vocabulary: int, width: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, width)
+        self.hidden = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocabulary)
+
+    def forward(self, ids):
+        return self.head(torch.tanh(self.hidden(self.embed(ids))))
+
+
+def lm_head(vocabulary: int = 8000, width: int = 64) -> nn.Module:
+    return LanguageModelHead(vocabulary, width)
+
+
+class LeakyHog(MemoryHog):
+    """memory_hog that keeps ``leak_mib`` MiB more after every forward pass, as a leak in user code does."""
+
+    def __init__(self, features: int, depth: int, classes: int, leak_mib: int):
+        super().__init__(features, depth, classes)
+        self.leak_elements = leak_mib * 2**20 // 4
+        self.__dict__["leaked"] = []  # not a buffer: nothing torch knows about, like a list in user code
+
+    def forward(self, x):
+        self.leaked.append(torch.ones(self.leak_elements))  # written, so resident
+        return super().forward(x)
+
+
+def leaky_hog(features: int = 524288, depth: int = 8, classes: int = 10, leak_mib: int = 48) -> nn.Module:
+    return LeakyHog(features, depth, classes, leak_mib)
+
+
+_EMA: dict[int, torch.optim.swa_utils.AveragedModel] = {}
+
+
+def ema_clip_step(model, optimizer, batch, device):
+    """model.step: a real loop's step with gradient clipping and an EMA copy of the weights (a whole
+    extra set of them), kept between steps in this module."""
+    inputs, targets = batch
+    optimizer.zero_grad(set_to_none=True)
+    outputs = model(inputs)
+    loss = nn.functional.cross_entropy(outputs, targets)
+    loss.backward()
+    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+    optimizer.step()
+    ema = _EMA.get(id(model))
+    if ema is None:
+        ema = _EMA[id(model)] = torch.optim.swa_utils.AveragedModel(
+            model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.999))
+    ema.update_parameters(model)
+
+
+def plain_step(model, optimizer, batch, device):
+    """model.step as the built-in step with output_lifetime through_backward runs it."""
+    inputs, targets = batch
+    optimizer.zero_grad(set_to_none=True)
+    outputs = model(inputs)
+    loss = nn.functional.cross_entropy(outputs, targets)
+    loss.backward()
+    optimizer.step()
+
+
+def step_without_batch(model, optimizer):
+    """model.step with a signature that cannot take (model, optimizer, batch, device): a spec error."""

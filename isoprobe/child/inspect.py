@@ -91,11 +91,13 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
     build is built for real on the CPU, once: if that raises too, the factory itself
     is broken (a spec error); if not, only the meta device was the problem.
     """
-    for stage in ("batch", "loss"):
+    for stage in ("batch", "loss", "step"):
         reference = getattr(spec.model, stage)
         if reference is not None:
             try:
-                import_callable(reference, python_path)
+                function = import_callable(reference, python_path)
+                if stage == "step":
+                    _check_step_signature(function)
             except Exception as exc:
                 return [_problem(stage, exc)]
     try:
@@ -128,6 +130,21 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
         except Exception as exc:
             problems.append(_problem("checkpointing", exc))
     return problems
+
+
+def _check_step_signature(function) -> None:
+    """model.step is called as f(model, optimizer, batch, device): a signature that cannot take that is a spec error."""
+    import inspect
+
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable without a signature: the trials will tell
+    try:
+        signature.bind(None, None, None, None)
+    except TypeError as exc:
+        raise TypeError(f"{getattr(function, '__name__', function)}{signature} cannot be called as "
+                        f"f(model, optimizer, batch, device): {exc}") from None
 
 
 def _trial_device(torch, spec: Spec):

@@ -39,6 +39,10 @@ class Step:
         self.autocast_dtype = getattr(torch, _AUTOCAST_DTYPES[precision]) if precision in _AUTOCAST_DTYPES else None
         loss = spec.model.loss
         self.user_loss = workload.import_callable(loss, python_path) if loss is not None else None
+        user_step = spec.model.step
+        self.user_step = workload.import_callable(user_step, python_path) if user_step is not None else None
+        #: The previous step's output, held as a plain loop's ``outputs`` variable holds it (output_lifetime).
+        self._held = None
         self.model = self._prepare(model)
         self.optimizer = None
         self.scaler = None
@@ -72,6 +76,8 @@ class Step:
         else:
             model.eval()
         applied.mode = self.mode
+        if self.mode == "train":
+            applied.output_lifetime = "user_step" if self.spec.model.step else training.output_lifetime
         if training.compile:
             model = torch.compile(model, backend=training.compile_backend)
             applied.compiled = True
@@ -81,6 +87,8 @@ class Step:
         import torch
 
         batch = workload.make_batch(self.spec, batch_size, self.device, self.python_path, self.float_dtype)
+        if self.user_step is not None and batch.targets is None:
+            batch.targets = workload.step_targets(self.spec, batch.inputs)  # the user's step gets a whole batch
         if self.training.channels_last:
             batch.inputs = workload.adapt_inputs(
                 batch.inputs,
@@ -107,6 +115,12 @@ class Step:
                 output = workload.forward_only(self.spec, self.model, batch)
                 self._note_output(output)
             return
+        if self.user_step is not None:
+            # The user's own step: their loss, backward, clipping, scheduler, EMA... what it allocates is what fits.
+            self.user_step(self.model, self.optimizer, (batch.inputs, batch.targets), self.device)
+            if self.sizes is None:
+                self.sizes = self._measure_sizes()
+            return
         self.optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss, output = workload.forward_loss(self.spec, self.model, batch, self.user_loss)
@@ -114,7 +128,11 @@ class Step:
             self.applied.loss_dtype = str(loss.dtype).removeprefix("torch.")
             if output is not None:
                 self._note_output(output)
-        del output  # the step's activations die with the backward pass, as in a real loop
+        # A plain loop's ``outputs = model(x)`` rebinds only now that this forward returned: the previous
+        # step's output lived through it, and this one lives through backward and the optimizer step.
+        # freed_before_backward drops it here, as a framework whose step returns only the loss does.
+        self._held = output if self.training.output_lifetime == "through_backward" else None
+        del output
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)
@@ -124,6 +142,10 @@ class Step:
             self.optimizer.step()
         if self.sizes is None:
             self.sizes = self._measure_sizes()
+
+    def release(self) -> None:
+        """Drop the last step's held output: the steps (and the evaluation pass) are over."""
+        self._held = None
 
     def _measure_sizes(self) -> Sizes:
         """Parameters, gradients and optimizer state in bytes, after the first step allocated them all."""

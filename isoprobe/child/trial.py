@@ -99,14 +99,14 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
         # Peaks from here on; the model's weights are allocated already and still count.
         torch.cuda.reset_peak_memory_stats(device)
     batch = step.batch(request.batch_size)
-    for index in range(1, spec.search.steps + 1):
+    for index in range(1, (request.steps or spec.search.steps) + 1):
         started = time.perf_counter()
         step.run(batch)
         if cuda:
             torch.cuda.synchronize(device)
         progress.step_seconds.append(time.perf_counter() - started)
         progress.phase = f"step {index}"
-        events.emit(StepDone(step=index, seconds=progress.step_seconds[-1]))
+        events.emit(StepDone(step=index, seconds=progress.step_seconds[-1], **_step_memory(torch, device)))
     if spec.training.eval_pass:
         progress.phase = "eval"
         seconds = step.evaluate(batch)
@@ -114,6 +114,7 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
             torch.cuda.synchronize(device)
         report["eval_seconds"] = seconds
         events.emit(EvalDone(seconds=seconds))
+    step.release()  # before the readings: base_bytes is the memory held with the batch's activations freed
     report["applied"] = step.applied
     sizes = step.sizes
     if cuda:
@@ -138,6 +139,14 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
         report.update(cpu_readings())
     progress.phase = "done"
     return report
+
+
+def _step_memory(torch, device) -> dict[str, int | None]:
+    """The peak so far and the memory held now, after a step: growth over the steps shows in them."""
+    if device.type == "cuda":
+        return {"peak_bytes": torch.cuda.max_memory_reserved(device), "held_bytes": torch.cuda.memory_allocated(device)}
+    memory = cpu_memory()
+    return {"peak_bytes": memory.peak_rss, "held_bytes": memory.rss}
 
 
 def _describe_failure(exc: BaseException) -> tuple[Outcome, ErrorInfo]:

@@ -165,6 +165,22 @@ def make_batch(spec: Spec, batch_size: int, device, python_path: list[str], floa
     return Batch(inputs)
 
 
+def step_targets(spec: Spec, inputs):
+    """Targets for model.step before any forward pass: class indices per sample (per pixel at the input's
+    size for segmentation), or values of target.shape; the built-in step draws them from its first output."""
+    import torch
+
+    target = spec.target
+    if target is None:
+        return None  # model.batch made this batch without targets: the step does without
+    batch = inputs.shape[0]
+    device = inputs.device
+    if target.classes is not None:
+        shape = (batch, *inputs.shape[-2:]) if task_of(spec) == "segmentation" else (batch,)
+        return torch.randint(0, target.classes, shape, device=device)
+    return torch.randn((batch, *target.shape), device=device)
+
+
 def _cast_floats(value, dtype):
     import torch
 

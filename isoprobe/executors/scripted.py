@@ -61,6 +61,7 @@ class Call:
     conditions: Conditions
     attempt: int  # 1 the first time this batch size is asked for (under any purpose), 2 the next...
     number: int   # 1-based count of trial requests so far
+    timeout: float = 0.0  # the seconds the probe gave this trial
 
     @property
     def batch_size(self) -> int:
@@ -97,7 +98,7 @@ class ScriptedExecutor:
         if isinstance(request, InspectRequest):
             return self.inspected if self.inspected is not None else inspected()
         attempt = 1 + sum(1 for c in self.calls if c.batch_size == request.batch_size)
-        call = Call(request, conditions, attempt, len(self.calls) + 1)
+        call = Call(request, conditions, attempt, len(self.calls) + 1, timeout)
         self.calls.append(call)
         token = _ANSWERING.set(request)
         try:
@@ -117,49 +118,61 @@ class ScriptedExecutor:
 # --------------------------------------------------------------------------- canned runs
 
 
-def _progress(step_seconds: list[float]) -> list:
+def _progress(step_seconds: list[float], step_peaks: list[int] | None = None) -> list:
     memory = MemoryReading(data=IMPORT_BASELINE_BYTES, rss=IMPORT_BASELINE_BYTES, peak_rss=IMPORT_BASELINE_BYTES)
+    peaks = step_peaks or [None] * len(step_seconds)
     return [Started(pid=4242), Imported(memory=memory), ModelBuilt(memory=memory),
-            *(StepDone(step=i, seconds=s) for i, s in enumerate(step_seconds, 1))]
+            *(StepDone(step=i, seconds=s, peak_bytes=p, held_bytes=p) for i, (s, p) in enumerate(zip(step_seconds, peaks), 1))]
+
+
+def _asked_steps() -> int | None:
+    """The steps the request being answered asks for (a soak's, else search.steps); None outside a script."""
+    request = _ANSWERING.get()
+    return None if request is None else (request.steps or request.spec.search.steps)
 
 
 def fits(peak_bytes: int, *, base_bytes: int | None = None, steps: int | None = None,
          step_seconds: float | list[float] = 0.1, sizes: Sizes | None = None, seconds: float = 1.0,
-         warm: bool = False) -> ChildRun:
+         warm: bool = False, step_growth: int = 0) -> ChildRun:
     """A child that ran every step and reported ``peak_bytes`` (as both the resident and the budget's peak).
 
-    ``steps``: by default the request's (``search.steps``) when a script is
-    answering one, else 3. ``step_seconds``: each step's time, or a list of them
-    (which sets the number of steps).
+    ``steps``: by default the request's (a soak's, else ``search.steps``) when a
+    script is answering one, else 3. ``step_seconds``: each step's time, or a
+    list of them (which sets the number of steps). ``step_growth``: how much the
+    peak rose with each step (the last step's is ``peak_bytes``).
     """
     request = _ANSWERING.get()
     if isinstance(step_seconds, list):
         times = list(step_seconds)
     else:
         if steps is None:
-            steps = request.spec.search.steps if request is not None else 3
+            steps = _asked_steps() or 3
         times = [step_seconds] * steps
+    peaks = [peak_bytes - step_growth * (len(times) - i) for i in range(1, len(times) + 1)]
     evaluated = [EvalDone(seconds=0.05)] if request is not None and request.spec.training.eval_pass else []
     result = TrialResult(outcome=Outcome.FITS, phase="done", step_seconds=times,
                          peak_bytes=peak_bytes, budget_peak_bytes=peak_bytes,
                          base_bytes=base_bytes if base_bytes is not None else IMPORT_BASELINE_BYTES, sizes=sizes,
                          eval_seconds=0.05 if evaluated else None)
-    return ChildRun(returncode=0, timed_out=False, seconds=seconds, events=[*_progress(times), *evaluated, result],
-                    warm=warm)
+    return ChildRun(returncode=0, timed_out=False, seconds=seconds,
+                    events=[*_progress(times, peaks), *evaluated, result], warm=warm)
 
 
 def failed(outcome: Outcome, error_type: str, message: str, *, traceback_tail: str = "", at_step: int = 1,
-           stderr_tail: str = "", returncode: int = 0) -> ChildRun:
-    """A child that caught its own exception in step ``at_step`` and classified it (out_of_memory or error)."""
+           stderr_tail: str = "", returncode: int = 0, step_peaks: list[int] | None = None) -> ChildRun:
+    """A child that caught its own exception in step ``at_step`` and classified it (out_of_memory or error).
+
+    ``step_peaks``: the peaks the steps before it reported (``at_step - 1`` of them)."""
     result = TrialResult(outcome=outcome, phase=f"step {at_step}", step_seconds=[0.1] * (at_step - 1),
                          error=ErrorInfo(type=error_type, message=message, traceback_tail=traceback_tail))
     return ChildRun(returncode=returncode, timed_out=False, seconds=1.0,
-                    events=[*_progress([0.1] * (at_step - 1)), result],
+                    events=[*_progress([0.1] * (at_step - 1), step_peaks), result],
                     stderr_tail=stderr_tail)
 
 
-def out_of_memory(message: str = CPU_OOM_MESSAGE, error_type: str = "RuntimeError") -> ChildRun:
-    return failed(Outcome.OUT_OF_MEMORY, error_type, message)
+def out_of_memory(message: str = CPU_OOM_MESSAGE, error_type: str = "RuntimeError", *, at_step: int = 1,
+                  step_peaks: list[int] | None = None) -> ChildRun:
+    return failed(Outcome.OUT_OF_MEMORY, error_type, message, at_step=at_step, step_peaks=step_peaks)
 
 
 def error(message: str = "deliberate non-memory bug", error_type: str = "KeyError") -> ChildRun:
@@ -188,19 +201,25 @@ def inspected(facts: Facts | None = None, problems: list[InspectProblem] | None 
                     events=[Started(pid=4241), Inspected(facts=facts, problems=problems or [])])
 
 
-def linear(fixed: int, per_sample: int, *, faults: Callable[[Call], ChildRun | None] | None = None) -> Script:
+def linear(fixed: int, per_sample: int, *, faults: Callable[[Call], ChildRun | None] | None = None,
+           growth_per_step: int = 0) -> Script:
     """A device whose peak is ``fixed + per_sample * batch``: fits under the request's budget, else out of memory.
 
     ``faults`` (optional) sees every call first; whatever it returns (a crash, a
     hang, a flaky failure) replaces the device's answer, None keeps it.
+    ``growth_per_step``: memory that stays behind after each step (a leak), so
+    step ``k`` peaks ``growth_per_step * (k - 1)`` higher; a run runs out of
+    memory at the first step whose peak is over the budget.
     """
 
     def script(call: Call) -> ChildRun:
         if faults is not None and (fault := faults(call)) is not None:
             return fault
-        peak = fixed + per_sample * call.batch_size
-        if call.budget is not None and peak > call.budget:
-            return out_of_memory()
-        return fits(peak, base_bytes=fixed)
+        first = fixed + per_sample * call.batch_size
+        peaks = [first + growth_per_step * k for k in range(_asked_steps() or 3)]
+        over = [k for k, peak in enumerate(peaks, 1) if call.budget is not None and peak > call.budget]
+        if over:
+            return out_of_memory(at_step=over[0], step_peaks=peaks[: over[0] - 1])
+        return fits(peaks[-1], base_bytes=fixed, step_growth=growth_per_step)
 
     return script

@@ -1,4 +1,4 @@
-"""The edge search over real trials, the recommendation, and the allocator comparison.
+"""The edge search over real trials, then the recommendation (``probe.recommendation``), and the allocator comparison.
 
 Each function drives the pure search (``isoprobe.search``) with a
 ``TrialRunner`` as its oracle and turns the conclusion into a ``Found``.
@@ -9,13 +9,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 from isoprobe.errors import Terminated
-from isoprobe.insights import throughput
-from isoprobe.outcomes import Outcome, StopReason
+from isoprobe.outcomes import StopReason
 from isoprobe.probe.environment import Target
 from isoprobe.probe.explain import Found
+from isoprobe.probe.recommendation import recommend
 from isoprobe.probe.trials import TrialRunner
-from isoprobe.recommend import advise
-from isoprobe.result import AllocatorComparison, AllocatorOutcome, MemoryModel, Recommendation, Trial
+from isoprobe.result import AllocatorComparison, AllocatorOutcome
 from isoprobe.search import Conclusion, Limits, Observation, doubling_step, guided_step, progress, run_search
 from isoprobe.spec import Spec
 
@@ -51,9 +50,7 @@ def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner) -> Fou
         found = _found(conclusion)
         if not conclusion.exact:
             return found
-        recommended, recommendation = _recommend(spec, target, runner, found.max_fitting, found.first_failing)
-        if spec.recommendation.objective == "throughput" and recommended is not None:
-            recommended, recommendation = _prefer_throughput(spec, runner.trials, recommended, recommendation)
+        recommended, recommendation = recommend(spec, target, runner, found.max_fitting, found.first_failing)
         return replace(found, recommended=recommended, recommendation=recommendation)
     except (KeyboardInterrupt, Terminated) as stopped:
         known = progress(history, limits)
@@ -63,57 +60,6 @@ def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner) -> Fou
 
 def stop_reason_of(stopped: BaseException) -> StopReason:
     return StopReason.INTERRUPTED if isinstance(stopped, KeyboardInterrupt) else StopReason.TERMINATED
-
-
-def _recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int, first_failing: int | None):
-    """Advise from the fitting trials, then run the advised batch unless it already ran and fit."""
-    under_budget = [t for t in runner.trials if t.purpose != "memory_check"]
-    fitting = [(t.batch_size, t.peak_bytes) for t in under_budget if t.outcome is Outcome.FITS and t.peak_bytes]
-    advice = advise(
-        max_fitting,
-        fitting,
-        target.info.capacity_bytes,
-        spec.recommendation.headroom,
-        spec.recommendation.multiple_of,
-        first_failing,
-    )
-    batch, note = advice.batch_size, advice.note
-    measured = next((t for t in under_budget if t.batch_size == batch and t.outcome is Outcome.FITS), None)
-    if measured is None:
-        check = runner.run(batch, purpose="recommendation_check")
-        if check.outcome is Outcome.FITS:
-            measured = check
-        else:
-            lower = [t for t in runner.trials
-                     if t.purpose != "memory_check" and t.outcome is Outcome.FITS and t.batch_size <= batch]
-            measured = max(lower, key=lambda t: t.batch_size) if lower else None
-            note += f"; the check run of {batch} ended {check.outcome.value}, so the recommendation fell back"
-            batch = measured.batch_size if measured else None
-    model = advice.line
-    return batch, Recommendation(
-        capacity_bytes=advice.capacity_bytes,
-        headroom_bytes=advice.headroom_bytes,
-        target_peak_bytes=advice.target_peak_bytes,
-        memory_model=MemoryModel(intercept_bytes=model.intercept, per_sample_bytes=model.slope, points=model.points)
-        if model else None,
-        multiple_of=spec.recommendation.multiple_of,
-        predicted_peak_bytes=advice.predicted_peak_bytes,
-        measured_peak_bytes=measured.peak_bytes if measured else None,
-        note=note,
-    )
-
-
-def _prefer_throughput(spec: Spec, trials: list[Trial], recommended: int, recommendation: Recommendation):
-    """objective: throughput: the smallest tested batch within the headroom that is about as fast as the best."""
-    within = [t for t in trials if t.batch_size <= recommended]
-    curve = throughput(within, spec.recommendation.throughput_tolerance)
-    if curve is None or curve.fastest_batch_size >= recommended:
-        return recommended, recommendation
-    fastest = curve.fastest_batch_size
-    note = (f"{recommendation.note}; objective throughput: {fastest} runs within "
-            f"{spec.recommendation.throughput_tolerance:.0%} of the best samples/s measured up to {recommended}")
-    measured = max((t.peak_bytes for t in trials if t.batch_size == fastest and t.peak_bytes), default=None)
-    return fastest, recommendation.model_copy(update={"note": note, "measured_peak_bytes": measured})
 
 
 def compare_allocators(spec: Spec, target: Target, runner: TrialRunner, first: Found) -> AllocatorComparison:

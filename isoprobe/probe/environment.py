@@ -148,6 +148,8 @@ _INSPECT_STAGES = {
                       "turn it off, or wrap the model's blocks in nn.Sequential stages in the factory"),
     "batch": ("model.batch", "cannot be loaded", "check the module and function name"),
     "loss": ("model.loss", "cannot be loaded", "check the module and function name"),
+    "step": ("model.step", "cannot be used as the training step",
+             "define it as def train_step(model, optimizer, batch, device) in the named module"),
 }
 
 

@@ -48,6 +48,22 @@ def _save_memory(spec: Spec) -> list[str]:
     return levers
 
 
+def _with_recommendation(text: str, found: Found) -> tuple[str, list[str]]:
+    """The answer's sentence with its recommendation, and what a soak that saw growth suggests."""
+    soaks = found.recommendation.soaks if found.recommendation else []
+    growing = ("memory grows from step to step (recommendation.soaks, and the soak trials' step_peak_bytes): "
+               "look for what the step keeps between steps (tensors appended to a list, a loss kept with its "
+               "graph, a cache that fills)")
+    if found.recommended:
+        if soaks and soaks[-1].still_rising:
+            return (f"{text}; recommended {found.recommended} (its peak was still rising at the end of its soak)",
+                    [growing, "a longer soak (recommendation.soak_steps) shows how far it goes"])
+        return f"{text}; recommended {found.recommended}", []
+    if soaks:
+        return f"{text}; no batch is recommended: none survived its soak", [growing]
+    return text, []
+
+
 def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], capped_by: str | None):
     """The one-sentence answer and what to try next, from what the search established."""
     stop, max_fitting, first_failing, recommended = found.stop, found.max_fitting, found.first_failing, found.recommended
@@ -63,10 +79,10 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
         text = f"batch {max_fitting} fits and {first_failing} {how} on {where}"
         if found.flaky:
             text += f"; flaky batches (fit in one run, failed in another): {list(found.flaky)}"
-        return text + (f"; recommended {recommended}" if recommended else ""), []
+        return _with_recommendation(text, found)
     if stop is StopReason.CAPPED:
         text = f"batch {max_fitting} fits; larger batches were not tried because of {capped_by}"
-        return text + (f"; recommended {recommended}" if recommended else ""), []
+        return _with_recommendation(text, found)
     if stop is StopReason.START_DOES_NOT_FIT:
         suggestions = _save_memory(spec)
         if info.backend == "cpu":

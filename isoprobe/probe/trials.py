@@ -20,7 +20,7 @@ from isoprobe.output import Reporter
 from isoprobe.probe.classify import classify_exit
 from isoprobe.probe.environment import Target, trial_conditions
 from isoprobe.probe.plausibility import Asked
-from isoprobe.protocol import TrialRequest
+from isoprobe.protocol import StepDone, TrialRequest
 from isoprobe.result import Trial
 from isoprobe.search import Observation
 from isoprobe.spec import Spec
@@ -45,6 +45,8 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
     keep_stderr = end.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT, Outcome.ERROR) or bool(end.evidence)
     steps = result.step_seconds if result else []
     speed, spread = step_throughput(batch_size, steps) if fits else (None, None)
+    # Every step's reading, also those of a trial that failed later (a soak that ran out at step 9).
+    step_events = [e for e in run.events if isinstance(e, StepDone)]
     return Trial(
         index=index,
         batch_size=batch_size,
@@ -55,6 +57,8 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         budget_peak_bytes=result.budget_peak_bytes if result else None,
         base_bytes=result.base_bytes if result else None,
         step_seconds=[round(s, 4) for s in steps],
+        step_peak_bytes=[e.peak_bytes for e in step_events if e.peak_bytes is not None],
+        step_held_bytes=[e.held_bytes for e in step_events if e.held_bytes is not None],
         samples_per_second=_rounded(speed, 3),
         step_seconds_spread=_rounded(spread, 4),
         sizes=result.sizes if fits and result else None,
@@ -92,10 +96,11 @@ class TrialRunner:
                                            label)
         self.executor.prestart(self.conditions)
 
-    def run(self, batch_size: int, purpose: str = "search") -> Trial:
-        """One trial; an ambiguous library error is re-run with more memory before it is classified."""
+    def run(self, batch_size: int, purpose: str = "search", steps: int | None = None) -> Trial:
+        """One trial (``steps``: instead of search.steps); an ambiguous library error is re-run with more
+        memory before it is classified."""
         budget = self.target.info.memory_budget_bytes
-        trial = self._launch(batch_size, purpose, budget)
+        trial = self._launch(batch_size, purpose, budget, steps)
         if (
             trial.outcome is Outcome.ERROR
             and trial.error is not None
@@ -103,7 +108,7 @@ class TrialRunner:
             and budget is not None
         ):
             larger = self._larger_budget(budget)
-            check = self._launch(batch_size, "memory_check", larger)
+            check = self._launch(batch_size, "memory_check", larger, steps)
             if check.outcome is Outcome.FITS:
                 trial = trial.model_copy(
                     update={
@@ -126,16 +131,16 @@ class TrialRunner:
             return None
         return min(2 * budget, self.target.info.total_memory_bytes)
 
-    def _launch(self, batch_size: int, purpose: str, budget: int | None) -> Trial:
+    def _launch(self, batch_size: int, purpose: str, budget: int | None, steps: int | None = None) -> Trial:
         index = len(self.trials) + 1
         request = TrialRequest(spec=self.spec, batch_size=batch_size, device=self.target.device,
-                               memory_budget_bytes=budget, python_path=self.python_path)
+                               memory_budget_bytes=budget, python_path=self.python_path, steps=steps)
         conditions = self.conditions
         if self.target.backend == "cpu" and budget != conditions.memory_limit:
             conditions = replace(conditions, memory_limit=budget)
-        run = self.executor.run(request, conditions, timeout=self.spec.search.trial_timeout,
+        run = self.executor.run(request, conditions, timeout=self.timeout(steps),
                                 name=f"trial{index:03d}-b{batch_size}")
-        trial = trial_from_run(run, index, batch_size, purpose, self._asked(budget))
+        trial = trial_from_run(run, index, batch_size, purpose, self._asked(budget, steps))
         if self.allocator_label is not None:
             trial = trial.model_copy(update={"allocator": self.allocator_label})
         self.trials.append(trial)
@@ -144,9 +149,14 @@ class TrialRunner:
             self.reporter.note(f"  trial {index} is {trial.outcome.value}: {trial.reclassified}")
         return trial
 
-    def _asked(self, budget: int | None) -> Asked:
-        """What every trial of this probe is asked to do, under ``budget``: what its 'fits' is vetted against."""
-        return Asked(steps=self.spec.search.steps, backend=self.target.backend, budget_bytes=budget,
+    def timeout(self, steps: int | None) -> float:
+        """search.trial_timeout, stretched for a trial of more steps than the search's (a soak)."""
+        timeout = self.spec.search.trial_timeout
+        return timeout * max(1.0, (steps or 0) / self.spec.search.steps)
+
+    def _asked(self, budget: int | None, steps: int | None = None) -> Asked:
+        """What a trial of this probe is asked to do, under ``budget``: what its 'fits' is vetted against."""
+        return Asked(steps=steps or self.spec.search.steps, backend=self.target.backend, budget_bytes=budget,
                      eval_pass=self.spec.training.eval_pass, import_memory=self.target.import_memory)
 
     def observe(self, batch_size: int) -> Observation:

@@ -36,7 +36,7 @@ def probed(tmp_path_factory):
         "search": {"start_batch_size": 2, "max_batch_size": 64, "steps": 3, "confirmations": 0},
         "device": "cpu",
         "memory_budget": "1.5GiB",
-        "recommendation": {"objective": "throughput", "throughput_tolerance": 0.5},
+        "recommendation": {"objective": "throughput", "throughput_tolerance": 0.5, "soak_steps": 0},
         "plan": {"target_global_batch": 1000, "world_size": 4},
         "allocators": ["default", "expandable_segments:True"],
     }

@@ -144,7 +144,7 @@ def test_editing_a_helper_module_the_factory_imports_makes_the_cached_answer_sta
         "optimizer": {"name": "sgd"}, "device": "cpu", "memory_budget": "2GiB",
         "search": {"start_batch_size": 3, "max_batch_size": 7, "steps": 2, "strategy": "doubling",
                    "confirmations": 0},
-        "recommendation": {"headroom": 0.0},
+        "recommendation": {"headroom": 0.0, "soak_steps": 0},
     }))
     first = run_cli("run", spec, "--format", "json", cache_dir=cache)
     assert first.returncode == 0, first.stderr

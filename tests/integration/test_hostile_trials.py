@@ -37,7 +37,7 @@ def hostile_spec(factory: str, *, start: int = 2, cap: int | None = 2, trial_tim
                    "retries": 0, "confirmations": 0},
         "device": "cpu",
         "memory_budget": budget,
-        "recommendation": {"headroom": 0.0},
+        "recommendation": {"headroom": 0.0, "soak_steps": 0},
     }
 
 

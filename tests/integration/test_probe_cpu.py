@@ -26,7 +26,7 @@ pytestmark = pytest.mark.integration
 def edge(tmp_path_factory):
     """One probe that finds a real out-of-memory edge (around batch 25 under 1.5 GiB)."""
     spec = hog_spec(start_batch_size=16)
-    spec["recommendation"] = {"headroom": 0.1, "multiple_of": 4}
+    spec["recommendation"] |= {"headroom": 0.1, "multiple_of": 4}
     path = tmp_path_factory.mktemp("edge") / "hog.yaml"
     path.write_text(json.dumps(spec))  # JSON is YAML
     return path, run_cli("run", str(path))

@@ -46,9 +46,10 @@ def hog_device(faults=None) -> ScriptedExecutor:
 
 @pytest.fixture(scope="module")
 def edge():
-    """test_probe_cpu's edge fixture: memory_hog from 16, headroom 0.1, multiple_of 4."""
-    spec = hog_spec(start_batch_size=16)
-    spec["recommendation"] = {"headroom": 0.1, "multiple_of": 4}
+    """test_probe_cpu's edge fixture (memory_hog, headroom 0.1, multiple_of 4), from 12: the search then
+    never runs the recommended 20, so the recommendation check does."""
+    spec = hog_spec(start_batch_size=12)
+    spec["recommendation"] |= {"headroom": 0.1, "multiple_of": 4}
     return probe(spec, hog_device())
 
 
@@ -288,7 +289,8 @@ def answers_spec() -> dict:
         "search": {"start_batch_size": 2, "max_batch_size": 64, "steps": 3, "confirmations": 0},
         "device": "cpu",
         "memory_budget": "1.5GiB",
-        "recommendation": {"objective": "throughput", "throughput_tolerance": 0.5},
+        # soak_steps 0: the throughput objective is what is tested here (test_orchestration_soak.py soaks).
+        "recommendation": {"objective": "throughput", "throughput_tolerance": 0.5, "soak_steps": 0},
         "plan": {"target_global_batch": 1000, "world_size": 4},
         "allocators": ["default", "expandable_segments:True"],
     }
@@ -349,7 +351,7 @@ def test_objective_throughput_recommends_a_tested_batch_no_larger_than_the_headr
 
 def test_objective_max_keeps_the_headroom_batch(probed):
     spec = answers_spec()
-    spec["recommendation"] = {"objective": "max", "throughput_tolerance": 0.5}
+    spec["recommendation"] |= {"objective": "max", "throughput_tolerance": 0.5}
     result = probe(spec, ScriptedExecutor(_big_linear)).result
     assert result.recommended_batch_size == 64 != result.throughput.fastest_batch_size
     assert "objective throughput" not in result.recommendation.note

@@ -1,0 +1,143 @@
+"""The recommendation's soak, as orchestration over a scripted executor: run long, move down, withdraw.
+
+The device is memory_hog's under the 1.5 GiB cap (tests/unit/scripted_probe.py);
+``growth_per_step`` adds memory that stays behind after every step, as a leak
+in user code does. The search's trials run search.steps (2) steps and do not
+see it; the soak runs recommendation.soak_steps and does.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from isoprobe.errors import Terminated
+from isoprobe.executors.scripted import ScriptedExecutor, crashed, linear
+from isoprobe.outcomes import Outcome
+from isoprobe.output import summary_lines
+from isoprobe.probe.recommendation import DEFAULT_SOAK_STEPS, MAX_SOAKS
+from scripted_probe import HOG_FIXED, HOG_PER_SAMPLE, MiB, hog_spec, probe
+from test_cache_trust import _check_every_cacheable
+
+
+def soaked_spec(soak_steps: int | None = None, **recommendation) -> dict:
+    spec = hog_spec(start_batch_size=12)
+    spec["recommendation"] = {"headroom": 0.1, **recommendation}
+    if soak_steps is not None:
+        spec["recommendation"]["soak_steps"] = soak_steps
+    return spec
+
+
+def leaky(growth: int, **kwargs):
+    return ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE, growth_per_step=growth, **kwargs))
+
+
+def soaks_of(probed):
+    return [t for t in probed.trials if t.purpose == "soak"]
+
+
+def test_the_recommended_batch_is_soaked_on_cpu_by_default_and_survives():
+    probed = probe(soaked_spec(), leaky(0))
+    result = probed.result
+    (soak,) = soaks_of(probed)
+    assert soak.batch_size == result.recommended_batch_size and soak.outcome is Outcome.FITS
+    assert probed.executor.calls[soak.index - 1].request.steps == DEFAULT_SOAK_STEPS["cpu"] == 6
+    assert len(soak.step_peak_bytes) == len(soak.step_seconds) == 6  # the peak after every step, in the JSON
+    recommendation = result.recommendation
+    assert recommendation.soak_steps == 6 and [s.survived for s in recommendation.soaks] == [True]
+    assert recommendation.soaks[0].trial == soak.index and not recommendation.soaks[0].still_rising
+    assert recommendation.measured_peak_bytes == soak.peak_bytes
+    assert "survived a soak of 6 steps" in recommendation.note
+    assert _check_every_cacheable([(probed.result.spec, result)]) == 1
+
+
+def test_a_soak_gets_a_timeout_stretched_to_its_steps():
+    probed = probe(soaked_spec(soak_steps=8), leaky(0))
+    timeouts = {c.request.steps: c.timeout for c in probed.executor.calls}
+    assert timeouts[8] == pytest.approx(4 * timeouts[None])  # 8 steps where the search's trials run 2
+
+
+def test_memory_that_grows_every_step_moves_the_recommendation_down_with_the_evidence():
+    # 40 MiB stays behind after every step: the search's 2-step trials hardly see it (one step's
+    # worth), a 6-step soak of the headroom batch runs past the headroom line and keeps rising.
+    probed = probe(soaked_spec(), leaky(40 * MiB))
+    result = probed.result
+    assert result.max_batch_size is not None  # the edge (for search.steps steps) stands
+    soaks = result.recommendation.soaks
+    assert len(soaks) >= 2 and not soaks[0].survived and soaks[-1].survived
+    assert soaks[0].still_rising and soaks[0].growth_bytes_per_step == pytest.approx(40 * MiB)
+    assert [s.batch_size for s in soaks] == sorted((s.batch_size for s in soaks), reverse=True)
+    assert result.recommended_batch_size == soaks[-1].batch_size < soaks[0].batch_size
+    first = probed.trials[soaks[0].trial - 1]
+    assert [b - a for a, b in zip(first.step_peak_bytes, first.step_peak_bytes[1:])] == [40 * MiB] * 5
+    assert f"the soak of {soaks[0].batch_size} " in result.recommendation.note
+    assert _check_every_cacheable([(result.spec, result)]) == 1
+
+
+def test_a_soak_that_runs_out_of_memory_moves_down_by_its_projected_growth():
+    # 150 MiB a step: the headroom batch runs out of memory within the soak.
+    probed = probe(soaked_spec(), leaky(150 * MiB))
+    soaks = probed.result.recommendation.soaks
+    assert soaks[0].outcome is Outcome.OUT_OF_MEMORY and soaks[0].steps_completed < 6
+    assert soaks[0].projected_peak_bytes > probed.result.recommendation.capacity_bytes
+    assert "ran out of memory after" in probed.result.recommendation.note
+
+
+def test_growth_no_batch_survives_withdraws_the_recommendation_but_keeps_the_edge():
+    # 200 MiB a step: the search's trials (2 steps) fit up to 19; 6 steps need 1000 MiB more than the
+    # 720 MiB fixed part leaves under the 1536 MiB cap, whatever the batch.
+    probed = probe(soaked_spec(), leaky(200 * MiB))
+    result = probed.result
+    assert result.max_batch_size == 19 and result.answered  # the edge (for search.steps steps) stands
+    assert result.recommended_batch_size is None
+    assert len(result.recommendation.soaks) <= MAX_SOAKS and not any(s.survived for s in result.recommendation.soaks)
+    assert any(line.startswith("isoprobe: no recommendation:") for line in summary_lines(result))
+    assert _check_every_cacheable([(result.spec, result)]) == 1
+
+
+def _crash_soaks(times: int):
+    """A ``linear`` faults hook: the first ``times`` soak requests crash (the search's trials do not)."""
+    crashes = []
+
+    def faults(call):
+        if call.request.steps is not None and len(crashes) < times:
+            crashes.append(call.number)
+            return crashed(signal.SIGKILL)
+        return None
+
+    return faults
+
+
+def test_a_crashed_soak_is_run_once_more_and_twice_withdraws_the_recommendation():
+    once = probe(soaked_spec(), leaky(0, faults=_crash_soaks(1)))
+    assert [t.outcome for t in soaks_of(once)] == [Outcome.CRASHED, Outcome.FITS]
+    assert once.result.recommended_batch_size == soaks_of(once)[-1].batch_size
+
+    twice = probe(soaked_spec(), leaky(0, faults=_crash_soaks(2)))
+    assert [t.outcome for t in soaks_of(twice)] == [Outcome.CRASHED, Outcome.CRASHED]
+    assert twice.result.recommended_batch_size is None  # unknown never counts as 'fits'
+    assert "ended crashed twice" in twice.result.recommendation.note
+
+
+def test_soak_steps_0_checks_the_recommended_batch_once_as_before():
+    probed = probe(soaked_spec(soak_steps=0), leaky(40 * MiB))
+    assert soaks_of(probed) == [] and probed.result.recommendation.soaks == []
+    assert probed.result.recommendation.soak_steps == 0
+
+
+@pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
+def test_a_signal_during_the_soak_still_gives_one_document_with_the_trials_so_far(stop):
+    plain = probe(soaked_spec(), leaky(0))
+    at = soaks_of(plain)[0].index
+    device = linear(HOG_FIXED, HOG_PER_SAMPLE)
+
+    def script(call):
+        if call.number == at:
+            raise stop()
+        return device(call)
+
+    stopped = probe(soaked_spec(), ScriptedExecutor(script)).result
+    assert stopped.stop_reason.value == ("interrupted" if stop is KeyboardInterrupt else "terminated")
+    assert [t.index for t in stopped.trials] == list(range(1, at))
+    assert stopped.recommended_batch_size is None
