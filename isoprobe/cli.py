@@ -124,8 +124,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     task = spec.target.resolved_task if spec.target is not None else f"loss {spec.model.loss}"
     from isoprobe.streams import emit
 
+    step = f", the step {spec.model.step}" if spec.model.step else ""
     emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
-         f"{spec.training.mode} {spec.training.precision}, optimizer {spec.optimizer.name}, device {spec.device})")
+         f"{spec.training.mode} {spec.training.precision}{step}, optimizer {spec.optimizer.name}, device {spec.device})")
     return ExitCode.ANSWERED
 
 

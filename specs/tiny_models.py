@@ -23,3 +23,26 @@ def small_cnn(channels: int = 32, classes: int = 10) -> nn.Module:
         nn.Flatten(),
         nn.Linear(2 * channels, classes),
     )
+
+
+class GruLanguageModel(nn.Module):
+    """Token ids -> embedding -> GRU -> logits over the vocabulary (used by specs/gru-lm.yaml).
+
+    The logits, (batch, tokens, vocabulary), are the step's largest tensor, as in
+    every language model: whether the step keeps them through the backward pass
+    (training.output_lifetime) moves the edge most here.
+    """
+
+    def __init__(self, vocabulary: int, embedding: int, hidden: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, embedding)
+        self.gru = nn.GRU(embedding, hidden, batch_first=True)
+        self.head = nn.Linear(hidden, vocabulary)
+
+    def forward(self, ids):
+        states, _ = self.gru(self.embed(ids))
+        return self.head(states)
+
+
+def gru_lm(vocabulary: int = 8000, embedding: int = 128, hidden: int = 256) -> nn.Module:
+    return GruLanguageModel(vocabulary, embedding, hidden)
