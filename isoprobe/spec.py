@@ -547,13 +547,13 @@ class Spec(_Strict):
                              "is given (or model.step with model.batch)")
         if self.model.step is not None:
             if self.model.loss is not None:
-                raise ValueError("model.loss: model.step computes its own loss; give one of them")
+                raise ValueError("model: model.step computes its own loss; give model.step or model.loss, not both")
             if self.training.mode != "train":
-                raise ValueError("model.step: a training step; training.mode inference runs no step of yours")
+                raise ValueError("training: mode inference runs no training step; model.step needs mode train")
             if self.training.precision.endswith("-mixed"):
-                raise ValueError(f"training.precision: {self.training.precision} autocasts isoprobe's own step; "
-                                 "with model.step do the autocast (and GradScaler) inside your step and leave "
-                                 "precision at fp32 (or bf16-true, which converts the model)")
+                raise ValueError(f"training: precision {self.training.precision} autocasts isoprobe's own step; with "
+                                 "model.step, autocast (and scale) inside your step and set training.precision to "
+                                 "fp32 (or bf16-true, which converts the model)")
         task = self.target.resolved_task if self.target is not None else None
         if task == "language_modeling" and self.model.batch is None:
             if self.input is None or self.input.dtype != "int64" or len(self.input.shape) != 1:

@@ -9,3 +9,7 @@ def build_model() -> nn.Module:
 
 def raising_model() -> nn.Module:
     raise RuntimeError("this factory is broken on purpose")
+
+
+def train_step(model, optimizer, batch, device):
+    """A model.step that the bad specs pair with options it cannot take."""
