@@ -42,8 +42,9 @@ from isoprobe.spec import CALLABLE_FIELDS, Spec, is_file_reference
 
 CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
 #: Bumped when the key's recipe or the entry's promises change, so old entries are simply not found
-#: (2: entries record the sources their trials ran).
-KEY_VERSION = 2
+#: (2: entries record the sources their trials ran; 3: the step holds its output through backward, and
+#: the recommendation is soaked: an older entry answered for a different step).
+KEY_VERSION = 3
 #: An entry larger than this is refused unread (a real one with hundreds of trials is well under 1 MiB).
 ENTRY_LIMIT = 16 * 1024 * 1024
 

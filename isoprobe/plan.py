@@ -207,6 +207,14 @@ def positive_integer(text: str | None) -> int | None:
     return value if value > 0 else None
 
 
+def micro_batch_ceiling(recommended: int | None, maximum: int | None, soaked: bool) -> int | None:
+    """The largest micro-batch a plan may use: the recommendation, else the maximum, unless soaks ran
+    and none survived (memory grows from step to step): then no batch is safe to plan with."""
+    if recommended is not None:
+        return recommended
+    return None if soaked else maximum
+
+
 def accumulation_plan(spec, largest: int | None, environ: Mapping[str, str]):
     """The result's ``accumulation`` block for ``spec.plan``, or None: micro-batches up to ``largest``.
 

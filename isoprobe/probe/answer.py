@@ -110,7 +110,7 @@ class _Context:
         from isoprobe.cache_files import UntrustedFile
         from isoprobe.cache_sources import changed_source
         from isoprobe.cache_trust import distrust
-        from isoprobe.plan import accumulation_plan
+        from isoprobe.plan import accumulation_plan, micro_batch_ceiling
         from isoprobe.result import CacheInfo, Result, RunEnvironment
 
         entry = cache.entry(key)
@@ -137,8 +137,9 @@ class _Context:
         return stored.model_copy(update={
             "spec_path": self.spec_path,
             "environment": RunEnvironment.model_validate(self.environment),
-            "accumulation": accumulation_plan(self.spec, stored.recommended_batch_size or stored.max_batch_size,
-                                              self.environ),
+            "accumulation": accumulation_plan(self.spec, micro_batch_ceiling(
+                stored.recommended_batch_size, stored.max_batch_size,
+                bool(stored.recommendation and stored.recommendation.soaks)), self.environ),
             "cache": CacheInfo(hit=True, key=key, path=str(entry), stored_at=stored_at),
         })
 

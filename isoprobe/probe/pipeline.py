@@ -19,7 +19,7 @@ from isoprobe.errors import Terminated
 from isoprobe.executors import Executor
 from isoprobe.insights import memory_breakdown, throughput
 from isoprobe.output import Reporter
-from isoprobe.plan import accumulation_plan
+from isoprobe.plan import accumulation_plan, micro_batch_ceiling
 from isoprobe.probe.edge import compare_allocators, search_and_recommend, stop_reason_of
 from isoprobe.probe.environment import (
     DEFAULT_CPU_BUDGET,
@@ -117,7 +117,8 @@ def run_probe(
         recommendation=found.recommendation,
         throughput=throughput(runner.trials, spec.recommendation.throughput_tolerance),
         memory_breakdown=memory_breakdown(runner.trials),
-        accumulation=accumulation_plan(spec, found.recommended or found.max_fitting, environ),
+        accumulation=accumulation_plan(spec, micro_batch_ceiling(
+            found.recommended, max_fitting, bool(found.recommendation and found.recommendation.soaks)), environ),
         allocator_comparison=comparison,
         stop_reason=stop,
         message=message,

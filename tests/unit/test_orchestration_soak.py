@@ -93,6 +93,7 @@ def test_growth_no_batch_survives_withdraws_the_recommendation_but_keeps_the_edg
     assert result.recommended_batch_size is None
     assert len(result.recommendation.soaks) <= MAX_SOAKS and not any(s.survived for s in result.recommendation.soaks)
     assert any(line.startswith("isoprobe: no recommendation:") for line in summary_lines(result))
+    assert "none survived its soak" in result.message and result.suggestions
     assert _check_every_cacheable([(result.spec, result)]) == 1
 
 
@@ -141,3 +142,12 @@ def test_a_signal_during_the_soak_still_gives_one_document_with_the_trials_so_fa
     assert stopped.stop_reason.value == ("interrupted" if stop is KeyboardInterrupt else "terminated")
     assert [t.index for t in stopped.trials] == list(range(1, at))
     assert stopped.recommended_batch_size is None
+
+
+def test_a_plan_never_uses_a_batch_that_did_not_survive_its_soak():
+    spec = soaked_spec()
+    spec["plan"] = {"target_global_batch": 256, "world_size": 2}
+    withdrawn = probe(spec, leaky(200 * MiB)).result
+    assert withdrawn.recommended_batch_size is None and withdrawn.accumulation is None
+    moved = probe(spec, leaky(40 * MiB)).result
+    assert moved.accumulation.micro_batch_size <= moved.recommended_batch_size < moved.recommendation.soaks[0].batch_size
