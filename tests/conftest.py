@@ -36,6 +36,19 @@ _PR_SET_CHILD_SUBREAPER = 36
 ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 
 
+#: Tests that share one thing of the machine run in one pytest-xdist worker, one after another
+#: (``--dist loadgroup``): the Slurm tier's cluster (its daemons and ports) and the one GPU.
+_SERIAL_GROUPS = {"slurm": "slurm", "gpu": "gpu"}
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        for marker, group in _SERIAL_GROUPS.items():
+            if item.get_closest_marker(marker) is not None:
+                item.add_marker(pytest.mark.xdist_group(group))
+                break
+
+
 def _descendants(root: int) -> list[int]:
     """Live (non-zombie) descendants of ``root``, from /proc: by ancestry, not by name."""
     parent_of: dict[int, int] = {}
