@@ -226,6 +226,8 @@ def test_unknown_events_are_dropped():
         tampered(Inspected(facts=Facts(torch_version="2.5")), problems=[{"stage": "nowhere", "type": "X",
                                                                          "message": "m"}]),
     ],
+    ids=["wrong-type", "missing-field", "unknown-field", "kind-case", "not-a-childs-verdict", "missing-phase",
+         "nested-field", "unknown-stage"],  # stable ids: the lines carry the time they were made
 )
 def test_events_with_invalid_fields_are_dropped(line):
     keep = Started(pid=7)
