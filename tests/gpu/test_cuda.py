@@ -40,6 +40,13 @@ def test_cuda_probe_finds_an_edge_under_a_budget(write_spec):
             assert trial["peak_allocated_bytes"] <= trial["peak_bytes"] <= budget
     failing = [t for t in result["trials"] if t["outcome"] == "out_of_memory"]
     assert failing and all("OutOfMemoryError" in t["error"]["type"] for t in failing)
+    # The recommendation is soaked for 20 steps on CUDA, the peak read after each (reserved, so it only rises).
+    recommendation = result["recommendation"]
+    assert recommendation["soak_steps"] == 20 and recommendation["soaks"][-1]["survived"]
+    soak = result["trials"][recommendation["soaks"][-1]["trial"] - 1]
+    assert soak["purpose"] == "soak" and soak["batch_size"] == result["recommended_batch_size"]
+    assert len(soak["step_peak_bytes"]) == 20 and soak["step_peak_bytes"] == sorted(soak["step_peak_bytes"])
+    assert soak["step_peak_bytes"][-1] == soak["peak_bytes"] <= budget
 
 
 def test_bad_allocator_setting_is_not_an_out_of_memory(write_spec):
