@@ -226,10 +226,13 @@ def _run_as_hook(args: argparse.Namespace, log) -> int:
         reason, why = "internal_error", f"{type(error).__name__}: {error}"
     else:
         log.write(_render(result, "json"))
-        if result.answered or result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
+        usable = result.answered and result.recommended_batch_size is not None
+        if usable or result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
             emit(_render(result, args.format))
             return exit_code_for(result.stop_reason)
-        reason, why = result.stop_reason.value, result.message
+        # Answered but nothing recommended (no batch survived its soak): the job still needs a batch size.
+        reason = result.stop_reason.value if not result.answered else "no_recommendation"
+        why = result.message
     warning = f"no probed answer ({why}); using the fallback batch size {args.fallback_batch_size}"
     log.say(f"isoprobe: {warning}")
     try:
@@ -247,7 +250,8 @@ def _render(result, fmt: str) -> str:
     if fmt in ("env", "taskprolog"):
         from isoprobe.shell import render, result_variables
 
-        return render(result_variables(result), [] if result.answered else [result.message], fmt)
+        usable = result.answered and result.recommended_batch_size is not None
+        return render(result_variables(result), [] if usable else [result.message], fmt)
     if fmt == "table" or (fmt == "auto" and sys.stdout.isatty()):
         return render_table(result)
     return result_json(result)

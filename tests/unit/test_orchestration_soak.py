@@ -151,3 +151,23 @@ def test_a_plan_never_uses_a_batch_that_did_not_survive_its_soak():
     assert withdrawn.recommended_batch_size is None and withdrawn.accumulation is None
     moved = probe(spec, leaky(40 * MiB)).result
     assert moved.accumulation.micro_batch_size <= moved.recommended_batch_size < moved.recommendation.soaks[0].batch_size
+
+
+@pytest.mark.parametrize("fmt", ["env", "taskprolog"])
+def test_hook_mode_gives_the_fallback_when_no_batch_survived_its_soak(monkeypatch, fmt):
+    # Answered (the edge stands) but nothing recommended: a job must still get a batch size, so hook
+    # mode gives the fallback with the reason, not an env without ISOPROBE_BATCH_SIZE.
+    import isoprobe.cli
+    from conftest import cli
+
+    withdrawn = probe(soaked_spec(), leaky(200 * MiB)).result
+    monkeypatch.setattr(isoprobe.cli, "_result_for", lambda args, log: withdrawn)
+    run = cli("run", "specs/small-cnn.yaml", "--format", fmt, "--fallback-batch-size", "6")
+    assert run.returncode == 0, run.stderr
+    assert "ISOPROBE_BATCH_SIZE=6" in run.stdout and "ISOPROBE_FALLBACK=1" in run.stdout
+    assert "ISOPROBE_STOP_REASON=no_recommendation" in run.stdout
+    assert "none survived its soak" in run.stderr
+
+    plain = cli("run", "specs/small-cnn.yaml", "--format", "env")  # without hook mode: said, not hidden
+    assert "ISOPROBE_BATCH_SIZE" not in plain.stdout and "ISOPROBE_MAX_BATCH_SIZE=19" in plain.stdout
+    assert "none survived its soak" in plain.stdout
