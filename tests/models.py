@@ -238,35 +238,5 @@ def leaky_hog(features: int = 524288, depth: int = 8, classes: int = 10, leak_mi
     return LeakyHog(features, depth, classes, leak_mib)
 
 
-_EMA: dict[int, torch.optim.swa_utils.AveragedModel] = {}
-
-
-def ema_clip_step(model, optimizer, batch, device):
-    """model.step: a real loop's step with gradient clipping and an EMA copy of the weights (a whole
-    extra set of them), kept between steps in this module."""
-    inputs, targets = batch
-    optimizer.zero_grad(set_to_none=True)
-    outputs = model(inputs)
-    loss = nn.functional.cross_entropy(outputs, targets)
-    loss.backward()
-    nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-    optimizer.step()
-    ema = _EMA.get(id(model))
-    if ema is None:
-        ema = _EMA[id(model)] = torch.optim.swa_utils.AveragedModel(
-            model, multi_avg_fn=torch.optim.swa_utils.get_ema_multi_avg_fn(0.999))
-    ema.update_parameters(model)
-
-
-def plain_step(model, optimizer, batch, device):
-    """model.step as the built-in step with output_lifetime through_backward runs it."""
-    inputs, targets = batch
-    optimizer.zero_grad(set_to_none=True)
-    outputs = model(inputs)
-    loss = nn.functional.cross_entropy(outputs, targets)
-    loss.backward()
-    optimizer.step()
-
-
 def step_without_batch(model, optimizer):
     """model.step with a signature that cannot take (model, optimizer, batch, device): a spec error."""

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from conftest import MODELS, TESTS, run_cli
+from conftest import MODELS, REPO, TESTS, run_cli
 from isoprobe.executors import Conditions
 from isoprobe.executors.local import run_once
 from isoprobe.probe.classify import classify_exit
@@ -107,24 +107,28 @@ def hog_spec(step: str | None) -> dict:
         "recommendation": {"soak_steps": 0},
     }
     if step is not None:
-        spec["model"]["step"] = f"{MODELS}:{step}"
+        spec["model"]["step"] = step
     return spec
 
 
+#: The shipped example of a user step (specs/resnet18-ema-clip.yaml): clipping and an EMA copy of the weights.
+EMA_STEP = f"{REPO / 'specs' / 'train_steps.py'}:ema_clip_step"
+
+
 def test_a_user_step_with_an_ema_copy_has_a_lower_exact_edge_than_the_built_in_step(tmp_path):
-    result = probe(hog_spec("ema_clip_step"), tmp_path)
+    result = probe(hog_spec(EMA_STEP), tmp_path)
     maximum = result["max_batch_size"]
     assert result["stop_reason"] == "edge_found"
     assert {t["applied"]["output_lifetime"] for t in result["trials"] if t["applied"]} == {"user_step"}
     # Exact for the user's step, in fresh processes...
-    assert outcome_of(hog_spec("ema_clip_step"), maximum + 1, tmp_path) == "out_of_memory"
+    assert outcome_of(hog_spec(EMA_STEP), maximum + 1, tmp_path) == "out_of_memory"
     # ...and below the built-in step's edge (measured here: 21 against 31).
     assert outcome_of(hog_spec(None), maximum + 1, tmp_path) == "fits"
 
 
 def test_a_step_whose_signature_cannot_take_the_batch_is_a_spec_error_before_any_trial(tmp_path):
     path = tmp_path / "spec.yaml"
-    path.write_text(json.dumps(hog_spec("step_without_batch")))
+    path.write_text(json.dumps(hog_spec(f"{MODELS}:step_without_batch")))
     run = run_cli("run", str(path))
     assert run.returncode == 2, run.stderr
     assert "model.step" in run.stderr and "f(model, optimizer, batch, device)" in run.stderr
