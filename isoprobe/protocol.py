@@ -40,6 +40,8 @@ CHILD_MODULE = "isoprobe.child"
 WAIT_ARGUMENT = "--wait"
 #: After ``WAIT_ARGUMENT``: import at idle priority (a spare, started beside a running trial).
 IDLE_ARGUMENT = "--idle"
+#: The child's argument that makes it the probe's fork server (``child.server``), then the channel's descriptor.
+SERVE_ARGUMENT = "--serve"
 #: Environment variable naming the file the child appends its events to.
 EVENTS_ENV = "ISOPROBE_EVENTS"
 #: Environment variable naming the child's end of the lifeline pipe (see executors.local).
@@ -126,6 +128,7 @@ class Warm(_Event):
     seconds: float
     cuda_initialized: bool
     idle_priority: bool
+    forked: bool = Field(False, description="Forked from the probe's fork server, which did the imports.")
 
 
 class RequestReceived(_Event):
@@ -254,3 +257,39 @@ def last_of(events: list, kind: type):
     """The last event of one kind, or None."""
     return next((e for e in reversed(events) if isinstance(e, kind)), None)
 
+
+
+# --------------------------------------------------------------------------- the fork server's channel
+
+
+class ForkOrder(_Message):
+    """Parent to fork server (``child.server``): fork one child for one request.
+
+    One SOCK_SEQPACKET message each, with the child's lifeline (the read end of
+    a pipe only the parent writes) beside it as SCM_RIGHTS.
+    """
+
+    request: str = Field(description="The request's path, as a spawned child reads it from stdin.")
+    events: str = Field(description="The file the forked child appends its events to.")
+    stdout: str
+    stderr: str
+    memory_limit: int | None = Field(None, description="RLIMIT_DATA for the forked child (the CPU cap); None: none.")
+
+
+class Forked(_Message):
+    """Fork server to parent: the order's process (the keeper of the forked child) runs with this PID."""
+
+    reply: Literal["forked"] = "forked"
+    pid: int
+
+
+class Ended(_Message):
+    """Fork server to parent: that process ended with this raw wait status (its child's, as a keeper's is)."""
+
+    reply: Literal["ended"] = "ended"
+    pid: int
+    status: int
+
+
+ServerReply = Annotated[Union[Forked, Ended], Field(discriminator="reply")]
+SERVER_REPLY = TypeAdapter(ServerReply)

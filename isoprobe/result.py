@@ -165,6 +165,10 @@ class Trial(_Strict):
     warm_start: bool = Field(
         False, description="The process had imported torch before the request arrived (search.warm_start)."
     )
+    forked: bool = Field(
+        False, description="The process was forked from the probe's fork server, which had imported torch "
+        "once for every trial (search.fork_server); it still ran alone, with its own memory, cap and device."
+    )
     phase: str | None = Field(
         None, description="Last phase the child reported: started, imported, model_built, step N, done."
     )

@@ -40,6 +40,7 @@ from isoprobe.protocol import (
     EVENTS_ENV,
     IDLE_ARGUMENT,
     PRELOAD_ENV,
+    SERVE_ARGUMENT,
     WAIT_ARGUMENT,
     InspectRequest,
     RequestReceived,
@@ -49,7 +50,7 @@ from isoprobe.protocol import (
     read_request,
 )
 
-USAGE = (f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}]   "
+USAGE = (f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}] | {SERVE_ARGUMENT} FD   "
          f"(with ${EVENTS_ENV} naming the events file)")
 
 
@@ -63,6 +64,9 @@ class Events:
     def emit(self, event) -> None:
         os.write(self._fd, event_line(event))
 
+    def close(self) -> None:
+        os.close(self._fd)
+
 
 def wait_for_request(events: Events, idle: bool) -> str | None:
     """Import what the trial will need, then block until the parent sends the request's path.
@@ -75,27 +79,47 @@ def wait_for_request(events: Events, idle: bool) -> str | None:
     (``warm.modules`` lists what was imported). EOF on stdin means the parent no
     longer needs this child: it exits quietly.
     """
-    started = time.perf_counter()
-    modules = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
     niced = _lower_priority() if idle else None
-    imported = []
-    for module in modules:
-        try:
-            __import__(module)
-        except Exception:  # noqa: BLE001 - see the docstring: the trial reports it
-            break
-        imported.append(module)
-    torch = sys.modules.get("torch")
-    cuda_initialized = bool(torch is not None and torch.cuda.is_initialized())
+    warm = import_preload()
     if niced is not None:
         # Back to normal before waiting: blocked, the child needs no CPU, and a spare that is
         # stopped instead of used must not die at idle priority (its exit could wait for minutes
         # behind a busy machine, and the parent with it).
         _restore_priority(niced)
-    events.emit(Warm(modules=imported, seconds=time.perf_counter() - started, cuda_initialized=cuda_initialized,
-                     idle_priority=niced is not None))
+    events.emit(warm.model_copy(update={"idle_priority": niced is not None}))
     line = sys.stdin.readline().strip()
     return line or None
+
+
+def import_preload() -> Warm:
+    """Import the modules of ``protocol.PRELOAD_ENV`` (up to the first that fails; see ``wait_for_request``)."""
+    started = time.perf_counter()
+    modules = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
+    imported = []
+    for module in modules:
+        try:
+            __import__(module)
+        except Exception:  # noqa: BLE001 - see wait_for_request's docstring: the trial reports it
+            break
+        imported.append(module)
+    return Warm(modules=imported, seconds=time.perf_counter() - started, cuda_initialized=cuda_initialized(),
+                idle_priority=False)
+
+
+def cuda_initialized() -> bool:
+    """Whether this process has a CUDA context (without creating one)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def run_request(request_path: str, events: Events) -> None:
+    """Read the request and run it: a trial, or the environment check."""
+    request = read_request(request_path)
+    if isinstance(request, InspectRequest):
+        run_inspect(request, events)
+    else:
+        run_trial(request, events)
+    sys.stdout.flush()
 
 
 def _restore_priority(value: int) -> None:
@@ -141,23 +165,23 @@ def _lower_priority() -> int | None:
 
 def main(argv: list[str]) -> int:
     waits = len(argv) in (2, 3) and argv[1] == WAIT_ARGUMENT and argv[2:] in ([], [IDLE_ARGUMENT])
-    if not (waits or (len(argv) == 2 and not argv[1].startswith("-"))) or EVENTS_ENV not in os.environ:
+    serves = len(argv) == 3 and argv[1] == SERVE_ARGUMENT and argv[2].isdigit()
+    if not (waits or serves or (len(argv) == 2 and not argv[1].startswith("-"))) or EVENTS_ENV not in os.environ:
         sys.stderr.write(USAGE + "\n")
         return 2
     events = Events(os.environ.pop(EVENTS_ENV))
     events.emit(Started(pid=os.getpid()))
+    if serves:
+        from isoprobe.child.server import serve
+
+        return serve(int(argv[2]), events)
     request_path = argv[1]
     if waits:
         request_path = wait_for_request(events, idle=argv[2:] == [IDLE_ARGUMENT])
         if request_path is None:
             return 0
         events.emit(RequestReceived(path=request_path))
-    request = read_request(request_path)
-    if isinstance(request, InspectRequest):
-        run_inspect(request, events)
-    else:
-        run_trial(request, events)
-    sys.stdout.flush()
+    run_request(request_path, events)
     return 0
 
 

@@ -64,6 +64,7 @@ class ChildRun:
     #: Only with ``timed_out``: the child had written a complete verdict (a trial's result, the environment
     #: check's report) when its deadline came, and was killed on its way out. False: no verdict by the deadline.
     verdict_at_timeout: bool = False
+    forked: bool = False  # forked from the executor's fork server (``warm`` too)
 
 
 class Executor(Protocol):

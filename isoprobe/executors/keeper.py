@@ -108,12 +108,15 @@ def descendants(root: int) -> list[tuple[int, str]]:
     return found
 
 
-class _Keeper:
+class Keeper:
     """One child, its lifeline, and the statuses reaped so far."""
 
-    def __init__(self, lifeline: int, child_argv: list[str]):
+    def __init__(self, lifeline: int, child_argv: list[str] | None, child_main=None):
         self.lifeline = lifeline
         self.child_argv = child_argv
+        #: Instead of ``child_argv``: run this in the forked child, which then exits (the fork server's trials,
+        #: ``isoprobe.child.server``). It must never return into the caller's code.
+        self.child_main = child_main
         self.libc = ctypes.CDLL(None, use_errno=True)
         self.child = -1
         self.child_status: int | None = None
@@ -140,9 +143,13 @@ class _Keeper:
                 if os.getppid() != keeper:  # the keeper died before the line above: nobody would kill us
                     os._exit(CANNOT_START)
                 signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+                if self.child_main is not None:
+                    self.child_main()  # exits itself
+                    os._exit(CANNOT_START)
                 os.execv(self.child_argv[0], self.child_argv)
             except BaseException as error:  # noqa: BLE001 - whatever it is, the child must not run on as a keeper
-                os.write(2, f"isoprobe keeper: cannot start {self.child_argv[0]}: {error}\n".encode())
+                what = self.child_argv[0] if self.child_argv else "the forked child"
+                os.write(2, f"isoprobe keeper: cannot start {what}: {error}\n".encode())
             os._exit(CANNOT_START)
         self.child = pid
         signal.pthread_sigmask(signal.SIG_SETMASK, previous)
@@ -230,8 +237,12 @@ def main(argv: list[str]) -> None:
     if len(argv) < 4 or argv[2] != "--" or not argv[1].isdigit():
         os.write(2, b"usage: keeper.py LIFELINE_FD -- CHILD_ARGV...\n")
         os._exit(2)
-    lifeline = int(argv[1])
-    keeper = _Keeper(lifeline, argv[3:])
+    keep(Keeper(int(argv[1]), argv[3:]))
+
+
+def keep(keeper: Keeper) -> None:
+    """Be ``keeper``: start its child, supervise it, kill what is left, exit as the child did. Never returns."""
+    lifeline = keeper.lifeline
     try:
         os.set_inheritable(lifeline, False)  # the child must not hold it: only the keeper watches it
         keeper.prctl(PR_SET_CHILD_SUBREAPER, 1)

@@ -33,15 +33,17 @@ so (``ChildRun.verdict_at_timeout``).
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from isoprobe.executors import ChildRun, Conditions
 from isoprobe.executors import keeper
+from isoprobe.executors.forkserver import ForkedProcess, ServerChannel
 from isoprobe.executors.processes import (
     VERDICT_EXIT_GRACE_SECONDS,
     child_environment,
@@ -57,7 +59,9 @@ from isoprobe.protocol import (
     CHILD_MODULE,
     IDLE_ARGUMENT,
     PRELOAD_ENV,
+    SERVE_ARGUMENT,
     WAIT_ARGUMENT,
+    ForkOrder,
     Inspected,
     Started,
     TrialRequest,
@@ -75,12 +79,22 @@ _POLL_SECONDS = 0.01
 class _Started:
     """A keeper (and the child under it) and the files the child writes; ``warm``: started ahead, as a spare."""
 
-    process: subprocess.Popen  # the keeper: its exit status is the child's
+    process: subprocess.Popen | ForkedProcess  # the keeper: its exit status is the child's
     lifeline_write: int
     events_path: Path
     stderr_path: Path
     conditions: Conditions
     warm: bool
+    forked: bool = False  # forked from the fork server (``warm`` too: it imported nothing itself)
+
+
+@dataclass
+class _Server:
+    """A fork server (a child started as any other, ``child.server``) and the parent's end of its channel."""
+
+    started: _Started
+    channel: ServerChannel
+    key: Conditions  # the conditions it serves, but for the cap, which each fork sets for itself
 
 
 class LocalExecutor:
@@ -100,15 +114,17 @@ class LocalExecutor:
     so a warm start can change how fast a verdict comes, never what it is.
     """
 
-    def __init__(self, workdir: Path | None = None, *, warm: bool = False):
+    def __init__(self, workdir: Path | None = None, *, warm: bool = False, fork: bool = False):
         self._scratch = None
         if workdir is None:
             self._scratch = tempfile.TemporaryDirectory(prefix="isoprobe-")
             workdir = Path(self._scratch.name)
         self.workdir = workdir
         self.warm = warm
+        self.fork = fork
         self._expected: Conditions | None = None
         self._spare: _Started | None = None
+        self._server: _Server | None = None
         self._count = 0
 
     def __enter__(self) -> "LocalExecutor":
@@ -120,6 +136,10 @@ class LocalExecutor:
     def prestart(self, conditions: Conditions) -> None:
         """The next trials run under ``conditions``: (warm only) replace a spare started for others, start one."""
         self._expected = conditions
+        if self.fork:
+            with signals_deferred():
+                self._server_for(conditions)  # imports while the probe goes on
+            return
         if not self.warm:
             return
         with signals_deferred():
@@ -134,6 +154,7 @@ class LocalExecutor:
         spare, self._spare = self._spare, None
         if spare is not None:
             _stop(spare)
+        self._stop_server()
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
@@ -151,9 +172,14 @@ class LocalExecutor:
         delivered: float | None = None
         timed_out = verdict_at_timeout = False
         try:
-            with signals_deferred():
-                child = self._take_spare(conditions)
-            while True:
+            if self.fork:
+                child = self._forked(request_path, conditions, timeout)
+                if child is not None:
+                    delivered = time.monotonic()
+            while delivered is None:
+                if child is None:
+                    with signals_deferred():
+                        child = self._take_spare(conditions)
                 if child is None:
                     with signals_deferred():
                         child = self._spawn(conditions, spare=False)
@@ -170,7 +196,7 @@ class LocalExecutor:
                 break
             if delivered is not None:
                 with signals_deferred():
-                    if self.warm and self._spare is None and conditions == self._expected:
+                    if self.warm and not self.fork and self._spare is None and conditions == self._expected:
                         self._spare = self._spawn(conditions, spare=True)  # imports while this one runs
                 timed_out, verdict_at_timeout = _wait(child, timeout)
         finally:
@@ -188,7 +214,56 @@ class LocalExecutor:
             oom_kills=None if kills_before is None or kills_after is None else kills_after - kills_before,
             warm=child.warm,
             verdict_at_timeout=verdict_at_timeout,
+            forked=child.forked,
         )
+
+    def _server_for(self, conditions: Conditions) -> _Server:
+        """The fork server for ``conditions`` (all but the cap), started now if there is none; one at a time."""
+        key = replace(conditions, memory_limit=None)
+        if self._server is not None and (self._server.key != key or self._server.channel.lost):
+            self._stop_server()
+        if self._server is None:
+            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            try:
+                started = self._spawn(key, spare=False, serve=theirs.fileno())
+            except BaseException:
+                ours.close()
+                raise
+            finally:
+                theirs.close()
+            self._server = _Server(started, ServerChannel(ours), key)
+        return self._server
+
+    def _forked(self, request_path: Path, conditions: Conditions, timeout: float) -> _Started | None:
+        """The request's child, forked from the fork server; None if the server cannot (then one is spawned)."""
+        with signals_deferred():
+            server = self._server_for(conditions)
+        if not _await_warm(server.started, import_timeout(timeout)):
+            self._stop_server()  # died or hung importing: the spawned path meets the same import and reports it
+            return None
+        with signals_deferred():
+            self._count += 1
+            stem = self.workdir / f"child{self._count:03d}"
+            events_path, stderr_path = stem.with_suffix(".events.jsonl"), stem.with_suffix(".stderr")
+            order = ForkOrder(request=str(request_path), events=str(events_path),
+                              stdout=str(stem.with_suffix(".stdout")), stderr=str(stderr_path),
+                              memory_limit=conditions.memory_limit)
+            lifeline_read, lifeline_write = os.pipe()
+            try:
+                process = server.channel.fork(order, lifeline_read)
+            finally:
+                os.close(lifeline_read)
+            if process is None:
+                os.close(lifeline_write)
+                self._stop_server()
+                return None
+            return _Started(process, lifeline_write, events_path, stderr_path, conditions, warm=True, forked=True)
+
+    def _stop_server(self) -> None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.channel.close()  # the server reads EOF and exits; the lifeline ends its tree regardless
+            _stop(server.started)
 
     def _take_spare(self, conditions: Conditions) -> _Started | None:
         spare = self._spare
@@ -200,8 +275,9 @@ class LocalExecutor:
             return None
         return spare
 
-    def _spawn(self, conditions: Conditions, *, spare: bool) -> _Started:
-        """Start a keeper and its child, which imports ``conditions.preload`` and then waits for its request."""
+    def _spawn(self, conditions: Conditions, *, spare: bool, serve: int | None = None) -> _Started:
+        """Start a keeper and its child, which imports ``conditions.preload`` and then waits for its request
+        (or, with ``serve``, its channel's descriptor: becomes a fork server)."""
         self._count += 1
         stem = self.workdir / f"child{self._count:03d}"
         events_path = stem.with_suffix(".events.jsonl")
@@ -211,6 +287,8 @@ class LocalExecutor:
         if conditions.preload:
             env[PRELOAD_ENV] = ",".join(conditions.preload)
         child_argv = [sys.executable, "-m", CHILD_MODULE, WAIT_ARGUMENT] + ([IDLE_ARGUMENT] if spare else [])
+        if serve is not None:
+            child_argv = [sys.executable, "-m", CHILD_MODULE, SERVE_ARGUMENT, str(serve)]
         lifeline_read, lifeline_write = os.pipe()
         with open(stem.with_suffix(".stdout"), "wb") as out, open(stderr_path, "wb") as err:
             try:
@@ -222,7 +300,7 @@ class LocalExecutor:
                     env=env,
                     cwd=self.workdir,
                     start_new_session=True,
-                    pass_fds=(lifeline_read,),
+                    pass_fds=(lifeline_read,) if serve is None else (lifeline_read, serve),
                     preexec_fn=prepare_child(conditions.memory_limit, os.getpid()),
                 )
             except BaseException:

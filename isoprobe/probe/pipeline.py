@@ -37,10 +37,10 @@ from isoprobe.units import format_bytes
 
 
 def local_executor(spec: Spec) -> Executor:
-    """The default: isolated child processes on this machine, a warm spare if the spec wants one."""
+    """The default: isolated child processes on this machine, forked from a server or spawned (warm or not)."""
     from isoprobe.executors.local import LocalExecutor
 
-    return LocalExecutor(warm=spec.search.warm_start)
+    return LocalExecutor(warm=spec.search.warm_start, fork=spec.search.fork_server)
 
 
 def run_probe(

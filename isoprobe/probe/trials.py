@@ -67,6 +67,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         applied=result.applied if result else None,
         seconds=round(run.seconds, 3),
         warm_start=run.warm,
+        forked=run.forked,
         phase=end.phase,
         error=result.error if result else None,
         exit_code=run.returncode,

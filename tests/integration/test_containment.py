@@ -84,6 +84,10 @@ def spec(fault: str, *, at: int, edge: int | None = None, start: int = 2, cap: i
                       state_dir=str(state_dir) if state_dir else None, headroom=None, **search)
 
 
+#: How a trial's process starts (search.fork_server): the containment must hold for both.
+STARTS = pytest.mark.parametrize("fork_server", [False, True], ids=["spawned", "forked"])
+
+
 def start_isoprobe(path: Path, mark: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "isoprobe", "run", str(path)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
@@ -97,10 +101,12 @@ def committed(state_dir: Path) -> list[Path]:
 # --------------------------------------------------------------------------- class 1: leaving the session
 
 
+@STARTS
 @pytest.mark.parametrize("fault", ["escape_session", "escape_double_fork"])
-def test_processes_that_leave_the_trials_session_die_with_it_and_the_answer_stands(write_spec, tmp_path, mark, fault):
+def test_processes_that_leave_the_trials_session_die_with_it_and_the_answer_stands(write_spec, tmp_path, mark, fault,
+                                                                                   fork_server):
     # Every trial's forward (and the environment check's) starts a `sleep 600` in a session of its own.
-    path = write_spec(spec(fault, at=1, edge=3, cap=6, state_dir=tmp_path))
+    path = write_spec(spec(fault, at=1, edge=3, cap=6, state_dir=tmp_path, fork_server=fork_server))
     run = run_cli("run", str(path), env={MARK_ENV: mark})
     left = marked(mark)  # at once: isoprobe has exited, so nothing of it may be alive now
     assert left == [], left
@@ -113,9 +119,10 @@ def test_processes_that_leave_the_trials_session_die_with_it_and_the_answer_stan
     assert len(committed(tmp_path)) >= len(fitting) + 1  # each of them (and the environment check) escaped
 
 
-def test_a_timed_out_trial_takes_its_escaped_processes_with_it(write_spec, tmp_path, mark):
+@STARTS
+def test_a_timed_out_trial_takes_its_escaped_processes_with_it(write_spec, tmp_path, mark, fork_server):
     path = write_spec(spec("escape_double_fork+hang", at=3, start=3, cap=3, timeout=8, retries=0,
-                           state_dir=tmp_path))
+                           state_dir=tmp_path, fork_server=fork_server))
     run = run_cli("run", str(path), env={MARK_ENV: mark})
     left = marked(mark)
     assert left == [], left
@@ -125,10 +132,13 @@ def test_a_timed_out_trial_takes_its_escaped_processes_with_it(write_spec, tmp_p
     assert len(committed(tmp_path)) == 1
 
 
+@STARTS
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_an_interrupt_takes_the_escaped_processes_with_the_trial(write_spec, tmp_path, mark, signum, code):
+def test_an_interrupt_takes_the_escaped_processes_with_the_trial(write_spec, tmp_path, mark, signum, code,
+                                                                 fork_server):
     # Batch 2 fits; every larger batch escapes, then hangs: the signal lands while an escaped sleep lives.
-    process = start_isoprobe(write_spec(spec("escape_session+hang", at=3, state_dir=tmp_path, timeout=300)), mark)
+    process = start_isoprobe(write_spec(spec("escape_session+hang", at=3, state_dir=tmp_path, timeout=300,
+                                             fork_server=fork_server)), mark)
     try:
         assert wait_for(lambda: committed(tmp_path), 120), "no trial reached its fault"
         assert wait_for(lambda: any(" sleep 600" in line for line in marked(mark)), 10)
@@ -148,14 +158,16 @@ def test_an_interrupt_takes_the_escaped_processes_with_the_trial(write_spec, tmp
 # --------------------------------------------------------------------------- class 2: the parent dies
 
 
+@STARTS
 @pytest.mark.parametrize("fault", ["spin", "stop"])
 @pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGHUP])
 def test_when_isoprobe_dies_nothing_of_a_trial_survives_even_one_holding_the_gil_or_stopped(
-        write_spec, tmp_path, mark, fault, signum):
+        write_spec, tmp_path, mark, fault, signum, fork_server):
     # spin: the forward backtracks in a regex for ever, holding the GIL (no Python thread of the trial runs);
     # stop: the trial SIGSTOPs itself (nothing of it runs). The first trial (batch 4) does it; the environment
     # check (batch 2) does not.
-    process = start_isoprobe(write_spec(spec(fault, at=3, start=4, state_dir=tmp_path, timeout=300)), mark)
+    process = start_isoprobe(write_spec(spec(fault, at=3, start=4, state_dir=tmp_path, timeout=300,
+                                             fork_server=fork_server)), mark)
     try:
         [note] = wait_for(lambda: committed(tmp_path), 120) or [None]
         assert note is not None, "the trial never reached its fault"

@@ -1,0 +1,148 @@
+"""The fork server: one process per probe imports torch once, and every trial is a fork of it.
+
+Why: a spawned trial pays ``import torch`` (and torch._dynamo) before its
+first step, 3 to 6 s of CPU on 2 cores, and on such a machine even a warm
+spare's import competes with the running trial. A fork costs milliseconds and
+still gives every trial a fresh process: a fresh address space, a fresh
+allocator, its own rlimit, and (on CUDA) a fresh context, because the server
+never creates one. The server imports only (``protocol.PRELOAD_ENV``), runs no
+torch operation, and so has started no OpenMP pool a forked child could hang
+on; ``serve`` checks both before it answers anything.
+
+For each ``ForkOrder`` the server forks a *keeper* (``executors.keeper.Keeper``,
+the same code as the spawned path's keeper, run in the fork instead of exec'd):
+a child subreaper that watches the order's lifeline and forks the trial under
+it. So a forked trial is contained exactly as a spawned one is: its keeper
+kills and reaps everything below it when it ends or when the parent closes the
+lifeline, and the server itself runs under a keeper of its own, whose lifeline
+the parent holds, so that if the server dies its trials die with it.
+
+One order at a time: the server replies ``Forked`` (the keeper's PID), waits
+for that keeper and replies ``Ended`` with its wait status, which is the
+trial's. EOF on the channel ends the server.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import socket
+import sys
+import traceback
+
+from isoprobe.child.main import Events, cuda_initialized, exit_now, import_preload, run_request
+from isoprobe.executors.keeper import Keeper, keep
+from pydantic import ValidationError
+
+from isoprobe.protocol import Ended, ForkOrder, Forked, RequestReceived, Started, Warm
+
+_ORDER_BYTES = 65536
+
+
+def serve(channel_fd: int, events: Events) -> int:
+    """Import, report ``warm``, then fork one keeper and trial per order until the channel closes."""
+    warm = import_preload()
+    if cuda_initialized():  # never: importing creates no context; checked, because a fork would inherit it
+        sys.stderr.write("isoprobe fork server: CUDA was initialised by an import; refusing to fork trials\n")
+        return 3
+    events.emit(warm)
+    threads = len(os.listdir("/proc/self/task")) - 1  # started by the imports (measured: one, parked on a futex)
+    channel = socket.socket(fileno=channel_fd)
+    channel.set_inheritable(False)
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(channel, _ORDER_BYTES, 1)
+        except OSError:
+            return 0
+        if not data:
+            return 0  # the parent closed the channel: no more trials
+        try:
+            order = ForkOrder.model_validate_json(data)
+        except ValidationError as error:
+            sys.stderr.write(f"isoprobe fork server: bad order: {error}\n")
+            return 2
+        if len(fds) != 1:
+            sys.stderr.write("isoprobe fork server: an order came without its lifeline\n")
+            return 2
+        lifeline = fds[0]
+        pid = os.fork()
+        if pid == 0:
+            try:
+                channel.close()
+                events.close()  # the server's channel, not the trial's
+                keep(Keeper(lifeline, None, child_main=lambda: _run_forked(order, lifeline, warm.modules, threads)))
+            finally:
+                os._exit(127)
+        os.close(lifeline)
+        channel.send(Forked(pid=pid).model_dump_json().encode())
+        _, status = os.waitpid(pid, 0)
+        channel.send(Ended(pid=pid, status=status).model_dump_json().encode())
+
+
+def _run_forked(order: ForkOrder, lifeline: int, modules: list[str], threads: int) -> None:
+    """The trial, in the keeper's fork of the server: its own files, cap and events, then the request. Exits."""
+    code = 1
+    try:
+        os.close(lifeline)  # the keeper's to watch (a fork keeps what an exec would have closed)
+        _park_threads(threads)
+        _redirect(order)
+        if order.memory_limit is not None:
+            resource.setrlimit(resource.RLIMIT_DATA, (order.memory_limit, order.memory_limit))
+        events = Events(order.events)
+        events.emit(Started(pid=os.getpid()))
+        events.emit(Warm(modules=modules, seconds=0.0, cuda_initialized=cuda_initialized(), idle_priority=False,
+                         forked=True))
+        events.emit(RequestReceived(path=order.request))
+        run_request(order.request, events)
+        code = 0
+    except SystemExit as stop:
+        code = stop.code if isinstance(stop.code, int) else 1
+    except BaseException:  # noqa: BLE001 - as an uncaught exception ends a spawned child: traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    finally:
+        exit_now(code)
+
+
+def _park_threads(count: int) -> None:
+    """Start ``count`` threads that wait for ever, as the threads the imports started wait in a spawned trial.
+
+    Why: the memory a CPU trial is capped on must be what a spawned process
+    (the user's own) would use. A fork has only the forking thread; glibc puts
+    the stacks of the server's other threads in its stack cache, and the first
+    threads the trial starts (OpenMP's workers) reuse them instead of mapping
+    new ones. Measured: the forked trial's data segment 8 MiB (one thread's
+    stack) below a spawned one's at the same batch, which moved small-cnn's
+    edge from 135 to 138. Parked threads take those cached stacks back, so the
+    trial's own threads map theirs as in a spawned process.
+
+    Native threads in ``pause()`` with every signal blocked, not Python ones:
+    a Python thread allocates, and its first allocation maps a new malloc arena
+    whose reservation lifts VmPeak, from which the data peak is estimated
+    (``child.memory``); ``pause`` allocates nothing and, with no signal to
+    wake it, never returns.
+    """
+    if count <= 0:
+        return
+    import ctypes
+    import signal
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    start = ctypes.cast(libc.pause, ctypes.c_void_p)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())  # the threads inherit the mask
+    try:
+        for _ in range(count):
+            thread = ctypes.c_ulong()
+            libc.pthread_create(ctypes.byref(thread), None, start, None)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+
+def _redirect(order: ForkOrder) -> None:
+    """The forked child's standard streams: stdin from /dev/null, stdout and stderr to the order's files."""
+    for target, path, flags in ((0, os.devnull, os.O_RDONLY),
+                                (1, order.stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+                                (2, order.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+        fd = os.open(path, flags, 0o600)
+        os.dup2(fd, target)
+        os.close(fd)
