@@ -418,17 +418,17 @@ class SearchSpec(_Strict):
         ),
     )
 
-    fork_server: bool = Field(
-        False,
+    fork_server: bool | None = Field(
+        None,
         description=(
             "Fork every trial from one server process that imported torch and the model library once (it never "
-            "touches the GPU nor runs a torch operation): a trial starts in milliseconds instead of seconds, and "
-            "is still a fresh process with its own memory, cap, allocator and CUDA context, contained as a "
-            "spawned one is. Measured on the CPU backend: the same edge as spawned trials, small-cnn in 23.6 s "
-            "instead of 41 s. Off by default for now: a forked CPU trial's resident readings start lower (the "
-            "libraries' pages the server touched count only once the trial touches them), so the recommendation, "
-            "drawn on resident peaks, can come out higher than a spawned probe's. false: spawn each trial's "
-            "process (warm_start then applies). A server that cannot start or dies is replaced by spawned ones."
+            "creates a CUDA context nor runs a torch operation): a trial starts in milliseconds instead of "
+            "seconds, and is still a fresh process with its own memory, cap, allocator and CUDA context, "
+            "contained as a spawned one is, and measuring what a spawned one does (the server's threads and "
+            "resident library pages are restored in each fork). null (the default): on the CPU backend, where "
+            "this was measured; spawned on CUDA until it is measured on a GPU. true: on both; false: spawn "
+            "every trial's process (warm_start then applies). A server that cannot start or dies is replaced "
+            "by spawned processes."
         ),
     )
 

@@ -47,6 +47,7 @@ def serve(channel_fd: int, events: Events) -> int:
         return 3
     events.emit(warm)
     threads = len(os.listdir("/proc/self/task")) - 1  # started by the imports (measured: one, parked on a futex)
+    resident = resident_file_ranges()
     channel = socket.socket(fileno=channel_fd)
     channel.set_inheritable(False)
     while True:
@@ -70,7 +71,7 @@ def serve(channel_fd: int, events: Events) -> int:
             try:
                 channel.close()
                 events.close()  # the server's channel, not the trial's
-                keep(Keeper(lifeline, None, child_main=lambda: _run_forked(order, lifeline, warm.modules, threads)))
+                keep(Keeper(lifeline, None, child_main=lambda: _run_forked(order, lifeline, warm.modules, threads, resident)))
             finally:
                 os._exit(127)
         os.close(lifeline)
@@ -79,12 +80,14 @@ def serve(channel_fd: int, events: Events) -> int:
         channel.send(Ended(pid=pid, status=status).model_dump_json().encode())
 
 
-def _run_forked(order: ForkOrder, lifeline: int, modules: list[str], threads: int) -> None:
+def _run_forked(order: ForkOrder, lifeline: int, modules: list[str], threads: int,
+                resident: list[tuple[int, int]]) -> None:
     """The trial, in the keeper's fork of the server: its own files, cap and events, then the request. Exits."""
     code = 1
     try:
         os.close(lifeline)  # the keeper's to watch (a fork keeps what an exec would have closed)
         _park_threads(threads)
+        populate(resident)
         _redirect(order)
         if order.memory_limit is not None:
             resource.setrlimit(resource.RLIMIT_DATA, (order.memory_limit, order.memory_limit))
@@ -102,6 +105,61 @@ def _run_forked(order: ForkOrder, lifeline: int, modules: list[str], threads: in
         code = 1
     finally:
         exit_now(code)
+
+
+#: /proc/self/pagemap: one 64-bit entry per page; bit 63 says the page is present (readable unprivileged).
+_PAGE = os.sysconf("SC_PAGE_SIZE")
+_PRESENT = 1 << 63
+#: madvise(2) MADV_POPULATE_READ (Linux 5.14): map the pages, as reading each would, without reading them.
+_MADV_POPULATE_READ = 22
+
+
+def resident_file_ranges() -> list[tuple[int, int]]:
+    """The server's resident pages of mapped files (the libraries' code and data), as (address, length) runs.
+
+    Why: resident memory is a CPU trial's ``peak_bytes`` and the line the
+    recommendation is drawn on. A fork does not copy the page-table entries of
+    file mappings it never wrote (the kernel maps them again on the first
+    touch), so a forked trial starts with its libraries' pages uncounted:
+    measured 365 MiB resident where the server, like a spawned trial, has 658
+    MiB. ``populate`` maps these runs in the fork. Reading the map: ~0.15 s, once.
+    """
+    runs: list[tuple[int, int]] = []
+    try:
+        with open("/proc/self/maps") as maps, open("/proc/self/pagemap", "rb") as pagemap:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) < 6 or not fields[5].startswith("/") or fields[1][0] != "r":
+                    continue
+                start, end = (int(value, 16) for value in fields[0].split("-"))
+                pagemap.seek(start // _PAGE * 8)
+                entries = memoryview(pagemap.read((end - start) // _PAGE * 8)).cast("Q")
+                run = None
+                for index, entry in enumerate(entries):
+                    if entry & _PRESENT:
+                        run = index if run is None else run
+                    elif run is not None:
+                        runs.append((start + run * _PAGE, (index - run) * _PAGE))
+                        run = None
+                if run is not None:
+                    runs.append((start + run * _PAGE, (len(entries) - run) * _PAGE))
+    except (OSError, ValueError):
+        return []
+    return runs
+
+
+def populate(runs: list[tuple[int, int]]) -> None:
+    """Map ``runs`` into this process's page tables (see ``resident_file_ranges``); a failure only costs fidelity."""
+    if not runs:
+        return
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for address, length in runs:
+        if libc.madvise(address, length, _MADV_POPULATE_READ) != 0:
+            for page in range(address, address + length, _PAGE):  # before Linux 5.14: touch each page
+                ctypes.string_at(page, 1)
 
 
 def _park_threads(count: int) -> None:

@@ -38,6 +38,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -114,14 +115,14 @@ class LocalExecutor:
     so a warm start can change how fast a verdict comes, never what it is.
     """
 
-    def __init__(self, workdir: Path | None = None, *, warm: bool = False, fork: bool = False):
+    def __init__(self, workdir: Path | None = None, *, warm: bool = False, fork: Iterable[str] = ()):
         self._scratch = None
         if workdir is None:
             self._scratch = tempfile.TemporaryDirectory(prefix="isoprobe-")
             workdir = Path(self._scratch.name)
         self.workdir = workdir
         self.warm = warm
-        self.fork = fork
+        self.fork = frozenset(fork)  # the backends whose children are forked from a fork server
         self._expected: Conditions | None = None
         self._spare: _Started | None = None
         self._server: _Server | None = None
@@ -136,7 +137,7 @@ class LocalExecutor:
     def prestart(self, conditions: Conditions) -> None:
         """The next trials run under ``conditions``: (warm only) replace a spare started for others, start one."""
         self._expected = conditions
-        if self.fork:
+        if conditions.backend in self.fork:
             with signals_deferred():
                 self._server_for(conditions)  # imports while the probe goes on
             return
@@ -172,7 +173,7 @@ class LocalExecutor:
         delivered: float | None = None
         timed_out = verdict_at_timeout = False
         try:
-            if self.fork:
+            if conditions.backend in self.fork:
                 child = self._forked(request_path, conditions, timeout)
                 if child is not None:
                     delivered = time.monotonic()
@@ -196,7 +197,7 @@ class LocalExecutor:
                 break
             if delivered is not None:
                 with signals_deferred():
-                    if self.warm and not self.fork and self._spare is None and conditions == self._expected:
+                    if self.warm and not child.forked and self._spare is None and conditions == self._expected:
                         self._spare = self._spawn(conditions, spare=True)  # imports while this one runs
                 timed_out, verdict_at_timeout = _wait(child, timeout)
         finally:

@@ -40,7 +40,8 @@ def local_executor(spec: Spec) -> Executor:
     """The default: isolated child processes on this machine, forked from a server or spawned (warm or not)."""
     from isoprobe.executors.local import LocalExecutor
 
-    return LocalExecutor(warm=spec.search.warm_start, fork=spec.search.fork_server)
+    forked = {None: ("cpu",), True: ("cpu", "cuda"), False: ()}[spec.search.fork_server]
+    return LocalExecutor(warm=spec.search.warm_start, fork=forked)
 
 
 def run_probe(

@@ -71,7 +71,7 @@ def test_cpu_readings_are_in_the_budgets_units(guided):
 def test_warm_start_is_the_default_and_can_be_turned_off(guided, write_spec):
     warm = guided["trials"]
     assert all(t["warm_start"] for t in warm), [(t["index"], t["warm_start"]) for t in warm]
-    spec = hog_spec(start_batch_size=2, max_batch_size=4, confirmations=0, warm_start=False)
+    spec = hog_spec(start_batch_size=2, max_batch_size=4, confirmations=0, warm_start=False, fork_server=False)
     cold = run_cli("run", str(write_spec(spec)))
     assert cold.returncode == 0, cold.stderr
     assert [t["warm_start"] for t in cold.json["trials"]] == [False] * len(cold.json["trials"])

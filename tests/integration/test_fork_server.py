@@ -42,7 +42,7 @@ def _server_events(workdir: Path) -> list:
 def test_each_trial_is_a_fresh_fork_of_a_server_that_never_created_a_cuda_context(tmp_path):
     spec = Spec.model_validate(hog_spec())
     conditions = trial_conditions(spec, "cpu", BUDGET)
-    with LocalExecutor(tmp_path, fork=True) as executor:
+    with LocalExecutor(tmp_path, fork=("cpu",)) as executor:
         runs = [executor.run(_request(spec, 2), conditions, timeout=120, name=f"t{i}") for i in range(2)]
         server = _server_events(tmp_path)
     assert [classify_exit(run).outcome.value for run in runs] == ["fits", "fits"]
@@ -67,7 +67,7 @@ def test_a_forked_trial_measures_what_a_spawned_one_does(tmp_path):
     conditions = trial_conditions(spec, "cpu", BUDGET)
     peaks = {}
     for fork in (True, False):
-        with LocalExecutor(tmp_path / str(fork), fork=fork) as executor:
+        with LocalExecutor(tmp_path / str(fork), fork=("cpu",) if fork else ()) as executor:
             (tmp_path / str(fork)).mkdir(exist_ok=True)
             run = executor.run(_request(spec, 24), conditions, timeout=300, name="t")
         assert classify_exit(run).outcome.value == "fits"
@@ -92,7 +92,7 @@ def test_a_server_killed_during_a_trial_takes_the_trial_with_it_and_the_trial_is
     state.mkdir()
     spec = Spec.model_validate(fault_spec("hang", at=2, start=2, cap=2, state_dir=str(state)))
     conditions = trial_conditions(spec, "cpu", None)
-    with LocalExecutor(tmp_path, fork=True) as executor:
+    with LocalExecutor(tmp_path, fork=("cpu",)) as executor:
         executor.prestart(conditions)
         server_pid = wait_for(lambda: _started_server(tmp_path), 60)
         assert server_pid, "the fork server did not start"
