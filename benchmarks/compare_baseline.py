@@ -16,11 +16,13 @@ recommended batch's check) are counted in its total and its wall time.
 ``--save DIR`` keeps every run's JSON (isoprobe's full result included).
 
 Variants of isoprobe (``--variants``, default ``guided``): ``guided`` (the
-settings with ``search.warm_start: true``), ``cold`` (``search.warm_start: false``: every trial imports
-torch itself), ``doubling`` (``search.strategy: doubling``), ``once``
+spec's settings: on the CPU backend every trial forked from the fork server),
+``spawned`` (``search.fork_server: false``: spawned trials with a warm spare),
+``cold`` (``fork_server: false, warm_start: false``: every trial imports torch
+itself), ``doubling`` (``search.strategy: doubling``), ``once``
 (``search.confirmations: 0``: every batch runs once, the baseline's level of
 checking; the recommended batch is still run). With ``guided``
-and ``cold`` both run, it prints what a warm start saved per trial, batch by
+and ``cold`` both run, it prints what the faster start saved per trial, batch by
 batch. The numbers are measurements of this machine at this moment: run the
 variants in one invocation to compare them.
 """
@@ -46,10 +48,11 @@ from isoprobe.spec import load_spec  # noqa: E402
 from isoprobe.executors.processes import child_environment, prepare_child  # noqa: E402
 
 VARIANTS = {
-    "guided": {"warm_start": True},
-    "cold": {"warm_start": False},
+    "guided": {},
+    "spawned": {"fork_server": False, "warm_start": True},
+    "cold": {"fork_server": False, "warm_start": False},
     "doubling": {"strategy": "doubling"},
-    "once": {"confirmations": 0, "warm_start": True},
+    "once": {"confirmations": 0},
 }
 EXTRA_PURPOSES = ("confirmation", "recommendation_check")
 
@@ -155,7 +158,7 @@ def report(spec_path: Path, runs: list[dict], baseline: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="+", type=Path)
-    parser.add_argument("--variants", default="guided", help="comma-separated: guided, cold, doubling")
+    parser.add_argument("--variants", default="guided", help="comma-separated: guided, spawned, cold, doubling, once")
     parser.add_argument("--device", help="override the specs' device (cpu, cuda, cuda:N)")
     parser.add_argument("--save", type=Path, help="folder to write every run's JSON into")
     args = parser.parse_args()

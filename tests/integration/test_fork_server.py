@@ -75,18 +75,6 @@ def test_a_forked_trial_measures_what_a_spawned_one_does(tmp_path):
     assert abs(peaks[True] - peaks[False]) < 2 * 1024**2, peaks  # one sample is ~23 MB
 
 
-def test_a_probe_with_the_fork_server_finds_the_same_edge_and_says_its_trials_were_forked(write_spec):
-    results = {}
-    for fork in (True, False):
-        run = run_cli("run", str(write_spec(hog_spec(start_batch_size=16, confirmations=0, fork_server=fork),
-                                            f"hog-{fork}.yaml")))
-        assert run.returncode == 0, run.stderr
-        results[fork] = run.json
-        assert {t["forked"] for t in run.json["trials"]} == {fork}
-    assert results[True]["max_batch_size"] == results[False]["max_batch_size"]
-    assert results[True]["first_failing_batch_size"] == results[False]["first_failing_batch_size"]
-
-
 def test_a_server_killed_during_a_trial_takes_the_trial_with_it_and_the_trial_is_crashed_not_fitting(tmp_path):
     state = tmp_path / "state"
     state.mkdir()

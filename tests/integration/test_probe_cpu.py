@@ -39,6 +39,9 @@ def test_answers_with_exit_0_and_exactly_one_json_document(edge):
     assert result["answered"] is True
     assert result["stop_reason"] == "edge_found"
     assert result["device"]["backend"] == "cpu"
+    # On the CPU backend every trial (and the environment check) is forked from the fork server by default;
+    # test_maximum_fits_and_maximum_plus_one_fails_in_fresh_processes re-runs the edge in new probes.
+    assert all(t["forked"] and t["warm_start"] for t in result["trials"])
     assert result["device"]["memory_budget_bytes"] == int(1.5 * 1024**3)
 
 

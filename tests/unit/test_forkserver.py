@@ -1,0 +1,100 @@
+"""The parent's end of the fork server's channel, against a server played by the test (no processes)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+
+import pytest
+
+from isoprobe.child.server import resident_file_ranges
+from isoprobe.executors.forkserver import ServerChannel
+from isoprobe.protocol import SERVER_REPLY, Ended, ForkOrder, Forked
+
+
+@pytest.fixture
+def ends():
+    parent, server = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    yield ServerChannel(parent), server
+    parent.close()
+    server.close()
+
+
+ORDER = ForkOrder(request="/r.json", events="/e.jsonl", stdout="/o", stderr="/e", memory_limit=123)
+
+
+def _take_order(server: socket.socket) -> tuple[ForkOrder, list[int]]:
+    data, fds, _, _ = socket.recv_fds(server, 65536, 1)
+    return ForkOrder.model_validate_json(data), fds
+
+
+def test_an_order_carries_the_lifeline_and_the_reply_names_the_process(ends):
+    channel, server = ends
+    read, write = os.pipe()
+    server.send(Forked(pid=4242).model_dump_json().encode())  # SEQPACKET: replies queue as whole messages
+    process = channel.fork(ORDER, read)
+    order, fds = _take_order(server)
+    assert order == ORDER and len(fds) == 1
+    os.close(write)
+    assert os.read(fds[0], 1) == b""  # the same pipe: its write end closed, the server's copy reads EOF
+    for fd in (read, *fds):
+        os.close(fd)
+    assert process is not None and process.pid == 4242 and process.poll() is None
+
+
+@pytest.mark.parametrize(("status", "code"), [(0, 0), (3 << 8, 3), (signal.SIGKILL, -signal.SIGKILL),
+                                              (signal.SIGSEGV, -signal.SIGSEGV)])
+def test_the_end_is_the_raw_wait_status_as_popen_reports_it(ends, status, code):
+    channel, server = ends
+    server.send(Forked(pid=7).model_dump_json().encode())
+    read, write = os.pipe()
+    process = channel.fork(ORDER, read)
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(timeout=0.05)
+    server.send(Ended(pid=7, status=status).model_dump_json().encode())
+    assert process.wait(timeout=5) == code and process.returncode == code
+    os.close(read)
+    os.close(write)
+
+
+@pytest.mark.parametrize("end", ["eof", "garbage"])
+def test_a_server_that_is_gone_or_talks_nonsense_leaves_a_killed_trial_never_a_clean_exit(ends, end):
+    channel, server = ends
+    server.send(Forked(pid=9).model_dump_json().encode())
+    read, write = os.pipe()
+    process = channel.fork(ORDER, read)
+    if end == "eof":
+        server.close()
+    else:
+        server.send(b'{"reply": "ended", "pid": 9, "status": "zero"}')
+    assert process.wait(timeout=5) == -signal.SIGKILL
+    assert channel.lost
+    assert channel.fork(ORDER, read) is None  # and no further order goes to it
+    os.close(read)
+    os.close(write)
+
+
+def test_an_order_the_server_does_not_answer_is_refused_not_waited_for_ever(ends, monkeypatch):
+    import isoprobe.executors.forkserver as forkserver
+
+    monkeypatch.setattr(forkserver, "FORK_REPLY_SECONDS", 0.05)
+    channel, _ = ends
+    read, write = os.pipe()
+    assert channel.fork(ORDER, read) is None and channel.lost
+    os.close(read)
+    os.close(write)
+
+
+def test_the_replies_are_typed_and_strict():
+    assert isinstance(SERVER_REPLY.validate_json(b'{"reply": "forked", "pid": 1}'), Forked)
+    with pytest.raises(ValueError):
+        SERVER_REPLY.validate_json(b'{"reply": "forked", "pid": 1, "extra": 2}')
+
+
+def test_resident_file_ranges_are_page_aligned_runs_inside_file_mappings():
+    runs = resident_file_ranges()
+    assert runs, "this interpreter has resident library pages"
+    page = os.sysconf("SC_PAGE_SIZE")
+    assert all(address % page == 0 and length > 0 and length % page == 0 for address, length in runs)
