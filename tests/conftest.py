@@ -47,6 +47,19 @@ def pytest_collection_modifyitems(items):
             if item.get_closest_marker(marker) is not None:
                 item.add_marker(pytest.mark.xdist_group(group))
                 break
+        else:
+            if _uses_a_module_fixture(item):
+                # A module-scoped fixture (a whole probe, measured once for the module's tests) is set up
+                # once per worker that runs one of its tests: keep those tests in one worker. Measured: the
+                # probes of test_probe_cpu, test_real_loop and test_fast_answers each ran twice otherwise.
+                item.add_marker(pytest.mark.xdist_group(item.module.__name__))
+
+
+def _uses_a_module_fixture(item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    return any(definitions and definitions[-1].scope == "module" for definitions in info.name2fixturedefs.values())
 
 
 def _descendants(root: int) -> list[int]:

@@ -26,8 +26,10 @@ from __future__ import annotations
 
 import os
 import resource
+import signal
 import socket
 import sys
+import time
 import traceback
 
 from isoprobe.child.main import Events, cuda_initialized, exit_now, import_preload, run_request
@@ -45,9 +47,16 @@ def serve(channel_fd: int, events: Events) -> int:
     if cuda_initialized():  # never: importing creates no context; checked, because a fork would inherit it
         sys.stderr.write("isoprobe fork server: CUDA was initialised by an import; refusing to fork trials\n")
         return 3
-    events.emit(warm)
-    threads = len(os.listdir("/proc/self/task")) - 1  # started by the imports (measured: one, parked on a futex)
+    # The threads the imports started (measured: one, waiting on a futex), counted before the first fork: a
+    # library's fork handler stops it (measured: none left after the canary), and its stack then waits in
+    # glibc's cache for the next thread, in the server and in every fork (see _park_threads).
+    threads = len(os.listdir("/proc/self/task")) - 1
+    if not forks_safely():
+        sys.stderr.write("isoprobe fork server: a fork of this process hangs or fails in a parallel torch "
+                         "operation (an import started OpenMP's thread pool?): this probe spawns its trials\n")
+        return 4
     resident = resident_file_ranges()
+    events.emit(warm)
     channel = socket.socket(fileno=channel_fd)
     channel.set_inheritable(False)
     while True:
@@ -78,6 +87,42 @@ def serve(channel_fd: int, events: Events) -> int:
         channel.send(Forked(pid=pid).model_dump_json().encode())
         _, status = os.waitpid(pid, 0)
         channel.send(Ended(pid=pid, status=status).model_dump_json().encode())
+
+
+#: How long the canary fork (``forks_safely``) may take: a 1 Mi-element tanh takes milliseconds.
+CANARY_SECONDS = 10.0
+
+
+def forks_safely(timeout: float = CANARY_SECONDS) -> bool:
+    """Whether a fork of this process can run a parallel torch operation: the proof, before any trial is forked.
+
+    GNU OpenMP's thread pool does not survive a fork: once a process has run a
+    parallel region, a forked child's first parallel region waits for ever for
+    workers that were not copied (measured: a tanh over 4 Mi elements, run in
+    the parent first, hung the child). The server runs no torch operation, but
+    an import could (a model library computing a table at import time). So a
+    canary is forked and runs one parallel operation over the intra-op pool; if
+    it does not finish in ``timeout`` seconds, or fails, no trial is forked and
+    the executor spawns them instead. A fork runs the canary, never the server.
+    """
+    pid = os.fork()
+    if pid == 0:
+        try:
+            import torch
+
+            torch.ones(1 << 20).tanh_().sum()  # 32 chunks of torch's 32768-element grain: every worker is asked
+            os._exit(0)
+        except BaseException:  # noqa: BLE001 - any failure means: do not fork trials
+            os._exit(1)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status == 0
+        time.sleep(0.005)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return False
 
 
 def _run_forked(order: ForkOrder, lifeline: int, modules: list[str], threads: int,
@@ -166,10 +211,12 @@ def _park_threads(count: int) -> None:
     """Start ``count`` threads that wait for ever, as the threads the imports started wait in a spawned trial.
 
     Why: the memory a CPU trial is capped on must be what a spawned process
-    (the user's own) would use. A fork has only the forking thread; glibc puts
-    the stacks of the server's other threads in its stack cache, and the first
-    threads the trial starts (OpenMP's workers) reuse them instead of mapping
-    new ones. Measured: the forked trial's data segment 8 MiB (one thread's
+    (the user's own) would use. The thread ``import torch`` starts is stopped
+    by a fork handler in the server at its first fork, and a fork has only the
+    forking thread anyway: that thread's stack waits in glibc's stack cache, and
+    the first thread the trial starts (an OpenMP worker) reuses it instead of
+    mapping a new one, where a spawned trial, whose import thread lives on,
+    maps one. Measured: the forked trial's data segment 8 MiB (one thread's
     stack) below a spawned one's at the same batch, which moved small-cnn's
     edge from 135 to 138. Parked threads take those cached stacks back, so the
     trial's own threads map theirs as in a spawned process.

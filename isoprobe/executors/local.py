@@ -126,6 +126,7 @@ class LocalExecutor:
         self._expected: Conditions | None = None
         self._spare: _Started | None = None
         self._server: _Server | None = None
+        self._unforkable: set[Conditions] = set()  # server keys whose server failed: spawn for the rest of the probe
         self._count = 0
 
     def __enter__(self) -> "LocalExecutor":
@@ -137,7 +138,7 @@ class LocalExecutor:
     def prestart(self, conditions: Conditions) -> None:
         """The next trials run under ``conditions``: (warm only) replace a spare started for others, start one."""
         self._expected = conditions
-        if conditions.backend in self.fork:
+        if self._forks(conditions):
             with signals_deferred():
                 self._server_for(conditions)  # imports while the probe goes on
             return
@@ -173,7 +174,7 @@ class LocalExecutor:
         delivered: float | None = None
         timed_out = verdict_at_timeout = False
         try:
-            if conditions.backend in self.fork:
+            if self._forks(conditions):
                 child = self._forked(request_path, conditions, timeout)
                 if child is not None:
                     delivered = time.monotonic()
@@ -218,6 +219,10 @@ class LocalExecutor:
             forked=child.forked,
         )
 
+    def _forks(self, conditions: Conditions) -> bool:
+        """Whether requests under ``conditions`` are forked: their backend's, and no server of theirs failed."""
+        return conditions.backend in self.fork and replace(conditions, memory_limit=None) not in self._unforkable
+
     def _server_for(self, conditions: Conditions) -> _Server:
         """The fork server for ``conditions`` (all but the cap), started now if there is none; one at a time."""
         key = replace(conditions, memory_limit=None)
@@ -240,7 +245,11 @@ class LocalExecutor:
         with signals_deferred():
             server = self._server_for(conditions)
         if not _await_warm(server.started, import_timeout(timeout)):
-            self._stop_server()  # died or hung importing: the spawned path meets the same import and reports it
+            # Died, hung importing, or found that its forks would hang (``child.server.forks_safely``): this
+            # probe spawns from now on under these conditions; a spawned child meets the same import, if that
+            # was the trouble, and reports it as the trial's.
+            self._unforkable.add(server.key)
+            self._stop_server()
             return None
         with signals_deferred():
             self._count += 1
@@ -256,6 +265,7 @@ class LocalExecutor:
                 os.close(lifeline_read)
             if process is None:
                 os.close(lifeline_write)
+                self._unforkable.add(server.key)
                 self._stop_server()
                 return None
             return _Started(process, lifeline_write, events_path, stderr_path, conditions, warm=True, forked=True)

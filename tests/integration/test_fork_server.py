@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -73,6 +74,20 @@ def test_a_forked_trial_measures_what_a_spawned_one_does(tmp_path):
         assert classify_exit(run).outcome.value == "fits"
         peaks[fork] = last_of(run.events, TrialResult).budget_peak_bytes
     assert abs(peaks[True] - peaks[False]) < 2 * 1024**2, peaks  # one sample is ~23 MB
+
+
+def test_a_server_whose_imports_started_openmp_forks_no_trial_and_the_probe_spawns_them(tmp_path, monkeypatch):
+    # tests/pool_at_import.py runs a parallel tanh when imported: a fork of the server would hang in its first
+    # parallel region (measured). The server's canary fork finds that out before any trial is forked.
+    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    spec = Spec.model_validate(hog_spec())
+    conditions = replace(trial_conditions(spec, "cpu", BUDGET), preload=("torch", "torch._dynamo", "pool_at_import"))
+    with LocalExecutor(tmp_path, fork=("cpu",)) as executor:
+        runs = [executor.run(_request(spec, 2), conditions, timeout=120, name=f"t{i}") for i in range(2)]
+    assert [classify_exit(run).outcome.value for run in runs] == ["fits", "fits"]
+    assert not any(run.forked for run in runs)
+    said = [p.read_text() for p in tmp_path.glob("child*.stderr") if "fork server" in p.read_text()]
+    assert len(said) == 1 and "spawns its trials" in said[0], said  # one server tried, then none again
 
 
 def test_a_server_killed_during_a_trial_takes_the_trial_with_it_and_the_trial_is_crashed_not_fitting(tmp_path):
