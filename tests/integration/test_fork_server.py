@@ -73,7 +73,7 @@ def test_a_forked_trial_measures_what_a_spawned_one_does(tmp_path):
             run = executor.run(_request(spec, 24), conditions, timeout=300, name="t")
         assert classify_exit(run).outcome.value == "fits"
         peaks[fork] = last_of(run.events, TrialResult).budget_peak_bytes
-    assert abs(peaks[True] - peaks[False]) < 2 * 1024**2, peaks  # one sample is ~23 MB
+    assert abs(peaks[True] - peaks[False]) < 4 * 1024**2, peaks  # one sample is ~23 MB; a stack is 8 MiB
 
 
 def test_a_server_whose_imports_started_openmp_forks_no_trial_and_the_probe_spawns_them(tmp_path, monkeypatch):
