@@ -80,13 +80,26 @@ def serve(channel_fd: int, events: Events) -> int:
             try:
                 channel.close()
                 events.close()  # the server's channel, not the trial's
-                keep(Keeper(lifeline, None, child_main=lambda: _run_forked(order, lifeline, warm.modules, threads, resident)))
+                keep(Keeper(lifeline, None,
+                            child_main=lambda: _run_forked(order, lifeline, warm.modules, threads, resident)))
             finally:
                 os._exit(127)
         os.close(lifeline)
-        channel.send(Forked(pid=pid).model_dump_json().encode())
+        if not _reply(channel, Forked(pid=pid)):
+            os.waitpid(pid, 0)  # the parent is gone: its lifeline is closed, so the keeper ends the trial
+            return 0
         _, status = os.waitpid(pid, 0)
-        channel.send(Ended(pid=pid, status=status).model_dump_json().encode())
+        if not _reply(channel, Ended(pid=pid, status=status)):
+            return 0
+
+
+def _reply(channel: socket.socket, reply: Forked | Ended) -> bool:
+    """Send one reply; False if the parent's end is closed (it is going: nothing is left to tell it)."""
+    try:
+        channel.send(reply.model_dump_json().encode())
+    except OSError:
+        return False
+    return True
 
 
 #: How long the canary fork (``forks_safely``) may take: a 1 Mi-element tanh takes milliseconds.
