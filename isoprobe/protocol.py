@@ -174,6 +174,11 @@ class TrialResult(_Event):
     peak_allocated_bytes: int | None = None
     budget_peak_bytes: int | None = None
     base_bytes: int | None = None
+    file_resident_bytes: int | None = Field(
+        None, description="CPU: resident pages of mapped files at the end (RssFile: the libraries' code, mostly). "
+        "How many of them are resident depends on the page cache, not on the trial, so the resident over-budget "
+        "rule (probe.plausibility.over_budget) leaves them out of peak_bytes."
+    )
     total_memory_bytes: int | None = None
     sizes: Sizes | None = None
     compile_seconds: float | None = None

@@ -125,4 +125,4 @@ def cpu_readings() -> dict[str, int | None]:
     memory = cpu_memory()
     base = None if memory.data is None else memory.data + shared
     return {"peak_bytes": memory.peak_rss, "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared),
-            "base_bytes": base}
+            "base_bytes": base, "file_resident_bytes": _proc_status_bytes("RssFile")["RssFile"]}
