@@ -252,9 +252,7 @@ class LocalExecutor:
             self._stop_server()
             return None
         with signals_deferred():
-            self._count += 1
-            stem = self.workdir / f"child{self._count:03d}"
-            events_path, stderr_path = stem.with_suffix(".events.jsonl"), stem.with_suffix(".stderr")
+            stem, events_path, stderr_path = self._next_files()
             order = ForkOrder(request=str(request_path), events=str(events_path),
                               stdout=str(stem.with_suffix(".stdout")), stderr=str(stderr_path),
                               memory_limit=conditions.memory_limit)
@@ -269,6 +267,12 @@ class LocalExecutor:
                 self._stop_server()
                 return None
             return _Started(process, lifeline_write, events_path, stderr_path, conditions, warm=True, forked=True)
+
+    def _next_files(self) -> tuple[Path, Path, Path]:
+        """The next child's file stem (stdout is ``.stdout``), its events file and its stderr file."""
+        self._count += 1
+        stem = self.workdir / f"child{self._count:03d}"
+        return stem, stem.with_suffix(".events.jsonl"), stem.with_suffix(".stderr")
 
     def _stop_server(self) -> None:
         server, self._server = self._server, None
@@ -289,10 +293,7 @@ class LocalExecutor:
     def _spawn(self, conditions: Conditions, *, spare: bool, serve: int | None = None) -> _Started:
         """Start a keeper and its child, which imports ``conditions.preload`` and then waits for its request
         (or, with ``serve``, its channel's descriptor: becomes a fork server)."""
-        self._count += 1
-        stem = self.workdir / f"child{self._count:03d}"
-        events_path = stem.with_suffix(".events.jsonl")
-        stderr_path = stem.with_suffix(".stderr")
+        stem, events_path, stderr_path = self._next_files()
         env = child_environment(os.environ, backend=conditions.backend, allocator=conditions.allocator,
                                 events_path=events_path)
         if conditions.preload:

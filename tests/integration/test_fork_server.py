@@ -35,9 +35,11 @@ def _request(spec: Spec, batch: int) -> TrialRequest:
 
 
 def _server_events(workdir: Path) -> list:
-    [path] = [p for p in workdir.glob("child*.events.jsonl") if any(
-        isinstance(e, Warm) and not e.forked for e in read_events(p))]
-    return read_events(path)
+    """The fork server's events: the one events file whose ``warm`` was not written by a fork (empty: none yet)."""
+    servers = [events for events in map(read_events, workdir.glob("child*.events.jsonl"))
+               if any(isinstance(e, Warm) and not e.forked for e in events)]
+    assert len(servers) <= 1, servers
+    return servers[0] if servers else []
 
 
 def test_each_trial_is_a_fresh_fork_of_a_server_that_never_created_a_cuda_context(tmp_path):
@@ -109,11 +111,9 @@ def test_a_server_killed_during_a_trial_takes_the_trial_with_it_and_the_trial_is
 
 
 def _started_server(workdir: Path) -> int | None:
-    for path in workdir.glob("child*.events.jsonl"):
-        events = read_events(path)
-        if last_of(events, Warm) is not None:
-            return last_of(events, Started).pid
-    return None
+    """The fork server's PID once it is warm, else None."""
+    started = last_of(_server_events(workdir), Started)
+    return started.pid if started else None
 
 
 def _kill_when_committed(state: Path, pid: int):
