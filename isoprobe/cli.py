@@ -49,11 +49,20 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     def with_overrides(sub: argparse.ArgumentParser) -> None:
+        """The spec and the flags that change it: every subcommand that reads a spec takes them all."""
         sub.add_argument("spec", help="path to the YAML spec")
         sub.add_argument("--device", help="override the spec's device: auto, cpu, cuda, cuda:N")
         sub.add_argument("--memory-budget", help="override memory_budget, e.g. 8GiB or '16 GB'")
         # Not type=int: the value is checked with the spec (named, and in hook mode answered with the fallback).
         sub.add_argument("--max-batch-size", help="override search.max_batch_size")
+        # Not parsed here either: a bad --set is a spec problem (exit 2, every problem at once; hook mode: fallback).
+        sub.add_argument(
+            "--set", action="append", default=[], metavar="FIELD=VALUE", dest="set",
+            help="override any spec field by its dotted path, e.g. --set search.max_batch_size=512 --set "
+                 "training.precision=bf16-mixed; the value is YAML (a list: input.shape=[3,64,64]; empty: null), "
+                 "validated as if written in the spec; repeatable, the last one for a field wins, and "
+                 "--device, --memory-budget and --max-batch-size win over a --set of their field",
+        )
 
     run = commands.add_parser(
         "run",
@@ -108,9 +117,10 @@ def _overrides(args: argparse.Namespace) -> dict:
 
 
 def _load(args: argparse.Namespace):
+    """The spec with its overrides: every --set, left to right, then the named flags (which win for their field)."""
     from isoprobe.spec import check_references, load_spec
 
-    spec = load_spec(args.spec, _overrides(args))
+    spec = load_spec(args.spec, _overrides(args), sets=args.set)
     check_references(spec, args.spec)
     return spec
 
@@ -276,10 +286,16 @@ def _result_for(args: argparse.Namespace, log):
             Reporter(log.say),
             use_cache=not args.no_cache,
             refresh=args.refresh,
-            budget_source="command line" if args.memory_budget is not None else "spec",
+            budget_source="command line" if _budget_overridden(args) else "spec",
         )
     except OSError as exc:
         raise ProbeError(_system_refused(exc)) from None
+
+
+def _budget_overridden(args: argparse.Namespace) -> bool:
+    """Did the command line set memory_budget (``--memory-budget`` or ``--set memory_budget=...``)?"""
+    return args.memory_budget is not None or any(text.partition("=")[0].strip() == "memory_budget"
+                                                 for text in args.set)
 
 
 def _system_refused(exc: OSError) -> str:

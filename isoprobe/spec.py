@@ -17,11 +17,12 @@ import math
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, Mapping, Sequence
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
 
 from isoprobe.errors import Problem, SpecError, shown
+from isoprobe.overrides import OVERRIDABLE, Override, apply, from_mapping, origin_of, parse_sets  # noqa: F401 - API
 from isoprobe.safe_read import NOT_A_PIPE, Refused, kind_of, read_regular_file
 from isoprobe.spec_yaml import MAX_SPEC_BYTES, MAX_SPEC_VALUES, read_spec_yaml  # noqa: F401 - part of the API
 from isoprobe.units import MAX_BYTES, parse_bytes
@@ -593,47 +594,59 @@ class Spec(_Strict):
 
 # --------------------------------------------------------------------------- loading
 
-#: Command-line flags that override spec fields, by flag name -> dotted field path.
-OVERRIDABLE = {
-    "--device": "device",
-    "--memory-budget": "memory_budget",
-    "--max-batch-size": "search.max_batch_size",
-}
+#: A spec given as data (the Python API) has no file: errors name it so, and relative paths resolve against
+#: the current directory, as if the spec were a file there.
+DATA_SPEC_NAME = "<dict spec>"
 
 
-def load_spec(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> Spec:
-    """Read, override, validate and resolve a spec file; raise one ``SpecError`` with every problem."""
-    path = Path(path)
+def load_spec(
+    spec: str | os.PathLike | Mapping[str, Any] | Spec,
+    overrides: Mapping[str, Any] | Sequence[Override] | None = None,
+    *,
+    sets: Sequence[str] = (),
+) -> Spec:
+    """Read, override, validate and resolve a spec; raise one ``SpecError`` with every problem.
+
+    ``spec`` is a YAML file's path, or the same data as a mapping (relative paths
+    in it resolve against the current directory; errors name it ``DATA_SPEC_NAME``
+    there), or a ``Spec``, read as the mapping it dumps to (so a ``Spec`` built in
+    code has its file references resolved as a dict's are).
+    ``sets`` are ``FIELD=VALUE`` texts as ``--set`` takes them (the value is YAML,
+    under the spec file's rules); ``overrides`` maps a dotted field, or a named flag
+    of ``OVERRIDABLE`` (``--memory-budget``), to a value taken as it is (``None``:
+    not given), or is a list of ``Override``. The sets apply first, then the
+    overrides: a named flag wins over a ``--set`` of its field. See ``isoprobe.overrides``.
+    """
+    if isinstance(spec, Spec):
+        spec = spec.model_dump(mode="json", exclude_unset=True)
+    if isinstance(spec, Mapping):
+        import copy
+
+        path = Path.cwd() / DATA_SPEC_NAME
+        raw = copy.deepcopy(dict(spec))
+    else:
+        path = Path(spec)
+        raw = read_spec_yaml(path)
     source = str(path)
-    raw = read_spec_yaml(path)
-    flag_of_field: dict[str, str] = {}
-    for flag, value in (overrides or {}).items():
-        if value is None:
-            continue
-        dotted = OVERRIDABLE[flag]
-        _set_dotted(raw, dotted, value)
-        flag_of_field[dotted] = flag
+    given, problems = parse_sets(sets, source)
+    if isinstance(overrides, Mapping):
+        given += from_mapping(overrides)
+    else:
+        given += list(overrides or ())
+    origins, blocked = apply(raw, given)
+    reported: set[str] = set()
     try:
-        spec = Spec.model_validate(raw)
+        validated = Spec.model_validate(raw)
     except ValidationError as exc:
-        raise SpecError(source, [_problem_from(error, flag_of_field) for error in exc.errors()]) from None
-    return _resolve_paths(spec, path.parent.resolve(), source)
+        problems += [_problem_from(error, origins) for error in exc.errors()]
+        reported = {".".join(str(part) for part in error["loc"]) for error in exc.errors()}
+    problems += [problem for where, problem in blocked if where not in reported]  # else validation said it
+    if problems:
+        raise SpecError(source, problems)
+    return _resolve_paths(validated, path.parent.resolve(), source)
 
 
-def _set_dotted(raw: dict[str, Any], dotted: str, value: Any) -> None:
-    *parents, leaf = dotted.split(".")
-    node = raw
-    for part in parents:
-        child = node.get(part)
-        if child is None:
-            child = node[part] = {}
-        if not isinstance(child, dict):
-            return  # the section itself is wrong: leave it for validation to report, override unapplied
-        node = child
-    node[leaf] = value
-
-
-def _problem_from(error: dict[str, Any], flag_of_field: dict[str, str]) -> Problem:
+def _problem_from(error: dict[str, Any], origins: Mapping[str, str]) -> Problem:
     """Turn one pydantic error into a sentence a user can act on."""
     location = [str(part) for part in error["loc"]]
     kind = error["type"]
@@ -669,8 +682,8 @@ def _problem_from(error: dict[str, Any], flag_of_field: dict[str, str]) -> Probl
         fix = "known fields here: " + ", ".join(_known_fields(location)) if _known_fields(location) else ""
     else:
         fix = _describe(location)
-    if field in flag_of_field:
-        field = f"{field} (from {flag_of_field[field]})"
+    if origin := origin_of(field, origins):  # set by an override: name the flag it came from
+        field = f"{field} (from {origin})"
     return Problem(field, message, fix)
 
 

@@ -146,15 +146,34 @@ def _spec_loader() -> type:
 
 def read_spec_yaml(path: Path) -> dict[str, Any]:
     """The spec file at ``path`` as plain data; a ``SpecError`` naming the file, the field and the fix otherwise."""
+    source = str(path)
+    data = parse_yaml(_read_text(path), source)
+    if data is None:
+        raise SpecError(source, [Problem("", "the file is empty", "see specs/ for examples")])
+    if not isinstance(data, dict):
+        raise SpecError(
+            source,
+            [Problem("", f"the spec must be a YAML mapping, got {type(data).__name__}", "see specs/ for examples")],
+        )
+    return data
+
+
+def parse_yaml(text: str, source: str, field: str = "") -> Any:
+    """One YAML document's text as plain data, under every rule above but the file's; one ``SpecError`` otherwise.
+
+    ``field`` is where the text goes in a spec (a ``--set search.max_batch_size=...``
+    value): its problems are named under it (``model.kwargs.depth`` for a number in
+    ``--set model.kwargs={depth: 1e400}``), and a syntax error is that field's, not a
+    line and column of a file. Without it, the text is a whole spec file.
+    """
     import yaml  # see _spec_loader: only reading a spec needs PyYAML
 
-    source = str(path)
-    text = _read_text(path)
     loader = None
+    paths: dict[int, str] = {}
     try:
         loader = _spec_loader()(text)  # the reader checks every character here (a NUL is a YAML error)
         node = loader.get_single_node()
-        paths = _paths_of(node)
+        paths = _paths_of(node, field)
         problems = _number_problems(node, paths)
         if problems:
             raise SpecError(source, problems)
@@ -163,33 +182,28 @@ def read_spec_yaml(path: Path) -> dict[str, Any]:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         reason = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if field:
+            where, reason = field, f"{reason} (at character {mark.column + 1})" if mark else reason
         raise SpecError(
             source, [Problem(where, f"not valid YAML: {reason}", "fix the YAML syntax at that place")]
         ) from None
     except _TooDeep as exc:
         raise SpecError(source, [Problem(
-            f"line {exc.mark.line + 1}, column {exc.mark.column + 1}",
+            field or f"line {exc.mark.line + 1}, column {exc.mark.column + 1}",
             f"nested too deeply to be a spec (more than {MAX_SPEC_DEPTH} levels)",
             "a spec needs a few levels; look for brackets that are never closed",
         )]) from None
     except _ValueProblem as exc:
-        raise SpecError(source, [Problem(paths.get(id(exc.node), ""), exc.message, exc.fix)]) from None
+        raise SpecError(source, [Problem(paths.get(id(exc.node), field), exc.message, exc.fix)]) from None
     except RecursionError:  # a path the depth bound does not cover; never a traceback
-        raise SpecError(source, [Problem("", "nested too deeply to be a spec", "")]) from None
+        raise SpecError(source, [Problem(field, "nested too deeply to be a spec", "")]) from None
     finally:
         if loader is not None:
             loader.dispose()
-    if data is None:
-        raise SpecError(source, [Problem("", "the file is empty", "see specs/ for examples")])
-    if not isinstance(data, dict):
-        raise SpecError(
-            source,
-            [Problem("", f"the spec must be a YAML mapping, got {type(data).__name__}", "see specs/ for examples")],
-        )
     if _count_values(data, MAX_SPEC_VALUES) > MAX_SPEC_VALUES:
         raise SpecError(
             source,
-            [Problem("", f"expands to more than {MAX_SPEC_VALUES} values (YAML aliases?)",
+            [Problem(field, f"expands to more than {MAX_SPEC_VALUES} values (YAML aliases?)",
                      "write the spec out plainly; it needs a few dozen values")],
         )
     return data
@@ -216,8 +230,8 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def _paths_of(root) -> dict[int, str]:
-    """Every node's dotted field path ('search.steps', 'input.shape.1'), by node identity.
+def _paths_of(root, prefix: str = "") -> dict[int, str]:
+    """Every node's dotted field path ('search.steps', 'input.shape.1'), by node identity, under ``prefix``.
 
     Iterative, and each node once: an alias names a node already seen (its first
     path is kept), so an alias bomb costs its size in the file, not its expansion.
@@ -225,7 +239,7 @@ def _paths_of(root) -> dict[int, str]:
     import yaml
 
     paths: dict[int, str] = {}
-    stack = [(root, "")] if root is not None else []
+    stack = [(root, prefix)] if root is not None else []
     while stack:
         node, path = stack.pop()
         if id(node) in paths:
