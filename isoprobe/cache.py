@@ -85,6 +85,34 @@ def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: l
     }
 
 
+def uncacheable_gpu_probe(spec: Spec, gpus: list[dict] | None, environ: Mapping[str, str],
+                          gpu_present: bool | None = None) -> str | None:
+    """Why this probe must neither read nor write the cache, or None: a CUDA probe without its GPU's facts.
+
+    The key holds the GPU's model, memory and driver (from NVML). Where NVML cannot name the
+    trials' GPUs (no NVML library in a container, a UUID prefix CUDA accepts and NVML does not,
+    an old MIG identifier), ``key_material`` would make a CPU key for a GPU probe, and GPUs of
+    different sizes would share answers. A probe is a CUDA one when the spec asks for CUDA, or
+    asks for ``auto`` where a GPU is present and not hidden (``gpu_present``: the driver lists a
+    GPU; read from the system when None).
+    """
+    if spec.device == "cpu" or gpus:
+        return None
+    if spec.device == "auto":
+        if environ.get("CUDA_VISIBLE_DEVICES") is not None and not environ["CUDA_VISIBLE_DEVICES"].strip():
+            return None  # every GPU hidden: the probe runs on the CPU backend
+        if not (driver_lists_a_gpu() if gpu_present is None else gpu_present):
+            return None
+    return ("the cache is not used: the GPU's model, memory and driver (the cache key's device facts) could not "
+            "be read through NVML, and without them GPUs of different sizes would share answers")
+
+
+def driver_lists_a_gpu() -> bool:
+    """Does the NVIDIA driver show a GPU here (its /proc entries, or a /dev/nvidiaN node)? No CUDA, no NVML."""
+    return any(Path("/proc/driver/nvidia/gpus").glob("*")) or any(
+        name.name[len("nvidia"):].isdigit() for name in Path("/dev").glob("nvidia[0-9]*"))
+
+
 def cache_key(material: dict) -> str:
     return hashlib.sha256(json.dumps(material, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
 

@@ -108,7 +108,26 @@ _AMBIGUOUS_MARKERS = (
     "could not execute a primitive",
     "cudnn_status_internal_error",
     "std::bad_alloc",
+    # CUDA libraries create their handles and load their kernels lazily, outside torch's allocator:
+    # with the card full, cublasCreate fails as NOT_INITIALIZED (ATen/cuda: "CUDA error:
+    # CUBLAS_STATUS_NOT_INITIALIZED when calling `cublasCreate(handle)`"), cuDNN's handle as
+    # NOT_INITIALIZED, and cuDNN's frontend, when no engine gets its workspace, says only that it
+    # found no engine (pytorch issue 108645). Each also has causes that are not memory.
+    "cublas_status_not_initialized",
+    "cudnn_status_not_initialized",
+    "unable to find an engine to execute this computation",
 )
+
+#: Without a budget there is no larger run to try: the evidence is the card at the failure. It was
+#: full when less than this was free (cudaMemGetInfo): the larger of 1 GiB and 5 % of the card, more
+#: than a library handle, its workspace or a module's kernels take (hundreds of MiB at most).
+FULL_CARD_FREE_BYTES = 1024**3
+FULL_CARD_FREE_FRACTION = 0.05
+
+
+def card_was_full(free_bytes: int, total_bytes: int) -> bool:
+    """True when a CUDA card had so little free at a failure that a library could not get its memory."""
+    return free_bytes < max(FULL_CARD_FREE_BYTES, FULL_CARD_FREE_FRACTION * total_bytes)
 
 
 def maybe_allocation_failure(message: str) -> bool:

@@ -38,12 +38,25 @@ def exit_code_for(stop_reason: StopReason) -> ExitCode:
     return _EXIT_CODES[stop_reason]
 
 
+class CudaMemoryAtFailure(_Strict):
+    """The card's memory when a CUDA trial failed, before the failed step's tensors were freed."""
+
+    free_bytes: int = Field(description="Free on the card (cudaMemGetInfo): what a library outside the allocator "
+                            "could still get.")
+    total_bytes: int = Field(description="The card's total memory as CUDA reports it.")
+    reserved_bytes: int = Field(description="Reserved by this process's caching allocator.")
+    allocated_bytes: int = Field(description="Allocated to tensors by this process.")
+
+
 class ErrorInfo(_Strict):
     """The exception a trial raised (for error and out_of_memory outcomes)."""
 
     type: str = Field(description="Exception class, e.g. 'torch.OutOfMemoryError'.")
     message: str = Field(description="First 2000 characters of the exception message.")
     traceback_tail: str = Field("", description="Last lines of the traceback, for errors in the user's model.")
+    cuda_memory: CudaMemoryAtFailure | None = Field(
+        None, description="CUDA: the card as the failure left it, read for errors that may hide an allocation "
+        "failure (the evidence where no budget allows a re-run).")
 
 
 class Applied(_Strict):

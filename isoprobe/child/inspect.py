@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from isoprobe.cache_sources import imported_sources
+from isoprobe.child import cuda as child_cuda
 from isoprobe.child.memory import cpu_memory
 from isoprobe.child.training import build_optimizer, enable_checkpointing
 from isoprobe.child.trial import MESSAGE_CHARS
@@ -55,25 +56,76 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
     facts["memory_after_import"] = cpu_memory()
     facts["cuda_available"] = torch.cuda.is_available()
     facts["cuda_devices"] = []
-    if facts["cuda_available"]:
-        for index in range(torch.cuda.device_count()):
-            properties = torch.cuda.get_device_properties(index)
-            free, _ = torch.cuda.mem_get_info(index)  # this child's own context is already taken out
-            facts["cuda_devices"].append(
-                CudaDevice(name=properties.name, total_memory_bytes=properties.total_memory, free_memory_bytes=free)
-            )
-        facts["cuda_version"] = torch.version.cuda
     problems = []
-    if facts["cuda_available"] and spec.allocator:
-        # The allocator reads its setting at the first CUDA allocation and rejects unknown keys only
-        # then: touch it here, so a typo is a spec error before any trial, not a failed trial.
+    if facts["cuda_available"]:
         try:
-            torch.empty(1, device="cuda")
+            facts["cuda_devices"] = _cuda_devices(torch, spec)
         except Exception as exc:
+            if not _allocator_message(str(exc)):
+                raise  # CUDA itself cannot start: no spec error, the parent reports the child's failure
             problems.append(_problem("allocator", exc))
-    problems += _check_buildable(torch, spec, request.python_path, facts)
+            facts["cuda_available"] = False  # nothing below may touch the device
+        facts["cuda_version"] = torch.version.cuda
+    if not problems:
+        problems += _check_buildable(torch, spec, request.python_path, facts)
+    # Last, because parsing changes this process's allocator setting: every ``allocators`` entry is checked
+    # now, so a typo in the list is a spec error before any trial, not trial errors later.
+    problems += _allocator_problems(torch, spec)
     # The user's modules the build imported: a cached answer is stale once one of them changes.
     events.emit(Inspected(facts=Facts(**facts), problems=problems, sources=imported_sources()))
+
+
+def _cuda_devices(torch, spec: Spec) -> list[CudaDevice]:
+    """Every visible GPU's name and size; the free memory of the trials' GPU only.
+
+    CUDA's lazy initialisation runs first (the allocator parses its setting there: a bad key
+    raises here, inside the caller's try, and the first allocation then checks the rest).
+    Properties create no context; ``mem_get_info`` does, so it is asked of the target device
+    alone: a context on every GPU costs memory on a shared node and fails on a GPU in
+    exclusive-process mode that another job holds.
+    """
+    torch.cuda.init()
+    count = torch.cuda.device_count()
+    target = _target_index(spec, count)
+    devices = []
+    for index in range(count):
+        properties = torch.cuda.get_device_properties(index)
+        free = None
+        if index == target:
+            torch.cuda.set_device(index)
+            torch.empty(1, device=f"cuda:{index}")  # the first allocation: the allocator's setting, checked
+            free, _ = torch.cuda.mem_get_info(index)  # this child's own context is already taken out
+        devices.append(CudaDevice(name=properties.name, total_memory_bytes=properties.total_memory,
+                                  free_memory_bytes=free))
+    return devices
+
+
+def _target_index(spec: Spec, count: int) -> int | None:
+    """The GPU the trials will use (``auto`` and ``cuda`` are cuda:0), or None: the CPU, or no such GPU."""
+    wanted = spec.device
+    if wanted == "cpu" or count == 0:
+        return None
+    index = 0 if wanted in ("auto", "cuda") else int(wanted.split(":")[1])
+    return index if index < count else None  # resolve_target names the GPUs there are
+
+
+def _allocator_message(message: str) -> bool:
+    """Does torch's error speak of the allocator's setting (its parser's wording, torch 2.14)?"""
+    lowered = message.lower()
+    return any(marker in lowered for marker in ("allocator config", "configtokenizer", "alloc_conf"))
+
+
+def _allocator_problems(torch, spec: Spec) -> list[InspectProblem]:
+    """``allocator`` and each ``allocators`` entry as torch's parser reads them (no device needed): the first
+    one rejected. Also on the CPU backend, which does not use them: a typo is a typo."""
+    settings = [("allocator", spec.allocator)] if spec.allocator else []
+    settings += [("allocators entry", entry) for entry in spec.allocators or [] if entry != "default"]
+    for what, setting in settings:
+        reason = child_cuda.allocator_setting_problem(torch, setting)
+        if reason is not None:
+            return [InspectProblem(stage="allocator", type="ValueError",
+                                   message=f"{what} {setting!r}: {reason}"[:MESSAGE_CHARS])]
+    return []
 
 
 def _problem(stage: str, exc: BaseException, prefix: str = "") -> InspectProblem:
@@ -112,7 +164,7 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
         except Exception as real_exc:
             return [_problem("model", real_exc)]
         return []
-    device = _trial_device(torch, spec)
+    device = _trial_device(torch, spec, facts)
     problems = _check_precision(torch, spec, device)
     if spec.training.mode == "train":
         try:
@@ -147,11 +199,13 @@ def _check_step_signature(function) -> None:
                         f"f(model, optimizer, batch, device): {exc}") from None
 
 
-def _trial_device(torch, spec: Spec):
-    wanted = spec.device
-    if wanted == "cpu" or not torch.cuda.is_available():
+def _trial_device(torch, spec: Spec, facts: dict[str, Any]):
+    """Where the checks run: the trials' GPU, or the CPU (also for a cuda:N that does not exist, which
+    ``resolve_target`` then refuses, naming the GPUs there are)."""
+    if not facts.get("cuda_available"):
         return torch.device("cpu")
-    return torch.device("cuda:0" if wanted in ("auto", "cuda") else wanted)
+    index = _target_index(spec, len(facts.get("cuda_devices") or []))
+    return torch.device("cpu") if index is None else torch.device(f"cuda:{index}")
 
 
 def _check_precision(torch, spec: Spec, device) -> list[InspectProblem]:
@@ -161,9 +215,12 @@ def _check_precision(torch, spec: Spec, device) -> list[InspectProblem]:
         return []
     dtype = torch.float16 if precision == "fp16-mixed" else torch.bfloat16
     try:
-        if device.type == "cuda" and dtype is torch.bfloat16 and not torch.cuda.is_bf16_supported():
-            name = torch.cuda.get_device_name(device)
-            raise RuntimeError(f"{name} does not support bfloat16 (it needs compute capability 8.0, Ampere, or newer)")
+        if device.type == "cuda" and dtype is torch.bfloat16:
+            capability = torch.cuda.get_device_capability(device)
+            if not child_cuda.bf16_supported(capability):
+                raise RuntimeError(f"{torch.cuda.get_device_name(device)} (compute capability "
+                                   f"{capability[0]}.{capability[1]}) does not support bfloat16 natively: it needs "
+                                   "compute capability 8.0 (Ampere) or newer")
         a = torch.ones(4, 4, device=device)
         if precision == "bf16-true":
             (a.to(dtype) @ a.to(dtype)).sum()

@@ -173,6 +173,9 @@ class Step:
 
         started = time.perf_counter()
         self.model.eval()
+        cuda = self.device.type == "cuda"
+        if cuda:  # CUDA runs asynchronously: the clock must start and stop on finished work, not on launches
+            torch.cuda.synchronize(self.device)
         try:
             with torch.no_grad(), self._autocast():
                 workload.forward_only(self.spec, self.model, batch)
@@ -180,6 +183,8 @@ class Step:
             self.model.train()
         self.applied.eval_pass = True
         return time.perf_counter() - started
+        if cuda:
+            torch.cuda.synchronize(self.device)
 
     def _note_output(self, output) -> None:
         if self.applied.output_dtype is not None:

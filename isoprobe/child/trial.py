@@ -17,12 +17,14 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from isoprobe.cache_sources import imported_sources
+from isoprobe.child import cuda as child_cuda
 from isoprobe.child.memory import cpu_memory, cpu_readings
+from isoprobe.child.optimizer_state import RealSteps
 from isoprobe.child.training import Step
 from isoprobe.child.workload import build_model, import_model_library
-from isoprobe.outcomes import Outcome, classify_exception
+from isoprobe.outcomes import Outcome, classify_exception, maybe_allocation_failure
 from isoprobe.protocol import EvalDone, Imported, ModelBuilt, StepDone, TrialRequest, TrialResult
-from isoprobe.result import ErrorInfo, Sizes
+from isoprobe.result import CudaMemoryAtFailure, ErrorInfo, Sizes
 
 if TYPE_CHECKING:
     from isoprobe.child.main import Events
@@ -40,18 +42,6 @@ class _Progress:
     step_seconds: list[float] = field(default_factory=list)
 
 
-def _setup_cuda(torch, request: TrialRequest) -> dict[str, Any]:
-    """Select the GPU, touch the allocator (a bad allocator setting fails here), apply the budget."""
-    device = torch.device(request.device)
-    torch.cuda.set_device(device)
-    torch.empty(1, device=device)
-    total = torch.cuda.get_device_properties(device).total_memory
-    budget = request.memory_budget_bytes
-    if budget:
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total), device)
-    return {"total_memory_bytes": total}
-
-
 def run_trial(request: TrialRequest, events: Events) -> None:
     progress = _Progress()
     report: dict[str, Any] = {}
@@ -60,6 +50,8 @@ def run_trial(request: TrialRequest, events: Events) -> None:
         report = _train(request, events, progress)
     except Exception as exc:  # classified, never guessed: see outcomes.classify_exception
         failure = _describe_failure(exc)
+        if request.device.startswith("cuda") and maybe_allocation_failure(failure[1].message):
+            failure = failure[0], failure[1].model_copy(update={"cuda_memory": _cuda_memory_now(request.device)})
     if failure is None:
         # Sources at the end: a forward pass may import lazily, and what it ran is what the answer depends on.
         events.emit(TrialResult(outcome=Outcome.FITS, phase=progress.phase, step_seconds=progress.step_seconds,
@@ -84,13 +76,13 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
     report: dict[str, Any] = {}
     import torch
 
+    device = torch.device(request.device)
+    cuda = device.type == "cuda"
+    if cuda:  # first thing: a bad allocator setting raises here, inside the try (see child.cuda)
+        report.update(child_cuda.setup(torch, device, spec.training.precision, request.memory_budget_bytes))
     import_model_library(spec)  # here, so that its cost lands in the 'imported' phase
     progress.phase = "imported"
     events.emit(Imported(memory=cpu_memory()))
-    device = torch.device(request.device)
-    cuda = device.type == "cuda"
-    if cuda:
-        report.update(_setup_cuda(torch, request))
     python_path = request.python_path
     step = Step(spec, build_model(spec, python_path), device, python_path)
     progress.phase = "model_built"
@@ -99,6 +91,7 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
         # Peaks from here on; the model's weights are allocated already and still count.
         torch.cuda.reset_peak_memory_stats(device)
     batch = step.batch(request.batch_size)
+    real_steps = RealSteps(step, lambda: len(progress.step_seconds) + 1)
     for index in range(1, (request.steps or spec.search.steps) + 1):
         started = time.perf_counter()
         step.run(batch)
@@ -107,38 +100,32 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
         progress.step_seconds.append(time.perf_counter() - started)
         progress.phase = f"step {index}"
         events.emit(StepDone(step=index, seconds=progress.step_seconds[-1], **_step_memory(torch, device)))
+    real_steps.settle(lambda: step.run(batch), len(progress.step_seconds))  # fp16: the optimizer's state, for real
     if spec.training.eval_pass:
         progress.phase = "eval"
-        seconds = step.evaluate(batch)
-        if cuda:
-            torch.cuda.synchronize(device)
+        seconds = step.evaluate(batch)  # synchronises before reading its clock
         report["eval_seconds"] = seconds
         events.emit(EvalDone(seconds=seconds))
     step.release()  # before the readings: base_bytes is the memory held with the batch's activations freed
     report["applied"] = step.applied
-    sizes = step.sizes
-    if cuda:
-        free, total = torch.cuda.mem_get_info(device)
-        peak_reserved, peak_allocated = torch.cuda.max_memory_reserved(device), torch.cuda.max_memory_allocated(device)
-        sizes = (sizes or Sizes()).model_copy(update={
-            "cuda_context_bytes": max(0, (total - free) - torch.cuda.memory_reserved(device)),
-            "reserved_unallocated_bytes": peak_reserved - peak_allocated,
-        })
-    report["sizes"] = sizes
+    report["sizes"] = step.sizes
     if spec.training.compile and len(progress.step_seconds) >= 2:
         # The first step compiles (forward and backward graphs); the later ones show what a step costs.
         later = sorted(progress.step_seconds[1:])
         report["compile_seconds"] = max(0.0, progress.step_seconds[0] - later[len(later) // 2])
     if cuda:
-        report["peak_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
-        report["peak_bytes"] = report["budget_peak_bytes"] = torch.cuda.max_memory_reserved(device)
-        # Weights, gradients and optimizer state, with the batch's activations freed. In allocated
-        # bytes, a little below the reserved line's intercept: a conservative anchor for the search.
-        report["base_bytes"] = torch.cuda.memory_allocated(device)
+        report.update(child_cuda.readings(torch, device, step.sizes or Sizes()))
     else:
         report.update(cpu_readings())
     progress.phase = "done"
     return report
+
+
+def _cuda_memory_now(device: str):
+    """The card as the failure left it (evidence for an ambiguous library error), if torch got imported."""
+    torch = sys.modules.get("torch")
+    reading = child_cuda.memory_at_failure(torch, torch.device(device)) if torch is not None else None
+    return CudaMemoryAtFailure(**reading) if reading else None
 
 
 def _step_memory(torch, device) -> dict[str, int | None]:

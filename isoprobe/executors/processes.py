@@ -15,7 +15,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from isoprobe.executors.keeper import lift_idle_policy  # noqa: F401 - one definition, used by the keeper too
-from isoprobe.hardware import visible_devices
+from isoprobe.hardware import node_gpus, slurm_cuda_visible, visible_devices
 from isoprobe.protocol import EVENTS_ENV
 
 #: Below this size glibc serves allocations from its heap and may keep freed memory,
@@ -59,10 +59,18 @@ def child_environment(
         env["CUDA_VISIBLE_DEVICES"] = ""  # a CPU trial can never create a CUDA context by accident
     else:
         # A Slurm job's GPUs, where only Slurm's variables name them (a batch shell, a hook): cuda:0 of
-        # the trial must be the job's first GPU, not the node's.
+        # the trial must be the job's first GPU, not the node's. Slurm's numbers are the node's; a device
+        # cgroup renumbers what the job sees, so they are resolved (hardware.slurm_cuda_visible).
         visible = visible_devices(base)
         if visible.source != "CUDA_VISIBLE_DEVICES" and visible.value is not None:
-            env["CUDA_VISIBLE_DEVICES"] = visible.value
+            value = slurm_cuda_visible(visible.entries or [], node_gpus())
+            if value is not None:
+                env["CUDA_VISIBLE_DEVICES"] = value
+        # CUDA numbers GPUs fastest first by default, NVML (the cache key's facts) by PCI bus: the same order
+        # for both, unless the user chose one.
+        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    # Caching off bypasses the memory fraction and the allocator's statistics that every reading comes from.
+    env.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
     return env
 
 

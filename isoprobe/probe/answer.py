@@ -31,7 +31,7 @@ def answer(
     executor: Executor | None = None,
 ):
     """The ``Result`` for ``spec``: cached (``cache.hit``) or probed, with this run's environment and plan."""
-    from isoprobe.cache import ResultCache, cache_directory, cache_key, key_material
+    from isoprobe.cache import ResultCache, cache_directory, cache_key, key_material, uncacheable_gpu_probe
     from isoprobe.hardware import nvml_gpus, run_environment, visible_devices
 
     environ = dict(os.environ if environ is None else environ)
@@ -41,6 +41,9 @@ def answer(
         return context.probe(cache=None)
     cache = ResultCache(cache_directory(environ))
     key = cache_key(key_material(spec, spec_path, environ, gpus))
+    if reason := uncacheable_gpu_probe(spec, gpus, environ):
+        reporter.note(reason)
+        return context.probe(cache=None)
     try:
         if not refresh and (hit := context.cached(cache, key)):
             return hit
@@ -103,6 +106,9 @@ class _Context:
             return result
         return stored
 
+        if result.device.backend == "cuda" and not self.environment.get("gpus"):  # its key would be a CPU key
+            self.reporter.note("the answer is not cached: the GPU's facts for its key could not be read through NVML")
+            return result
     def cached(self, cache, key):
         """The stored answer, re-planned and re-labelled for this invocation, or None (missing, refused, stale)."""
         from pydantic import ValidationError

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from isoprobe.executors import ChildRun, Conditions, Executor
 from isoprobe.insights import step_throughput
-from isoprobe.outcomes import Outcome, maybe_allocation_failure
+from isoprobe.outcomes import Outcome, card_was_full, maybe_allocation_failure
 from isoprobe.output import Reporter
 from isoprobe.probe.classify import classify_exit
 from isoprobe.probe.environment import Target, trial_conditions
@@ -98,32 +98,34 @@ class TrialRunner:
         self.executor.prestart(self.conditions)
 
     def run(self, batch_size: int, purpose: str = "search", steps: int | None = None) -> Trial:
-        """One trial (``steps``: instead of search.steps); an ambiguous library error is re-run with more
-        memory before it is classified."""
+        """One trial (``steps``: instead of search.steps); an ambiguous library error needs evidence before it
+        is classified: a re-run with more memory under a budget, the card's free memory at the failure without."""
         budget = self.target.info.memory_budget_bytes
         trial = self._launch(batch_size, purpose, budget, steps)
-        if (
-            trial.outcome is Outcome.ERROR
-            and trial.error is not None
-            and maybe_allocation_failure(trial.error.message)
-            and budget is not None
-        ):
+        if not (trial.outcome is Outcome.ERROR and trial.error is not None
+                and maybe_allocation_failure(trial.error.message)):
+            return trial
+        headline = f"{trial.error.type}: {trial.error.message.splitlines()[0] if trial.error.message else ''}"
+        if budget is not None:
             larger = self._larger_budget(budget)
             check = self._launch(batch_size, "memory_check", larger, steps)
             if check.outcome is Outcome.FITS:
-                trial = trial.model_copy(
-                    update={
-                        "outcome": Outcome.OUT_OF_MEMORY,
-                        "reclassified": (
-                            f"{trial.error.type}: {trial.error.message.splitlines()[0]} under the "
-                            f"{format_bytes(budget)} budget, but batch {batch_size} fit with "
-                            f"{format_bytes(larger) if larger else 'no cap'} (trial {check.index}): "
-                            "an allocation failure"
-                        ),
-                    }
-                )
-                self.trials[trial.index - 1] = trial
-                self.reporter.note(f"trial {trial.index} reclassified as out_of_memory: {trial.reclassified}")
+                trial = self._reclassify(trial, (
+                    f"{headline} under the {format_bytes(budget)} budget, but batch {batch_size} fit with "
+                    f"{format_bytes(larger) if larger else 'no cap'} (trial {check.index}): an allocation failure"))
+        elif self.target.backend == "cuda" and (memory := trial.error.cuda_memory) is not None:
+            if card_was_full(memory.free_bytes, memory.total_bytes):
+                trial = self._reclassify(trial, (
+                    f"{headline} with {format_bytes(memory.free_bytes)} of {format_bytes(memory.total_bytes)} free "
+                    f"on the card (this process had {format_bytes(memory.reserved_bytes)} reserved): a library "
+                    "could not get its memory, an allocation failure"))
+        return trial
+
+    def _reclassify(self, trial: Trial, reason: str) -> Trial:
+        """An ambiguous error proven to be an allocation failure: out_of_memory, with the evidence."""
+        trial = trial.model_copy(update={"outcome": Outcome.OUT_OF_MEMORY, "reclassified": reason})
+        self.trials[trial.index - 1] = trial
+        self.reporter.note(f"trial {trial.index} reclassified as out_of_memory: {reason}")
         return trial
 
     def _larger_budget(self, budget: int) -> int | None:

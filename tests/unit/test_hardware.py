@@ -27,7 +27,9 @@ def test_visible_devices_follow_cuda_then_step_then_job(environ, value, source):
     assert (visible.value, visible.source) == (value, source)
 
 
-def test_a_cuda_trial_gets_the_jobs_gpus_when_only_slurm_names_them(tmp_path):
+def test_a_cuda_trial_gets_the_jobs_gpus_when_only_slurm_names_them(tmp_path, monkeypatch):
+    # Without NVML the node's numbers pass on as they are (the cgroup cases: tests/unit/test_cuda_slurm_gpus.py).
+    monkeypatch.setattr("isoprobe.executors.processes.node_gpus", lambda: None)
     env = child_environment({"SLURM_JOB_GPUS": "2,3"}, backend="cuda", allocator=None, events_path=tmp_path / "e")
     assert env["CUDA_VISIBLE_DEVICES"] == "2,3"
     env = child_environment({"SLURM_JOB_GPUS": "2,3", "CUDA_VISIBLE_DEVICES": "1"}, backend="cuda",
