@@ -10,7 +10,11 @@
 # libraries: the host needs only the NVIDIA driver and the NVIDIA container toolkit for --gpus.
 # Without a GPU the CPU backend runs. isoprobe is PID 1 here (exec-form ENTRYPOINT, no shell):
 # it forwards signals to the probe and reaps orphaned processes itself (isoprobe/pid1.py).
-FROM python:3.11-slim
+#
+# BASE_IMAGE: any image with `python` (3.10+) and `pip` on PATH. The default is the official slim image;
+# the container test tier builds on a stand-in made with debootstrap (tests/container/build_image.sh).
+ARG BASE_IMAGE=python:3.11-slim
+FROM ${BASE_IMAGE}
 
 ENV PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1 \
