@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# Build the project's image with podman, on a base made here (no registry needed), for the container tier.
+#
+#   tests/container/build_image.sh [IMAGE]        # default localhost/isoprobe:test
+#
+# Why a local base: the Dockerfile's default base (python:3.11-slim) lives in a registry that CI machines
+# cannot reach. debootstrap makes a Debian minbase root (with python3 and python3-venv) from the Debian
+# mirror the machine's own apt sources name; `podman import` turns it into an image; a small layer on top
+# puts a venv's python and pip first on PATH, as python:*-slim has them in /usr/local/bin. The Dockerfile
+# is then built unchanged, with BASE_IMAGE pointing at that stand-in. An existing base is reused.
+#
+# Flags needed on these machines (measured, ../shared/notes/containers.md): runtime runc (crun refuses the
+# hybrid cgroup layout); explicit ulimits (the runtime cannot copy the host's); host network, the host's CA
+# store and pip.conf mounted for the build only (pip then reaches the package index as the host does; nothing
+# of them is baked into the image). Prints "base built in Ns" / "image built in Ns" for the CI log.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+IMAGE="${1:-localhost/isoprobe:test}"
+BASE="${ISOPROBE_CONTAINER_BASE:-localhost/isoprobe-test-base:bookworm}"
+SUITE="$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")"
+PODMAN=(podman --runtime runc)
+LIMITS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
+
+# The Debian mirror of the machine's apt sources (deb822 .sources or one-line sources.list), else Debian's CDN.
+mirror() {
+    local found=""
+    found="$(awk '/^URIs:/ {print $2}' /etc/apt/sources.list.d/*.sources 2>/dev/null \
+        | grep -v security | grep -m1 '/debian/\?$' || true)"
+    [ -n "$found" ] || found="$(awk '$1 == "deb" && $2 !~ /^\[/ {print $2}' /etc/apt/sources.list 2>/dev/null \
+        | grep -v security | grep -m1 '/debian/\?$' || true)"
+    echo "${found:-http://deb.debian.org/debian}"
+}
+
+if ! "${PODMAN[@]}" image exists "$BASE"; then
+    began=$SECONDS
+    work="$(mktemp -d /var/tmp/isoprobe-base.XXXXXX)"
+    trap 'rm -rf "$work"' EXIT
+    debootstrap --variant=minbase --include=python3,python3-venv "$SUITE" "$work/rootfs" "$(mirror)" >/dev/null
+    tar -C "$work/rootfs" -c . | "${PODMAN[@]}" import - "$BASE-rootfs" >/dev/null
+    rm -rf "$work/rootfs"
+    # The stand-in for python:3.11-slim: `python` and `pip` on PATH, pip installing into a venv.
+    cat > "$work/Containerfile" <<EOF
+FROM $BASE-rootfs
+RUN python3 -m venv /usr/local/py && ln -s /usr/local/py/bin/python /usr/local/py/bin/pip /usr/local/bin/
+ENV PATH=/usr/local/py/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+CMD ["python3"]
+EOF
+    "${PODMAN[@]}" build "${LIMITS[@]}" --network host -t "$BASE" "$work" >/dev/null
+    echo "base built in $((SECONDS - began))s: $BASE (debootstrap $SUITE from $(mirror))"
+else
+    echo "base reused: $BASE"
+fi
+
+MOUNTS=()
+[ -d /etc/ssl/certs ] && MOUNTS+=(-v /etc/ssl/certs:/etc/ssl/certs:ro)
+[ -f /etc/pip.conf ] && MOUNTS+=(-v /etc/pip.conf:/etc/pip.conf:ro)
+began=$SECONDS
+"${PODMAN[@]}" build "${LIMITS[@]}" --network host "${MOUNTS[@]}" \
+    --build-arg BASE_IMAGE="$BASE" -t "$IMAGE" -f Dockerfile .
+echo "image built in $((SECONDS - began))s: $IMAGE ($("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE") bytes)"
