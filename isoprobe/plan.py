@@ -230,7 +230,9 @@ def accumulation_plan(spec, largest: int | None, environ: Mapping[str, str]):
     if spec.plan.world_size is not None:
         world, source = spec.plan.world_size, "spec"
     else:
-        world, source = world_size_from_environment(environ) or (1, "default")
+        gang = spec.distributed.world_size if spec.distributed.gang else None
+        world, source = world_size_from_environment(environ) or (
+            (gang, "distributed.world_size") if gang else (1, "default"))
     plan = plan_accumulation(target, world, largest, min(spec.search.start_batch_size, largest))
     if plan is None:
         return None

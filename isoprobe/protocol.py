@@ -57,6 +57,21 @@ class _Message(BaseModel):
 # --------------------------------------------------------------------------- requests
 
 
+class RankAssignment(_Message):
+    """One rank of a gang (``spec.distributed``): which rank this child is, and where the gang meets.
+
+    The rendezvous is a ``torch.distributed.FileStore`` on a file in the trial's
+    own folder, not a TCP port: two probes (or two trials) on one node cannot
+    meet each other's ranks, and there is no port to find free and race for.
+    The collectives' own connections (gloo, nccl) use ports the kernel assigns.
+    """
+
+    rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    store_path: str = Field(description="The gang's FileStore file, one per trial.")
+    backend: Literal["gloo", "nccl"] = Field(description="gloo on the CPU backend, nccl on CUDA.")
+
+
 class TrialRequest(_Message):
     """Run the spec's training steps at one batch size and report the peak memory."""
 
@@ -70,6 +85,9 @@ class TrialRequest(_Message):
     python_path: list[str] = Field(default_factory=list, description="Folders put in front of sys.path (the spec's).")
     steps: int | None = Field(
         None, ge=1, description="Training steps to run instead of search.steps (the recommendation's soak)."
+    )
+    rank: RankAssignment | None = Field(
+        None, description="Set for each rank of a distributed trial (the gang executor's fan-out); None: one process."
     )
 
 

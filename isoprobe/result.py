@@ -96,8 +96,25 @@ class Sizes(_Strict):
     reserved_unallocated_bytes: int | None = Field(None, description="CUDA: peak reserved minus peak allocated.")
 
 
+class RankTrial(_Strict):
+    """One rank of a distributed trial (``spec.distributed``): its own outcome and readings."""
+
+    rank: int
+    outcome: Outcome = Field(description="This rank's own outcome, classified like a single trial's.")
+    peak_bytes: int | None = Field(None, description="This rank's peak, in Trial.peak_bytes's units.")
+    budget_peak_bytes: int | None = Field(None, description="This rank's peak in the budget's units.")
+    base_bytes: int | None = None
+    sizes: Sizes | None = Field(
+        None, description="Parameters, gradients and optimizer state this rank holds: its shards under zero1 and fsdp."
+    )
+    exit_code: int | None = None
+    stopped_by_gang: bool = Field(
+        False, description="Killed by the supervisor because another rank failed first (its own outcome is moot)."
+    )
+
+
 class Trial(_Strict):
-    """One child process, one batch size."""
+    """One child process (a gang of rank processes under ``spec.distributed``), one batch size."""
 
     index: int = Field(description="1-based order in which the trial ran.")
     batch_size: int
@@ -191,6 +208,19 @@ class Trial(_Strict):
     stderr_tail: str | None = Field(None, description="Last lines of the child's stderr, kept for failed trials.")
     reclassified: str | None = Field(
         None, description="Why the outcome differs from what the child reported, with the evidence."
+    )
+    ranks: list[RankTrial] | None = Field(
+        None,
+        description=(
+            "A distributed trial's ranks. It fits only if every rank fits; its own readings above are those of "
+            "the rank that decides it: the first that failed, else the one with the highest peak."
+        ),
+    )
+    failed_rank: int | None = Field(
+        None, description="The rank whose failure ended the trial (the others were killed at once); null if none."
+    )
+    gang_stop_seconds: float | None = Field(
+        None, description="Seconds from seeing failed_rank's failure to every rank's processes being gone."
     )
 
 
@@ -299,7 +329,7 @@ class AccumulationPlan(_Strict):
 
     target_global_batch: int
     world_size: int
-    world_size_source: str = Field(description="spec, or the environment variable it came from (WORLD_SIZE, SLURM_NTASKS), or default.")
+    world_size_source: str = Field(description="spec, or the environment variable it came from (WORLD_SIZE, SLURM_NTASKS), or distributed.world_size (the probe's gang), or default.")
     micro_batch_size: int = Field(description="Per rank and step; at most the recommended batch.")
     accumulation_steps: int
     global_batch_size: int = Field(description="micro_batch_size x accumulation_steps x world_size.")
@@ -380,6 +410,20 @@ class RunEnvironment(_Strict):
     )
 
 
+class DistributedInfo(_Strict):
+    """The strategy the trials ran, as gangs of ranks: every batch in this result is per rank."""
+
+    strategy: Literal["ddp", "zero1", "fsdp"]
+    world_size: int = Field(description="Ranks in each trial's gang.")
+    world_size_source: str = Field(
+        description="spec, the environment variable it came from, 'visible GPUs' or 'cpu default'."
+    )
+    backend: Literal["gloo", "nccl"] = Field(description="The collectives' backend: nccl on CUDA, gloo on the CPU.")
+    per_rank: Literal[True] = Field(
+        True, description="max_batch_size, recommended_batch_size and every trial's batch are per-rank micro-batches."
+    )
+
+
 class CacheInfo(_Strict):
     """Where this result is kept, and whether it came from there instead of from trials."""
 
@@ -436,6 +480,9 @@ class Result(_Strict):
     )
     accumulation: AccumulationPlan | None = Field(
         None, description="Micro-batch and accumulation steps for plan.target_global_batch, when the spec sets it."
+    )
+    distributed: DistributedInfo | None = Field(
+        None, description="Set when the spec has a distributed strategy: the batches are per rank."
     )
     environment: RunEnvironment | None = Field(None, description="Host, Slurm job and GPUs of this invocation.")
     cache: CacheInfo | None = Field(None, description="The result cache's entry; null with --no-cache.")

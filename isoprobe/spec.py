@@ -23,6 +23,7 @@ from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationEr
 
 from isoprobe.errors import Problem, SpecError, shown
 from isoprobe.overrides import OVERRIDABLE, Override, apply, from_mapping, origin_of, parse_sets  # noqa: F401 - API
+from isoprobe.spec_distributed import DistributedSpec
 from isoprobe.safe_read import NOT_A_PIPE, Refused, kind_of, read_regular_file
 from isoprobe.spec_yaml import MAX_SPEC_BYTES, MAX_SPEC_VALUES, read_spec_yaml  # noqa: F401 - part of the API
 from isoprobe.units import MAX_BYTES, parse_bytes
@@ -552,9 +553,16 @@ class Spec(_Strict):
     )
     recommendation: RecommendationSpec = Field(default_factory=RecommendationSpec)
     plan: PlanSpec = Field(default_factory=PlanSpec)
+    distributed: DistributedSpec = Field(
+        default_factory=DistributedSpec,
+        description="The real job's data-parallel strategy and ranks: with one, the answer is the per-rank micro-batch.",
+    )
 
     @model_validator(mode="after")
     def _sections_fit_together(self) -> "Spec":
+        if self.distributed.gang and self.training.mode != "train":
+            raise ValueError(f"distributed.strategy: {self.distributed.strategy} distributes training; with "
+                             "training.mode inference use strategy none")
         if self.input is None and self.model.batch is None:
             raise ValueError("input: this section is required (the per-sample shape), unless model.batch makes the batches")
         if self.target is None and self.model.loss is None and not (self.model.step and self.model.batch):

@@ -17,15 +17,17 @@ kills and reaps everything below it when it ends or when the parent closes the
 lifeline, and the server itself runs under a keeper of its own, whose lifeline
 the parent holds, so that if the server dies its trials die with it.
 
-One order at a time: the server replies ``Forked`` (the keeper's PID), waits
-for that keeper and replies ``Ended`` with its wait status, which is the
-trial's. EOF on the channel ends the server.
+Orders may overlap (a gang's ranks run at once): the server replies
+``Forked`` (the keeper's PID) to each, and ``Ended`` with a keeper's wait
+status, which is the trial's, when it reaps it, in whatever order they end.
+EOF on the channel ends the server.
 """
 
 from __future__ import annotations
 
 import os
 import resource
+import select
 import signal
 import socket
 import sys
@@ -39,6 +41,9 @@ from pydantic import ValidationError
 from isoprobe.protocol import Ended, ForkOrder, Forked, RequestReceived, Started, Warm
 
 _ORDER_BYTES = 65536
+#: How often a server with trials running looks for ended keepers (a gang's kill latency is not at stake:
+#: the parent stops ranks through their lifelines, and only learns their statuses from here).
+_REAP_SECONDS = 0.02
 
 
 def serve(channel_fd: int, events: Events) -> int:
@@ -59,7 +64,13 @@ def serve(channel_fd: int, events: Events) -> int:
     events.emit(warm)
     channel = socket.socket(fileno=channel_fd)
     channel.set_inheritable(False)
+    running: set[int] = set()  # keepers forked and not yet reported ended (a gang's ranks run at once)
     while True:
+        readable, _, _ = select.select([channel], [], [], _REAP_SECONDS if running else None)
+        if not _report_ended(channel, running):
+            return 0
+        if not readable:
+            continue
         try:
             data, fds, _, _ = socket.recv_fds(channel, _ORDER_BYTES, 1)
         except OSError:
@@ -85,12 +96,22 @@ def serve(channel_fd: int, events: Events) -> int:
             finally:
                 os._exit(127)
         os.close(lifeline)
+        running.add(pid)
         if not _reply(channel, Forked(pid=pid)):
-            os.waitpid(pid, 0)  # the parent is gone: its lifeline is closed, so the keeper ends the trial
-            return 0
-        _, status = os.waitpid(pid, 0)
-        if not _reply(channel, Ended(pid=pid, status=status)):
-            return 0
+            return 0  # the parent is gone: its lifelines are closed, so the keepers end their trials
+
+
+def _report_ended(channel: socket.socket, running: set[int]) -> bool:
+    """Reap the keepers that ended and reply ``Ended`` for each; False if the parent's end is closed."""
+    while running:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return True
+        if pid in running:
+            running.discard(pid)
+            if not _reply(channel, Ended(pid=pid, status=status)):
+                return False
+    return True
 
 
 def _reply(channel: socket.socket, reply: Forked | Ended) -> bool:

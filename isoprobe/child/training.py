@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import time
 
-from isoprobe.child import workload
+from isoprobe.child import distributed, workload
 from isoprobe.result import Applied, Sizes
 from isoprobe.spec import Spec
 
@@ -47,9 +47,9 @@ class Step:
         self.optimizer = None
         self.scaler = None
         if self.mode == "train":
-            self.optimizer = build_optimizer(spec, self.model.parameters())
+            self.optimizer = distributed.build_optimizer(spec, self.model, build_optimizer)
             if precision == "fp16-mixed":
-                self.scaler = torch.amp.GradScaler(device.type)
+                self.scaler = distributed.grad_scaler(spec, device)
         self.applied.grad_scaler = self.scaler is not None
         self.sizes: Sizes | None = None
 
@@ -76,6 +76,9 @@ class Step:
         else:
             model.eval()
         applied.mode = self.mode
+        if self.spec.distributed.gang:
+            # Wrapped before compile, as a real job does (torch.compile of the DDP / FSDP module).
+            model = distributed.wrap_model(model, self.spec, self.device)
         if self.mode == "train":
             applied.output_lifetime = "user_step" if self.spec.model.step else training.output_lifetime
         if training.compile:
@@ -151,13 +154,12 @@ class Step:
         """Parameters, gradients and optimizer state in bytes, after the first step allocated them all."""
         import torch
 
-        def nbytes(tensor) -> int:
-            return tensor.numel() * tensor.element_size()
+        nbytes = distributed.local_bytes  # a rank's own shard, for FSDP's sharded parameters and state
 
         parameters = list(self.model.parameters())
         state = sum(
             nbytes(value)
-            for per_parameter in self.optimizer.state.values()
+            for per_parameter in distributed.local_optimizer(self.optimizer).state.values()
             for value in per_parameter.values()
             if isinstance(value, torch.Tensor) and value.dim() > 0  # Adam's step counter is a 0-d tensor
         )
@@ -171,20 +173,20 @@ class Step:
         """The evaluation pass: eval mode, no gradients, same batch; back to training after. Returns seconds."""
         import torch
 
-        started = time.perf_counter()
-        self.model.eval()
         cuda = self.device.type == "cuda"
         if cuda:  # CUDA runs asynchronously: the clock must start and stop on finished work, not on launches
             torch.cuda.synchronize(self.device)
+        started = time.perf_counter()
+        self.model.eval()
         try:
             with torch.no_grad(), self._autocast():
                 workload.forward_only(self.spec, self.model, batch)
         finally:
             self.model.train()
-        self.applied.eval_pass = True
-        return time.perf_counter() - started
         if cuda:
             torch.cuda.synchronize(self.device)
+        self.applied.eval_pass = True
+        return time.perf_counter() - started
 
     def _note_output(self, output) -> None:
         if self.applied.output_dtype is not None:

@@ -83,6 +83,10 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
     import_model_library(spec)  # here, so that its cost lands in the 'imported' phase
     progress.phase = "imported"
     events.emit(Imported(memory=cpu_memory()))
+    if request.rank is not None:  # one rank of a gang: meet the others before building what they share
+        from isoprobe.child.distributed import join
+
+        join(request.rank, device)
     python_path = request.python_path
     step = Step(spec, build_model(spec, python_path), device, python_path)
     progress.phase = "model_built"

@@ -13,6 +13,9 @@ Executors:
 - ``local.LocalExecutor``: one isolated child process per request on this
   machine (own session, rlimits, a keeper that kills everything it started
   and holds the lifeline, a warm spare). The default.
+- ``gang.GangExecutor``: a distributed trial (``spec.distributed``) as a gang
+  of rank processes, each one of the local executor's children; the first
+  rank that fails ends the gang at once. Other requests pass through.
 - ``scripted.ScriptedExecutor``: canned child runs from a script, no process
   and no torch, for testing the orchestration (retries, confirmations,
   reclassification, interrupts) as plain unit tests.
@@ -65,6 +68,13 @@ class ChildRun:
     #: check's report) when its deadline came, and was killed on its way out. False: no verdict by the deadline.
     verdict_at_timeout: bool = False
     forked: bool = False  # forked from the executor's fork server (``warm`` too)
+    #: A gang (``spec.distributed``): every rank's own run, in rank order. The fields above are then those of
+    #: the rank that decides the trial: the first that failed, else rank 0.
+    ranks: tuple["ChildRun", ...] = ()
+    #: A gang: the rank whose failure ended the trial (the others were killed for it); None when none failed.
+    failed_rank: int | None = None
+    #: A gang with a failed rank: seconds from seeing that failure to every rank's process tree being gone.
+    gang_stop_seconds: float | None = None
 
 
 class Executor(Protocol):

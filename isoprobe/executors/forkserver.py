@@ -61,6 +61,7 @@ class ServerChannel:
     def __init__(self, channel: socket.socket):
         self.channel = channel
         self.lost = False
+        self._ended: dict[int, int] = {}  # wait statuses that arrived while another reply was awaited
 
     def fork(self, order: ForkOrder, lifeline_read: int) -> ForkedProcess | None:
         """Order one fork; the forked keeper's process, or None if the server did not take the order."""
@@ -69,17 +70,33 @@ class ServerChannel:
         except OSError:
             self.lost = True
             return None
-        reply = self._reply(FORK_REPLY_SECONDS)
-        if not isinstance(reply, Forked):
-            self.lost = True
-            return None
-        return ForkedProcess(self, reply.pid)
+        deadline = time.monotonic() + FORK_REPLY_SECONDS
+        while True:
+            reply = self._reply(max(0.0, deadline - time.monotonic()))
+            if isinstance(reply, Ended):  # another trial of the gang ended meanwhile: kept for its collect
+                self._ended[reply.pid] = reply.status
+                continue
+            if not isinstance(reply, Forked):
+                self.lost = True
+                return None
+            return ForkedProcess(self, reply.pid)
 
     def collect(self, process: ForkedProcess, timeout: float | None) -> None:
-        """Wait up to ``timeout`` (None: for ever) for ``process``'s end; sets its ``returncode`` when known."""
-        reply = self._reply(timeout)
-        if isinstance(reply, Ended) and reply.pid == process.pid:
-            process.returncode = _returncode(reply.status)
+        """Wait up to ``timeout`` (None: for ever) for ``process``'s end; sets its ``returncode`` when known.
+
+        Replies for other trials (the other ranks of a gang) that come first are kept for their own collect.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while process.pid not in self._ended:
+            reply = self._reply(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if isinstance(reply, Ended):
+                self._ended[reply.pid] = reply.status
+            elif isinstance(reply, Forked):  # no order is waiting for one: the server is confused
+                self.lost = True
+            if reply is None or isinstance(reply, Forked):
+                break
+        if process.pid in self._ended:
+            process.returncode = _returncode(self._ended.pop(process.pid))
         elif self.lost:
             process.returncode = _returncode(LOST_STATUS)
 

@@ -90,6 +90,27 @@ class _Started:
 
 
 @dataclass
+class Launch:
+    """One request's process between its start and its collection (``LocalExecutor.launch``)."""
+
+    began: float
+    cgroup: object = None
+    kills_before: int | None = None
+    child: _Started | None = None
+    delivered: float | None = None  # when the request reached a process that had finished its imports
+    timed_out: bool = False
+    verdict_at_timeout: bool = False
+
+    @property
+    def events_path(self) -> Path | None:
+        return self.child.events_path if self.child is not None else None
+
+    def poll(self) -> int | None:
+        """The keeper's exit status (the child's), or None while it runs."""
+        return self.child.process.poll() if self.child is not None else -1
+
+
+@dataclass
 class _Server:
     """A fork server (a child started as any other, ``child.server``) and the parent's end of its channel."""
 
@@ -163,59 +184,81 @@ class LocalExecutor:
 
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
         """Run one request in a fresh process (the spare if it matches); ``timeout`` counts from its delivery."""
+        launch = self.launch(request, conditions, timeout=timeout, name=name)
+        try:
+            if launch.delivered is not None:
+                launch.timed_out, launch.verdict_at_timeout = _wait(launch.child, timeout)
+        finally:
+            # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
+            self.stop(launch)
+        return self.collect(launch)
+
+    def launch(self, request, conditions: Conditions, *, timeout: float, name: str) -> "Launch":
+        """Start (or take) a process for ``request`` and deliver it; the caller waits, then ``stop`` and ``collect``.
+
+        The pieces of ``run``, for an executor that runs several children at
+        once (``gang``). If this raises, nothing it started is left running.
+        """
         request_path = self.workdir / f"{name}.request.json"
         write_atomically(request_path, request.model_dump_json())
         cgroup = memory_cgroup_dir()  # the child starts in the parent's cgroup
-        kills_before = oom_kill_count(cgroup)
+        launch = Launch(began=time.monotonic(), cgroup=cgroup, kills_before=oom_kill_count(cgroup))
         if self._expected is None and isinstance(request, TrialRequest):
             self._expected = conditions  # nobody announced the trials' conditions: the first trial's
-        child: _Started | None = None
-        began = time.monotonic()
-        delivered: float | None = None
-        timed_out = verdict_at_timeout = False
         try:
             if self._forks(conditions):
-                child = self._forked(request_path, conditions, timeout)
-                if child is not None:
-                    delivered = time.monotonic()
-            while delivered is None:
-                if child is None:
+                launch.child = self._forked(request_path, conditions, timeout)
+                if launch.child is not None:
+                    launch.delivered = time.monotonic()
+            while launch.delivered is None:
+                if launch.child is None:
                     with signals_deferred():
-                        child = self._take_spare(conditions)
-                if child is None:
+                        launch.child = self._take_spare(conditions)
+                if launch.child is None:
                     with signals_deferred():
-                        child = self._spawn(conditions, spare=False)
-                ready = _await_warm(child, import_timeout(timeout))
-                if ready and _deliver(child, request_path):
-                    delivered = time.monotonic()
+                        launch.child = self._spawn(conditions, spare=False)
+                ready = _await_warm(launch.child, import_timeout(timeout))
+                if ready and _deliver(launch.child, request_path):
+                    launch.delivered = time.monotonic()
                     break
-                if child.warm and ready is not None:
-                    _stop(child)  # a spare that died while waiting: one started now takes its place
-                    child = None
+                if launch.child.warm and ready is not None:
+                    _stop(launch.child)  # a spare that died while waiting: one started now takes its place
+                    launch.child = None
                     continue
                 # Started for this request and gone before it could be delivered, or not ready in time.
-                timed_out = ready is None
+                launch.timed_out = ready is None
                 break
-            if delivered is not None:
+            if launch.delivered is not None:
                 with signals_deferred():
-                    if self.warm and not child.forked and self._spare is None and conditions == self._expected:
+                    if (self.warm and not launch.child.forked and self._spare is None
+                            and conditions == self._expected):
                         self._spare = self._spawn(conditions, spare=True)  # imports while this one runs
-                timed_out, verdict_at_timeout = _wait(child, timeout)
-        finally:
-            # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
-            if child is not None:
-                _stop(child)
-        seconds = time.monotonic() - (delivered if delivered is not None else began)
-        kills_after = oom_kill_count(cgroup)
+        except BaseException:
+            self.stop(launch)
+            raise
+        return launch
+
+    @staticmethod
+    def stop(launch: "Launch") -> None:
+        """End the launch's process tree (if still running) and reap its keeper; safe to call twice."""
+        if launch.child is not None:
+            _stop(launch.child)
+
+    @staticmethod
+    def collect(launch: "Launch") -> ChildRun:
+        """What a stopped launch's child left behind."""
+        child = launch.child
+        seconds = time.monotonic() - (launch.delivered if launch.delivered is not None else launch.began)
+        kills_after = oom_kill_count(launch.cgroup)
         return ChildRun(
             returncode=child.process.returncode,
-            timed_out=timed_out,
+            timed_out=launch.timed_out,
             seconds=seconds,
             events=read_events(child.events_path),
             stderr_tail=stderr_tail(child.stderr_path),
-            oom_kills=None if kills_before is None or kills_after is None else kills_after - kills_before,
+            oom_kills=None if launch.kills_before is None or kills_after is None else kills_after - launch.kills_before,
             warm=child.warm,
-            verdict_at_timeout=verdict_at_timeout,
+            verdict_at_timeout=launch.verdict_at_timeout,
             forked=child.forked,
         )
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextvars
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from isoprobe.executors import ChildRun, Conditions
@@ -223,3 +223,11 @@ def linear(fixed: int, per_sample: int, *, faults: Callable[[Call], ChildRun | N
         return fits(peaks[-1], base_bytes=fixed, step_growth=growth_per_step)
 
     return script
+
+
+def gang(*ranks: ChildRun, failed_rank: int | None = None, stop_seconds: float | None = None) -> ChildRun:
+    """A distributed trial's run as ``executors.gang`` returns it: every rank's run, the failed rank's on top."""
+    deciding = ranks[failed_rank] if failed_rank is not None else ranks[0]
+    return replace(deciding, ranks=tuple(ranks), failed_rank=failed_rank,
+                   gang_stop_seconds=stop_seconds if failed_rank is not None else None,
+                   seconds=max(run.seconds for run in ranks))

@@ -36,14 +36,16 @@ def answer(
 
     environ = dict(os.environ if environ is None else environ)
     gpus = nvml_gpus(visible_devices(environ))
+    spec, world = _resolve_ranks(spec, environ, gpus, reporter)
     context = _Context(spec, spec_path, reporter, budget_source, environ, run_environment(environ, gpus), executor)
+    context.world_size_source = world.source
     if not use_cache:
         return context.probe(cache=None)
-    cache = ResultCache(cache_directory(environ))
-    key = cache_key(key_material(spec, spec_path, environ, gpus))
     if reason := uncacheable_gpu_probe(spec, gpus, environ):
         reporter.note(reason)
         return context.probe(cache=None)
+    cache = ResultCache(cache_directory(environ))
+    key = cache_key(key_material(spec, spec_path, environ, gpus))
     try:
         if not refresh and (hit := context.cached(cache, key)):
             return hit
@@ -65,6 +67,20 @@ def answer(
         lock.release()
 
 
+def _resolve_ranks(spec: Spec, environ: dict[str, str], gpus, reporter: Reporter):
+    """The spec with its gang's size written in (``ranks``), before the key is made: the size is in it."""
+    from isoprobe.hardware import ram_bytes
+    from isoprobe.probe.environment import DEFAULT_CPU_BUDGET
+    from isoprobe.ranks import resolve_world_size, with_world_size
+
+    gpu_count = len(gpus or []) if spec.device != "cpu" else 0
+    world = resolve_world_size(spec, environ, gpu_count, ram_bytes=ram_bytes(),
+                               cpu_budget=spec.memory_budget or DEFAULT_CPU_BUDGET)
+    if world.note:
+        reporter.note(world.note)
+    return with_world_size(spec, world), world
+
+
 class _Context:
     """One invocation's facts, shared by its cache read and its probe."""
 
@@ -73,6 +89,7 @@ class _Context:
         self.budget_source, self.environ, self.environment = budget_source, environ, environment
         self.executor = executor
         self.refused: set[str] = set()
+        self.world_size_source = "spec"
 
     def probe(self, cache):
         from isoprobe.cache import now_utc
@@ -84,10 +101,13 @@ class _Context:
 
         recorder = SourceRecorder(self.executor if self.executor is not None else local_executor(self.spec))
         result = run_probe(self.spec, self.spec_path, self.reporter, budget_source=self.budget_source,
-                           environ=self.environ, executor=recorder)
+                           environ=self.environ, executor=recorder, world_size_source=self.world_size_source)
         result = result.model_copy(update={"environment": RunEnvironment.model_validate(self.environment),
                                            "sources": recorder.sources})
         if cache is None or result.stop_reason not in CACHEABLE:  # only proven answers are kept
+            return result
+        if result.device.backend == "cuda" and not self.environment.get("gpus"):  # its key would be a CPU key
+            self.reporter.note("the answer is not cached: the GPU's facts for its key could not be read through NVML")
             return result
         store, key = cache
         if recorder.conflicts:
@@ -106,9 +126,6 @@ class _Context:
             return result
         return stored
 
-        if result.device.backend == "cuda" and not self.environment.get("gpus"):  # its key would be a CPU key
-            self.reporter.note("the answer is not cached: the GPU's facts for its key could not be read through NVML")
-            return result
     def cached(self, cache, key):
         """The stored answer, re-planned and re-labelled for this invocation, or None (missing, refused, stale)."""
         from pydantic import ValidationError

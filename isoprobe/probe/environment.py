@@ -16,6 +16,7 @@ from isoprobe.errors import ProbeError, Problem, SpecError
 from isoprobe.executors import ChildRun, Conditions, Executor
 from isoprobe.hardware import cpu_name, ram_bytes
 from isoprobe.probe.classify import signal_name_of
+from isoprobe.ranks import CPU_RAM_SHARE
 from isoprobe.protocol import (
     Facts,
     Imported,
@@ -185,6 +186,7 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
             [Problem("device", f"{requested} does not exist: {len(devices)} GPU(s) visible", "pick cuda:0 .. "
                      f"cuda:{len(devices) - 1}")],
         )
+    _check_gang_fits_node(spec, source, gpus=len(devices), index=index)
     device = devices[index]
     budget = spec.memory_budget
     if budget is not None and budget > device.total_memory_bytes:
@@ -208,8 +210,32 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
     return Target("cuda", requested_device, info, device.free_memory_bytes)
 
 
+def _check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
+                          budget: int | None = None) -> None:
+    """A gang runs on this node: on CUDA one visible GPU per rank from cuda:0, on the CPU every rank's budget."""
+    if not spec.distributed.gang:
+        return
+    world = spec.distributed.world_size or 1
+    if gpus is not None and index != 0:
+        raise SpecError(source, [Problem("device", f"{spec.device}: a distributed trial's ranks take the visible GPUs "
+                                         f"from cuda:0 on (rank r on cuda:r)",
+                                         "use device: cuda (choose the GPUs with CUDA_VISIBLE_DEVICES)")])
+    if gpus is not None and world > gpus:
+        raise SpecError(source, [Problem("distributed.world_size", f"{world} ranks need {world} GPUs, one each; "
+                                         f"{gpus} visible here",
+                                         f"set it to at most {gpus} (a smaller gang's shards are larger: the answer "
+                                         "errs on the safe side)")])
+    if budget is not None and world * budget > int(ram_bytes() * CPU_RAM_SHARE):
+        raise SpecError(source, [Problem("distributed.world_size",
+                                         f"{world} ranks of {format_bytes(budget)} each need "
+                                         f"{format_bytes(world * budget)}, more than {CPU_RAM_SHARE:.0%} of this "
+                                         f"machine's {format_bytes(ram_bytes())}",
+                                         "lower distributed.world_size or memory_budget")])
+
+
 def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str, note: str | None) -> Target:
     budget = spec.memory_budget or DEFAULT_CPU_BUDGET
+    _check_gang_fits_node(spec, source, budget=budget)
     baseline = facts.memory_after_import.data
     if baseline and budget < baseline + _MIN_BUDGET_MARGIN:
         raise SpecError(

@@ -31,17 +31,23 @@ from isoprobe.probe.environment import (
 )
 from isoprobe.probe.explain import Found, explain, limited_by
 from isoprobe.probe.trials import TrialRunner
-from isoprobe.result import Result, StopReason
+from isoprobe.result import DistributedInfo, Result, StopReason
 from isoprobe.spec import Spec
 from isoprobe.units import format_bytes
 
 
 def local_executor(spec: Spec) -> Executor:
-    """The default: isolated child processes on this machine, forked from a server or spawned (warm or not)."""
+    """The default: isolated child processes on this machine, forked from a server or spawned (warm or not);
+    with ``spec.distributed``, each trial a gang of them."""
     from isoprobe.executors.local import LocalExecutor
 
     forked = {None: ("cpu",), True: ("cpu", "cuda"), False: ()}[spec.search.fork_server]
-    return LocalExecutor(warm=spec.search.warm_start, fork=forked)
+    local = LocalExecutor(warm=spec.search.warm_start, fork=forked)
+    if not spec.distributed.gang:
+        return local
+    from isoprobe.executors.gang import GangExecutor
+
+    return GangExecutor(local)
 
 
 def run_probe(
@@ -52,6 +58,7 @@ def run_probe(
     budget_source: str = "spec",
     environ: dict[str, str] | None = None,
     executor: Executor | None = None,
+    world_size_source: str = "spec",
 ) -> Result:
     """Everything ``isoprobe run`` does between a valid spec and the printed result.
 
@@ -124,9 +131,19 @@ def run_probe(
         stop_reason=stop,
         message=message,
         suggestions=suggestions,
+        distributed=distributed_info(spec, target.backend, world_size_source),
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
     )
+
+
+def distributed_info(spec: Spec, backend: str, world_size_source: str) -> DistributedInfo | None:
+    """What the result says of the gangs its trials ran as (None: one process per trial)."""
+    options = spec.distributed
+    if not options.gang:
+        return None
+    return DistributedInfo(strategy=options.strategy, world_size=options.world_size or 1,
+                           world_size_source=world_size_source, backend="nccl" if backend == "cuda" else "gloo")
 
 
 def _describe_target(spec: Spec, target, reporter: Reporter) -> None:
@@ -138,6 +155,11 @@ def _describe_target(spec: Spec, target, reporter: Reporter) -> None:
             "fp16 autocast on the CPU backend: most CPUs emulate float16 math, so steps run several "
             "times slower than fp32 (8x measured on AVX-512 without FP16); the memory is what fp16 needs"
         )
+    if spec.distributed.gang:
+        world = spec.distributed.world_size or 1
+        reporter.note(f"distributed: {spec.distributed.strategy}, every trial a gang of {world} rank(s) "
+                      f"({'nccl, one GPU each' if target.backend == 'cuda' else 'gloo, the budget per rank'}); "
+                      "batches are per rank")
     reporter.note(
         f"backend {target.backend} ({info.name}), capacity {format_bytes(info.capacity_bytes)}"
         + (f", of which importing torch takes {format_bytes(info.import_baseline_bytes)}"

@@ -21,7 +21,7 @@ from isoprobe.probe.classify import classify_exit
 from isoprobe.probe.environment import Target, trial_conditions
 from isoprobe.probe.plausibility import Asked
 from isoprobe.protocol import StepDone, TrialRequest
-from isoprobe.result import Trial
+from isoprobe.result import RankTrial, Trial
 from isoprobe.search import Observation
 from isoprobe.spec import Spec
 from isoprobe.units import format_bytes
@@ -39,6 +39,8 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
 
     ``asked``: what the trial was asked to do, against which a 'fits' is vetted (``classify_exit``).
     """
+    if run.ranks:
+        return _gang_trial(run, index, batch_size, purpose, asked)
     end = classify_exit(run, asked)
     result = end.result
     fits = end.outcome is Outcome.FITS
@@ -75,6 +77,34 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         stderr_tail=run.stderr_tail if keep_stderr and run.stderr_tail else None,
         reclassified=end.evidence,
     )
+
+
+def _gang_trial(run: ChildRun, index: int, batch_size: int, purpose: str, asked: Asked | None) -> Trial:
+    """A gang's run: it fits only if every rank fits; otherwise it is the first failing rank's outcome.
+
+    Each rank is classified on its own, by the same rules as a single trial.
+    The deciding rank is the one the supervisor saw fail first; with none, a
+    rank whose 'fits' did not hold up (implausible, over its budget), else the
+    rank with the highest peak in the budget's units, which is the one the
+    search's memory line must follow.
+    """
+    per_rank = [trial_from_run(rank_run, index, batch_size, purpose, asked) for rank_run in run.ranks]
+    deciding = run.failed_rank
+    if deciding is None:
+        unfit = [rank for rank, trial in enumerate(per_rank) if trial.outcome is not Outcome.FITS]
+        deciding = unfit[0] if unfit else max(
+            range(len(per_rank)), key=lambda r: (per_rank[r].budget_peak_bytes or per_rank[r].peak_bytes or 0, -r))
+    ranks = [
+        RankTrial(rank=rank, outcome=trial.outcome, peak_bytes=trial.peak_bytes,
+                  budget_peak_bytes=trial.budget_peak_bytes, base_bytes=trial.base_bytes, sizes=trial.sizes,
+                  exit_code=trial.exit_code,
+                  stopped_by_gang=run.failed_rank is not None and rank != run.failed_rank)
+        for rank, trial in enumerate(per_rank)
+    ]
+    return per_rank[deciding].model_copy(update={
+        "ranks": ranks, "failed_rank": run.failed_rank, "gang_stop_seconds": run.gang_stop_seconds,
+        "seconds": round(run.seconds, 3),
+    })
 
 
 class TrialRunner:

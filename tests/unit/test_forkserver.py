@@ -98,3 +98,22 @@ def test_resident_file_ranges_are_page_aligned_runs_inside_file_mappings():
     assert runs, "this interpreter has resident library pages"
     page = os.sysconf("SC_PAGE_SIZE")
     assert all(address % page == 0 and length > 0 and length % page == 0 for address, length in runs)
+
+
+def test_overlapping_trials_each_get_their_own_end_whatever_order_the_replies_come_in(ends):
+    """A gang's ranks run at once: an Ended for one rank may arrive while another's Forked or Ended is awaited."""
+    channel, server = ends
+    lifelines = [os.pipe() for _ in range(2)]
+    server.send(Forked(pid=101).model_dump_json().encode())
+    first = channel.fork(ORDER, lifelines[0][0])
+    server.send(Ended(pid=101, status=9).model_dump_json().encode())  # rank 0 killed before rank 1's fork reply
+    server.send(Forked(pid=102).model_dump_json().encode())
+    second = channel.fork(ORDER, lifelines[1][0])
+    assert (first.pid, second.pid) == (101, 102)
+    server.send(Ended(pid=102, status=0).model_dump_json().encode())
+    assert second.wait(timeout=1) == 0
+    assert first.poll() == -signal.SIGKILL  # its status was kept for it while the second fork was awaited
+    assert not channel.lost
+    for read, write in lifelines:
+        os.close(read)
+        os.close(write)

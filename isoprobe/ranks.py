@@ -1,0 +1,86 @@
+"""How many ranks a distributed probe runs, decided in the parent before anything else (pure).
+
+Decided before the cache is read, because the world size changes a sharded
+strategy's answer and so belongs in the cache key: the resolved number is
+written into the spec (``distributed.world_size``), and the key and the probe
+both see it. Where it came from is reported (``Result.distributed``).
+
+The real job may be larger than this node (``WORLD_SIZE=16`` on nodes of 8
+GPUs). A gang runs on one node, one GPU per rank, so a size taken from the
+environment is capped at what the node can run, with a note: each rank of a
+smaller gang holds larger shards (zero1, fsdp) or the same (ddp), so the
+answer errs on the safe side. A size the spec states is never changed: if the
+node cannot run it, that is a spec error (``probe.environment``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Mapping
+
+from isoprobe.plan import positive_integer, world_size_from_environment
+from isoprobe.spec import Spec
+
+#: The CPU backend's gang when nothing says otherwise: the smallest that shows a strategy's cost.
+CPU_DEFAULT_WORLD_SIZE = 2
+#: The share of the machine's RAM a CPU gang's budgets may add up to.
+CPU_RAM_SHARE = 0.8
+
+
+@dataclass(frozen=True)
+class WorldSize:
+    size: int
+    source: str  # spec, an environment variable, 'visible GPUs', 'cpu default', 'strategy none'
+    note: str | None = None
+
+
+def resolve_world_size(spec: Spec, environ: Mapping[str, str], gpu_count: int, *, ram_bytes: int,
+                       cpu_budget: int) -> WorldSize:
+    """The gang's size for ``spec``: the spec's, else the job's (capped to this node), else the node's."""
+    options = spec.distributed
+    if not options.gang:
+        return WorldSize(1, "strategy none")
+    if options.world_size is not None:
+        return WorldSize(options.world_size, "spec")
+    job = _job_world_size(environ)
+    if gpu_count > 0:
+        if job is None:
+            return WorldSize(gpu_count, "visible GPUs")
+        size, source = job
+        if size > gpu_count:
+            return WorldSize(gpu_count, source, f"the job has {size} ranks ({source}) but this node has {gpu_count} "
+                             f"GPU(s): probing {gpu_count} ranks, whose shards are no smaller than the job's")
+        return WorldSize(size, source)
+    fits_in_ram = max(2, int(ram_bytes * CPU_RAM_SHARE) // max(1, cpu_budget))
+    if job is None:
+        return WorldSize(min(CPU_DEFAULT_WORLD_SIZE, fits_in_ram), "cpu default")
+    size, source = job
+    if size > fits_in_ram:
+        return WorldSize(fits_in_ram, source, f"the job has {size} ranks ({source}); on the CPU backend "
+                         f"{fits_in_ram} ranks of the budget fit in this machine's memory: probing {fits_in_ram}")
+    return WorldSize(max(2, size), source)
+
+
+def _job_world_size(environ: Mapping[str, str]) -> tuple[int, str] | None:
+    """The launcher's world size if it is more than one rank; also Slurm's GPUs x nodes for a torchrun per node.
+
+    In a pre-job hook before ``srun torchrun --nproc-per-node=G``, Slurm runs
+    one task per node, so ``SLURM_NTASKS`` counts nodes, not ranks: a count of
+    1 is passed over for ``SLURM_GPUS_ON_NODE`` x ``SLURM_JOB_NUM_NODES``.
+    """
+    found = world_size_from_environment(environ)
+    if found is not None and found[0] > 1:
+        return found
+    gpus = positive_integer(environ.get("SLURM_GPUS_ON_NODE"))
+    nodes = positive_integer(environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")) or 1
+    if gpus is not None and gpus * nodes > 1:
+        return gpus * nodes, "SLURM_GPUS_ON_NODE x SLURM_JOB_NUM_NODES"
+    return None
+
+
+def with_world_size(spec: Spec, resolved: WorldSize) -> Spec:
+    """``spec`` with the resolved size written in (what the cache key and the probe see)."""
+    if not spec.distributed.gang or spec.distributed.world_size == resolved.size:
+        return spec
+    distributed = spec.distributed.model_copy(update={"world_size": resolved.size})
+    return spec.model_copy(update={"distributed": distributed})
