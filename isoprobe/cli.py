@@ -270,43 +270,20 @@ def _render(result, fmt: str) -> str:
 def _result_for(args: argparse.Namespace, log):
     """The result for the spec: from the cache when it holds the answer, else from a probe (then stored).
 
-    An ``OSError`` out of the probe is the system refusing what a trial needs
-    (no space left in TMPDIR for its files, too many open files): not the user's
-    spec and not a bug, so one line (``ProbeError``, exit 4), never a traceback.
+    The same path as the Python API's ``probe()`` (``api.answer_for``): cache ->
+    lock -> probe -> store, an ``OSError`` turned into one line (``ProbeError``).
     """
-    from isoprobe.errors import ProbeError
-    from isoprobe.output import Reporter
-    from isoprobe.probe.answer import answer
+    from isoprobe.api import answer_for
 
     spec = _load(args)
-    try:
-        return answer(
-            spec,
-            args.spec,
-            Reporter(log.say),
-            use_cache=not args.no_cache,
-            refresh=args.refresh,
-            budget_source="command line" if _budget_overridden(args) else "spec",
-        )
-    except OSError as exc:
-        raise ProbeError(_system_refused(exc)) from None
+    return answer_for(spec, args.spec, log.say, use_cache=not args.no_cache, refresh=args.refresh,
+                      budget_source="command line" if _budget_overridden(args) else "spec")
 
 
 def _budget_overridden(args: argparse.Namespace) -> bool:
     """Did the command line set memory_budget (``--memory-budget`` or ``--set memory_budget=...``)?"""
     return args.memory_budget is not None or any(text.partition("=")[0].strip() == "memory_budget"
                                                  for text in args.set)
-
-
-def _system_refused(exc: OSError) -> str:
-    """An OSError from the probe in one line: what, where, and what to do about it."""
-    import errno
-
-    where = f" ({exc.filename})" if exc.filename else ""
-    what = f"the probe stopped: {exc.strerror or exc}{where}"
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return what + "; a trial keeps its files in TMPDIR: free space there or point TMPDIR at a folder with room"
-    return what
 
 
 #: A result is a few kB per trial; far more is not a result (and is never read whole into memory).

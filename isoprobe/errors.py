@@ -14,6 +14,16 @@ Only a user's mistake travels as an exception. The other non-zero outcomes
 why, and ``result.exit_code_for`` maps it to the code. Foreign exceptions
 (YAML, pydantic, OS) are converted to ``SpecError`` where they happen
 (``spec.py``), so the CLI never shows a traceback for a user's mistake.
+
+The Python API (``isoprobe.probe``, ``isoprobe.load_spec``) raises this same tree,
+exported from the package (``from isoprobe import SpecError, ProbeError,
+IsoprobeError, Problem``): a ``SpecError``'s ``problems`` are every ``Problem``
+found, each naming its field and, for an override, where it came from
+(``search.max_batch_size (from --set search.max_batch_size=abc)``,
+``(from overrides['search.steps'])``, ``(from probe(max_batch_size=0))``).
+The non-zero outcomes above stay answers there too: a ``Result``. Ctrl-C is the
+one exception: ``probe()`` raises ``KeyboardInterrupt`` once its children are
+stopped (``OutputFailed`` and ``Terminated`` are the command's own).
 """
 
 from __future__ import annotations
