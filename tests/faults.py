@@ -10,7 +10,8 @@ Faults: segfault, abort, sigkill, hang, raise, exit0 (exit without a result),
 garbage (binary junk on stdout and stderr, then carry on), half_result (half
 an events line, then SIGKILL), grandchild (leave a grandchild holding
 stdout/stderr, sleeping, then carry on), grandchild_hang (same, then hang),
-flaky_oom (out of memory with probability ``probability``), nth:K:<fault>
+flaky_oom (out of memory with probability ``probability``), alloc (a real
+allocation of 1 TiB, which fails under any cap), nth:K:<fault>
 (commit <fault> only on the K-th attempt at each batch; needs ``state_dir``).
 
 Hostile conditions (issue 14): escape_session (start ``sleep 600`` in a new
@@ -20,7 +21,7 @@ itself), sleep:S (sleep S seconds, once per process: a slow step), hang_on_exit
 (carry on, then hang while the child flushes stdout after its verdict),
 channel_hidden (raise unless the events file's path and descriptor are out of
 reach). Faults combine with ``+``, committed left to right:
-``escape_session+hang``.
+``escape_session+hang``. With ``ranks`` (a distributed trial), only those ranks commit the fault.
 
 With ``state_dir``, a fault about to be committed first writes
 ``committed-<pid>`` there (the fault's name inside), so that a test can wait
@@ -159,6 +160,8 @@ def _commit(fault: str, probability: float) -> None:
         if fault == "grandchild_hang":
             while True:
                 time.sleep(60)
+    elif fault == "alloc":
+        torch.empty(1 << 40, dtype=torch.uint8)  # 1 TiB: a real allocation failure under any cap
     elif fault == "flaky_oom":
         if random.random() < probability:
             raise RuntimeError(CPU_OOM_MESSAGE)
@@ -167,9 +170,11 @@ def _commit(fault: str, probability: float) -> None:
 
 
 class Faulty(nn.Module):
-    def __init__(self, fault: str, at: int, edge: int | None, probability: float, state_dir: str | None):
+    def __init__(self, fault: str, at: int, edge: int | None, probability: float, state_dir: str | None,
+                 ranks: list[int] | None = None):
         super().__init__()
         self.fault, self.at, self.edge = fault, at, edge
+        self.ranks = ranks
         self.probability, self.state_dir = probability, state_dir
         self.linear = nn.Linear(16, 4)
         self.committed = False
@@ -178,7 +183,7 @@ class Faulty(nn.Module):
         batch = x.shape[0]
         if self.edge is not None and batch > self.edge:
             raise RuntimeError(CPU_OOM_MESSAGE)
-        if batch >= self.at and not self.committed:
+        if batch >= self.at and not self.committed and self._on_this_rank():
             self.committed = True  # once per process: a fault in step 1 is enough
             fault = self.fault
             if fault.startswith("nth:"):
@@ -190,6 +195,14 @@ class Faulty(nn.Module):
                 _commit(fault, self.probability)
         return self.linear(x)
 
+    def _on_this_rank(self) -> bool:
+        """With ``ranks``, the fault is committed only by those ranks of a distributed trial."""
+        if self.ranks is None:
+            return True
+        import torch.distributed as dist
+
+        return dist.is_initialized() and dist.get_rank() in self.ranks
+
 
 def faulty(
     fault: str,
@@ -197,5 +210,6 @@ def faulty(
     edge: int | None = None,
     probability: float = 0.5,
     state_dir: str | None = None,
+    ranks: list[int] | None = None,
 ) -> nn.Module:
-    return Faulty(fault, at, edge, probability, state_dir)
+    return Faulty(fault, at, edge, probability, state_dir, ranks)

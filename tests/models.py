@@ -240,3 +240,29 @@ def leaky_hog(features: int = 524288, depth: int = 8, classes: int = 10, leak_mi
 
 def step_without_batch(model, optimizer):
     """model.step with a signature that cannot take (model, optimizer, batch, device): a spec error."""
+
+
+class StatefulHog(MemoryHog):
+    """memory_hog plus tables of weights that cost memory but no compute: the fixed part the strategies split.
+
+    ``tables`` embeddings of ``rows`` x ``width`` (dense gradients, Adam state for
+    every row), in a ModuleList of blocks that FSDP shards one by one. Per sample
+    the activations are memory_hog's; the fixed part is mostly the tables'
+    parameters, gradients and optimizer state, which DDP keeps whole on every
+    rank (plus its gradient buckets), ZeRO-1 shards the state of, and FSDP shards
+    all of: so each strategy has its own edge, in a few seconds a trial.
+    """
+
+    def __init__(self, features: int, depth: int, classes: int, rows: int, width: int, tables: int):
+        super().__init__(features, depth, classes)
+        self.tables = nn.ModuleList([nn.Embedding(rows, width) for _ in range(tables)])
+
+    def forward(self, x):
+        index = torch.zeros(x.shape[0], 1, dtype=torch.long, device=x.device)
+        offset = sum(table(index).sum(dim=(1, 2)) for table in self.tables)
+        return super().forward(x) + offset.unsqueeze(1) * 0.0
+
+
+def stateful_hog(features: int = 262144, depth: int = 8, classes: int = 10, rows: int = 16384, width: int = 128,
+                 tables: int = 2) -> nn.Module:
+    return StatefulHog(features, depth, classes, rows, width, tables)

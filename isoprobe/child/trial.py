@@ -79,14 +79,18 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
     device = torch.device(request.device)
     cuda = device.type == "cuda"
     if cuda:  # first thing: a bad allocator setting raises here, inside the try (see child.cuda)
+        child_cuda.initialise(torch, device)
+    if request.rank is not None:
+        # One rank of a gang meets the others before building what they share. On CUDA before the budget
+        # is set: nccl's communicators take memory outside the allocator, which the budget must leave out.
+        from isoprobe.child.distributed import join
+
+        join(request.rank, device)
+    if cuda:
         report.update(child_cuda.setup(torch, device, spec.training.precision, request.memory_budget_bytes))
     import_model_library(spec)  # here, so that its cost lands in the 'imported' phase
     progress.phase = "imported"
     events.emit(Imported(memory=cpu_memory()))
-    if request.rank is not None:  # one rank of a gang: meet the others before building what they share
-        from isoprobe.child.distributed import join
-
-        join(request.rank, device)
     python_path = request.python_path
     step = Step(spec, build_model(spec, python_path), device, python_path)
     progress.phase = "model_built"

@@ -1,0 +1,198 @@
+"""Distributed trials for real: gangs of two gloo ranks on the CPU backend (DDP, ZeRO-1, FSDP2).
+
+What only real ranks can show: each strategy's per-rank edge is exact in fresh
+re-runs, the strategies' peaks are ordered as their sharding implies, a rank
+that runs out of memory (or hangs, or loses its parent) takes the whole gang
+with it at once and leaves nothing behind, and two probes on one node never
+meet each other's ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import FAULTS, MODELS, REPO, run_cli, wait_for
+
+pytestmark = pytest.mark.integration
+
+STRATEGIES = ("none", "ddp", "zero1", "fsdp")
+
+
+def _hog(strategy: str, **search) -> dict:
+    """tests/models.py:stateful_hog under 1.5 GiB per rank: ~10 MB of activations a sample, ~31 MB of weights."""
+    spec = {
+        "model": {"factory": f"{MODELS}:stateful_hog"},
+        "input": {"shape": [262144]},
+        "target": {"classes": 10},
+        "optimizer": {"name": "adam"},
+        "search": {"steps": 2, "start_batch_size": 8, "trial_timeout": 120, **search},
+        "device": "cpu",
+        "memory_budget": "1.5GiB",
+        "recommendation": {"soak_steps": 0},
+    }
+    if strategy != "none":
+        spec["distributed"] = {"strategy": strategy, "world_size": 2}
+    return spec
+
+
+def _write(tmp_path, spec: dict, name: str):
+    import yaml
+
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return path
+
+
+@pytest.fixture(scope="module")
+def probes(tmp_path_factory):
+    """One probe per strategy, each answering from real gangs (module-scoped: measured once for every test)."""
+    folder = tmp_path_factory.mktemp("strategies")
+    found = {}
+    for strategy in STRATEGIES:
+        run = run_cli("run", str(_write(folder, _hog(strategy), strategy)), "--format", "json")
+        assert run.returncode == 0, run.stderr
+        found[strategy] = run.json
+    return folder, found
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_each_strategys_per_rank_edge_is_exact_in_fresh_gangs(probes, strategy):
+    folder, found = probes
+    result = found[strategy]
+    maximum = result["max_batch_size"]
+    assert result["first_failing_batch_size"] == maximum + 1, result["message"]
+    if strategy != "none":
+        assert result["distributed"] == {"strategy": strategy, "world_size": 2, "world_size_source": "spec",
+                                         "backend": "gloo", "per_rank": True}
+        for trial in result["trials"]:
+            assert [rank["rank"] for rank in trial["ranks"]] == [0, 1]
+            if trial["outcome"] == "fits":  # a gang fits only if each of its ranks did
+                assert all(rank["outcome"] == "fits" for rank in trial["ranks"])
+    # Fresh probes of exactly the maximum and exactly one more, started as the probe's own trials are.
+    for batch, expected in ((maximum, 0), (maximum + 1, 3)):
+        spec = _hog(strategy, start_batch_size=batch, max_batch_size=batch, confirmations=0)
+        rerun = run_cli("run", str(_write(folder, spec, f"{strategy}-{batch}")), "--format", "json")
+        assert rerun.returncode == expected, (batch, rerun.stderr[-2000:], result["trials"])
+
+
+def test_the_strategies_peaks_are_ordered_as_their_sharding_implies(probes):
+    """DDP above one process (its gradient buckets and gloo's buffers), ZeRO-1 between them (half the Adam
+    state per rank), and so the edges in reverse order. FSDP2 does shard parameters, gradients and state (its
+    breakdown per rank is half of DDP's), yet on the CPU with gloo its communication buffers outweigh what it
+    saves on this small model: its edge is measured, not assumed (docs/distributed.md has the numbers)."""
+    _, found = probes
+    edges = {strategy: result["max_batch_size"] for strategy, result in found.items()}
+    assert edges["none"] > edges["zero1"] > edges["ddp"], edges
+    fixed = {strategy: result["memory_breakdown"]["fixed_bytes"] for strategy, result in found.items()}
+    assert fixed["none"] < fixed["zero1"] < fixed["ddp"], fixed
+    sizes = {strategy: next(t for t in found[strategy]["trials"] if t["outcome"] == "fits")["sizes"]
+             for strategy in STRATEGIES}
+    assert sizes["ddp"] == sizes["none"]
+    assert sizes["zero1"]["optimizer_state_bytes"] == pytest.approx(sizes["ddp"]["optimizer_state_bytes"] / 2,
+                                                                     rel=0.01)
+    for kind in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes"):
+        assert sizes["fsdp"][kind] == pytest.approx(sizes["ddp"][kind] / 2, rel=0.01), kind
+    for strategy in ("ddp", "zero1", "fsdp"):  # every rank reports its own breakdown, and both ranks hold the same
+        trial = next(t for t in found[strategy]["trials"] if t["outcome"] == "fits")
+        assert trial["ranks"][0]["sizes"] == trial["ranks"][1]["sizes"] == trial["sizes"]
+
+
+def _fault_spec(fault: str, *, at: int, ranks: list[int], trial_timeout: float, state_dir: str | None = None) -> dict:
+    return {
+        "model": {"factory": f"{FAULTS}:faulty",
+                  "kwargs": {"fault": fault, "at": at, "ranks": ranks, **({"state_dir": state_dir} if state_dir else {})}},
+        "input": {"shape": [16]},
+        "target": {"classes": 4},
+        "optimizer": {"name": "sgd"},
+        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": trial_timeout, "max_batch_size": at},
+        "device": "cpu",
+        "memory_budget": "1.5GiB",
+        "recommendation": {"soak_steps": 0},
+        "distributed": {"strategy": "ddp", "world_size": 2},
+    }
+
+
+def test_one_rank_out_of_memory_kills_the_gang_at_once_and_is_the_trials_outcome(tmp_path):
+    """Rank 1 alone runs out of memory from batch 4 on; rank 0 waits in DDP's all-reduce, never returning."""
+    started = time.monotonic()
+    run = run_cli("run", str(_write(tmp_path, _fault_spec("alloc", at=4, ranks=[1], trial_timeout=120), "oom")),
+                  "--format", "json")
+    assert run.returncode == 0, run.stderr
+    result = run.json
+    assert (result["max_batch_size"], result["first_failing_batch_size"]) == (3, 4)
+    failing = [t for t in result["trials"] if t["batch_size"] == 4]
+    assert failing and all(t["outcome"] == "out_of_memory" and t["failed_rank"] == 1 for t in failing)
+    for trial in failing:
+        assert trial["ranks"][1]["outcome"] == "out_of_memory" and trial["ranks"][0]["stopped_by_gang"]
+        assert trial["gang_stop_seconds"] < 3, trial
+        assert trial["seconds"] < 60, trial  # killed at once, not at the 120 s timeout
+    assert time.monotonic() - started < 110
+
+
+def test_a_rank_that_hangs_before_a_collective_times_the_gang_out_and_leaves_nothing(tmp_path):
+    run = run_cli("run", str(_write(tmp_path, _fault_spec("hang", at=4, ranks=[1], trial_timeout=12), "hang")),
+                  "--format", "json")
+    result = run.json
+    hung = [t for t in result["trials"] if t["batch_size"] == 4]
+    assert hung and all(t["outcome"] == "timed_out" for t in hung), result["trials"]
+    assert result["max_batch_size"] == 3
+    # The autouse no_leftover_processes fixture checks that no rank (nor anything else) survived.
+
+
+def _gang_processes(marker: str) -> list[int]:
+    """Live processes whose environment carries ``marker`` (found by environment, whatever their parent)."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if marker.encode() in environ.read():
+                    with open(f"/proc/{entry}/stat") as stat:
+                        if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
+                            found.append(int(entry))
+        except OSError:
+            continue
+    return found
+
+
+def test_when_isoprobe_is_killed_mid_gang_no_rank_survives(tmp_path):
+    state = tmp_path / "state"
+    state.mkdir()
+    spec = _write(tmp_path, _fault_spec("hang", at=4, ranks=[0, 1], trial_timeout=300, state_dir=str(state)), "kill")
+    marker = f"ISOPROBE_TEST_MARKER={os.getpid()}-{time.monotonic_ns()}"
+    name, value = marker.split("=", 1)
+    process = subprocess.Popen([sys.executable, "-m", "isoprobe", "run", str(spec), "--no-cache"], cwd=REPO,
+                               env={**os.environ, name: value}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        # Both ranks of the batch-4 gang are inside the fault (each wrote its committed- file).
+        assert wait_for(lambda: len(list(state.glob("committed-*"))) >= 2, 120), "the gang never reached the fault"
+        assert len(_gang_processes(marker)) >= 3  # isoprobe, keepers and ranks
+        process.send_signal(signal.SIGKILL)
+        process.wait()
+        left = wait_for(lambda: not _gang_processes(marker), 5)
+        assert left, f"still alive 5 s after isoprobe was killed: {_gang_processes(marker)}"
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_two_distributed_probes_at_once_both_answer_and_never_meet(tmp_path):
+    spec = _write(tmp_path, _fault_spec("alloc", at=6, ranks=[0, 1], trial_timeout=120), "twice")
+    commands = [[sys.executable, "-m", "isoprobe", "run", str(spec), "--no-cache", "--format", "json"]] * 2
+    runs = [subprocess.Popen(command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for command in commands]
+    outputs = [run.communicate(timeout=400) for run in runs]
+    for run, (stdout, stderr) in zip(runs, outputs):
+        assert run.returncode == 0, stderr
+        result = json.loads(stdout)
+        assert (result["max_batch_size"], result["first_failing_batch_size"]) == (5, 6)
+        assert all(t["outcome"] in ("fits", "out_of_memory") for t in result["trials"]), result["trials"]
