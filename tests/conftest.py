@@ -42,6 +42,7 @@ ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 #: test_probe_cpu, test_real_loop and test_fast_answers each ran twice when their tests were spread).
 ONE_WORKER = (
     "tests/slurm/",
+    "tests/container/",
     "tests/gpu/",
     "tests/integration/test_probe_cpu.py",
     "tests/integration/test_real_loop.py",
