@@ -42,6 +42,8 @@ def trial_line(trial: Trial) -> str:
     detail = ""
     if trial.outcome is not Outcome.FITS:
         reason = trial.signal or (trial.error.type if trial.error else None) or trial.phase
+        if trial.failed_rank is not None:  # a gang: whose failure it was, and how fast the rest were stopped
+            reason = f"rank {trial.failed_rank}: {reason}" if reason else f"rank {trial.failed_rank}"
         detail = f" ({reason})" if reason else ""
     peaks = trial.step_peak_bytes
     purpose = _PURPOSE_LABELS[trial.purpose].format(
@@ -93,6 +95,10 @@ def render_table(result: Result) -> str:
              if device else "no device")
     lines.append(f"isoprobe {result.isoprobe_version}: {model.source} {getattr(model, model.source)} on {where}")
     lines.append(f"answer: {result.message}")
+    if result.distributed is not None:
+        info = result.distributed
+        lines.append(f"distributed: {info.strategy}, {info.world_size} ranks ({info.world_size_source}, "
+                     f"{info.backend}): every batch here is a per-rank micro-batch")
     if result.cache is not None:
         lines.append(f"cache: {'hit, no trial ran now' if result.cache.hit else 'stored'} "
                      f"({result.cache.path}, probed {result.cache.stored_at})")

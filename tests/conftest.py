@@ -50,6 +50,7 @@ ONE_WORKER = (
     "tests/integration/test_answers.py",
     "tests/integration/test_fidelity.py",
     "tests/integration/test_pid1.py",
+    "tests/integration/test_distributed.py",
 )
 
 

@@ -68,6 +68,9 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
     """The one-sentence answer and what to try next, from what the search established."""
     stop, max_fitting, first_failing, recommended = found.stop, found.max_fitting, found.first_failing, found.recommended
     where = f"{info.backend} ({format_bytes(info.capacity_bytes)})"
+    if spec.distributed.gang:  # the batches are per rank: say so in the one sentence people read
+        where = (f"{info.backend} ({format_bytes(info.capacity_bytes)} per rank, {spec.distributed.strategy} over "
+                 f"{spec.distributed.world_size or 1} ranks; batches per rank)")
     # The trial that decided a failed search: the last one that ended as the search did (after a crash, a
     # retry may have fit; the message is about the crash), else simply the last.
     last = next((t for t in reversed(trials) if t.outcome.value == stop.value), trials[-1] if trials else None)

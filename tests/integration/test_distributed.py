@@ -99,9 +99,14 @@ def test_the_strategies_peaks_are_ordered_as_their_sharding_implies(probes):
                                                                      rel=0.01)
     for kind in ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes"):
         assert sizes["fsdp"][kind] == pytest.approx(sizes["ddp"][kind] / 2, rel=0.01), kind
-    for strategy in ("ddp", "zero1", "fsdp"):  # every rank reports its own breakdown, and both ranks hold the same
+    for strategy in ("ddp", "zero1", "fsdp"):  # every rank reports its own breakdown
         trial = next(t for t in found[strategy]["trials"] if t["outcome"] == "fits")
-        assert trial["ranks"][0]["sizes"] == trial["ranks"][1]["sizes"] == trial["sizes"]
+        ranks = [rank["sizes"] for rank in trial["ranks"]]
+        assert trial["sizes"] in ranks
+        if strategy == "zero1":  # parameters are split by size, not evenly: the ranks' shards add up to the whole
+            assert sum(r["optimizer_state_bytes"] for r in ranks) == sizes["ddp"]["optimizer_state_bytes"]
+        else:
+            assert ranks[0] == ranks[1]
 
 
 def _fault_spec(fault: str, *, at: int, ranks: list[int], trial_timeout: float, state_dir: str | None = None) -> dict:

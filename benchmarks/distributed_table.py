@@ -1,0 +1,72 @@
+"""One spec under every distributed strategy, side by side: the per-rank edge, its peak, trials and seconds.
+
+    python benchmarks/distributed_table.py specs/gpt2-fsdp.yaml [--world-size 2] [--memory-budget 3GiB]
+
+Runs ``isoprobe run`` (fresh probes, no cache) with ``distributed.strategy`` set to
+none, ddp, zero1 and fsdp in turn (``--set``), one after another so that they do
+not share the cores, and prints a Markdown table: what docs/distributed.md
+records. The numbers are the probes' own; nothing here is computed that the
+results do not hold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+STRATEGIES = ("none", "ddp", "zero1", "fsdp")
+
+
+def probe(spec: str, strategy: str, world_size: int, budget: str | None) -> tuple[dict, float]:
+    command = [sys.executable, "-m", "isoprobe", "run", spec, "--no-cache", "--format", "json",
+               "--set", f"distributed.strategy={strategy}"]
+    if strategy != "none":
+        command += ["--set", f"distributed.world_size={world_size}"]
+    if budget:
+        command += ["--memory-budget", budget]
+    started = time.monotonic()
+    done = subprocess.run(command, capture_output=True, text=True)
+    seconds = time.monotonic() - started
+    if not done.stdout.strip():
+        raise SystemExit(f"{strategy}: isoprobe exited {done.returncode} without a result:\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout), seconds
+
+
+def row(strategy: str, result: dict, seconds: float) -> str:
+    maximum = result["max_batch_size"]
+    at_max = [t for t in result["trials"] if t["batch_size"] == maximum and t["outcome"] == "fits"]
+    peak = max((t["budget_peak_bytes"] or 0) for t in at_max) if at_max else None
+    breakdown = result.get("memory_breakdown") or {}
+    sizes = next((t["sizes"] for t in result["trials"] if t.get("sizes")), None) or {}
+    mib = 1024**2
+
+    def shown(value):
+        return "-" if value is None else f"{value / mib:.0f}"
+
+    return (f"| {strategy} | {maximum} | {result['first_failing_batch_size']} | {shown(peak)} | "
+            f"{shown(breakdown.get('fixed_bytes'))} | {shown(sizes.get('parameter_bytes'))} / "
+            f"{shown(sizes.get('gradient_bytes'))} / {shown(sizes.get('optimizer_state_bytes'))} | "
+            f"{len(result['trials'])} | {seconds:.1f} |")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("spec")
+    parser.add_argument("--world-size", type=int, default=2)
+    parser.add_argument("--memory-budget")
+    args = parser.parse_args()
+    print(f"{args.spec}, world size {args.world_size} (per-rank batches; MiB in the budget's units)\n")
+    print("| strategy | max per rank | first failing | peak at the max (MiB) | fixed part (MiB) | "
+          "params / grads / state per rank (MiB) | trials | seconds |")
+    print("|---|---|---|---|---|---|---|---|")
+    for strategy in STRATEGIES:
+        result, seconds = probe(args.spec, strategy, args.world_size, args.memory_budget)
+        print(row(strategy, result, seconds), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
