@@ -2,8 +2,9 @@
 
     python benchmarks/distributed_table.py specs/gpt2-fsdp.yaml [--world-size 2] [--memory-budget 3GiB]
 
-Runs ``isoprobe run`` (fresh probes, no cache) with ``distributed.strategy`` set to
-none, ddp, zero1 and fsdp in turn (``--set``), one after another so that they do
+Runs ``isoprobe run`` (fresh probes, no cache) with the ``distributed`` section set
+to none, ddp, zero1 and fsdp in turn (``--set``; the spec's own strategy keeps its
+options), one after another so that they do
 not share the cores, and prints a Markdown table: what docs/distributed.md
 records. The numbers are the probes' own; nothing here is computed that the
 results do not hold.
@@ -21,10 +22,15 @@ STRATEGIES = ("none", "ddp", "zero1", "fsdp")
 
 
 def probe(spec: str, strategy: str, world_size: int, budget: str | None) -> tuple[dict, float]:
-    command = [sys.executable, "-m", "isoprobe", "run", spec, "--no-cache", "--format", "json",
-               "--set", f"distributed.strategy={strategy}"]
-    if strategy != "none":
+    # The section is replaced whole (the spec's own options belong to its own strategy), except for the
+    # spec's own strategy, which keeps its options with the world size asked for.
+    own = _own_strategy(spec)
+    section = "{strategy: none}" if strategy == "none" else f"{{strategy: {strategy}, world_size: {world_size}}}"
+    command = [sys.executable, "-m", "isoprobe", "run", spec, "--no-cache", "--format", "json"]
+    if strategy == own:
         command += ["--set", f"distributed.world_size={world_size}"]
+    else:
+        command += ["--set", f"distributed={section}"]
     if budget:
         command += ["--memory-budget", budget]
     started = time.monotonic()
@@ -33,6 +39,13 @@ def probe(spec: str, strategy: str, world_size: int, budget: str | None) -> tupl
     if not done.stdout.strip():
         raise SystemExit(f"{strategy}: isoprobe exited {done.returncode} without a result:\n{done.stderr[-3000:]}")
     return json.loads(done.stdout), seconds
+
+
+def _own_strategy(spec: str) -> str:
+    import yaml
+
+    with open(spec) as file:
+        return ((yaml.safe_load(file) or {}).get("distributed") or {}).get("strategy", "none")
 
 
 def row(strategy: str, result: dict, seconds: float) -> str:

@@ -45,6 +45,8 @@ def result_variables(result: Result) -> list[tuple[str, str]]:
             ("GLOBAL_BATCH_SIZE", plan.global_batch_size),
             ("WORLD_SIZE", plan.world_size),
         ]
+    if result.distributed is not None:  # the batches above are per rank: say for how many and which strategy
+        values += [("STRATEGY", result.distributed.strategy), ("PROBED_RANKS", result.distributed.world_size)]
     values.append(("BACKEND", result.device.backend if result.device else None))
     values.append(("CACHE_HIT", int(result.cache.hit) if result.cache else 0))
     return [(PREFIX + name, str(value)) for name, value in values if value is not None]

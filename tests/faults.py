@@ -11,7 +11,8 @@ garbage (binary junk on stdout and stderr, then carry on), half_result (half
 an events line, then SIGKILL), grandchild (leave a grandchild holding
 stdout/stderr, sleeping, then carry on), grandchild_hang (same, then hang),
 flaky_oom (out of memory with probability ``probability``), alloc (a real
-allocation of 1 TiB, which fails under any cap), nth:K:<fault>
+allocation of 1 TiB, which fails under any cap; raise_cuda_oom: 16 TiB on the
+rank's GPU), nth:K:<fault>
 (commit <fault> only on the K-th attempt at each batch; needs ``state_dir``).
 
 Hostile conditions (issue 14): escape_session (start ``sleep 600`` in a new
@@ -162,6 +163,8 @@ def _commit(fault: str, probability: float) -> None:
                 time.sleep(60)
     elif fault == "alloc":
         torch.empty(1 << 40, dtype=torch.uint8)  # 1 TiB: a real allocation failure under any cap
+    elif fault == "raise_cuda_oom":
+        torch.empty(1 << 44, dtype=torch.uint8, device=f"cuda:{torch.cuda.current_device()}")  # 16 TiB on the GPU
     elif fault == "flaky_oom":
         if random.random() < probability:
             raise RuntimeError(CPU_OOM_MESSAGE)

@@ -175,3 +175,19 @@ def test_a_gang_that_needs_more_gpus_than_the_node_has_is_a_spec_error():
     with pytest.raises(SpecError) as raised:
         resolve_target(spec, facts, None)
     assert "distributed.world_size" in str(raised.value) and "2 visible" in str(raised.value)
+
+
+def test_a_hook_learns_the_batch_is_per_rank_and_for_which_strategy():
+    from isoprobe.shell import result_variables
+
+    def script(call):
+        return gang(fits(900 * MiB), fits(900 * MiB)) if call.batch_size <= 20 else gang(
+            fits(900 * MiB), out_of_memory(), failed_rank=1, stop_seconds=0.01)
+
+    raw = hog_spec(max_batch_size=40)
+    raw["distributed"] = {"strategy": "fsdp", "world_size": 2}
+    variables = dict(result_variables(probe(raw, ScriptedExecutor(script)).result))
+    assert (variables["ISOPROBE_STRATEGY"], variables["ISOPROBE_PROBED_RANKS"]) == ("fsdp", "2")
+    assert variables["ISOPROBE_MAX_BATCH_SIZE"] == "20"
+    single = dict(result_variables(probe(hog_spec(), ScriptedExecutor(lambda call: fits(900 * MiB))).result))
+    assert "ISOPROBE_STRATEGY" not in single
