@@ -90,6 +90,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     hook.add_argument("--log", metavar="FILE", help="also append progress, errors and the result JSON to FILE "
                                                    "(if it stops taking writes, a warning and the run goes on)")
+    _sweep_parser(commands)
     show = commands.add_parser("show", help="render a saved result (JSON from 'isoprobe run') as a table")
     show.add_argument("result", help="path to a result JSON file")
     show.add_argument("--format", choices=("table", "json", "env", "taskprolog"), default="table")
@@ -101,6 +102,45 @@ def _parser() -> argparse.ArgumentParser:
     schema = commands.add_parser("schema", help="print the JSON Schema of the result (or of the spec)")
     schema.add_argument("--spec", action="store_true", help="the spec's schema instead of the result's")
     return parser
+
+
+def _sweep_parser(commands) -> None:
+    """``isoprobe sweep``'s flags (the work is in isoprobe/sweep/)."""
+    sweep = commands.add_parser(
+        "sweep", help="probe many specs (locally, or as Slurm job arrays on several GPU types): one table, one JSON",
+        description="Probe every SPEC (on every --partition/--constraint with --executor slurm); one row per spec "
+                    "x GPU type. Answers go to the result cache (ISOPROBE_CACHE_DIR: a shared filesystem on a "
+                    "cluster), so a sweep run again answers from it without probing or submitting.",
+        epilog="exit codes: 0 every row answered; 2 bad usage; 4 a row has no answer (its error says why); "
+               "130 interrupted, 143 terminated (the sweep's Slurm jobs are cancelled first)",
+    )
+    sweep.add_argument("specs", nargs="+", metavar="SPEC", help="paths to YAML specs")
+    sweep.add_argument("--executor", choices=("local", "slurm"), default="local",
+                       help="local (default): one after another on this machine; slurm: one job array per GPU type")
+    sweep.add_argument("--format", choices=("auto", "json", "table"), default="auto",
+                       help="stdout: table (people), json (the SweepReport), auto: table on a terminal")
+    sweep.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
+    sweep.add_argument("--refresh", action="store_true", help="probe again and replace the cached answers")
+    sweep.add_argument("--device", help="override every spec's device")
+    sweep.add_argument("--memory-budget", help="override every spec's memory_budget")
+    sweep.add_argument("--max-batch-size", help="override every spec's search.max_batch_size")
+    sweep.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set",
+                       help="override a field of every spec, as 'isoprobe run --set' does; repeatable")
+    slurm = sweep.add_argument_group("--executor slurm (submitit; SLURM_CONF and the clients as for sbatch)")
+    slurm.add_argument("--partition", action="append", default=[], metavar="NAME[,NAME]",
+                       help="a GPU type as a partition; repeatable or comma-separated: one row per spec per partition")
+    slurm.add_argument("--constraint", action="append", default=[], metavar="FEATURE[,FEATURE]",
+                       help="a GPU type as a node feature (sbatch --constraint); repeatable or comma-separated")
+    slurm.add_argument("--gpus-per-task", type=_batch_size, metavar="N", help="GPUs per probe (sbatch --gpus-per-task)")
+    slurm.add_argument("--cpus-per-task", type=_batch_size, metavar="N", help="CPUs per probe (sbatch --cpus-per-task)")
+    slurm.add_argument("--time", type=_batch_size, default=60, metavar="MINUTES", help="time limit per probe (default 60)")
+    slurm.add_argument("--array-parallelism", type=_batch_size, default=16, metavar="N",
+                       help="probes of one array running at once (sbatch --array=...%%N; default 16)")
+    slurm.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
+                       help="an extra sbatch option, e.g. --sbatch account=proj --sbatch qos=short; repeatable")
+    slurm.add_argument("--folder", default="isoprobe-sweeps", metavar="DIR",
+                       help="the sweep's job files (submitit's pickles, logs, rows): private (made 0700) and on a "
+                            "filesystem the nodes share (default ./isoprobe-sweeps)")
 
 
 def _batch_size(text: str) -> int:
@@ -135,11 +175,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from isoprobe.streams import emit
 
     step = f", the step {spec.model.step}" if spec.model.step else ""
-    ranks = spec.distributed.world_size or "the job's or node's"
-    distributed = f", {spec.distributed.strategy} over {ranks} ranks (batches per rank)" if spec.distributed.gang else ""
     emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
-         f"{spec.training.mode} {spec.training.precision}{step}, optimizer {spec.optimizer.name}, device {spec.device}"
-         f"{distributed})")
+         f"{spec.training.mode} {spec.training.precision}{step}, optimizer {spec.optimizer.name}, device {spec.device})")
     return ExitCode.ANSWERED
 
 
@@ -188,11 +225,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.close()
 
 
-def _usage_error(message: str):
+def _usage_error(message: str, command: str = "run"):
     from isoprobe.errors import ExitCode
     from isoprobe.streams import tell
 
-    tell(f"isoprobe run: {message}")
+    tell(f"isoprobe {command}: {message}")
     raise SystemExit(ExitCode.BAD_SPEC)
 
 
@@ -344,7 +381,51 @@ def cmd_plot(args: argparse.Namespace) -> int:
         raise OutputFailed(f"the plot {args.output or default_output(args.result)}", exc.strerror or str(exc)) from None
 
 
-_COMMANDS = {"run": cmd_run, "validate": cmd_validate, "schema": cmd_schema, "show": cmd_show, "plot": cmd_plot}
+def cmd_sweep(args: argparse.Namespace) -> int:
+    """Probe many specs; the table or JSON on stdout, progress on stderr (isoprobe/sweep/)."""
+    import signal
+    from pathlib import Path
+
+    from isoprobe.errors import ExitCode, Terminated
+    from isoprobe.streams import emit, tell
+
+    def on_sigterm(signum, frame):
+        raise Terminated()
+
+    targets = [f"partition={name}" for text in args.partition for name in text.split(",") if name.strip()]
+    targets += [f"constraint={name}" for text in args.constraint for name in text.split(",") if name.strip()]
+    if bad := [text for text in args.sbatch if "=" not in text or not text.partition("=")[0].strip()]:
+        _usage_error(f"--sbatch {bad[0]!r}: give KEY=VALUE, e.g. --sbatch account=myproject", "sweep")
+    sbatch = dict(text.split("=", 1) for text in args.sbatch)
+    if args.executor == "slurm" and not targets:
+        _usage_error("sweep --executor slurm needs at least one --partition or --constraint (a GPU type)", "sweep")
+    if args.executor == "local" and (targets or sbatch):
+        _usage_error("--partition, --constraint and --sbatch are for --executor slurm", "sweep")
+    signal.signal(signal.SIGTERM, on_sigterm)
+    from isoprobe.sweep import run_sweep
+    from isoprobe.sweep.model import render_sweep_table
+    from isoprobe.sweep.slurm import SlurmOptions
+
+    options = SlurmOptions(folder=Path(args.folder).resolve(), gpus_per_task=args.gpus_per_task,
+                           cpus_per_task=args.cpus_per_task, time_minutes=args.time,
+                           array_parallelism=args.array_parallelism, sbatch=sbatch)
+    report = run_sweep(args.specs, executor=args.executor, say=tell, targets=targets, named=_overrides(args),
+                       sets=tuple(args.set), refresh=args.refresh, slurm_options=options)
+    document = report.model_dump_json(indent=2)
+    if args.output:
+        try:
+            Path(args.output).write_text(document + "\n")
+        except OSError as exc:
+            tell(f"isoprobe: --output {args.output}: {exc.strerror or exc}")
+    table = args.format == "table" or (args.format == "auto" and sys.stdout.isatty())
+    emit(render_sweep_table(report) if table else document)
+    if report.interrupted:
+        return ExitCode.INTERRUPTED if report.interrupted == "interrupted" else ExitCode.TERMINATED
+    return ExitCode.ANSWERED if report.all_answered else ExitCode.NO_ANSWER
+
+
+_COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "validate": cmd_validate, "schema": cmd_schema, "show": cmd_show,
+             "plot": cmd_plot}
 
 
 def entry() -> int:

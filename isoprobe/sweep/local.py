@@ -1,0 +1,42 @@
+"""The local executor: the sweep's specs one after another in this process, as ``isoprobe run`` would probe each.
+
+Each item goes through ``task.run_item``, the same function a Slurm task runs,
+so a local row and a cluster row come from the same code (``api.answer_for``),
+and every answer lands in the cache: a sweep run again is answered from it.
+Ctrl-C or SIGTERM stops the probe that is running (its children first) and the
+sweep with it; the rows not probed say so.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from isoprobe.sweep.model import SweepRow, failed_row
+from isoprobe.sweep.task import SweepItem, run_item
+
+#: Stop reasons of a probe that a signal ended.
+_STOPPED = ("interrupted", "terminated")
+
+
+def run_local(items: list[SweepItem], say: Callable[[str], None],
+              run: Callable[[SweepItem], str] = run_item) -> tuple[list[SweepRow], str | None]:
+    """The rows, in order, and None, or 'interrupted'/'terminated' when a signal stopped the sweep."""
+    from isoprobe.errors import Terminated
+
+    rows: list[SweepRow] = []
+    stopped: str | None = None
+    for number, item in enumerate(items, 1):
+        if stopped:
+            rows.append(failed_row(item.shown, item.target, f"not probed: the sweep was {stopped}"))
+            continue
+        say(f"isoprobe: sweep {number}/{len(items)}: {item.shown}")
+        try:
+            row = SweepRow.model_validate_json(run(item))
+        except KeyboardInterrupt:
+            stopped, row = "interrupted", failed_row(item.shown, item.target, "interrupted before its first trial")
+        except Terminated:
+            stopped, row = "terminated", failed_row(item.shown, item.target, "terminated before its first trial")
+        if row.stop_reason in _STOPPED:
+            stopped = row.stop_reason
+        rows.append(row)
+    return rows, stopped

@@ -1,0 +1,114 @@
+"""One probe of a sweep, run the way ``isoprobe run`` runs it: in the sweep's process, or as a Slurm array task.
+
+``run_item`` is the function submitit pickles (by reference: a top-level
+function of an importable module) and calls on the node, in a process of its
+own. This module imports neither torch nor the probe at import time: the task
+reaches torch only through the probe's child processes, as the CLI does.
+
+The task loads the spec, then calls ``api.answer_for`` (cache -> lock -> probe
+-> store), so its answer lands in the shared cache under the node's own key (its
+GPU's facts from NVML, or its CPU's). Next to the entry it records which entry
+answered this spec on this target (``records``), so that a login node, which
+cannot compute a GPU node's key, can find the answer without submitting. Its
+row goes to the sweep's own folder as JSON (never read back as a pickle).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class SweepItem:
+    """What one probe of a sweep needs: the spec, its overrides, where to answer and where to write the row."""
+
+    spec: str  #: the spec's absolute path (a task on another node reads it there: a shared filesystem)
+    shown: str  #: the path as the user gave it: the row names the spec by it
+    target: str  #: 'local', 'partition=NAME' or 'constraint=FEATURE'
+    cache_dir: str  #: the result cache (ISOPROBE_CACHE_DIR), absolute; set in the task's environment
+    index: int = 0  #: the row's position in the sweep
+    named: dict = field(default_factory=dict)  #: {'--device': ..., '--memory-budget': ..., '--max-batch-size': ...}
+    sets: tuple[str, ...] = ()  #: --set FIELD=VALUE texts, applied to every spec
+    refresh: bool = False  #: probe again and replace the cached answer
+    rows_dir: str | None = None  #: where the row's JSON goes (a Slurm task), or None (in process)
+
+    def load(self):
+        """The spec with the sweep's overrides, checked as ``isoprobe validate`` checks it (``SpecError``)."""
+        from isoprobe.spec import check_references, load_spec
+
+        spec = load_spec(self.spec, self.named, sets=self.sets)
+        check_references(spec, self.spec)
+        return spec
+
+    def budget_source(self) -> str:
+        named = self.named.get("--memory-budget") is not None
+        return "command line" if named or any(s.partition("=")[0].strip() == "memory_budget" for s in self.sets) else "spec"
+
+
+def run_item(item: SweepItem) -> str:
+    """Probe (or read from the cache) one spec; the row as JSON, also written to ``item.rows_dir`` when set.
+
+    Never raises for a probe's own failure: a bad spec, a trial that failed, a
+    refused cache or a bug in isoprobe all become the row's ``error``, so one
+    failing spec leaves the other tasks of the array alone. Ctrl-C and SIGTERM
+    do propagate (the probe stopped its children first).
+    """
+    import traceback
+
+    from isoprobe.api import answer_for
+    from isoprobe.cache import CACHE_DIR_VARIABLE
+    from isoprobe.errors import ProbeError, SpecError
+    from isoprobe.streams import tell
+    from isoprobe.sweep.model import failed_row, row_from_result
+
+    os.environ[CACHE_DIR_VARIABLE] = item.cache_dir  # the tasks answer into the sweep's (shared) cache
+    job_id = _array_task_id()
+    say = (lambda line: tell(f"[{item.shown}] {line}")) if item.rows_dir is None else tell
+    try:
+        spec = item.load()
+        result = answer_for(spec, item.spec, say, use_cache=True, refresh=item.refresh,
+                            budget_source=item.budget_source())
+    except SpecError as error:
+        row = failed_row(item.shown, item.target, f"bad spec: {error.render()}", job_id)
+    except ProbeError as error:
+        row = failed_row(item.shown, item.target, error.message, job_id)
+    except Exception as error:  # a bug in isoprobe: this row says so, the others still answer
+        tell(traceback.format_exc())
+        row = failed_row(item.shown, item.target, f"internal error: {type(error).__name__}: {error}", job_id)
+    else:
+        row = row_from_result(item.shown, item.target, result, job_id)
+        if result.cache is not None:  # an entry was written or read: the next sweep can find it
+            from isoprobe.sweep.records import write_record
+
+            try:
+                write_record(item, spec, result.cache.key)
+            except OSError as exc:  # the answer is in the cache; only the next sweep's shortcut is lost
+                say(f"isoprobe: could not record the sweep's entry: {exc.strerror or exc}")
+    text = row.model_dump_json()
+    if item.rows_dir is not None:
+        write_row(Path(item.rows_dir), item.index, text)
+    return text
+
+
+def write_row(folder: Path, index: int, text: str) -> Path:
+    """The row's JSON, written to a temporary name and renamed: the sweep sees a whole row or none."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = row_path(folder, index)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
+    return path
+
+
+def row_path(folder: Path, index: int) -> Path:
+    return folder / f"row-{index}.json"
+
+
+def _array_task_id() -> str | None:
+    """``ARRAYJOB_TASK`` inside a Slurm array task, the job id in a plain job, None outside Slurm."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID")
