@@ -1,6 +1,7 @@
 """Trials to the exact edge: model-guided search versus doubling + bisection, simulated.
 
 Run:  python benchmarks/simulate_search.py [--seeds N]
+      python benchmarks/simulate_search.py --slots 1,2,4,8   (issue 17: rounds with parallel trials)
 
 For every true maximum on a log grid from 2 to 8192 (100 values) and several
 seeds, a synthetic device has linear peak memory, ``peak = a + k·batch``, with
@@ -69,10 +70,44 @@ def distribution(counts: list[int]) -> str:
     return f"min {ordered[0]:>2}  median {statistics.median(ordered):>4}  p90 {p90:>2}  max {ordered[-1]:>2}"
 
 
+def parallel_rounds(true_max: int, seed: int, slots: int, confirmations: int, noise_fraction: float) -> int:
+    """Rounds (wall-clock units: a round runs its trials at once, one per slot) to the exact edge."""
+    from isoprobe.search_parallel import run_parallel_search
+
+    oracle, capacity = device(true_max, seed, noise_fraction)
+    limits = Limits(start=2, confirmations=confirmations, capacity=capacity)
+    found = run_parallel_search(lambda batches: [oracle(b) for b in batches], limits, slots, step=guided_step)
+    conclusion = found.conclusion
+    assert conclusion.max_fitting == true_max and conclusion.first_failing == true_max + 1, (true_max, seed, slots)
+    return found.rounds
+
+
+def print_slots(cases: list[tuple[int, int]], slot_counts: list[int]) -> None:
+    """Issue 17: rounds to the exact edge with 1, 2, 4, 8 slots (guided step, noise +-1 %)."""
+    print("\nparallel trials (guided step, noise ±1.0 % of the capacity): rounds to the exact edge "
+          "(+1 confirmation run)")
+    medians = {}
+    for slots in slot_counts:
+        plain = [parallel_rounds(t, s, slots, 0, 0.01) for t, s in cases]
+        confirmed = [parallel_rounds(t, s, slots, 1, 0.01) for t, s in cases]
+        medians[slots] = statistics.median(plain)
+        print(f"  {slots} slot{'s' if slots > 1 else ' '}  rounds {distribution(plain)}   "
+              f"(confirmed: median {statistics.median(confirmed)})")
+    if 1 in medians and len(medians) > 1:
+        print("  median rounds / single slot: " + ", ".join(
+            f"{k} slots {medians[k] / medians[1]:.2f}" for k in slot_counts if k != 1))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="devices per true maximum (default 5)")
+    parser.add_argument("--slots", default=None, metavar="N,N,...",
+                        help="only the parallel-trials table, for these slot counts (e.g. 1,2,4,8)")
     args = parser.parse_args()
+    if args.slots:
+        grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})
+        print_slots([(t, seed) for t in grid for seed in range(args.seeds)], [int(n) for n in args.slots.split(",")])
+        return
     grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})  # 2 .. 8192, log-spaced
     cases = [(t, seed) for t in grid for seed in range(args.seeds)]
     print(f"{len(cases)} simulated devices: {len(grid)} true maxima from {grid[0]} to {grid[-1]} (log grid) "
