@@ -99,6 +99,11 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", help="PNG to write (default: next to the result, .png)")
     validate = commands.add_parser("validate", help="check a spec without running anything")
     with_overrides(validate)
+    estimate = commands.add_parser("estimate", help="predict the memory and the maximum from one traced step "
+                                                    "(no trial, no GPU memory): seconds, not minutes")
+    with_overrides(estimate)
+    estimate.add_argument("--format", choices=("auto", "json", "table"), default="auto",
+                          help="table for people, json for scripts; auto (default): table on a terminal, else json")
     schema = commands.add_parser("schema", help="print the JSON Schema of the result (or of the spec)")
     schema.add_argument("--spec", action="store_true", help="the spec's schema instead of the result's")
     return parser
@@ -177,6 +182,19 @@ def cmd_validate(args: argparse.Namespace) -> int:
     step = f", the step {spec.model.step}" if spec.model.step else ""
     emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
          f"{spec.training.mode} {spec.training.precision}{step}, optimizer {spec.optimizer.name}, device {spec.device})")
+    return ExitCode.ANSWERED
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """The traced estimate alone: the environment check's child, no trial (isoprobe.probe.estimate)."""
+    from isoprobe.errors import ExitCode
+    from isoprobe.prediction import render_report
+    from isoprobe.probe.estimate import estimate_spec
+    from isoprobe.streams import emit
+
+    report = estimate_spec(_load(args), args.spec, "command line" if _budget_overridden(args) else "spec")
+    table = args.format == "table" or (args.format == "auto" and sys.stdout.isatty())
+    emit(render_report(report) if table else report.model_dump_json(indent=2))
     return ExitCode.ANSWERED
 
 
@@ -425,7 +443,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "validate": cmd_validate, "schema": cmd_schema, "show": cmd_show,
-             "plot": cmd_plot}
+             "plot": cmd_plot, "estimate": cmd_estimate}
 
 
 def entry() -> int:

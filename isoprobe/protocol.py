@@ -221,6 +221,30 @@ class InspectProblem(_Message):
     message: str
 
 
+class Estimate(_Message):
+    """The memory estimate before any trial (``child.estimate``): one traced step, in the budget's units.
+
+    Peak ~ ``fixed_bytes + per_sample_bytes * batch``. Without ``per_sample_bytes`` there is no estimate and
+    ``note`` says why (skipped, or the trace failed); the search then starts as it does without one.
+    """
+
+    fixed_bytes: int | None = Field(None, description="The line's intercept: the traced step's fixed part plus "
+                                     "baseline_bytes and runtime_bytes.")
+    per_sample_bytes: float | None = Field(None, description="The line's slope: what one more sample costs.")
+    traced_batch_sizes: list[int] = Field(default_factory=list, description="The batches the line was traced at.")
+    traced_peak_bytes: list[int] = Field(default_factory=list, description="Their traced peaks (no baseline).")
+    parameter_bytes: int | None = None
+    gradient_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    buffer_bytes: int | None = None
+    baseline_bytes: int | None = Field(None, description="CPU: the import baseline (data segment) added to the "
+                                       "fixed part; None on CUDA.")
+    runtime_bytes: int | None = Field(None, description="CPU: what a real stand-in step added to the data segment "
+                                      "beyond its tensors (thread pools, malloc arenas), in fixed_bytes.")
+    seconds: float = Field(0.0, description="How long the estimate took in the environment check.")
+    note: str | None = Field(None, description="Why there is no estimate, or what it leaves out.")
+
+
 class Facts(_Message):
     """What the environment check found: versions, devices, and the model's size."""
 
@@ -237,6 +261,7 @@ class Facts(_Message):
     checkpointing: tuple[str, int] | None = None
     meta_build_warning: str | None = None
     meta_forward_warning: str | None = None
+    estimate: Estimate | None = Field(None, description="The traced memory estimate; None where not attempted.")
 
 
 class Inspected(_Event):

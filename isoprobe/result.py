@@ -433,6 +433,27 @@ class CacheInfo(_Strict):
     stored_at: str | None = Field(None, description="When the entry was written (UTC, ISO 8601).")
 
 
+class Prediction(_Strict):
+    """The memory estimate made before any trial (one traced step, ``isoprobe estimate``), next to the answer.
+
+    Peak ~ ``fixed_bytes + per_sample_bytes * batch`` in the budget's units; the search started from it,
+    and the trials proved the answer. Without an estimate (``note`` says why) the numbers are null.
+    """
+
+    fixed_bytes: int | None = Field(
+        None, description="Parameters, gradients, optimizer state and buffers as traced; on the CPU backend plus "
+                          "the import baseline and the runtime a real stand-in step added."
+    )
+    per_sample_bytes: float | None = Field(None, description="Activations per sample: the traced peak's slope.")
+    predicted_max: int | None = Field(None, description="The largest batch whose predicted peak is within the "
+                                                        "capacity the search used.")
+    error: float | None = Field(
+        None, description="(predicted_max - max_batch_size) / max_batch_size: +0.1 predicted 10 % too many samples."
+    )
+    seconds: float | None = Field(None, description="How long the estimate took in the environment check.")
+    note: str | None = Field(None, description="Why there is no estimate (skipped, or the trace failed).")
+
+
 class Result(_Strict):
     """What ``isoprobe run`` found, with every trial as evidence."""
 
@@ -475,6 +496,7 @@ class Result(_Strict):
     recommendation: Recommendation | None = None
     throughput: Throughput | None = Field(None, description="Samples per second over the batches that fit.")
     memory_breakdown: MemoryBreakdown | None = Field(None, description="Parameters, gradients, optimizer state, activations.")
+    prediction: Prediction | None = Field(None, description="The estimate before any trial, and how far off it was.")
     allocator_comparison: AllocatorComparison | None = Field(
         None, description="The maximum under each of the spec's allocators, when it lists several."
     )

@@ -68,11 +68,33 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
         facts["cuda_version"] = torch.version.cuda
     if not problems:
         problems += _check_buildable(torch, spec, request.python_path, facts)
+    if not problems:
+        facts["estimate"] = _estimate(torch, spec, request.python_path, facts)
     # Last, because parsing changes this process's allocator setting: every ``allocators`` entry is checked
     # now, so a typo in the list is a spec error before any trial, not trial errors later.
     problems += _allocator_problems(torch, spec)
     # The user's modules the build imported: a cached answer is stale once one of them changes.
     events.emit(Inspected(facts=Facts(**facts), problems=problems, sources=imported_sources()))
+
+
+def _estimate(torch, spec: Spec, python_path: list[str], facts: dict[str, Any]):
+    """The traced memory estimate (``child.estimate``), bounded to a quarter of the check's own timeout.
+
+    On the CPU backend the trials' budget counts the data segment from the process's start, so the import
+    baseline measured above (same preload as a trial) is added; on CUDA the allocator starts empty.
+    """
+    from isoprobe.child import estimate
+    from isoprobe.protocol import Estimate
+
+    if facts.get("meta_build_warning"):
+        return Estimate(note="not estimated: the model cannot be built on the meta device")
+    reason = estimate.skip_reason(spec, facts.get("parameter_count"))
+    if reason is not None:
+        return Estimate(note=reason)
+    device = _trial_device(torch, spec, facts)
+    baseline = facts["memory_after_import"].data if device.type == "cpu" else None
+    limit = min(estimate.TIME_LIMIT_SECONDS, spec.search.trial_timeout / 4)
+    return estimate.estimate(torch, spec, python_path, device, baseline, time_limit=limit)
 
 
 def _cuda_devices(torch, spec: Spec) -> list[CudaDevice]:

@@ -15,17 +15,28 @@ from isoprobe.probe.explain import Found
 from isoprobe.probe.recommendation import recommend
 from isoprobe.probe.trials import TrialRunner
 from isoprobe.result import AllocatorComparison, AllocatorOutcome
-from isoprobe.search import Conclusion, Limits, Observation, doubling_step, guided_step, progress, run_search
+from isoprobe.search import (
+    Conclusion,
+    Limits,
+    Observation,
+    Prior,
+    doubling_step,
+    guided_step,
+    progress,
+    run_search,
+)
 from isoprobe.spec import Spec
 
 
-def _limits(spec: Spec, target: Target, start: int | None = None) -> Limits:
+def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior | None = None) -> Limits:
     return Limits(
         start=start or spec.search.start_batch_size,
         cap=spec.search.cap,
         retries=spec.search.retries,
         confirmations=spec.search.confirmations,
         capacity=target.search_capacity,
+        # The traced estimate guides the guided search only; the classic doubling is kept as it is.
+        prior=prior if spec.search.strategy == "guided" else None,
     )
 
 
@@ -40,9 +51,13 @@ def edge_search(spec: Spec, target: Target, runner: TrialRunner, start: int | No
     return _found(run_search(runner.observe, _limits(spec, target, start), [], step=step))
 
 
-def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner) -> Found:
-    """The edge search over real trials, then the recommendation; an interrupt keeps the trials so far."""
-    limits = _limits(spec, target)
+def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior: Prior | None = None) -> Found:
+    """The edge search over real trials, then the recommendation; an interrupt keeps the trials so far.
+
+    ``prior``: the traced estimate's line (``prediction.prior_of``): the first trial goes near its edge.
+    The allocator comparison's later searches start from the edge found instead.
+    """
+    limits = _limits(spec, target, prior=prior)
     step = guided_step if spec.search.strategy == "guided" else doubling_step
     history: list[Observation] = []
     try:

@@ -20,6 +20,7 @@ from isoprobe.executors import Executor
 from isoprobe.insights import memory_breakdown, throughput
 from isoprobe.output import Reporter
 from isoprobe.plan import accumulation_plan, micro_batch_ceiling
+from isoprobe.prediction import prediction, prior_of
 from isoprobe.probe.edge import compare_allocators, search_and_recommend, stop_reason_of
 from isoprobe.probe.environment import (
     DEFAULT_CPU_BUDGET,
@@ -92,7 +93,7 @@ def run_probe(
             # A signal held while the spare was replaced lands here, before the first trial: still one document.
             found = Found(stop_reason_of(stopped), None, None)
         else:
-            found = search_and_recommend(spec, target, runner)
+            found = search_and_recommend(spec, target, runner, prior_of(facts.estimate))
         interrupted = found.stop in (StopReason.INTERRUPTED, StopReason.TERMINATED)
         if spec.allocators and not (interrupted and target.backend == "cuda"):  # no new trials after a signal
             try:
@@ -125,6 +126,7 @@ def run_probe(
         recommendation=found.recommendation,
         throughput=throughput(runner.trials, spec.recommendation.throughput_tolerance),
         memory_breakdown=memory_breakdown(runner.trials),
+        prediction=prediction(facts.estimate, target.search_capacity, max_fitting),
         accumulation=accumulation_plan(spec, micro_batch_ceiling(
             found.recommended, max_fitting, bool(found.recommendation and found.recommendation.soaks)), environ),
         allocator_comparison=comparison,

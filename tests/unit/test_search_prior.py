@@ -1,0 +1,149 @@
+"""The guided search from a prior (the traced estimate): the same exact edge however wrong the prior is.
+
+The device is tests/unit/test_search_guided.py's synthetic one (a line with
+noise, an optional step, faults by attempt). The prior is the device's own line
+with its slope and intercept off by up to ±50 % either way: the answer must be
+the exact edge found without a prior, a batch that fit every time it ran, and
+faults may only lower it.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from isoprobe.outcomes import Outcome
+from isoprobe.search import (
+    DESCENT,
+    Limits,
+    Observation,
+    Prior,
+    StopReason,
+    first_batch,
+    plan_next,
+    prior_edge,
+    run_search,
+)
+from tests.unit.test_search_guided import Device
+
+MiB = 1024**2
+
+
+def _device(true_max: int, seed: int = 0, noise: int = 0, **kwargs) -> Device:
+    base, per_sample = 900 * MiB, 3 * MiB
+    return Device(base, per_sample, base + per_sample * true_max + per_sample // 2, noise=noise, seed=seed, **kwargs)
+
+
+def _prior(device: Device, slope_error: float, intercept_error: float = 0.0) -> Prior:
+    return Prior(device.base * (1 + intercept_error), device.per_sample * (1 + slope_error))
+
+
+def _search(device: Device, prior: Prior | None, **limits):
+    limits = Limits(start=2, capacity=device.capacity, prior=prior, **limits)
+    return run_search(device, limits)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    true_max=st.integers(min_value=2, max_value=5000),
+    slope_error=st.floats(min_value=-0.5, max_value=0.5),
+    intercept_error=st.floats(min_value=-0.5, max_value=0.5),
+    noise_mib=st.integers(min_value=0, max_value=20),
+    seed=st.integers(min_value=0, max_value=1000),
+)
+def test_a_prior_off_by_up_to_half_finds_the_same_exact_edge(true_max, slope_error, intercept_error, noise_mib, seed):
+    without = _search(_device(true_max, seed, noise_mib * MiB), None)
+    device = _device(true_max, seed, noise_mib * MiB)
+    found = _search(device, _prior(device, slope_error, intercept_error))
+    assert (found.max_fitting, found.first_failing) == (without.max_fitting, without.first_failing)
+    assert found.max_fitting == device.true_max and found.stop is StopReason.EDGE_FOUND
+    # The answer ran, and fit, every time (twice: the confirmation).
+    runs = [o for o in found.history if o.batch_size == found.max_fitting]
+    assert len(runs) == 2 and all(o.outcome is Outcome.FITS for o in runs)
+
+
+def test_an_exact_prior_needs_three_trials_and_the_confirmation():
+    device = _device(136)
+    found = _search(device, _prior(device, 0.0))
+    assert found.max_fitting == 136
+    assert [o.batch_size for o in found.history] == [108, 137, 136, 136]
+
+
+def test_without_a_capacity_or_a_prior_the_search_is_todays():
+    device = _device(300)
+    today = _search(device, None)
+    prior = _prior(device, 0.1)
+    unusable = run_search(_device(300), Limits(start=2, capacity=None, prior=prior))
+    assert first_batch(Limits(start=2, capacity=None, prior=prior)) == 2
+    plain = run_search(_device(300), Limits(start=2, capacity=None))
+    assert [o.batch_size for o in unusable.history] == [o.batch_size for o in plain.history]
+    assert today.history[0].batch_size == 2
+
+
+def test_a_high_prior_steps_down_until_something_fits():
+    device = _device(40)
+    prior = _prior(device, -0.5)  # predicts ~80: the first trial (64) fails
+    found = _search(device, prior)
+    tried = [o.batch_size for o in found.history]
+    assert tried[0] == first_batch(Limits(start=2, capacity=device.capacity, prior=prior)) == 64
+    assert tried[1] == int(64 * DESCENT)  # 48 fails too
+    assert found.max_fitting == 40 and found.first_failing == 41
+
+
+def test_nothing_fits_is_still_start_does_not_fit():
+    device = _device(1)
+    device.capacity = device.base  # not even one sample
+    found = _search(device, Prior(device.base / 4, device.per_sample / 4))  # predicts a large edge
+    assert found.stop is StopReason.START_DOES_NOT_FIT and found.max_fitting is None
+    assert found.history[-1].batch_size == 2  # the start itself was tried and failed
+
+
+def test_the_first_trial_respects_the_cap():
+    device = _device(500)
+    found = _search(device, _prior(device, 0.0), cap=100)
+    assert found.history[0].batch_size == 100 and found.stop is StopReason.CAPPED
+
+
+def test_flat_readings_never_send_the_search_past_what_the_prior_allows():
+    """Peaks flat at the intercept (small batches peak on something else): the secant says ~0 per sample."""
+
+    class Flat(Device):
+        def __call__(self, batch):
+            observation = super().__call__(batch)
+            if observation.outcome is Outcome.FITS:
+                return Observation(batch, Outcome.FITS, self.base + self.per_sample * 50, self.base)
+            return observation
+
+    device = Flat(900 * MiB, 3 * MiB, 900 * MiB + 3 * MiB * 200 + MiB)
+    prior = Prior(device.base, device.per_sample)
+    found = run_search(device, Limits(start=2, capacity=device.capacity, prior=prior))
+    assert found.max_fitting == 200
+    edge = prior_edge(Limits(start=2, capacity=device.capacity, prior=prior))
+    before_failure = []
+    for o in found.history:
+        if o.outcome is not Outcome.FITS:
+            break
+        before_failure.append(o.batch_size)
+    # With a flat secant the slope is held at half the prior's: never more than twice the prior's edge.
+    assert max(before_failure) <= 2 * edge
+
+
+def test_a_crash_at_the_first_trial_only_lowers_the_answer():
+    device = _device(100, faults={(80, 1): Outcome.CRASHED, (80, 2): Outcome.CRASHED})
+    found = _search(device, _prior(device, 0.0))
+    assert found.history[0].batch_size == 80 and found.history[1].batch_size == 80  # retried once
+    assert found.max_fitting == 79 and found.first_failing == 80
+    assert found.first_failing_outcome is Outcome.CRASHED
+
+
+def test_a_flaky_batch_is_never_the_answer():
+    device = _device(136, faults={(136, 2): Outcome.OUT_OF_MEMORY})  # its confirmation fails
+    found = _search(device, _prior(device, 0.0))
+    assert found.max_fitting == 135 and 136 in found.flaky
+
+
+def test_the_first_batch_is_below_the_prior_edge_and_above_the_start():
+    limits = Limits(start=2, capacity=1000, prior=Prior(0, 10))
+    assert prior_edge(limits) == 100 and first_batch(limits) == 80
+    assert first_batch(Limits(start=4, capacity=1000, prior=Prior(990, 10))) == 4  # edge 1: the start
+    assert plan_next([], Limits(start=2, capacity=1000, prior=Prior(0, 10))) == 80
