@@ -2,6 +2,7 @@
 
 Run:  python benchmarks/simulate_search.py [--seeds N]
       python benchmarks/simulate_search.py --slots 1,2,4,8   (issue 17: rounds with parallel trials)
+      python benchmarks/simulate_search.py --estimate-error 0.15   (issue 18: started from an estimate)
 
 For every true maximum on a log grid from 2 to 8192 (100 values) and several
 seeds, a synthetic device has linear peak memory, ``peak = a + k·batch``, with
@@ -27,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from isoprobe.outcomes import Outcome  # noqa: E402
-from isoprobe.search import Limits, Observation, doubling_step, guided_step, run_search  # noqa: E402
+from isoprobe.search import Limits, Observation, Prior, doubling_step, guided_step, run_search  # noqa: E402
 
 MiB = 1024**2
 
@@ -62,6 +63,41 @@ def trials(true_max: int, seed: int, step, confirmations: int, noise_fraction: f
     conclusion = run_search(oracle, limits, step=step)
     assert conclusion.max_fitting == true_max and conclusion.first_failing == true_max + 1, (true_max, seed)
     return len(conclusion.history)
+
+
+def estimated_trials(true_max: int, seed: int, confirmations: int, noise_fraction: float, floor: bool,
+                     error: float) -> tuple[int, float]:
+    """Trials with the guided search started from an estimate of the device's line (issue 18), and its edge's error.
+
+    The estimate's slope is off by a uniform ±``error`` and its intercept by ±5 %, drawn per device.
+    """
+    oracle, capacity = device(true_max, seed, noise_fraction, floor)
+    rng = random.Random(seed)  # the device's own draws, in device()'s order: its true line
+    base = rng.randint(300, 3000) * MiB
+    per_sample = rng.randint(1 * MiB, 400 * MiB) // 10 + 1
+    draw = random.Random(seed * 7919 + true_max)
+    prior = Prior(base * (1 + draw.uniform(-0.05, 0.05)), per_sample * (1 + draw.uniform(-error, error)))
+    conclusion = run_search(oracle, Limits(start=2, confirmations=confirmations, capacity=capacity, prior=prior))
+    assert conclusion.max_fitting == true_max and conclusion.first_failing == true_max + 1, (true_max, seed)
+    predicted = (capacity - prior.intercept) // prior.slope
+    return len(conclusion.history), (predicted - true_max) / true_max
+
+
+def print_estimate(cases: list[tuple[int, int]], error: float) -> None:
+    """Issue 18: trials to the exact edge from an estimate of realistic error, against today's guided search."""
+    print(f"\nguided search started from an estimate (slope ±{error:.0%}, intercept ±5 %): trials to the exact edge "
+          "(+1 confirmation run)")
+    for noise, floor in ((0.0, False), (0.001, False), (0.01, False), (0.001, True)):
+        shape = "flat start" if floor else "linear"
+        today = [trials(t, s, guided_step, 0, noise, floor) for t, s in cases]
+        runs = [estimated_trials(t, s, 0, noise, floor, error) for t, s in cases]
+        counts = [n for n, _ in runs]
+        confirmed = [estimated_trials(t, s, 1, noise, floor, error)[0] for t, s in cases]
+        worse = sum(n > m for n, m in zip(counts, today))
+        errors = sorted(abs(e) for _, e in runs)
+        print(f"  {shape}, noise ±{noise:.1%}: estimate {distribution(counts)} (confirmed: median "
+              f"{statistics.median(confirmed)}) | today {distribution(today)} | more trials than today on "
+              f"{worse}/{len(cases)} devices | |edge error| median {statistics.median(errors):.1%}")
 
 
 def distribution(counts: list[int]) -> str:
@@ -101,9 +137,15 @@ def print_slots(cases: list[tuple[int, int]], slot_counts: list[int]) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=5, help="devices per true maximum (default 5)")
+    parser.add_argument("--estimate-error", type=float, default=None, metavar="E",
+                        help="only the estimate table (issue 18), the estimate's slope off by up to ±E (e.g. 0.15)")
     parser.add_argument("--slots", default=None, metavar="N,N,...",
                         help="only the parallel-trials table, for these slot counts (e.g. 1,2,4,8)")
     args = parser.parse_args()
+    if args.estimate_error is not None:
+        grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})
+        print_estimate([(t, seed) for t in grid for seed in range(args.seeds)], args.estimate_error)
+        return
     if args.slots:
         grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})
         print_slots([(t, seed) for t in grid for seed in range(args.seeds)], [int(n) for n in args.slots.split(",")])
