@@ -1,0 +1,114 @@
+"""The memory estimate: the traced line of tiny models, clean fallbacks, and the parent's pure reading of it.
+
+The trace runs in-process here (fake tensors: no memory, about a second for the
+first trace's imports); the real children's estimate is in
+tests/integration/test_estimate.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from isoprobe.prediction import predicted_max, prediction, prior_of
+from isoprobe.protocol import Estimate, Facts
+from isoprobe.spec import Spec
+
+torch = pytest.importorskip("torch")
+
+from isoprobe.child import estimate as child_estimate  # noqa: E402
+
+
+def _spec(factory: str, tmp_path, **extra) -> Spec:
+    fields = {"model": {"factory": factory}, "input": {"shape": [16]}, "target": {"classes": 4},
+              "optimizer": {"name": "adam"}, "device": "cpu"}
+    fields.update(extra)
+    return Spec.model_validate(fields)
+
+
+MODELS = '''
+import torch
+from torch import nn
+
+def mlp():
+    return nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 4))
+
+class DataDependent(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = nn.Linear(16, 4)
+
+    def forward(self, x):
+        keep = int((x > 0).sum().item())  # a value read back: fake tensors have none
+        return self.layer(x)[: max(keep, 1)]
+
+def data_dependent():
+    return DataDependent()
+'''
+
+
+@pytest.fixture
+def models(tmp_path):
+    (tmp_path / "est_models.py").write_text(MODELS)
+    return tmp_path
+
+
+def test_an_mlp_traces_to_its_known_line(models):
+    spec = _spec(str(models / "est_models.py") + ":mlp", models)
+    found = child_estimate.estimate(torch, spec, [str(models)], torch.device("cpu"), baseline_bytes=None)
+    assert found.note is None and found.per_sample_bytes is not None
+    parameters = (16 * 256 + 256 + 256 * 4 + 4) * 4
+    assert found.parameter_bytes == found.gradient_bytes == parameters
+    assert found.optimizer_state_bytes == 2 * parameters  # Adam: two moments per parameter
+    # Per sample the step keeps at least the hidden layer's output and its ReLU (2 x 256 floats).
+    assert 2 * 256 * 4 <= found.per_sample_bytes <= 16 * 256 * 4
+    # At the activations' peak (the backward) the parameters and Adam's state are alive, and some of the
+    # gradients: the line's intercept holds at least the first two (no baseline on this call).
+    assert 3 * parameters <= found.fixed_bytes <= 12 * parameters
+    assert found.traced_batch_sizes == list(child_estimate.FIRST_BATCHES)
+
+
+def test_the_baseline_is_added_on_the_cpu(models):
+    spec = _spec(str(models / "est_models.py") + ":mlp", models)
+    without = child_estimate.estimate(torch, spec, [str(models)], torch.device("cpu"), baseline_bytes=None)
+    with_baseline = child_estimate.estimate(torch, spec, [str(models)], torch.device("cpu"), baseline_bytes=10**9)
+    assert with_baseline.baseline_bytes == 10**9 and with_baseline.runtime_bytes is not None
+    assert with_baseline.fixed_bytes == without.fixed_bytes + 10**9 + with_baseline.runtime_bytes
+
+
+def test_a_model_that_cannot_be_traced_falls_back_with_a_note(models):
+    spec = _spec(str(models / "est_models.py") + ":data_dependent", models)
+    found = child_estimate.estimate(torch, spec, [str(models)], torch.device("cpu"), baseline_bytes=None)
+    assert found.per_sample_bytes is None and found.fixed_bytes is None
+    assert "could not be traced" in found.note
+    assert prior_of(found) is None and predicted_max(found, 10**9) is None
+
+
+def test_the_trace_is_bounded_in_time(models, monkeypatch):
+    spec = _spec(str(models / "est_models.py") + ":mlp", models)
+    found = child_estimate.estimate(torch, spec, [str(models)], torch.device("cpu"), None, time_limit=1e-4)
+    assert found.per_sample_bytes is None and "took more than" in found.note
+
+
+@pytest.mark.parametrize("extra, words", [
+    ({"training": {"compile": True}}, "training.compile"),
+    ({"training": {"precision": "fp16-mixed"}}, "fp16-mixed"),
+])
+def test_what_the_trace_cannot_take_is_skipped_with_a_reason(models, extra, words):
+    spec = _spec(str(models / "est_models.py") + ":mlp", models, **extra)
+    assert words in child_estimate.skip_reason(spec, 1000)
+
+
+def test_the_prediction_reads_the_estimate():
+    estimate = Estimate(fixed_bytes=1000, per_sample_bytes=10.0)
+    assert predicted_max(estimate, 2000) == 100
+    assert predicted_max(estimate, 500) == 0
+    reported = prediction(estimate, 2000, 80)
+    assert reported.predicted_max == 100 and reported.error == 0.25
+    assert prediction(None, 2000, 80) is None
+    missing = prediction(Estimate(note="skipped"), 2000, 80)
+    assert missing.predicted_max is None and missing.error is None and missing.note == "skipped"
+
+
+def test_facts_carry_the_estimate_across_the_boundary():
+    facts = Facts(torch_version="2", estimate=Estimate(fixed_bytes=5, per_sample_bytes=1.5, traced_batch_sizes=[64, 128]))
+    assert Facts.model_validate_json(facts.model_dump_json()) == facts
