@@ -410,6 +410,17 @@ class SearchSpec(_Strict):
             "Both find the same exact edge; guided needs fewer trials."
         ),
     )
+    parallel: Literal["auto"] | Annotated[int, Field(ge=1, le=64)] = Field(
+        1,
+        description=(
+            "Trials run at once, one per slot; the search then proposes up to that many batches per round "
+            "(a k-ary split instead of a bisection) and finds the same exact edge in fewer rounds. On CUDA a "
+            "slot is a visible GPU (auto: all of them; they must be the same model with the same memory). On "
+            "the CPU backend a slot is one memory budget: at most min(cores, 80 % of RAM // budget) slots "
+            "(auto: that many), so that the slots' caps together never exceed the machine. 1 (the default): "
+            "one trial at a time. Not with a distributed strategy (each trial is already a gang)."
+        ),
+    )
     warm_start: bool = Field(
         True,
         description=(

@@ -61,7 +61,9 @@ def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior:
     step = guided_step if spec.search.strategy == "guided" else doubling_step
     history: list[Observation] = []
     try:
-        conclusion = run_search(runner.observe, limits, history, step=step)
+        from isoprobe.probe.parallel import search  # search.parallel: rounds of trials, one per slot
+
+        conclusion = search(runner, limits, history, step)
         found = _found(conclusion)
         if not conclusion.exact:
             return found
