@@ -27,7 +27,9 @@ def probe(spec: str, strategy: str, world_size: int, budget: str | None) -> tupl
     own = _own_strategy(spec)
     section = "{strategy: none}" if strategy == "none" else f"{{strategy: {strategy}, world_size: {world_size}}}"
     command = [sys.executable, "-m", "isoprobe", "run", spec, "--no-cache", "--format", "json"]
-    if strategy == own:
+    if strategy == own == "none":
+        pass
+    elif strategy == own:
         command += ["--set", f"distributed.world_size={world_size}"]
     else:
         command += ["--set", f"distributed={section}"]
