@@ -180,8 +180,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     from isoprobe.streams import emit
 
     step = f", the step {spec.model.step}" if spec.model.step else ""
+    ranks = spec.distributed.world_size or "the job's or node's"
+    distributed = f", {spec.distributed.strategy} over {ranks} ranks (batches per rank)" if spec.distributed.gang else ""
     emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
-         f"{spec.training.mode} {spec.training.precision}{step}, optimizer {spec.optimizer.name}, device {spec.device})")
+         f"{spec.training.mode} {spec.training.precision}{step}, optimizer {spec.optimizer.name}, device {spec.device}"
+         f"{distributed})")
     return ExitCode.ANSWERED
 
 
