@@ -1,8 +1,10 @@
 """The ``isoprobe`` command: parse arguments, dispatch, map every outcome to a documented exit code.
 
-Subcommands: ``run`` (probe), ``validate`` (check a spec, run nothing),
-``schema`` (the result's JSON Schema). Nothing here imports torch; ``run``
-reaches torch only through child processes.
+Subcommands, each a module of ``isoprobe.commands``: ``run`` (probe), ``sweep``
+(many specs), ``validate`` and ``estimate`` (a spec checked or traced, no
+trial), ``schema`` (the result's JSON Schema), ``show`` and ``plot`` (a saved
+result). Nothing here imports torch; ``run`` reaches torch only through child
+processes.
 
 Start-up time is part of the interface (``validate`` and ``schema`` are meant
 for editors, CI and scripts; ``benchmarks/cli_startup.py`` measures it), so
@@ -157,296 +159,27 @@ def _batch_size(text: str) -> int:
     return int(stripped)
 
 
-def _overrides(args: argparse.Namespace) -> dict:
-    return {"--device": args.device, "--memory-budget": args.memory_budget, "--max-batch-size": args.max_batch_size}
-
-
-def _load(args: argparse.Namespace):
-    """The spec with its overrides: every --set, left to right, then the named flags (which win for their field)."""
-    from isoprobe.spec import check_references, load_spec
-
-    spec = load_spec(args.spec, _overrides(args), sets=args.set)
-    check_references(spec, args.spec)
-    return spec
-
-
-def cmd_validate(args: argparse.Namespace) -> int:
-    from isoprobe.errors import ExitCode
-
-    spec = _load(args)
-    source = spec.model.source
-    inputs = f"input {spec.input.shape}" if spec.input is not None else f"batch {spec.model.batch}"
-    task = spec.target.resolved_task if spec.target is not None else f"loss {spec.model.loss}"
-    from isoprobe.streams import emit
-
-    step = f", the step {spec.model.step}" if spec.model.step else ""
-    ranks = spec.distributed.world_size or "the job's or node's"
-    distributed = f", {spec.distributed.strategy} over {ranks} ranks (batches per rank)" if spec.distributed.gang else ""
-    emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
-         f"{spec.training.mode} {spec.training.precision}{step}, optimizer {spec.optimizer.name}, device {spec.device}"
-         f"{distributed})")
-    return ExitCode.ANSWERED
-
-
-def cmd_estimate(args: argparse.Namespace) -> int:
-    """The traced estimate alone: the environment check's child, no trial (isoprobe.probe.estimate)."""
-    from isoprobe.errors import ExitCode
-    from isoprobe.prediction import render_report
-    from isoprobe.probe.estimate import estimate_spec
-    from isoprobe.streams import emit
-
-    report = estimate_spec(_load(args), args.spec, "command line" if _budget_overridden(args) else "spec")
-    table = args.format == "table" or (args.format == "auto" and sys.stdout.isatty())
-    emit(render_report(report) if table else report.model_dump_json(indent=2))
-    return ExitCode.ANSWERED
-
-
-def cmd_schema(args: argparse.Namespace) -> int:
-    import json
-
-    from isoprobe.errors import ExitCode
-    from isoprobe.streams import emit
-
-    if args.spec:  # only the model asked for is imported: the result module (and its models) costs time
-        from isoprobe.spec import Spec
-
-        emit(json.dumps(Spec.model_json_schema(), indent=2))
-    else:
-        from isoprobe.result import Result
-
-        emit(json.dumps(Result.model_json_schema(), indent=2))
-    return ExitCode.ANSWERED
-
-
-def cmd_run(args: argparse.Namespace) -> int:
-    import signal
-
-    from isoprobe.errors import Terminated
-    from isoprobe.streams import Log, tell
-
-    def on_sigterm(signum, frame):
-        raise Terminated()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
-    if args.fallback_batch_size is not None and args.format not in ("env", "taskprolog"):
-        _usage_error("--fallback-batch-size needs --format env or --format taskprolog (a job reads the fallback "
-                     "from ISOPROBE_BATCH_SIZE)")
-    try:
-        log = Log(args.log)
-    except OSError as exc:
-        if args.fallback_batch_size is None:  # found before anything ran: the command line is wrong
-            _usage_error(f"--log {args.log}: {exc.strerror or exc}")
-        tell(f"isoprobe: --log {args.log}: cannot open ({exc.strerror or exc}); running without the log")
-        log = Log(None)  # in hook mode a log is never worth the job
-    try:
-        if args.fallback_batch_size is None:
-            return _run_and_print(args, log)
-        return _run_as_hook(args, log)
-    finally:
-        log.close()
-
-
-def _usage_error(message: str, command: str = "run"):
-    from isoprobe.errors import ExitCode
-    from isoprobe.streams import tell
-
-    tell(f"isoprobe {command}: {message}")
-    raise SystemExit(ExitCode.BAD_SPEC)
-
-
-def _run_and_print(args: argparse.Namespace, log) -> int:
-    from isoprobe.output import summary_lines
-    from isoprobe.result import exit_code_for
-    from isoprobe.streams import emit
-
-    result = _result_for(args, log)
-    log.write(_render(result, "json"))  # first: if stdout then fails (exit 74), the log still holds the answer
-    emit(_render(result, args.format))
-    for line in summary_lines(result):
-        log.say(line)
-    return exit_code_for(result.stop_reason)
-
-
-def _run_as_hook(args: argparse.Namespace, log) -> int:
-    """Hook mode: never fail the job because the probe could not answer; the fallback and a warning instead.
-
-    Whatever goes wrong before the answer (the spec, a trial, the cache, the log,
-    no space for a trial's files, a bug in isoprobe) ends in the fallback and exit
-    0. The one failure no fallback can cover is stdout itself: then the job gets
-    nothing to read, and exit 74 (``OutputFailed``, raised by ``emit``) says so.
-    """
-    import traceback
-
-    from isoprobe.errors import ExitCode, OutputFailed, ProbeError, SpecError
-    from isoprobe.result import StopReason, exit_code_for
-    from isoprobe.shell import fallback_variables, render
-    from isoprobe.streams import emit
-
-    try:
-        result = _result_for(args, log)
-    except SpecError as error:
-        reason, why = "bad_spec", error.render()
-    except ProbeError as error:
-        reason, why = "error", error.message
-        if error.evidence:
-            log.write(error.evidence)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as error:  # a bug in isoprobe must not stop the job either; the traceback goes to the log
-        log.write(traceback.format_exc())
-        reason, why = "internal_error", f"{type(error).__name__}: {error}"
-    else:
-        log.write(_render(result, "json"))
-        usable = result.answered and result.recommended_batch_size is not None
-        if usable or result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
-            emit(_render(result, args.format))
-            return exit_code_for(result.stop_reason)
-        # Answered but nothing recommended (no batch survived its soak): the job still needs a batch size.
-        reason = result.stop_reason.value if not result.answered else "no_recommendation"
-        why = result.message
-    warning = f"no probed answer ({why}); using the fallback batch size {args.fallback_batch_size}"
-    log.say(f"isoprobe: {warning}")
-    try:
-        emit(render(fallback_variables(args.fallback_batch_size, reason), [warning], args.format),
-             what="the fallback batch size to stdout (the job gets no ISOPROBE_BATCH_SIZE)")
-    except OutputFailed as error:
-        log.write(f"isoprobe: {error}")  # main says it on stderr and exits 74
-        raise
-    return ExitCode.ANSWERED
-
-
-def _render(result, fmt: str) -> str:
-    from isoprobe.output import render_table, result_json
-
-    if fmt in ("env", "taskprolog"):
-        from isoprobe.shell import render, result_variables
-
-        usable = result.answered and result.recommended_batch_size is not None
-        return render(result_variables(result), [] if usable else [result.message], fmt)
-    if fmt == "table" or (fmt == "auto" and sys.stdout.isatty()):
-        return render_table(result)
-    return result_json(result)
-
-
-def _result_for(args: argparse.Namespace, log):
-    """The result for the spec: from the cache when it holds the answer, else from a probe (then stored).
-
-    The same path as the Python API's ``probe()`` (``api.answer_for``): cache ->
-    lock -> probe -> store, an ``OSError`` turned into one line (``ProbeError``).
-    """
-    from isoprobe.api import answer_for
-
-    spec = _load(args)
-    return answer_for(spec, args.spec, log.say, use_cache=not args.no_cache, refresh=args.refresh,
-                      budget_source="command line" if _budget_overridden(args) else "spec")
-
-
-def _budget_overridden(args: argparse.Namespace) -> bool:
-    """Did the command line set memory_budget (``--memory-budget`` or ``--set memory_budget=...``)?"""
-    return args.memory_budget is not None or any(text.partition("=")[0].strip() == "memory_budget"
-                                                 for text in args.set)
-
-
-#: A result is a few kB per trial; far more is not a result (and is never read whole into memory).
-MAX_RESULT_BYTES = 64 << 20
-
-
-def _read_result(path: str):
-    """A saved result, validated against the current model; a bad file is the user's mistake (exit 2).
-
-    Read as ``safe_read`` reads a spec: a regular file only (``/dev/zero`` or a FIFO
-    would never end), at most ``MAX_RESULT_BYTES``.
-    """
-    from pydantic import ValidationError
-
-    from isoprobe.errors import Problem, SpecError
-    from isoprobe.result import Result
-    from isoprobe.safe_read import NOT_A_PIPE, Refused, read_regular_file
-
-    try:
-        text = read_regular_file(path, MAX_RESULT_BYTES, what="a result file")
-    except Refused as exc:
-        fix = NOT_A_PIPE if exc.kind not in (None, "a directory") else "give the JSON file that 'isoprobe run' printed"
-        raise SpecError(path, [Problem("", exc.reason, fix)]) from None
-    except OSError as exc:
-        raise SpecError(path, [Problem("", f"cannot read the file: {exc.strerror or exc}", "")]) from None
-    try:
-        return Result.model_validate_json(text)
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"])
-        raise SpecError(path, [Problem(where, f"not an isoprobe result: {first['msg']}",
-                                       "give the JSON that 'isoprobe run' printed")]) from None
-
-
-def cmd_show(args: argparse.Namespace) -> int:
-    from isoprobe.errors import ExitCode
-    from isoprobe.streams import emit
-
-    result = _read_result(args.result)
-    emit(_render(result, args.format))
-    return ExitCode.ANSWERED
-
-
-def cmd_plot(args: argparse.Namespace) -> int:
-    from isoprobe.errors import OutputFailed, Problem, SpecError
-
-    result = _read_result(args.result)  # a clear error for a file that is not a result, before matplotlib loads
-    from isoprobe.plot import PlotUnavailable, default_output, main_plot
-
-    try:
-        return main_plot(args.result, args.output, result=result)
-    except PlotUnavailable as exc:
-        raise SpecError(args.result, [Problem("", str(exc), "pip install 'isoprobe[plot]'")]) from None
-    except OSError as exc:  # the PNG could not be written: a full disk, a folder that is not there
-        raise OutputFailed(f"the plot {args.output or default_output(args.result)}", exc.strerror or str(exc)) from None
-
-
-def cmd_sweep(args: argparse.Namespace) -> int:
-    """Probe many specs; the table or JSON on stdout, progress on stderr (isoprobe/sweep/)."""
-    import signal
-    from pathlib import Path
-
-    from isoprobe.errors import ExitCode, Terminated
-    from isoprobe.streams import emit, tell
-
-    def on_sigterm(signum, frame):
-        raise Terminated()
-
-    targets = [f"partition={name}" for text in args.partition for name in text.split(",") if name.strip()]
-    targets += [f"constraint={name}" for text in args.constraint for name in text.split(",") if name.strip()]
-    if bad := [text for text in args.sbatch if "=" not in text or not text.partition("=")[0].strip()]:
-        _usage_error(f"--sbatch {bad[0]!r}: give KEY=VALUE, e.g. --sbatch account=myproject", "sweep")
-    sbatch = dict(text.split("=", 1) for text in args.sbatch)
-    if args.executor == "slurm" and not targets:
-        _usage_error("sweep --executor slurm needs at least one --partition or --constraint (a GPU type)", "sweep")
-    if args.executor == "local" and (targets or sbatch):
-        _usage_error("--partition, --constraint and --sbatch are for --executor slurm", "sweep")
-    signal.signal(signal.SIGTERM, on_sigterm)
-    from isoprobe.sweep import run_sweep
-    from isoprobe.sweep.model import render_sweep_table
-    from isoprobe.sweep.slurm import SlurmOptions
-
-    options = SlurmOptions(folder=Path(args.folder).resolve(), gpus_per_task=args.gpus_per_task,
-                           cpus_per_task=args.cpus_per_task, time_minutes=args.time,
-                           array_parallelism=args.array_parallelism, sbatch=sbatch)
-    report = run_sweep(args.specs, executor=args.executor, say=tell, targets=targets, named=_overrides(args),
-                       sets=tuple(args.set), refresh=args.refresh, slurm_options=options)
-    document = report.model_dump_json(indent=2)
-    if args.output:
-        try:
-            Path(args.output).write_text(document + "\n")
-        except OSError as exc:
-            tell(f"isoprobe: --output {args.output}: {exc.strerror or exc}")
-    table = args.format == "table" or (args.format == "auto" and sys.stdout.isatty())
-    emit(render_sweep_table(report) if table else document)
-    if report.interrupted:
-        return ExitCode.INTERRUPTED if report.interrupted == "interrupted" else ExitCode.TERMINATED
-    return ExitCode.ANSWERED if report.all_answered else ExitCode.NO_ANSWER
-
-
-_COMMANDS = {"run": cmd_run, "sweep": cmd_sweep, "validate": cmd_validate, "schema": cmd_schema, "show": cmd_show,
-             "plot": cmd_plot, "estimate": cmd_estimate}
+def _command(module: str, name: str):
+    """A subcommand's function, imported from ``isoprobe.commands.<module>`` only when it runs."""
+
+    def run(args: argparse.Namespace) -> int:
+        import importlib
+
+        return getattr(importlib.import_module(f"isoprobe.commands.{module}"), name)(args)
+
+    run.__name__ = name
+    return run
+
+
+_COMMANDS = {
+    "run": _command("run", "cmd_run"),
+    "sweep": _command("sweep", "cmd_sweep"),
+    "validate": _command("spec", "cmd_validate"),
+    "estimate": _command("spec", "cmd_estimate"),
+    "schema": _command("spec", "cmd_schema"),
+    "show": _command("results", "cmd_show"),
+    "plot": _command("results", "cmd_plot"),
+}
 
 
 def entry() -> int:

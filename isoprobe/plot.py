@@ -256,7 +256,7 @@ def main_plot(result_path: str, output: str | None, result: Any = None) -> int:
     from isoprobe.result import Result
 
     if result is None:
-        from isoprobe.cli import MAX_RESULT_BYTES
+        from isoprobe.commands.common import MAX_RESULT_BYTES
         from isoprobe.safe_read import read_regular_file
 
         result = Result.model_validate_json(read_regular_file(result_path, MAX_RESULT_BYTES, what="a result file"))

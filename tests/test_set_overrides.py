@@ -204,7 +204,8 @@ def test_help_documents_set(command):
 
 
 def test_a_set_memory_budget_is_reported_as_from_the_command_line():
-    from isoprobe.cli import _budget_overridden, _parser
+    from isoprobe.cli import _parser
+    from isoprobe.commands.common import budget_overridden as _budget_overridden
 
     def overridden(*argv: str) -> bool:
         return _budget_overridden(_parser().parse_args(["run", str(SPEC), *argv]))
