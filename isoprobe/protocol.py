@@ -12,7 +12,8 @@ process boundary is defined here and only here:
 - **Events** (child to parent, one complete JSON line each, appended to the
   file named by ``EVENTS_ENV``): ``started``, ``warm``, ``request``,
   ``imported``, ``model_built``, ``step``, ``eval``, then exactly one
-  ``result`` (a trial) or ``inspected`` (the environment check). A line that
+  ``result`` (a trial) or ``inspected`` (the environment check, then its
+  ``estimated``). A line that
   is cut short, is not JSON or does not match an event's model is dropped: it
   is never guessed at, so a child that leaves no valid verdict is ``crashed``.
 - **The names** of the environment variables and arguments that wire a child
@@ -261,7 +262,9 @@ class Facts(_Message):
     checkpointing: tuple[str, int] | None = None
     meta_build_warning: str | None = None
     meta_forward_warning: str | None = None
-    estimate: Estimate | None = Field(None, description="The traced memory estimate; None where not attempted.")
+    estimate: Estimate | None = Field(
+        None, description="The traced memory estimate; None where not attempted. The child reports it in its own "
+        "event (``Estimated``) after ``Inspected``; the parent puts it here (``probe.environment``).")
 
 
 class Inspected(_Event):
@@ -271,8 +274,21 @@ class Inspected(_Event):
     sources: dict[str, str] = Field(default_factory=dict, description=_SOURCES)
 
 
+class Estimated(_Event):
+    """The environment check's traced estimate, written after its ``Inspected``.
+
+    Apart, and after, because the trace runs the user's model at real batch
+    sizes (on fake tensors): whatever that code does then (hangs, exits, writes
+    to the channel) can cost the estimate, never the environment check.
+    """
+
+    event: Literal["estimated"] = "estimated"
+    estimate: Estimate
+
+
 Event = Annotated[
-    Union[Started, Warm, RequestReceived, Imported, ModelBuilt, StepDone, EvalDone, TrialResult, Inspected],
+    Union[Started, Warm, RequestReceived, Imported, ModelBuilt, StepDone, EvalDone, TrialResult, Inspected,
+          Estimated],
     Field(discriminator="event"),
 ]
 _EVENT = TypeAdapter(Event)
@@ -304,6 +320,11 @@ def read_events(path: Path) -> list:
 def last_of(events: list, kind: type):
     """The last event of one kind, or None."""
     return next((e for e in reversed(events) if isinstance(e, kind)), None)
+
+
+def first_of(events: list, kind: type):
+    """The first event of one kind, or None."""
+    return next((e for e in events if isinstance(e, kind)), None)
 
 
 

@@ -172,6 +172,14 @@ def _commit(fault: str, probability: float) -> None:
         raise ValueError(f"unknown fault {fault!r}")
 
 
+def _fake(x: torch.Tensor) -> bool:
+    """A tensor of the environment check's traced estimate (no data, no kernels): the faults model a real
+    step's failures, and a segfault or a full disk does not happen on fake tensors."""
+    from torch._subclasses.fake_tensor import FakeTensor
+
+    return isinstance(x, FakeTensor)
+
+
 class Faulty(nn.Module):
     def __init__(self, fault: str, at: int, edge: int | None, probability: float, state_dir: str | None,
                  ranks: list[int] | None = None):
@@ -186,7 +194,7 @@ class Faulty(nn.Module):
         batch = x.shape[0]
         if self.edge is not None and batch > self.edge:
             raise RuntimeError(CPU_OOM_MESSAGE)
-        if batch >= self.at and not self.committed and self._on_this_rank():
+        if batch >= self.at and not self.committed and self._on_this_rank() and not _fake(x):
             self.committed = True  # once per process: a fault in step 1 is enough
             fault = self.fault
             if fault.startswith("nth:"):

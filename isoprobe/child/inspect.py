@@ -23,7 +23,7 @@ from isoprobe.child.workload import (
     primary_output,
     task_of,
 )
-from isoprobe.protocol import CudaDevice, Facts, InspectProblem, InspectRequest, Inspected
+from isoprobe.protocol import CudaDevice, Estimated, Facts, InspectProblem, InspectRequest, Inspected
 from isoprobe.spec import Spec
 
 if TYPE_CHECKING:
@@ -68,13 +68,15 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
         facts["cuda_version"] = torch.version.cuda
     if not problems:
         problems += _check_buildable(torch, spec, request.python_path, facts)
-    if not problems:
-        facts["estimate"] = _estimate(torch, spec, request.python_path, facts)
     # Last, because parsing changes this process's allocator setting: every ``allocators`` entry is checked
     # now, so a typo in the list is a spec error before any trial, not trial errors later.
     problems += _allocator_problems(torch, spec)
     # The user's modules the build imported: a cached answer is stale once one of them changes.
     events.emit(Inspected(facts=Facts(**facts), problems=problems, sources=imported_sources()))
+    if not problems:
+        # After the check's verdict: the trace runs the model's own step at real batch sizes (on fake tensors),
+        # and whatever that does (a hang, an exit, a forged line) may cost the estimate, never the check.
+        events.emit(Estimated(estimate=_estimate(torch, spec, request.python_path, facts)))
 
 
 def _estimate(torch, spec: Spec, python_path: list[str], facts: dict[str, Any]):

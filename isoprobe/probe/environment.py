@@ -18,6 +18,8 @@ from isoprobe.hardware import cpu_name, ram_bytes
 from isoprobe.probe.classify import signal_name_of
 from isoprobe.ranks import CPU_RAM_SHARE
 from isoprobe.protocol import (
+    Estimate,
+    Estimated,
     Facts,
     Imported,
     InspectProblem,
@@ -27,6 +29,7 @@ from isoprobe.protocol import (
     ModelBuilt,
     Started,
     Warm,
+    first_of,
     last_of,
 )
 from isoprobe.result import AllocatorInfo, DeviceInfo
@@ -86,12 +89,18 @@ def inspect_environment(spec: Spec, spec_path: str, executor: Executor, python_p
     """Run the inspect child; map what it cannot build to a SpecError, and a child without an answer to a ProbeError."""
     run = executor.run(InspectRequest(spec=spec, python_path=python_path), inspect_conditions(spec),
                        timeout=spec.search.trial_timeout, name="inspect")
-    inspected = last_of(run.events, Inspected)
+    # The first of each: written before the user's code ran at real batch sizes (the estimate's trace), which
+    # could append lines of its own to the channel.
+    inspected = first_of(run.events, Inspected)
     if inspected is None or (run.timed_out and not run.verdict_at_timeout):
         raise ProbeError(inspect_failure(run, spec), run.stderr_tail)
     if inspected.problems:
         raise SpecError(spec_path, [_inspect_problem(p) for p in inspected.problems])
-    return inspected.facts
+    estimated = first_of(run.events, Estimated)
+    if estimated is None:  # the trace hung, crashed or left: the search runs as it does without an estimate
+        note = "not estimated: the environment check's trace of a step did not finish"
+        return inspected.facts.model_copy(update={"estimate": Estimate(note=note)})
+    return inspected.facts.model_copy(update={"estimate": estimated.estimate})
 
 
 def inspect_failure(run: ChildRun, spec: Spec) -> str:

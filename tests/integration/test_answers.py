@@ -33,7 +33,10 @@ def probed(tmp_path_factory):
         "input": {"shape": [FEATURES]},
         "target": {"shape": [FEATURES]},
         "optimizer": {"name": "adam"},
-        "search": {"start_batch_size": 2, "max_batch_size": 64, "steps": 3, "confirmations": 0},
+        # The doubling search measures several batches below the cap (the guided one, started from the traced
+        # estimate, may run the cap alone: one fitting batch, no slope for the breakdown to show).
+        "search": {"start_batch_size": 2, "max_batch_size": 64, "steps": 3, "confirmations": 0,
+                   "strategy": "doubling"},
         "device": "cpu",
         "memory_budget": "1.5GiB",
         "recommendation": {"objective": "throughput", "throughput_tolerance": 0.5, "soak_steps": 0},

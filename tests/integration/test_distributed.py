@@ -83,15 +83,17 @@ def test_each_strategys_per_rank_edge_is_exact_in_fresh_gangs(probes, strategy):
 
 
 def test_the_strategies_peaks_are_ordered_as_their_sharding_implies(probes):
-    """DDP above one process (its gradient buckets and gloo's buffers), ZeRO-1 between them (half the Adam
-    state per rank), and so the edges in reverse order. FSDP2 does shard parameters, gradients and state (its
+    """DDP above one process (its gradient buckets and gloo's buffers), ZeRO-1 at or below one process (the
+    buckets, less half the Adam state per rank), and so the edges in reverse order. FSDP2 does shard parameters, gradients and state (its
     breakdown per rank is half of DDP's), yet on the CPU with gloo its communication buffers outweigh what it
     saves on this small model: its edge is measured, not assumed (docs/distributed.md has the numbers)."""
     _, found = probes
     edges = {strategy: result["max_batch_size"] for strategy, result in found.items()}
-    assert edges["none"] > edges["zero1"] > edges["ddp"], edges
+    assert edges["none"] >= edges["zero1"] > edges["ddp"], edges
+    # ZeRO-1's fixed part is one process's give or take a few MiB (DDP's buckets added, half the state taken
+    # off: measured 998-1046 MiB against 1001-1050), so only DDP's is ordered against both.
     fixed = {strategy: result["memory_breakdown"]["fixed_bytes"] for strategy, result in found.items()}
-    assert fixed["none"] < fixed["zero1"] < fixed["ddp"], fixed
+    assert fixed["ddp"] > max(fixed["none"], fixed["zero1"]), fixed
     sizes = {strategy: next(t for t in found[strategy]["trials"] if t["outcome"] == "fits")["sizes"]
              for strategy in STRATEGIES}
     assert sizes["ddp"] == sizes["none"]

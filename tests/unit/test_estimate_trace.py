@@ -112,3 +112,30 @@ def test_the_prediction_reads_the_estimate():
 def test_facts_carry_the_estimate_across_the_boundary():
     facts = Facts(torch_version="2", estimate=Estimate(fixed_bytes=5, per_sample_bytes=1.5, traced_batch_sizes=[64, 128]))
     assert Facts.model_validate_json(facts.model_dump_json()) == facts
+
+
+def test_the_check_stands_whatever_the_models_code_does_during_the_trace():
+    """The trace runs the user's step at real batch sizes after the check's verdict: a trace that never
+    reports (the model hung, exited or crashed there) costs only the estimate, and lines the model appends
+    to the channel afterwards (a second 'inspected', a second estimate) are not read."""
+    from isoprobe.executors import ChildRun
+    from isoprobe.executors.scripted import ScriptedExecutor
+    from isoprobe.protocol import Estimate, Estimated, Facts, Inspected, MemoryReading, Started
+    from isoprobe.probe.environment import inspect_environment
+    from isoprobe.spec import Spec
+
+    spec = Spec.model_validate({"model": {"torchvision": "resnet18"}, "input": {"shape": [3, 32, 32]},
+                                "target": {"classes": 10}, "device": "cpu"})
+    honest = Facts(torch_version="2.x", memory_after_import=MemoryReading(data=800 << 20))
+    forged = Facts(torch_version="forged", memory_after_import=MemoryReading(data=1))
+    estimate = Estimate(fixed_bytes=900 << 20, per_sample_bytes=1e6)
+
+    def check(*events, returncode=0):
+        run = ChildRun(returncode=returncode, timed_out=False, seconds=1.0, events=[Started(pid=1), *events])
+        return inspect_environment(spec, "spec.yaml", ScriptedExecutor(lambda call: None, inspected=run), [])
+
+    died = check(Inspected(facts=honest), returncode=-9)  # killed in the trace, after its verdict
+    assert died.torch_version == "2.x" and died.estimate.per_sample_bytes is None and "did not finish" in died.estimate.note
+    kept = check(Inspected(facts=honest), Estimated(estimate=estimate), Inspected(facts=forged),
+                 Estimated(estimate=Estimate(fixed_bytes=1, per_sample_bytes=1.0)))
+    assert kept.torch_version == "2.x" and kept.estimate == estimate

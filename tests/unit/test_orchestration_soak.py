@@ -157,11 +157,11 @@ def test_a_plan_never_uses_a_batch_that_did_not_survive_its_soak():
 def test_hook_mode_gives_the_fallback_when_no_batch_survived_its_soak(monkeypatch, fmt):
     # Answered (the edge stands) but nothing recommended: a job must still get a batch size, so hook
     # mode gives the fallback with the reason, not an env without ISOPROBE_BATCH_SIZE.
-    import isoprobe.cli
+    import isoprobe.commands.run
     from conftest import cli
 
     withdrawn = probe(soaked_spec(), leaky(200 * MiB)).result
-    monkeypatch.setattr(isoprobe.cli, "_result_for", lambda args, log: withdrawn)
+    monkeypatch.setattr(isoprobe.commands.run, "_result_for", lambda args, log: withdrawn)
     run = cli("run", "specs/small-cnn.yaml", "--format", fmt, "--fallback-batch-size", "6")
     assert run.returncode == 0, run.stderr
     assert "ISOPROBE_BATCH_SIZE=6" in run.stdout and "ISOPROBE_FALLBACK=1" in run.stdout

@@ -16,6 +16,8 @@ from isoprobe import protocol
 from isoprobe.outcomes import Outcome
 from isoprobe.protocol import (
     CudaDevice,
+    Estimate,
+    Estimated,
     EvalDone,
     Facts,
     Imported,
@@ -101,6 +103,10 @@ EVERY_EVENT = [
         ),
         problems=[InspectProblem(stage="optimizer", type="TypeError", message="unexpected keyword 'betas_typo'")],
     ),
+    Estimated(estimate=Estimate(fixed_bytes=900 * 1024**2, per_sample_bytes=3.5e6, traced_batch_sizes=[64, 128],
+                                traced_peak_bytes=[1, 2], parameter_bytes=4, gradient_bytes=4,
+                                optimizer_state_bytes=8, buffer_bytes=0, baseline_bytes=5, runtime_bytes=6,
+                                seconds=0.4, note="n")),
 ]
 
 
