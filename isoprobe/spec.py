@@ -431,6 +431,14 @@ class SearchSpec(_Strict):
         ),
     )
 
+    estimate: bool = Field(
+        True,
+        description=(
+            "Trace one training step on fake tensors in the environment check (seconds, no memory) and start the "
+            "guided search at the edge it predicts, the measured peaks correcting it: fewer trials. false: no "
+            "trace, and the search starts at start_batch_size. The answer is exact either way."
+        ),
+    )
     fork_server: bool | None = Field(
         None,
         description=(

@@ -279,8 +279,10 @@ def fault_spec(fault: str, *, at: int = 8, edge: int | None = None, start: int =
         "input": {"shape": [16]},
         "target": {"classes": 4},
         "optimizer": {"name": "sgd"},
+        # estimate off: each scenario is defined by where the search starts (the traced estimate would start
+        # it at the edge it predicts, past the fault).
         "search": {"start_batch_size": start, "max_batch_size": cap, "steps": 2, "trial_timeout": timeout,
-                   **search},
+                   "estimate": False, **search},
         "device": "cpu",
         "memory_budget": "2GiB",
     }
@@ -310,7 +312,7 @@ def faulty_spec(fault: str, *, at: int, trial_timeout: float, **fault_kwargs) ->
         "input": {"shape": [16]},
         "target": {"classes": 4},
         "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": trial_timeout},
+        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": trial_timeout, "estimate": False},
         "device": "cpu",
         "memory_budget": "2GiB",
         "recommendation": {"soak_steps": 0},

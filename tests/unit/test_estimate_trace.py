@@ -139,3 +139,13 @@ def test_the_check_stands_whatever_the_models_code_does_during_the_trace():
     kept = check(Inspected(facts=honest), Estimated(estimate=estimate), Inspected(facts=forged),
                  Estimated(estimate=Estimate(fixed_bytes=1, per_sample_bytes=1.0)))
     assert kept.torch_version == "2.x" and kept.estimate == estimate
+
+
+def test_search_estimate_false_skips_the_trace_and_says_why():
+    from isoprobe.child.estimate import skip_reason
+    from isoprobe.spec import Spec
+
+    raw = {"model": {"torchvision": "resnet18"}, "input": {"shape": [3, 32, 32]}, "target": {"classes": 10}}
+    assert skip_reason(Spec.model_validate(raw), 1000) is None
+    off = Spec.model_validate({**raw, "search": {"estimate": False}})
+    assert "search.estimate is false" in skip_reason(off, 1000)
