@@ -149,6 +149,31 @@ def _describe(pids: list[int]) -> str:
     return "; ".join(out)
 
 
+def marked_processes(name: str, value: str) -> list[str]:
+    """Every live (non-zombie) process whose environment has ``name=value``, as 'pid state command'.
+
+    Found by environment, not by ancestry: a process that left its session or was re-parented is found too.
+    """
+    needle = f"{name}={value}".encode()
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                if needle not in environ.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")[:160]
+            with open(f"/proc/{entry}/stat") as stat:
+                state = stat.read().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            continue
+        if state not in ("Z", "X"):
+            found.append(f"{entry} {state} {command}")
+    return found
+
+
 def wait_for(predicate, timeout: float):
     """Poll ``predicate`` every 50 ms until it returns something true or ``timeout`` seconds pass; its last value."""
     deadline = time.monotonic() + timeout

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAULTS, REPO, TESTS, fault_spec, run_cli, wait_for
+from conftest import FAULTS, REPO, TESTS, fault_spec, marked_processes, run_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -47,23 +47,7 @@ def _state(pid: int | str) -> str | None:
 
 def marked(mark: str) -> list[str]:
     """Every live (non-zombie) process whose environment carries ``mark``, as 'pid state command'."""
-    needle = f"{MARK_ENV}={mark}".encode()
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                if needle not in environ.read().split(b"\0"):
-                    continue
-            with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                command = cmdline.read().replace(b"\0", b" ").decode(errors="replace")[:160]
-        except OSError:
-            continue
-        state = _state(entry)
-        if state is not None and state not in ("Z", "X"):
-            found.append(f"{entry} {state} {command}")
-    return found
+    return marked_processes(MARK_ENV, mark)
 
 
 @pytest.fixture

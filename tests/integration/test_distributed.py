@@ -18,7 +18,7 @@ import time
 
 import pytest
 
-from conftest import FAULTS, MODELS, REPO, run_cli, wait_for
+from conftest import MODELS, REPO, faulty_spec, marked_processes, run_cli, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -112,18 +112,13 @@ def test_the_strategies_peaks_are_ordered_as_their_sharding_implies(probes):
 
 
 def _fault_spec(fault: str, *, at: int, ranks: list[int], trial_timeout: float, state_dir: str | None = None) -> dict:
-    return {
-        "model": {"factory": f"{FAULTS}:faulty",
-                  "kwargs": {"fault": fault, "at": at, "ranks": ranks, **({"state_dir": state_dir} if state_dir else {})}},
-        "input": {"shape": [16]},
-        "target": {"classes": 4},
-        "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": trial_timeout, "max_batch_size": at},
-        "device": "cpu",
-        "memory_budget": "1.5GiB",
-        "recommendation": {"soak_steps": 0},
-        "distributed": {"strategy": "ddp", "world_size": 2},
-    }
+    """conftest.faulty_spec as a DDP gang of two: only ``ranks`` commit ``fault``, from batch ``at`` (the cap) on."""
+    spec = faulty_spec(fault, at=at, trial_timeout=trial_timeout, ranks=ranks,
+                       **({"state_dir": state_dir} if state_dir else {}))
+    spec["search"]["max_batch_size"] = at
+    spec["memory_budget"] = "1.5GiB"
+    spec["distributed"] = {"strategy": "ddp", "world_size": 2}
+    return spec
 
 
 def test_one_rank_out_of_memory_kills_the_gang_at_once_and_is_the_trials_outcome(tmp_path):
@@ -153,21 +148,9 @@ def test_a_rank_that_hangs_before_a_collective_times_the_gang_out_and_leaves_not
     # The autouse no_leftover_processes fixture checks that no rank (nor anything else) survived.
 
 
-def _gang_processes(marker: str) -> list[int]:
+def _gang_processes(marker: str) -> list[str]:
     """Live processes whose environment carries ``marker`` (found by environment, whatever their parent)."""
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as environ:
-                if marker.encode() in environ.read():
-                    with open(f"/proc/{entry}/stat") as stat:
-                        if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
-                            found.append(int(entry))
-        except OSError:
-            continue
-    return found
+    return marked_processes(*marker.split("=", 1))
 
 
 def test_when_isoprobe_is_killed_mid_gang_no_rank_survives(tmp_path):
