@@ -20,7 +20,7 @@ from isoprobe.executors import Executor
 from isoprobe.insights import memory_breakdown, throughput
 from isoprobe.output import Reporter
 from isoprobe.plan import accumulation_plan, micro_batch_ceiling
-from isoprobe.prediction import prediction, prior_of
+from isoprobe.prediction import predicted_max, prediction, prior_of
 from isoprobe.probe.edge import compare_allocators, search_and_recommend, stop_reason_of
 from isoprobe.probe.environment import (
     DEFAULT_CPU_BUDGET,
@@ -83,6 +83,7 @@ def run_probe(
             return _stopped_before_trials(spec, spec_path, stopped, environ, started)
         target = resolve_target(spec, facts, budget_source, spec_path)
         _describe_target(spec, target, reporter)
+        _describe_estimate(facts.estimate, target, reporter)
         runner = TrialRunner(spec, target, executor, python_path, reporter)
         comparison = None
         if spec.allocators and target.backend == "cuda":
@@ -146,6 +147,20 @@ def distributed_info(spec: Spec, backend: str, world_size_source: str) -> Distri
         return None
     return DistributedInfo(strategy=options.strategy, world_size=options.world_size or 1,
                            world_size_source=world_size_source, backend="nccl" if backend == "cuda" else "gloo")
+
+
+def _describe_estimate(estimate, target, reporter: Reporter) -> None:
+    """Where the search will start, and why: the traced estimate's line, or why there is none."""
+    if estimate is None:
+        return
+    predicted = predicted_max(estimate, target.search_capacity)
+    if predicted is None:
+        if estimate.note:
+            reporter.note(f"estimate: {estimate.note}; the search starts at search.start_batch_size")
+        return
+    reporter.note(f"estimate (one step traced on fake tensors in {estimate.seconds:.1f} s): "
+                  f"{format_bytes(estimate.fixed_bytes)} + {format_bytes(int(estimate.per_sample_bytes))} a sample, "
+                  f"so about {predicted} fit; the trials start near there and prove the edge")
 
 
 def _describe_target(spec: Spec, target, reporter: Reporter) -> None:
