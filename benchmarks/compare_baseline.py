@@ -21,7 +21,9 @@ spec's settings: on the CPU backend every trial forked from the fork server),
 ``cold`` (``fork_server: false, warm_start: false``: every trial imports torch
 itself), ``doubling`` (``search.strategy: doubling``), ``once``
 (``search.confirmations: 0``: every batch runs once, the baseline's level of
-checking; the recommended batch is still run). With ``guided``
+checking; the recommended batch is still run), ``no-estimate``
+(``search.estimate: false``: the search starts at the start batch, as before
+the traced estimate). With ``guided``
 and ``cold`` both run, it prints what the faster start saved per trial, batch by
 batch. The numbers are measurements of this machine at this moment: run the
 variants in one invocation to compare them.
@@ -53,6 +55,7 @@ VARIANTS = {
     "cold": {"fork_server": False, "warm_start": False},
     "doubling": {"strategy": "doubling"},
     "once": {"confirmations": 0},
+    "no-estimate": {"estimate": False},
 }
 EXTRA_PURPOSES = ("confirmation", "recommendation_check")
 
@@ -158,7 +161,7 @@ def report(spec_path: Path, runs: list[dict], baseline: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="+", type=Path)
-    parser.add_argument("--variants", default="guided", help="comma-separated: guided, spawned, cold, doubling, once")
+    parser.add_argument("--variants", default="guided", help="comma-separated: guided, spawned, cold, doubling, once, no-estimate")
     parser.add_argument("--device", help="override the specs' device (cpu, cuda, cuda:N)")
     parser.add_argument("--save", type=Path, help="folder to write every run's JSON into")
     args = parser.parse_args()
