@@ -315,6 +315,19 @@ def fault_spec(fault: str, *, at: int = 8, edge: int | None = None, start: int =
     return spec
 
 
+def cuda_resnet_spec(budget: str) -> dict:
+    """The GPU tier's spec: resnet18 at 128x128, Adam, on CUDA under ``budget`` (tests/gpu)."""
+    return {
+        "model": {"torchvision": "resnet18", "kwargs": {"num_classes": 100}},
+        "input": {"shape": [3, 128, 128]},
+        "target": {"classes": 100},
+        "optimizer": {"name": "adam"},
+        "search": {"steps": 3, "start_batch_size": 16},
+        "device": "cuda",
+        "memory_budget": budget,
+    }
+
+
 def hog_spec(**search) -> dict:
     """A CPU spec around tests/models.py:memory_hog (~32 MiB of activations per sample); no soak
     (tests/unit/test_orchestration_soak.py and tests/integration/test_real_loop.py soak)."""

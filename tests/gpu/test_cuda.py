@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from conftest import run_cli
+from conftest import cuda_resnet_spec, run_cli
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -16,15 +16,7 @@ pytestmark = [
 
 
 def _spec(budget: str) -> dict:
-    return {
-        "model": {"torchvision": "resnet18", "kwargs": {"num_classes": 100}},
-        "input": {"shape": [3, 128, 128]},
-        "target": {"classes": 100},
-        "optimizer": {"name": "adam"},
-        "search": {"steps": 3, "start_batch_size": 16},
-        "device": "cuda",
-        "memory_budget": budget,
-    }
+    return cuda_resnet_spec(budget)
 
 
 def test_cuda_probe_finds_an_edge_under_a_budget(write_spec):

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FAULTS, run_cli
+from conftest import FAULTS, cuda_resnet_spec, run_cli
 
 torch = pytest.importorskip("torch")
 pytestmark = [
@@ -24,17 +24,9 @@ GiB = 1024**3
 
 
 def _resnet(strategy: str) -> dict:
-    return {
-        "model": {"torchvision": "resnet18", "kwargs": {"num_classes": 100}},
-        "input": {"shape": [3, 128, 128]},
-        "target": {"classes": 100},
-        "optimizer": {"name": "adam"},
-        "search": {"steps": 3, "start_batch_size": 16},
-        "device": "cuda",
-        "memory_budget": "2GiB",
-        "recommendation": {"soak_steps": 0},
-        "distributed": {"strategy": strategy, "world_size": 2},
-    }
+    """The GPU tier's resnet18 (conftest.cuda_resnet_spec) as a gang of two ranks, one GPU each."""
+    return {**cuda_resnet_spec("2GiB"), "recommendation": {"soak_steps": 0},
+            "distributed": {"strategy": strategy, "world_size": 2}}
 
 
 @pytest.mark.parametrize("strategy", ["ddp", "zero1", "fsdp"])
