@@ -3,7 +3,8 @@
 Decided before the cache is read, because the world size changes a sharded
 strategy's answer and so belongs in the cache key: the resolved number is
 written into the spec (``distributed.world_size``), and the key and the probe
-both see it. Where it came from is reported (``Result.distributed``).
+both see it. So are the CPU threads each rank runs with (as torchrun starts
+ranks), which change a rank's host memory. Where it came from is reported (``Result.distributed``).
 
 The real job may be larger than this node (``WORLD_SIZE=16`` on nodes of 8
 GPUs). A gang runs on one node, one GPU per rank, so a size taken from the
@@ -78,9 +79,32 @@ def _job_world_size(environ: Mapping[str, str]) -> tuple[int, str] | None:
     return None
 
 
-def with_world_size(spec: Spec, resolved: WorldSize) -> Spec:
-    """``spec`` with the resolved size written in (what the cache key and the probe see)."""
-    if not spec.distributed.gang or spec.distributed.world_size == resolved.size:
+def resolve_threads_per_rank(spec: Spec, environ: Mapping[str, str], world_size: int) -> int | None:
+    """The CPU threads each rank runs with, as ``torchrun`` would start it; None: leave OMP_NUM_THREADS as found.
+
+    torchrun sets ``OMP_NUM_THREADS=1`` for every rank when it starts more than
+    one process per node and the variable is unset (torch/distributed/run.py),
+    and a gang runs all its ranks on one node. The number changes a rank's host
+    memory (each intra-op thread its stack and malloc arena), so it is decided
+    here, in the parent, and written into the spec: it is in the cache key. A
+    value the launcher could not read either (``OMP_NUM_THREADS=4,3,2`` takes its
+    first level, anything else is left to torch as the ranks find it).
+    """
+    options = spec.distributed
+    if not options.gang:
+        return None
+    if options.threads_per_rank is not None:
+        return options.threads_per_rank
+    inherited = environ.get("OMP_NUM_THREADS")
+    if inherited is not None:
+        return positive_integer(inherited.split(",")[0])
+    return 1 if world_size > 1 else None
+
+
+def with_world_size(spec: Spec, resolved: WorldSize, threads_per_rank: int | None = None) -> Spec:
+    """``spec`` with the resolved size (and threads per rank) written in: what the cache key and the probe see."""
+    options = spec.distributed
+    if not options.gang or (options.world_size, options.threads_per_rank) == (resolved.size, threads_per_rank):
         return spec
-    distributed = spec.distributed.model_copy(update={"world_size": resolved.size})
+    distributed = options.model_copy(update={"world_size": resolved.size, "threads_per_rank": threads_per_rank})
     return spec.model_copy(update={"distributed": distributed})

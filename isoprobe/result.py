@@ -419,6 +419,10 @@ class DistributedInfo(_Strict):
         description="spec, the environment variable it came from, 'visible GPUs' or 'cpu default'."
     )
     backend: Literal["gloo", "nccl"] = Field(description="The collectives' backend: nccl on CUDA, gloo on the CPU.")
+    threads_per_rank: int | None = Field(
+        None, description="The CPU threads (OMP_NUM_THREADS) each rank ran with, as torchrun would start it "
+        "(distributed.threads_per_rank); null: the ranks kept the environment's setting, unreadable here."
+    )
     per_rank: Literal[True] = Field(
         True, description="max_batch_size, recommended_batch_size and every trial's batch are per-rank micro-batches."
     )

@@ -48,6 +48,18 @@ class DistributedSpec(BaseModel):
             "ranks: probing fewer ranks than the real job is conservative for zero1 and fsdp."
         ),
     )
+    threads_per_rank: int | None = Field(
+        None,
+        ge=1,
+        le=4096,
+        description=(
+            "CPU threads (OMP_NUM_THREADS, torch.set_num_threads) each rank runs with. Unset: as torchrun starts "
+            "ranks: the OMP_NUM_THREADS isoprobe was started with, else 1 for a gang of more than one rank "
+            "(torchrun sets 1 whenever it starts more than one process per node and the variable is unset). "
+            "It changes a rank's host memory: measured on the CPU backend, a DDP rank of tests/data/"
+            "stateful-hog.yaml fits 49 a rank with one thread and 43 with two."
+        ),
+    )
     bucket_cap_mb: float | None = Field(
         None, gt=0, le=65536, description="ddp, zero1: DDP's gradient bucket size in MB (torch's default: 25)."
     )
@@ -74,6 +86,9 @@ class DistributedSpec(BaseModel):
         if self.strategy == "none":
             if self.world_size not in (None, 1):
                 raise ValueError("world_size: needs a strategy (ddp, zero1 or fsdp); with strategy none it is 1")
+            if self.threads_per_rank is not None:
+                raise ValueError("threads_per_rank: needs a strategy (ddp, zero1 or fsdp); one process uses "
+                                 "OMP_NUM_THREADS as it finds it")
         given = [name for name in _DDP_OPTIONS + _FSDP_OPTIONS if getattr(self, name) is not None]
         for name in given:
             owner = ("ddp", "zero1") if name in _DDP_OPTIONS else ("fsdp",)

@@ -51,6 +51,11 @@ class Conditions:
     memory_limit: int | None = None
     #: Modules a process started ahead imports before its request arrives (nothing that touches a device).
     preload: tuple[str, ...] = ()
+    #: OMP_NUM_THREADS for the child, set before it imports anything (a gang's ranks: as torchrun starts them,
+    #: ``ranks.resolve_threads_per_rank``). None: as isoprobe's own environment has it. Set at exec, not
+    #: later: a rank told ``torch.set_num_threads(1)`` after its imports held 42 MB more (measured) than one
+    #: started with the variable, as torchrun starts it.
+    threads: int | None = None
 
 
 @dataclass(frozen=True)

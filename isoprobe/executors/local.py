@@ -338,7 +338,7 @@ class LocalExecutor:
         (or, with ``serve``, its channel's descriptor: becomes a fork server)."""
         stem, events_path, stderr_path = self._next_files()
         env = child_environment(os.environ, backend=conditions.backend, allocator=conditions.allocator,
-                                events_path=events_path)
+                                events_path=events_path, threads=conditions.threads)
         if conditions.preload:
             env[PRELOAD_ENV] = ",".join(conditions.preload)
         child_argv = [sys.executable, "-m", CHILD_MODULE, WAIT_ARGUMENT] + ([IDLE_ARGUMENT] if spare else [])

@@ -37,10 +37,12 @@ _PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 
 
 def child_environment(
-    base: dict[str, str], *, backend: str, allocator: str | None, events_path: Path
+    base: dict[str, str], *, backend: str, allocator: str | None, events_path: Path, threads: int | None = None
 ) -> dict[str, str]:
     """The environment one trial runs in. Pure, so what each child gets is testable."""
     env = dict(base)
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     env[EVENTS_ENV] = str(events_path)
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault or abort leaves a Python stack in stderr

@@ -68,17 +68,17 @@ def answer(
 
 
 def _resolve_ranks(spec: Spec, environ: dict[str, str], gpus, reporter: Reporter):
-    """The spec with its gang's size written in (``ranks``), before the key is made: the size is in it."""
+    """The spec with its gang's size and threads per rank written in (``ranks``), before the key is made."""
     from isoprobe.hardware import ram_bytes
     from isoprobe.probe.environment import DEFAULT_CPU_BUDGET
-    from isoprobe.ranks import resolve_world_size, with_world_size
+    from isoprobe.ranks import resolve_threads_per_rank, resolve_world_size, with_world_size
 
     gpu_count = len(gpus or []) if spec.device != "cpu" else 0
     world = resolve_world_size(spec, environ, gpu_count, ram_bytes=ram_bytes(),
                                cpu_budget=spec.memory_budget or DEFAULT_CPU_BUDGET)
     if world.note:
         reporter.note(world.note)
-    return with_world_size(spec, world), world
+    return with_world_size(spec, world, resolve_threads_per_rank(spec, environ, world.size)), world
 
 
 class _Context:

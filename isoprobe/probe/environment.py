@@ -79,10 +79,11 @@ def inspect_conditions(spec: Spec) -> Conditions:
     trial does after the same imports). A factory that hangs is stopped after
     trial_timeout, not after a fixed 300 s as it once was, and the ``warm``
     event tells the two phases apart in the error. It also makes the import
-    baseline what a trial's process really imports (torch._dynamo included).
+    baseline what a trial's process really imports (torch._dynamo included),
+    with a gang's threads per rank: so its process can be the trials' fork server's.
     """
     return Conditions(backend="cpu" if spec.device == "cpu" else "cuda", allocator=spec.allocator,
-                      preload=preload(spec))
+                      preload=preload(spec), threads=spec.distributed.threads_per_rank)
 
 
 def inspect_environment(spec: Spec, spec_path: str, executor: Executor, python_path: list[str]) -> Facts:
@@ -311,6 +312,7 @@ def trial_conditions(spec: Spec, backend: str, memory_limit: int | None, allocat
         allocator=allocator_setting(spec, backend, allocator_label),
         memory_limit=memory_limit if backend == "cpu" else None,
         preload=preload(spec),
+        threads=spec.distributed.threads_per_rank,
     )
 
 

@@ -146,7 +146,8 @@ def distributed_info(spec: Spec, backend: str, world_size_source: str) -> Distri
     if not options.gang:
         return None
     return DistributedInfo(strategy=options.strategy, world_size=options.world_size or 1,
-                           world_size_source=world_size_source, backend="nccl" if backend == "cuda" else "gloo")
+                           world_size_source=world_size_source, backend="nccl" if backend == "cuda" else "gloo",
+                           threads_per_rank=options.threads_per_rank)
 
 
 def _describe_estimate(estimate, target, reporter: Reporter) -> None:

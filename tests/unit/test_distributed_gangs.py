@@ -19,7 +19,7 @@ from isoprobe.outcomes import Outcome
 from isoprobe.plan import accumulation_plan
 from isoprobe.probe.trials import trial_from_run
 from isoprobe.protocol import TrialRequest
-from isoprobe.ranks import resolve_world_size, with_world_size
+from isoprobe.ranks import resolve_threads_per_rank, resolve_world_size, with_world_size
 from isoprobe.spec import Spec
 
 from scripted_probe import GiB, MiB, hog_spec, probe
@@ -41,6 +41,7 @@ def _spec(**distributed) -> Spec:
     ({"strategy": "ddp", "reshard_after_forward": False}, "reshard_after_forward"),
     ({"strategy": "none", "world_size": 4}, "world_size"),
     ({"strategy": "zero1", "fsdp_wrap": "model"}, "fsdp_wrap"),
+    ({"strategy": "none", "threads_per_rank": 2}, "threads_per_rank"),
 ])
 def test_an_option_of_another_strategy_is_refused_by_name(section, field):
     with pytest.raises(Exception) as raised:
@@ -91,6 +92,46 @@ def test_the_resolved_size_is_in_the_spec_and_so_in_the_cache_key():
     assert (two.distributed.world_size, four.distributed.world_size) == (2, 4)
     keys = {cache_key(key_material(s, "spec.yaml", {}, None)) for s in (spec, two, four)}
     assert len(keys) == 3
+
+
+@pytest.mark.parametrize("section, environ, expected", [
+    ({"strategy": "ddp", "world_size": 2}, {}, 1),                           # torchrun: 1 when it starts several
+    ({"strategy": "ddp", "world_size": 2}, {"OMP_NUM_THREADS": "4"}, 4),     # ... unless the variable is set
+    ({"strategy": "ddp", "world_size": 2}, {"OMP_NUM_THREADS": "3,2"}, 3),   # nested levels: the outer one
+    ({"strategy": "ddp", "world_size": 2}, {"OMP_NUM_THREADS": "many"}, None),  # left to the ranks as found
+    ({"strategy": "fsdp", "world_size": 1}, {}, None),                       # one process: torch's default
+    ({"strategy": "zero1", "world_size": 2, "threads_per_rank": 6}, {"OMP_NUM_THREADS": "4"}, 6),  # the spec's
+    ({"strategy": "none"}, {"OMP_NUM_THREADS": "4"}, None),                  # not a gang: nothing to decide
+])
+def test_each_rank_gets_the_threads_torchrun_would_give_it(section, environ, expected):
+    spec = _spec(**section)
+    assert resolve_threads_per_rank(spec, environ, spec.distributed.world_size or 1) == expected
+
+
+def test_the_threads_per_rank_are_in_the_key_and_every_rank_starts_with_them():
+    """A rank's host memory depends on its threads (measured: a DDP rank of stateful-hog fits 49 with one, 43
+    with two), so the number is in the cache key, in every trial's conditions (the child's OMP_NUM_THREADS at
+    exec, ``processes.child_environment``) and in the result."""
+    from isoprobe.cache import cache_key, key_material
+    from isoprobe.executors.processes import child_environment
+
+    spec = _spec(strategy="ddp", world_size=2)
+    world = resolve_world_size(spec, {}, 0, ram_bytes=RAM, cpu_budget=GiB)
+    one = with_world_size(spec, world, resolve_threads_per_rank(spec, {}, world.size))
+    four = with_world_size(spec, world, resolve_threads_per_rank(spec, {"OMP_NUM_THREADS": "4"}, world.size))
+    assert (one.distributed.threads_per_rank, four.distributed.threads_per_rank) == (1, 4)
+    assert cache_key(key_material(one, "spec.yaml", {}, None)) != cache_key(key_material(four, "spec.yaml", {}, None))
+
+    executor = ScriptedExecutor(lambda call: gang(fits(GiB), fits(GiB)) if call.batch_size <= 8
+                                else gang(out_of_memory(), fits(GiB), failed_rank=0, stop_seconds=0.01))
+    result = probe(one, executor).result
+    assert result.distributed.threads_per_rank == 1
+    assert executor.calls and {call.conditions.threads for call in executor.calls} == {1}
+    assert {conditions.threads for conditions in executor.prestarts} == {1}
+    env = child_environment({"OMP_NUM_THREADS": "8"}, backend="cpu", allocator=None, events_path="e",
+                            threads=executor.calls[0].conditions.threads)
+    assert env["OMP_NUM_THREADS"] == "1"
+    assert "OMP_NUM_THREADS" not in child_environment({}, backend="cpu", allocator=None, events_path="e")
 
 
 def test_the_plan_counts_the_gangs_ranks_unless_the_job_says_more():
