@@ -46,7 +46,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from isoprobe.spec import load_spec  # noqa: E402
+from isoprobe.spec_load import load_spec  # noqa: E402
 from isoprobe.executors.processes import child_environment, prepare_child  # noqa: E402
 
 VARIANTS = {

@@ -31,7 +31,7 @@ from isoprobe.executors import Conditions  # noqa: E402
 from isoprobe.executors.local import run_once  # noqa: E402
 from isoprobe.probe.classify import classify_exit  # noqa: E402
 from isoprobe.protocol import TrialRequest  # noqa: E402
-from isoprobe.spec import load_spec  # noqa: E402
+from isoprobe.spec_load import load_spec  # noqa: E402
 
 
 #: The loop's variables. In ``for x, y in loader: outputs = model(x); ...`` the names ``outputs`` and

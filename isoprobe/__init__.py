@@ -4,7 +4,7 @@ Which process runs what:
 
     the parent (never imports torch)
         cli.py          the command line: arguments, output formats, exit codes
-        spec.py         YAML -> validated ``Spec``
+        spec.py         the ``Spec`` models; spec_load.py: YAML (and overrides) -> validated ``Spec``
         probe/          the orchestration: cache -> environment check -> search -> recommendation -> Result
         search.py       the pure edge search over a trial oracle (no processes)
         executors/      the seam to processes: ``local`` (isolated children), ``scripted`` (tests)
@@ -29,7 +29,7 @@ __version__ = "0.1.0"
 
 #: The public names, and the module each comes from (imported when first asked for). ``probe`` is apart: below.
 _LAZY = {
-    "load_spec": "isoprobe.spec",
+    "load_spec": "isoprobe.spec_load",
     "Spec": "isoprobe.spec",
     "Result": "isoprobe.result",
     "StopReason": "isoprobe.outcomes",

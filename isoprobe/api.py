@@ -6,8 +6,8 @@
     batch = result.recommended_batch_size
 
 ``probe`` goes through the same code as the command line: the spec loaded and
-checked as ``isoprobe validate`` checks it (``spec.load_spec``,
-``spec.check_references``), then ``answer_for``, which the CLI's ``run`` calls
+checked as ``isoprobe validate`` checks it (``spec_load.load_spec``,
+``spec_load.check_references``), then ``answer_for``, which the CLI's ``run`` calls
 too: the cache, its lock, the probe in fresh child processes, the store
 (``probe.answer``). So an answer the CLI cached is a cache hit here, and the
 other way round.
@@ -78,7 +78,7 @@ def probe(
     """
     from isoprobe.outcomes import StopReason
     from isoprobe.overrides import Override, from_mapping, shortened
-    from isoprobe.spec import DATA_SPEC_NAME, check_references, load_spec
+    from isoprobe.spec_load import DATA_SPEC_NAME, check_references, load_spec
 
     if quiet and progress is not None:
         raise ValueError("give progress (where the lines go) or quiet=True (no lines), not both")

@@ -21,7 +21,7 @@ What a hostile or broken file could do to a YAML loader, and what stops it here:
   written as; the other tags are refused; anything else a constructor raises is
   a problem of that value, named by its field.
 
-The result is what pydantic validates next (``spec.load_spec``). PyYAML is
+The result is what pydantic validates next (``spec_load.load_spec``). PyYAML is
 imported on first use only (see ``_spec_loader``).
 """
 

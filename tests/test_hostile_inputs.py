@@ -106,7 +106,7 @@ def test_a_factory_file_that_is_a_fifo_is_refused_by_the_reference_check(tmp_pat
     """check_references reads the file itself (a path can change after the spec was loaded): never blocking."""
     os.mkfifo(tmp_path / "models.py")
     code = ("from pathlib import Path\n"
-            "from isoprobe.spec import _factory_problems\n"
+            "from isoprobe.spec_load import _factory_problems\n"
             f"[p] = _factory_problems({str(tmp_path / 'models.py') + ':build'!r}, Path('.'))\n"
             "print(p.field, '|', p.message, '|', p.fix)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=REPO)
@@ -223,7 +223,7 @@ def test_an_absurd_fallback_batch_size_is_a_short_usage_error():
 
 
 def test_the_max_batch_size_flag_still_takes_a_number(write_spec):
-    from isoprobe.spec import load_spec
+    from isoprobe.spec_load import load_spec
 
     assert load_spec(write_spec(VALID), {"--max-batch-size": "64"}).search.max_batch_size == 64
     assert cli("validate", str(write_spec(VALID)), "--max-batch-size", "64").returncode == 0
@@ -258,7 +258,7 @@ def test_a_value_yaml_cannot_build_or_json_cannot_carry_is_named(tmp_path, text,
 
 def test_an_impossible_date_stays_text(tmp_path):
     """YAML reads 2001-13-45 as a timestamp, and datetime raised ValueError: a date is kept as the text written."""
-    from isoprobe.spec import load_spec
+    from isoprobe.spec_load import load_spec
 
     path = tmp_path / "spec.yaml"
     path.write_text("model: {torchvision: resnet18, kwargs: {a: 2001-13-45, b: 2024-01-31}}\ninput: {shape: [3]}\n"
@@ -273,7 +273,7 @@ def _nested(depth: int) -> str:
 
 
 def test_nesting_is_bounded_exactly_at_the_limit(tmp_path):
-    from isoprobe.spec import load_spec
+    from isoprobe.spec_load import load_spec
     from isoprobe.spec_yaml import MAX_SPEC_DEPTH
 
     path = tmp_path / "spec.yaml"

@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, cli
 from isoprobe.errors import SpecError
-from isoprobe.spec import load_spec
+from isoprobe.spec_load import load_spec
 
 SPEC = REPO / "specs" / "small-cnn.yaml"  # search.max_batch_size unset, precision fp32, memory_budget 1.25GiB
 

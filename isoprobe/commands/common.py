@@ -16,7 +16,7 @@ def named_overrides(args: argparse.Namespace) -> dict:
 
 def load(args: argparse.Namespace):
     """The spec with its overrides: every --set, left to right, then the named flags (which win for their field)."""
-    from isoprobe.spec import check_references, load_spec
+    from isoprobe.spec_load import check_references, load_spec
 
     spec = load_spec(args.spec, named_overrides(args), sets=args.set)
     check_references(spec, args.spec)

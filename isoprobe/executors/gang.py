@@ -23,7 +23,8 @@ import time
 from dataclasses import replace
 
 from isoprobe.executors import ChildRun, Conditions
-from isoprobe.executors.local import Launch, LocalExecutor, _wait
+from isoprobe.executors.child_process import wait_for_end
+from isoprobe.executors.local import Launch, LocalExecutor
 from isoprobe.outcomes import Outcome
 from isoprobe.protocol import RankAssignment, TrialRequest, TrialResult, last_of, read_events
 
@@ -118,7 +119,7 @@ def _supervise(launches: list[Launch], timeout: float) -> tuple[int | None, floa
         if time.monotonic() >= deadline:
             for launch in launches:  # the usual timeout rule, rank by rank: a verdict before the deadline stands
                 if launch.poll() is None:
-                    launch.timed_out, launch.verdict_at_timeout = _wait(launch.child, 0)
+                    launch.timed_out, launch.verdict_at_timeout = wait_for_end(launch.child, 0)
             timed_out = [rank for rank, launch in enumerate(launches) if launch.timed_out
                          and not launch.verdict_at_timeout]
             if timed_out:

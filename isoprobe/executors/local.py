@@ -27,7 +27,9 @@ So a trial's timeout means the same whether its process was started ahead (a
 *spare*, see ``LocalExecutor``) or on demand, and the two import the same
 modules. A child that had written its verdict when its deadline came keeps it:
 it gets a short grace to exit, and if it is killed all the same, the run says
-so (``ChildRun.verdict_at_timeout``).
+so (``ChildRun.verdict_at_timeout``). Those steps on one started child (its
+record, the waits, the delivery, the stop) are ``child_process``; this module
+decides which child serves which request.
 """
 
 from __future__ import annotations
@@ -44,12 +46,11 @@ from pathlib import Path
 
 from isoprobe.executors import ChildRun, Conditions
 from isoprobe.executors import keeper
-from isoprobe.executors.forkserver import ForkedProcess, ServerChannel
+from isoprobe.executors.child_process import StartedChild, await_warm, deliver, stop_child, wait_for_end
+from isoprobe.executors.forkserver import ServerChannel
 from isoprobe.executors.processes import (
-    VERDICT_EXIT_GRACE_SECONDS,
     child_environment,
     import_timeout,
-    lift_idle_policy,
     prepare_child,
     signals_deferred,
     stderr_tail,
@@ -63,30 +64,9 @@ from isoprobe.protocol import (
     SERVE_ARGUMENT,
     WAIT_ARGUMENT,
     ForkOrder,
-    Inspected,
-    Started,
     TrialRequest,
-    TrialResult,
-    Warm,
-    last_of,
     read_events,
 )
-
-#: How often the parent looks at a child's events while it imports (the cost of a look: one small read).
-_POLL_SECONDS = 0.01
-
-
-@dataclass
-class _Started:
-    """A keeper (and the child under it) and the files the child writes; ``warm``: started ahead, as a spare."""
-
-    process: subprocess.Popen | ForkedProcess  # the keeper: its exit status is the child's
-    lifeline_write: int
-    events_path: Path
-    stderr_path: Path
-    conditions: Conditions
-    warm: bool
-    forked: bool = False  # forked from the fork server (``warm`` too: it imported nothing itself)
 
 
 @dataclass
@@ -96,7 +76,7 @@ class Launch:
     began: float
     cgroup: object = None
     kills_before: int | None = None
-    child: _Started | None = None
+    child: StartedChild | None = None
     delivered: float | None = None  # when the request reached a process that had finished its imports
     timed_out: bool = False
     verdict_at_timeout: bool = False
@@ -114,7 +94,7 @@ class Launch:
 class _Server:
     """A fork server (a child started as any other, ``child.server``) and the parent's end of its channel."""
 
-    started: _Started
+    started: StartedChild
     channel: ServerChannel
     key: Conditions  # the conditions it serves, but for the cap, which each fork sets for itself
 
@@ -145,7 +125,7 @@ class LocalExecutor:
         self.warm = warm
         self.fork = frozenset(fork)  # the backends whose children are forked from a fork server
         self._expected: Conditions | None = None
-        self._spare: _Started | None = None
+        self._spare: StartedChild | None = None
         self._server: _Server | None = None
         self._unforkable: set[Conditions] = set()  # server keys whose server failed: spawn for the rest of the probe
         self._count = 0
@@ -168,7 +148,7 @@ class LocalExecutor:
         with signals_deferred():
             if self._spare is not None and self._spare.conditions != conditions:
                 spare, self._spare = self._spare, None
-                _stop(spare)
+                stop_child(spare)
             if self._spare is None:
                 self._spare = self._spawn(conditions, spare=True)
 
@@ -176,7 +156,7 @@ class LocalExecutor:
         """Stop the spare, if any, and remove the scratch folder: nothing outlives the probe."""
         spare, self._spare = self._spare, None
         if spare is not None:
-            _stop(spare)
+            stop_child(spare)
         self._stop_server()
         if self._scratch is not None:
             self._scratch.cleanup()
@@ -187,7 +167,7 @@ class LocalExecutor:
         launch = self.launch(request, conditions, timeout=timeout, name=name)
         try:
             if launch.delivered is not None:
-                launch.timed_out, launch.verdict_at_timeout = _wait(launch.child, timeout)
+                launch.timed_out, launch.verdict_at_timeout = wait_for_end(launch.child, timeout)
         finally:
             # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
             self.stop(launch)
@@ -217,12 +197,12 @@ class LocalExecutor:
                 if launch.child is None:
                     with signals_deferred():
                         launch.child = self._spawn(conditions, spare=False)
-                ready = _await_warm(launch.child, import_timeout(timeout))
-                if ready and _deliver(launch.child, request_path):
+                ready = await_warm(launch.child, import_timeout(timeout))
+                if ready and deliver(launch.child, request_path):
                     launch.delivered = time.monotonic()
                     break
                 if launch.child.warm and ready is not None:
-                    _stop(launch.child)  # a spare that died while waiting: one started now takes its place
+                    stop_child(launch.child)  # a spare that died while waiting: one started now takes its place
                     launch.child = None
                     continue
                 # Started for this request and gone before it could be delivered, or not ready in time.
@@ -242,7 +222,7 @@ class LocalExecutor:
     def stop(launch: "Launch") -> None:
         """End the launch's process tree (if still running) and reap its keeper; safe to call twice."""
         if launch.child is not None:
-            _stop(launch.child)
+            stop_child(launch.child)
 
     @staticmethod
     def collect(launch: "Launch") -> ChildRun:
@@ -283,11 +263,11 @@ class LocalExecutor:
             self._server = _Server(started, ServerChannel(ours), key)
         return self._server
 
-    def _forked(self, request_path: Path, conditions: Conditions, timeout: float) -> _Started | None:
+    def _forked(self, request_path: Path, conditions: Conditions, timeout: float) -> StartedChild | None:
         """The request's child, forked from the fork server; None if the server cannot (then one is spawned)."""
         with signals_deferred():
             server = self._server_for(conditions)
-        if not _await_warm(server.started, import_timeout(timeout)):
+        if not await_warm(server.started, import_timeout(timeout)):
             # Died, hung importing, or found that its forks would hang (``child.server.forks_safely``): this
             # probe spawns from now on under these conditions; a spawned child meets the same import, if that
             # was the trouble, and reports it as the trial's.
@@ -309,7 +289,7 @@ class LocalExecutor:
                 self._unforkable.add(server.key)
                 self._stop_server()
                 return None
-            return _Started(process, lifeline_write, events_path, stderr_path, conditions, warm=True, forked=True)
+            return StartedChild(process, lifeline_write, events_path, stderr_path, conditions, warm=True, forked=True)
 
     def _next_files(self) -> tuple[Path, Path, Path]:
         """The next child's file stem (stdout is ``.stdout``), its events file and its stderr file."""
@@ -321,19 +301,19 @@ class LocalExecutor:
         server, self._server = self._server, None
         if server is not None:
             server.channel.close()  # the server reads EOF and exits; the lifeline ends its tree regardless
-            _stop(server.started)
+            stop_child(server.started)
 
-    def _take_spare(self, conditions: Conditions) -> _Started | None:
+    def _take_spare(self, conditions: Conditions) -> StartedChild | None:
         spare = self._spare
         if spare is None or spare.conditions != conditions:
             return None  # other conditions: start one on demand, keep the spare for the next ordinary trial
         self._spare = None
         if spare.process.poll() is not None:  # died while waiting (killed, say)
-            _stop(spare)
+            stop_child(spare)
             return None
         return spare
 
-    def _spawn(self, conditions: Conditions, *, spare: bool, serve: int | None = None) -> _Started:
+    def _spawn(self, conditions: Conditions, *, spare: bool, serve: int | None = None) -> StartedChild:
         """Start a keeper and its child, which imports ``conditions.preload`` and then waits for its request
         (or, with ``serve``, its channel's descriptor: becomes a fork server)."""
         stem, events_path, stderr_path = self._next_files()
@@ -363,78 +343,7 @@ class LocalExecutor:
                 raise
             finally:
                 os.close(lifeline_read)
-        return _Started(process, lifeline_write, events_path, stderr_path, conditions, spare)
-
-
-def _await_warm(child: _Started, timeout: float) -> bool | None:
-    """Wait until the child has imported: True once it reported ``warm``, False if it ended first, None at timeout.
-
-    A spare still importing when its turn comes is on the critical path from
-    now on: its idle priority is lifted (again at every look, since the child
-    lowers it itself once it starts importing).
-    """
-    deadline = time.monotonic() + timeout
-    while True:
-        events = read_events(child.events_path)
-        if last_of(events, Warm) is not None:
-            return True
-        if child.process.poll() is not None:
-            return False
-        started = last_of(events, Started) if child.warm else None
-        if started is not None:
-            lift_idle_policy(started.pid)
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(_POLL_SECONDS)
-
-
-def _deliver(child: _Started, request_path: Path) -> bool:
-    """Hand a waiting child its request; False if it is gone (its pipe is closed)."""
-    if child.process.poll() is not None:
-        return False
-    try:
-        child.process.stdin.write(f"{request_path}\n".encode())
-        child.process.stdin.close()
-    except (BrokenPipeError, OSError):
-        return False
-    return True
-
-
-def _wait(child: _Started, timeout: float) -> tuple[bool, bool]:
-    """Wait for the child's end, ``timeout`` seconds from delivery: (timed out, had its verdict at the deadline).
-
-    At the deadline its events are read before anything is killed. With a
-    verdict already there, the child was on its way out: it gets
-    ``VERDICT_EXIT_GRACE_SECONDS`` to finish, and an exit in that time is an
-    ordinary end. Killed all the same, the run is timed out *with* a verdict,
-    which the probe can tell from a trial that had no verdict by its deadline.
-    """
-    try:
-        child.process.wait(timeout=timeout)
-        return False, False
-    except subprocess.TimeoutExpired:
-        pass
-    events = read_events(child.events_path)
-    if last_of(events, TrialResult) is None and last_of(events, Inspected) is None:
-        return True, False
-    try:
-        child.process.wait(timeout=VERDICT_EXIT_GRACE_SECONDS)
-        return False, False
-    except subprocess.TimeoutExpired:
-        return True, True
-
-
-def _stop(child: _Started) -> None:
-    """Close the lifeline (the keeper then kills and reaps the whole tree and exits) and reap the keeper."""
-    if child.lifeline_write >= 0:
-        os.close(child.lifeline_write)
-        child.lifeline_write = -1
-    child.process.wait()
-    if child.process.stdin is not None and not child.process.stdin.closed:
-        try:
-            child.process.stdin.close()
-        except OSError:
-            pass
+        return StartedChild(process, lifeline_write, events_path, stderr_path, conditions, spare)
 
 
 def run_once(request, conditions: Conditions, *, timeout: float, workdir: Path | None = None) -> ChildRun:

@@ -36,7 +36,7 @@ class SweepItem:
 
     def load(self):
         """The spec with the sweep's overrides, checked as ``isoprobe validate`` checks it (``SpecError``)."""
-        from isoprobe.spec import check_references, load_spec
+        from isoprobe.spec_load import check_references, load_spec
 
         spec = load_spec(self.spec, self.named, sets=self.sets)
         check_references(spec, self.spec)

@@ -177,7 +177,7 @@ def test_a_signal_while_the_first_spare_starts_still_gives_one_json_document(tmp
     from isoprobe.executors.local import LocalExecutor
     from isoprobe.output import Reporter
     from isoprobe.probe.pipeline import run_probe
-    from isoprobe.spec import load_spec
+    from isoprobe.spec_load import load_spec
 
     prestarted = []
 

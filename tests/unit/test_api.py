@@ -46,7 +46,8 @@ def test_the_public_surface_is_pinned():
         assert getattr(isoprobe, name) is not None, name
     from isoprobe.api import probe
     from isoprobe.errors import IsoprobeError, Problem
-    from isoprobe.spec import Spec, load_spec
+    from isoprobe.spec import Spec
+    from isoprobe.spec_load import load_spec
 
     assert isoprobe.load_spec is load_spec and isoprobe.Spec is Spec and isoprobe.Result is Result
     assert isoprobe.SpecError is SpecError and isoprobe.ProbeError is ProbeError

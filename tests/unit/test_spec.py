@@ -9,7 +9,7 @@ import pytest
 
 from isoprobe import catalog
 from isoprobe.errors import Problem, SpecError
-from isoprobe.spec import check_references, load_spec
+from isoprobe.spec_load import check_references, load_spec
 
 MINIMAL = """\
 model:

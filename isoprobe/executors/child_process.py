@@ -1,0 +1,115 @@
+"""One started child of the local executor: its record, and what the parent does with it until it is gone.
+
+``LocalExecutor`` starts a child in one of two ways (spawned as ``python -m
+isoprobe.child``, or forked from the fork server, itself a spawned child), and
+either way records it as one ``StartedChild``: a keeper whose exit status is the
+child's, the lifeline's write end, and the files the child writes. What the
+parent then does with a child is the same whichever way it started, and lives
+here: wait for its imports (``await_warm``), hand a spawned child its request
+(``deliver``; a fork gets its request in its order), wait for its end from
+delivery on (``wait_for_end``, which a gang's supervisor, ``executors.gang``,
+uses for its ranks too), and stop it (``stop_child``). Which child serves which
+request (a spare, one started on demand, a fork) is ``LocalExecutor``'s job; how
+a process is prepared before it runs (its environment, its cap, its deadlines),
+``processes``'; how it and everything it started is ended, ``keeper``'s.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from isoprobe.executors import Conditions
+from isoprobe.executors.forkserver import ForkedProcess
+from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, lift_idle_policy
+from isoprobe.protocol import Inspected, Started, TrialResult, Warm, last_of, read_events
+
+#: How often the parent looks at a child's events while it imports (the cost of a look: one small read).
+_POLL_SECONDS = 0.01
+
+
+@dataclass
+class StartedChild:
+    """A keeper (and the child under it) and the files the child writes; ``warm``: started ahead, as a spare."""
+
+    process: subprocess.Popen | ForkedProcess  # the keeper: its exit status is the child's
+    lifeline_write: int
+    events_path: Path
+    stderr_path: Path
+    conditions: Conditions
+    warm: bool
+    forked: bool = False  # forked from the fork server (``warm`` too: it imported nothing itself)
+
+
+def await_warm(child: StartedChild, timeout: float) -> bool | None:
+    """Wait until the child has imported: True once it reported ``warm``, False if it ended first, None at timeout.
+
+    A spare still importing when its turn comes is on the critical path from
+    now on: its idle priority is lifted (again at every look, since the child
+    lowers it itself once it starts importing).
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        events = read_events(child.events_path)
+        if last_of(events, Warm) is not None:
+            return True
+        if child.process.poll() is not None:
+            return False
+        started = last_of(events, Started) if child.warm else None
+        if started is not None:
+            lift_idle_policy(started.pid)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(_POLL_SECONDS)
+
+
+def deliver(child: StartedChild, request_path: Path) -> bool:
+    """Hand a waiting child its request; False if it is gone (its pipe is closed)."""
+    if child.process.poll() is not None:
+        return False
+    try:
+        child.process.stdin.write(f"{request_path}\n".encode())
+        child.process.stdin.close()
+    except (BrokenPipeError, OSError):
+        return False
+    return True
+
+
+def wait_for_end(child: StartedChild, timeout: float) -> tuple[bool, bool]:
+    """Wait for the child's end, ``timeout`` seconds from delivery: (timed out, had its verdict at the deadline).
+
+    At the deadline its events are read before anything is killed. With a
+    verdict already there, the child was on its way out: it gets
+    ``VERDICT_EXIT_GRACE_SECONDS`` to finish, and an exit in that time is an
+    ordinary end. Killed all the same, the run is timed out *with* a verdict,
+    which the probe can tell from a trial that had no verdict by its deadline.
+    """
+    try:
+        child.process.wait(timeout=timeout)
+        return False, False
+    except subprocess.TimeoutExpired:
+        pass
+    events = read_events(child.events_path)
+    if last_of(events, TrialResult) is None and last_of(events, Inspected) is None:
+        return True, False
+    try:
+        child.process.wait(timeout=VERDICT_EXIT_GRACE_SECONDS)
+        return False, False
+    except subprocess.TimeoutExpired:
+        return True, True
+
+
+def stop_child(child: StartedChild) -> None:
+    """Close the lifeline (the keeper then kills and reaps the whole tree and exits) and reap the keeper."""
+    if child.lifeline_write >= 0:
+        os.close(child.lifeline_write)
+        child.lifeline_write = -1
+    child.process.wait()
+    if child.process.stdin is not None and not child.process.stdin.closed:
+        try:
+            child.process.stdin.close()
+        except OSError:
+            pass
