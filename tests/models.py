@@ -266,3 +266,17 @@ class StatefulHog(MemoryHog):
 def stateful_hog(features: int = 262144, depth: int = 8, classes: int = 10, rows: int = 16384, width: int = 128,
                  tables: int = 2) -> nn.Module:
     return StatefulHog(features, depth, classes, rows, width, tables)
+
+
+def threads_must_be(expected: int, classes: int = 4) -> nn.Module:
+    """A tiny classifier that refuses to be built unless the process runs ``expected`` intra-op threads.
+
+    So a rank started with the wrong threads is an error of the probe (exit 4), not a quiet difference.
+    """
+    import os
+
+    found = torch.get_num_threads()
+    if found != expected:
+        raise RuntimeError(f"this rank runs {found} intra-op threads (OMP_NUM_THREADS="
+                           f"{os.environ.get('OMP_NUM_THREADS')}), expected {expected}")
+    return nn.Sequential(nn.Flatten(), nn.Linear(16, classes))

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -23,10 +24,21 @@ from conftest import MODELS, REPO, faulty_spec, marked_processes, run_cli, wait_
 pytestmark = pytest.mark.integration
 
 STRATEGIES = ("none", "ddp", "zero1", "fsdp")
+#: Every process at one thread, so the strategies are compared at equal threads: a gang's ranks start with
+#: OMP_NUM_THREADS=1 anyway, as torchrun starts them (``ranks.resolve_threads_per_rank``), and one process
+#: with two threads holds more (an OpenMP worker's stack and arena: its edge 48 against 55, measured).
+SAME_THREADS = {"OMP_NUM_THREADS": "1"}
 
 
 def _hog(strategy: str, **search) -> dict:
-    """tests/models.py:stateful_hog under 1.5 GiB per rank: ~10 MB of activations a sample, ~31 MB of weights."""
+    """tests/models.py:stateful_hog under 1539 MiB per rank: 11.5 MB of activations a sample, ~31 MB of weights.
+
+    Why 1539 MiB and not 1.5 GiB: the re-runs check each edge in fresh gangs, and a fresh run of one batch
+    reads up to 1 MiB apart from the last (measured). At one thread per rank every strategy climbs 11.534 MB a
+    sample and only the phases differ: under 1.5 GiB DDP's edge fitted by 0.7 MB (a re-run ran out of memory
+    once). 3 MiB more leaves at least 3.8 MB on both sides of all four edges here (54/55, 50/51, 53/54, 49/50
+    before; see docs/distributed.md for the table under 1.5 GiB).
+    """
     spec = {
         "model": {"factory": f"{MODELS}:stateful_hog"},
         "input": {"shape": [262144]},
@@ -34,7 +46,7 @@ def _hog(strategy: str, **search) -> dict:
         "optimizer": {"name": "adam"},
         "search": {"steps": 2, "start_batch_size": 8, "trial_timeout": 120, **search},
         "device": "cpu",
-        "memory_budget": "1.5GiB",
+        "memory_budget": "1539MiB",
         "recommendation": {"soak_steps": 0},
     }
     if strategy != "none":
@@ -56,7 +68,7 @@ def probes(tmp_path_factory):
     folder = tmp_path_factory.mktemp("strategies")
     found = {}
     for strategy in STRATEGIES:
-        run = run_cli("run", str(_write(folder, _hog(strategy), strategy)), "--format", "json")
+        run = run_cli("run", str(_write(folder, _hog(strategy), strategy)), "--format", "json", env=SAME_THREADS)
         assert run.returncode == 0, run.stderr
         found[strategy] = run.json
     return folder, found
@@ -70,7 +82,7 @@ def test_each_strategys_per_rank_edge_is_exact_in_fresh_gangs(probes, strategy):
     assert result["first_failing_batch_size"] == maximum + 1, result["message"]
     if strategy != "none":
         assert result["distributed"] == {"strategy": strategy, "world_size": 2, "world_size_source": "spec",
-                                         "backend": "gloo", "per_rank": True}
+                                         "backend": "gloo", "threads_per_rank": 1, "per_rank": True}
         for trial in result["trials"]:
             assert [rank["rank"] for rank in trial["ranks"]] == [0, 1]
             if trial["outcome"] == "fits":  # a gang fits only if each of its ranks did
@@ -79,7 +91,7 @@ def test_each_strategys_per_rank_edge_is_exact_in_fresh_gangs(probes, strategy):
     # probe's own trials are; no estimate, confirmation or extra recommendation trial.
     spec = _hog(strategy, start_batch_size=maximum, max_batch_size=maximum + 1, confirmations=0, estimate=False)
     spec["recommendation"]["headroom"] = 0
-    rerun = run_cli("run", str(_write(folder, spec, f"{strategy}-rerun")), "--format", "json")
+    rerun = run_cli("run", str(_write(folder, spec, f"{strategy}-rerun")), "--format", "json", env=SAME_THREADS)
     assert rerun.returncode == 0, (rerun.stderr[-2000:], result["trials"])
     again = [(t["batch_size"], t["outcome"]) for t in rerun.json["trials"]]
     assert again == [(maximum, "fits"), (maximum + 1, "out_of_memory")], (again, result["trials"])
@@ -112,6 +124,36 @@ def test_the_strategies_peaks_are_ordered_as_their_sharding_implies(probes):
             assert sum(r["optimizer_state_bytes"] for r in ranks) == sizes["ddp"]["optimizer_state_bytes"]
         else:
             assert ranks[0] == ranks[1]
+
+
+@pytest.mark.parametrize("inherited, expected", [(None, 1), ("2", 2)])
+def test_each_rank_runs_the_threads_torchrun_would_start_it_with(tmp_path, inherited, expected):
+    """torchrun gives every rank OMP_NUM_THREADS=1 when it starts several on a node and the variable is unset,
+    else the variable; a rank's host memory depends on it (docs/distributed.md). The model refuses to be built
+    under any other thread count, so a rank started otherwise is an error (exit 4), not a quiet difference."""
+    spec = {
+        "model": {"factory": f"{MODELS}:threads_must_be", "kwargs": {"expected": expected}},
+        "input": {"shape": [16]},
+        "target": {"classes": 4},
+        "optimizer": {"name": "sgd"},
+        "search": {"start_batch_size": 2, "max_batch_size": 3, "steps": 2, "trial_timeout": 60, "estimate": False},
+        "device": "cpu",
+        "memory_budget": "1.5GiB",
+        "recommendation": {"soak_steps": 0},
+        "distributed": {"strategy": "ddp", "world_size": 2},
+    }
+    environ = dict(os.environ)
+    environ.pop("OMP_NUM_THREADS", None)
+    if inherited is not None:
+        environ["OMP_NUM_THREADS"] = inherited
+    with tempfile.TemporaryDirectory(prefix="isoprobe-cache-") as cache:
+        environ["ISOPROBE_CACHE_DIR"] = cache
+        done = subprocess.run([sys.executable, "-m", "isoprobe", "run", str(_write(tmp_path, spec, "threads")),
+                               "--format", "json"], capture_output=True, text=True, env=environ, cwd=REPO,
+                              timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["max_batch_size"] == 3 and result["distributed"]["threads_per_rank"] == expected
 
 
 def _fault_spec(fault: str, *, at: int, ranks: list[int], trial_timeout: float, state_dir: str | None = None) -> dict:
