@@ -147,7 +147,6 @@ def report(spec_path: Path, runs: list[dict], baseline: dict) -> None:
     budget = device["memory_budget_bytes"]
     cap = f", budget {budget / 2**30:.2f} GiB" if budget else ""
     print(f"\n== {spec_path}  ({device['backend']}: {device['name']}{cap})")
-    print(f"  {'run':<22} {'trials to edge':>14} {'all trials':>10} {'wall s':>8}   answer (max/first failing)")
     print(f"  {'run':<26} {'trials to edge':>14} {'all trials':>10} {'wall s':>8} {'to answer s':>11}   "
           "answer (max/first failing)")
     for run in runs + [baseline]:

@@ -7,7 +7,8 @@ This is how the shipped specs' numbers in docs/measurements.md were produced::
     python benchmarks/spec_table.py specs/*.yaml --save /tmp/table   # also keep each result JSON
 
 Each spec runs as a user runs it (the installed CLI, a fresh process), one after the other,
-so that the trials do not share the CPU. What a spec's trials really ran with (precision,
+so that the trials do not share the CPU. The estimate traced before the first trial
+(``prediction``) is shown with its error against the measured maximum. What a spec's trials really ran with (precision,
 channels_last, checkpointed blocks...) is read from the result's ``applied`` and shown in the
 last column, so the table shows the options took effect. Not a test: times depend on the machine.
 """
@@ -54,6 +55,14 @@ def _applied_summary(result: dict) -> str:
     return ", ".join(p for p in parts if p)
 
 
+def _predicted(result: dict) -> str:
+    """The traced estimate's maximum and its error against the measured one, or why there was none."""
+    prediction = result.get("prediction") or {}
+    if prediction.get("predicted_max") is None:
+        return f"none ({prediction['note']})" if prediction.get("note") else "-"
+    return f"{prediction['predicted_max']} ({prediction['error']:+.1%})"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("specs", nargs="+")
@@ -72,7 +81,7 @@ def main() -> int:
             result = json.loads(run.stdout)
         except ValueError:
             print(f"{spec}: exit {run.returncode}, no result\n{run.stderr[-2000:]}", file=sys.stderr)
-            rows.append((spec, "-", "-", "-", "-", f"{seconds:.1f}", f"exit {run.returncode}"))
+            rows.append((spec, "-", "-", "-", "-", "-", f"{seconds:.1f}", f"exit {run.returncode}"))
             continue
         if args.save:
             Path(args.save).mkdir(parents=True, exist_ok=True)
@@ -85,12 +94,14 @@ def main() -> int:
             where,
             str(result.get("max_batch_size")),
             str(result.get("first_failing_batch_size")),
+            _predicted(result),
             str(len(result.get("trials", []))),
             f"{seconds:.1f}",
             _applied_summary(result),
         ))
         print(f"{spec}: exit {run.returncode}: {result.get('message')} ({seconds:.1f} s)", file=sys.stderr, flush=True)
-    header = ("Spec", "Backend (capacity)", "Max batch", "First failing", "Trials", "Seconds", "Applied (last fitting trial)")
+    header = ("Spec", "Backend (capacity)", "Max batch", "First failing", "Estimate (error)", "Trials", "Seconds",
+              "Applied (last fitting trial)")
     print("| " + " | ".join(header) + " |")
     print("|" + "---|" * len(header))
     for row in rows:
