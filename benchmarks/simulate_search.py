@@ -28,7 +28,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from isoprobe.outcomes import Outcome  # noqa: E402
-from isoprobe.search import Limits, Observation, Prior, doubling_step, guided_step, run_search  # noqa: E402
+from isoprobe.search import run_search  # noqa: E402
+from isoprobe.search_history import Limits, Observation, Prior  # noqa: E402
+from isoprobe.search_steps import doubling_step, guided_step  # noqa: E402
 
 MiB = 1024**2
 

@@ -6,7 +6,7 @@ Which process runs what:
         cli.py          the command line: arguments, output formats, exit codes
         spec.py         the ``Spec`` models; spec_load.py: YAML (and overrides) -> validated ``Spec``
         probe/          the orchestration: cache -> environment check -> search -> recommendation -> Result
-        search.py       the pure edge search over a trial oracle (no processes)
+        search*.py      the pure edge search over a trial oracle (no processes): history, steps, plan
         executors/      the seam to processes: ``local`` (isolated children), ``scripted`` (tests)
         result.py       the ``Result`` contract; output.py, shell.py, plot.py render it
     between them

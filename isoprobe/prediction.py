@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from isoprobe.protocol import Estimate
 from isoprobe.result import DeviceInfo, Prediction
-from isoprobe.search import Prior
+from isoprobe.search_history import Prior
 from isoprobe.spec import Spec
 from isoprobe.units import format_bytes
 

@@ -29,7 +29,9 @@ from dataclasses import dataclass
 from typing import Callable
 
 from isoprobe.outcomes import Outcome
-from isoprobe.search import Conclusion, Limits, Observation, Step, bounds, conclude, plan_next, verdicts
+from isoprobe.search import Conclusion, conclude, plan_next
+from isoprobe.search_history import Limits, Observation, bounds, verdicts
+from isoprobe.search_steps import Step
 
 
 def plan_round(history: list[Observation] | tuple[Observation, ...], limits: Limits, slots: int,

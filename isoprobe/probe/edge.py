@@ -15,16 +15,9 @@ from isoprobe.probe.explain import Found
 from isoprobe.probe.recommendation import recommend
 from isoprobe.probe.trials import TrialRunner
 from isoprobe.result import AllocatorComparison, AllocatorOutcome
-from isoprobe.search import (
-    Conclusion,
-    Limits,
-    Observation,
-    Prior,
-    doubling_step,
-    guided_step,
-    progress,
-    run_search,
-)
+from isoprobe.search import Conclusion, progress, run_search
+from isoprobe.search_history import Limits, Observation, Prior
+from isoprobe.search_steps import doubling_step, guided_step
 from isoprobe.spec import Spec
 
 

@@ -25,7 +25,7 @@ from isoprobe.errors import Problem, SpecError
 from isoprobe.outcomes import Outcome, maybe_allocation_failure
 from isoprobe.probe.environment import DEFAULT_CPU_BUDGET, Target
 from isoprobe.protocol import TrialRequest
-from isoprobe.search import Observation
+from isoprobe.search_history import Observation
 from isoprobe.spec import Spec
 
 #: The share of the machine's RAM the CPU slots' caps may add up to.

@@ -22,7 +22,7 @@ from isoprobe.probe.environment import Target, trial_conditions
 from isoprobe.probe.plausibility import Asked
 from isoprobe.protocol import StepDone, TrialRequest
 from isoprobe.result import RankTrial, Trial
-from isoprobe.search import Observation
+from isoprobe.search_history import Observation
 from isoprobe.spec import Spec
 from isoprobe.units import format_bytes
 

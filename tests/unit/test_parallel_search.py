@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 
 from isoprobe.outcomes import Outcome, StopReason
-from isoprobe.search import Limits, Observation, doubling_step, guided_step, run_search
+from isoprobe.search import run_search
+from isoprobe.search_history import Limits, Observation
+from isoprobe.search_steps import doubling_step, guided_step
 from isoprobe.search_parallel import plan_round, run_parallel_search
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -15,19 +15,8 @@ from hypothesis import strategies as st
 
 import isoprobe.search as search
 from isoprobe.outcomes import Outcome
-from isoprobe.search import (
-    DEFAULT_CEILING,
-    Conclusion,
-    Limits,
-    Observation,
-    StopReason,
-    Verdict,
-    bounds,
-    conclude,
-    plan_next,
-    run_search,
-    verdicts,
-)
+from isoprobe.search import Conclusion, StopReason, conclude, plan_next, run_search
+from isoprobe.search_history import DEFAULT_CEILING, Limits, Observation, Verdict, bounds, verdicts
 
 FITS = Outcome.FITS
 OOM = Outcome.OUT_OF_MEMORY

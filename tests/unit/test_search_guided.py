@@ -16,7 +16,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isoprobe.outcomes import Outcome
-from isoprobe.search import Limits, Observation, StopReason, doubling_step, guided_step, plan_next, run_search
+from isoprobe.search import StopReason, plan_next, run_search
+from isoprobe.search_history import Limits, Observation
+from isoprobe.search_steps import doubling_step, guided_step
 
 MiB = 1024**2
 

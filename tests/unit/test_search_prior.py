@@ -13,17 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isoprobe.outcomes import Outcome
-from isoprobe.search import (
-    DESCENT,
-    Limits,
-    Observation,
-    Prior,
-    StopReason,
-    first_batch,
-    plan_next,
-    prior_edge,
-    run_search,
-)
+from isoprobe.search import StopReason, plan_next, run_search
+from isoprobe.search_history import Limits, Observation, Prior
+from isoprobe.search_steps import DESCENT, first_batch, prior_edge
 from tests.unit.test_search_guided import Device
 
 MiB = 1024**2
