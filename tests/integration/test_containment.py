@@ -175,11 +175,14 @@ def test_when_isoprobe_dies_nothing_of_a_trial_survives_even_one_holding_the_gil
 
 def test_warm_cold_and_forked_probes_agree_when_a_step_is_slow(write_spec, mark):
     # Each fitting trial sleeps 4 s in its first forward, under a 7 s timeout; batches above 3 run out of memory.
+    # The search starts at the edge and the recommendation is the maximum (no headroom): each probe runs 3, 4
+    # and 3 again (two fitting trials of 4 s, each under the timeout only if it counts from delivery).
     answers = {}
     for start, search in {"warm": {"warm_start": True, "fork_server": False},
                           "cold": {"warm_start": False, "fork_server": False},
                           "forked": {"fork_server": True}}.items():
-        path = write_spec(spec("sleep:4", at=2, edge=3, cap=6, timeout=7, **search), name=f"{start}.yaml")
+        path = write_spec(fault_spec("sleep:4", at=2, edge=3, start=3, cap=6, timeout=7, **search),
+                          name=f"{start}.yaml")
         run = run_cli("run", str(path), env={MARK_ENV: mark})
         assert run.returncode == 0, run.stderr
         result = run.json
@@ -189,6 +192,7 @@ def test_warm_cold_and_forked_probes_agree_when_a_step_is_slow(write_spec, mark)
         assert all(4 <= t["seconds"] < 7 for t in trials if t["outcome"] == "fits"), trials
         assert all(t["warm_start"] is (start != "cold") for t in trials)
         assert all(t["forked"] is (start == "forked") for t in trials)
+        assert sum(t["outcome"] == "fits" for t in trials) >= 2, trials
         answers[start] = (result["max_batch_size"], result["first_failing_batch_size"])
     assert answers == {"warm": (3, 4), "cold": (3, 4), "forked": (3, 4)}
     assert marked(mark) == []
