@@ -27,6 +27,7 @@ only starts from it and never trusts it for an answer.
 
 from __future__ import annotations
 
+import copy
 import math
 import signal
 import time
@@ -176,8 +177,8 @@ def _trace(torch, spec: Spec, python_path: list[str], device, batch_size: int) -
     from isoprobe.child.workload import build_model
 
     live = _live_mode(torch)
-    with FakeTensorMode(allow_non_fake_inputs=False), _plain_apply(torch), live:
-        with torch.device(device):
+    with FakeTensorMode(allow_non_fake_inputs=False), _plain_apply(torch), _copies_in_mode(torch), live:
+        with torch.device(device), _no_init(torch):
             model = build_model(spec, python_path)
         step = Step(spec, model, device, python_path)
         batch = step.batch(batch_size)
@@ -241,6 +242,65 @@ def _live_mode(torch):
             return out
 
     return Live()
+
+
+@contextmanager
+def _no_init(torch):
+    """``torch.nn.init``'s in-place initialisers as no-ops while the traced model is built.
+
+    A fake tensor has shapes and no values, and some initialisers read values back
+    (``trunc_normal_`` samples by rejection: ``.item()``, ``mask.any()``), which a
+    trace cannot do: measured, vit_b_16 could not be traced for this. The values do
+    not change what the step allocates; torch itself skips them on the meta device.
+    """
+    init = torch.nn.init
+    names = [name for name in dir(init) if name.endswith("_") and not name.startswith("_")
+             and callable(getattr(init, name))]
+    originals = {name: getattr(init, name) for name in names}
+
+    def unchanged(tensor, *args, **kwargs):
+        return tensor
+
+    for name in names:
+        setattr(init, name, unchanged)
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(init, name, original)
+
+
+def _copies_in_mode(torch):
+    """``copy.deepcopy`` of a fake tensor as a clone in the trace's own fake mode, grad included.
+
+    torch deep-copies a FakeTensor into a fresh fake mode, and the next operation
+    that meets the copy and the original fails ("Mixing fake modes"). Models deep-copy
+    their own layers (``nn.TransformerEncoder`` clones its layer per depth) and
+    steps deep-copy models (an EMA copy, ``AveragedModel``): measured, two of the
+    shipped specs could not be traced for this. A clone in the active mode is also
+    what the real copy costs: new storage of the same size, counted by the live mode.
+    """
+    from torch.overrides import TorchFunctionMode
+
+    class CopiesInMode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            if func is not torch.Tensor.__deepcopy__:
+                return func(*args, **(kwargs or {}))
+            tensor, memo = args
+            if id(tensor) in memo:
+                return memo[id(tensor)]
+            with torch.no_grad():
+                copied = tensor.clone(memory_format=torch.preserve_format)
+            if isinstance(tensor, torch.nn.Parameter):
+                copied = torch.nn.Parameter(copied, requires_grad=tensor.requires_grad)
+            elif tensor.requires_grad and tensor.is_leaf:
+                copied.requires_grad_(True)
+            memo[id(tensor)] = copied
+            if tensor.grad is not None:
+                copied.grad = copy.deepcopy(tensor.grad, memo)
+            return copied
+
+    return CopiesInMode()
 
 
 @contextmanager
