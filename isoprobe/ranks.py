@@ -4,7 +4,8 @@ Decided before the cache is read, because the world size changes a sharded
 strategy's answer and so belongs in the cache key: the resolved number is
 written into the spec (``distributed.world_size``), and the key and the probe
 both see it. So are the CPU threads each rank runs with (as torchrun starts
-ranks), which change a rank's host memory. Where it came from is reported (``Result.distributed``).
+ranks), which change a rank's host memory. Where the size came from is
+reported (``Result.distributed``).
 
 The real job may be larger than this node (``WORLD_SIZE=16`` on nodes of 8
 GPUs). A gang runs on one node, one GPU per rank, so a size taken from the
@@ -86,9 +87,10 @@ def resolve_threads_per_rank(spec: Spec, environ: Mapping[str, str], world_size:
     one process per node and the variable is unset (torch/distributed/run.py),
     and a gang runs all its ranks on one node. The number changes a rank's host
     memory (each intra-op thread its stack and malloc arena), so it is decided
-    here, in the parent, and written into the spec: it is in the cache key. A
-    value the launcher could not read either (``OMP_NUM_THREADS=4,3,2`` takes its
-    first level, anything else is left to torch as the ranks find it).
+    here, in the parent, and written into the spec: it is in the cache key.
+    ``OMP_NUM_THREADS=4,3,2`` (nested levels) gives its first level; a value that
+    is not a number is left in the ranks' environment for torch to read, as
+    torchrun leaves it.
     """
     options = spec.distributed
     if not options.gang:
@@ -102,9 +104,13 @@ def resolve_threads_per_rank(spec: Spec, environ: Mapping[str, str], world_size:
 
 
 def with_world_size(spec: Spec, resolved: WorldSize, threads_per_rank: int | None = None) -> Spec:
-    """``spec`` with the resolved size (and threads per rank) written in: what the cache key and the probe see."""
+    """``spec`` with the resolved size (and threads per rank) written in: what the cache key and the probe see.
+
+    ``threads_per_rank`` None keeps the spec's own (``resolve_threads_per_rank`` returns a stated one as is).
+    """
     options = spec.distributed
-    if not options.gang or (options.world_size, options.threads_per_rank) == (resolved.size, threads_per_rank):
+    threads = threads_per_rank if threads_per_rank is not None else options.threads_per_rank
+    if not options.gang or (options.world_size, options.threads_per_rank) == (resolved.size, threads):
         return spec
-    distributed = options.model_copy(update={"world_size": resolved.size, "threads_per_rank": threads_per_rank})
+    distributed = options.model_copy(update={"world_size": resolved.size, "threads_per_rank": threads})
     return spec.model_copy(update={"distributed": distributed})

@@ -120,6 +120,8 @@ def test_the_threads_per_rank_are_in_the_key_and_every_rank_starts_with_them():
     one = with_world_size(spec, world, resolve_threads_per_rank(spec, {}, world.size))
     four = with_world_size(spec, world, resolve_threads_per_rank(spec, {"OMP_NUM_THREADS": "4"}, world.size))
     assert (one.distributed.threads_per_rank, four.distributed.threads_per_rank) == (1, 4)
+    stated = _spec(strategy="ddp", world_size=2, threads_per_rank=6)
+    assert with_world_size(stated, world).distributed.threads_per_rank == 6  # a stated count is never dropped
     assert cache_key(key_material(one, "spec.yaml", {}, None)) != cache_key(key_material(four, "spec.yaml", {}, None))
 
     executor = ScriptedExecutor(lambda call: gang(fits(GiB), fits(GiB)) if call.batch_size <= 8
