@@ -280,12 +280,13 @@ def _copies_in_mode(torch):
     shipped specs could not be traced for this. A clone in the active mode is also
     what the real copy costs: new storage of the same size, counted by the live mode.
     """
+    from torch._subclasses.fake_tensor import FakeTensor
     from torch.overrides import TorchFunctionMode
 
     class CopiesInMode(TorchFunctionMode):
         def __torch_function__(self, func, types, args=(), kwargs=None):
-            if func is not torch.Tensor.__deepcopy__:
-                return func(*args, **(kwargs or {}))
+            if func is not torch.Tensor.__deepcopy__ or not isinstance(args[0], FakeTensor):
+                return func(*args, **(kwargs or {}))  # anything else, and a real tensor's copy, as torch does it
             tensor, memo = args
             if id(tensor) in memo:
                 return memo[id(tensor)]
