@@ -56,9 +56,10 @@ def _own_strategy(spec: str) -> str:
         return ((yaml.safe_load(file) or {}).get("distributed") or {}).get("strategy", "none")
 
 
-def row(strategy: str, result: dict, seconds: float) -> str:
+def row(strategy: str, result: dict, seconds: float, threads: str | None = None) -> str:
+    """One Markdown row; ``threads``: the OMP_NUM_THREADS the probe was started with (None: inherited)."""
     distributed = result.get("distributed") or {}
-    threads = distributed.get("threads_per_rank") or os.environ.get("OMP_NUM_THREADS") or "torch's default"
+    threads = distributed.get("threads_per_rank") or threads or os.environ.get("OMP_NUM_THREADS") or "torch's default"
     maximum = result["max_batch_size"]
     at_max = [t for t in result["trials"] if t["batch_size"] == maximum and t["outcome"] == "fits"]
     peak = max((t["budget_peak_bytes"] or 0) for t in at_max) if at_max else None
@@ -92,8 +93,7 @@ def main() -> int:
             # One process at one thread too: the ranks run one each (as torchrun starts them), so this is the
             # row to compare them with; the row above is what a single-process job with torch's default gets.
             result, seconds = probe(args.spec, strategy, args.world_size, args.memory_budget, threads="1")
-            result.setdefault("distributed", None)
-            print(row(strategy, result, seconds).replace("| torch's default |", "| 1 |", 1), flush=True)
+            print(row(strategy, result, seconds, threads="1"), flush=True)
     return 0
 
 

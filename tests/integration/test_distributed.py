@@ -30,7 +30,11 @@ STRATEGIES = ("none", "ddp", "zero1", "fsdp")
 SAME_THREADS = {"OMP_NUM_THREADS": "1"}
 
 
-def _hog(strategy: str, budget: str | int = "1539MiB", **search) -> dict:
+#: The strategies' budget per rank (see ``_hog``).
+BUDGET = "1539MiB"
+
+
+def _hog(strategy: str, budget: str | int = BUDGET, **search) -> dict:
     """tests/models.py:stateful_hog under 1539 MiB per rank: 11.5 MB of activations a sample, ~31 MB of weights.
 
     Why 1539 MiB and not 1.5 GiB: at one thread per rank every strategy climbs 11.534 MB a sample here and
@@ -95,7 +99,7 @@ def probes(tmp_path_factory):
         run = run_cli("run", str(_write(folder, _hog(strategy), strategy)), "--format", "json", env=SAME_THREADS)
         assert run.returncode == 0, run.stderr
         found[strategy] = run.json
-        checked[strategy] = ("1539MiB", run.json)
+        checked[strategy] = (BUDGET, run.json)
         clear = _clear_budget(run.json)
         if clear is not None:  # this machine's phase puts the edge within the noise: probe where it is clear
             again = run_cli("run", str(_write(folder, _hog(strategy, clear), f"{strategy}-clear")), "--format",
