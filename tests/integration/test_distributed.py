@@ -165,11 +165,12 @@ def test_the_strategies_peaks_are_ordered_as_their_sharding_implies(probes):
             assert ranks[0] == ranks[1]
 
 
-@pytest.mark.parametrize("inherited, expected", [(None, 1), ("2", 2)])
-def test_each_rank_runs_the_threads_torchrun_would_start_it_with(tmp_path, inherited, expected):
+@pytest.mark.parametrize("inherited, stated, expected", [(None, None, 1), ("2", None, 2), (None, 2, 2)])
+def test_each_rank_runs_the_threads_torchrun_would_start_it_with(tmp_path, inherited, stated, expected):
     """torchrun gives every rank OMP_NUM_THREADS=1 when it starts several on a node and the variable is unset,
-    else the variable; a rank's host memory depends on it (docs/distributed.md). The model refuses to be built
-    under any other thread count, so a rank started otherwise is an error (exit 4), not a quiet difference."""
+    else the variable; a rank's host memory depends on it (docs/distributed.md); the spec's
+    distributed.threads_per_rank overrides both. The model refuses to be built under any other thread count,
+    so a rank started otherwise is an error (exit 4), not a quiet difference."""
     spec = {
         "model": {"factory": f"{MODELS}:threads_must_be", "kwargs": {"expected": expected}},
         "input": {"shape": [16]},
@@ -179,7 +180,8 @@ def test_each_rank_runs_the_threads_torchrun_would_start_it_with(tmp_path, inher
         "device": "cpu",
         "memory_budget": "1.5GiB",
         "recommendation": {"soak_steps": 0},
-        "distributed": {"strategy": "ddp", "world_size": 2},
+        "distributed": {"strategy": "ddp", "world_size": 2,
+                        **({"threads_per_rank": stated} if stated is not None else {})},
     }
     environ = dict(os.environ)
     environ.pop("OMP_NUM_THREADS", None)
