@@ -3,7 +3,8 @@
 A probe costs minutes of GPU time and its answer only changes when something it
 depends on changes, so a result is stored under a key made of all of that: the
 resolved spec (with overrides), the code of the user's factory files, the device
-(the GPU model, memory and driver from NVML, or the CPU's facts), the torch,
+(the GPU model, memory and driver from NVML, or the CPU's facts and the trials' intra-op
+threads, ``cache_threads``), the torch,
 torchvision and model-library versions, the allocator setting and isoprobe's own
 version. Which node or job asked is not in the key: a job array on identical GPUs
 shares one answer. What is not in it either: memory other processes hold on the
@@ -37,14 +38,16 @@ from pathlib import Path
 
 from isoprobe import __version__
 from isoprobe.cache_files import KeyLock, read_bounded
+from isoprobe.cache_threads import trial_threads
 from isoprobe.hardware import cpu_name, ram_bytes
 from isoprobe.spec import CALLABLE_FIELDS, Spec, is_file_reference
 
 CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
 #: Bumped when the key's recipe or the entry's promises change, so old entries are simply not found
 #: (2: entries record the sources their trials ran; 3: the step holds its output through backward, and
-#: the recommendation is soaked: an older entry answered for a different step).
-KEY_VERSION = 3
+#: the recommendation is soaked: an older entry answered for a different step; 4: a CPU key holds the
+#: trials' threads, and the sources include the files the children read).
+KEY_VERSION = 4
 #: An entry larger than this is refused unread (a real one with hundreds of trials is well under 1 MiB).
 ENTRY_LIMIT = 16 * 1024 * 1024
 
@@ -73,7 +76,9 @@ def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: l
             },
         }
     else:
-        device = {"backend": "cpu", "requested": spec.device, "cpu": cpu_name(), "ram_bytes": ram_bytes()}
+        # The CPU backend's answer moves with the trials' intra-op threads (``cache_threads``).
+        device = {"backend": "cpu", "requested": spec.device, "cpu": cpu_name(), "ram_bytes": ram_bytes(),
+                  "threads": trial_threads(environ, spec.distributed.threads_per_rank)}
     return {
         "key_version": KEY_VERSION,
         "isoprobe": __version__,
