@@ -37,7 +37,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from isoprobe import __version__
-from isoprobe.cache_files import KeyLock, read_bounded
+from isoprobe.cache_files import KeyLock, read_bounded, sha256_of
 from isoprobe.cache_threads import trial_threads
 from isoprobe.hardware import cpu_name, ram_bytes
 from isoprobe.spec import CALLABLE_FIELDS, Spec, is_file_reference
@@ -155,7 +155,8 @@ def _torch_cuda_version() -> str | None:
 
 
 def _code_digests(spec: Spec, spec_dir: Path) -> dict[str, str]:
-    """SHA-256 of the user's files the spec's factory, batch and loss come from: editing the model is a new key."""
+    """SHA-256 of the user's files the spec's factory, batch and loss come from, and of ``model.depends_on``:
+    editing the model is a new key."""
     digests = {}
     for name in CALLABLE_FIELDS:
         reference = getattr(spec.model, name)
@@ -173,6 +174,12 @@ def _code_digests(spec: Spec, spec_dir: Path) -> dict[str, str]:
                 break
             except OSError:
                 continue
+    for entry in spec.model.depends_on:  # files read where the children's audit hook cannot see (cache_reads)
+        path = Path(entry) if os.path.isabs(entry) else spec_dir / entry
+        try:
+            digests[f"depends_on:{entry}"] = sha256_of(path) or "missing"
+        except OSError as exc:  # not a regular file (the loader refuses one): its kind is the key's, never a hang
+            digests[f"depends_on:{entry}"] = f"unreadable: {exc}"
     return digests
 
 
