@@ -151,6 +151,17 @@ class ModelSpec(_Strict):
         ),
     )
 
+    depends_on: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description=(
+            "Files the model's code reads that isoprobe cannot see it read: those opened by C or Rust code (a "
+            "tokenizer library's own reader, a natively memory-mapped file), relative to the spec file, e.g. "
+            "[tokenizer.json]. They are hashed into the cache key, so editing one probes again. Files read "
+            "through Python's open() (json.load, Path.read_text, torch.load) are tracked without this."
+        ),
+    )
+
     @model_validator(mode="after")
     def _exactly_one_source(self) -> "ModelSpec":
         given = [name for name in MODEL_SOURCES if getattr(self, name) is not None]

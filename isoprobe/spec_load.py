@@ -170,9 +170,26 @@ def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
             raise SpecError(source, [Problem(f"model.{name}", f"{file} is {kind}, not a Python file",
                                              "give a .py file" if kind == "a directory" else NOT_A_PIPE)])
         update[name] = f"{file}:{function}"
+    if spec.model.depends_on:
+        update["depends_on"] = [_dependency(base, entry, source) for entry in spec.model.depends_on]
     if not update:
         return spec
     return spec.model_copy(update={"model": spec.model.model_copy(update=update)})
+
+
+def _dependency(base: Path, entry: str, source: str) -> str:
+    """A ``model.depends_on`` entry as an absolute path to a regular file (the cache key hashes it)."""
+    file = (base / entry).resolve()
+    try:
+        kind = kind_of(file.stat().st_mode)
+    except OSError:
+        raise SpecError(source, [Problem("model.depends_on", f"no such file: {file}",
+                                         "paths are relative to the spec file's folder")]) from None
+    if kind is not None:
+        raise SpecError(source, [Problem("model.depends_on", f"{file} is {kind}, not a regular file",
+                                         "list the files in it that the model reads" if kind == "a directory"
+                                         else NOT_A_PIPE)])
+    return str(file)
 
 
 def check_references(spec: Spec, source: str) -> None:

@@ -29,14 +29,8 @@ def run_round(executor, jobs: list[tuple]) -> list[ChildRun]:
     if hasattr(executor, "launch") and hasattr(executor, "collect"):
         return _concurrently(executor, jobs)
     inner = getattr(executor, "inner", None)
-    if inner is not None and hasattr(executor, "sources"):  # the source recorder: record each run as run() does
-        runs = run_round(inner, jobs)
-        for run in runs:
-            for event in run.events:
-                for path, digest in (getattr(event, "sources", None) or {}).items():
-                    if executor.sources.setdefault(path, digest) != digest and path not in executor.conflicts:
-                        executor.conflicts.append(path)
-        return runs
+    if inner is not None and hasattr(executor, "record"):  # the source recorder: record each run as run() does
+        return [executor.record(run) for run in run_round(inner, jobs)]
     return [executor.run(request, conditions, timeout=timeout, name=name) for request, conditions, timeout, name in jobs]
 
 
