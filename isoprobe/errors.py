@@ -47,8 +47,14 @@ class ExitCode(enum.IntEnum):
 
 
 def shown(value: object, limit: int = 40) -> str:
-    """``repr(value)`` for a message, shortened: a user's value can be 5000 digits long, a message cannot."""
-    text = repr(value)
+    """``repr(value)`` for a message, shortened: a user's value can be 5000 digits long, a message cannot.
+
+    A value given in Python can be a dict a million levels deep, or hold itself: its type then.
+    """
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):  # ValueError: an int beyond Python's int-to-text limit
+        return f"a {type(value).__name__} too deep or too long to show"
     return text if len(text) <= limit else f"{text[:limit - 10]}... ({len(text)} characters)"
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from isoprobe.errors import Problem
+from isoprobe.errors import Problem, shown
 
 #: Command-line flags that override one spec field each, by flag name -> dotted field path.
 OVERRIDABLE = {
@@ -124,7 +124,7 @@ def apply(raw: dict[str, Any], overrides: Iterable[Override]) -> tuple[dict[str,
                 where = ".".join(walked)
                 problems.append((where, Problem(
                     f"{override.field} (from {override.origin})",
-                    f"{where} is {type(child).__name__} {shortened(repr(child), 40)}, not a section of fields",
+                    f"{where} is {type(child).__name__} {shown(child)}, not a section of fields",
                     f"set {where} itself, e.g. --set '{where}=...'",
                 )))
                 break
