@@ -404,7 +404,7 @@ class SearchSpec(SpecSection):
             "slot is a visible GPU (auto: all of them; they must be the same model with the same memory). On "
             "the CPU backend a slot is one memory budget: at most min(cores, 80 % of RAM // budget) slots "
             "(auto: that many), so that the slots' caps together never exceed the machine. 1 (the default): "
-            "one trial at a time. Not with a distributed strategy (each trial is already a gang)."
+            "one trial at a time. Not with a distributed strategy, where each trial is already a gang: a spec error."
         ),
     )
     warm_start: bool = Field(
@@ -565,6 +565,10 @@ class Spec(SpecSection):
 
     @model_validator(mode="after")
     def _sections_fit_together(self) -> "Spec":
+        if self.distributed.gang and self.search.parallel != 1:
+            raise ValueError(f"search.parallel: {self.search.parallel} runs several trials at once, and with "
+                             f"distributed.strategy {self.distributed.strategy} every trial is already a gang of ranks "
+                             "(on CUDA one GPU per rank; on the CPU one budget per rank): set it to 1")
         if self.distributed.gang and self.training.mode != "train":
             raise ValueError(f"distributed.strategy: {self.distributed.strategy} distributes training; with "
                              "training.mode inference use strategy none")

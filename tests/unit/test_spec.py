@@ -624,3 +624,13 @@ def test_the_max_batch_size_flag_text_is_still_a_number_and_sizes_still_take_tex
     spec = load_spec(write(tmp_path, MINIMAL), {"--max-batch-size": " 64 ", "memory_budget": "8GiB",
                                                 "recommendation.headroom": "1GiB", "search.trial_timeout": 5})
     assert (spec.search.max_batch_size, spec.memory_budget, spec.search.trial_timeout) == (64, 8 << 30, 5.0)
+
+
+@pytest.mark.parametrize("parallel", [2, "auto"])
+def test_parallel_trials_with_a_gang_are_refused_not_ignored(tmp_path, parallel):
+    """Each trial of a distributed spec is a gang of ranks: the slots were silently dropped to one."""
+    found = problems_of(write(tmp_path, MINIMAL), {"distributed.strategy": "ddp", "search.parallel": parallel})
+    problem = only(found, "search.parallel")
+    assert problem.message.startswith(f"{parallel} runs several trials at once, and with distributed.strategy ddp "
+                                      "every trial is already a gang of ranks")
+    assert load_spec(write(tmp_path, MINIMAL), {"distributed.strategy": "ddp", "search.parallel": 1})
