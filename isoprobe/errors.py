@@ -6,7 +6,7 @@ The tree::
     ├── SpecError      exit 2: the spec or the command line is wrong; lists every problem found
     ├── ProbeError     exit 4: the probe could not start (the environment check child failed), or
     │                  the system refused what it needs (no space left in TMPDIR for a trial's files)
-    └── OutputFailed   exit 74: the result could not be written (stdout on a full disk)
+    └── OutputFailed   exit 74: the result could not be written (stdout on a full disk, plot -o, sweep --output)
 
 Only a user's mistake travels as an exception. The other non-zero outcomes
 (the start batch does not fit: 3; the probe could not answer: 4; interrupted:
