@@ -126,29 +126,40 @@ def runtime_bytes(torch, spec: Spec) -> int | None:
     A trace sees tensors only. A real CPU process that starts training also grows
     its data segment by what no tensor holds: the intra-op thread pool's stacks,
     a malloc arena per thread that allocates, oneDNN's state. Measured on a
-    stand-in of a few hundred parameters with the spec's optimizer: 11 MB in the
-    environment check (76-80 MB in a bare process, where VmPeak also sees a new
-    arena's reservation); the trials of small-cnn and ResNet50 show 100-140 MB
-    between their line's intercept and the baseline plus their tensors, so most of
-    the runtime's cost stays outside the estimate (its error is reported).
+    stand-in of a few hundred parameters with the spec's optimizer: 10.6 MiB here
+    (one OpenMP worker's 8 MiB stack and its arena's first pages); the trials of
+    small-cnn and ResNet50 show 100-140 MB between their line's intercept and the
+    baseline plus their tensors, so most of the runtime's cost stays outside the
+    estimate (its error is reported).
+
+    Read as the data segment itself (VmData) after each step, the quantity
+    RLIMIT_DATA holds the trials to, and never from VmPeak: VmPeak is the whole
+    process's high-water mark (it still held the trace's and the imports' peaks),
+    and a thread's new malloc arena maps 128 MiB of PROT_NONE address space for a
+    moment to align 64 MiB of it, which VmPeak keeps and the cap never counts.
+    Measured with VmPeak: 11, 76 or 133 MB from one spec's calls (small-cnn's
+    prediction 155, 132 or 111); with VmData: 10.6 MiB in every call.
     """
     from isoprobe.child.memory import cpu_memory
     from isoprobe.child.training import build_optimizer
 
-    before = cpu_memory()
-    if before.data is None:
+    before = cpu_memory().data
+    if before is None:
         return None
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
                                 torch.nn.Linear(8 * 6 * 6, 2))
     inputs, targets = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
     optimizer = build_optimizer(spec, list(model.parameters()))
+    highest = before
     for _ in range(2):
         optimizer.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
-    after = cpu_memory()
-    peak = after.peak_data if after.peak_data is not None else after.data
-    return max(0, peak - before.data) if peak is not None else None
+        now = cpu_memory().data
+        if now is None:
+            return None
+        highest = max(highest, now)
+    return highest - before
 
 
 def _line(traces) -> tuple[float, float] | None:
