@@ -12,13 +12,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import TESTS, fault_spec, hog_spec, run_cli, wait_for
+from conftest import TESTS, fault_spec, faulty_spec, hog_spec, run_cli, wait_for
 from isoprobe.executors.local import LocalExecutor
 from isoprobe.probe.classify import classify_exit
 from isoprobe.probe.environment import trial_conditions
@@ -187,6 +189,54 @@ def test_a_probe_whose_server_is_lost_at_the_edge_still_finds_the_true_edge(tmp_
         [t for t in result["trials"] if t["batch_size"] == 5])  # the lost trial is not among them
     assert "was run again" in done.stderr and "not counted" in done.stderr
     assert killer.signalled and not _alive(killer.signalled[0])  # the stopped server did not outlive the probe
+
+
+def _faulty_spec_file(tmp_path: Path, trial_timeout: float) -> str:
+    spec = faulty_spec("raise", at=10**6, trial_timeout=trial_timeout)  # never reaches the fault: every trial fits
+    spec["search"]["max_batch_size"] = 8
+    path = tmp_path / "faulty.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def test_a_fork_stopped_at_a_tiny_timeout_is_reported_as_a_spawned_child_is(tmp_path):
+    """The timeout runs from the fork's first report (after it set itself up), as from a spawned child's imports.
+
+    Before issue 25 it ran from the order: a fork killed while it mapped its pages said nothing, and the
+    environment check read "did not get past starting Python ... check the Python environment".
+    """
+    spec = _faulty_spec_file(tmp_path, 0.05)
+    said = {}
+    for fork in ("true", "false"):
+        done = run_cli("run", spec, "--format", "json", "--set", f"search.fork_server={fork}", timeout=300)
+        assert done.returncode == 4, done.stderr
+        said[fork] = done.stderr.splitlines()[-1]
+    assert said["true"] == said["false"], said
+    assert "stopped after search.trial_timeout (0.05 s)" in said["true"] and "raise search.trial_timeout" in said["true"]
+
+
+@pytest.fixture
+def tiny_tmpdir():
+    """A 16 KiB tmpfs (mounting needs root, as the suite has in CI; skipped otherwise)."""
+    folder = Path(tempfile.mkdtemp(prefix="isoprobe-tiny-"))
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        folder.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+        folder.rmdir()
+
+
+def test_a_fork_without_room_for_its_files_is_no_crash_and_the_probe_names_tmpdir(tmp_path, tiny_tmpdir):
+    """Before issue 25 the fork that could not write its first event was trial 1, 'crashed' (charged to batch 2)."""
+    done = run_cli("run", _faulty_spec_file(tmp_path, 120), "--format", "json", env={"TMPDIR": str(tiny_tmpdir)},
+                   timeout=300)
+    assert done.returncode == 4, done.stderr
+    assert "Traceback" not in done.stderr and "crashed" not in done.stderr, done.stderr
+    assert "No space left on device" in done.stderr.splitlines()[-1] and "TMPDIR" in done.stderr.splitlines()[-1]
 
 
 def test_the_result_schema_documents_the_forked_field():

@@ -123,7 +123,7 @@ def test_a_server_that_does_not_report_a_trial_that_ended_is_lost_within_the_mar
     """A stopped (SIGSTOP) or wedged server never sends ``Ended``: the keeper's own end is seen, and the wait ends."""
     import isoprobe.executors.forkserver as forkserver
 
-    monkeypatch.setattr(forkserver, "ENDED_REPLY_SECONDS", 0.3)
+    monkeypatch.setattr(forkserver, "ENDED_REPLY_SECONDS", 0.3, raising=False)
     channel, server = ends
     keeper = subprocess.Popen(["sleep", "0.2"])  # plays the forked keeper: a real process that ends on its own
     server.send(Forked(pid=keeper.pid).model_dump_json().encode())
