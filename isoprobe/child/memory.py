@@ -50,13 +50,13 @@ _own = Own()
 
 
 def import_own(load: Callable[[], object]) -> Own:
-    """Run ``load`` (the imports of isoprobe's own modules) and record what it added to this process.
+    """Run ``load`` (imports of isoprobe's own modules), add what it grew this process by to ``own()``; return that.
 
     Counted only where torch was imported first: before it, the growth would
     include the standard library modules torch imports too (measured: 15 MiB
     before torch against 6.3 MiB after), and crediting that would let a trial
     fit what a plain process cannot. Without torch (a request run by hand with
-    no preload) nothing is credited. A negative growth (memory freed) is 0.
+    no preload) nothing is counted. A negative growth (memory freed) counts 0.
     """
     global _own
     counted = "torch" in sys.modules
@@ -64,7 +64,8 @@ def import_own(load: Callable[[], object]) -> Own:
     load()
     after = _proc_status_bytes("VmData", "VmRSS")
     if counted and None not in (*before.values(), *after.values()):
-        _own = Own(data=max(0, after["VmData"] - before["VmData"]), rss=max(0, after["VmRSS"] - before["VmRSS"]))
+        _own = Own(data=_own.data + max(0, after["VmData"] - before["VmData"]),
+                   rss=_own.rss + max(0, after["VmRSS"] - before["VmRSS"]))
     return _own
 
 

@@ -8,6 +8,7 @@ here: this process's own limits are not the tests' to change.
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -43,6 +44,15 @@ def test_the_started_line_written_by_hand_is_the_protocols_started_event():
     assert isinstance(event, Started) and event.pid == 4242
 
 
+def grow(kept: list, size: int) -> None:
+    """Add ``size`` bytes to the data segment, resident: a private anonymous mapping, written (glibc's malloc
+    could serve a large block from memory it kept, and its mmap threshold moves as blocks are freed)."""
+    block = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    for page in range(0, size, mmap.PAGESIZE):
+        block[page] = 1
+    kept.append(block)
+
+
 @pytest.fixture
 def fresh_own(monkeypatch):
     monkeypatch.setattr(memory, "_own", memory.Own())
@@ -51,7 +61,7 @@ def fresh_own(monkeypatch):
 def test_what_the_own_modules_allocate_after_torch_is_measured(fresh_own, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch", object()))
     kept = []
-    own = memory.import_own(lambda: kept.append(b"\x01" * (16 * MiB)))  # touched: resident as well as data
+    own = memory.import_own(lambda: grow(kept, 16 * MiB))  # touched: resident as well as data
     assert 16 * MiB <= own.data < 17 * MiB, own
     assert 15 * MiB <= own.rss < 17 * MiB, own
     assert memory.own() == own
@@ -61,7 +71,7 @@ def test_nothing_is_credited_when_torch_was_not_imported_first(fresh_own, monkey
     """Before torch, the growth includes what torch would import anyway: crediting it overshoots the truth."""
     monkeypatch.delitem(sys.modules, "torch", raising=False)
     kept = []
-    assert memory.import_own(lambda: kept.append(b"\x01" * (16 * MiB))) == memory.Own()
+    assert memory.import_own(lambda: grow(kept, 16 * MiB)) == memory.Own()
 
 
 def test_the_readings_and_the_cap_leave_the_own_modules_out(monkeypatch):
@@ -109,3 +119,12 @@ def test_the_parent_leaves_room_above_the_budget_for_the_credit_and_no_more():
     out = python("import resource; print(*resource.getrlimit(resource.RLIMIT_DATA))",
                  preexec_fn=prepare_child(GiB, os.getpid()))
     assert out.split() == [str(GiB), str(GiB + OWN_ALLOWANCE_BYTES)]
+
+
+def test_each_measured_import_adds_to_the_own_cost(fresh_own, monkeypatch):
+    """The server's code, the environment check's: imported later, counted on top of the trial's modules."""
+    monkeypatch.setitem(sys.modules, "torch", sys.modules.get("torch", object()))
+    kept = []
+    first = memory.import_own(lambda: grow(kept, 8 * MiB))
+    both = memory.import_own(lambda: grow(kept, 8 * MiB))
+    assert 16 * MiB <= both.data < 18 * MiB and both.data >= first.data + 8 * MiB, (first, both)
