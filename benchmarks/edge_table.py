@@ -8,6 +8,10 @@ from each CHECKOUT (a folder holding the isoprobe package; default: this one),
 with a fresh cache folder each. Prints a Markdown table; '+n' in a cell is
 how far the maximum is above the plain edge (a 'fits' a plain process cannot
 have), '-n' how far below (memory wasted).
+
+Run it with ``OMP_NUM_THREADS=1`` for edges that repeat: both sides inherit
+it, and with two threads the plain process's own edge moved by a sample from
+run to run on a 2-core machine (its threads' allocations interleave).
 """
 
 from __future__ import annotations

@@ -139,10 +139,14 @@ def run_request(request_path: str, events: Events) -> None:
     from isoprobe.child.trial import run_trial
     from isoprobe.protocol import InspectRequest, read_request
 
-    request = read_request(request_path)
+    read = []
+    import_own(lambda: read.append(read_request(request_path)))  # the typed spec is isoprobe's, not the user's
+    [request] = read
     if isinstance(request, InspectRequest):
         # Counted as the others are, so that the import baseline the check reports is a plain process's.
         import_own(lambda: importlib.import_module("isoprobe.child.inspect"))
+    credit_own()  # the last of isoprobe's own is in: the cap is final before the user's code runs
+    if isinstance(request, InspectRequest):
         from isoprobe.child.inspect import run_inspect
 
         run_inspect(request, events)
@@ -205,21 +209,19 @@ def main(argv: list[str]) -> int:
         own = load_own("isoprobe.child.server")  # the server's code is in every fork too
         from isoprobe.child.server import serve
 
-        # The server stays uncapped; each fork caps itself at its budget plus ``own`` (memory.set_data_cap).
+        # The server stays uncapped; each fork caps itself (memory.set_data_cap), then credits ``own`` (run_request).
         return serve(int(argv[2]), events, warm_event(modules, seconds, idle_priority=False, own_data_bytes=own.data))
     request_path = argv[1]
     if waits:
         request_path = wait_for_request(events, idle=argv[2:] == [IDLE_ARGUMENT])
         if request_path is None:
             return 0
-        credit_own()
         from isoprobe.protocol import RequestReceived
 
         events.emit(RequestReceived(path=request_path))
     else:
         import_preload()
         load_own()
-        credit_own()
     run_request(request_path, events)
     return 0
 

@@ -19,7 +19,8 @@ package) sit in the trial's process but not in the user's: measured 6.3 MiB
 of data segment after torch, which moved small-cnn's edge two samples below a
 plain process's. ``import_own`` measures them in each process, imported after
 torch so that only what torch would not have imported anyway is counted;
-``credit_own`` / ``set_data_cap`` raise the cap by that much, and every
+so is the request it reads (its pydantic spec: 0.26 MiB); ``credit_own``
+raises the cap by that much before the user's code runs, and every
 reading here leaves it out: the cap and the peaks are a plain process's.
 """
 
@@ -74,12 +75,13 @@ def own() -> Own:
 
 
 def credit_own() -> None:
-    """Raise this process's cap (set by the parent before exec) by its own modules' data, and make it final.
+    """Raise this process's cap (the budget, set by the parent before exec or by ``set_data_cap``) by what isoprobe
+    holds of its own, and make it final: called once, with the request read, before any user code.
 
-    The parent sets the hard limit ``OWN_ALLOWANCE_BYTES`` above the budget; the
-    new cap is the budget plus the measured cost, at most the hard limit, and
-    both limits are set to it, so nothing run later (the user's model) can
-    raise it. Without a cap there is nothing to credit.
+    The hard limit is ``OWN_ALLOWANCE_BYTES`` above the budget; the new cap is
+    the budget plus the measured cost, at most the hard limit, and both limits
+    are set to it, so nothing run later (the user's model) can raise it.
+    Without a cap there is nothing to credit.
     """
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
     if soft == resource.RLIM_INFINITY:
@@ -89,9 +91,9 @@ def credit_own() -> None:
 
 
 def set_data_cap(budget: int) -> None:
-    """Cap this process (a fork of the server, uncapped) at ``budget`` plus its own modules' data."""
-    cap = budget + min(_own.data, OWN_ALLOWANCE_BYTES)
-    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+    """Cap this process (a fork of the uncapped server) as the parent caps a spawned child: ``budget``, with the
+    hard limit ``OWN_ALLOWANCE_BYTES`` above it for ``credit_own``."""
+    resource.setrlimit(resource.RLIMIT_DATA, (budget, budget + OWN_ALLOWANCE_BYTES))
 
 
 def _proc_status_bytes(*keys: str) -> dict[str, int | None]:

@@ -4,10 +4,12 @@ Why: a spawned trial pays ``import torch`` (and torch._dynamo) before its
 first step, 3 to 6 s of CPU on 2 cores, and on such a machine even a warm
 spare's import competes with the running trial. A fork costs milliseconds and
 still gives every trial a fresh process: a fresh address space, a fresh
-allocator, its own rlimit, and (on CUDA) a fresh context, because the server
-never creates one. The server imports only (``protocol.PRELOAD_ENV``), runs no
-torch operation, and so has started no OpenMP pool a forked child could hang
-on; ``serve`` checks both before it answers anything.
+allocator, its own rlimit (its budget plus the measured size of isoprobe's
+own modules, which the server imported after torch: ``child.memory.credit_own``),
+and (on CUDA) a fresh context, because the server never creates one. The
+server imports only (``protocol.PRELOAD_ENV``), runs no torch operation, and so
+has started no OpenMP pool a forked child could hang on; ``serve`` checks both
+before it answers anything.
 
 For each ``ForkOrder`` the server forks a *keeper* (``executors.keeper.Keeper``,
 the same code as the spawned path's keeper, run in the fork instead of exec'd):
@@ -170,7 +172,7 @@ def _run_forked(order: ForkOrder, lifeline: int, modules: list[str], threads: in
         populate(resident)
         _redirect(order)
         if order.memory_limit is not None:
-            set_data_cap(order.memory_limit)  # plus what isoprobe's own modules take (child.memory.import_own)
+            set_data_cap(order.memory_limit)  # raised by isoprobe's own share once the request is read (run_request)
         events = Events(order.events)
         events.emit(Started(pid=os.getpid()))
         events.emit(Warm(modules=modules, seconds=0.0, cuda_initialized=cuda_initialized(), idle_priority=False,

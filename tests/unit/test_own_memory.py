@@ -108,11 +108,12 @@ def test_a_spawned_child_credits_its_own_modules_and_fixes_its_cap(hard, own, ca
 
 
 @pytest.mark.parametrize(("own", "cap"), [(6 * MiB, GiB + 6 * MiB), (GiB, GiB + OWN_ALLOWANCE_BYTES)])
-def test_a_forked_trial_caps_itself_at_its_budget_plus_its_own_modules(own, cap):
+def test_a_forked_trial_is_capped_as_a_spawned_one_then_credits_its_own(own, cap):
     out = python("import resource; from isoprobe.child import memory; "
                  f"memory._own = memory.Own(data={own}); memory.set_data_cap({GiB}); "
+                 "print(*resource.getrlimit(resource.RLIMIT_DATA)); memory.credit_own(); "
                  "print(*resource.getrlimit(resource.RLIMIT_DATA))")
-    assert out.split() == [str(cap), str(cap)]
+    assert out.split() == [str(GiB), str(GiB + OWN_ALLOWANCE_BYTES), str(cap), str(cap)]
 
 
 def test_the_parent_leaves_room_above_the_budget_for_the_credit_and_no_more():
