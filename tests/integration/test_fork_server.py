@@ -140,12 +140,13 @@ def _parent(pid: int) -> int:
     return int(stat[stat.rindex(b")") + 2:].split()[1])
 
 
-def _signal_when_committed(state: Path, pid: int | None, signum: int):
-    """A thread that sends ``signum`` to ``pid`` (None: the server of the first trial that began its fault)."""
+def _signal_when_committed(state: Path, pid: int | None, signum: int, trials: int = 1):
+    """A thread that sends ``signum`` to ``pid`` (None: the server of the first trial that began its fault), once
+    ``trials`` trials have begun their fault."""
     import threading
 
     def send() -> None:
-        if wait_for(lambda: _committed(state), 120):
+        if wait_for(lambda: len(_committed(state)) >= trials, 120):
             # The trial's parent is its keeper, forked by the server.
             target = pid if pid is not None else _parent(_parent(_committed(state)[0]))
             os.kill(target, signum)
@@ -194,18 +195,18 @@ def test_a_probe_whose_server_is_lost_at_the_edge_still_finds_the_true_edge(tmp_
 
 @pytest.mark.parametrize("how", ["killed", "stopped"])
 def test_a_server_lost_mid_round_takes_both_slots_with_it_and_the_probe_still_finds_the_true_edge(tmp_path, how):
-    """search.parallel 2: round 1 is [3, 6], and the first trial of every batch from 3 sleeps 3 s, so both slots
-    are forks of the server when it is lost (the environment check runs batch 2: it commits no fault). Both are
-    run again on a fresh server, never counted. Batch 7 is the edge.
+    """search.parallel 2: round 1 is [3, 6], and the first trial of every batch from 3 sleeps 5 s; the server is
+    lost once both slots are in that sleep, so both are its forks (the environment check runs batch 2: it
+    commits no fault). Both are run again on a fresh server, never counted. Batch 7 is the edge.
 
     Before this was fixed the lost slot reached the probe, which stopped without an answer (exit 4).
     """
     state = tmp_path / "state"
     state.mkdir()
-    spec = fault_spec("nth:1:sleep:3", at=3, edge=7, start=3, cap=10, timeout=20, state_dir=str(state), parallel=2)
+    spec = fault_spec("nth:1:sleep:5", at=3, edge=7, start=3, cap=10, timeout=20, state_dir=str(state), parallel=2)
     path = tmp_path / "spec.yaml"
     path.write_text(yaml.safe_dump(spec))
-    killer = _signal_when_committed(state, None, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+    killer = _signal_when_committed(state, None, signal.SIGKILL if how == "killed" else signal.SIGSTOP, trials=2)
     try:
         # Bounded: a stopped server's trials are lost 10 s after they end (forkserver.ENDED_REPLY_SECONDS), then
         # run again; the probe must not wait on it for ever (run_cli's timeout fails the test).
