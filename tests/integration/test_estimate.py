@@ -76,14 +76,15 @@ def test_a_model_that_cannot_be_traced_still_probes(tmp_path):
 
 
 def test_the_same_spec_gets_the_same_prediction_every_call():
-    """Ten calls of one spec: the same runtime bytes, the same fixed part within half a sample, the same
-    predicted maximum.
+    """Ten calls of one spec: the runtime bytes within two of glibc's heap steps, the same fixed part within
+    half a sample, the same predicted maximum.
 
     Measured before the fix (small-cnn, ten calls): runtime 11, 76 or 133 MB and predictions 155, 132 and
     111, because the stand-in step was read from VmPeak (the process's high-water mark, which also keeps a
     new malloc arena's momentary 128 MiB reservation). What is left is the import baseline's own spread
-    (<= 1.3 MB here: the process's start, which every trial shares), so the budget of the ten calls puts
-    the predicted edge half a sample from a boundary, read off a first call.
+    (<= 1.3 MB here: the process's start, which every trial shares) and the heap's growth in steps of
+    128 KiB (glibc's top pad: 11145216 and 11276288 bytes seen in one run of the suite), so the budget of
+    the ten calls puts the predicted edge half a sample from a boundary, read off a first call.
     """
     spec = str(ROOT / "specs/small-cnn.yaml")
 
@@ -96,7 +97,8 @@ def test_the_same_spec_gets_the_same_prediction_every_call():
     assert first["note"] is None, first["note"]
     budget = int(first["fixed_bytes"] + 150.5 * first["per_sample_bytes"])
     reports = [estimate("--memory-budget", str(budget)) for _ in range(10)]
-    assert {r["estimate"]["runtime_bytes"] for r in reports} == {first["runtime_bytes"]}
+    runtime = [r["estimate"]["runtime_bytes"] for r in reports]
+    assert max(abs(b - first["runtime_bytes"]) for b in runtime) <= 2 * 128 * 1024, runtime  # was 11 to 133 MB
     fixed = [r["estimate"]["fixed_bytes"] for r in reports]
     assert max(abs(f - first["fixed_bytes"]) for f in fixed) < 0.5 * first["per_sample_bytes"], fixed
     assert [r["predicted_max"] for r in reports] == [150] * 10
