@@ -91,13 +91,13 @@ def search(runner, limits, history: list[Observation], step):
 def observe_round(runner, batches: list[int], devices: list[str]) -> list[Observation]:
     """Run ``batches`` at once, slot ``i`` on ``devices[i]``; their observations, in order."""
     from isoprobe.executors.rounds import run_round
-    from isoprobe.probe.trials import _SEARCH_PURPOSES, trial_from_run
+    from isoprobe.probe.trials import _SEARCH_PURPOSES, observation_of, trial_from_run
 
     budget = runner.target.info.memory_budget_bytes
     conditions = runner.conditions
     if runner.target.backend == "cpu" and budget != conditions.memory_limit:
         conditions = replace(conditions, memory_limit=budget)
-    jobs, purposes, first = [], [], len(runner.trials) + 1
+    jobs, purposes, rules, first = [], [], [], len(runner.trials) + 1
     for slot, batch in enumerate(batches):
         earlier = [t for t in runner.trials if t.batch_size == batch and t.purpose in _SEARCH_PURPOSES]
         earlier += [None] * batches[:slot].count(batch)  # the same batch twice in a round: a confirmation
@@ -105,13 +105,17 @@ def observe_round(runner, batches: list[int], devices: list[str]) -> list[Observ
             "retry" if earlier[-1] is not None and earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT)
             else "confirmation")
         purposes.append(purpose)
+        rule = runner.steady_rule if purpose == "confirmation" else None  # it decides the maximum: until steady
+        rules.append(rule)
         request = TrialRequest(spec=runner.spec, batch_size=batch, device=devices[slot], memory_budget_bytes=budget,
-                               python_path=runner.python_path)
-        jobs.append((request, conditions, runner.timeout(None), f"trial{first + slot:03d}-b{batch}-s{slot}"))
+                               python_path=runner.python_path, steady=rule)
+        jobs.append((request, conditions, runner.timeout(rule.max_steps if rule else None),
+                     f"trial{first + slot:03d}-b{batch}-s{slot}"))
     runs = run_round(runner.executor, jobs)
     observations = []
     for slot, (batch, run) in enumerate(zip(batches, runs)):
-        trial = trial_from_run(run, len(runner.trials) + 1, batch, purposes[slot], runner._asked(budget))
+        trial = trial_from_run(run, len(runner.trials) + 1, batch, purposes[slot],
+                               runner._asked(budget, rule=rules[slot]))
         if runner.allocator_label is not None:
             trial = trial.model_copy(update={"allocator": runner.allocator_label})
         runner.trials.append(trial)
@@ -126,11 +130,4 @@ def observe_round(runner, batches: list[int], devices: list[str]) -> list[Observ
                 observations[slot] = runner._reclassify(trial, (
                     f"{trial.error.type} under the budget, but batch {trial.batch_size} fit with more memory "
                     f"(trial {check.index}): an allocation failure"))
-    return [_observation(trial) for trial in observations]
-
-
-def _observation(trial) -> Observation:
-    if trial.outcome is not Outcome.FITS:
-        return Observation(trial.batch_size, trial.outcome)
-    peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
-    return Observation(trial.batch_size, trial.outcome, peak, trial.base_bytes)
+    return [observation_of(trial, runner.spec.search.steps) for trial in observations]
