@@ -110,11 +110,11 @@ def distribution(counts: list[int]) -> str:
 
 def parallel_rounds(true_max: int, seed: int, slots: int, confirmations: int, noise_fraction: float) -> int:
     """Rounds (wall-clock units: a round runs its trials at once, one per slot) to the exact edge."""
-    from isoprobe.search_parallel import run_parallel_search
+    from isoprobe.search_parallel import one_at_a_time, run_parallel_search
 
     oracle, capacity = device(true_max, seed, noise_fraction)
     limits = Limits(start=2, confirmations=confirmations, capacity=capacity)
-    found = run_parallel_search(lambda batches: [oracle(b) for b in batches], limits, slots, step=guided_step)
+    found = run_parallel_search(one_at_a_time(oracle), limits, slots, step=guided_step)
     conclusion = found.conclusion
     assert conclusion.max_fitting == true_max and conclusion.first_failing == true_max + 1, (true_max, seed, slots)
     return found.rounds

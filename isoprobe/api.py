@@ -77,7 +77,8 @@ def probe(
     would anyway, and the trials end with it.
     """
     from isoprobe.outcomes import StopReason
-    from isoprobe.overrides import Override, from_mapping, shortened
+    from isoprobe.errors import shown
+    from isoprobe.overrides import Override, from_mapping
     from isoprobe.spec_load import DATA_SPEC_NAME, check_references, load_spec
 
     if quiet and progress is not None:
@@ -85,7 +86,7 @@ def probe(
     given = from_mapping(overrides or {})
     named = {"device": ("device", device), "memory_budget": ("memory_budget", memory_budget),
              "max_batch_size": ("search.max_batch_size", max_batch_size)}
-    given += [Override(field, value, f"probe({name}={shortened(repr(value), 40)})")
+    given += [Override(field, value, f"probe({name}={shown(value)})")
               for name, (field, value) in named.items() if value is not None]
     from_data = not isinstance(spec, (str, os.PathLike))
     spec_path = os.path.join(os.getcwd(), DATA_SPEC_NAME) if from_data else os.fspath(spec)

@@ -3,7 +3,8 @@
 A probe costs minutes of GPU time and its answer only changes when something it
 depends on changes, so a result is stored under a key made of all of that: the
 resolved spec (with overrides), the code of the user's factory files, the device
-(the GPU model, memory and driver from NVML, or the CPU's facts), the torch,
+(the GPU model, memory and driver from NVML, or the CPU's facts and the trials' intra-op
+threads, ``cache_threads``), the torch,
 torchvision and model-library versions, the allocator setting and isoprobe's own
 version. Which node or job asked is not in the key: a job array on identical GPUs
 shares one answer. What is not in it either: memory other processes hold on the
@@ -36,15 +37,17 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from isoprobe import __version__
-from isoprobe.cache_files import KeyLock, read_bounded
+from isoprobe.cache_files import KeyLock, read_bounded, sha256_of
+from isoprobe.cache_threads import trial_threads
 from isoprobe.hardware import cpu_name, ram_bytes
 from isoprobe.spec import CALLABLE_FIELDS, Spec, is_file_reference
 
 CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
 #: Bumped when the key's recipe or the entry's promises change, so old entries are simply not found
 #: (2: entries record the sources their trials ran; 3: the step holds its output through backward, and
-#: the recommendation is soaked: an older entry answered for a different step).
-KEY_VERSION = 3
+#: the recommendation is soaked: an older entry answered for a different step; 4: a CPU key holds the
+#: trials' threads, and the sources include the files the children read).
+KEY_VERSION = 4
 #: An entry larger than this is refused unread (a real one with hundreds of trials is well under 1 MiB).
 ENTRY_LIMIT = 16 * 1024 * 1024
 
@@ -73,7 +76,9 @@ def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: l
             },
         }
     else:
-        device = {"backend": "cpu", "requested": spec.device, "cpu": cpu_name(), "ram_bytes": ram_bytes()}
+        # The CPU backend's answer moves with the trials' intra-op threads (``cache_threads``).
+        device = {"backend": "cpu", "requested": spec.device, "cpu": cpu_name(), "ram_bytes": ram_bytes(),
+                  "threads": trial_threads(environ, spec.distributed.threads_per_rank)}
     return {
         "key_version": KEY_VERSION,
         "isoprobe": __version__,
@@ -150,7 +155,8 @@ def _torch_cuda_version() -> str | None:
 
 
 def _code_digests(spec: Spec, spec_dir: Path) -> dict[str, str]:
-    """SHA-256 of the user's files the spec's factory, batch and loss come from: editing the model is a new key."""
+    """SHA-256 of the user's files the spec's factory, batch and loss come from, and of ``model.depends_on``:
+    editing the model is a new key."""
     digests = {}
     for name in CALLABLE_FIELDS:
         reference = getattr(spec.model, name)
@@ -168,6 +174,12 @@ def _code_digests(spec: Spec, spec_dir: Path) -> dict[str, str]:
                 break
             except OSError:
                 continue
+    for entry in spec.model.depends_on:  # files read where the children's audit hook cannot see (cache_reads)
+        path = Path(entry) if os.path.isabs(entry) else spec_dir / entry
+        try:
+            digests[f"depends_on:{entry}"] = sha256_of(path) or "missing"
+        except OSError as exc:  # not a regular file (the loader refuses one): its kind is the key's, never a hang
+            digests[f"depends_on:{entry}"] = f"unreadable: {exc}"
     return digests
 
 

@@ -13,6 +13,10 @@ them as ``sources``, and a hit re-hashes each one (``changed_source``): one
 changed or missing file makes the entry stale. Hashing a few files costs
 microseconds, so the hit path stays free of torch and of children.
 
+The children also report the files they read (``cache_reads``), which the
+parent hashes into the same ``sources``, and a trial its intra-op threads,
+which must be the ones the key holds (``cache_threads``).
+
 A trial that crashes reports nothing; the modules it ran are the ones its
 siblings that finished ran too.
 """
@@ -123,27 +127,60 @@ def changed_source(sources: Mapping[str, str]) -> str | None:
 
 
 class SourceRecorder:
-    """An executor that passes everything to ``inner`` and gathers the ``sources`` its children report.
+    """An executor that passes everything to ``inner`` and gathers what its children report for the cache.
 
-    ``conflicts`` lists files two children reported with different digests: the
-    code was edited while the probe ran, so its answer is of no one version.
+    ``sources``: the module files the children hashed, and the files they read
+    (``cache_reads``), hashed here once each, when first reported (a child's
+    time limit never pays for a large file). ``conflicts`` lists files two
+    children reported with different digests: the code was edited while the
+    probe ran, so its answer is of no one version. ``threads``: the intra-op
+    counts the trials ran, which must be the key's (``expected_threads``,
+    ``cache_threads``; None where the key holds none, as on CUDA).
+    ``unsettled`` says whether the answer may be stored.
     """
 
-    def __init__(self, inner):
+    def __init__(self, inner, expected_threads: int | None = None):
         self.inner = inner
+        self.expected_threads = expected_threads
         self.sources: dict[str, str] = {}
         self.conflicts: list[str] = []
+        self.threads: set[int] = set()
 
     def prestart(self, conditions) -> None:
         self.inner.prestart(conditions)
 
     def run(self, request, conditions, *, timeout: float, name: str):
-        run = self.inner.run(request, conditions, timeout=timeout, name=name)
+        return self.record(self.inner.run(request, conditions, timeout=timeout, name=name))
+
+    def record(self, run):
+        """Take in what ``run``'s events report (also for runs made elsewhere: ``executors.rounds``); ``run``."""
         for event in run.events:
             for path, digest in (getattr(event, "sources", None) or {}).items():
                 if self.sources.setdefault(path, digest) != digest and path not in self.conflicts:
                     self.conflicts.append(path)
+            for path in getattr(event, "reads", None) or ():
+                if path not in self.sources and os.path.isabs(path):
+                    try:
+                        digest = sha256_of(path)
+                    except (OSError, ValueError):  # not a regular file now: nothing the answer could depend on
+                        continue
+                    if digest is not None:
+                        self.sources[path] = digest
+            if getattr(event, "threads", None) is not None:
+                self.threads.add(event.threads)
         return run
+
+    def unsettled(self) -> str | None:
+        """Why the probe's answer must not be stored (a file changed while it ran, the threads are not the key's)."""
+        if self.conflicts:
+            return f"{self.conflicts[0]} changed while it was probed"
+        if self.expected_threads is not None and self.threads - {self.expected_threads}:
+            ran = ", ".join(str(n) for n in sorted(self.threads))
+            return (f"the trials ran {ran} intra-op thread(s), but the cache key holds {self.expected_threads} "
+                    "(read from OMP_NUM_THREADS, MKL_NUM_THREADS and the usable cores)")
+        if reason := changed_source(self.sources):  # read, or hashed, early in the probe: still the same?
+            return reason.replace("changed since it was probed", "changed while it was probed")
+        return None
 
     def close(self) -> None:
         self.inner.close()

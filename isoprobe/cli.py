@@ -102,7 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     validate = commands.add_parser("validate", help="check a spec without running anything")
     with_overrides(validate)
     estimate = commands.add_parser("estimate", help="predict the memory and the maximum from one traced step "
-                                                    "(no trial, no GPU memory): seconds, not minutes")
+                                                    "(no trial, no GPU memory): seconds, not minutes",
+                                   epilog="exit codes: 0 an estimate; 2 bad spec or usage; 4 no estimate (the report "
+                                          "says why: a model the trace cannot follow, a distributed spec)")
     with_overrides(estimate)
     estimate.add_argument("--format", choices=("auto", "json", "table"), default="auto",
                           help="table for people, json for scripts; auto (default): table on a terminal, else json")
@@ -118,8 +120,9 @@ def _sweep_parser(commands) -> None:
         description="Probe every SPEC (on every --partition/--constraint with --executor slurm); one row per spec "
                     "x GPU type. Answers go to the result cache (ISOPROBE_CACHE_DIR: a shared filesystem on a "
                     "cluster), so a sweep run again answers from it without probing or submitting.",
-        epilog="exit codes: 0 every row answered; 2 bad usage; 4 a row has no answer (its error says why); "
-               "130 interrupted, 143 terminated (the sweep's Slurm jobs are cancelled first)",
+        epilog="exit codes: 0 every row answered; 2 bad usage (also --executor slurm without Slurm's commands); "
+               "4 a row has no answer (its error says why); 74 --output could not be written (the report still "
+               "went to stdout); 130 interrupted, 143 terminated (the sweep's Slurm jobs are cancelled first)",
     )
     sweep.add_argument("specs", nargs="+", metavar="SPEC", help="paths to YAML specs")
     sweep.add_argument("--executor", choices=("local", "slurm"), default="local",

@@ -6,7 +6,7 @@ The tree::
     ├── SpecError      exit 2: the spec or the command line is wrong; lists every problem found
     ├── ProbeError     exit 4: the probe could not start (the environment check child failed), or
     │                  the system refused what it needs (no space left in TMPDIR for a trial's files)
-    └── OutputFailed   exit 74: the result could not be written (stdout on a full disk)
+    └── OutputFailed   exit 74: the result could not be written (stdout on a full disk, plot -o, sweep --output)
 
 Only a user's mistake travels as an exception. The other non-zero outcomes
 (the start batch does not fit: 3; the probe could not answer: 4; interrupted:
@@ -47,8 +47,14 @@ class ExitCode(enum.IntEnum):
 
 
 def shown(value: object, limit: int = 40) -> str:
-    """``repr(value)`` for a message, shortened: a user's value can be 5000 digits long, a message cannot."""
-    text = repr(value)
+    """``repr(value)`` for a message, shortened: a user's value can be 5000 digits long, a message cannot.
+
+    A value given in Python can be a dict a million levels deep, or hold itself: its type then.
+    """
+    try:
+        text = repr(value)
+    except (RecursionError, ValueError):  # ValueError: an int beyond Python's int-to-text limit
+        return f"a {type(value).__name__} too deep or too long to show"
     return text if len(text) <= limit else f"{text[:limit - 10]}... ({len(text)} characters)"
 
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
-from isoprobe.errors import Problem
+from isoprobe.errors import Problem, shown
 
 #: Command-line flags that override one spec field each, by flag name -> dotted field path.
 OVERRIDABLE = {
@@ -92,10 +92,27 @@ def from_mapping(values: Mapping[str, Any], origin: str = "overrides[{key!r}]") 
         if value is None:
             continue
         if key in OVERRIDABLE:
-            found.append(Override(OVERRIDABLE[key], value, key))
+            found.append(Override(OVERRIDABLE[key], _flag_value(key, value), key))
         else:
             found.append(Override(key, value, origin.format(key=key)))
     return found
+
+
+def _flag_value(flag: str, value: Any) -> Any:
+    """A named flag's text as the value its field takes: ``--max-batch-size 64`` is the number 64.
+
+    The spec's types are strict (``spec_base``): the text "64" is not a number
+    there, so the one flag whose field is a number reads its text as one when it
+    is a whole number (at most ``MAX_NUMBER_DIGITS`` digits, as in a file);
+    anything else stays text and is refused with the flag named.
+    """
+    from isoprobe.spec_yaml import MAX_NUMBER_DIGITS
+
+    if flag == "--max-batch-size" and isinstance(value, str):
+        text = value.strip()
+        if text.isdigit() and text.isascii() and len(text) <= MAX_NUMBER_DIGITS:
+            return int(text)
+    return value
 
 
 def apply(raw: dict[str, Any], overrides: Iterable[Override]) -> tuple[dict[str, str], list[tuple[str, Problem]]]:
@@ -124,7 +141,7 @@ def apply(raw: dict[str, Any], overrides: Iterable[Override]) -> tuple[dict[str,
                 where = ".".join(walked)
                 problems.append((where, Problem(
                     f"{override.field} (from {override.origin})",
-                    f"{where} is {type(child).__name__} {shortened(repr(child), 40)}, not a section of fields",
+                    f"{where} is {type(child).__name__} {shown(child)}, not a section of fields",
                     f"set {where} itself, e.g. --set '{where}=...'",
                 )))
                 break

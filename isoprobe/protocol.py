@@ -133,6 +133,9 @@ class MemoryReading(_Message):
 #: The ``sources`` of a trial's and of the inspect child's last event (``isoprobe.cache_sources``).
 _SOURCES = ("The user's module files this child imported (outside the installed environment), as real path -> "
             "SHA-256, read at its end: the cache trusts an answer only while they are unchanged.")
+#: The ``reads`` of the same events (``isoprobe.cache_reads``).
+_READS = ("The user's files this child opened for reading (outside the installed environment, not written by it), "
+          "as real paths; the parent hashes them into the entry's sources, so a changed config file is stale.")
 
 
 class _Event(_Message):
@@ -214,6 +217,10 @@ class TrialResult(_Event):
     applied: Applied | None = None
     error: ErrorInfo | None = None
     sources: dict[str, str] = Field(default_factory=dict, description=_SOURCES)
+    reads: list[str] = Field(default_factory=list, description=_READS)
+    threads: int | None = Field(
+        None, description="torch.get_num_threads() in the trial, after its imports: the cache keeps a CPU answer "
+        "only if every trial ran the intra-op threads its key holds (``cache_threads``). None: torch not imported.")
 
 
 class CudaDevice(_Message):
@@ -281,6 +288,7 @@ class Inspected(_Event):
     facts: Facts
     problems: list[InspectProblem] = Field(default_factory=list)
     sources: dict[str, str] = Field(default_factory=dict, description=_SOURCES)
+    reads: list[str] = Field(default_factory=list, description=_READS)
 
 
 class Estimated(_Event):

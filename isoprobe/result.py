@@ -535,8 +535,9 @@ class Result(_Strict):
         None,
         description=(
             "The user's source files the environment check and the trials imported (every module outside the "
-            "standard library, site-packages and isoprobe), as real path -> SHA-256 when the children read them. "
-            "A cached answer is used only while every one of them is unchanged. Null where not recorded."
+            "standard library, site-packages and isoprobe) or opened for reading there (a config file the "
+            "factory reads), as real path -> SHA-256. A cached answer is used only while every one of them is "
+            "unchanged. Null where not recorded."
         ),
     )
     stop_reason: StopReason

@@ -20,6 +20,11 @@ next round) can only lower the answer, and the search ends only when the
 sequential planner has nothing left to ask (the edge pair adjacent and the
 maximum confirmed). Extra batches cost slots, never correctness. No batch is
 planned more often than ``Limits.most_attempts`` in all.
+
+Each observation joins the history as soon as its trial ends (in the order
+they end, which the verdicts do not depend on), so a search interrupted
+mid-round keeps what the ended trials proved; the next round is planned once
+the whole round is in.
 """
 
 from __future__ import annotations
@@ -102,8 +107,14 @@ class ParallelConclusion:
     rounds: int
 
 
+#: Told one slot's observation as soon as it is known: ``observed(slot, observation)``.
+Observed = Callable[[int, Observation], None]
+#: Runs one round's batches at once and tells ``observed`` each slot's observation as it comes.
+RoundOracle = Callable[[list[int], Observed], None]
+
+
 def run_parallel_search(
-    oracle: Callable[[list[int]], list[Observation]],
+    oracle: RoundOracle,
     limits: Limits,
     slots: int,
     history: list[Observation] | None = None,
@@ -111,18 +122,39 @@ def run_parallel_search(
 ) -> ParallelConclusion:
     """Run rounds of at most ``slots`` trials until the answer is known; the conclusion and the rounds it took.
 
-    ``oracle`` runs one round's batches at once and returns one observation per
-    batch, in order. ``history`` (appended to in place) keeps the trials of an
-    interrupted search.
+    ``oracle(batches, observed)`` runs one round and calls ``observed(slot,
+    observation)`` once per slot, in whatever order the trials end. Each
+    observation joins ``history`` (appended to in place) the moment it is told,
+    so a search interrupted mid-round keeps every trial that had ended
+    (``search.progress`` reads what they proved); the next round is planned
+    only once the whole round is in.
     """
     history = [] if history is None else history
     rounds = 0
     while batches := plan_round(history, limits, slots, step):
-        observations = oracle(batches)
-        if [o.batch_size for o in observations] != batches:
-            raise AssertionError(f"asked for batches {batches}, the oracle answered {observations}")
-        history.extend(observations)
+        answered: list[Observation | None] = [None] * len(batches)
+
+        def observed(slot: int, observation: Observation) -> None:
+            if answered[slot] is not None or observation.batch_size != batches[slot]:
+                raise AssertionError(f"slot {slot} of round {batches} answered {observation}, "
+                                     f"after {answered[slot]}")
+            answered[slot] = observation
+            history.append(observation)
+
+        oracle(batches, observed)
+        if None in answered:
+            raise AssertionError(f"asked for batches {batches}, the oracle answered {answered}")
         rounds += 1
-        if any(o.outcome is Outcome.ERROR for o in observations):
+        if any(o.outcome is Outcome.ERROR for o in answered):
             break  # a bug in the model: conclude says error
     return ParallelConclusion(conclude(history, limits), rounds)
+
+
+def one_at_a_time(oracle: Callable[[int], Observation]) -> RoundOracle:
+    """A round oracle from a batch oracle: the round's batches one after another (simulations, tests)."""
+
+    def run(batches: list[int], observed: Observed) -> None:
+        for slot, batch in enumerate(batches):
+            observed(slot, oracle(batch))
+
+    return run

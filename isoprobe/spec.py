@@ -13,17 +13,12 @@ import math
 import re
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from isoprobe.errors import shown
+from isoprobe.spec_base import SpecSection
 from isoprobe.spec_distributed import DistributedSpec
 from isoprobe.units import MAX_BYTES, parse_bytes
-
-
-class _Strict(BaseModel):
-    """Unknown keys are errors: a typo must never be silently ignored. A float must be finite (no inf, no NaN)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 ByteCount = Annotated[int, BeforeValidator(parse_bytes)]
@@ -83,7 +78,7 @@ def is_file_reference(target: str) -> bool:
     return target.endswith(".py") or "/" in target
 
 
-class ModelSpec(_Strict):
+class ModelSpec(SpecSection):
     """Which network to train. Give exactly one of ``torchvision``, ``timm``, ``huggingface`` and ``factory``."""
 
     torchvision: str | None = Field(
@@ -151,6 +146,17 @@ class ModelSpec(_Strict):
         ),
     )
 
+    depends_on: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description=(
+            "Files the model's code reads that isoprobe cannot see it read: those opened by C or Rust code (a "
+            "tokenizer library's own reader, a natively memory-mapped file), relative to the spec file, e.g. "
+            "[tokenizer.json]. They are hashed into the cache key, so editing one probes again. Files read "
+            "through Python's open() (json.load, Path.read_text, torch.load) are tracked without this."
+        ),
+    )
+
     @model_validator(mode="after")
     def _exactly_one_source(self) -> "ModelSpec":
         given = [name for name in MODEL_SOURCES if getattr(self, name) is not None]
@@ -178,7 +184,7 @@ class ModelSpec(_Strict):
         return MODEL_LIBRARIES.get(self.source)
 
 
-class InputSpec(_Strict):
+class InputSpec(SpecSection):
     """One sample of the model's input; the batch dimension is added in front."""
 
     shape: list[Annotated[int, Field(ge=1)]] = Field(
@@ -214,7 +220,7 @@ class InputSpec(_Strict):
 TASKS = ("classification", "segmentation", "language_modeling", "regression", "detection")
 
 
-class TargetSpec(_Strict):
+class TargetSpec(SpecSection):
     """What the loss compares the output with: the task, and the classes or the shape of its targets."""
 
     task: Literal["classification", "segmentation", "language_modeling", "regression", "detection"] | None = Field(
@@ -265,7 +271,7 @@ class TargetSpec(_Strict):
         return None
 
 
-class OptimizerSpec(_Strict):
+class OptimizerSpec(SpecSection):
     """The optimizer whose state is part of the memory a training step needs."""
 
     name: Literal["sgd", "adam", "adamw"] = Field(
@@ -276,7 +282,7 @@ class OptimizerSpec(_Strict):
     )
 
 
-class TrainingSpec(_Strict):
+class TrainingSpec(SpecSection):
     """How one step runs: what the real training loop does to memory, done for real in every trial."""
 
     mode: Literal["train", "inference"] = Field(
@@ -349,7 +355,7 @@ class TrainingSpec(_Strict):
         return self
 
 
-class SearchSpec(_Strict):
+class SearchSpec(SpecSection):
     """Where the search starts, where it must stop, and what one trial is."""
 
     start_batch_size: int = Field(
@@ -418,7 +424,7 @@ class SearchSpec(_Strict):
             "slot is a visible GPU (auto: all of them; they must be the same model with the same memory). On "
             "the CPU backend a slot is one memory budget: at most min(cores, 80 % of RAM // budget) slots "
             "(auto: that many), so that the slots' caps together never exceed the machine. 1 (the default): "
-            "one trial at a time. Not with a distributed strategy (each trial is already a gang)."
+            "one trial at a time. Not with a distributed strategy, where each trial is already a gang: a spec error."
         ),
     )
     warm_start: bool = Field(
@@ -468,7 +474,7 @@ class SearchSpec(_Strict):
         return min(caps) if caps else None
 
 
-class RecommendationSpec(_Strict):
+class RecommendationSpec(SpecSection):
     """How the recommended batch is derived from the maximum: headroom below the edge, then rounding."""
 
     headroom: Headroom = Field(
@@ -508,7 +514,7 @@ class RecommendationSpec(_Strict):
     )
 
 
-class PlanSpec(_Strict):
+class PlanSpec(SpecSection):
     """A target global batch to reach by gradient accumulation and data parallelism."""
 
     target_global_batch: int | None = Field(
@@ -524,7 +530,7 @@ class PlanSpec(_Strict):
     )
 
 
-class Spec(_Strict):
+class Spec(SpecSection):
     """A training setup to probe."""
 
     model: ModelSpec
@@ -579,6 +585,10 @@ class Spec(_Strict):
 
     @model_validator(mode="after")
     def _sections_fit_together(self) -> "Spec":
+        if self.distributed.gang and self.search.parallel != 1:
+            raise ValueError(f"search.parallel: {self.search.parallel} runs several trials at once, and with "
+                             f"distributed.strategy {self.distributed.strategy} every trial is already a gang of ranks "
+                             "(on CUDA one GPU per rank; on the CPU one budget per rank): set it to 1")
         if self.distributed.gang and self.training.mode != "train":
             raise ValueError(f"distributed.strategy: {self.distributed.strategy} distributes training; with "
                              "training.mode inference use strategy none")

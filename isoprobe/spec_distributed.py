@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
+
+from isoprobe.spec_base import SpecSection
 
 #: The most ranks one probe starts on one node (a gang is that many processes at once).
 MAX_LOCAL_WORLD_SIZE = 64
@@ -22,10 +24,8 @@ _DDP_OPTIONS = ("bucket_cap_mb", "gradient_as_bucket_view", "static_graph")
 _FSDP_OPTIONS = ("fsdp_wrap", "reshard_after_forward")
 
 
-class DistributedSpec(BaseModel):
+class DistributedSpec(SpecSection):
     """How the real job distributes training: the strategy, the ranks, and the options that change memory."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     strategy: Literal["none", "ddp", "zero1", "fsdp"] = Field(
         "none",

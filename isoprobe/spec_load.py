@@ -26,6 +26,7 @@ from isoprobe.errors import Problem, SpecError, shown
 from isoprobe.overrides import Override, apply, from_mapping, origin_of, parse_sets
 from isoprobe.safe_read import NOT_A_PIPE, Refused, kind_of, read_regular_file
 from isoprobe.spec import CALLABLE_FIELDS, EXTRAS, Spec, is_file_reference
+from isoprobe.spec_plain import plain_copy
 from isoprobe.spec_yaml import read_spec_yaml
 
 #: A spec given as data (the Python API) has no file: errors name it so, and relative paths resolve against
@@ -54,10 +55,10 @@ def load_spec(
     if isinstance(spec, Spec):
         spec = spec.model_dump(mode="json", exclude_unset=True)
     if isinstance(spec, Mapping):
-        import copy
-
         path = Path.cwd() / DATA_SPEC_NAME
-        raw = copy.deepcopy(dict(spec))
+        raw, problems = plain_copy(dict(spec))  # a copy (the overrides below must not change the caller's dict)
+        if problems:
+            raise SpecError(str(path), problems)
     else:
         path = Path(spec)
         raw = read_spec_yaml(path)
@@ -68,6 +69,12 @@ def load_spec(
     else:
         given += list(overrides or ())
     origins, blocked = apply(raw, given)
+    # Every source through the file's rules, the overrides in place: a --set path 300 parts deep, a deep or
+    # self-containing value given to probe() would pass validation and crash serializing the spec.
+    raw, found = plain_copy(raw)
+    if found:
+        problems += [_with_origin(problem, origins) for problem in found]
+        raise SpecError(source, problems)
     reported: set[str] = set()
     try:
         validated = Spec.model_validate(raw)
@@ -78,6 +85,12 @@ def load_spec(
     if problems:
         raise SpecError(source, problems)
     return _resolve_paths(validated, path.parent.resolve(), source)
+
+
+def _with_origin(problem: Problem, origins: Mapping[str, str]) -> Problem:
+    """``problem``, its field named with the override that set it, if one did."""
+    origin = origin_of(problem.field, origins)
+    return Problem(f"{problem.field} (from {origin})", problem.message, problem.fix) if origin else problem
 
 
 def _problem_from(error: dict[str, Any], origins: Mapping[str, str]) -> Problem:
@@ -170,9 +183,26 @@ def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
             raise SpecError(source, [Problem(f"model.{name}", f"{file} is {kind}, not a Python file",
                                              "give a .py file" if kind == "a directory" else NOT_A_PIPE)])
         update[name] = f"{file}:{function}"
+    if spec.model.depends_on:
+        update["depends_on"] = [_dependency(base, entry, source) for entry in spec.model.depends_on]
     if not update:
         return spec
     return spec.model_copy(update={"model": spec.model.model_copy(update=update)})
+
+
+def _dependency(base: Path, entry: str, source: str) -> str:
+    """A ``model.depends_on`` entry as an absolute path to a regular file (the cache key hashes it)."""
+    file = (base / entry).resolve()
+    try:
+        kind = kind_of(file.stat().st_mode)
+    except OSError:
+        raise SpecError(source, [Problem("model.depends_on", f"no such file: {file}",
+                                         "paths are relative to the spec file's folder")]) from None
+    if kind is not None:
+        raise SpecError(source, [Problem("model.depends_on", f"{file} is {kind}, not a regular file",
+                                         "list the files in it that the model reads" if kind == "a directory"
+                                         else NOT_A_PIPE)])
+    return str(file)
 
 
 def check_references(spec: Spec, source: str) -> None:

@@ -48,7 +48,7 @@ MAX_NUMBER_DIGITS = 30
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _REFUSED_TAGS = ("binary", "set", "omap", "pairs")
-_NUMBER_FIX = ("a spec's numbers are batch sizes, steps, seconds, fractions and byte counts: "
+NUMBER_FIX = ("a spec's numbers are batch sizes, steps, seconds, fractions and byte counts: "
                "write one such as 256, 0.1 or '16GiB'")
 
 
@@ -282,7 +282,7 @@ def _number_problems(root, paths: dict[int, str]) -> list[Problem]:
         elif isinstance(node, yaml.ScalarNode):
             message = _implausible_number(node)
             if message:
-                found.append((node.start_mark.index, Problem(paths.get(id(node), ""), message, _NUMBER_FIX)))
+                found.append((node.start_mark.index, Problem(paths.get(id(node), ""), message, NUMBER_FIX)))
     return [problem for _, problem in sorted(found, key=lambda pair: pair[0])]
 
 

@@ -11,6 +11,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from conftest import REPO, cli, run_cli
 
 
@@ -226,3 +228,70 @@ def test_a_reader_that_stops_early_gets_no_traceback():
     )
     assert "Traceback" not in reader_gone.stderr and "BrokenPipe" not in reader_gone.stderr, reader_gone.stderr
     assert reader_gone.stdout.strip() == "141"
+
+
+# --------------------------------------------------------------------------- every command that cannot do its job
+
+
+def _no_estimate(monkeypatch):
+    """The environment check came back without an estimate (an untraceable model, a trace out of time)."""
+    from isoprobe.prediction import EstimateReport
+    from isoprobe.protocol import Estimate
+    from isoprobe.result import DeviceInfo
+
+    device = DeviceInfo(backend="cpu", requested="cpu", name="a CPU", total_memory_bytes=8 << 30,
+                        capacity_bytes=1 << 30)
+    report = EstimateReport(spec_path="s.yaml", torch_version="2", device=device, seconds=1.0, note="a prediction",
+                            estimate=Estimate(note="the model could not be traced: it reads a value back"))
+    monkeypatch.setattr("isoprobe.probe.estimate.estimate_spec", lambda *args, **kwargs: report)
+
+
+def _answered_sweep(monkeypatch):
+    """A sweep whose every row answered, so that only its --output can fail."""
+    from isoprobe.sweep.model import SweepReport, SweepRow
+
+    row = SweepRow(spec="s.yaml", target="local", answered=True, max_batch_size=8, stop_reason="edge_found")
+    monkeypatch.setattr("isoprobe.sweep.run_sweep",
+                        lambda *args, **kwargs: SweepReport(executor="local", rows=[row], submitted=1, seconds=1.0))
+
+
+def _no_slurm(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # a machine without Slurm's clients (submitit's RuntimeError before)
+
+
+SMALL = str(REPO / "specs" / "small-cnn.yaml")
+SAVED = str(REPO / "tests" / "data" / "result-small-cnn.json")
+DEEP = "model.kwargs." + ".".join(["a"] * 300) + "=1"
+
+#: (command line, setup, exit code, what stderr must say). Each row is a command that cannot do its job.
+CANNOT = [
+    (["run", "no/such/spec.yaml"], None, 2, "no such file"),
+    (["run", SMALL, "--set", DEEP], None, 2, "nested too deeply to be a spec"),
+    (["validate", SMALL, "--set", DEEP], None, 2, "nested too deeply to be a spec"),
+    (["validate", SMALL, "--set", "distributed.world_size=true", "--set", "distributed.strategy=ddp"], None, 2,
+     "distributed.world_size (from --set distributed.world_size=true): Input should be a valid integer"),
+    (["estimate", SMALL, "--set", DEEP], None, 2, "nested too deeply to be a spec"),
+    (["estimate", SMALL, "--format", "json"], _no_estimate, 4, "no estimate: the model could not be traced"),
+    (["show", SMALL], None, 2, "not an isoprobe result"),
+    (["plot", SAVED, "-o", "/dev/full"], None, 74, "cannot write the plot /dev/full"),
+    (["sweep", SMALL, "--format", "json", "--output", "/dev/full"], _answered_sweep, 74,
+     "cannot write the report --output /dev/full: No space left on device"),
+    (["sweep", SMALL, "--executor", "slurm", "--partition", "gpu"], _no_slurm, 2,
+     "needs Slurm's client commands on PATH, and sbatch, srun, squeue, scancel are not there"),
+    (["sweep", "no/such/spec.yaml", "--format", "json"], None, 4, ""),
+]
+
+
+@pytest.mark.parametrize(("args", "setup", "code", "said"), CANNOT, ids=[" ".join(row[0])[:60] for row in CANNOT])
+def test_every_command_that_cannot_do_its_job_says_why_with_its_documented_code(
+        monkeypatch, tmp_path, args, setup, code, said):
+    if setup is _no_slurm:
+        setup(monkeypatch, tmp_path)
+    elif setup is not None:
+        setup(monkeypatch)
+    if args[0] == "plot":
+        pytest.importorskip("matplotlib")
+    run = cli(*args)
+    assert run.returncode == code, run.stderr
+    assert "Traceback" not in run.stderr
+    assert said in " ".join(run.stderr.split()), run.stderr

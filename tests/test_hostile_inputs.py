@@ -34,6 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, TESTS, cli
+from isoprobe.spec_yaml import MAX_SPEC_DEPTH
 
 SMALL_CNN = REPO / "specs" / "small-cnn.yaml"
 RESULT = TESTS / "data" / "result-small-cnn.json"
@@ -204,8 +205,7 @@ def test_a_headroom_beyond_any_memory_is_refused(tmp_path, value):
 @pytest.mark.parametrize(("flags", "message"), [
     (["--memory-budget", f"{ZEROS}GiB"], "memory_budget (from --memory-budget): '10000000000000000000000000000..."),
     (["--memory-budget", HUGE], "memory_budget (from --memory-budget): '99999999999999999999999999999..."),
-    (["--max-batch-size", HUGE], "search.max_batch_size (from --max-batch-size): Unable to parse input string as an "
-                                 "integer, exceeded maximum size"),
+    (["--max-batch-size", HUGE], "search.max_batch_size (from --max-batch-size): Input should be a valid integer"),
     (["--max-batch-size", "lots"], "search.max_batch_size (from --max-batch-size): Input should be a valid integer"),
 ])
 def test_an_absurd_override_is_a_spec_error_naming_its_flag(write_spec, flags, message):
@@ -295,6 +295,93 @@ def test_deep_nesting_is_refused_where_it_passes_the_limit(tmp_path, text, where
     path = tmp_path / "deep.yaml"
     path.write_text(text)
     _refused(*_codes(cli("validate", str(path))), path, f"{where}: nested too deeply to be a spec")
+
+
+def _deep(levels: int, key: str = "a") -> dict:
+    """A dict ``levels`` mappings deep (built iteratively: no recursion limit stops it)."""
+    top = node = {}
+    for _ in range(levels - 1):
+        node[key] = {}
+        node = node[key]
+    return top
+
+
+def _self_containing() -> dict:
+    loop: dict = {}
+    loop["again"] = loop
+    return loop
+
+
+DEEP_SET = "model.kwargs." + ".".join(["a"] * 300) + "=1"
+
+
+@pytest.mark.parametrize("command", ["validate", "run", "estimate"])
+def test_a_set_path_hundreds_of_levels_deep_is_exit_2_before_anything_runs(command):
+    """It passed validation ('valid') and then crashed serializing the spec: the file's nesting rule now holds."""
+    code, stderr = _codes(cli(command, str(SMALL_CNN), "--set", DEEP_SET))
+    _refused(code, stderr, SMALL_CNN, "model.kwargs.a.a.a.a... (from --set model.kwargs.a.a.a.a",
+             "a spec needs a few levels")
+    assert f"more than {MAX_SPEC_DEPTH} levels" in stderr
+
+
+@pytest.mark.parametrize("value", [_deep(40), _deep(200_000), _self_containing()], ids=["40", "200000", "itself"])
+@pytest.mark.parametrize("source", ["probe(spec)", "probe(overrides)", "probe(max_batch_size)", "load_spec(sets)"])
+def test_deep_data_from_every_source_is_a_spec_error_naming_where_it_came_from(source, value):
+    from isoprobe import probe
+    from isoprobe.errors import SpecError
+    from isoprobe.spec_load import load_spec
+
+    spec = yaml.safe_load(SMALL_CNN.read_text())
+    spec["model"]["factory"] = str(REPO / "specs" / "tiny_models.py:small_cnn")
+    call = {
+        "probe(spec)": lambda: probe({**spec, "model": {**spec["model"], "kwargs": {"deep": value}}}, quiet=True),
+        "probe(overrides)": lambda: probe(SMALL_CNN, overrides={"model.kwargs.deep": value}, quiet=True),
+        "probe(max_batch_size)": lambda: probe(SMALL_CNN, max_batch_size=value, quiet=True),
+        "load_spec(sets)": lambda: load_spec(SMALL_CNN, {"model.kwargs.deep": value}, sets=["search.steps=3"]),
+    }[source]
+    with pytest.raises(SpecError) as info:
+        call()
+    [problem] = info.value.problems
+    assert problem.message == f"nested too deeply to be a spec (more than {MAX_SPEC_DEPTH} levels)"
+    named = {"probe(spec)": "model.kwargs.deep.", "probe(max_batch_size)": "search.max_batch_size."}
+    assert problem.field.startswith(named.get(source, "model.kwargs.deep.")), problem.field
+    if source != "probe(spec)":  # an override: named by where it came from
+        assert "(from " in problem.field
+
+
+def test_data_is_bounded_exactly_where_the_file_is():
+    """The same depth passes from a dict as from the YAML file (test_nesting_is_bounded_exactly_at_the_limit)."""
+    from isoprobe.errors import SpecError
+    from isoprobe.spec_load import load_spec
+
+    # The top mapping, model and kwargs are three levels: kwargs.x is the fourth.
+    assert load_spec(SMALL_CNN, {"model.kwargs.x": _deep(MAX_SPEC_DEPTH - 3)}).model.kwargs["x"]
+    with pytest.raises(SpecError):
+        load_spec(SMALL_CNN, {"model.kwargs.x": _deep(MAX_SPEC_DEPTH - 2)})
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (object(), "a value of type object is not one a spec can hold"),
+    ({1, 2}, "a value of type set is not one a spec can hold"),
+    (b"bytes", "a value of type bytes is not one a spec can hold"),
+    (float("inf"), "inf is not a finite number"),
+    (10**5000, "a number with 5001 digits is far beyond any value a spec takes"),
+], ids=["object", "set", "bytes", "inf", "5001-digits"])
+def test_a_python_value_json_cannot_carry_is_refused_as_the_file_refuses_it(value, message):
+    """They passed validation (kwargs takes anything) and crashed serializing the spec, or reached the child."""
+    from isoprobe.errors import SpecError
+    from isoprobe.spec_load import load_spec
+
+    with pytest.raises(SpecError) as info:
+        load_spec(SMALL_CNN, {"model.kwargs.x": value})
+    [problem] = info.value.problems
+    assert problem.field == "model.kwargs.x (from overrides['model.kwargs.x'])" and problem.message.startswith(message)
+
+
+def test_a_tuple_from_python_is_read_as_the_list_json_makes_of_it():
+    from isoprobe.spec_load import load_spec
+
+    assert load_spec(SMALL_CNN, {"input.shape": (3, 32, 32), "model.kwargs.pair": (1, 2)}).input.shape == [3, 32, 32]
 
 
 @settings(max_examples=200, deadline=None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from isoprobe.cache_reads import files_read, watch_reads
 from isoprobe.cache_sources import imported_sources
 from isoprobe.child import cuda as child_cuda
 from isoprobe.child.memory import cpu_memory
@@ -41,6 +42,7 @@ def _installed_version(distribution: str) -> str | None:
 
 def run_inspect(request: InspectRequest, events: Events) -> None:
     """Versions, devices, and whether the model and optimizer can be built at all."""
+    watch_reads()  # before the user's code: the files the factory reads belong to the cache entry too
     before = cpu_memory()
     import torch
 
@@ -71,8 +73,9 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
     # Last, because parsing changes this process's allocator setting: every ``allocators`` entry is checked
     # now, so a typo in the list is a spec error before any trial, not trial errors later.
     problems += _allocator_problems(torch, spec)
-    # The user's modules the build imported: a cached answer is stale once one of them changes.
-    events.emit(Inspected(facts=Facts(**facts), problems=problems, sources=imported_sources()))
+    # The user's modules the build imported and the files it read: a cached answer is stale once one changes.
+    reads = files_read()
+    events.emit(Inspected(facts=Facts(**facts), problems=problems, sources=imported_sources(), reads=reads))
     if not problems:
         # After the check's verdict: the trace runs the model's own step at real batch sizes (on fake tensors),
         # and whatever that does (a hang, an exit, a forged line) may cost the estimate, never the check.

@@ -2,8 +2,9 @@
 
 The child classifies its own exception (out of memory versus any other error,
 ``outcomes.classify_exception``) and writes exactly one ``TrialResult``, with
-the user's source files it ran (``cache_sources``: the cache's answer is only
-as current as they are). A process that ends without one is classified by the
+the user's source files it ran and the files it read (``cache_sources``,
+``cache_reads``: the cache's answer is only as current as they are) and the
+intra-op threads it ran (``cache_threads``). A process that ends without one is classified by the
 parent (crashed, timed out).
 """
 
@@ -16,9 +17,10 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from isoprobe import steady
+from isoprobe.cache_reads import files_read, watch_reads
 from isoprobe.cache_sources import imported_sources
 from isoprobe.child import cuda as child_cuda
-from isoprobe import steady
 from isoprobe.child.memory import budget_peak, cpu_memory, cpu_readings, data_cap, shared_writable_bytes
 from isoprobe.child.optimizer_state import RealSteps
 from isoprobe.child.training import Step
@@ -44,6 +46,7 @@ class _Progress:
 
 
 def run_trial(request: TrialRequest, events: Events) -> None:
+    watch_reads()  # before the user's code runs (see cache_reads)
     progress = _Progress()
     report: dict[str, Any] = {}
     failure: tuple[Outcome, ErrorInfo] | None = None
@@ -55,8 +58,9 @@ def run_trial(request: TrialRequest, events: Events) -> None:
             failure = failure[0], failure[1].model_copy(update={"cuda_memory": _cuda_memory_now(request.device)})
     if failure is None:
         # Sources at the end: a forward pass may import lazily, and what it ran is what the answer depends on.
+        reads = files_read()  # before hashing the sources, whose own opens are no reads of the trial
         events.emit(TrialResult(outcome=Outcome.FITS, phase=progress.phase, step_seconds=progress.step_seconds,
-                                sources=imported_sources(), **report))
+                                reads=reads, sources=imported_sources(), threads=_threads(), **report))
         return
     # The model, optimizer and batch lived in _train's frame, kept alive by the traceback
     # until the except block ended: collect them before writing, so that reporting an
@@ -67,8 +71,18 @@ def run_trial(request: TrialRequest, events: Events) -> None:
         sys.stderr.write(error.traceback_tail)
     if not request.device.startswith("cuda"):
         report["peak_bytes"] = cpu_memory().peak_rss
+    reads = files_read()
     events.emit(TrialResult(outcome=outcome, phase=progress.phase, step_seconds=progress.step_seconds, error=error,
-                            sources=imported_sources(), **report))
+                            reads=reads, sources=imported_sources(), threads=_threads(), **report))
+
+
+def _threads() -> int | None:
+    """The intra-op threads torch runs here (None if the trial never imported it): the cache checks them."""
+    torch = sys.modules.get("torch")
+    try:
+        return torch.get_num_threads() if torch is not None else None
+    except Exception:  # noqa: BLE001 - a torch that cannot say: the cache then has nothing to check against
+        return None
 
 
 def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[str, Any]:

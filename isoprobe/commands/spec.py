@@ -29,10 +29,16 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     from isoprobe.errors import ExitCode
     from isoprobe.prediction import render_report
     from isoprobe.probe.estimate import estimate_spec
-    from isoprobe.streams import emit
+    from isoprobe.streams import emit, tell
 
     report = estimate_spec(load(args), args.spec, "command line" if budget_overridden(args) else "spec")
     emit(render_report(report) if wants_table(args.format) else report.model_dump_json(indent=2))
+    if report.estimate.per_sample_bytes is None:
+        # The command's one job is the estimate: without one (a model the trace cannot follow, a trace that
+        # ran out of time, a distributed spec) the report says why, and the exit code must not say "answered".
+        tell(f"isoprobe estimate: no estimate: {report.estimate.note or 'none came back'}; 'isoprobe run' "
+             "measures the answer without one")
+        return ExitCode.NO_ANSWER
     return ExitCode.ANSWERED
 
 

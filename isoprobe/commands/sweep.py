@@ -12,7 +12,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     import signal
     from pathlib import Path
 
-    from isoprobe.errors import ExitCode, Terminated
+    from isoprobe.errors import ExitCode, OutputFailed, Terminated
     from isoprobe.streams import emit, tell
 
     def on_sigterm(signum, frame):
@@ -27,6 +27,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         usage_error("sweep --executor slurm needs at least one --partition or --constraint (a GPU type)", "sweep")
     if args.executor == "local" and (targets or sbatch):
         usage_error("--partition, --constraint and --sbatch are for --executor slurm", "sweep")
+    if args.executor == "slurm":
+        from isoprobe.sweep.slurm import missing_commands
+
+        if missing := missing_commands():  # before any spec is probed on the login node
+            usage_error(f"--executor slurm needs Slurm's client commands on PATH, and {', '.join(missing)} "
+                        f"{'is' if len(missing) == 1 else 'are'} not there: run it on a Slurm login node (or "
+                        "module load slurm), or use --executor local", "sweep")
     signal.signal(signal.SIGTERM, on_sigterm)
     from isoprobe.sweep import run_sweep
     from isoprobe.sweep.model import render_sweep_table
@@ -38,12 +45,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     report = run_sweep(args.specs, executor=args.executor, say=tell, targets=targets, named=named_overrides(args),
                        sets=tuple(args.set), refresh=args.refresh, slurm_options=options)
     document = report.model_dump_json(indent=2)
+    unwritten = None
     if args.output:
         try:
             Path(args.output).write_text(document + "\n")
-        except OSError as exc:
-            tell(f"isoprobe: --output {args.output}: {exc.strerror or exc}")
+        except OSError as exc:  # a full disk, a missing folder: the report still goes to stdout, and the code says so
+            unwritten = exc.strerror or str(exc)
     emit(render_sweep_table(report) if wants_table(args.format) else document)
     if report.interrupted:
         return ExitCode.INTERRUPTED if report.interrupted == "interrupted" else ExitCode.TERMINATED
+    if unwritten is not None:  # a script that reads the file must not go on as if it were there: exit 74
+        raise OutputFailed(f"the report --output {args.output}", unwritten)
     return ExitCode.ANSWERED if report.all_answered else ExitCode.NO_ANSWER

@@ -13,7 +13,8 @@ whole, every ``POLL_SECONDS``: the first rank that writes a verdict other than
 at once, well before the trial's timeout. The run that comes back is that
 rank's, with every rank's run beside it (``ChildRun.ranks``); the probe
 classifies the trial by it (``probe.trials``). A rank that hangs before a
-collective holds the others up until the trial's timeout: the gang timed out.
+collective holds the others up until the trial's timeout: the gang timed out,
+and the rank that did not get as far as the others is the one named (``laggard``).
 """
 
 from __future__ import annotations
@@ -123,9 +124,29 @@ def _supervise(launches: list[Launch], timeout: float) -> tuple[int | None, floa
             timed_out = [rank for rank, launch in enumerate(launches) if launch.timed_out
                          and not launch.verdict_at_timeout]
             if timed_out:
-                return _stop_all(launches, timed_out[0])
+                hung = laggard([len(read_events(launch.events_path)) for launch in launches], timed_out)
+                if hung is None:  # level: no evidence which rank held the others, and none is blamed
+                    _stop_all(launches, 0)
+                    return None, None
+                return _stop_all(launches, hung)
             return None, None
         time.sleep(POLL_SECONDS)
+
+
+def laggard(progress: list[int], timed_out: list[int]) -> int | None:
+    """Of the ranks that timed out, the one that did not reach the point the others reached; None when none is behind.
+
+    ``progress``: each rank's events so far (started, imports done, request
+    received, model built, one per step...). At a gang's timeout every rank is
+    still running: the one that hung, and the others blocked in a collective
+    waiting for it. Those got further (they built the model, finished a step),
+    so the rank with strictly the fewest events is the one that held the gang;
+    blaming the first rank instead named rank 0 when rank 1 hung. Level ranks
+    (a hang and a wait inside the same step) leave no evidence: None, never a guess.
+    """
+    least = min(progress[rank] for rank in timed_out)
+    behind = [rank for rank in timed_out if progress[rank] == least]
+    return behind[0] if len(behind) == 1 and least < max(progress) else None
 
 
 def _stop_all(launches: list[Launch], failed: int) -> tuple[int, float]:

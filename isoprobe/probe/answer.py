@@ -45,7 +45,9 @@ def answer(
         reporter.note(reason)
         return context.probe(cache=None)
     cache = ResultCache(cache_directory(environ))
-    key = cache_key(key_material(spec, spec_path, environ, gpus))
+    material = key_material(spec, spec_path, environ, gpus)
+    key = cache_key(material)
+    context.expected_threads = material["device"].get("threads", {}).get("intra_op")
     try:
         if not refresh and (hit := context.cached(cache, key)):
             return hit
@@ -90,6 +92,7 @@ class _Context:
         self.executor = executor
         self.refused: set[str] = set()
         self.world_size_source = "spec"
+        self.expected_threads = None  # the key's intra-op threads (cache_threads), checked against the trials'
 
     def probe(self, cache):
         from isoprobe.cache import now_utc
@@ -99,7 +102,8 @@ class _Context:
         from isoprobe.probe.pipeline import local_executor, run_probe
         from isoprobe.result import CacheInfo, RunEnvironment
 
-        recorder = SourceRecorder(self.executor if self.executor is not None else local_executor(self.spec))
+        recorder = SourceRecorder(self.executor if self.executor is not None else local_executor(self.spec),
+                                  self.expected_threads)
         result = run_probe(self.spec, self.spec_path, self.reporter, budget_source=self.budget_source,
                            environ=self.environ, executor=recorder, world_size_source=self.world_size_source)
         result = result.model_copy(update={"environment": RunEnvironment.model_validate(self.environment),
@@ -110,8 +114,8 @@ class _Context:
             self.reporter.note("the answer is not cached: the GPU's facts for its key could not be read through NVML")
             return result
         store, key = cache
-        if recorder.conflicts:
-            self.reporter.note(f"{recorder.conflicts[0]} changed while it was probed, so the answer is not cached")
+        if reason := recorder.unsettled():
+            self.reporter.note(f"{reason}, so the answer is not cached")
             return result
         info = CacheInfo(hit=False, key=key, path=str(store.entry(key)), stored_at=now_utc())
         stored = result.model_copy(update={"cache": info})

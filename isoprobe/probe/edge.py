@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from isoprobe.errors import Terminated
-from isoprobe.outcomes import StopReason
+from isoprobe.outcomes import Outcome, StopReason
 from isoprobe.probe.environment import Target
 from isoprobe.probe.explain import Found
 from isoprobe.probe.recommendation import recommend
@@ -71,6 +71,10 @@ def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior:
         if found.stop not in (StopReason.EDGE_FOUND, StopReason.CAPPED):
             return found
         recommended, recommendation = recommend(spec, target, runner, found.max_fitting, found.first_failing)
+        if any(t.purpose in ("soak", "recommendation_check") and t.outcome is Outcome.ERROR for t in runner.trials):
+            # The user's code raised an error that is not about memory in a step the search's shorter trials did
+            # not reach: a bug, not growth, so the probe stops as a search trial's error stops it (exit 4).
+            return replace(found, stop=StopReason.ERROR, recommendation=recommendation)
         return replace(found, recommended=recommended, recommendation=recommendation)
     except (KeyboardInterrupt, Terminated) as stopped:
         known = progress(history, limits)

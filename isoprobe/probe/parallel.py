@@ -11,9 +11,11 @@ that is 2; ``auto`` takes that maximum, a number above it is lowered, with a not
 
 ``observe_round`` is ``TrialRunner.observe`` for several batches at once: the
 requests run concurrently (``executors.rounds``), each CUDA slot on its own
-device, and each becomes a ``Trial`` in the runner's list, in slot order. An
-ambiguous library error gets the runner's usual evidence (a re-run with more
-memory), one after another, after the round.
+device, and each becomes a ``Trial`` in the runner's list, printed, and an
+observation of the search as soon as its child ends (in the order they end):
+an interrupt mid-round keeps what had ended. An ambiguous library error gets
+the runner's usual evidence (a re-run with more memory), one after another,
+after the round.
 """
 
 from __future__ import annotations
@@ -82,14 +84,21 @@ def search(runner, limits, history: list[Observation], step):
     from isoprobe.search_parallel import run_parallel_search
 
     runner.reporter.note(f"{len(devices)} slots: up to {len(devices)} trials at once ({', '.join(devices)})")
-    found = run_parallel_search(lambda batches: observe_round(runner, batches, devices), limits, len(devices),
-                                history, step=step)
+    found = run_parallel_search(lambda batches, observed: observe_round(runner, batches, devices, observed), limits,
+                                len(devices), history, step=step)
     runner.reporter.note(f"edge search: {len(history)} trials in {found.rounds} rounds")
     return found.conclusion
 
 
-def observe_round(runner, batches: list[int], devices: list[str]) -> list[Observation]:
-    """Run ``batches`` at once, slot ``i`` on ``devices[i]``; their observations, in order."""
+def observe_round(runner, batches: list[int], devices: list[str], observed) -> None:
+    """Run ``batches`` at once, slot ``i`` on ``devices[i]``; ``observed(slot, observation)`` as each trial ends.
+
+    Each trial joins ``runner.trials`` and is printed as its child ends (so its
+    index is the order of the ends), and its observation goes to the search at
+    once; only an ambiguous library error waits for its evidence, after the
+    round, as ``TrialRunner.run`` would make it wait. A signal mid-round thus
+    leaves every ended trial in the result and in what the search proved.
+    """
     from isoprobe.executors.rounds import run_round
     from isoprobe.probe.trials import _SEARCH_PURPOSES, observation_of, trial_from_run
 
@@ -110,24 +119,30 @@ def observe_round(runner, batches: list[int], devices: list[str]) -> list[Observ
         request = TrialRequest(spec=runner.spec, batch_size=batch, device=devices[slot], memory_budget_bytes=budget,
                                python_path=runner.python_path, steady=rule)
         jobs.append((request, conditions, runner.timeout(rule.max_steps if rule else None),
-                     f"trial{first + slot:03d}-b{batch}-s{slot}"))
-    runs = run_round(runner.executor, jobs)
-    observations = []
-    for slot, (batch, run) in enumerate(zip(batches, runs)):
-        trial = trial_from_run(run, len(runner.trials) + 1, batch, purposes[slot],
+                     f"round{first:03d}-s{slot}-b{batch}"))
+    ambiguous = []
+
+    def finished(slot: int, run) -> None:
+        trial = trial_from_run(run, len(runner.trials) + 1, batches[slot], purposes[slot],
                                runner._asked(budget, rule=rules[slot]))
         if runner.allocator_label is not None:
             trial = trial.model_copy(update={"allocator": runner.allocator_label})
         runner.trials.append(trial)
         runner.reporter.trial(trial)
-        observations.append(trial)
-    for slot, trial in enumerate(observations):  # the evidence an ambiguous error needs, as TrialRunner.run gets it
-        if trial.outcome is Outcome.ERROR and trial.error is not None and maybe_allocation_failure(trial.error.message) \
-                and budget is not None:
-            larger = runner._larger_budget(budget)
-            check = runner._launch(trial.batch_size, "memory_check", larger)
-            if check.outcome is Outcome.FITS:
-                observations[slot] = runner._reclassify(trial, (
-                    f"{trial.error.type} under the budget, but batch {trial.batch_size} fit with more memory "
-                    f"(trial {check.index}): an allocation failure"))
-    return [observation_of(trial, runner.spec.search.steps) for trial in observations]
+        if trial.reclassified:  # not what the child said: the reason, where people read the progress
+            runner.reporter.note(f"  trial {trial.index} is {trial.outcome.value}: {trial.reclassified}")
+        if trial.outcome is Outcome.ERROR and trial.error is not None and budget is not None \
+                and maybe_allocation_failure(trial.error.message):
+            ambiguous.append((slot, trial))  # counted once its evidence is in
+        else:
+            observed(slot, observation_of(trial, runner.spec.search.steps))
+
+    run_round(runner.executor, jobs, finished)
+    for slot, trial in ambiguous:  # the evidence an ambiguous error needs, as TrialRunner.run gets it
+        larger = runner._larger_budget(budget)
+        check = runner._launch(trial.batch_size, "memory_check", larger)
+        if check.outcome is Outcome.FITS:
+            trial = runner._reclassify(trial, (
+                f"{trial.error.type} under the budget, but batch {trial.batch_size} fit with more memory "
+                f"(trial {check.index}): an allocation failure"))
+        observed(slot, observation_of(trial, runner.spec.search.steps))

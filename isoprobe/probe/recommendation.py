@@ -104,7 +104,8 @@ def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_s
             notes.append(f"{batch} survived a soak of {steps} steps{rising}")
             return batch, _with(recommendation, soaks, notes, trial.peak_bytes)
         if trial.outcome not in (Outcome.FITS, Outcome.OUT_OF_MEMORY):
-            notes.append(f"the soak of {batch} ended {trial.outcome.value} twice: no batch is recommended without "
+            twice = " twice" if trial.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT) else ""  # an error: once
+            notes.append(f"the soak of {batch} ended {trial.outcome.value}{twice}: no batch is recommended without "
                          "a soak that survived")
             return None, _with(recommendation, soaks, notes, None)
         lower = lower_batch(batch, judged, per_sample, target_peak, recommendation.multiple_of)

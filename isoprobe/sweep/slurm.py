@@ -96,8 +96,16 @@ def run_slurm(items: list[SweepItem], options: SlurmOptions, say: Callable[[str]
     submitter = submitter or SubmititSubmitter(options)
     task_of: dict[int, str] = {}
     try:
-        for target, group in pending.items():
-            array_id, task_ids = submitter.submit(target, group)
+        for target, group in list(pending.items()):
+            try:
+                array_id, task_ids = submitter.submit(target, group)
+            except Exception as exc:  # sbatch refused (a partition that does not exist, an account): this GPU type's rows
+                del pending[target]
+                reason = " ".join(str(exc).split())[:500] or type(exc).__name__
+                say(f"isoprobe: submitting {len(group)} probes on {target} failed: {reason}")
+                for item in group:
+                    rows[item.index] = failed_row(item.shown, item.target, f"the job array was not submitted: {reason}")
+                continue
             arrays.append(array_id)
             task_of.update({item.index: task for item, task in zip(group, task_ids)})
             say(f"isoprobe: submitted job array {array_id} ({len(group)} probes on {target})")
@@ -220,6 +228,17 @@ class SubmititSubmitter:
             text = None
         lines = [line.strip() for line in (text or "").splitlines() if line.strip()]
         return lines[-1][:500] if lines else "no output (see squeue/sacct for the job's state)"
+
+
+#: What the Slurm executor runs: submitit submits with sbatch and insists on srun; squeue and scancel are ours.
+SLURM_COMMANDS = ("sbatch", "srun", "squeue", "scancel")
+
+
+def missing_commands() -> list[str]:
+    """Slurm's client commands not on PATH: without them ``--executor slurm`` cannot submit, watch or cancel."""
+    import shutil
+
+    return [command for command in SLURM_COMMANDS if shutil.which(command) is None]
 
 
 def private_folder(path: Path) -> Path:

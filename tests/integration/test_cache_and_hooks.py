@@ -2,7 +2,8 @@
 
 A hit must answer without any child process: the stored trials come back, no trial
 line is printed, and it takes a fraction of a probe's time. A hit is refused once a
-source file the trials imported has changed (a helper module the factory imports).
+source file the trials imported has changed (a helper module the factory imports),
+or a file they read (a JSON the factory reads its sizes from).
 In hook mode a probe that cannot answer gives the fallback and exit 0, and the log
 holds the evidence.
 """
@@ -163,6 +164,36 @@ def test_editing_a_helper_module_the_factory_imports_makes_the_cached_answer_sta
 
     third = run_cli("run", spec, "--format", "json", cache_dir=cache)
     assert third.returncode == 0 and third.json["cache"]["hit"] is True and third.json["max_batch_size"] == 3
+
+
+def test_editing_a_config_file_the_factory_reads_makes_the_cached_answer_stale(write_spec, tmp_path):
+    """The factory reads its edge from a JSON file: no module changes, the children saw it read (cache_reads)."""
+    cache, config = tmp_path / "cache", tmp_path / "edge.json"
+    (tmp_path / "configured.py").write_text(_EDGED_FACTORY.replace(
+        "import helper\n", "import json\nfrom pathlib import Path\n").replace(
+        "helper.EDGE", "self.edge").replace(
+        "self.linear = nn.Linear(16, 4)",
+        "self.linear = nn.Linear(16, 4)\n        self.edge = json.loads((Path(__file__).parent / 'edge.json')"
+        ".read_text())['edge']"))
+    config.write_text('{"edge": 6}')
+    spec = str(write_spec({
+        "model": {"factory": "configured.py:build"}, "input": {"shape": [16]}, "target": {"classes": 4},
+        "optimizer": {"name": "sgd"}, "device": "cpu", "memory_budget": "2GiB",
+        "search": {"start_batch_size": 3, "max_batch_size": 7, "steps": 2, "strategy": "doubling",
+                   "confirmations": 0},
+        "recommendation": {"headroom": 0.0, "soak_steps": 0},
+    }))
+    first = run_cli("run", spec, "--format", "json", cache_dir=cache)
+    assert first.returncode == 0, first.stderr
+    assert first.json["max_batch_size"] == 6
+    assert first.json["sources"][str(config.resolve())] == hashlib.sha256(b'{"edge": 6}').hexdigest()
+    assert run_cli("run", spec, "--format", "json", cache_dir=cache).json["cache"]["hit"] is True
+
+    config.write_text('{"edge": 3}')
+    second = run_cli("run", spec, "--format", "json", cache_dir=cache)
+    assert second.returncode == 0, second.stderr
+    assert f"is stale: {config.resolve()} changed since it was probed; probing again" in second.stderr
+    assert second.json["cache"]["hit"] is False and second.json["max_batch_size"] == 3
 
 
 def test_hook_mode_survives_a_bad_spec_and_says_why_in_the_log(tmp_path):

@@ -76,3 +76,28 @@ def test_a_write_replaces_the_entry_whole_and_leaves_no_temporary(tmp_path):
     store.write("k", "second")
     assert store.read("k") == "second" and store.read("other") is None
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == ["k.json"]
+
+
+def test_editing_a_file_named_in_depends_on_is_a_new_key(tmp_path):
+    """Files read by C code (a tokenizer's own reader) are invisible to the children's audit hook: the spec names them."""
+    from isoprobe.errors import SpecError
+    from isoprobe.spec_load import load_spec
+
+    tokenizer = tmp_path / "tokenizer.json"
+    tokenizer.write_text('{"vocab": 100}')
+    spec_file = tmp_path / "s.yaml"
+    spec_file.write_text("model: {torchvision: resnet18, depends_on: [tokenizer.json]}\n"
+                         "input: {shape: [3, 64, 64]}\ntarget: {classes: 10}\n")
+    spec = load_spec(str(spec_file))
+    assert spec.model.depends_on == [str(tokenizer.resolve())]
+    before = _key(spec, spec_path=str(spec_file))
+    assert before == _key(spec, spec_path=str(spec_file))
+    tokenizer.write_text('{"vocab": 200}')
+    assert _key(spec, spec_path=str(spec_file)) != before
+
+    tokenizer.unlink()
+    with pytest.raises(SpecError, match="model.depends_on"):
+        load_spec(str(spec_file))
+    tokenizer.mkdir()
+    with pytest.raises(SpecError, match="is a directory"):
+        load_spec(str(spec_file))

@@ -234,3 +234,36 @@ def test_a_hook_learns_the_batch_is_per_rank_and_for_which_strategy():
     assert variables["ISOPROBE_MAX_BATCH_SIZE"] == "20"
     single = dict(result_variables(probe(hog_spec(), ScriptedExecutor(lambda call: fits(900 * MiB))).result))
     assert "ISOPROBE_STRATEGY" not in single
+
+
+class _HungRank:
+    """A rank still running at the gang's deadline, with the events it wrote so far (a Launch, as _supervise sees it)."""
+
+    def __init__(self, tmp_path, rank: int, steps_done: int):
+        import time as clock
+
+        from isoprobe.protocol import RequestReceived, Started, StepDone, event_line
+
+        self.events_path = tmp_path / f"rank{rank}.events"
+        events = [Started(pid=rank + 100), RequestReceived(path="r.json")] + [StepDone(step=n, seconds=0.1)
+                                                                 for n in range(1, steps_done + 1)]
+        self.events_path.write_bytes(b"".join(event_line(e) for e in events))
+        self.delivered = clock.monotonic() - 60
+        self.timed_out = self.verdict_at_timeout = False
+        self.child = None
+
+    def poll(self):
+        return None
+
+
+@pytest.mark.parametrize(("steps", "blamed"), [((1, 0), 1), ((0, 2), 0), ((1, 1), None), ((0, 1, 1), 0)])
+def test_a_gang_that_times_out_names_the_rank_that_fell_behind_or_none(tmp_path, monkeypatch, steps, blamed):
+    """Rank 1 hung in step 2 while rank 0 waited in its all-reduce: rank 0 was named, as the first that timed out."""
+    from isoprobe.executors import gang as gang_module
+
+    launches = [_HungRank(tmp_path, rank, done) for rank, done in enumerate(steps)]
+    monkeypatch.setattr(gang_module, "wait_for_end", lambda child, timeout: (True, False))
+    monkeypatch.setattr(gang_module.LocalExecutor, "stop", staticmethod(lambda launch: None))
+    failed, stop_seconds = gang_module._supervise(launches, timeout=1.0)
+    assert failed == blamed
+    assert (stop_seconds is None) == (blamed is None)

@@ -174,3 +174,31 @@ def test_hook_mode_gives_the_fallback_when_no_batch_survived_its_soak(monkeypatc
     plain = cli("run", "specs/small-cnn.yaml", "--format", "env")  # without hook mode: said, not hidden
     assert "ISOPROBE_BATCH_SIZE" not in plain.stdout and "ISOPROBE_MAX_BATCH_SIZE=19" in plain.stdout
     assert "none survived its soak" in plain.stdout
+
+
+@pytest.mark.parametrize("soak_steps", [None, 0], ids=["soak", "check"])
+def test_a_user_error_raised_only_after_the_searchs_steps_stops_the_probe_with_exit_4(soak_steps):
+    """The user's step raises at step 4 (the search's trials run 2): a bug, not 'memory grows from step to step'."""
+    from isoprobe.executors.scripted import error
+    from isoprobe.result import exit_code_for
+
+    checked = None
+    if soak_steps == 0:  # the check run of the recommended batch: which batch that is, from a run without the bug
+        clean = probe(soaked_spec(soak_steps=0), leaky(0))
+        (check,) = [t for t in clean.trials if t.purpose == "recommendation_check"]
+        checked = check.batch_size
+
+    def faults(call):
+        if call.request.steps is not None or call.batch_size == checked:
+            return error("deliberate bug at step 4", "KeyError")
+        return None
+
+    probed = probe(soaked_spec(soak_steps=soak_steps), leaky(0, faults=faults))
+    result = probed.result
+    assert result.stop_reason.value == "error" and exit_code_for(result.stop_reason) == 4 and not result.answered
+    assert result.recommended_batch_size is None
+    assert "raised KeyError: deliberate bug at step 4" in result.message and "grows" not in result.message
+    assert not any("grows" in suggestion for suggestion in result.suggestions)
+    if soak_steps is None:
+        assert [t.outcome for t in soaks_of(probed)] == [Outcome.ERROR]  # no re-run: an error is not a crash
+        assert "ended error:" in result.recommendation.note and "twice" not in result.recommendation.note

@@ -11,7 +11,7 @@ from isoprobe.outcomes import Outcome, StopReason
 from isoprobe.search import run_search
 from isoprobe.search_history import Limits, Observation
 from isoprobe.search_steps import doubling_step, guided_step
-from isoprobe.search_parallel import plan_round, run_parallel_search
+from isoprobe.search_parallel import one_at_a_time, plan_round, run_parallel_search
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from simulate_search import device  # noqa: E402
@@ -23,9 +23,9 @@ def rounds_of(oracle):
     """A round oracle from a batch oracle, keeping every round asked for."""
     asked: list[list[int]] = []
 
-    def run(batches):
+    def run(batches, observed):
         asked.append(list(batches))
-        return [oracle(b) for b in batches]
+        one_at_a_time(oracle)(batches, observed)
 
     return run, asked
 
@@ -69,15 +69,13 @@ def test_a_slot_that_crashes_mid_round_is_retried_and_only_ever_lowers_the_answe
     crashes = {("round", 2, 1)}  # the second slot of the second round crashes once
     state = {"round": 0}
 
-    def run(batches):
+    def run(batches, observed):
         state["round"] += 1
-        out = []
         for slot, batch in enumerate(batches):
             if ("round", state["round"], slot) in crashes:
-                out.append(Observation(batch, Outcome.CRASHED))
+                observed(slot, Observation(batch, Outcome.CRASHED))
             else:
-                out.append(Observation(batch, Outcome.FITS if batch <= 37 else Outcome.OUT_OF_MEMORY))
-        return out
+                observed(slot, Observation(batch, Outcome.FITS if batch <= 37 else Outcome.OUT_OF_MEMORY))
 
     found = run_parallel_search(run, Limits(start=2, cap=100), 4, step=doubling_step)
     crashed = [o.batch_size for o in found.conclusion.history if o.outcome is Outcome.CRASHED]
@@ -91,17 +89,15 @@ def test_a_batch_that_fails_once_is_never_reported_and_a_persistent_crash_lowers
     and it fit every time it ran."""
     counts: dict[int, int] = {}
 
-    def run(batches):
-        out = []
-        for batch in batches:
-            counts[batch] = counts.get(batch, 0) + 1
-            if batch == 40:
-                out.append(Observation(batch, Outcome.FITS if counts[batch] == 1 else Outcome.OUT_OF_MEMORY))
-            elif batch == 39:
-                out.append(Observation(batch, Outcome.CRASHED))
-            else:
-                out.append(Observation(batch, Outcome.FITS if batch <= 40 else Outcome.OUT_OF_MEMORY))
-        return out
+    def observe(batch):
+        counts[batch] = counts.get(batch, 0) + 1
+        if batch == 40:
+            return Observation(batch, Outcome.FITS if counts[batch] == 1 else Outcome.OUT_OF_MEMORY)
+        if batch == 39:
+            return Observation(batch, Outcome.CRASHED)
+        return Observation(batch, Outcome.FITS if batch <= 40 else Outcome.OUT_OF_MEMORY)
+
+    run = one_at_a_time(observe)
 
     found = run_parallel_search(run, Limits(start=2, cap=64, confirmations=1), 8, step=doubling_step).conclusion
     assert found.max_fitting is not None and found.max_fitting <= 38
@@ -122,9 +118,7 @@ def test_a_round_never_plans_a_batch_more_often_than_allowed_nor_beyond_the_cap(
 
 
 def test_an_error_stops_the_rounds():
-    def run(batches):
-        return [Observation(b, Outcome.ERROR if b >= 8 else Outcome.FITS) for b in batches]
-
+    run = one_at_a_time(lambda b: Observation(b, Outcome.ERROR if b >= 8 else Outcome.FITS))
     found = run_parallel_search(run, Limits(start=2, cap=64), 4)
     assert found.conclusion.stop is StopReason.ERROR and found.rounds == 1
 
@@ -136,3 +130,47 @@ def test_one_slot_is_the_sequential_search():
     run, asked = rounds_of(oracle)
     found = run_parallel_search(run, Limits(start=2, capacity=capacity), 1)
     assert [b for r in asked for b in r] == [o.batch_size for o in sequential.history]
+
+
+def test_observations_join_the_history_as_they_are_told_and_an_interrupt_mid_round_keeps_them():
+    """A round whose last slot ends first, then a signal before its first slot ends: the history holds what ended."""
+    history: list[Observation] = []
+
+    def run(batches, observed):
+        if len(history) >= 2:  # the second round: its last slot ends, then the signal comes
+            observed(len(batches) - 1, Observation(batches[-1], Outcome.OUT_OF_MEMORY))
+            raise KeyboardInterrupt
+        for slot in reversed(range(len(batches))):  # the first round ends in reverse slot order
+            observed(slot, Observation(batches[slot], Outcome.FITS))
+
+    with pytest.raises(KeyboardInterrupt):
+        run_parallel_search(run, Limits(start=2, cap=64), 2, history, step=doubling_step)
+    assert [(o.batch_size, o.outcome) for o in history] == [
+        (4, Outcome.FITS), (2, Outcome.FITS), (16, Outcome.OUT_OF_MEMORY)]
+
+
+@pytest.mark.parametrize("answers", [[0, 0, 1], [0]], ids=["a slot told twice", "a slot never told"])
+def test_a_round_oracle_must_tell_each_slot_exactly_once(answers):
+    def run(batches, observed):
+        for slot in answers:
+            observed(slot, Observation(batches[slot], Outcome.FITS))
+
+    with pytest.raises(AssertionError):
+        run_parallel_search(run, Limits(start=2, cap=64), 2)
+
+
+@pytest.mark.parametrize("slots", [2, 4])
+def test_the_order_in_which_a_round_ends_does_not_change_the_answer(slots):
+    for true_max in GRID[::4]:
+        oracle, capacity = device(true_max, 0, 0.05)
+        limits = Limits(start=2, confirmations=1, capacity=capacity)
+        in_order = run_parallel_search(one_at_a_time(oracle), limits, slots, step=guided_step).conclusion
+        oracle, capacity = device(true_max, 0, 0.05)
+
+        def reversed_ends(batches, observed):
+            for slot in reversed(range(len(batches))):
+                observed(slot, oracle(batches[slot]))
+
+        found = run_parallel_search(reversed_ends, limits, slots, step=guided_step).conclusion
+        assert (found.stop, found.max_fitting, found.first_failing) == (
+            in_order.stop, in_order.max_fitting, in_order.first_failing) == (StopReason.EDGE_FOUND, true_max, true_max + 1)

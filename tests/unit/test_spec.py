@@ -554,3 +554,83 @@ def test_negative_headroom_is_rejected(tmp_path):
 def test_override_does_not_hide_a_malformed_section(tmp_path):
     path = write(tmp_path, MINIMAL + "search: 5\n")
     assert only(problems_of(path, {"--max-batch-size": 8}), "search")
+
+
+# --------------------------------------------------------------------------- strict numbers, every field
+
+
+def _numeric_fields(model=None, prefix: str = "") -> list[tuple[str, bool]]:
+    """Every field of the spec whose type takes a number (int or float), by dotted path; True where it is a list.
+
+    Walks the models themselves, so a field added later is covered without being listed here.
+    """
+    import typing
+
+    from pydantic import BaseModel
+
+    from isoprobe.spec import Spec
+
+    def kinds(annotation) -> set:
+        origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+        if origin is typing.Annotated:
+            return kinds(args[0])
+        if origin is list:
+            return {("list", kind) for kind in kinds(args[0]) if not isinstance(kind, tuple)}
+        if args:  # a Union (X | None), a Literal's values are not types
+            return set().union(*(kinds(arg) for arg in args if isinstance(arg, type) or typing.get_origin(arg)))
+        return {annotation} if isinstance(annotation, type) else set()
+
+    found = []
+    for name, field in (model or Spec).model_fields.items():
+        path = f"{prefix}{name}"
+        types = kinds(field.annotation)
+        for sub in (t for t in types if isinstance(t, type) and issubclass(t, BaseModel)):
+            found += _numeric_fields(sub, path + ".")
+        if types & {int, float}:
+            found.append((path, False))
+        elif {("list", int), ("list", float)} & types:
+            found.append((path, True))
+    return found
+
+
+NUMERIC_FIELDS = _numeric_fields()
+
+
+def test_the_walk_finds_the_numeric_fields():
+    paths = {path for path, _ in NUMERIC_FIELDS}
+    assert {"distributed.world_size", "search.max_batch_size", "search.trial_timeout", "memory_budget",
+            "recommendation.headroom", "input.shape", "distributed.bucket_cap_mb", "search.parallel"} <= paths
+    assert len(paths) >= 20, sorted(paths)
+
+
+@pytest.mark.parametrize(("path", "in_list"), NUMERIC_FIELDS, ids=[path for path, _ in NUMERIC_FIELDS])
+def test_no_numeric_field_reads_a_boolean_as_a_number(tmp_path, path, in_list):
+    """``world_size: true`` was one rank, ``max_batch_size: true`` a cap of 1: pydantic's lax mode made true 1."""
+    given = {path: [True] if in_list else True}
+    if path.startswith("distributed.") and path != "distributed.strategy":
+        given["distributed.strategy"] = "ddp"  # so that no check across fields is the only thing to say
+    found = [p for p in problems_of(write(tmp_path, MINIMAL), given) if p.field.startswith(path)]
+    assert found, f"{path}: true was accepted as a number"
+
+
+@pytest.mark.parametrize(("path", "value"), [("search.steps", 3.0), ("search.max_batch_size", "64"),
+                                             ("distributed.world_size", 2.0)])
+def test_no_integer_field_reads_a_float_or_text_as_an_integer(tmp_path, path, value):
+    given = {path: value, **({"distributed.strategy": "ddp"} if path.startswith("distributed.") else {})}
+    assert [p for p in problems_of(write(tmp_path, MINIMAL), given) if p.field.startswith(path)]
+
+
+def test_the_max_batch_size_flag_text_is_still_a_number_and_sizes_still_take_text(tmp_path):
+    spec = load_spec(write(tmp_path, MINIMAL), {"--max-batch-size": " 64 ", "memory_budget": "8GiB",
+                                                "recommendation.headroom": "1GiB", "search.trial_timeout": 5})
+    assert (spec.search.max_batch_size, spec.memory_budget, spec.search.trial_timeout) == (64, 8 << 30, 5.0)
+
+
+@pytest.mark.parametrize("parallel", [2, "auto"])
+def test_parallel_trials_with_a_gang_are_refused_not_ignored(tmp_path, parallel):
+    """Each trial of a distributed spec is a gang of ranks: the slots were silently dropped to one."""
+    found = problems_of(write(tmp_path, MINIMAL), {"distributed.strategy": "ddp", "search.parallel": parallel})
+    problem = only(found, "search.parallel")
+    assert problem.message.startswith(f"{parallel} runs several trials at once, and with distributed.strategy ddp "
+                                      "every trial is already a gang of ranks")
+    assert load_spec(write(tmp_path, MINIMAL), {"distributed.strategy": "ddp", "search.parallel": 1})

@@ -219,3 +219,22 @@ def test_sweep_usage_errors_exit_2_before_anything_runs(argv, message, capsys):
     with pytest.raises(SystemExit) as stop:
         main(["sweep", "spec.yaml", *argv])
     assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_an_array_sbatch_refuses_fails_its_rows_and_the_other_targets_still_run(specs, tmp_path, monkeypatch):
+    """sbatch's refusal (a partition that does not exist) was submitit's exception as a traceback."""
+
+    class Refusing(ScriptedSlurm):
+        def submit(self, target, items):
+            if target == "partition=nope":
+                raise RuntimeError("sbatch: error: invalid partition specified: nope")
+            return super().submit(target, items)
+
+    (rows, submitted, arrays, stopped), lines = slurm_sweep(
+        specs, ["capped.yaml"], tmp_path, Refusing(tmp_path / "cache"), monkeypatch,
+        targets=("partition=nope", TARGET))
+    refused, answered = rows
+    assert not refused.answered and refused.error == ("the job array was not submitted: sbatch: error: invalid "
+                                                      "partition specified: nope")
+    assert answered.answered and arrays == ["100"] and stopped is None
+    assert any("submitting 1 probes on partition=nope failed" in line for line in lines)
