@@ -36,9 +36,11 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
                              line.slope if line else None)
     ran: dict[int, bool] = {failed: False}
     outcomes: dict[int, Outcome] = {failed: deciding.outcome}
-    runner.reporter.note(
-        f"batch {failed} fit {runner.spec.search.steps} steps but not the long run ({deciding.outcome.value} after "
-        f"{len(deciding.step_seconds)} steps): searching below it with trials that run until their peak is steady")
+    done = len(deciding.step_seconds)
+    how = f"still rising after {done} steps" if deciding.outcome is Outcome.STILL_RISING else \
+        f"{deciding.outcome.value} at step {done + 1}"
+    runner.reporter.note(f"batch {failed} fit {runner.spec.search.steps} steps but not the long run ({how}): "
+                         "searching below it with trials that run until their peak is steady")
     while (batch := steady.next_long_run_batch(ran, jump)) is not None:
         for _ in range(1 + _RETRIES):
             trial = runner.run(batch, "long_run", rule=rule)

@@ -149,3 +149,26 @@ def test_a_deciding_trial_must_run_between_its_minimum_and_its_cap(steps, verdic
     asked = Asked(steps=2, backend="cpu", steady=RULE)
     trial = trial_from_run(fits(peaks[-1], step_peaks=peaks), 1, 8, "confirmation", asked)
     assert trial.outcome is verdict
+
+
+# --------------------------------------------------------------------------- the pure search
+
+
+def test_the_search_confirms_with_a_steady_trial_and_stops_at_a_long_run_failure():
+    from isoprobe.search import conclude, plan_next
+    from isoprobe.search_history import Limits, Observation, verdicts
+
+    limits = Limits(start=2, confirmations=0, steady=True)
+    history = [Observation(2, Outcome.FITS, 100), Observation(4, Outcome.OUT_OF_MEMORY), Observation(3, Outcome.FITS, 150)]
+    assert plan_next(history, limits) == 3  # a confirmation is due although none was asked: the steady one
+    assert plan_next(history, Limits(start=2, confirmations=0)) is None
+    history.append(Observation(3, Outcome.OUT_OF_MEMORY, long_run=True))
+    judged = verdicts(history, limits)[3]
+    assert judged.outcome is Outcome.OUT_OF_MEMORY and not judged.flaky and judged.long_run
+    assert plan_next(history, limits) is None  # the short search is over
+    conclusion = conclude(history, limits)
+    assert conclusion.long_run_failure == 3 and not conclusion.exact and conclusion.max_fitting == 2
+    # A failure in a confirmation's first steps is no long-run failure: the batch is flaky, as before, and the
+    # search goes on (the next maximum's steady confirmation).
+    flaky = history[:3] + [Observation(3, Outcome.OUT_OF_MEMORY)]
+    assert verdicts(flaky, limits)[3].flaky and plan_next(flaky, limits) == 2
