@@ -215,6 +215,8 @@ def run_batch(spec_path: Path, spec: dict, strategy: str, batch: int, steps: int
     with tempfile.TemporaryDirectory(prefix="steady-") as folder:
         env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=MALLOC_MMAP_THRESHOLD, CUDA_VISIBLE_DEVICES="",
                    PYTHONUNBUFFERED="1", **(extra_env or {}))
+        if (extra_env or {}).get("MALLOC_MMAP_THRESHOLD_") == "":
+            del env["MALLOC_MMAP_THRESHOLD_"]  # glibc's own dynamic threshold, as a job started without it has
         if threads is not None:
             env["OMP_NUM_THREADS"] = threads
         elif ranks > 1:
@@ -291,7 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--memory-budget", help="per process; default: the spec's memory_budget")
     parser.add_argument("--threads", help="OMP_NUM_THREADS (default: inherited for one process, 1 for ranks)")
-    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for every rank (e.g. MALLOC_ARENA_MAX=1)")
+    parser.add_argument("--env", action="append", default=[],
+                        help="NAME=VALUE for every rank (e.g. MALLOC_ARENA_MAX=1; MALLOC_MMAP_THRESHOLD_= unsets it)")
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", action="store_true", help="one JSON object per batch, with every rank's records")
     options = parser.parse_args(argv)

@@ -36,7 +36,7 @@ class StopReason(str, enum.Enum):
     ERROR = "error"                            # a trial raised a non-memory exception (a bug, not a verdict)
     CRASHED = "crashed"                        # nothing fits, and the start batch's verdict is crashed
     TIMED_OUT = "timed_out"                    # nothing fits, and the start batch's verdict is timed out
-    STILL_RISING = "still_rising"              # no batch tried holds the long run: each one's peak kept rising
+    STILL_RISING = "still_rising"              # no batch holds the long run: down to 1, each one's peak kept rising
     INTERRUPTED = "interrupted"                # SIGINT (Ctrl-C)
     TERMINATED = "terminated"                  # SIGTERM
 

@@ -126,8 +126,9 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
         )
     if stop is StopReason.STILL_RISING:
         return (
-            f"no batch holds the long run: down to batch {first_failing}, every trial's peak was still rising "
-            f"after {spec.search.steady_steps or steady.DEFAULT_MAX_STEPS} steps (a leak?); {found.short_max} fit {spec.search.steps} steps",
+            f"no batch holds the long run: down to batch {first_failing}, every trial's peak kept rising until "
+            f"it ran out of memory or reached {spec.search.steady_steps or steady.DEFAULT_MAX_STEPS} steps "
+            f"(a leak?); {found.short_max} fit {spec.search.steps} steps",
             ["look for memory kept from step to step (tensors appended to a list, a loss kept with its graph)",
              "see trials[].step_budget_peak_bytes: the peak after every step"],
         )

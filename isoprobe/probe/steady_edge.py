@@ -53,9 +53,8 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
     lower = _largest(ran)
     upper = min(b for b, ok in ran.items() if not ok and (lower is None or b > lower))
     if lower is None:
-        return Found(StopReason.STILL_RISING if outcomes[upper] is Outcome.STILL_RISING
-                     else StopReason.START_DOES_NOT_FIT, None, upper, outcomes[upper], conclusion.flaky,
-                     short_max=failed)
+        # Down to batch 1 (or an error), nothing held: its memory rose until it ran out or hit the step cap.
+        return Found(StopReason.STILL_RISING, None, upper, outcomes[upper], conclusion.flaky, short_max=failed)
     return Found(StopReason.EDGE_FOUND, lower, upper, outcomes[upper], conclusion.flaky, short_max=failed)
 
 
