@@ -31,7 +31,7 @@ EXIT_CODES_HELP = """exit codes:
   2    bad spec or usage (also a spec path that is a pipe or a device: only regular files are read)
   3    not even the start batch fits
   4    the probe could not answer (a trial raised an error, crashed or timed out; or the system
-       refused what a trial needs, e.g. no space left in TMPDIR)
+       refused what a trial needs, e.g. no space left in TMPDIR; or isoprobe's fork server kept failing)
   74   the result could not be written to stdout (a full disk); with --fallback-batch-size too,
        since the fallback cannot reach the job either
   130  interrupted (SIGINT); 143 terminated (SIGTERM); 141 stdout closed early (a pipe to head)

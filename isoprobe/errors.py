@@ -5,7 +5,8 @@ The tree::
     IsoprobeError      exit 1: internal, a bug in isoprobe
     ├── SpecError      exit 2: the spec or the command line is wrong; lists every problem found
     ├── ProbeError     exit 4: the probe could not start (the environment check child failed), or
-    │                  the system refused what it needs (no space left in TMPDIR for a trial's files)
+    │                  the system refused what it needs (no space left in TMPDIR for a trial's files),
+    │                  or isoprobe's own fork server lost a trial it could not run again (not the batch's)
     └── OutputFailed   exit 74: the result could not be written (stdout on a full disk, plot -o, sweep --output)
 
 Only a user's mistake travels as an exception. The other non-zero outcomes

@@ -17,7 +17,7 @@ process boundary is defined here and only here:
   is cut short, is not JSON or does not match an event's model is dropped: it
   is never guessed at, so a child that leaves no valid verdict is ``crashed``.
 - **The names** of the environment variables and arguments that wire a child
-  to its parent.
+  to its parent (defined in ``wiring``, re-exported here).
 
 Only same-version parents and children talk (the child runs from the parent's
 own package), so every model is strict (``extra="forbid"``).
@@ -35,21 +35,15 @@ from isoprobe.outcomes import Outcome
 from isoprobe.result import Applied, ErrorInfo, Sizes
 from isoprobe.spec import Spec
 from isoprobe.steady import SteadyRule
-
-#: The child's module: ``python -m isoprobe.child REQUEST.json`` (cold) or ``... --wait`` (warm).
-CHILD_MODULE = "isoprobe.child"
-#: The child's argument that means: import first, then read the request's path from stdin.
-WAIT_ARGUMENT = "--wait"
-#: After ``WAIT_ARGUMENT``: import at idle priority (a spare, started beside a running trial).
-IDLE_ARGUMENT = "--idle"
-#: The child's argument that makes it the probe's fork server (``child.server``), then the channel's descriptor.
-SERVE_ARGUMENT = "--serve"
-#: Environment variable naming the file the child appends its events to.
-EVENTS_ENV = "ISOPROBE_EVENTS"
-#: Environment variable naming the child's end of the lifeline pipe (see executors.local).
-LIFELINE_ENV = "ISOPROBE_LIFELINE_FD"
-#: Environment variable listing (comma-separated) the modules a warm child imports before its request.
-PRELOAD_ENV = "ISOPROBE_PRELOAD"
+from isoprobe.wiring import (  # noqa: F401 - defined there (the child reads them before torch), named from here
+    CHILD_MODULE,
+    EVENTS_ENV,
+    IDLE_ARGUMENT,
+    LIFELINE_ENV,
+    PRELOAD_ENV,
+    SERVE_ARGUMENT,
+    WAIT_ARGUMENT,
+)
 
 
 class _Message(BaseModel):
@@ -156,6 +150,9 @@ class Warm(_Event):
     cuda_initialized: bool
     idle_priority: bool
     forked: bool = Field(False, description="Forked from the probe's fork server, which did the imports.")
+    own_data_bytes: int = Field(
+        0, ge=0, description="What isoprobe's own modules add to this process's data segment, measured after the "
+        "preload (child.memory.credit_own): credited to a CPU cap and left out of the memory readings.")
 
 
 class RequestReceived(_Event):

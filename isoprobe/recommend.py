@@ -73,6 +73,14 @@ def advise(
     (reserved memory against the cap); on CPU the cap is on the data segment
     while the peak is resident memory, which stays below the cap at the edge,
     so a headroom against the nominal budget would barely move the batch.
+
+    The batch may lie below every batch that fit: the search chooses where it
+    starts (with an estimate, most of the way to its predicted edge), and a
+    headroom that is wider than that start must still hold. Below the fitted
+    batches the line is an extrapolation towards less memory; the recommended
+    batch is then run like any other (its soak or check trial) before it is
+    reported. Only a line whose target is below one sample breaks the headroom
+    (recommending 1, said in the note).
     """
     line = fit_line([(b, p) for b, p in fitting if b <= max_batch])
     if line is not None and line.slope > 0 and first_failing is not None:
@@ -89,10 +97,9 @@ def advise(
             f"largest batch whose predicted peak stays {format_bytes(reserve)} below the capacity "
             f"(line over {line.points} fitting trials)"
         )
-        smallest = min(b for b, _ in fitting)
-        if batch < smallest:
-            batch = smallest
-            notes.append(f"the headroom cannot be met even at {smallest}; recommending the smallest batch that fit")
+        if batch < 1:
+            batch = 1
+            notes.append("the headroom cannot be met even at 1 sample; recommending 1")
     if multiple_of > 1:
         rounded = batch - batch % multiple_of
         if rounded >= 1:

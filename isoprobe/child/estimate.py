@@ -41,14 +41,21 @@ FIRST_BATCHES = (64, 128)
 #: The whole estimate (every trace) must end within this many seconds, or it is given up with a note:
 #: it runs inside the environment check, which must stay quick (measured: small-cnn ~0.3 s, ResNet50 ~6 s).
 TIME_LIMIT_SECONDS = 30.0
+#: A trace still running this long after its limit is stuck where the limit's Python exception cannot reach
+#: it (a C loop, a blocking call, a handler that swallows it): the process is ended then (``_hard_deadline``).
+HARD_GRACE_SECONDS = 5.0
 #: Above this many parameters the trace is skipped: the fake step of a large model takes long in Python.
 MAX_PARAMETERS = 3_000_000_000
 #: The traced batches stay below this: a predicted edge above it is extrapolated from here.
 MAX_TRACED_BATCH = 1 << 16
 
 
-class TraceTimeout(Exception):
-    """The estimate ran past ``TIME_LIMIT_SECONDS``."""
+class TraceTimeout(BaseException):
+    """The estimate ran past its time limit.
+
+    A BaseException, so that a user's ``except Exception`` around a step that loops
+    does not swallow it and keep looping until the check's own timeout.
+    """
 
 
 def skip_reason(spec: Spec, parameter_count: int | None) -> str | None:
@@ -75,7 +82,7 @@ def estimate(torch, spec: Spec, python_path: list[str], device, baseline_bytes: 
     """
     started = time.perf_counter()
     try:
-        with _deadline(time_limit):
+        with _hard_deadline(time_limit + HARD_GRACE_SECONDS), _deadline(time_limit):
             return _estimate(torch, spec, python_path, device, baseline_bytes, started)
     except TraceTimeout:
         return Estimate(note=f"not estimated: the trace took more than {time_limit:g} s",
@@ -126,29 +133,37 @@ def runtime_bytes(torch, spec: Spec) -> int | None:
     A trace sees tensors only. A real CPU process that starts training also grows
     its data segment by what no tensor holds: the intra-op thread pool's stacks,
     a malloc arena per thread that allocates, oneDNN's state. Measured on a
-    stand-in of a few hundred parameters with the spec's optimizer: 11 MB in the
-    environment check (76-80 MB in a bare process, where VmPeak also sees a new
-    arena's reservation); the trials of small-cnn and ResNet50 show 100-140 MB
-    between their line's intercept and the baseline plus their tensors, so most of
-    the runtime's cost stays outside the estimate (its error is reported).
+    stand-in of a few hundred parameters with the spec's optimizer: 10.6 MiB here
+    (one OpenMP worker's 8 MiB stack and its arena's first pages); the trials of
+    small-cnn and ResNet50 show 100-140 MB between their line's intercept and the
+    baseline plus their tensors, so most of the runtime's cost stays outside the
+    estimate (its error is reported).
+
+    Read as VmData (what RLIMIT_DATA holds trials to) after each step, never from
+    VmPeak: the process's high-water mark, which kept the trace's peaks and a new
+    arena's momentary 128 MiB PROT_NONE reservation the cap never counts. With
+    VmPeak one spec read 11, 76 or 133 MB (small-cnn predicted 155, 132 or 111).
     """
     from isoprobe.child.memory import cpu_memory
     from isoprobe.child.training import build_optimizer
 
-    before = cpu_memory()
-    if before.data is None:
+    before = cpu_memory().data
+    if before is None:
         return None
     model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
                                 torch.nn.Linear(8 * 6 * 6, 2))
     inputs, targets = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
     optimizer = build_optimizer(spec, list(model.parameters()))
+    highest = before
     for _ in range(2):
         optimizer.zero_grad(set_to_none=True)
         torch.nn.functional.cross_entropy(model(inputs), targets).backward()
         optimizer.step()
-    after = cpu_memory()
-    peak = after.peak_data if after.peak_data is not None else after.data
-    return max(0, peak - before.data) if peak is not None else None
+        now = cpu_memory().data
+        if now is None:
+            return None
+        highest = max(highest, now)
+    return highest - before
 
 
 def _line(traces) -> tuple[float, float] | None:
@@ -354,3 +369,29 @@ def _deadline(seconds: float):
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+
+
+@contextmanager
+def _hard_deadline(seconds: float):
+    """End this process after ``seconds`` unless the block is left first, whatever the main thread is doing.
+
+    Why: ``_deadline``'s exception is raised by a Python signal handler, which
+    runs only between bytecodes: a trace stuck in C (a loop in an extension, a
+    blocking call that retries on EINTR) never gets it, and the check would
+    then wait for its whole timeout (search.trial_timeout) for an estimate that
+    is only a starting point. faulthandler's watchdog is a native thread that
+    needs no GIL: it writes every thread's stack to stderr under the headline
+    "Timeout (h:mm:ss)!" and exits with status 1. The check's verdict was sent
+    before the trace began, so the parent keeps it and starts the search
+    without an estimate (``probe.environment.inspect_environment`` names why).
+    """
+    import faulthandler
+
+    if seconds <= 0 or not math.isfinite(seconds):
+        yield
+        return
+    faulthandler.dump_traceback_later(seconds, exit=True, file=2)  # the fd: sys.stderr may be replaced
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()

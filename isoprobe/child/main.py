@@ -23,32 +23,26 @@ demand, and delivers the request only after ``warm``: a trial's timeout runs
 from delivery and covers the same work whether its process was started early
 or not, and a cold trial has imported exactly what a warm one has.
 
+Until the preload is imported, this module and what it imports use the
+standard library only: isoprobe's own modules (pydantic, the protocol, the
+trial's code) come after torch, so that what they add to the process can be
+measured and credited to the CPU cap (``child.memory.import_own``). The
+``started`` line is therefore written by hand (``started_line``).
+
 Nothing here keeps the child from outliving its parent: its keeper does, from
 outside (a trial holding the GIL or stopped cannot run a watchdog of its own).
 """
 
 from __future__ import annotations
 
+import importlib
+import json
 import os
 import sys
 import time
 
-from isoprobe.child.inspect import run_inspect
-from isoprobe.child.trial import run_trial
-from isoprobe.protocol import (
-    CHILD_MODULE,
-    EVENTS_ENV,
-    IDLE_ARGUMENT,
-    PRELOAD_ENV,
-    SERVE_ARGUMENT,
-    WAIT_ARGUMENT,
-    InspectRequest,
-    RequestReceived,
-    Started,
-    Warm,
-    event_line,
-    read_request,
-)
+from isoprobe.child.memory import credit_own, import_own
+from isoprobe.wiring import CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, PRELOAD_ENV, SERVE_ARGUMENT, WAIT_ARGUMENT
 
 USAGE = (f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}] | {SERVE_ARGUMENT} FD   "
          f"(with ${EVENTS_ENV} naming the events file)")
@@ -62,10 +56,20 @@ class Events:
         os.set_inheritable(self._fd, False)  # explicit: a process the model starts must not inherit it
 
     def emit(self, event) -> None:
-        os.write(self._fd, event_line(event))
+        from isoprobe.protocol import event_line
+
+        self.write(event_line(event))
+
+    def write(self, line: bytes) -> None:
+        os.write(self._fd, line)
 
     def close(self) -> None:
         os.close(self._fd)
+
+
+def started_line(pid: int) -> bytes:
+    """The ``started`` event (``protocol.Started``) without pydantic, which is not imported yet (see above)."""
+    return json.dumps({"t": time.time(), "event": "started", "pid": pid}).encode() + b"\n"
 
 
 def wait_for_request(events: Events, idle: bool) -> str | None:
@@ -80,19 +84,21 @@ def wait_for_request(events: Events, idle: bool) -> str | None:
     longer needs this child: it exits quietly.
     """
     niced = _lower_priority() if idle else None
-    warm = import_preload()
+    modules, seconds = import_preload()
+    own = load_own()
     if niced is not None:
         # Back to normal before waiting: blocked, the child needs no CPU, and a spare that is
         # stopped instead of used must not die at idle priority (its exit could wait for minutes
         # behind a busy machine, and the parent with it).
         _restore_priority(niced)
-    events.emit(warm.model_copy(update={"idle_priority": niced is not None}))
+    events.emit(warm_event(modules, seconds, idle_priority=niced is not None, own_data_bytes=own.data))
     line = sys.stdin.readline().strip()
     return line or None
 
 
-def import_preload() -> Warm:
-    """Import the modules of ``protocol.PRELOAD_ENV`` (up to the first that fails; see ``wait_for_request``)."""
+def import_preload() -> tuple[list[str], float]:
+    """Import the modules of ``PRELOAD_ENV`` (up to the first that fails; see ``wait_for_request``): the modules
+    imported, and the seconds it took."""
     started = time.perf_counter()
     modules = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
     imported = []
@@ -102,8 +108,23 @@ def import_preload() -> Warm:
         except Exception:  # noqa: BLE001 - see wait_for_request's docstring: the trial reports it
             break
         imported.append(module)
-    return Warm(modules=imported, seconds=time.perf_counter() - started, cuda_initialized=cuda_initialized(),
-                idle_priority=False)
+    return imported, time.perf_counter() - started
+
+
+#: isoprobe's own modules that every trial runs: with them the protocol, the spec's models, pydantic.
+OWN_MODULES = ("isoprobe.protocol", "isoprobe.child.trial")
+
+
+def load_own(*more: str):
+    """Import ``OWN_MODULES`` and ``more`` (after the preload), counting what they take (``memory.import_own``)."""
+    return import_own(lambda: [importlib.import_module(name) for name in (*OWN_MODULES, *more)])
+
+
+def warm_event(modules: list[str], seconds: float, **fields):
+    """The ``warm`` event, once isoprobe's own modules are imported (``load_own``)."""
+    from isoprobe.protocol import Warm
+
+    return Warm(modules=modules, seconds=seconds, cuda_initialized=cuda_initialized(), **fields)
 
 
 def cuda_initialized() -> bool:
@@ -113,9 +134,21 @@ def cuda_initialized() -> bool:
 
 
 def run_request(request_path: str, events: Events) -> None:
-    """Read the request and run it: a trial, or the environment check."""
-    request = read_request(request_path)
+    """Read the request and run it: a trial, or the environment check (imported only for it: a trial does not
+    carry its code)."""
+    from isoprobe.child.trial import run_trial
+    from isoprobe.protocol import InspectRequest, read_request
+
+    read = []
+    import_own(lambda: read.append(read_request(request_path)))  # the typed spec is isoprobe's, not the user's
+    [request] = read
     if isinstance(request, InspectRequest):
+        # Counted as the others are, so that the import baseline the check reports is a plain process's.
+        import_own(lambda: importlib.import_module("isoprobe.child.inspect"))
+    credit_own()  # the last of isoprobe's own is in: the cap is final before the user's code runs
+    if isinstance(request, InspectRequest):
+        from isoprobe.child.inspect import run_inspect
+
         run_inspect(request, events)
     else:
         run_trial(request, events)
@@ -170,17 +203,25 @@ def main(argv: list[str]) -> int:
         sys.stderr.write(USAGE + "\n")
         return 2
     events = Events(os.environ.pop(EVENTS_ENV))
-    events.emit(Started(pid=os.getpid()))
+    events.write(started_line(os.getpid()))
     if serves:
+        modules, seconds = import_preload()
+        own = load_own("isoprobe.child.server")  # the server's code is in every fork too
         from isoprobe.child.server import serve
 
-        return serve(int(argv[2]), events)
+        # The server stays uncapped; each fork caps itself (memory.set_data_cap), then credits ``own`` (run_request).
+        return serve(int(argv[2]), events, warm_event(modules, seconds, idle_priority=False, own_data_bytes=own.data))
     request_path = argv[1]
     if waits:
         request_path = wait_for_request(events, idle=argv[2:] == [IDLE_ARGUMENT])
         if request_path is None:
             return 0
+        from isoprobe.protocol import RequestReceived
+
         events.emit(RequestReceived(path=request_path))
+    else:
+        import_preload()
+        load_own()
     run_request(request_path, events)
     return 0
 

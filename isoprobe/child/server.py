@@ -4,10 +4,12 @@ Why: a spawned trial pays ``import torch`` (and torch._dynamo) before its
 first step, 3 to 6 s of CPU on 2 cores, and on such a machine even a warm
 spare's import competes with the running trial. A fork costs milliseconds and
 still gives every trial a fresh process: a fresh address space, a fresh
-allocator, its own rlimit, and (on CUDA) a fresh context, because the server
-never creates one. The server imports only (``protocol.PRELOAD_ENV``), runs no
-torch operation, and so has started no OpenMP pool a forked child could hang
-on; ``serve`` checks both before it answers anything.
+allocator, its own rlimit (its budget plus the measured size of isoprobe's
+own modules, which the server imported after torch: ``child.memory.credit_own``),
+and (on CUDA) a fresh context, because the server never creates one. The
+server imports only (``protocol.PRELOAD_ENV``), runs no torch operation, and so
+has started no OpenMP pool a forked child could hang on; ``serve`` checks both
+before it answers anything.
 
 For each ``ForkOrder`` the server forks a *keeper* (``executors.keeper.Keeper``,
 the same code as the spawned path's keeper, run in the fork instead of exec'd):
@@ -26,7 +28,6 @@ EOF on the channel ends the server.
 from __future__ import annotations
 
 import os
-import resource
 import select
 import signal
 import socket
@@ -34,7 +35,8 @@ import sys
 import time
 import traceback
 
-from isoprobe.child.main import Events, cuda_initialized, exit_now, import_preload, run_request
+from isoprobe.child.main import Events, cuda_initialized, exit_now, run_request
+from isoprobe.child.memory import set_data_cap
 from isoprobe.executors.keeper import Keeper, keep
 from pydantic import ValidationError
 
@@ -46,9 +48,9 @@ _ORDER_BYTES = 65536
 _REAP_SECONDS = 0.02
 
 
-def serve(channel_fd: int, events: Events) -> int:
-    """Import, report ``warm``, then fork one keeper and trial per order until the channel closes."""
-    warm = import_preload()
+def serve(channel_fd: int, events: Events, warm: Warm) -> int:
+    """Report ``warm`` (the imports are done: ``child.main``), then fork one keeper and trial per order until the
+    channel closes."""
     if cuda_initialized():  # never: importing creates no context; checked, because a fork would inherit it
         sys.stderr.write("isoprobe fork server: CUDA was initialised by an import; refusing to fork trials\n")
         return 3
@@ -92,7 +94,8 @@ def serve(channel_fd: int, events: Events) -> int:
                 channel.close()
                 events.close()  # the server's channel, not the trial's
                 keep(Keeper(lifeline, None,
-                            child_main=lambda: _run_forked(order, lifeline, warm.modules, threads, resident)))
+                            child_main=lambda: _run_forked(order, lifeline, warm.modules, threads, resident,
+                                                           warm.own_data_bytes)))
             finally:
                 os._exit(127)
         os.close(lifeline)
@@ -160,7 +163,7 @@ def forks_safely(timeout: float = CANARY_SECONDS) -> bool:
 
 
 def _run_forked(order: ForkOrder, lifeline: int, modules: list[str], threads: int,
-                resident: list[tuple[int, int]]) -> None:
+                resident: list[tuple[int, int]], own_data_bytes: int) -> None:
     """The trial, in the keeper's fork of the server: its own files, cap and events, then the request. Exits."""
     code = 1
     try:
@@ -169,11 +172,11 @@ def _run_forked(order: ForkOrder, lifeline: int, modules: list[str], threads: in
         populate(resident)
         _redirect(order)
         if order.memory_limit is not None:
-            resource.setrlimit(resource.RLIMIT_DATA, (order.memory_limit, order.memory_limit))
+            set_data_cap(order.memory_limit)  # raised by isoprobe's own share once the request is read (run_request)
         events = Events(order.events)
         events.emit(Started(pid=os.getpid()))
         events.emit(Warm(modules=modules, seconds=0.0, cuda_initialized=cuda_initialized(), idle_priority=False,
-                         forked=True))
+                         forked=True, own_data_bytes=own_data_bytes))
         events.emit(RequestReceived(path=order.request))
         run_request(order.request, events)
         code = 0

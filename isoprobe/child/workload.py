@@ -241,19 +241,28 @@ def call_model(spec: Spec, model, inputs, targets=None):
     return model(inputs)
 
 
-def forward_loss(spec: Spec, model, batch: Batch, user_loss=None):
-    """Forward pass and the scalar loss, as the real training loop computes it; returns (loss, output)."""
+def forward_loss(spec: Spec, model, batch: Batch, user_loss=None, on_output=None):
+    """Forward pass and the scalar loss, as the real training loop computes it; returns (loss, output).
+
+    ``on_output`` is called with the output the moment the model returns, before the loss is computed:
+    where a plain loop's ``outputs = model(x)`` rebinds, releasing the previous step's output.
+    """
+    hold = on_output or (lambda output: None)
     task = task_of(spec)
     if spec.model.huggingface is not None and task == "language_modeling" and user_loss is None:
         # The model's own loss: it shifts the labels and upcasts the logits to float32, as real training does.
         output = model(input_ids=batch.inputs, labels=batch.targets)
+        hold(output)
         return _model_loss(output), output
     output = call_model(spec, model, batch.inputs, batch.targets)
     if user_loss is not None:
+        hold(output)
         return user_loss(output, batch.targets), output
     if task == "detection":
+        hold(None)
         return sum(output.values()), None  # torchvision detection models return their losses in training mode
     logits = primary_output(output)
+    hold(logits)
     if batch.targets is None:
         batch.targets = make_targets(spec, logits)
     return loss_of(spec, logits, batch.targets), logits

@@ -17,18 +17,25 @@ a process is prepared before it runs (its environment, its cap, its deadlines),
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from isoprobe.errors import ProbeError
 from isoprobe.executors import Conditions
 from isoprobe.executors.forkserver import ForkedProcess
+from isoprobe.executors.keeper import descendants
 from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, lift_idle_policy
 from isoprobe.protocol import Inspected, Started, TrialResult, Warm, last_of, read_events
 
 #: How often the parent looks at a child's events while it imports (the cost of a look: one small read).
 _POLL_SECONDS = 0.01
+#: How long a keeper may take, once its lifeline is closed, to kill and reap its tree and exit. A torch
+#: process unmaps gigabytes as it dies; only at idle priority (which the keeper lifts) did that take more
+#: than 30 s (measured: docs/measurements.md). Past this, the keeper is taken as stopped or stuck.
+STOP_SECONDS = 60.0
 
 
 @dataclass
@@ -102,14 +109,48 @@ def wait_for_end(child: StartedChild, timeout: float) -> tuple[bool, bool]:
         return True, True
 
 
-def stop_child(child: StartedChild) -> None:
-    """Close the lifeline (the keeper then kills and reaps the whole tree and exits) and reap the keeper."""
+def stop_child(child: StartedChild, seconds: float | None = None) -> None:
+    """Close the lifeline (the keeper then kills and reaps the whole tree and exits) and reap the keeper.
+
+    Bounded: a keeper that has not ended ``seconds`` (``STOP_SECONDS``) after
+    its lifeline closed is stopped (SIGSTOP) or stuck, and its tree is SIGKILLed
+    from here, as the keeper would have; if even that leaves it running, the
+    probe stops with an error rather than wait for ever.
+    """
+    seconds = STOP_SECONDS if seconds is None else seconds
     if child.lifeline_write >= 0:
         os.close(child.lifeline_write)
         child.lifeline_write = -1
-    child.process.wait()
+    if not _ended_within(child, seconds):
+        _kill_tree(child.process.pid)
+        if not _ended_within(child, seconds):
+            raise ProbeError(f"a child process of isoprobe (keeper {child.process.pid}) did not end {seconds:g} s "
+                             "after it was told to, nor as long after SIGKILL; the machine may be overloaded or "
+                             "its disk stuck")
     if child.process.stdin is not None and not child.process.stdin.closed:
         try:
             child.process.stdin.close()
         except OSError:
             pass
+
+
+def _ended_within(child: StartedChild, seconds: float) -> bool:
+    try:
+        child.process.wait(timeout=seconds)
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _kill_tree(keeper_pid: int) -> None:
+    """SIGKILL a keeper and everything below it (found in /proc by ancestry), a few sweeps for late forks."""
+    for _ in range(3):
+        pids = [pid for pid, state in descendants(keeper_pid) if state not in ("Z", "X")]
+        for pid in [keeper_pid, *pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not pids:
+            return
+        time.sleep(0.05)

@@ -25,6 +25,7 @@ from dataclasses import replace
 
 from isoprobe.executors import ChildRun, Conditions
 from isoprobe.executors.child_process import wait_for_end
+from isoprobe.executors.fork_servers import SERVER_LOSSES
 from isoprobe.executors.local import Launch, LocalExecutor
 from isoprobe.outcomes import Outcome
 from isoprobe.protocol import RankAssignment, TrialRequest, TrialResult, last_of, read_events
@@ -73,6 +74,16 @@ class GangExecutor:
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
         if not is_gang(request):
             return self.local.run(request, conditions, timeout=timeout, name=name)
+        lost: list[str] = []
+        while True:  # a gang the fork server lost is run again, as ``LocalExecutor.run`` runs a single request
+            attempt = name if not lost else f"{name}-again{len(lost)}"  # a store of its own: the lost one's is stale
+            run = replace(self._run_gang(request, conditions, timeout, attempt), lost_before=tuple(lost))
+            if run.lost is None or len(lost) >= SERVER_LOSSES:
+                return run
+            lost.append(run.lost)
+            self.local.servers.drop_lost()
+
+    def _run_gang(self, request, conditions: Conditions, timeout: float, name: str) -> ChildRun:
         store = self.local.workdir / f"{name}.store"
         launches: list[Launch] = []
         try:
@@ -85,8 +96,10 @@ class GangExecutor:
                 self.local.stop(launch)
         runs = tuple(LocalExecutor.collect(launch) for launch in launches)
         deciding = runs[failed] if failed is not None else runs[0]
+        # One rank's end lost by the fork server loses the gang's: its failure (or its peers') is not the trial's.
+        lost = next((run.lost for run in runs if run.lost is not None), None)
         return replace(deciding, ranks=runs, failed_rank=failed, gang_stop_seconds=stop_seconds,
-                       seconds=max(run.seconds for run in runs))
+                       seconds=max(run.seconds for run in runs), lost=lost)
 
 
 def _supervise(launches: list[Launch], timeout: float) -> tuple[int | None, float | None]:

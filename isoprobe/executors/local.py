@@ -30,12 +30,20 @@ it gets a short grace to exit, and if it is killed all the same, the run says
 so (``ChildRun.verdict_at_timeout``). Those steps on one started child (its
 record, the waits, the delivery, the stop) are ``child_process``; this module
 decides which child serves which request.
+
+The fork server is isoprobe's own machinery: when it fails, the trial it was
+running did not. A fork that ends or falls silent before its first report (the
+server lost meanwhile, or the fork could not set itself up) is replaced by a
+spawned child for the same request before it is delivered; a delivered trial
+whose end the server lost (``ChildRun.lost``) is run again from the start, on a
+fresh server, or spawned once ``SERVER_LOSSES`` servers were lost. A child that
+left no event at all while the scratch folder has no room is the system's
+refusal (an ``OSError`` out of ``collect``), not the trial's crash.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -47,7 +55,8 @@ from pathlib import Path
 from isoprobe.executors import ChildRun, Conditions
 from isoprobe.executors import keeper
 from isoprobe.executors.child_process import StartedChild, await_warm, deliver, stop_child, wait_for_end
-from isoprobe.executors.forkserver import ServerChannel
+from isoprobe.executors.forkserver import ForkedProcess
+from isoprobe.executors.fork_servers import SERVER_LOSSES, ForkServers
 from isoprobe.executors.processes import (
     child_environment,
     import_timeout,
@@ -63,10 +72,13 @@ from isoprobe.protocol import (
     PRELOAD_ENV,
     SERVE_ARGUMENT,
     WAIT_ARGUMENT,
-    ForkOrder,
     TrialRequest,
     read_events,
 )
+
+#: How much a child that left no event at all must be able to write to the scratch folder now, for its
+#: silence to be its own and not the disk's (an events line is ~100 bytes; a trial's files, kilobytes).
+_ROOM_BYTES = 65536
 
 
 @dataclass
@@ -88,15 +100,6 @@ class Launch:
     def poll(self) -> int | None:
         """The keeper's exit status (the child's), or None while it runs."""
         return self.child.process.poll() if self.child is not None else -1
-
-
-@dataclass
-class _Server:
-    """A fork server (a child started as any other, ``child.server``) and the parent's end of its channel."""
-
-    started: StartedChild
-    channel: ServerChannel
-    key: Conditions  # the conditions it serves, but for the cap, which each fork sets for itself
 
 
 class LocalExecutor:
@@ -126,8 +129,8 @@ class LocalExecutor:
         self.fork = frozenset(fork)  # the backends whose children are forked from a fork server
         self._expected: Conditions | None = None
         self._spare: StartedChild | None = None
-        self._server: _Server | None = None
-        self._unforkable: set[Conditions] = set()  # server keys whose server failed: spawn for the rest of the probe
+        self.servers = ForkServers(self.fork, lambda key, fd: self._spawn(key, spare=False, serve=fd),
+                                   self._next_files)
         self._count = 0
 
     def __enter__(self) -> "LocalExecutor":
@@ -139,9 +142,9 @@ class LocalExecutor:
     def prestart(self, conditions: Conditions) -> None:
         """The next trials run under ``conditions``: (warm only) replace a spare started for others, start one."""
         self._expected = conditions
-        if self._forks(conditions):
+        if self.servers.forks(conditions):
             with signals_deferred():
-                self._server_for(conditions)  # imports while the probe goes on
+                self.servers.server_for(conditions)  # imports while the probe goes on
             return
         if not self.warm:
             return
@@ -157,21 +160,31 @@ class LocalExecutor:
         spare, self._spare = self._spare, None
         if spare is not None:
             stop_child(spare)
-        self._stop_server()
+        self.servers.stop()
         if self._scratch is not None:
             self._scratch.cleanup()
             self._scratch = None
 
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
-        """Run one request in a fresh process (the spare if it matches); ``timeout`` counts from its delivery."""
-        launch = self.launch(request, conditions, timeout=timeout, name=name)
-        try:
-            if launch.delivered is not None:
-                launch.timed_out, launch.verdict_at_timeout = wait_for_end(launch.child, timeout)
-        finally:
-            # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
-            self.stop(launch)
-        return self.collect(launch)
+        """Run one request in a fresh process (the spare if it matches); ``timeout`` counts from its delivery.
+
+        A run the fork server lost is run again (see the module's docstring); the
+        returned run names the attempts lost before it (``lost_before``).
+        """
+        lost: list[str] = []
+        while True:
+            launch = self.launch(request, conditions, timeout=timeout, name=name)
+            try:
+                if launch.delivered is not None:
+                    launch.timed_out, launch.verdict_at_timeout = wait_for_end(launch.child, timeout)
+            finally:
+                # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
+                self.stop(launch)
+            run = replace(self.collect(launch), lost_before=tuple(lost))
+            if run.lost is None or len(lost) >= SERVER_LOSSES:  # the last attempt was spawned: never lost
+                return run
+            lost.append(run.lost)
+            self.servers.drop_lost()
 
     def launch(self, request, conditions: Conditions, *, timeout: float, name: str) -> "Launch":
         """Start (or take) a process for ``request`` and deliver it; the caller waits, then ``stop`` and ``collect``.
@@ -186,10 +199,16 @@ class LocalExecutor:
         if self._expected is None and isinstance(request, TrialRequest):
             self._expected = conditions  # nobody announced the trials' conditions: the first trial's
         try:
-            if self._forks(conditions):
-                launch.child = self._forked(request_path, conditions, timeout)
-                if launch.child is not None:
+            if self.servers.forks(conditions):
+                launch.child = self.servers.fork(request_path, conditions, timeout)
+            if launch.child is not None:
+                # A fork sets itself up (threads, pages, files, cap) before it reports warm: the timeout runs
+                # from then, as a spawned child's runs from after its imports.
+                if await_warm(launch.child, import_timeout(timeout)):
                     launch.delivered = time.monotonic()
+                else:
+                    self.servers.unfit(launch.child)
+                    launch.child = None
             while launch.delivered is None:
                 if launch.child is None:
                     with signals_deferred():
@@ -226,82 +245,35 @@ class LocalExecutor:
 
     @staticmethod
     def collect(launch: "Launch") -> ChildRun:
-        """What a stopped launch's child left behind."""
+        """What a stopped launch's child left behind (``lost``: why the fork server could not say how it ended).
+
+        Raises the ``OSError`` of a scratch folder without room when the child left no event at all.
+        """
         child = launch.child
         seconds = time.monotonic() - (launch.delivered if launch.delivered is not None else launch.began)
         kills_after = oom_kill_count(launch.cgroup)
+        events = read_events(child.events_path)
+        lost = child.process.lost if isinstance(child.process, ForkedProcess) else None
+        if not events and lost is None:
+            _check_room(child.events_path.parent)
         return ChildRun(
             returncode=child.process.returncode,
             timed_out=launch.timed_out,
             seconds=seconds,
-            events=read_events(child.events_path),
+            events=events,
             stderr_tail=stderr_tail(child.stderr_path),
             oom_kills=None if launch.kills_before is None or kills_after is None else kills_after - launch.kills_before,
             warm=child.warm,
             verdict_at_timeout=launch.verdict_at_timeout,
             forked=child.forked,
+            lost=lost,
         )
-
-    def _forks(self, conditions: Conditions) -> bool:
-        """Whether requests under ``conditions`` are forked: their backend's, and no server of theirs failed."""
-        return conditions.backend in self.fork and replace(conditions, memory_limit=None) not in self._unforkable
-
-    def _server_for(self, conditions: Conditions) -> _Server:
-        """The fork server for ``conditions`` (all but the cap), started now if there is none; one at a time."""
-        key = replace(conditions, memory_limit=None)
-        if self._server is not None and (self._server.key != key or self._server.channel.lost):
-            self._stop_server()
-        if self._server is None:
-            ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-            try:
-                started = self._spawn(key, spare=False, serve=theirs.fileno())
-            except BaseException:
-                ours.close()
-                raise
-            finally:
-                theirs.close()
-            self._server = _Server(started, ServerChannel(ours), key)
-        return self._server
-
-    def _forked(self, request_path: Path, conditions: Conditions, timeout: float) -> StartedChild | None:
-        """The request's child, forked from the fork server; None if the server cannot (then one is spawned)."""
-        with signals_deferred():
-            server = self._server_for(conditions)
-        if not await_warm(server.started, import_timeout(timeout)):
-            # Died, hung importing, or found that its forks would hang (``child.server.forks_safely``): this
-            # probe spawns from now on under these conditions; a spawned child meets the same import, if that
-            # was the trouble, and reports it as the trial's.
-            self._unforkable.add(server.key)
-            self._stop_server()
-            return None
-        with signals_deferred():
-            stem, events_path, stderr_path = self._next_files()
-            order = ForkOrder(request=str(request_path), events=str(events_path),
-                              stdout=str(stem.with_suffix(".stdout")), stderr=str(stderr_path),
-                              memory_limit=conditions.memory_limit)
-            lifeline_read, lifeline_write = os.pipe()
-            try:
-                process = server.channel.fork(order, lifeline_read)
-            finally:
-                os.close(lifeline_read)
-            if process is None:
-                os.close(lifeline_write)
-                self._unforkable.add(server.key)
-                self._stop_server()
-                return None
-            return StartedChild(process, lifeline_write, events_path, stderr_path, conditions, warm=True, forked=True)
 
     def _next_files(self) -> tuple[Path, Path, Path]:
         """The next child's file stem (stdout is ``.stdout``), its events file and its stderr file."""
         self._count += 1
         stem = self.workdir / f"child{self._count:03d}"
         return stem, stem.with_suffix(".events.jsonl"), stem.with_suffix(".stderr")
-
-    def _stop_server(self) -> None:
-        server, self._server = self._server, None
-        if server is not None:
-            server.channel.close()  # the server reads EOF and exits; the lifeline ends its tree regardless
-            stop_child(server.started)
 
     def _take_spare(self, conditions: Conditions) -> StartedChild | None:
         spare = self._spare
@@ -344,6 +316,21 @@ class LocalExecutor:
             finally:
                 os.close(lifeline_read)
         return StartedChild(process, lifeline_write, events_path, stderr_path, conditions, spare)
+
+
+def _check_room(folder: Path) -> None:
+    """Raise the ``OSError`` (ENOSPC, EDQUOT...) of a folder that cannot take ``_ROOM_BYTES`` now."""
+    probe = folder / ".room"
+    try:
+        with open(probe, "wb") as handle:
+            handle.write(bytes(_ROOM_BYTES))
+            handle.flush()
+            os.fsync(handle.fileno())
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
 
 
 def run_once(request, conditions: Conditions, *, timeout: float, workdir: Path | None = None) -> ChildRun:

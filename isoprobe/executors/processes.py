@@ -17,6 +17,7 @@ from pathlib import Path
 from isoprobe.executors.keeper import lift_idle_policy  # noqa: F401 - one definition, used by the keeper too
 from isoprobe.hardware import node_gpus, slurm_cuda_visible, visible_devices
 from isoprobe.protocol import EVENTS_ENV
+from isoprobe.wiring import OWN_ALLOWANCE_BYTES
 
 #: Below this size glibc serves allocations from its heap and may keep freed memory,
 #: which makes an RLIMIT_DATA boundary flaky; above it every block is its own mmap.
@@ -82,14 +83,19 @@ INTERRUPTS = {signal.SIGINT, signal.SIGTERM}
 
 def prepare_child(memory_limit: int | None, parent_pid: int):
     """Runs between fork and exec of the process the executor starts (the keeper, whose child inherits the
-    cap): give up if the parent is gone, and cap memory if asked."""
+    cap): give up if the parent is gone, and cap memory if asked.
+
+    The hard limit is ``OWN_ALLOWANCE_BYTES`` above the cap: room for the child to credit what isoprobe's
+    own modules take in it (``child.memory.credit_own``), which it does, and then fixes both limits, before
+    any user code runs.
+    """
 
     def prepare() -> None:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, INTERRUPTS)  # see signals_deferred
         if os.getppid() != parent_pid:
             os._exit(1)
         if memory_limit is not None:
-            resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
+            resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit + OWN_ALLOWANCE_BYTES))
 
     return prepare
 

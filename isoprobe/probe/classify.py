@@ -6,7 +6,10 @@ tested with literal values. fits / out_of_memory / error come from the child's
 own verdict; crashed and timed_out from how the process ended. Unknown is
 never ``fits``. Given what the trial was asked (``plausibility.Asked``), a
 'fits' must also hold up against it: one that cannot be true is crashed, one
-over its budget is out of memory, each with the reason as evidence.
+over its budget is out of memory, each with the reason as evidence. A run
+whose end isoprobe's own fork server lost (``ChildRun.lost``) is not the
+trial's to classify: the executor runs it again, and ``probe.trials`` refuses one
+that stays lost.
 """
 
 from __future__ import annotations

@@ -99,9 +99,25 @@ def inspect_environment(spec: Spec, spec_path: str, executor: Executor, python_p
         raise SpecError(spec_path, [_inspect_problem(p) for p in inspected.problems])
     estimated = first_of(run.events, Estimated)
     if estimated is None:  # the trace hung, crashed or left: the search runs as it does without an estimate
-        note = "not estimated: the environment check's trace of a step did not finish"
-        return inspected.facts.model_copy(update={"estimate": Estimate(note=note)})
+        return inspected.facts.model_copy(update={"estimate": Estimate(note=unfinished_trace(run, spec))})
     return inspected.facts.model_copy(update={"estimate": estimated.estimate})
+
+
+#: The headline faulthandler's watchdog writes before it ends a process (``child.estimate._hard_deadline``).
+_WATCHDOG_HEADLINE = "Timeout ("
+
+
+def unfinished_trace(run: ChildRun, spec: Spec) -> str:
+    """Why no estimate came back after the check's verdict, as far as the run shows; the search goes on without one."""
+    if run.timed_out:
+        how = f"was still running at the check's timeout (search.trial_timeout, {spec.search.trial_timeout:g} s)"
+    elif run.returncode == 1 and _WATCHDOG_HEADLINE in run.stderr_tail:
+        how = ("ran past its own time limit where it could not be interrupted (in C code or a blocking call), "
+               f"and the check's process was ended after {run.seconds:.0f} s")
+    else:
+        signal_name = signal_name_of(run.returncode)
+        how = f"ended the check's process ({signal_name or f'exit status {run.returncode}'})"
+    return f"not estimated: the environment check's trace of a step {how}; the search starts as without one"
 
 
 def inspect_failure(run: ChildRun, spec: Spec) -> str:

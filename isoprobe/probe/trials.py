@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from isoprobe.errors import ProbeError
 from isoprobe.executors import ChildRun, Conditions, Executor
 from isoprobe.insights import step_throughput
 from isoprobe.outcomes import Outcome, card_was_full, maybe_allocation_failure
@@ -40,7 +41,12 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
     """A finished child's run as the result's ``Trial``: its classified outcome and what it measured.
 
     ``asked``: what the trial was asked to do, against which a 'fits' is vetted (``classify_exit``).
+    A run whose end isoprobe's own fork server lost (``ChildRun.lost``) is no
+    outcome of the batch's at all: it raises ``ProbeError`` (the executor re-runs
+    such runs, so one comes here only when the failures went on; see ``lost_run``).
     """
+    if run.lost is not None:
+        raise ProbeError(lost_run(run, batch_size))
     if run.ranks:
         return _gang_trial(run, index, batch_size, purpose, asked)
     end = classify_exit(run, asked)
@@ -81,6 +87,15 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         stderr_tail=run.stderr_tail if keep_stderr and run.stderr_tail else None,
         reclassified=end.evidence,
     )
+
+
+def lost_run(run: ChildRun, batch_size: int) -> str:
+    """What people read when isoprobe's own machinery kept failing a trial: no answer rather than a lower one."""
+    times = len(run.lost_before) + 1
+    return (f"isoprobe's fork server failed while it ran a trial of batch {batch_size} ({run.lost}"
+            + (f"; {times} times in a row" if times > 1 else "") + "). That says nothing about the batch, so "
+            "the probe stops without an answer rather than count it. Run it again; if this repeats, set "
+            "search.fork_server: false to spawn each trial instead")
 
 
 def _gang_trial(run: ChildRun, index: int, batch_size: int, purpose: str, asked: Asked | None) -> Trial:
@@ -181,6 +196,9 @@ class TrialRunner:
             conditions = replace(conditions, memory_limit=budget)
         run = self.executor.run(request, conditions, timeout=self.timeout(rule.max_steps if rule else steps),
                                 name=f"trial{index:03d}-b{batch_size}")
+        for reason in run.lost_before:
+            self.reporter.note(f"trial {index} (batch {batch_size}) was run again: {reason}; isoprobe's failure, "
+                               "not the batch's, so it is not counted")
         trial = trial_from_run(run, index, batch_size, purpose, self._asked(budget, steps, rule))
         if self.allocator_label is not None:
             trial = trial.model_copy(update={"allocator": self.allocator_label})

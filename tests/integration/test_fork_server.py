@@ -4,7 +4,7 @@ Real children on the CPU backend. The containment tests (test_containment.py)
 run both ways, spawned and forked; here, what only the fork server has: its
 trials are fresh processes, it never creates a CUDA context, a forked trial
 measures what a spawned one does, and a server that dies takes its trials
-with it and leaves the probe an honest verdict.
+with it, and the probe runs that trial again (its loss is isoprobe's, never the trial's).
 """
 
 from __future__ import annotations
@@ -12,12 +12,15 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import tempfile
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import yaml
 
-from conftest import TESTS, fault_spec, hog_spec, run_cli, wait_for
+from conftest import TESTS, fault_spec, faulty_spec, hog_spec, run_cli, wait_for
 from isoprobe.executors.local import LocalExecutor
 from isoprobe.probe.classify import classify_exit
 from isoprobe.probe.environment import trial_conditions
@@ -93,21 +96,31 @@ def test_a_server_whose_imports_started_openmp_forks_no_trial_and_the_probe_spaw
     assert len(said) == 1 and "spawns its trials" in said[0], said  # one server tried, then none again
 
 
-def test_a_server_killed_during_a_trial_takes_the_trial_with_it_and_the_trial_is_crashed_not_fitting(tmp_path):
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_server_lost_during_a_trial_takes_the_trial_with_it_and_the_trial_is_run_again_not_charged(tmp_path, how):
+    """The server is isoprobe's, not the trial's: its loss mid-trial is never the trial's outcome (issue 25).
+
+    Killed: its keeper kills the trial, the channel closes. Stopped (SIGSTOP): the trial hangs on to its
+    timeout, its keeper then ends it, and the stopped server never reports that end; the wait is bounded
+    all the same. Either way the trial is run again, on a fresh server, and its verdict is the re-run's.
+    """
     state = tmp_path / "state"
     state.mkdir()
-    spec = Spec.model_validate(fault_spec("hang", at=2, start=2, cap=2, state_dir=str(state)))
+    spec = Spec.model_validate(fault_spec("nth:1:hang", at=2, start=2, cap=2, state_dir=str(state)))
     conditions = trial_conditions(spec, "cpu", None)
     with LocalExecutor(tmp_path, fork=("cpu",)) as executor:
         executor.prestart(conditions)
         server_pid = wait_for(lambda: _started_server(tmp_path), 60)
         assert server_pid, "the fork server did not start"
-        killer = _kill_when_committed(state, server_pid)
-        run = executor.run(_request(spec, 2), conditions, timeout=120, name="t")
+        killer = _signal_when_committed(state, server_pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+        run = executor.run(_request(spec, 2), conditions, timeout=8, name="t")
         killer.join()
-    assert run.forked and run.returncode == -signal.SIGKILL
-    assert classify_exit(run).outcome.value == "crashed"
-    # The autouse fixture (conftest.no_leftover_processes) fails the test if the trial or anything survived.
+    assert run.lost is None and len(run.lost_before) == 1, run
+    assert ("is gone" if how == "killed" else "did not report the end") in run.lost_before[0]
+    assert run.forked and classify_exit(run).outcome.value == "fits"  # the re-run's: a fresh server's fork
+    assert last_of(run.events, Started).pid not in _committed(state)
+    # The autouse fixture (conftest.no_leftover_processes) fails the test if the trial, the stopped server or
+    # anything else survived.
 
 
 def _started_server(workdir: Path) -> int | None:
@@ -116,16 +129,114 @@ def _started_server(workdir: Path) -> int | None:
     return started.pid if started else None
 
 
-def _kill_when_committed(state: Path, pid: int):
+def _committed(state: Path) -> list[int]:
+    """The PIDs of the trials that began their fault (tests/faults.py writes committed-<pid>)."""
+    return [int(path.name.split("-", 1)[1]) for path in state.glob("committed-*")]
+
+
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_bytes()
+    return int(stat[stat.rindex(b")") + 2:].split()[1])
+
+
+def _signal_when_committed(state: Path, pid: int | None, signum: int):
+    """A thread that sends ``signum`` to ``pid`` (None: the server of the first trial that began its fault)."""
     import threading
 
-    def kill() -> None:
-        if wait_for(lambda: list(state.glob("committed-*")), 60):
-            os.kill(pid, signal.SIGKILL)
+    def send() -> None:
+        if wait_for(lambda: _committed(state), 120):
+            # The trial's parent is its keeper, forked by the server.
+            target = pid if pid is not None else _parent(_parent(_committed(state)[0]))
+            os.kill(target, signum)
+            thread.signalled.append(target)
 
-    thread = threading.Thread(target=kill)
+    thread = threading.Thread(target=send)
+    thread.signalled = []
     thread.start()
     return thread
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie, dead but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(b")") + 2:][:1] not in (b"Z", b"X")
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_probe_whose_server_is_lost_at_the_edge_still_finds_the_true_edge(tmp_path, how):
+    """Batch 5 is the edge (6 runs out of memory); its first trial sleeps, and its server is lost meanwhile.
+
+    Before issue 25 the lost trial was 'crashed' beside the re-run's 'fits': batch 5 was flaky and the
+    answer 4; a stopped server hung the probe for ever.
+    """
+    state = tmp_path / "state"
+    state.mkdir()
+    spec = fault_spec("nth:1:sleep:3", at=5, edge=5, start=2, cap=8, timeout=20, state_dir=str(state))
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    killer = _signal_when_committed(state, None, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
+    try:
+        done = run_cli("run", str(path), "--format", "json", timeout=400)
+    finally:
+        killer.join()
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert result["max_batch_size"] == 5, done.stderr
+    assert [t["outcome"] for t in result["trials"] if t["batch_size"] == 5] == ["fits"] * len(
+        [t for t in result["trials"] if t["batch_size"] == 5])  # the lost trial is not among them
+    assert "was run again" in done.stderr and "not counted" in done.stderr
+    assert killer.signalled and not _alive(killer.signalled[0])  # the stopped server did not outlive the probe
+
+
+def _faulty_spec_file(tmp_path: Path, trial_timeout: float) -> str:
+    spec = faulty_spec("raise", at=10**6, trial_timeout=trial_timeout)  # never reaches the fault: every trial fits
+    spec["search"]["max_batch_size"] = 8
+    path = tmp_path / "faulty.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def test_a_fork_stopped_at_a_tiny_timeout_is_reported_as_a_spawned_child_is(tmp_path):
+    """The timeout runs from the fork's first report (after it set itself up), as from a spawned child's imports.
+
+    Before issue 25 it ran from the order: a fork killed while it mapped its pages said nothing, and the
+    environment check read "did not get past starting Python ... check the Python environment".
+    """
+    spec = _faulty_spec_file(tmp_path, 0.05)
+    said = {}
+    for fork in ("true", "false"):
+        done = run_cli("run", spec, "--format", "json", "--set", f"search.fork_server={fork}", timeout=300)
+        assert done.returncode == 4, done.stderr
+        said[fork] = done.stderr.splitlines()[-1]
+    assert said["true"] == said["false"], said
+    assert "stopped after search.trial_timeout (0.05 s)" in said["true"] and "raise search.trial_timeout" in said["true"]
+
+
+@pytest.fixture
+def tiny_tmpdir():
+    """A 16 KiB tmpfs (mounting needs root, as the suite has in CI; skipped otherwise)."""
+    folder = Path(tempfile.mkdtemp(prefix="isoprobe-tiny-"))
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        folder.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+        folder.rmdir()
+
+
+def test_a_fork_without_room_for_its_files_is_no_crash_and_the_probe_names_tmpdir(tmp_path, tiny_tmpdir):
+    """Before issue 25 the fork that could not write its first event was trial 1, 'crashed' (charged to batch 2)."""
+    done = run_cli("run", _faulty_spec_file(tmp_path, 120), "--format", "json", env={"TMPDIR": str(tiny_tmpdir)},
+                   timeout=300)
+    assert done.returncode == 4, done.stderr
+    assert "Traceback" not in done.stderr and "crashed" not in done.stderr, done.stderr
+    assert "No space left on device" in done.stderr.splitlines()[-1] and "TMPDIR" in done.stderr.splitlines()[-1]
 
 
 def test_the_result_schema_documents_the_forked_field():

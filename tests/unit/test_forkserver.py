@@ -117,3 +117,53 @@ def test_overlapping_trials_each_get_their_own_end_whatever_order_the_replies_co
     for read, write in lifelines:
         os.close(read)
         os.close(write)
+
+
+def test_a_server_that_does_not_report_a_trial_that_ended_is_lost_within_the_margin(ends, monkeypatch):
+    """A stopped (SIGSTOP) or wedged server never sends ``Ended``: the keeper's own end is seen, and the wait ends."""
+    import isoprobe.executors.forkserver as forkserver
+
+    monkeypatch.setattr(forkserver, "ENDED_REPLY_SECONDS", 0.3, raising=False)
+    channel, server = ends
+    keeper = subprocess.Popen(["sleep", "0.2"])  # plays the forked keeper: a real process that ends on its own
+    server.send(Forked(pid=keeper.pid).model_dump_json().encode())
+    read, write = os.pipe()
+    process = channel.fork(ORDER, read)
+    assert process.poll() is None  # running: no verdict yet, and the server is not suspected
+    try:
+        assert process.wait(timeout=30) == -signal.SIGKILL  # never a clean exit: the end is unknown
+    finally:
+        keeper.wait()
+        for fd in (read, write):
+            os.close(fd)
+    assert process.lost is not None and "did not report the end" in process.lost
+    assert channel.lost == process.lost and channel.fork(ORDER, read) is None
+
+
+def test_a_reply_that_comes_in_the_margin_is_the_trials_end_not_a_loss(ends, monkeypatch):
+    import isoprobe.executors.forkserver as forkserver
+
+    monkeypatch.setattr(forkserver, "ENDED_REPLY_SECONDS", 30)
+    channel, server = ends
+    keeper = subprocess.Popen(["true"])
+    keeper.wait()  # ended (and reaped here, as the server reaps its keepers): its Ended comes a little later
+    server.send(Forked(pid=keeper.pid).model_dump_json().encode())
+    read, write = os.pipe()
+    process = channel.fork(ORDER, read)
+    server.send(Ended(pid=keeper.pid, status=0).model_dump_json().encode())
+    assert process.wait(timeout=5) == 0 and process.lost is None and not channel.lost
+    os.close(read)
+    os.close(write)
+
+
+def test_waiting_for_a_forked_trial_has_no_for_ever(ends):
+    channel, server = ends
+    server.send(Forked(pid=os.getpid()).model_dump_json().encode())  # a process that will not end meanwhile
+    read, write = os.pipe()
+    process = channel.fork(ORDER, read)
+    with pytest.raises(TypeError):
+        process.wait()  # every caller names its bound
+    with pytest.raises(subprocess.TimeoutExpired):
+        process.wait(timeout=0.1)
+    os.close(read)
+    os.close(write)

@@ -9,15 +9,17 @@ see it; the soak runs recommendation.soak_steps and does.
 from __future__ import annotations
 
 import signal
+from dataclasses import replace
 
 import pytest
 
 from isoprobe.errors import Terminated
-from isoprobe.executors.scripted import ScriptedExecutor, crashed, linear
+from isoprobe.executors.scripted import ScriptedExecutor, crashed, inspected, linear
 from isoprobe.outcomes import Outcome
 from isoprobe.output import summary_lines
+from isoprobe.protocol import Estimate, Estimated
 from isoprobe.probe.recommendation import DEFAULT_SOAK_STEPS, MAX_SOAKS
-from scripted_probe import HOG_FIXED, HOG_PER_SAMPLE, MiB, hog_spec, probe
+from scripted_probe import HOG_FIXED, HOG_MAX, HOG_PER_SAMPLE, MiB, hog_spec, probe
 from test_cache_trust import _check_every_cacheable
 
 
@@ -202,3 +204,29 @@ def test_a_user_error_raised_only_after_the_searchs_steps_stops_the_probe_with_e
     if soak_steps is None:
         assert [t.outcome for t in soaks_of(probed)] == [Outcome.ERROR]  # no re-run: an error is not a crash
         assert "ended error:" in result.recommendation.note and "twice" not in result.recommendation.note
+
+
+def _estimated(fixed: int, per_sample: int) -> ScriptedExecutor:
+    """memory_hog's device, with an environment check that brings back an exact traced estimate."""
+    check = inspected()
+    check = replace(check, events=[*check.events,
+                                   Estimated(estimate=Estimate(fixed_bytes=fixed, per_sample_bytes=float(per_sample)))])
+    return ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE), inspected=check)
+
+
+@pytest.mark.parametrize("soak_steps", [6, 0])
+def test_a_headroom_below_where_the_estimate_started_the_search_is_kept_and_proven(soak_steps):
+    """Issue 25: the first trial goes to 0.8 x the estimate's edge (20 of 25), so every batch that fit is
+    above a 30 % headroom's line (11); the recommendation is 11, at or below the line, and a trial of 11
+    (the soak, or the check without one) proves it. It was 20, reported above its headroom."""
+    probed = probe(soaked_spec(soak_steps, headroom=0.3), _estimated(HOG_FIXED, HOG_PER_SAMPLE))
+    result = probed.result
+    assert result.trials[0].batch_size == 20 and result.max_batch_size == HOG_MAX
+    assert min(t.batch_size for t in result.trials if t.purpose == "search") == 20
+    recommendation = result.recommendation
+    assert result.recommended_batch_size == 11
+    assert HOG_FIXED + HOG_PER_SAMPLE * result.recommended_batch_size <= recommendation.target_peak_bytes
+    assert recommendation.predicted_peak_bytes <= recommendation.target_peak_bytes
+    proof = [t for t in result.trials if t.batch_size == 11 and t.purpose in ("soak", "recommendation_check")]
+    assert proof and all(t.outcome is Outcome.FITS for t in proof)
+    assert recommendation.measured_peak_bytes == proof[-1].peak_bytes <= recommendation.target_peak_bytes

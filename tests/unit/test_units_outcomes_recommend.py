@@ -338,10 +338,21 @@ def test_advise_rounding_that_would_give_zero_keeps_the_value():
     assert "kept 3" in advice.note
 
 
-def test_advise_unreachable_headroom_recommends_the_smallest_fit():
-    advice = advise(6, FITTING, capacity=1100, headroom=0.1, multiple_of=1)
-    assert advice.batch_size == 2
-    assert "smallest batch that fit" in advice.note
+def test_advise_headroom_unreachable_even_at_one_sample_recommends_one_and_says_so():
+    advice = advise(6, FITTING, capacity=1100, headroom=0.1, multiple_of=1)  # target 990, below the 1000 fixed
+    assert advice.batch_size == 1
+    assert "cannot be met even at 1 sample" in advice.note
+
+
+def test_advise_headroom_below_every_fitting_batch_is_kept_not_clamped_up():
+    """Issue 25: the search started at 0.8 x the estimate's edge (here 40 of an edge at 50), so every batch
+    that fit is above a 25 % headroom's line; the recommendation is on the line, below them (it was 40,
+    the smallest batch that fit, 1000 bytes above the headroom)."""
+    fitting = [(40, 5000), (49, 5900), (50, 6000)]  # peak = 1000 + 100 * batch
+    advice = advise(50, fitting, capacity=6000, headroom=0.25, multiple_of=1, first_failing=51)
+    assert advice.target_peak_bytes == 4500
+    assert advice.batch_size == 35 < min(b for b, _ in fitting)
+    assert advice.predicted_peak_bytes == 4500 <= advice.target_peak_bytes
 
 
 def test_advise_edge_lowers_the_capacity_to_the_peak_at_first_failing():
@@ -361,9 +372,11 @@ def test_advise_edge_lowers_the_capacity_to_the_peak_at_first_failing():
     headroom_fraction=st.sampled_from([0.0, 0.05, 0.1, 0.25, 0.5]),
     extra_capacity=st.integers(0, 10**10),
     multiple_of=st.sampled_from([1, 2, 8, 64]),
+    first=st.integers(2, 6000),
 )
-def test_advise_properties(intercept, slope, max_batch, headroom_fraction, extra_capacity, multiple_of):
-    fitting = [(b, intercept + slope * b) for b in (2, 4, 6)]
+def test_advise_properties(intercept, slope, max_batch, headroom_fraction, extra_capacity, multiple_of, first):
+    # The fitting batches start wherever the search started (with an estimate: far up, near the edge).
+    fitting = [(b, intercept + slope * b) for b in sorted({min(first, max_batch - 4), max_batch - 2, max_batch})]
     capacity = intercept + extra_capacity + 1
     advice = advise(max_batch, fitting, capacity, headroom_fraction, multiple_of)
 
@@ -372,9 +385,9 @@ def test_advise_properties(intercept, slope, max_batch, headroom_fraction, extra
     assert advice.target_peak_bytes == capacity - advice.headroom_bytes
     if multiple_of > 1 and advice.batch_size >= multiple_of:
         assert advice.batch_size % multiple_of == 0
-    if "smallest batch that fit" not in advice.note:
-        # The recommendation's predicted peak stays within the target.
+    if "cannot be met even at 1 sample" not in advice.note:
+        # The recommendation's predicted peak stays within the target, wherever the fitting batches are.
         assert intercept + slope * advice.batch_size <= advice.target_peak_bytes
-    if multiple_of == 1 and advice.batch_size < max_batch and "smallest batch that fit" not in advice.note:
+    if multiple_of == 1 and advice.batch_size < max_batch and "cannot be met" not in advice.note:
         # ... and it is the largest such batch.
         assert intercept + slope * (advice.batch_size + 1) > advice.target_peak_bytes

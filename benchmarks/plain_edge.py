@@ -1,0 +1,188 @@
+"""The edge a plain training process finds under the CPU cap: an independent check of isoprobe's maximum.
+
+    python benchmarks/plain_edge.py SPEC.yaml [--budget BYTES] [--start N] [--json]
+
+Each trial is a fresh ``python -c`` process that imports only torch (and the
+model's library), builds the spec's model, and runs the spec's steps of the
+classic loop (``outputs = model(x); loss = F.cross_entropy(outputs, y);
+loss.backward(); optimizer.step()``), exiting 0 when they fit and 3 on an
+allocation failure. It runs under the cap a CPU trial runs under
+(``RLIMIT_DATA`` = the budget, set before exec) and in the environment that
+changes memory (``MALLOC_MMAP_THRESHOLD_``, no CUDA devices, the thread
+count), with the values written out here, not imported: nothing of isoprobe's
+trial code (child, protocol, pydantic) is in the trial's process, which is the
+point. The parent reads the spec with isoprobe's loader only.
+
+The edge is bisected (doubling from ``--start``, then halving the gap), one
+process per batch, assuming that a batch which fits means every smaller one
+fits. Specs whose options this loop does not reproduce (mixed precision,
+compile, a user step or loss, ...) are refused rather than approximated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from isoprobe.spec_load import load_spec  # noqa: E402 - the parent only: trials never import isoprobe
+
+#: What a CPU trial's environment sets that changes its memory (``executors.processes.child_environment``),
+#: written out on purpose: the harness must not follow the code it checks.
+MALLOC_MMAP_THRESHOLD = "131072"
+FITS, OUT_OF_MEMORY = 0, 3
+
+#: The trial: a plain process with the classic loop. ``outputs`` and ``loss`` are loop variables, so the
+#: previous step's output lives until the next forward pass has returned, as in a user's script.
+TRIAL = r"""
+import json, sys
+config = json.loads(sys.argv[1])
+try:
+    import importlib, importlib.util
+    import torch
+    import torch.nn.functional as F
+    source = config["model"]
+    if source["torchvision"]:
+        import torchvision
+        model = torchvision.models.get_model(source["torchvision"], weights=None, **source["kwargs"])
+    else:
+        path, function = source["factory"].rsplit(":", 1)
+        if path.endswith(".py"):
+            module_spec = importlib.util.spec_from_file_location("user_models", path)
+            module = importlib.util.module_from_spec(module_spec)
+            module_spec.loader.exec_module(module)
+        else:
+            module = importlib.import_module(path)
+        model = getattr(module, function)(**source["kwargs"])
+    model.train()
+    kwargs = dict(config["optimizer_kwargs"])
+    if config["optimizer"] == "sgd":
+        kwargs.setdefault("lr", 0.01)
+        kwargs.setdefault("momentum", 0.9)
+    optimizer = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[
+        config["optimizer"]](model.parameters(), **kwargs)
+    shape = [config["batch"], *config["shape"]]
+    if config["dtype"] == "int64":
+        x = torch.randint(0, config["high"], shape)
+    else:
+        x = torch.randn(shape, dtype=getattr(torch, config["dtype"]))
+    y = x if config["task"] == "language_modeling" else None
+    for _ in range(config["steps"]):
+        optimizer.zero_grad(set_to_none=True)
+        outputs = model(x)
+        if config["task"] == "language_modeling":
+            logits = outputs[:, :-1, :].float()
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[:, 1:].reshape(-1))
+            del logits
+        else:
+            if y is None:
+                y = torch.randint(0, config["classes"], (outputs.shape[0], *outputs.shape[2:]))
+            loss = F.cross_entropy(outputs, y)
+        loss.backward()
+        optimizer.step()
+except (MemoryError, RuntimeError) as error:
+    if isinstance(error, MemoryError) or "can't allocate memory" in str(error):
+        sys.exit(3)
+    raise
+"""
+
+
+def trial_config(spec, batch: int) -> dict:
+    """What the trial process needs from the spec; SystemExit naming the option this loop does not reproduce."""
+    training, model = spec.training, spec.model
+    unsupported = {
+        "training.mode": training.mode != "train",
+        "training.precision": training.precision != "fp32",
+        "training.channels_last": training.channels_last,
+        "training.gradient_checkpointing": training.gradient_checkpointing,
+        "training.compile": training.compile,
+        "training.eval_pass": training.eval_pass,
+        "training.output_lifetime": training.output_lifetime != "through_backward",
+        "model.batch / model.loss / model.step": bool(model.batch or model.loss or model.step),
+        "model.timm / model.huggingface": bool(model.timm or model.huggingface),
+        "distributed": spec.distributed.gang,
+        "device": spec.device != "cpu",
+    }
+    named = [name for name, used in unsupported.items() if used]
+    task = spec.target.resolved_task if spec.target is not None else None
+    if task not in ("classification", "segmentation", "language_modeling"):
+        named.append(f"target task {task}")
+    if named:
+        raise SystemExit(f"plain_edge.py does not reproduce {', '.join(named)}: use a spec without them")
+    return {
+        "model": {"torchvision": model.torchvision, "factory": model.factory, "kwargs": model.kwargs},
+        "optimizer": spec.optimizer.name, "optimizer_kwargs": spec.optimizer.kwargs,
+        "shape": list(spec.input.shape), "dtype": spec.input.dtype, "high": spec.input.high,
+        "task": task, "classes": spec.target.classes, "steps": spec.search.steps, "batch": batch,
+    }
+
+
+def environment(spec) -> dict[str, str]:
+    """The trial's environment: this one, plus what a CPU trial of isoprobe gets that changes memory."""
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "MALLOC_MMAP_THRESHOLD_")}
+    env.update(MALLOC_MMAP_THRESHOLD_=MALLOC_MMAP_THRESHOLD, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED="1",
+               PYTHONFAULTHANDLER="1")
+    if spec.distributed.threads_per_rank is not None:
+        env["OMP_NUM_THREADS"] = str(spec.distributed.threads_per_rank)
+    return env
+
+
+def fits(spec, batch: int, budget: int, python: str = sys.executable) -> bool:
+    """One trial in a fresh plain process under ``RLIMIT_DATA`` = ``budget``; raises on anything but fit or OOM."""
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_DATA, (budget, budget))
+
+    run = subprocess.run([python, "-c", TRIAL, json.dumps(trial_config(spec, batch))], env=environment(spec),
+                         preexec_fn=cap, capture_output=True, text=True, cwd="/")
+    if run.returncode not in (FITS, OUT_OF_MEMORY):
+        raise RuntimeError(f"batch {batch}: the plain trial failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
+    return run.returncode == FITS
+
+
+def edge(spec, budget: int, start: int = 8, report=lambda batch, fit: None) -> int:
+    """The largest batch that fits in a plain process (0 if not even one): double from ``start``, then bisect."""
+    lo, hi = 0, None  # lo fits (0: trivially), hi does not
+    batch = max(1, start)
+    while hi is None:
+        fit = fits(spec, batch, budget)
+        report(batch, fit)
+        if fit:
+            lo, batch = batch, batch * 2
+        else:
+            hi = batch
+    while hi - lo > 1:
+        batch = (lo + hi) // 2
+        fit = fits(spec, batch, budget)
+        report(batch, fit)
+        lo, hi = (batch, hi) if fit else (lo, batch)
+    return lo
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("spec")
+    parser.add_argument("--budget", type=int, default=None, help="bytes (default: the spec's memory_budget)")
+    parser.add_argument("--start", type=int, default=8, help="the first batch tried")
+    parser.add_argument("--json", action="store_true", help="print {'edge': N, 'budget': B} instead of text")
+    args = parser.parse_args()
+    spec = load_spec(args.spec)
+    budget = args.budget or spec.memory_budget
+    if budget is None:
+        raise SystemExit("plain_edge.py needs a budget: the spec's memory_budget or --budget")
+    trial_config(spec, 1)  # refuse an unsupported spec before any trial
+    found = edge(spec, budget, args.start,
+                 report=lambda b, fit: print(f"batch {b:>6}: {'fits' if fit else 'out_of_memory'}", file=sys.stderr,
+                                             flush=True))
+    print(json.dumps({"edge": found, "budget": budget}) if args.json else f"{args.spec}: plain edge {found}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,28 @@
+"""The names that wire a child process to its parent: its module, its arguments, its environment variables.
+
+Standard library only, and apart from ``protocol`` (which re-exports them),
+because the child reads them first thing, before it imports torch: whatever
+it imports before torch cannot be measured apart from what torch would import
+anyway, and only what is measured is credited to the CPU cap
+(``child.memory.credit_own``).
+"""
+
+#: The child's module: ``python -m isoprobe.child REQUEST.json`` (cold) or ``... --wait`` (warm).
+CHILD_MODULE = "isoprobe.child"
+#: The child's argument that means: import first, then read the request's path from stdin.
+WAIT_ARGUMENT = "--wait"
+#: After ``WAIT_ARGUMENT``: import at idle priority (a spare, started beside a running trial).
+IDLE_ARGUMENT = "--idle"
+#: The child's argument that makes it the probe's fork server (``child.server``), then the channel's descriptor.
+SERVE_ARGUMENT = "--serve"
+#: Environment variable naming the file the child appends its events to.
+EVENTS_ENV = "ISOPROBE_EVENTS"
+#: Environment variable naming the child's end of the lifeline pipe (see executors.local).
+LIFELINE_ENV = "ISOPROBE_LIFELINE_FD"
+#: Environment variable listing (comma-separated) the modules a warm child imports before its request.
+PRELOAD_ENV = "ISOPROBE_PRELOAD"
+#: How far a CPU trial may raise its own cap (RLIMIT_DATA) above the budget, to credit what isoprobe's own
+#: modules take in its process (``child.memory.credit_own``; measured 6.3 MiB after torch). The parent sets
+#: the hard limit this far above the budget and the child lowers it to its credited cap before any user code
+#: runs, so the allowance bounds a mismeasured credit, never what a model may take.
+OWN_ALLOWANCE_BYTES = 64 * 1024 * 1024
