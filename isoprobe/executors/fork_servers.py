@@ -8,7 +8,8 @@ cannot set itself up, make this probe spawn under those conditions from then
 on (``unforkable``); a server *lost* while it served (killed, wedged:
 ``forkserver.ServerChannel.lost``) is stopped with its whole tree and replaced
 by a fresh one, up to ``SERVER_LOSSES`` times. Re-running what a lost server
-was running is the executor's (``LocalExecutor.run``).
+was running is the executor's (``executors.rounds``, for a single trial and a
+parallel slot alike; ``GangExecutor`` for a gang).
 """
 
 from __future__ import annotations

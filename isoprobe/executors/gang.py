@@ -15,6 +15,9 @@ rank's, with every rank's run beside it (``ChildRun.ranks``); the probe
 classifies the trial by it (``probe.trials``). A rank that hangs before a
 collective holds the others up until the trial's timeout: the gang timed out,
 and the rank that did not get as far as the others is the one named (``laggard``).
+From the moment the gang's end is seen until its run is handed to the probe
+(``run_reporting``), SIGINT and SIGTERM are held, so an interrupt never drops a
+gang that had ended (issue 25).
 """
 
 from __future__ import annotations
@@ -22,11 +25,15 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
+from typing import Callable
 
+from isoprobe.errors import Terminated
 from isoprobe.executors import ChildRun, Conditions
 from isoprobe.executors.child_process import wait_for_end
 from isoprobe.executors.fork_servers import SERVER_LOSSES
 from isoprobe.executors.local import Launch, LocalExecutor
+from isoprobe.executors.processes import signals_deferred
+from isoprobe.executors.rounds import ended_on_its_own
 from isoprobe.outcomes import Outcome
 from isoprobe.protocol import RankAssignment, TrialRequest, TrialResult, last_of, read_events
 
@@ -72,78 +79,130 @@ class GangExecutor:
         self.local.close()
 
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
+        runs: list[ChildRun] = []
+        self.run_reporting(request, conditions, timeout=timeout, name=name, finished=runs.append)
+        return runs[0]
+
+    def run_reporting(self, request, conditions: Conditions, *, timeout: float, name: str,
+                      finished: Callable[[ChildRun], None]) -> None:
+        """``run``, handing the run to ``finished`` with SIGINT/SIGTERM held from the moment the gang's end is seen.
+
+        So an interrupt cannot drop a gang that had ended (``executors.rounds``
+        does the same for single requests): one that comes while the ranks are
+        stopped, collected and recorded lands after; one that comes between the
+        last look at the ranks and that block finds them ended on their own and
+        reports the gang before it propagates. A gang the fork server lost is
+        run again, as a single request is; a lost run is never reported on an interrupt.
+        """
         if not is_gang(request):
-            return self.local.run(request, conditions, timeout=timeout, name=name)
+            from isoprobe.executors.rounds import run_round
+
+            return run_round(self.local, [(request, conditions, timeout, name)], lambda slot, run: finished(run))
         lost: list[str] = []
-        while True:  # a gang the fork server lost is run again, as ``LocalExecutor.run`` runs a single request
+        while True:
             attempt = name if not lost else f"{name}-again{len(lost)}"  # a store of its own: the lost one's is stale
-            run = replace(self._run_gang(request, conditions, timeout, attempt), lost_before=tuple(lost))
-            if run.lost is None or len(lost) >= SERVER_LOSSES:
-                return run
-            lost.append(run.lost)
+            again = self._run_gang(request, conditions, timeout, attempt, tuple(lost), finished)
+            if again is None:
+                return
+            lost.append(again)
             self.local.servers.drop_lost()
 
-    def _run_gang(self, request, conditions: Conditions, timeout: float, name: str) -> ChildRun:
+    def _run_gang(self, request, conditions: Conditions, timeout: float, name: str, lost_before: tuple[str, ...],
+                  finished: Callable[[ChildRun], None]) -> str | None:
+        """One attempt at the gang: None once its run was handed to ``finished``, else why it was lost (run it again)."""
         store = self.local.workdir / f"{name}.store"
         launches: list[Launch] = []
+        concluded = False
+
+        def conclude(failed: int | None, interrupted: bool = False) -> str | None:
+            """With signals held: stop every rank, collect them, hand over the gang's run (or say why it was lost)."""
+            nonlocal concluded
+            concluded = True
+            stop_seconds = _stop_all(launches)
+            runs = tuple(self.local.collect(launch) for launch in launches)
+            deciding = runs[failed] if failed is not None else runs[0]
+            # One rank's end lost by the fork server loses the gang's: its failure (or its peers') is not the trial's.
+            lost = next((run.lost for run in runs if run.lost is not None), None)
+            run = replace(deciding, ranks=runs, failed_rank=failed,
+                          gang_stop_seconds=stop_seconds if failed is not None else None,
+                          seconds=max(run.seconds for run in runs), lost=lost, lost_before=lost_before)
+            if lost is not None and (interrupted or len(lost_before) < SERVER_LOSSES):
+                return None if interrupted else lost  # the last attempt was spawned: never lost
+            finished(run)
+            return None
+
         try:
             for rank_request in rank_requests(request, str(store)):
                 launches.append(self.local.launch(rank_request, conditions, timeout=timeout,
                                                   name=f"{name}-rank{rank_request.rank.rank}"))
-            failed, stop_seconds = _supervise(launches, timeout)
+            return _supervise(launches, timeout, conclude)
+        except (KeyboardInterrupt, Terminated):
+            if not concluded and len(launches) == (request.spec.distributed.world_size or 1) and all(
+                    launch.delivered is not None for launch in launches):
+                ended, failed = _look(launches, interrupted=True)
+                if ended:  # the gang had ended on its own before the signal: a finished trial all the same
+                    with signals_deferred():
+                        conclude(failed, interrupted=True)
+            raise
         finally:
             for launch in launches:  # on an interrupt too: no rank outlives the trial
                 self.local.stop(launch)
-        runs = tuple(LocalExecutor.collect(launch) for launch in launches)
-        deciding = runs[failed] if failed is not None else runs[0]
-        # One rank's end lost by the fork server loses the gang's: its failure (or its peers') is not the trial's.
-        lost = next((run.lost for run in runs if run.lost is not None), None)
-        return replace(deciding, ranks=runs, failed_rank=failed, gang_stop_seconds=stop_seconds,
-                       seconds=max(run.seconds for run in runs), lost=lost)
 
 
-def _supervise(launches: list[Launch], timeout: float) -> tuple[int | None, float | None]:
-    """Wait for the gang: (the rank that failed first or None, seconds to stop the others after it failed).
+def _supervise(launches: list[Launch], timeout: float, conclude: Callable[[int | None], str | None]) -> str | None:
+    """Wait for the gang's end, then ``conclude(the rank that failed first, or None)`` with signals held.
 
     Every rank must have been delivered its request; one that was not (it died
     importing, or its import timed out) fails the gang at once.
     """
     undelivered = [rank for rank, launch in enumerate(launches) if launch.delivered is None]
     if undelivered:
-        return _stop_all(launches, undelivered[0])
+        with signals_deferred():
+            return conclude(undelivered[0])
     deadline = max(launch.delivered for launch in launches) + timeout
     while True:
-        failures = []
-        running = 0
-        for rank, launch in enumerate(launches):
-            verdict = last_of(read_events(launch.events_path), TrialResult)
-            ended = launch.poll() is not None
-            if verdict is not None and verdict.outcome is not Outcome.FITS:
-                failures.append((0, verdict.t, rank))
-            elif ended and (verdict is None or launch.child.process.returncode != 0):
-                failures.append((-1, 0.0, rank))  # no verdict (a crash, a kill): no peer's failure caused it
-            elif not ended:
-                running += 1
-        if failures:
-            # A rank that ended without a verdict first; then the earliest verdict. A peer's collective
-            # error ("connection closed") comes after the failure that caused it.
-            return _stop_all(launches, min((kind, t, rank) for kind, t, rank in failures)[2])
-        if running == 0:
-            return None, None
+        ended, failed = _look(launches)
+        if ended:
+            with signals_deferred():
+                return conclude(failed)
         if time.monotonic() >= deadline:
-            for launch in launches:  # the usual timeout rule, rank by rank: a verdict before the deadline stands
-                if launch.poll() is None:
-                    launch.timed_out, launch.verdict_at_timeout = wait_for_end(launch.child, 0)
-            timed_out = [rank for rank, launch in enumerate(launches) if launch.timed_out
-                         and not launch.verdict_at_timeout]
-            if timed_out:
-                hung = laggard([len(read_events(launch.events_path)) for launch in launches], timed_out)
-                if hung is None:  # level: no evidence which rank held the others, and none is blamed
-                    _stop_all(launches, 0)
-                    return None, None
-                return _stop_all(launches, hung)
-            return None, None
+            with signals_deferred():  # the gang's time is up: what follows is its end, recorded whole
+                for launch in launches:  # the usual timeout rule, rank by rank: a verdict before the deadline stands
+                    if launch.poll() is None:
+                        launch.timed_out, launch.verdict_at_timeout = wait_for_end(launch.child, 0)
+                timed_out = [rank for rank, launch in enumerate(launches) if launch.timed_out
+                             and not launch.verdict_at_timeout]
+                # Level ranks leave no evidence which one held the others, and none is blamed.
+                hung = laggard([len(read_events(launch.events_path)) for launch in launches], timed_out) \
+                    if timed_out else None
+                return conclude(hung)
         time.sleep(POLL_SECONDS)
+
+
+def _look(launches: list[Launch], interrupted: bool = False) -> tuple[bool, int | None]:
+    """One look at the gang: (whether it has ended, the rank that failed first or None).
+
+    The first rank that wrote a verdict other than 'fits', or ended without one,
+    ends the gang. ``interrupted``: a rank ended by SIGINT/SIGTERM (a scheduler
+    signals the whole job) was stopped, not finished: it counts as still running.
+    """
+    failures = []
+    running = 0
+    for rank, launch in enumerate(launches):
+        verdict = last_of(read_events(launch.events_path), TrialResult)
+        status = launch.poll()
+        ended = ended_on_its_own(status) if interrupted else status is not None
+        if verdict is not None and verdict.outcome is not Outcome.FITS:  # written before any signal: its own
+            failures.append((0, verdict.t, rank))
+        elif ended and (verdict is None or launch.child.process.returncode != 0):
+            failures.append((-1, 0.0, rank))  # no verdict (a crash, a kill): no peer's failure caused it
+        elif not ended:
+            running += 1
+    if failures:
+        # A rank that ended without a verdict first; then the earliest verdict. A peer's collective
+        # error ("connection closed") comes after the failure that caused it.
+        return True, min(failures)[2]
+    return running == 0, None
 
 
 def laggard(progress: list[int], timed_out: list[int]) -> int | None:
@@ -162,8 +221,8 @@ def laggard(progress: list[int], timed_out: list[int]) -> int | None:
     return behind[0] if len(behind) == 1 and least < max(progress) else None
 
 
-def _stop_all(launches: list[Launch], failed: int) -> tuple[int, float]:
-    """Kill every rank's tree at once (lifelines first, then reap), timing it."""
+def _stop_all(launches: list[Launch]) -> float:
+    """Kill every rank's tree at once (lifelines first, then reap): the seconds it took."""
     started = time.monotonic()
     for launch in launches:
         if launch.child is not None and launch.child.lifeline_write >= 0:
@@ -171,4 +230,4 @@ def _stop_all(launches: list[Launch], failed: int) -> tuple[int, float]:
             launch.child.lifeline_write = -1
     for launch in launches:
         LocalExecutor.stop(launch)
-    return failed, round(time.monotonic() - started, 4)
+    return round(time.monotonic() - started, 4)

@@ -36,7 +36,8 @@ running did not. A fork that ends or falls silent before its first report (the
 server lost meanwhile, or the fork could not set itself up) is replaced by a
 spawned child for the same request before it is delivered; a delivered trial
 whose end the server lost (``ChildRun.lost``) is run again from the start, on a
-fresh server, or spawned once ``SERVER_LOSSES`` servers were lost. A child that
+fresh server, or spawned once ``SERVER_LOSSES`` servers were lost (``executors.rounds``, which every
+``run`` and every parallel round goes through, so that a single trial and a slot are run again alike). A child that
 left no event at all while the scratch folder has no room is the system's
 refusal (an ``OSError`` out of ``collect``), not the trial's crash.
 """
@@ -49,14 +50,14 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from isoprobe.executors import ChildRun, Conditions
 from isoprobe.executors import keeper
-from isoprobe.executors.child_process import StartedChild, await_warm, deliver, stop_child, wait_for_end
+from isoprobe.executors.child_process import StartedChild, await_warm, deliver, stop_child
 from isoprobe.executors.forkserver import ForkedProcess
-from isoprobe.executors.fork_servers import SERVER_LOSSES, ForkServers
+from isoprobe.executors.fork_servers import ForkServers
 from isoprobe.executors.processes import (
     child_environment,
     import_timeout,
@@ -168,23 +169,15 @@ class LocalExecutor:
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
         """Run one request in a fresh process (the spare if it matches); ``timeout`` counts from its delivery.
 
-        A run the fork server lost is run again (see the module's docstring); the
-        returned run names the attempts lost before it (``lost_before``).
+        A round of one (``executors.rounds``): a run the fork server lost is run
+        again (see the module's docstring), and the returned run names the
+        attempts lost before it (``lost_before``).
         """
-        lost: list[str] = []
-        while True:
-            launch = self.launch(request, conditions, timeout=timeout, name=name)
-            try:
-                if launch.delivered is not None:
-                    launch.timed_out, launch.verdict_at_timeout = wait_for_end(launch.child, timeout)
-            finally:
-                # Also on KeyboardInterrupt, and after a normal exit: nothing the trial started may outlive it.
-                self.stop(launch)
-            run = replace(self.collect(launch), lost_before=tuple(lost))
-            if run.lost is None or len(lost) >= SERVER_LOSSES:  # the last attempt was spawned: never lost
-                return run
-            lost.append(run.lost)
-            self.servers.drop_lost()
+        from isoprobe.executors.rounds import run_round
+
+        runs: list[ChildRun] = []
+        run_round(self, [(request, conditions, timeout, name)], lambda slot, run: runs.append(run))
+        return runs[0]
 
     def launch(self, request, conditions: Conditions, *, timeout: float, name: str) -> "Launch":
         """Start (or take) a process for ``request`` and deliver it; the caller waits, then ``stop`` and ``collect``.

@@ -1,43 +1,62 @@
-"""Several requests at once, one per slot: the executor side of parallel trials (``search.parallel``).
+"""Requests run to their end and handed to the probe as each ends: one at a time, or several at once.
 
 ``run_round`` hands a round's requests to an executor and calls ``finished(slot,
 run)`` for each request *as its child ends*, so that a trial that finished is
-recorded and printed at once, not when the slowest of its round is done: a
-SIGINT/SIGTERM mid-round must not drop the trials that already ended (issue
-25). Each call is made with SIGINT and SIGTERM held (``signals_deferred``), so
-a signal that comes while a trial is being recorded lands after it is.
+recorded and printed at once, not when the slowest of its round is done. A
+round of one is how every trial of the probe runs (``probe.trials``), the
+sequential search's included: a SIGINT/SIGTERM must never drop a trial whose
+child had ended (issue 25). So each call is made with SIGINT and SIGTERM held
+(``signals_deferred``) from the moment the end is seen: a signal that comes
+while a trial is stopped, collected and recorded lands after it is. On an
+interrupt, a child that had already ended on its own when the signal came
+(between two looks at it) is still reported, and so is one whose timeout had
+been reached; one ended by SIGINT/SIGTERM (a scheduler signals the whole job:
+``scancel``) was stopped, not finished, and is dropped like the ones still running.
 
 With the local executor the children run concurrently, through its
 ``launch``/``stop``/``collect`` pieces (as the gang does for its ranks): every
 request is launched, each is waited for up to its own deadline (the usual
 timeout rule: a verdict at the deadline gets a short grace), and on any exit,
 an interrupt included, every child of the round is stopped before anything is
-raised. On an interrupt, a child that had already ended on its own when the
-signal came (between two looks at it) is still reported; one ended by
-SIGINT/SIGTERM (a scheduler signals the whole job: ``scancel``) was stopped,
-not finished, and is dropped like the ones still running. A wrapper executor
-that records what its children report (``cache_sources.SourceRecorder``,
-which has an ``inner``) sees each run as it would in ``run``. An executor
-without those pieces (the scripted one of the unit tests) runs the round's
-requests one after another, reporting each as it returns.
+raised. A slot whose end the fork server lost (``ChildRun.lost``: the server
+killed or stopped mid-round) is isoprobe's failure, not the batch's: that
+server is dropped and the slot launched again, its timeout from the new
+delivery; after ``SERVER_LOSSES`` losses its request is spawned, where no
+server can lose it, and the run that comes back names the attempts lost before
+it (``ChildRun.lost_before``). A lost run is never reported on an interrupt.
+
+A wrapper executor that records what its children report
+(``cache_sources.SourceRecorder``, which has an ``inner``) sees each run as it
+would in ``run``. An executor that runs a request as a whole but can hand over
+its end itself (``run_reporting``: the gang, whose ranks are one request) is
+asked to; any other (the scripted one of the unit tests, which has no child to
+end before its ``run`` returns) runs the round's requests one after another,
+each reported as it returns.
 """
 
 from __future__ import annotations
 
 import signal
 import time
+from dataclasses import replace
 from typing import Callable
 
 from isoprobe.errors import Terminated
 from isoprobe.executors import ChildRun
+from isoprobe.executors.fork_servers import SERVER_LOSSES
 from isoprobe.executors.processes import signals_deferred
 
 #: How often the round's children are looked at.
 POLL_SECONDS = 0.02
 #: Exit statuses of a child ended by the interrupt that also reached isoprobe: stopped, not finished.
-_INTERRUPTED_EXITS = (-signal.SIGINT, -signal.SIGTERM)
+INTERRUPTED_EXITS = (-signal.SIGINT, -signal.SIGTERM)
 
 Finished = Callable[[int, ChildRun], None]
+
+
+def ended_on_its_own(status: int | None) -> bool:
+    """Whether a child's exit status (None: running) is an end of its own, not one the interrupt caused."""
+    return status is not None and status not in INTERRUPTED_EXITS
 
 
 def run_round(executor, jobs: list[tuple], finished: Finished) -> None:
@@ -55,6 +74,10 @@ def run_round(executor, jobs: list[tuple], finished: Finished) -> None:
 
         return run_round(inner, jobs, recorded)
     for slot, (request, conditions, timeout, name) in enumerate(jobs):
+        if hasattr(executor, "run_reporting"):
+            executor.run_reporting(request, conditions, timeout=timeout, name=name,
+                                   finished=lambda run, slot=slot: finished(slot, run))
+            continue
         run = executor.run(request, conditions, timeout=timeout, name=name)
         with signals_deferred():
             finished(slot, run)
@@ -64,30 +87,51 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
     from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS
     from isoprobe.protocol import Inspected, TrialResult, last_of, read_events
 
-    launches = []
+    launches: list = [None] * len(jobs)
+    deadlines: list[float] = [0.0] * len(jobs)
+    graced = [False] * len(jobs)
+    lost: list[list[str]] = [[] for _ in jobs]  # per slot: why each earlier attempt was lost
     waiting: set[int] = set()
 
-    def report(i: int) -> None:
-        waiting.discard(i)
+    def start(i: int) -> None:
+        """Launch slot ``i``'s request (again, after a loss: under a name of its own)."""
+        request, conditions, timeout, name = jobs[i]
+        attempt = name if not lost[i] else f"{name}-again{len(lost[i])}"
+        launches[i] = local.launch(request, conditions, timeout=timeout, name=attempt)
+        graced[i] = False
+        waiting.add(i)
+        if launches[i].delivered is None:
+            end(i)  # never delivered (died or hung importing): its run says so
+        else:
+            deadlines[i] = launches[i].delivered + timeout
+
+    def end(i: int, interrupted: bool = False) -> None:
+        """Stop, collect and report slot ``i`` (or launch it again, if the fork server lost it)."""
         with signals_deferred():  # stopped, collected and recorded before a signal can land
+            waiting.discard(i)
             local.stop(launches[i])
-            finished(i, local.collect(launches[i]))
+            run = replace(local.collect(launches[i]), lost_before=tuple(lost[i]))
+            if run.lost is None or len(lost[i]) >= SERVER_LOSSES:  # the last attempt was spawned: never lost
+                if run.lost is None or not interrupted:
+                    finished(i, run)
+                return
+            if interrupted:
+                return  # isoprobe's failure, and no time to run it again: nothing finished
+            lost[i].append(run.lost)
+            local.servers.drop_lost()
+        start(i)
 
     try:
-        for request, conditions, timeout, name in jobs:
-            launches.append(local.launch(request, conditions, timeout=timeout, name=name))
-            waiting.add(len(launches) - 1)
-        deadlines = [launch.delivered + job[2] if launch.delivered is not None else None
-                     for launch, job in zip(launches, jobs)]
-        graced = [False] * len(launches)
-        for i in [i for i, launch in enumerate(launches) if launch.delivered is None]:
-            report(i)  # never delivered (died or hung importing): its run says so
+        for i in range(len(jobs)):
+            start(i)
         while waiting:
             now = time.monotonic()
             for i in sorted(waiting):
+                if i not in waiting:
+                    continue
                 launch = launches[i]
                 if launch.poll() is not None:
-                    report(i)
+                    end(i)
                 elif now >= deadlines[i]:
                     events = read_events(launch.events_path)
                     verdict = last_of(events, TrialResult) is not None or last_of(events, Inspected) is not None
@@ -95,15 +139,15 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
                         graced[i], deadlines[i] = True, now + VERDICT_EXIT_GRACE_SECONDS
                         continue
                     launch.timed_out, launch.verdict_at_timeout = True, graced[i]
-                    report(i)
+                    end(i)
             if waiting:
                 time.sleep(POLL_SECONDS)
     except (KeyboardInterrupt, Terminated):
-        for i in sorted(waiting):  # what had ended on its own before the signal is a finished trial all the same
-            status = launches[i].poll()
-            if status is not None and status not in _INTERRUPTED_EXITS:
-                report(i)
+        for i in sorted(waiting):  # what had ended before the signal is a finished trial all the same
+            if launches[i].timed_out or ended_on_its_own(launches[i].poll()):
+                end(i, interrupted=True)
         raise
     finally:
         for launch in launches:  # on an interrupt too: no child of the round outlives it
-            local.stop(launch)
+            if launch is not None:
+                local.stop(launch)

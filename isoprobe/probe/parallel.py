@@ -100,7 +100,7 @@ def observe_round(runner, batches: list[int], devices: list[str], observed) -> N
     leaves every ended trial in the result and in what the search proved.
     """
     from isoprobe.executors.rounds import run_round
-    from isoprobe.probe.trials import _SEARCH_PURPOSES, observation_of, trial_from_run
+    from isoprobe.probe.trials import _SEARCH_PURPOSES, observation_of
 
     budget = runner.target.info.memory_budget_bytes
     conditions = runner.conditions
@@ -123,14 +123,7 @@ def observe_round(runner, batches: list[int], devices: list[str], observed) -> N
     ambiguous = []
 
     def finished(slot: int, run) -> None:
-        trial = trial_from_run(run, len(runner.trials) + 1, batches[slot], purposes[slot],
-                               runner._asked(budget, rule=rules[slot]))
-        if runner.allocator_label is not None:
-            trial = trial.model_copy(update={"allocator": runner.allocator_label})
-        runner.trials.append(trial)
-        runner.reporter.trial(trial)
-        if trial.reclassified:  # not what the child said: the reason, where people read the progress
-            runner.reporter.note(f"  trial {trial.index} is {trial.outcome.value}: {trial.reclassified}")
+        trial = runner.record(run, batches[slot], purposes[slot], runner._asked(budget, rule=rules[slot]))
         if trial.outcome is Outcome.ERROR and trial.error is not None and budget is not None \
                 and maybe_allocation_failure(trial.error.message):
             ambiguous.append((slot, trial))  # counted once its evidence is in

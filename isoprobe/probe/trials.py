@@ -15,6 +15,7 @@ from dataclasses import replace
 
 from isoprobe.errors import ProbeError
 from isoprobe.executors import ChildRun, Conditions, Executor
+from isoprobe.executors.rounds import run_round
 from isoprobe.insights import step_throughput
 from isoprobe.outcomes import Outcome, card_was_full, maybe_allocation_failure
 from isoprobe.output import Reporter
@@ -194,12 +195,25 @@ class TrialRunner:
         conditions = self.conditions
         if self.target.backend == "cpu" and budget != conditions.memory_limit:
             conditions = replace(conditions, memory_limit=budget)
-        run = self.executor.run(request, conditions, timeout=self.timeout(rule.max_steps if rule else steps),
-                                name=f"trial{index:03d}-b{batch_size}")
+        recorded: list[Trial] = []
+        # A round of one: the trial is recorded with SIGINT/SIGTERM held from the moment its child's end is seen,
+        # so a signal then never drops it (issue 25).
+        timeout = self.timeout(rule.max_steps if rule else steps)
+        run_round(self.executor, [(request, conditions, timeout, f"trial{index:03d}-b{batch_size}")],
+                  lambda slot, run: recorded.append(self.record(run, batch_size, purpose,
+                                                                self._asked(budget, steps, rule))))
+        return recorded[0]
+
+    def record(self, run: ChildRun, batch_size: int, purpose: str, asked: Asked) -> Trial:
+        """A finished run as the next of ``trials``, printed (after why it was run again, if it was).
+
+        The executor calls this with SIGINT/SIGTERM held (``executors.rounds``).
+        """
+        index = len(self.trials) + 1
         for reason in run.lost_before:
             self.reporter.note(f"trial {index} (batch {batch_size}) was run again: {reason}; isoprobe's failure, "
                                "not the batch's, so it is not counted")
-        trial = trial_from_run(run, index, batch_size, purpose, self._asked(budget, steps, rule))
+        trial = trial_from_run(run, index, batch_size, purpose, asked)
         if self.allocator_label is not None:
             trial = trial.model_copy(update={"allocator": self.allocator_label})
         self.trials.append(trial)

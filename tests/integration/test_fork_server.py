@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import tempfile
@@ -139,12 +140,13 @@ def _parent(pid: int) -> int:
     return int(stat[stat.rindex(b")") + 2:].split()[1])
 
 
-def _signal_when_committed(state: Path, pid: int | None, signum: int):
-    """A thread that sends ``signum`` to ``pid`` (None: the server of the first trial that began its fault)."""
+def _signal_when_committed(state: Path, pid: int | None, signum: int, trials: int = 1):
+    """A thread that sends ``signum`` to ``pid`` (None: the server of the first trial that began its fault), once
+    ``trials`` trials have begun their fault."""
     import threading
 
     def send() -> None:
-        if wait_for(lambda: _committed(state), 120):
+        if wait_for(lambda: len(_committed(state)) >= trials, 120):
             # The trial's parent is its keeper, forked by the server.
             target = pid if pid is not None else _parent(_parent(_committed(state)[0]))
             os.kill(target, signum)
@@ -189,6 +191,37 @@ def test_a_probe_whose_server_is_lost_at_the_edge_still_finds_the_true_edge(tmp_
         [t for t in result["trials"] if t["batch_size"] == 5])  # the lost trial is not among them
     assert "was run again" in done.stderr and "not counted" in done.stderr
     assert killer.signalled and not _alive(killer.signalled[0])  # the stopped server did not outlive the probe
+
+
+@pytest.mark.parametrize("how", ["killed", "stopped"])
+def test_a_server_lost_mid_round_takes_both_slots_with_it_and_the_probe_still_finds_the_true_edge(tmp_path, how):
+    """search.parallel 2: round 1 is [3, 6], and the first trial of every batch from 3 sleeps 5 s; the server is
+    lost once both slots are in that sleep, so both are its forks (the environment check runs batch 2: it
+    commits no fault). Both are run again on a fresh server, never counted. Batch 7 is the edge.
+
+    Before this was fixed the lost slot reached the probe, which stopped without an answer (exit 4).
+    """
+    state = tmp_path / "state"
+    state.mkdir()
+    spec = fault_spec("nth:1:sleep:5", at=3, edge=7, start=3, cap=10, timeout=20, state_dir=str(state), parallel=2)
+    path = tmp_path / "spec.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    killer = _signal_when_committed(state, None, signal.SIGKILL if how == "killed" else signal.SIGSTOP, trials=2)
+    try:
+        # Bounded: a stopped server's trials are lost 10 s after they end (forkserver.ENDED_REPLY_SECONDS), then
+        # run again; the probe must not wait on it for ever (run_cli's timeout fails the test).
+        done = run_cli("run", str(path), "--format", "json", timeout=400)
+    finally:
+        killer.join()
+    assert done.returncode == 0, done.stderr
+    assert "2 slots: up to 2 trials at once" in done.stderr
+    result = json.loads(done.stdout)
+    assert (result["max_batch_size"], result["first_failing_batch_size"]) == (7, 8), done.stderr
+    assert all(t["outcome"] == "fits" for t in result["trials"] if t["batch_size"] <= 7), done.stderr
+    again = [line for line in done.stderr.splitlines() if "was run again" in line]
+    assert sorted(re.search(r"\(batch (\d+)\)", line).group(1) for line in again) == ["3", "6"], done.stderr
+    assert all("not counted" in line for line in again), done.stderr
+    assert killer.signalled and not _alive(killer.signalled[0])  # the lost server did not outlive the probe
 
 
 def _faulty_spec_file(tmp_path: Path, trial_timeout: float) -> str:

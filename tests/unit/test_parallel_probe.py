@@ -5,11 +5,15 @@ from __future__ import annotations
 
 import re
 import signal
+from dataclasses import replace
 
 import pytest
 
+from canned_local import CannedLocal
+
 from isoprobe.errors import Terminated
 from isoprobe.executors import ChildRun, rounds
+from isoprobe.executors.fork_servers import SERVER_LOSSES
 from isoprobe.executors.rounds import run_round
 from isoprobe.executors.scripted import ScriptedExecutor, crashed, fits, linear
 from isoprobe.outcomes import Outcome
@@ -214,3 +218,101 @@ def test_a_child_that_ended_just_before_the_signal_is_still_reported(monkeypatch
     assert reported == [0]
     assert ended.stopped and hanging.stopped and killed.stopped  # no child of the round outlives it
     assert executor.log.index(("stop", 0)) < executor.log.index(("collect", 0))
+
+
+# --------------------------------------------------------------------------- a slot the fork server lost (issue 25)
+
+GONE = "the fork server is gone (its channel closed: killed or crashed)"
+
+
+class Servers:
+    """The fork servers' bookkeeping, as far as a round uses it: how many lost servers were dropped."""
+
+    def __init__(self, log):
+        self.log = log
+
+    def drop_lost(self):
+        self.log.append(("drop_lost",))
+
+
+class Relaunching(Concurrent):
+    """``Concurrent`` where each request has a list of launches, one per attempt; the names launched are logged."""
+
+    def __init__(self, attempts: dict[int, list[FakeLaunch]]):
+        super().__init__()
+        self.attempts, self.servers = attempts, Servers(self.log)
+
+    def launch(self, request, conditions, *, timeout, name):
+        self.log.append(("launch", name))
+        return self.attempts[request].pop(0)
+
+
+def test_a_slot_the_fork_server_lost_is_launched_again_and_only_its_rerun_is_reported():
+    # Slot 0's server is killed mid-round: its first attempt comes back lost; slot 1 is still running meanwhile.
+    lost = FakeLaunch(0, [None, 0], replace(crashed(9), lost=GONE))
+    again, other = FakeLaunch(0, [None, 0], fits(10)), FakeLaunch(1, [None, None, None, None, 0], fits(20))
+    executor, reported = Relaunching({0: [lost, again], 1: [other]}), []
+    run_round(executor, _jobs(2), lambda slot, run: reported.append((slot, run)))
+    assert [(slot, run.events[-1].peak_bytes, run.lost, run.lost_before) for slot, run in reported] == [
+        (0, 10, None, (GONE,)), (1, 20, None, ())]
+    log = executor.log
+    assert log.index(("stop", 0)) < log.index(("drop_lost",)) < log.index(("launch", "s0-again1"))
+    assert lost.stopped and again.stopped and other.stopped
+
+
+def test_a_slot_lost_on_every_server_comes_back_lost_once_the_spawned_attempt_is_lost_too():
+    # Attempts after SERVER_LOSSES losses are spawned, where no server can lose them; were one lost all the
+    # same, it is reported as it is, for the probe to refuse (trial_from_run: ProbeError), never run for ever.
+    attempts = [FakeLaunch(0, [0], replace(crashed(9), lost=GONE)) for _ in range(SERVER_LOSSES + 1)]
+    executor, reported = Relaunching({0: attempts}), []
+    run_round(executor, _jobs(1), lambda slot, run: reported.append(run))
+    assert [(run.lost, run.lost_before) for run in reported] == [(GONE, (GONE,) * SERVER_LOSSES)]
+    assert [entry for entry in executor.log if entry[0] == "launch"] == [
+        ("launch", "s0"), *(("launch", f"s0-again{n}") for n in range(1, SERVER_LOSSES + 1))]
+
+
+def test_a_slot_found_lost_as_the_signal_lands_is_neither_reported_nor_launched_again(monkeypatch):
+    lost, ended = FakeLaunch(0, [None, 0], replace(crashed(9), lost=GONE)), FakeLaunch(1, [None, 0], fits(2))
+
+    def the_signal_lands(seconds):
+        raise KeyboardInterrupt()
+
+    monkeypatch.setattr(rounds.time, "sleep", the_signal_lands)
+    executor, reported = Relaunching({0: [lost], 1: [ended]}), []
+    with pytest.raises(KeyboardInterrupt):
+        run_round(executor, _jobs(2), lambda slot, run: reported.append(slot))
+    assert reported == [1]  # the ended trial is kept; the lost one is nothing the batch did
+    assert ("drop_lost",) not in executor.log and lost.stopped
+
+
+@pytest.fixture
+def canned(tmp_path):
+    def make(lose):
+        return CannedLocal(linear(HOG_FIXED, HOG_PER_SAMPLE), tmp_path, lose=lose)
+
+    return make
+
+
+def test_a_probe_whose_server_is_lost_mid_round_at_the_edge_finds_the_edge_and_says_what_was_run_again(canned):
+    # The edge's first slot is lost (its server killed or stopped while the round ran): before the fix the
+    # probe stopped there (ProbeError, exit 4).
+    edge = []
+
+    def lose(name, attempt):
+        if not name.endswith(f"-b{HOG_MAX}") or edge:
+            return None
+        edge.append(name)  # the first run of the edge, only
+        return GONE
+
+    executor = canned(lose)
+    lines: list[str] = []
+    result = run_probe(Spec.model_validate(with_slots(2)), SPEC_PATH, Reporter(lines.append), environ={},
+                       executor=executor)
+    assert (result.max_batch_size, result.first_failing_batch_size) == (HOG_MAX, HOG_MAX + 1)
+    assert f"{edge[0]}-again1" in executor.launched
+    assert executor.dropped == 1
+    edge = [t for t in result.trials if t.batch_size == HOG_MAX]
+    assert edge and all(t.outcome is Outcome.FITS for t in edge)
+    notes = [line for line in lines if "was run again" in line]
+    assert len(notes) == 1 and f"batch {HOG_MAX}" in notes[0] and GONE in notes[0] and "not counted" in notes[0]
+    assert [t.index for t in result.trials] == list(range(1, len(result.trials) + 1))
