@@ -46,8 +46,9 @@ CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
 #: Bumped when the key's recipe or the entry's promises change, so old entries are simply not found
 #: (2: entries record the sources their trials ran; 3: the step holds its output through backward, and
 #: the recommendation is soaked: an older entry answered for a different step; 4: a CPU key holds the
-#: trials' threads, and the sources include the files the children read).
-KEY_VERSION = 4
+#: trials' threads, and the sources include the files the children read; 5: the maximum is the long run's,
+#: its confirmation stepping until the peak is steady: an older entry answered for search.steps steps).
+KEY_VERSION = 5
 #: An entry larger than this is refused unread (a real one with hundreds of trials is well under 1 MiB).
 ENTRY_LIMIT = 16 * 1024 * 1024
 

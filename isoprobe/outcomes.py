@@ -13,19 +13,20 @@ import errno
 
 
 class Outcome(str, enum.Enum):
-    """The five ways a trial ends. Only FITS counts as success; unknown is never FITS."""
+    """The six ways a trial ends. Only FITS counts as success; unknown is never FITS."""
 
     FITS = "fits"                    # every training step completed and the child reported it
     OUT_OF_MEMORY = "out_of_memory"  # an allocation failed (CUDA OOM, CPU allocator under the cap)
     ERROR = "error"                  # any other exception: a bug in the model or spec, not a memory verdict
     CRASHED = "crashed"              # killed by a signal, or exited without a complete result
     TIMED_OUT = "timed_out"          # ran past the trial timeout; its process group was killed
+    STILL_RISING = "still_rising"    # a deciding trial ran every step, its peak still rising at the cap (steady.py)
 
 
 class StopReason(str, enum.Enum):
     """Why a probe ended; decides the exit code (``result.exit_code_for``).
 
-    The search ends with one of the first six; the probe adds the two
+    The search ends with one of the first seven; the probe adds the two
     interrupts. One enumeration for both, so a search's stop is the result's.
     """
 
@@ -35,6 +36,7 @@ class StopReason(str, enum.Enum):
     ERROR = "error"                            # a trial raised a non-memory exception (a bug, not a verdict)
     CRASHED = "crashed"                        # nothing fits, and the start batch's verdict is crashed
     TIMED_OUT = "timed_out"                    # nothing fits, and the start batch's verdict is timed out
+    STILL_RISING = "still_rising"              # no batch holds the long run: down to 1, each one's peak kept rising
     INTERRUPTED = "interrupted"                # SIGINT (Ctrl-C)
     TERMINATED = "terminated"                  # SIGTERM
 

@@ -29,7 +29,8 @@ class Reporter:
 _PURPOSE_LABELS = {
     "search": "",
     "retry": "  [retry after a crash or timeout]",
-    "confirmation": "  [confirmation of the maximum]",
+    "confirmation": "  [confirmation of the maximum: {steps} steps, peak {first} -> {last}]",
+    "long_run": "  [long run below a maximum that did not hold: {steps} steps, peak {first} -> {last}]",
     "recommendation_check": "  [recommendation check]",
     "soak": "  [soak of the recommendation: {steps} steps, peak {first} -> {last}]",
     "memory_check": "  [memory check: re-run with more memory]",

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 from isoprobe.outcomes import Outcome
 from isoprobe.result import Applied, ErrorInfo, Sizes
 from isoprobe.spec import Spec
+from isoprobe.steady import SteadyRule
 from isoprobe.wiring import (  # noqa: F401 - defined there (the child reads them before torch), named from here
     CHILD_MODULE,
     EVENTS_ENV,
@@ -80,6 +81,10 @@ class TrialRequest(_Message):
     python_path: list[str] = Field(default_factory=list, description="Folders put in front of sys.path (the spec's).")
     steps: int | None = Field(
         None, ge=1, description="Training steps to run instead of search.steps (the recommendation's soak)."
+    )
+    steady: SteadyRule | None = Field(
+        None, description="Set for a trial that decides the edge: after its steps it keeps stepping until its "
+                          "peak is steady or the rule's cap (isoprobe.steady); None: exactly its steps."
     )
     rank: RankAssignment | None = Field(
         None, description="Set for each rank of a distributed trial (the gang executor's fan-out); None: one process."
@@ -174,6 +179,10 @@ class StepDone(_Event):
     )
     held_bytes: int | None = Field(
         None, description="Memory held right after the step (CUDA torch.cuda.memory_allocated, CPU VmRSS)."
+    )
+    budget_peak_bytes: int | None = Field(
+        None, description="The peak so far in TrialResult.budget_peak_bytes's units (CPU: the data segment the cap "
+                          "counts; CUDA: the same as peak_bytes): what a steady rule judges."
     )
 
 

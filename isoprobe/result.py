@@ -14,6 +14,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from isoprobe.errors import ExitCode
 from isoprobe.outcomes import Outcome, StopReason
 from isoprobe.spec import Spec
+from isoprobe.steady import SteadyRule
 
 SCHEMA_VERSION = 1
 
@@ -29,6 +30,7 @@ _EXIT_CODES = {
     StopReason.ERROR: ExitCode.NO_ANSWER,
     StopReason.CRASHED: ExitCode.NO_ANSWER,
     StopReason.TIMED_OUT: ExitCode.NO_ANSWER,
+    StopReason.STILL_RISING: ExitCode.NO_ANSWER,
     StopReason.INTERRUPTED: ExitCode.INTERRUPTED,
     StopReason.TERMINATED: ExitCode.TERMINATED,
 }
@@ -118,10 +120,12 @@ class Trial(_Strict):
 
     index: int = Field(description="1-based order in which the trial ran.")
     batch_size: int
-    purpose: Literal["search", "retry", "confirmation", "recommendation_check", "soak", "memory_check"] = Field(
+    purpose: Literal["search", "retry", "confirmation", "long_run", "recommendation_check", "soak",
+                     "memory_check"] = Field(
         description=(
             "search: a step of the edge search; retry: the same batch again after a crash or timeout; "
-            "confirmation: the maximum run again before it is reported; "
+            "confirmation: the maximum run again before it is reported, until its peak is steady; "
+            "long_run: below a maximum whose confirmation failed in the long run, a batch run until steady; "
             "recommendation_check: running the recommended batch (when soak_steps is 0); "
             "soak: the recommended batch run for recommendation.soak_steps steps; "
             "memory_check: the previous trial re-run with more memory, to tell an ambiguous library error "
@@ -165,6 +169,15 @@ class Trial(_Strict):
     step_held_bytes: list[int] = Field(
         default_factory=list,
         description="Memory held right after each completed step (CUDA allocated, CPU resident).",
+    )
+    step_budget_peak_bytes: list[int] = Field(
+        default_factory=list,
+        description="The peak so far after each completed step in budget_peak_bytes's units: what the steady rule "
+                    "judges (a trial with steady_rule ran until it held still over the window, or to the cap).",
+    )
+    steady_rule: SteadyRule | None = Field(
+        None, description="Set for a trial that decides the maximum (confirmation, long_run): it kept stepping "
+                          "until its peak was steady or the cap; its outcome is still_rising where it never was.",
     )
     samples_per_second: float | None = Field(
         None,
@@ -476,6 +489,12 @@ class Result(_Strict):
     )
     first_failing_batch_size: int | None = Field(
         None, description="Smallest batch above max_batch_size that ran out of memory; null if none was tried."
+    )
+    short_max_batch_size: int | None = Field(
+        None, description="Set when the maximum the search's short trials found did not hold in the long run (its "
+                          "confirmation, stepping until its peak was steady, ran out of memory at a later step or "
+                          "was still rising at search.steady_steps): that batch. max_batch_size is then the largest "
+                          "batch proven steady below it (trials of purpose long_run); null: the maximum held.",
     )
     first_failing_outcome: Outcome | None = Field(
         None,

@@ -8,7 +8,8 @@ flaky oracles and the product drives it with real child processes.
 
 Strategy: ``plan_next`` owns what every strategy shares (begin at the start,
 retry a crash or timeout, stop on an error, confirm the maximum once the
-bracket is closed); a *step* only picks the next batch strictly inside the
+bracket is closed, with a confirmation that runs until its peak is steady when
+``Limits.steady``; stop when that confirmation failed in the long run); a *step* only picks the next batch strictly inside the
 open bracket. Two steps exist:
 - ``doubling_step``, the classic: double until the first failure or a cap, then
   bisect until the largest batch that fits and the smallest that fails are
@@ -42,6 +43,7 @@ all its attempts:
   fresh process, up to ``retries`` times; if it persists, the batch *fails*
   with that class (never silently as out of memory);
 - otherwise it **fails**: out of memory if any attempt ran out of memory, else
+  still rising (a deciding trial's peak never held still, ``steady``), else
   the class of its last failure. A batch with both fitting and failing
   attempts is *flaky*.
 Only fitting batches raise the lower bound and only failing batches lower the
@@ -52,7 +54,7 @@ flaky or crashing batch can only make the answer smaller, never larger.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from isoprobe.outcomes import Outcome, StopReason
@@ -76,6 +78,8 @@ def plan_next(
     judged = verdicts(history, limits)
     if any(v.outcome is Outcome.ERROR for v in judged.values()):
         return None
+    if any(v.long_run for v in judged.values()):
+        return None  # the maximum failed in the long run: the short search is over (probe.steady_edge goes on)
     pending = [b for b, v in judged.items() if v.outcome is None]
     if pending:
         return min(pending)  # retry a crash or timeout before moving on
@@ -93,7 +97,7 @@ def plan_next(
             raise AssertionError(f"step proposed {batch} outside the open bracket ({lower}, {ceiling}]")
         return batch
     # The bracket is closed: confirm the maximum before answering.
-    return lower if judged[lower].fits_count < 1 + limits.confirmations else None
+    return lower if judged[lower].fits_count < 1 + limits.confirmations_due else None
 
 
 @dataclass(frozen=True)
@@ -107,10 +111,12 @@ class Conclusion:
     flaky: tuple[int, ...] = ()   # batches that both fit and failed
     history: tuple[Observation, ...] = field(default=())
 
+    long_run_failure: int | None = None  # the confirmation that failed in the long run: the steady search's start
+
     @property
     def exact(self) -> bool:
         """True when ``max_fitting`` is proven to be the largest allowed batch that fits."""
-        return self.stop in (StopReason.EDGE_FOUND, StopReason.CAPPED)
+        return self.stop in (StopReason.EDGE_FOUND, StopReason.CAPPED) and self.long_run_failure is None
 
 
 @dataclass(frozen=True)
@@ -153,6 +159,10 @@ def conclude(history: list[Observation] | tuple[Observation, ...], limits: Limit
     errors = [b for b, v in judged.items() if v.outcome is Outcome.ERROR]
     if errors:
         return answer(StopReason.ERROR)
+    long_run = [b for b, v in judged.items() if v.long_run]
+    if long_run:
+        # Not an answer yet: the short trials' edge did not hold in the long run, the steady search goes on.
+        return replace(answer(StopReason.EDGE_FOUND), long_run_failure=min(long_run))
     if plan_next(history, limits) is not None:
         raise ValueError("the search is not finished")
     if lower is None:

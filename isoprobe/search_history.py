@@ -28,6 +28,10 @@ class Observation:
     #: read after the steps in the same units as ``peak_bytes``: the line's anchor while only one
     #: batch has been measured.
     base_bytes: int | None = None
+    #: A trial that decides the maximum (run until its peak is steady) failed only after the search's steps:
+    #: out of memory at a later step, or still rising. The short trials' fits at the batch do not contradict
+    #: it (not flaky), and the short search is over: the long run decides from here (``steady``).
+    long_run: bool = False
 
 
 @dataclass(frozen=True)
@@ -55,6 +59,12 @@ class Limits:
     confirmations: int = 1  # extra runs of the final maximum before it is reported
     capacity: int | None = None  # memory the peaks are compared with (guided step); None: no prediction
     prior: Prior | None = None   # a line estimated before any trial (guided step, with a capacity); None: none
+    steady: bool = False  # the maximum's confirmation runs until steady (isoprobe.steady): at least one is due
+
+    @property
+    def confirmations_due(self) -> int:
+        """Runs of the maximum after the one that found it: a steady confirmation is due even with none asked."""
+        return max(self.confirmations, 1 if self.steady else 0)
 
     def __post_init__(self) -> None:
         if self.start < 1:
@@ -71,7 +81,7 @@ class Limits:
     @property
     def most_attempts(self) -> int:
         """No batch is ever tried more often than this."""
-        return 1 + max(self.retries, self.confirmations)
+        return 1 + max(self.retries, self.confirmations_due)
 
 
 @dataclass(frozen=True)
@@ -83,31 +93,37 @@ class Verdict:
     attempts: int
     fits_count: int
     flaky: bool
+    long_run: bool = False  # an attempt that decides the maximum failed after the search's steps
 
 
 def verdicts(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> dict[int, Verdict]:
     """Every tried batch's verdict (see the module docstring for the rules)."""
     attempts: dict[int, list[Outcome]] = {}
+    long_run: set[int] = set()
     for observation in history:
         if observation.batch_size > limits.highest:
             continue  # above the cap (a history resumed under a lower cap): never an answer
         attempts.setdefault(observation.batch_size, []).append(observation.outcome)
+        if observation.long_run:
+            long_run.add(observation.batch_size)
     judged = {}
     for batch, outcomes in attempts.items():
         fits = outcomes.count(Outcome.FITS)
         failures = [o for o in outcomes if o is not Outcome.FITS]
-        flaky = 0 < fits < len(outcomes)
+        flaky = 0 < fits < len(outcomes) and batch not in long_run
         if not failures:
             outcome: Outcome | None = Outcome.FITS
         elif Outcome.ERROR in failures:
             outcome = Outcome.ERROR
         elif Outcome.OUT_OF_MEMORY in failures:
             outcome = Outcome.OUT_OF_MEMORY
+        elif Outcome.STILL_RISING in failures:
+            outcome = Outcome.STILL_RISING  # ran every step, so no retry can tell more
         elif fits == 0 and len(outcomes) <= limits.retries:
             outcome = None  # crashed or timed out, and a fresh process may still tell
         else:
             outcome = failures[-1]
-        judged[batch] = Verdict(batch, outcome, len(outcomes), fits, flaky)
+        judged[batch] = Verdict(batch, outcome, len(outcomes), fits, flaky, batch in long_run)
     return judged
 
 

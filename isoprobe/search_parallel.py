@@ -71,7 +71,7 @@ def plan_round(history: list[Observation] | tuple[Observation, ...], limits: Lim
         return planned
     interior = list(range(lower + 1, upper))
     if not interior:  # closed: the confirmations still due, all at once
-        due = 1 + limits.confirmations - judged[lower].fits_count
+        due = 1 + limits.confirmations_due - judged[lower].fits_count
         for _ in range(due - planned.count(lower)):
             add(lower)
         return planned

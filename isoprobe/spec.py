@@ -376,6 +376,15 @@ class SearchSpec(SpecSection):
             "so the second step's peak can exceed the first's)."
         ),
     )
+    steady_steps: int | None = Field(
+        None, ge=0, le=10000,
+        description=(
+            "The most steps a trial that decides the maximum (the edge's confirmation, and the long-run search "
+            "below it) runs while its peak still rises: it stops as soon as the peak has held still for 5 steps (so it runs "
+            "at least 6). A peak still rising at this cap is still_rising, not fits. null: 30; 0: off (every "
+            "trial runs search.steps)."
+        ),
+    )
     trial_timeout: float = Field(
         600.0, gt=0, le=7 * 24 * 3600,
         description="Seconds one trial may take from the moment its process, imports done, receives the request; "

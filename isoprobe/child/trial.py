@@ -17,10 +17,11 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from isoprobe import steady
 from isoprobe.cache_reads import files_read, watch_reads
 from isoprobe.cache_sources import imported_sources
 from isoprobe.child import cuda as child_cuda
-from isoprobe.child.memory import cpu_memory, cpu_readings
+from isoprobe.child.memory import budget_peak, cpu_memory, cpu_readings, data_cap, shared_writable_bytes
 from isoprobe.child.optimizer_state import RealSteps
 from isoprobe.child.training import Step
 from isoprobe.child.workload import build_model, import_model_library
@@ -114,14 +115,25 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
         torch.cuda.reset_peak_memory_stats(device)
     batch = step.batch(request.batch_size)
     real_steps = RealSteps(step, lambda: len(progress.step_seconds) + 1)
-    for index in range(1, (request.steps or spec.search.steps) + 1):
+    rule = request.steady
+    peaks: list[int] = []
+    index = 0
+    while True:
+        index += 1
         started = time.perf_counter()
         step.run(batch)
         if cuda:
             torch.cuda.synchronize(device)
         progress.step_seconds.append(time.perf_counter() - started)
         progress.phase = f"step {index}"
-        events.emit(StepDone(step=index, seconds=progress.step_seconds[-1], **_step_memory(torch, device)))
+        memory = _step_memory(torch, device)
+        events.emit(StepDone(step=index, seconds=progress.step_seconds[-1], **memory))
+        peaks.append(memory["budget_peak_bytes"] or memory["peak_bytes"] or 0)
+        if rule is None:
+            if index >= (request.steps or spec.search.steps):
+                break
+        elif _gang_agrees(torch, device, request, steady.should_stop(peaks, rule)):
+            break  # steady or at the cap: the parent judges which from the step events (probe.classify)
     real_steps.settle(lambda: step.run(batch), len(progress.step_seconds))  # fp16: the optimizer's state, for real
     if spec.training.eval_pass:
         progress.phase = "eval"
@@ -153,9 +165,23 @@ def _cuda_memory_now(device: str):
 def _step_memory(torch, device) -> dict[str, int | None]:
     """The peak so far and the memory held now, after a step: growth over the steps shows in them."""
     if device.type == "cuda":
-        return {"peak_bytes": torch.cuda.max_memory_reserved(device), "held_bytes": torch.cuda.memory_allocated(device)}
+        peak = torch.cuda.max_memory_reserved(device)
+        return {"peak_bytes": peak, "held_bytes": torch.cuda.memory_allocated(device), "budget_peak_bytes": peak}
     memory = cpu_memory()
-    return {"peak_bytes": memory.peak_rss, "held_bytes": memory.rss}
+    return {"peak_bytes": memory.peak_rss, "held_bytes": memory.rss,
+            "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared_writable_bytes())}
+
+
+def _gang_agrees(torch, device, request: TrialRequest, mine: bool) -> bool:
+    """True when every rank says True (one process: its own answer). The ranks must step together, so a
+    steady rule ends them at the same step: a gang's steady state is every rank's."""
+    if request.rank is None:
+        return mine
+    import torch.distributed as dist
+
+    flag = torch.tensor([0 if mine else 1], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return int(flag.item()) == 0
 
 
 def _describe_failure(exc: BaseException) -> tuple[Outcome, ErrorInfo]:

@@ -24,6 +24,7 @@ import signal
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
+from isoprobe import steady
 from isoprobe.executors import ChildRun, Conditions
 from isoprobe.outcomes import Outcome
 from isoprobe.protocol import (
@@ -122,7 +123,8 @@ def _progress(step_seconds: list[float], step_peaks: list[int] | None = None) ->
     memory = MemoryReading(data=IMPORT_BASELINE_BYTES, rss=IMPORT_BASELINE_BYTES, peak_rss=IMPORT_BASELINE_BYTES)
     peaks = step_peaks or [None] * len(step_seconds)
     return [Started(pid=4242), Imported(memory=memory), ModelBuilt(memory=memory),
-            *(StepDone(step=i, seconds=s, peak_bytes=p, held_bytes=p) for i, (s, p) in enumerate(zip(step_seconds, peaks), 1))]
+            *(StepDone(step=i, seconds=s, peak_bytes=p, held_bytes=p, budget_peak_bytes=p)
+              for i, (s, p) in enumerate(zip(step_seconds, peaks), 1))]
 
 
 def _asked_steps() -> int | None:
@@ -133,22 +135,32 @@ def _asked_steps() -> int | None:
 
 def fits(peak_bytes: int, *, base_bytes: int | None = None, steps: int | None = None,
          step_seconds: float | list[float] = 0.1, sizes: Sizes | None = None, seconds: float = 1.0,
-         warm: bool = False, step_growth: int = 0) -> ChildRun:
+         warm: bool = False, step_growth: int = 0, step_peaks: list[int] | None = None) -> ChildRun:
     """A child that ran every step and reported ``peak_bytes`` (as both the resident and the budget's peak).
 
     ``steps``: by default the request's (a soak's, else ``search.steps``) when a
     script is answering one, else 3. ``step_seconds``: each step's time, or a
     list of them (which sets the number of steps). ``step_growth``: how much the
-    peak rose with each step (the last step's is ``peak_bytes``).
+    peak rose with each step (the last step's is ``peak_bytes``); ``step_peaks``: each step's peak instead
+    (which sets the number of steps, and the peak: the last one).
     """
     request = _ANSWERING.get()
+    if step_peaks is not None:
+        step_seconds = [step_seconds if isinstance(step_seconds, float) else 0.1] * len(step_peaks)
+        peak_bytes = step_peaks[-1]
     if isinstance(step_seconds, list):
         times = list(step_seconds)
     else:
         if steps is None:
             steps = _asked_steps() or 3
         times = [step_seconds] * steps
-    peaks = [peak_bytes - step_growth * (len(times) - i) for i in range(1, len(times) + 1)]
+    rule = request.steady if request is not None else None
+    if rule is not None and step_peaks is None:
+        # Asked to step until steady: a flat peak is steady after the rule's window; the timed steps repeat.
+        timed = times[1:] or times
+        while len(times) < max(rule.min_steps, rule.window + 1):
+            times.append(timed[(len(times) - 1) % len(timed)])
+    peaks = step_peaks or [peak_bytes - step_growth * (len(times) - i) for i in range(1, len(times) + 1)]
     evaluated = [EvalDone(seconds=0.05)] if request is not None and request.spec.training.eval_pass else []
     result = TrialResult(outcome=Outcome.FITS, phase="done", step_seconds=times,
                          peak_bytes=peak_bytes, budget_peak_bytes=peak_bytes,
@@ -202,25 +214,32 @@ def inspected(facts: Facts | None = None, problems: list[InspectProblem] | None 
 
 
 def linear(fixed: int, per_sample: int, *, faults: Callable[[Call], ChildRun | None] | None = None,
-           growth_per_step: int = 0) -> Script:
+           growth_per_step: int = 0, growth: Callable[[int], int] | None = None) -> Script:
     """A device whose peak is ``fixed + per_sample * batch``: fits under the request's budget, else out of memory.
 
     ``faults`` (optional) sees every call first; whatever it returns (a crash, a
     hang, a flaky failure) replaces the device's answer, None keeps it.
     ``growth_per_step``: memory that stays behind after each step (a leak), so
     step ``k`` peaks ``growth_per_step * (k - 1)`` higher; a run runs out of
-    memory at the first step whose peak is over the budget.
+    memory at the first step whose peak is over the budget. ``growth``: instead, the memory grown by step
+    ``k`` (0 at step 1), any shape: growth that stops, a leak that never does. A request with a steady rule
+    steps as a real child does: until the peaks are steady (``steady.should_stop``), or out of memory.
     """
+    grown = growth if growth is not None else (lambda k: growth_per_step * (k - 1))
 
     def script(call: Call) -> ChildRun:
         if faults is not None and (fault := faults(call)) is not None:
             return fault
         first = fixed + per_sample * call.batch_size
-        peaks = [first + growth_per_step * k for k in range(_asked_steps() or 3)]
-        over = [k for k, peak in enumerate(peaks, 1) if call.budget is not None and peak > call.budget]
-        if over:
-            return out_of_memory(at_step=over[0], step_peaks=peaks[: over[0] - 1])
-        return fits(peaks[-1], base_bytes=fixed, step_growth=growth_per_step)
+        rule = call.request.steady
+        peaks: list[int] = []
+        while True:
+            peak = max(peaks[-1] if peaks else 0, first + grown(len(peaks) + 1))  # a running peak
+            if call.budget is not None and peak > call.budget:
+                return out_of_memory(at_step=len(peaks) + 1, step_peaks=peaks)
+            peaks.append(peak)
+            if steady.should_stop(peaks, rule) if rule is not None else len(peaks) >= (_asked_steps() or 3):
+                return fits(peaks[-1], base_bytes=fixed, step_peaks=peaks)
 
     return script
 

@@ -1,4 +1,4 @@
-"""What a finished child's run means: one of the five outcomes, with the evidence.
+"""What a finished child's run means: one of the six outcomes, with the evidence.
 
 Pure: a ``ChildRun`` in, a ``TrialEnd`` out, so every way a child can end
 (a signal, an exit without a verdict, a verdict then a crash, half a line) is
@@ -18,9 +18,11 @@ import signal
 from dataclasses import dataclass, replace
 
 from isoprobe.executors import ChildRun
+from isoprobe import steady
 from isoprobe.outcomes import Outcome
 from isoprobe.probe.plausibility import Asked, implausible, over_budget
 from isoprobe.protocol import Imported, ModelBuilt, Started, StepDone, TrialResult, last_of
+from isoprobe.units import format_bytes
 
 
 @dataclass(frozen=True)
@@ -53,7 +55,29 @@ def classify_exit(run: ChildRun, asked: Asked | None = None) -> TrialEnd:
     reason = over_budget(end.result, asked)
     if reason is not None:
         return replace(end, outcome=Outcome.OUT_OF_MEMORY, evidence=reason)
+    reason = still_rising(run.events, asked)
+    if reason is not None:
+        return replace(end, outcome=Outcome.STILL_RISING, evidence=reason)
     return end
+
+
+def still_rising(events: list, asked: Asked) -> str | None:
+    """Why a deciding trial's 'fits' is not one: its peak had not held still when it stopped (None: it had).
+
+    Judged here from the step events, not taken from the child: the same rule
+    (``steady.is_steady``) on the peaks in the budget's units it reported.
+    """
+    rule = asked.steady
+    if rule is None:
+        return None
+    peaks = [e.budget_peak_bytes if e.budget_peak_bytes is not None else (e.peak_bytes or 0)
+             for e in events if isinstance(e, StepDone)]
+    if steady.is_steady(peaks, rule):
+        return None
+    risen = steady.rise(peaks, rule.window)
+    return (f"its peak was still rising after {len(peaks)} steps (the cap is {rule.max_steps}): "
+            f"{format_bytes(risen or 0)} over the last {rule.window}, to {format_bytes(peaks[-1] if peaks else 0)}; "
+            "a longer run would need more memory")
 
 
 def _from_the_child(run: ChildRun) -> TrialEnd:

@@ -13,6 +13,7 @@ from isoprobe.outcomes import Outcome, StopReason
 from isoprobe.probe.environment import Target
 from isoprobe.probe.explain import Found
 from isoprobe.probe.recommendation import recommend
+from isoprobe.probe.steady_edge import long_run_search
 from isoprobe.probe.trials import TrialRunner
 from isoprobe.result import AllocatorComparison, AllocatorOutcome
 from isoprobe.search import Conclusion, progress, run_search
@@ -30,6 +31,7 @@ def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior |
         capacity=target.search_capacity,
         # The traced estimate guides the guided search only; the classic doubling is kept as it is.
         prior=prior if spec.search.strategy == "guided" else None,
+        steady=spec.search.steady_steps != 0,
     )
 
 
@@ -41,7 +43,15 @@ def _found(conclusion: Conclusion) -> Found:
 def edge_search(spec: Spec, target: Target, runner: TrialRunner, start: int | None) -> Found:
     """The edge search alone (no recommendation), from ``start`` or the spec's start batch."""
     step = guided_step if spec.search.strategy == "guided" else doubling_step
-    return _found(run_search(runner.observe, _limits(spec, target, start), [], step=step))
+    limits = _limits(spec, target, start)
+    return _long_run(runner, limits, run_search(runner.observe, limits, [], step=step))
+
+
+def _long_run(runner: TrialRunner, limits: Limits, conclusion: Conclusion) -> Found:
+    """The search's answer; where its maximum failed in the long run, the steady edge below it."""
+    if conclusion.long_run_failure is None:
+        return _found(conclusion)
+    return long_run_search(runner, limits, conclusion)
 
 
 def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior: Prior | None = None) -> Found:
@@ -57,8 +67,8 @@ def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior:
         from isoprobe.probe.parallel import search  # search.parallel: rounds of trials, one per slot
 
         conclusion = search(runner, limits, history, step)
-        found = _found(conclusion)
-        if not conclusion.exact:
+        found = _long_run(runner, limits, conclusion)
+        if found.stop not in (StopReason.EDGE_FOUND, StopReason.CAPPED):
             return found
         recommended, recommendation = recommend(spec, target, runner, found.max_fitting, found.first_failing)
         if any(t.purpose in ("soak", "recommendation_check") and t.outcome is Outcome.ERROR for t in runner.trials):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from isoprobe import steady
 from isoprobe.outcomes import Outcome
 from isoprobe.result import DeviceInfo, Recommendation, StopReason, Trial
 from isoprobe.spec import Spec
@@ -21,6 +22,8 @@ class Found:
     flaky: tuple[int, ...] = ()
     recommended: int | None = None
     recommendation: Recommendation | None = None
+    #: Set when the short trials' maximum did not hold in the long run: that maximum (the answer is below it).
+    short_max: int | None = None
 
 
 def limited_by(spec: Spec, max_fitting: int | None) -> str:
@@ -77,11 +80,16 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
     if stop is StopReason.EDGE_FOUND:
         if found.first_failing_outcome is Outcome.OUT_OF_MEMORY:
             how = "runs out of memory"
+        elif found.first_failing_outcome is Outcome.STILL_RISING:
+            how = "is still rising at the step cap (search.steady_steps)"
         else:
             how = f"{found.first_failing_outcome.value} (counted as failing; not proven to be memory)"
         text = f"batch {max_fitting} fits and {first_failing} {how} on {where}"
         if found.flaky:
             text += f"; flaky batches (fit in one run, failed in another): {list(found.flaky)}"
+        if found.short_max is not None:
+            text += (f"; both in the long run (trials that step until the peak is steady): {found.short_max} fit "
+                     f"{spec.search.steps} steps but its peak kept rising after them")
         return _with_recommendation(text, found)
     if stop is StopReason.CAPPED:
         text = f"batch {max_fitting} fits; larger batches were not tried because of {capped_by}"
@@ -115,6 +123,14 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
         return (
             f"batch {last.batch_size} ran past the {spec.search.trial_timeout:g} s trial timeout",
             ["raise search.trial_timeout, or lower search.steps"],
+        )
+    if stop is StopReason.STILL_RISING:
+        return (
+            f"no batch holds the long run: down to batch {first_failing}, every trial's peak kept rising until "
+            f"it ran out of memory or reached {spec.search.steady_steps or steady.DEFAULT_MAX_STEPS} steps "
+            f"(a leak?); {found.short_max} fit {spec.search.steps} steps",
+            ["look for memory kept from step to step (tensors appended to a list, a loss kept with its graph)",
+             "see trials[].step_budget_peak_bytes: the peak after every step"],
         )
     best = f"; largest batch that fit so far: {max_fitting}" if max_fitting else ""
     return f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an answer{best}", []

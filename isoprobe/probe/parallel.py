@@ -100,13 +100,13 @@ def observe_round(runner, batches: list[int], devices: list[str], observed) -> N
     leaves every ended trial in the result and in what the search proved.
     """
     from isoprobe.executors.rounds import run_round
-    from isoprobe.probe.trials import _SEARCH_PURPOSES
+    from isoprobe.probe.trials import _SEARCH_PURPOSES, observation_of
 
     budget = runner.target.info.memory_budget_bytes
     conditions = runner.conditions
     if runner.target.backend == "cpu" and budget != conditions.memory_limit:
         conditions = replace(conditions, memory_limit=budget)
-    jobs, purposes, first = [], [], len(runner.trials) + 1
+    jobs, purposes, rules, first = [], [], [], len(runner.trials) + 1
     for slot, batch in enumerate(batches):
         earlier = [t for t in runner.trials if t.batch_size == batch and t.purpose in _SEARCH_PURPOSES]
         earlier += [None] * batches[:slot].count(batch)  # the same batch twice in a round: a confirmation
@@ -114,18 +114,21 @@ def observe_round(runner, batches: list[int], devices: list[str], observed) -> N
             "retry" if earlier[-1] is not None and earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT)
             else "confirmation")
         purposes.append(purpose)
+        rule = runner.steady_rule if purpose == "confirmation" else None  # it decides the maximum: until steady
+        rules.append(rule)
         request = TrialRequest(spec=runner.spec, batch_size=batch, device=devices[slot], memory_budget_bytes=budget,
-                               python_path=runner.python_path)
-        jobs.append((request, conditions, runner.timeout(None), f"round{first:03d}-s{slot}-b{batch}"))
+                               python_path=runner.python_path, steady=rule)
+        jobs.append((request, conditions, runner.timeout(rule.max_steps if rule else None),
+                     f"round{first:03d}-s{slot}-b{batch}"))
     ambiguous = []
 
     def finished(slot: int, run) -> None:
-        trial = runner.record(run, batches[slot], purposes[slot], runner._asked(budget))
+        trial = runner.record(run, batches[slot], purposes[slot], runner._asked(budget, rule=rules[slot]))
         if trial.outcome is Outcome.ERROR and trial.error is not None and budget is not None \
                 and maybe_allocation_failure(trial.error.message):
             ambiguous.append((slot, trial))  # counted once its evidence is in
         else:
-            observed(slot, _observation(trial))
+            observed(slot, observation_of(trial, runner.spec.search.steps))
 
     run_round(runner.executor, jobs, finished)
     for slot, trial in ambiguous:  # the evidence an ambiguous error needs, as TrialRunner.run gets it
@@ -135,11 +138,4 @@ def observe_round(runner, batches: list[int], devices: list[str], observed) -> N
             trial = runner._reclassify(trial, (
                 f"{trial.error.type} under the budget, but batch {trial.batch_size} fit with more memory "
                 f"(trial {check.index}): an allocation failure"))
-        observed(slot, _observation(trial))
-
-
-def _observation(trial) -> Observation:
-    if trial.outcome is not Outcome.FITS:
-        return Observation(trial.batch_size, trial.outcome)
-    peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
-    return Observation(trial.batch_size, trial.outcome, peak, trial.base_bytes)
+        observed(slot, observation_of(trial, runner.spec.search.steps))

@@ -119,6 +119,7 @@ def run_probe(
         answered=stop in (StopReason.EDGE_FOUND, StopReason.CAPPED),
         max_batch_size=max_fitting,
         first_failing_batch_size=found.first_failing,
+        short_max_batch_size=found.short_max,
         first_failing_outcome=found.first_failing_outcome,
         flaky_batch_sizes=list(found.flaky),
         edge_flaky=any(max_fitting is None or b >= max_fitting for b in found.flaky),

@@ -28,6 +28,7 @@ from typing import Literal
 
 from isoprobe.outcomes import Outcome
 from isoprobe.protocol import EvalDone, MemoryReading, ModelBuilt, StepDone, TrialResult
+from isoprobe.steady import SteadyRule
 from isoprobe.units import format_bytes
 
 
@@ -43,6 +44,8 @@ class Asked:
     #: CPU: the environment check's readings after importing torch and the model library (data segment
     #: and resident); every trial imports at least as much. None where unknown (no check is made then).
     import_memory: MemoryReading | None = None
+    #: Set for a trial that decides the edge: it runs from ``steps`` up to the rule's cap (``steady``).
+    steady: SteadyRule | None = None
 
 
 def implausible(events: list, asked: Asked) -> str | None:
@@ -59,8 +62,11 @@ def implausible(events: list, asked: Asked) -> str | None:
         reasons.append("no model_built event came before the verdict")
     steps = [e for e in before if isinstance(e, StepDone)]
     numbers = [e.step for e in steps]
-    if numbers != list(range(1, asked.steps + 1)):
-        reasons.append(f"{asked.steps} training steps were asked for, the step events show {numbers or 'none'}")
+    least, most = (asked.steps, asked.steps) if asked.steady is None else (asked.steady.min_steps,
+                                                                            asked.steady.max_steps)
+    if numbers != list(range(1, len(numbers) + 1)) or not least <= len(numbers) <= most:
+        asked_for = f"{least}" if least == most else f"{least} to {most}"
+        reasons.append(f"{asked_for} training steps were asked for, the step events show {numbers or 'none'}")
     elif not _same_times(result.step_seconds, [e.seconds for e in steps]):
         reasons.append(f"step_seconds {result.step_seconds} are not the times of the step events")
     if result.phase != "done":

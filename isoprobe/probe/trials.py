@@ -23,9 +23,11 @@ from isoprobe.probe.classify import classify_exit
 from isoprobe.probe.environment import Target, trial_conditions
 from isoprobe.probe.plausibility import Asked
 from isoprobe.protocol import StepDone, TrialRequest
+from isoprobe import steady
 from isoprobe.result import RankTrial, Trial
 from isoprobe.search_history import Observation
 from isoprobe.spec import Spec
+from isoprobe.steady import SteadyRule
 from isoprobe.units import format_bytes
 
 #: The purposes whose trials the search itself asked for (its history).
@@ -68,6 +70,8 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         step_seconds=[round(s, 4) for s in steps],
         step_peak_bytes=[e.peak_bytes for e in step_events if e.peak_bytes is not None],
         step_held_bytes=[e.held_bytes for e in step_events if e.held_bytes is not None],
+        step_budget_peak_bytes=[e.budget_peak_bytes for e in step_events if e.budget_peak_bytes is not None],
+        steady_rule=asked.steady if asked is not None else None,
         samples_per_second=_rounded(speed, 3),
         step_seconds_spread=_rounded(spread, 4),
         sizes=result.sizes if fits and result else None,
@@ -135,6 +139,8 @@ class TrialRunner:
         self.trials: list[Trial] = []
         self.allocator_label: str | None = None  # set while comparing allocators: tags each trial
         self.conditions = trial_conditions(spec, target.backend, target.info.memory_budget_bytes)
+        #: How long a trial that decides the maximum steps (None: search.steady_steps is 0, every trial is short).
+        self.steady_rule = steady.rule_for(spec.search.steps, spec.search.steady_steps)
 
     def use_allocator(self, label: str) -> None:
         """From now on trials run under this ``allocators`` entry (and are tagged with it)."""
@@ -143,18 +149,19 @@ class TrialRunner:
                                            label)
         self.executor.prestart(self.conditions)
 
-    def run(self, batch_size: int, purpose: str = "search", steps: int | None = None) -> Trial:
-        """One trial (``steps``: instead of search.steps); an ambiguous library error needs evidence before it
+    def run(self, batch_size: int, purpose: str = "search", steps: int | None = None,
+            rule: SteadyRule | None = None) -> Trial:
+        """One trial (``steps``: instead of search.steps; ``rule``: steps on until steady); an ambiguous library error needs evidence before it
         is classified: a re-run with more memory under a budget, the card's free memory at the failure without."""
         budget = self.target.info.memory_budget_bytes
-        trial = self._launch(batch_size, purpose, budget, steps)
+        trial = self._launch(batch_size, purpose, budget, steps, rule)
         if not (trial.outcome is Outcome.ERROR and trial.error is not None
                 and maybe_allocation_failure(trial.error.message)):
             return trial
         headline = f"{trial.error.type}: {trial.error.message.splitlines()[0] if trial.error.message else ''}"
         if budget is not None:
             larger = self._larger_budget(budget)
-            check = self._launch(batch_size, "memory_check", larger, steps)
+            check = self._launch(batch_size, "memory_check", larger, steps, rule)
             if check.outcome is Outcome.FITS:
                 trial = self._reclassify(trial, (
                     f"{headline} under the {format_bytes(budget)} budget, but batch {batch_size} fit with "
@@ -180,19 +187,21 @@ class TrialRunner:
             return None
         return min(2 * budget, self.target.info.total_memory_bytes)
 
-    def _launch(self, batch_size: int, purpose: str, budget: int | None, steps: int | None = None) -> Trial:
+    def _launch(self, batch_size: int, purpose: str, budget: int | None, steps: int | None = None,
+                rule: SteadyRule | None = None) -> Trial:
         index = len(self.trials) + 1
         request = TrialRequest(spec=self.spec, batch_size=batch_size, device=self.target.device,
-                               memory_budget_bytes=budget, python_path=self.python_path, steps=steps)
+                               memory_budget_bytes=budget, python_path=self.python_path, steps=steps, steady=rule)
         conditions = self.conditions
         if self.target.backend == "cpu" and budget != conditions.memory_limit:
             conditions = replace(conditions, memory_limit=budget)
         recorded: list[Trial] = []
         # A round of one: the trial is recorded with SIGINT/SIGTERM held from the moment its child's end is seen,
         # so a signal then never drops it (issue 25).
-        run_round(self.executor, [(request, conditions, self.timeout(steps), f"trial{index:03d}-b{batch_size}")],
+        timeout = self.timeout(rule.max_steps if rule else steps)
+        run_round(self.executor, [(request, conditions, timeout, f"trial{index:03d}-b{batch_size}")],
                   lambda slot, run: recorded.append(self.record(run, batch_size, purpose,
-                                                                self._asked(budget, steps))))
+                                                                self._asked(budget, steps, rule))))
         return recorded[0]
 
     def record(self, run: ChildRun, batch_size: int, purpose: str, asked: Asked) -> Trial:
@@ -218,10 +227,10 @@ class TrialRunner:
         timeout = self.spec.search.trial_timeout
         return timeout * max(1.0, (steps or 0) / self.spec.search.steps)
 
-    def _asked(self, budget: int | None, steps: int | None = None) -> Asked:
+    def _asked(self, budget: int | None, steps: int | None = None, rule: SteadyRule | None = None) -> Asked:
         """What a trial of this probe is asked to do, under ``budget``: what its 'fits' is vetted against."""
         return Asked(steps=steps or self.spec.search.steps, backend=self.target.backend, budget_bytes=budget,
-                     eval_pass=self.spec.training.eval_pass, import_memory=self.target.import_memory)
+                     eval_pass=self.spec.training.eval_pass, import_memory=self.target.import_memory, steady=rule)
 
     def observe(self, batch_size: int) -> Observation:
         """The search's oracle. A batch seen before is a retry (after a crash or timeout) or a confirmation."""
@@ -233,8 +242,18 @@ class TrialRunner:
             purpose = "retry"
         else:
             purpose = "confirmation"
-        trial = self.run(batch_size, purpose)
-        if trial.outcome is not Outcome.FITS:
-            return Observation(batch_size, trial.outcome)
-        peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
-        return Observation(batch_size, trial.outcome, peak, trial.base_bytes)
+        # The confirmation decides the reported maximum: it steps until its peak is steady (isoprobe.steady).
+        trial = self.run(batch_size, purpose, rule=self.steady_rule if purpose == "confirmation" else None)
+        return observation_of(trial, self.spec.search.steps)
+
+
+def observation_of(trial: Trial, short_steps: int) -> Observation:
+    """What the search learns from a trial; a deciding trial that failed only after the search's steps
+    (out of memory at a later step, or still rising) is a long-run failure (``Observation.long_run``)."""
+    if trial.outcome is not Outcome.FITS:
+        long_run = trial.steady_rule is not None and (
+            trial.outcome is Outcome.STILL_RISING
+            or (trial.outcome is Outcome.OUT_OF_MEMORY and len(trial.step_seconds) >= short_steps))
+        return Observation(trial.batch_size, trial.outcome, long_run=long_run)
+    peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
+    return Observation(trial.batch_size, trial.outcome, peak, trial.base_bytes)

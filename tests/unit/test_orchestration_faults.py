@@ -180,7 +180,9 @@ def test_an_error_on_a_later_attempt_still_stops_the_search():
 
 def test_a_fit_at_the_cap_with_no_confirmation_is_one_trial():
     # What test_noise_and_stray_grandchildren_do_not_change_a_fit asks of the search; the noise itself is real.
-    probed = probe(faulty_spec("garbage", start=8, confirmations=0), device())
+    spec = faulty_spec("garbage", start=8, confirmations=0)
+    spec["search"]["steady_steps"] = 0  # else a steady confirmation is due whatever confirmations says
+    probed = probe(spec, device())
     result = probed.result
     assert probed.exit_code == 0
     assert result.max_batch_size == 8 and result.limited_by == "max_batch_size"

@@ -25,6 +25,9 @@ from test_cache_trust import _check_every_cacheable
 
 def soaked_spec(soak_steps: int | None = None, **recommendation) -> dict:
     spec = hog_spec(start_batch_size=12)
+    # The soak is what these tests check: the edge's steady confirmation (which would catch a leak before the
+    # soak, test_steady_state.py) is off, so the edge is the short trials' as before.
+    spec["search"]["steady_steps"] = 0
     spec["recommendation"] = {"headroom": 0.1, **recommendation}
     if soak_steps is not None:
         spec["recommendation"]["soak_steps"] = soak_steps

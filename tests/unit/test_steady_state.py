@@ -1,0 +1,174 @@
+"""Steady state as the criterion for the maximum: the rule (isoprobe.steady), and probes of scripted devices whose
+memory grows over steps (growth that stops, a leak that never does), through the real search and classification.
+
+The scripted device (executors.scripted.linear with ``growth``) steps as a real child does when its request
+carries a steady rule: until ``steady.should_stop``, or out of memory at the first step over the budget.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from isoprobe import steady
+from isoprobe.executors.scripted import ScriptedExecutor, fits, gang, linear
+from isoprobe.outcomes import Outcome, StopReason
+from isoprobe.probe.plausibility import Asked
+from isoprobe.probe.trials import trial_from_run
+from isoprobe.protocol import TrialRequest
+from isoprobe.spec import Spec
+
+from scripted_probe import HOG_FIXED, HOG_MAX, HOG_PER_SAMPLE, MiB, hog_spec, probe
+
+RULE = steady.SteadyRule(min_steps=2, max_steps=30)
+
+
+# --------------------------------------------------------------------------- the rule
+
+
+def test_a_peak_is_steady_only_after_it_held_still_for_the_whole_window():
+    flat = [100 * MiB] * (steady.WINDOW_STEPS + 1)
+    assert steady.is_steady(flat, RULE)
+    assert not steady.is_steady(flat[:-1], RULE)  # one step short of the window: not yet
+    # The measured trap (FSDP2 rank 0, ZeRO-1 rank 1): four flat steps, then a rise of a few MiB.
+    plateau = [90 * MiB, 95 * MiB, 96 * MiB, 96 * MiB, 96 * MiB, 96 * MiB, 98 * MiB]
+    assert not any(steady.is_steady(plateau[:n], RULE) for n in range(1, len(plateau) + 1))
+    risen = [100 * MiB] * steady.WINDOW_STEPS + [100 * MiB + steady.TOLERANCE_BYTES + 4096]
+    assert not steady.is_steady(risen, RULE)
+    within = [100 * MiB] * steady.WINDOW_STEPS + [100 * MiB + steady.TOLERANCE_BYTES]
+    assert steady.is_steady(within, RULE)
+
+
+def test_a_trial_stops_when_steady_or_at_the_cap_and_never_before_its_minimum():
+    rule = steady.SteadyRule(min_steps=8, max_steps=12)
+    assert not steady.should_stop([5] * 7, rule)  # steady, but the search's steps are not done
+    assert steady.should_stop([5] * 8, rule)
+    rising = [k * MiB for k in range(12)]
+    assert not steady.should_stop(rising[:11], rule) and steady.should_stop(rising, rule)
+
+
+def test_the_rule_follows_the_spec_and_a_cap_too_small_to_see_a_steady_peak_is_raised():
+    assert steady.rule_for(3, None).max_steps == steady.DEFAULT_MAX_STEPS
+    assert steady.rule_for(3, 0) is None
+    assert steady.rule_for(3, 2).max_steps == steady.WINDOW_STEPS + 1
+    assert steady.rule_for(40, 10).max_steps == 40
+
+
+def test_the_long_run_search_jumps_by_the_growth_doubles_down_then_bisects():
+    assert steady.first_jump([1000, 1010, 1040, 1070], 2, None, 10.0) == 6  # 60 grown after step 2
+    assert steady.first_jump([1000, 1040], 2, 1100, 10.0) == 6  # out of memory: at least up to the capacity
+    assert steady.first_jump([1000, 1040], 2, 1100, None) == 1
+    ran = {60: False}
+    assert steady.next_long_run_batch(ran, 4) == 56
+    ran[56] = False
+    assert steady.next_long_run_batch(ran, 4) == 48  # no steady batch yet: twice as far
+    ran[48] = True
+    assert steady.next_long_run_batch(ran, 4) == 52  # then bisection between 48 and 56
+    ran.update({52: True, 54: False, 53: True})
+    assert steady.next_long_run_batch(ran, 4) is None
+    assert steady.next_long_run_batch({1: False}, 4) is None  # batch 1 failed: nothing holds
+
+
+# --------------------------------------------------------------------------- probes
+
+
+def _growing_then_steady(k: int) -> int:
+    """10 MiB more after each of the first ten steps, then nothing."""
+    return 10 * MiB * min(k - 1, 10)
+
+
+def test_memory_that_grows_for_ten_steps_then_stops_gets_the_edge_of_its_steady_state():
+    probed = probe(hog_spec(), ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE, growth=_growing_then_steady)))
+    result = probed.result
+    budget = 1536 * MiB
+    steady_edge = (budget - HOG_FIXED - 100 * MiB) // HOG_PER_SAMPLE  # 22: what a long run holds
+    assert steady_edge == 22 and HOG_MAX == 25
+    assert probed.exit_code == 0 and result.stop_reason is StopReason.EDGE_FOUND
+    assert (result.max_batch_size, result.first_failing_batch_size) == (steady_edge, steady_edge + 1)
+    assert result.short_max_batch_size == HOG_MAX  # the short trials' edge, and the result says it did not hold
+    assert "fit 2 steps but its peak kept rising" in result.message
+    deciding = [t for t in result.trials if t.purpose in ("confirmation", "long_run")]
+    assert deciding and all(t.steady_rule is not None for t in deciding)
+    (proof,) = [t for t in deciding if t.batch_size == steady_edge]
+    assert proof.outcome is Outcome.FITS
+    assert len(proof.step_seconds) == 11 + steady.WINDOW_STEPS  # grew to step 11, then held for the window
+    assert len(proof.step_budget_peak_bytes) == len(proof.step_seconds)
+    # The search's own trials stay short: only the trials that decide the maximum pay for the long run.
+    assert all(len(t.step_seconds) == 2 for t in result.trials if t.purpose == "search" and t.outcome is Outcome.FITS)
+
+
+def test_memory_that_never_stops_growing_is_reported_as_such_with_no_maximum():
+    leak = ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE, growth=lambda k: MiB * (k - 1)))
+    result = probe(hog_spec(), leak).result
+    assert result.stop_reason is StopReason.STILL_RISING and not result.answered
+    assert result.max_batch_size is None  # no step proved any batch holds the long run
+    assert result.short_max_batch_size == HOG_MAX
+    assert result.first_failing_outcome is Outcome.STILL_RISING
+    assert "no batch holds the long run" in result.message
+    still = [t for t in result.trials if t.outcome is Outcome.STILL_RISING]
+    assert still and all(len(t.step_seconds) == steady.DEFAULT_MAX_STEPS for t in still)
+    assert min(t.batch_size for t in result.trials if t.purpose == "long_run") == result.first_failing_batch_size
+
+
+def test_a_steady_device_costs_one_confirmation_of_a_few_more_steps_and_the_edge_is_unchanged():
+    probed = probe(hog_spec(), ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE)))
+    result = probed.result
+    assert (result.max_batch_size, result.first_failing_batch_size) == (HOG_MAX, HOG_MAX + 1)
+    assert result.short_max_batch_size is None
+    (confirmation,) = [t for t in result.trials if t.purpose == "confirmation"]
+    assert len(confirmation.step_seconds) == steady.WINDOW_STEPS + 1
+    assert not [t for t in result.trials if t.purpose == "long_run"]
+
+
+def test_steady_steps_0_keeps_every_trial_short():
+    spec = hog_spec(steady_steps=0)
+    probed = probe(spec, ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE, growth=_growing_then_steady)))
+    assert probed.result.max_batch_size == HOG_MAX and probed.result.short_max_batch_size is None
+    assert all(c.request.steady is None for c in probed.executor.calls)
+
+
+def _request(batch: int = 8) -> TrialRequest:
+    return TrialRequest(spec=Spec.model_validate(hog_spec()), batch_size=batch, device="cpu", steady=RULE)
+
+
+def test_a_gang_is_steady_only_when_every_rank_is():
+    asked = Asked(steps=2, backend="cpu", steady=RULE)
+    flat = [900 * MiB] * 8
+    rising = [900 * MiB + k * MiB for k in range(8)]
+    run = gang(fits(flat[-1], step_peaks=flat), fits(rising[-1], step_peaks=rising))
+    trial = trial_from_run(run, 1, 8, "confirmation", asked)
+    assert trial.outcome is Outcome.STILL_RISING and "still rising after 8 steps" in trial.reclassified
+    assert [r.outcome for r in trial.ranks] == [Outcome.FITS, Outcome.STILL_RISING]
+    both = trial_from_run(gang(fits(flat[-1], step_peaks=flat), fits(flat[-1], step_peaks=flat)), 1, 8,
+                          "confirmation", asked)
+    assert both.outcome is Outcome.FITS
+
+
+@pytest.mark.parametrize("steps, verdict", [(1, Outcome.CRASHED), (31, Outcome.CRASHED), (30, Outcome.STILL_RISING)])
+def test_a_deciding_trial_must_run_between_its_minimum_and_its_cap(steps, verdict):
+    peaks = [900 * MiB + k * MiB for k in range(steps)]
+    asked = Asked(steps=2, backend="cpu", steady=RULE)
+    trial = trial_from_run(fits(peaks[-1], step_peaks=peaks), 1, 8, "confirmation", asked)
+    assert trial.outcome is verdict
+
+
+# --------------------------------------------------------------------------- the pure search
+
+
+def test_the_search_confirms_with_a_steady_trial_and_stops_at_a_long_run_failure():
+    from isoprobe.search import conclude, plan_next
+    from isoprobe.search_history import Limits, Observation, verdicts
+
+    limits = Limits(start=2, confirmations=0, steady=True)
+    history = [Observation(2, Outcome.FITS, 100), Observation(4, Outcome.OUT_OF_MEMORY), Observation(3, Outcome.FITS, 150)]
+    assert plan_next(history, limits) == 3  # a confirmation is due although none was asked: the steady one
+    assert plan_next(history, Limits(start=2, confirmations=0)) is None
+    history.append(Observation(3, Outcome.OUT_OF_MEMORY, long_run=True))
+    judged = verdicts(history, limits)[3]
+    assert judged.outcome is Outcome.OUT_OF_MEMORY and not judged.flaky and judged.long_run
+    assert plan_next(history, limits) is None  # the short search is over
+    conclusion = conclude(history, limits)
+    assert conclusion.long_run_failure == 3 and not conclusion.exact and conclusion.max_fitting == 2
+    # A failure in a confirmation's first steps is no long-run failure: the batch is flaky, as before, and the
+    # search goes on (the next maximum's steady confirmation).
+    flaky = history[:3] + [Observation(3, Outcome.OUT_OF_MEMORY)]
+    assert verdicts(flaky, limits)[3].flaky and plan_next(flaky, limits) == 2
