@@ -186,6 +186,19 @@ class StepDone(_Event):
     )
 
 
+class Forwarded(_Event):
+    """A rank's forward pass (and loss) returned in step ``step``: written by the ranks of a gang only.
+
+    Why: when a gang times out, every rank is still running, the one that hung and the others blocked in
+    a collective waiting for it. A rank that hangs in its forward pass and a peer that finished its own
+    and waits in backward's all-reduce are inside the same step; this marker is what tells them apart
+    (``executors.gang.laggard``: the rank that got less far is the one named).
+    """
+
+    event: Literal["forwarded"] = "forwarded"
+    step: int
+
+
 class EvalDone(_Event):
     event: Literal["eval"] = "eval"
     seconds: float
@@ -301,8 +314,8 @@ class Estimated(_Event):
 
 
 Event = Annotated[
-    Union[Started, Warm, RequestReceived, Imported, ModelBuilt, StepDone, EvalDone, TrialResult, Inspected,
-          Estimated],
+    Union[Started, Warm, RequestReceived, Imported, ModelBuilt, Forwarded, StepDone, EvalDone, TrialResult,
+          Inspected, Estimated],
     Field(discriminator="event"),
 ]
 _EVENT = TypeAdapter(Event)

@@ -52,6 +52,8 @@ class Step:
                 self.scaler = distributed.grad_scaler(spec, device)
         self.applied.grad_scaler = self.scaler is not None
         self.sizes: Sizes | None = None
+        #: Called between the forward pass (with the loss) and backward; a gang's rank says it got that far.
+        self.on_forwarded = None
 
     def _prepare(self, model):
         import torch
@@ -132,6 +134,8 @@ class Step:
             if output is not None:
                 self._note_output(output)
         del output
+        if self.on_forwarded is not None:
+            self.on_forwarded()
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
             self.scaler.step(self.optimizer)

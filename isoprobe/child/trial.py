@@ -26,7 +26,7 @@ from isoprobe.child.optimizer_state import RealSteps
 from isoprobe.child.training import Step
 from isoprobe.child.workload import build_model, import_model_library
 from isoprobe.outcomes import Outcome, classify_exception, maybe_allocation_failure
-from isoprobe.protocol import EvalDone, Imported, ModelBuilt, StepDone, TrialRequest, TrialResult
+from isoprobe.protocol import EvalDone, Forwarded, Imported, ModelBuilt, StepDone, TrialRequest, TrialResult
 from isoprobe.result import CudaMemoryAtFailure, ErrorInfo, Sizes
 
 if TYPE_CHECKING:
@@ -110,6 +110,8 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
     step = Step(spec, build_model(spec, python_path), device, python_path)
     progress.phase = "model_built"
     events.emit(ModelBuilt(memory=cpu_memory()))
+    if request.rank is not None:  # which rank hung, if the gang times out inside a step (executors.gang.laggard)
+        step.on_forwarded = lambda: events.emit(Forwarded(step=len(progress.step_seconds) + 1))
     if cuda:
         # Peaks from here on; the model's weights are allocated already and still count.
         torch.cuda.reset_peak_memory_stats(device)

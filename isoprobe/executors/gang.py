@@ -213,8 +213,10 @@ def laggard(progress: list[int], timed_out: list[int]) -> int | None:
     still running: the one that hung, and the others blocked in a collective
     waiting for it. Those got further (they built the model, finished a step),
     so the rank with strictly the fewest events is the one that held the gang;
-    blaming the first rank instead named rank 0 when rank 1 hung. Level ranks
-    (a hang and a wait inside the same step) leave no evidence: None, never a guess.
+    blaming the first rank instead named rank 0 when rank 1 hung. A rank writes
+    ``forwarded`` between its forward pass and backward, so a hang in the forward
+    pass is told from a peer's wait in backward's all-reduce. Level ranks (a hang
+    in backward itself, or in a user's own step) leave no evidence: None, never a guess.
     """
     least = min(progress[rank] for rank in timed_out)
     behind = [rank for rank in timed_out if progress[rank] == least]

@@ -234,6 +234,9 @@ def test_a_rank_that_hangs_before_a_collective_times_the_gang_out_and_leaves_not
     hung = [t for t in result["trials"] if t["batch_size"] == 4]
     assert hung and all(t["outcome"] == "timed_out" and 12 <= t["seconds"] < 17 for t in hung), result["trials"]
     assert result["max_batch_size"] == 3 and result["first_failing_outcome"] == "timed_out"
+    # Rank 1 hangs in its forward pass; rank 0 finished its own and waits in backward's all-reduce, inside
+    # the same step: its 'forwarded' marker is what names rank 1 (both were level without it: no rank named).
+    assert all(t["failed_rank"] == 1 for t in hung), [(t["failed_rank"], t["ranks"]) for t in hung]
     # The autouse no_leftover_processes fixture checks that no rank (nor anything else) survived.
 
 

@@ -20,6 +20,7 @@ from isoprobe.protocol import (
     Estimated,
     EvalDone,
     Facts,
+    Forwarded,
     Imported,
     InspectProblem,
     InspectRequest,
@@ -107,6 +108,7 @@ EVERY_EVENT = [
                                 traced_peak_bytes=[1, 2], parameter_bytes=4, gradient_bytes=4,
                                 optimizer_state_bytes=8, buffer_bytes=0, baseline_bytes=5, runtime_bytes=6,
                                 seconds=0.4, note="n")),
+    Forwarded(step=2),
 ]
 
 
