@@ -17,7 +17,6 @@ imports the spec model but not the result model or the probe.
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import TYPE_CHECKING
 
 from isoprobe import __version__

@@ -374,3 +374,21 @@ def run_one_trial(spec: dict, batch: int, workdir: Path, budget: int) -> dict:
     end = classify_exit(run)
     assert end.outcome.value == "fits", (end, end.result and end.result.error, run.stderr_tail[-2000:])
     return end.result.model_dump()
+
+
+@pytest.fixture
+def tiny_tmpdir():
+    """A 16 KiB tmpfs: room for the environment check's files and a trial's, not for the next trial's request.
+
+    Mounting needs root, as the suite has in CI; skipped otherwise.
+    """
+    folder = Path(tempfile.mkdtemp(prefix="isoprobe-tiny-"))
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)], capture_output=True)
+    if mounted.returncode != 0:
+        folder.rmdir()
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+        folder.rmdir()

@@ -30,7 +30,6 @@ from isoprobe.protocol import (
     Started,
     Warm,
     first_of,
-    last_of,
 )
 from isoprobe.result import AllocatorInfo, DeviceInfo
 from isoprobe.spec import Spec

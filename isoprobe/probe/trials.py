@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from isoprobe.errors import ProbeError
-from isoprobe.executors import ChildRun, Conditions, Executor
+from isoprobe.executors import ChildRun, Executor
 from isoprobe.executors.rounds import run_round
 from isoprobe.insights import step_throughput
 from isoprobe.outcomes import Outcome, card_was_full, maybe_allocation_failure

@@ -135,18 +135,23 @@ _EDGED_FACTORY = textwrap.dedent("""
 """)
 
 
+def _edged_spec(factory: str) -> dict:
+    """A spec over ``factory`` (a model whose edge its file decides: 6 fits, 7 does not), searched 3 to 7."""
+    return {
+        "model": {"factory": factory}, "input": {"shape": [16]}, "target": {"classes": 4},
+        "optimizer": {"name": "sgd"}, "device": "cpu", "memory_budget": "2GiB",
+        "search": {"start_batch_size": 3, "max_batch_size": 7, "steps": 2, "strategy": "doubling",
+                   "confirmations": 0},
+        "recommendation": {"headroom": 0.0, "soak_steps": 0},
+    }
+
+
 def test_editing_a_helper_module_the_factory_imports_makes_the_cached_answer_stale(write_spec, tmp_path):
     """The key covers the factory file only; the helper it imports is in the entry's sources, re-hashed on a hit."""
     cache, helper = tmp_path / "cache", tmp_path / "helper.py"
     (tmp_path / "edged.py").write_text(_EDGED_FACTORY)
     helper.write_text("EDGE = 6\n")
-    spec = str(write_spec({
-        "model": {"factory": "edged.py:build"}, "input": {"shape": [16]}, "target": {"classes": 4},
-        "optimizer": {"name": "sgd"}, "device": "cpu", "memory_budget": "2GiB",
-        "search": {"start_batch_size": 3, "max_batch_size": 7, "steps": 2, "strategy": "doubling",
-                   "confirmations": 0},
-        "recommendation": {"headroom": 0.0, "soak_steps": 0},
-    }))
+    spec = str(write_spec(_edged_spec("edged.py:build")))
     first = run_cli("run", spec, "--format", "json", cache_dir=cache)
     assert first.returncode == 0, first.stderr
     assert first.json["max_batch_size"] == 6 and first.json["first_failing_batch_size"] == 7
@@ -176,13 +181,7 @@ def test_editing_a_config_file_the_factory_reads_makes_the_cached_answer_stale(w
         "self.linear = nn.Linear(16, 4)\n        self.edge = json.loads((Path(__file__).parent / 'edge.json')"
         ".read_text())['edge']"))
     config.write_text('{"edge": 6}')
-    spec = str(write_spec({
-        "model": {"factory": "configured.py:build"}, "input": {"shape": [16]}, "target": {"classes": 4},
-        "optimizer": {"name": "sgd"}, "device": "cpu", "memory_budget": "2GiB",
-        "search": {"start_batch_size": 3, "max_batch_size": 7, "steps": 2, "strategy": "doubling",
-                   "confirmations": 0},
-        "recommendation": {"headroom": 0.0, "soak_steps": 0},
-    }))
+    spec = str(write_spec(_edged_spec("configured.py:build")))
     first = run_cli("run", spec, "--format", "json", cache_dir=cache)
     assert first.returncode == 0, first.stderr
     assert first.json["max_batch_size"] == 6

@@ -13,8 +13,6 @@ import json
 import os
 import re
 import signal
-import subprocess
-import tempfile
 from dataclasses import replace
 from pathlib import Path
 
@@ -246,21 +244,6 @@ def test_a_fork_stopped_at_a_tiny_timeout_is_reported_as_a_spawned_child_is(tmp_
         said[fork] = done.stderr.splitlines()[-1]
     assert said["true"] == said["false"], said
     assert "stopped after search.trial_timeout (0.05 s)" in said["true"] and "raise search.trial_timeout" in said["true"]
-
-
-@pytest.fixture
-def tiny_tmpdir():
-    """A 16 KiB tmpfs (mounting needs root, as the suite has in CI; skipped otherwise)."""
-    folder = Path(tempfile.mkdtemp(prefix="isoprobe-tiny-"))
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode != 0:
-        folder.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-        folder.rmdir()
 
 
 def test_a_fork_without_room_for_its_files_is_no_crash_and_the_probe_names_tmpdir(tmp_path, tiny_tmpdir):

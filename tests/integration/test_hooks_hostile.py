@@ -10,8 +10,6 @@ to a few runs of the tiniest spec (tests/faults.py:faulty, capped).
 
 from __future__ import annotations
 
-import subprocess
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -20,21 +18,6 @@ import yaml
 from conftest import faulty_spec, run_cli
 
 pytestmark = pytest.mark.integration
-
-
-@pytest.fixture
-def tiny_tmpdir():
-    """A 16 KiB tmpfs: room for the environment check's files and a trial's, not for the next trial's request."""
-    folder = Path(tempfile.mkdtemp(prefix="isoprobe-tiny-"))
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16k", "tmpfs", str(folder)], capture_output=True)
-    if mounted.returncode != 0:
-        folder.rmdir()
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
-        yield folder
-    finally:
-        subprocess.run(["umount", "-l", str(folder)], check=False)
-        folder.rmdir()
 
 
 def _tiny_spec(tmp_path: Path) -> str:

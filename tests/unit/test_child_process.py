@@ -19,6 +19,7 @@ from isoprobe.errors import ProbeError
 from isoprobe.executors import Conditions, keeper
 from isoprobe.executors import child_process
 from isoprobe.executors.child_process import StartedChild, stop_child
+from isoprobe.executors.forkserver import _gone as _dead  # ended, or a zombie, from /proc
 
 
 def _kept_sleep(tmp_path: Path) -> StartedChild:
@@ -30,14 +31,6 @@ def _kept_sleep(tmp_path: Path) -> StartedChild:
     return StartedChild(process, write, tmp_path / "e.jsonl", tmp_path / "e.stderr", Conditions(backend="cpu"),
                         warm=False)
 
-
-def _dead(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return True
-    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
 
 
 def _below(pid: int) -> list[int]:
