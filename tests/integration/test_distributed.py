@@ -132,8 +132,10 @@ def test_each_strategys_per_rank_edge_is_exact_in_fresh_gangs(probes, strategy):
     spec["recommendation"]["headroom"] = 0
     rerun = run_cli("run", str(_write(folder, spec, f"{strategy}-rerun")), "--format", "json", env=SAME_THREADS)
     assert rerun.returncode == 0, (rerun.stderr[-2000:], result["trials"])
-    again = [(t["batch_size"], t["outcome"]) for t in rerun.json["trials"]]
+    again = [(t["batch_size"], t["outcome"]) for t in rerun.json["trials"] if t["purpose"] == "search"]
     assert again == [(maximum, "fits"), (maximum + 1, "out_of_memory")], (again, result["trials"])
+    # ... and the maximum holds until its peak is steady (its confirmation), as in the probe.
+    assert (rerun.json["max_batch_size"], rerun.json["first_failing_batch_size"]) == (maximum, maximum + 1)
 
 
 def test_the_strategies_peaks_are_ordered_as_their_sharding_implies(probes):

@@ -10,7 +10,7 @@ pytestmark = pytest.mark.integration
 
 
 def one_trial_spec(model: dict, **fields) -> dict:
-    spec = hog_spec(start_batch_size=2, max_batch_size=2, confirmations=0)
+    spec = hog_spec(start_batch_size=2, max_batch_size=2, confirmations=0, steady_steps=0)
     spec["model"] = model
     spec["recommendation"] |= {"headroom": 0.0}
     spec.update(fields)
