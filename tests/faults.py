@@ -222,5 +222,9 @@ def faulty(
     probability: float = 0.5,
     state_dir: str | None = None,
     ranks: list[int] | None = None,
+    build_seconds: float = 0.0,
 ) -> nn.Module:
+    """``build_seconds``: sleep that long while building, so that a tiny trial timeout stops every process that
+    builds the model (the environment check included) whatever the machine's speed."""
+    time.sleep(build_seconds)
     return Faulty(fault, at, edge, probability, state_dir, ranks)

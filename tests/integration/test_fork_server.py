@@ -222,8 +222,8 @@ def test_a_server_lost_mid_round_takes_both_slots_with_it_and_the_probe_still_fi
     assert killer.signalled and not _alive(killer.signalled[0])  # the lost server did not outlive the probe
 
 
-def _faulty_spec_file(tmp_path: Path, trial_timeout: float) -> str:
-    spec = faulty_spec("raise", at=10**6, trial_timeout=trial_timeout)  # never reaches the fault: every trial fits
+def _faulty_spec_file(tmp_path: Path, trial_timeout: float, build_seconds: float = 0.0) -> str:
+    spec = faulty_spec("raise", at=10**6, trial_timeout=trial_timeout, build_seconds=build_seconds)  # never reaches the fault: every trial fits
     spec["search"]["max_batch_size"] = 8
     path = tmp_path / "faulty.yaml"
     path.write_text(yaml.safe_dump(spec))
@@ -235,8 +235,9 @@ def test_a_fork_stopped_at_a_tiny_timeout_is_reported_as_a_spawned_child_is(tmp_
 
     Before issue 25 it ran from the order: a fork killed while it mapped its pages said nothing, and the
     environment check read "did not get past starting Python ... check the Python environment".
+    The model takes 2 s to build, so the check is stopped on any machine (CI's once built it within 0.05 s).
     """
-    spec = _faulty_spec_file(tmp_path, 0.05)
+    spec = _faulty_spec_file(tmp_path, 0.05, build_seconds=2.0)
     said = {}
     for fork in ("true", "false"):
         done = run_cli("run", spec, "--format", "json", "--set", f"search.fork_server={fork}", timeout=300)
