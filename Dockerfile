@@ -9,7 +9,7 @@
 # points at it, so answers outlive the container. The registry's torch wheel carries its own CUDA
 # libraries: the host needs only the NVIDIA driver and the NVIDIA container toolkit for --gpus.
 # Without a GPU the CPU backend runs. isoprobe is PID 1 here (exec-form ENTRYPOINT, no shell):
-# it forwards signals to the probe and reaps orphaned processes itself (isoprobe/pid1.py).
+# it forwards signals to the probe and reaps orphaned processes itself (isoprobe/system/pid1.py).
 #
 # BASE_IMAGE: any image with `python` (3.10+) and `pip` on PATH. The default is the official slim image;
 # the container test tier builds on a stand-in made with debootstrap (tests/container/build_image.sh).

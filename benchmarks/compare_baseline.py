@@ -48,7 +48,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from isoprobe.spec_load import load_spec  # noqa: E402
+from isoprobe.spec.load import load_spec  # noqa: E402
 from isoprobe.executors.processes import child_environment, prepare_child  # noqa: E402
 
 VARIANTS = {

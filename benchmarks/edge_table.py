@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from plain_edge import edge  # noqa: E402
 
-from isoprobe.spec_load import load_spec  # noqa: E402
+from isoprobe.spec.load import load_spec  # noqa: E402
 
 HERE = Path(__file__).resolve().parent.parent
 

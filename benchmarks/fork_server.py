@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from isoprobe.executors.local import LocalExecutor  # noqa: E402
-from isoprobe.probe.classify import classify_exit  # noqa: E402
-from isoprobe.probe.environment import inspect_conditions, trial_conditions  # noqa: E402
-from isoprobe.protocol import InspectRequest, StepDone, TrialRequest  # noqa: E402
-from isoprobe.spec_load import load_spec  # noqa: E402
+from isoprobe.pipeline.classify import classify_exit  # noqa: E402
+from isoprobe.pipeline.environment import inspect_conditions, trial_conditions  # noqa: E402
+from isoprobe.protocol.messages import InspectRequest, StepDone, TrialRequest  # noqa: E402
+from isoprobe.spec.load import load_spec  # noqa: E402
 
 WAYS = {"forked": {"fork": ("cpu",)}, "warm spare": {"warm": True}, "cold spawn": {}}
 

@@ -64,7 +64,7 @@ def gpu_present(environ=os.environ) -> bool:
     if environ.get("CUDA_VISIBLE_DEVICES") is not None and not environ["CUDA_VISIBLE_DEVICES"].strip():
         return False
     sys.path.insert(0, str(ROOT))
-    from isoprobe.cache import driver_lists_a_gpu
+    from isoprobe.cache.store import driver_lists_a_gpu
 
     if not driver_lists_a_gpu():
         return False
@@ -239,7 +239,7 @@ def experiment_b(report: Report) -> None:
         for op in ("matmul", "conv"):
             found = python(f"""
                 import json, torch
-                from isoprobe.outcomes import card_was_full, classify_exception, maybe_allocation_failure
+                from isoprobe.report.outcomes import card_was_full, classify_exception, maybe_allocation_failure
                 torch.cuda.init()
                 free, total = torch.cuda.mem_get_info()
                 hold = torch.empty(max(0, free - {left} * 1024**2), dtype=torch.uint8, device="cuda")
@@ -324,7 +324,7 @@ def experiment_e(report: Report) -> None:
         from pathlib import Path
         from isoprobe.executors import Conditions
         from isoprobe.executors.local import LocalExecutor
-        from isoprobe.protocol import Started, Warm, last_of, read_events
+        from isoprobe.protocol.messages import Started, Warm, last_of, read_events
         import tempfile
         with tempfile.TemporaryDirectory() as folder, LocalExecutor(Path(folder), warm=True) as executor:
             executor.prestart(Conditions(backend="cuda", allocator=None, preload=("torch", "torch._dynamo")))

@@ -31,7 +31,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from isoprobe.spec_load import load_spec  # noqa: E402 - the parent only: trials never import isoprobe
+from isoprobe.spec.load import load_spec  # noqa: E402 - the parent only: trials never import isoprobe
 
 #: What a CPU trial's environment sets that changes its memory (``executors.processes.child_environment``),
 #: written out on purpose: the harness must not follow the code it checks.

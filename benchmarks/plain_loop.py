@@ -29,9 +29,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from isoprobe.executors import Conditions  # noqa: E402
 from isoprobe.executors.local import run_once  # noqa: E402
-from isoprobe.probe.classify import classify_exit  # noqa: E402
-from isoprobe.protocol import TrialRequest  # noqa: E402
-from isoprobe.spec_load import load_spec  # noqa: E402
+from isoprobe.pipeline.classify import classify_exit  # noqa: E402
+from isoprobe.protocol.messages import TrialRequest  # noqa: E402
+from isoprobe.spec.load import load_spec  # noqa: E402
 
 
 #: The loop's variables. In ``for x, y in loader: outputs = model(x); ...`` the names ``outputs`` and

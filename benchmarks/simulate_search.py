@@ -27,10 +27,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from isoprobe.outcomes import Outcome  # noqa: E402
-from isoprobe.search import run_search  # noqa: E402
-from isoprobe.search_history import Limits, Observation, Prior  # noqa: E402
-from isoprobe.search_steps import doubling_step, guided_step  # noqa: E402
+from isoprobe.report.outcomes import Outcome  # noqa: E402
+from isoprobe.search.edge_search import run_search  # noqa: E402
+from isoprobe.search.history import Limits, Observation, Prior  # noqa: E402
+from isoprobe.search.steps import doubling_step, guided_step  # noqa: E402
 
 MiB = 1024**2
 
@@ -110,7 +110,7 @@ def distribution(counts: list[int]) -> str:
 
 def parallel_rounds(true_max: int, seed: int, slots: int, confirmations: int, noise_fraction: float) -> int:
     """Rounds (wall-clock units: a round runs its trials at once, one per slot) to the exact edge."""
-    from isoprobe.search_parallel import one_at_a_time, run_parallel_search
+    from isoprobe.search.parallel import one_at_a_time, run_parallel_search
 
     oracle, capacity = device(true_max, seed, noise_fraction)
     limits = Limits(start=2, confirmations=confirmations, capacity=capacity)

@@ -1,5 +1,5 @@
 """``python -m isoprobe`` is the same as the ``isoprobe`` command."""
 
-from isoprobe.cli import entry
+from isoprobe.cli.main import entry
 
 raise SystemExit(entry())

@@ -30,8 +30,8 @@ import os
 from typing import TYPE_CHECKING, Any, Callable, Mapping
 
 if TYPE_CHECKING:  # annotations only: importing the result model costs time, and ``isoprobe`` is imported lazily
-    from isoprobe.result import Result
-    from isoprobe.spec import Spec
+    from isoprobe.report.result import Result
+    from isoprobe.spec.model import Spec
 
 
 def probe(
@@ -76,10 +76,10 @@ def probe(
     train with it). No signal handler is installed: SIGTERM ends the caller as it
     would anyway, and the trials end with it.
     """
-    from isoprobe.outcomes import StopReason
+    from isoprobe.report.outcomes import StopReason
     from isoprobe.errors import shown
-    from isoprobe.overrides import Override, from_mapping
-    from isoprobe.spec_load import DATA_SPEC_NAME, check_references, load_spec
+    from isoprobe.spec.overrides import Override, from_mapping
+    from isoprobe.spec.load import DATA_SPEC_NAME, check_references, load_spec
 
     if quiet and progress is not None:
         raise ValueError("give progress (where the lines go) or quiet=True (no lines), not both")
@@ -97,7 +97,7 @@ def probe(
     elif progress is not None:
         say = progress
     else:
-        from isoprobe.streams import tell
+        from isoprobe.report.streams import tell
 
         say = tell
     set_budget = any(override.field == "memory_budget" for override in given)
@@ -123,8 +123,8 @@ def answer_for(spec: Spec, spec_path: str, say: Callable[[str], None], *, use_ca
     line (``ProbeError``, exit 4 from the CLI), never a traceback.
     """
     from isoprobe.errors import ProbeError
-    from isoprobe.output import Reporter
-    from isoprobe.probe.answer import answer
+    from isoprobe.report.output import Reporter
+    from isoprobe.pipeline.answer import answer
 
     try:
         return answer(spec, spec_path, Reporter(say), use_cache=use_cache, refresh=refresh,

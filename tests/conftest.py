@@ -240,7 +240,7 @@ def cli(
     import io
     import traceback
 
-    from isoprobe.cli import main
+    from isoprobe.cli.main import main
 
     stdout, stderr = io.StringIO(), io.StringIO()
     saved_environ = dict(os.environ)
@@ -364,9 +364,9 @@ def run_one_trial(spec: dict, batch: int, workdir: Path, budget: int) -> dict:
     """
     from isoprobe.executors import Conditions
     from isoprobe.executors.local import run_once
-    from isoprobe.probe.classify import classify_exit
-    from isoprobe.protocol import TrialRequest
-    from isoprobe.spec import Spec
+    from isoprobe.pipeline.classify import classify_exit
+    from isoprobe.protocol.messages import TrialRequest
+    from isoprobe.spec.model import Spec
 
     request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cpu",
                            memory_budget_bytes=budget, python_path=[str(TESTS)])

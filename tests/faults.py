@@ -45,8 +45,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from isoprobe.outcomes import Outcome
-from isoprobe.protocol import EVENTS_ENV, TrialResult, event_line
+from isoprobe.report.outcomes import Outcome
+from isoprobe.protocol.messages import EVENTS_ENV, TrialResult, event_line
 
 CPU_OOM_MESSAGE = (
     "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "

@@ -21,8 +21,8 @@ import time
 import torch
 from torch import nn
 
-from isoprobe.outcomes import Outcome
-from isoprobe.protocol import EVENTS_ENV, StepDone, TrialResult, event_line
+from isoprobe.report.outcomes import Outcome
+from isoprobe.protocol.messages import EVENTS_ENV, StepDone, TrialResult, event_line
 
 MIB = 1024**2
 

@@ -23,10 +23,10 @@ def test_parent_modules_never_import_torch():
         "import isoprobe\n"
         "names = [m.name for m in pkgutil.walk_packages(isoprobe.__path__, 'isoprobe.')\n"
         "         if not m.name.startswith('isoprobe.child') and m.name != 'isoprobe.__main__']\n"
-        "assert {'isoprobe.probe.pipeline', 'isoprobe.executors.local', 'isoprobe.protocol'} <= set(names), names\n"
+        "assert {'isoprobe.pipeline.pipeline', 'isoprobe.executors.local', 'isoprobe.protocol.messages'} <= set(names), names\n"
         "for name in names:\n"
         "    importlib.import_module(name)\n"
-        "from isoprobe.cli import main\n"
+        "from isoprobe.cli.main import main\n"
         "main(['validate', 'specs/resnet50.yaml'])\n"
         "assert 'torch' not in sys.modules, 'the parent imported torch'\n"
         "assert 'torchvision' not in sys.modules\n"
@@ -39,7 +39,7 @@ def _modules_loaded_by(*argv: str) -> set[str]:
     """Every module in ``sys.modules`` after ``isoprobe ARGV`` ran in a fresh interpreter (exit included)."""
     code = (
         "import sys\n"
-        "from isoprobe.cli import main\n"
+        "from isoprobe.cli.main import main\n"
         "try:\n"
         f"    code = main({list(argv)!r})\n"
         "except SystemExit as exit:\n"
@@ -61,20 +61,20 @@ def test_each_command_imports_only_what_it_needs():
     YAML, and ``schema --spec`` neither loads a spec nor builds the result model.
     """
     help_ = _modules_loaded_by("--help")
-    assert not {"pydantic", "yaml", "isoprobe.spec", "isoprobe.spec_load", "isoprobe.errors"} & help_
+    assert not {"pydantic", "yaml", "isoprobe.spec.model", "isoprobe.spec.load", "isoprobe.errors"} & help_
 
     validate = _modules_loaded_by("validate", "specs/resnet50.yaml")
-    assert {"pydantic", "yaml", "isoprobe.spec", "isoprobe.spec_load"} <= validate
-    assert not {"isoprobe.result", "isoprobe.output", "isoprobe.probe", "isoprobe.executors", "isoprobe.protocol",
+    assert {"pydantic", "yaml", "isoprobe.spec.model", "isoprobe.spec.load"} <= validate
+    assert not {"isoprobe.report.result", "isoprobe.report.output", "isoprobe.probe", "isoprobe.executors", "isoprobe.protocol.messages",
                 "torch"} & validate
 
     schema = _modules_loaded_by("schema")
-    assert {"pydantic", "isoprobe.result"} <= schema
+    assert {"pydantic", "isoprobe.report.result"} <= schema
     assert "yaml" not in schema
 
     spec_schema = _modules_loaded_by("schema", "--spec")
-    assert "isoprobe.spec" in spec_schema
-    assert not {"yaml", "isoprobe.spec_load", "isoprobe.result"} & spec_schema
+    assert "isoprobe.spec.model" in spec_schema
+    assert not {"yaml", "isoprobe.spec.load", "isoprobe.report.result"} & spec_schema
 
 
 def test_validate_accepts_the_shipped_specs():
@@ -133,7 +133,7 @@ def test_the_in_process_cli_behaves_like_a_process_and_puts_everything_back(
     import os
     import signal
 
-    import isoprobe.cli
+    import isoprobe.cli.main
 
     def mine(signum, frame):
         pass
@@ -155,7 +155,7 @@ def test_the_in_process_cli_behaves_like_a_process_and_puts_everything_back(
     finally:
         signal.signal(signal.SIGTERM, previous)
 
-    monkeypatch.setitem(isoprobe.cli._COMMANDS, "schema", show_the_process)
+    monkeypatch.setitem(isoprobe.cli.main._COMMANDS, "schema", show_the_process)
     seen = cli("schema", cwd=tmp_path, env={"ISOPROBE_TEST_MARKER": "1"}).json
     assert seen["cwd"] == str(tmp_path) and seen["marker"] == "1"
     assert seen["cache"] != str(isolated_cache) and seen["cache"] != cli("schema").json["cache"]
@@ -164,7 +164,7 @@ def test_the_in_process_cli_behaves_like_a_process_and_puts_everything_back(
     def broken(args):
         raise RuntimeError("a bug")
 
-    monkeypatch.setitem(isoprobe.cli._COMMANDS, "schema", broken)
+    monkeypatch.setitem(isoprobe.cli.main._COMMANDS, "schema", broken)
     run = cli("schema")
     assert run.returncode == 1
     assert "Traceback" in run.stderr and "RuntimeError: a bug" in run.stderr
@@ -235,15 +235,15 @@ def test_a_reader_that_stops_early_gets_no_traceback():
 
 def _no_estimate(monkeypatch):
     """The environment check came back without an estimate (an untraceable model, a trace out of time)."""
-    from isoprobe.prediction import EstimateReport
-    from isoprobe.protocol import Estimate
-    from isoprobe.result import DeviceInfo
+    from isoprobe.pipeline.prediction import EstimateReport
+    from isoprobe.protocol.messages import Estimate
+    from isoprobe.report.result import DeviceInfo
 
     device = DeviceInfo(backend="cpu", requested="cpu", name="a CPU", total_memory_bytes=8 << 30,
                         capacity_bytes=1 << 30)
     report = EstimateReport(spec_path="s.yaml", torch_version="2", device=device, seconds=1.0, note="a prediction",
                             estimate=Estimate(note="the model could not be traced: it reads a value back"))
-    monkeypatch.setattr("isoprobe.probe.estimate.estimate_spec", lambda *args, **kwargs: report)
+    monkeypatch.setattr("isoprobe.pipeline.estimate.estimate_spec", lambda *args, **kwargs: report)
 
 
 def _answered_sweep(monkeypatch):

@@ -4,13 +4,13 @@ Three classes, each fixed where it arises, each tested here:
 
 - **Special files** (class 8): a spec, a result or a factory "file" that is
   ``/dev/zero``, ``/dev/urandom`` or a FIFO is refused before it is read
-  (``isoprobe.safe_read``), with exit 2 and one message. These run the real
+  (``isoprobe.spec.safe_read``), with exit 2 and one message. These run the real
   command with a timeout and a memory cap, so that a regression fails instead
   of hanging the suite or filling the machine's memory.
 - **Numbers and shapes no loader can take** (class 9): integers past Python's
   4300-digit conversion limit, sizes that overflow a float, infinities and NaN,
   a factory file too deep for Python's parser, YAML nested past any spec:
-  each is a spec error that names the field (``isoprobe.spec_yaml``), in process.
+  each is a spec error that names the field (``isoprobe.spec.yaml_file``), in process.
 - **Outputs that fail** (class 10): a log that stops taking writes, an OSError
   out of the probe (no space in TMPDIR), stdout on a full device. The run's
   answer is never lost to the log; the probe's failure is one line and exit 4,
@@ -34,7 +34,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from conftest import REPO, TESTS, cli
-from isoprobe.spec_yaml import MAX_SPEC_DEPTH
+from isoprobe.spec.yaml_file import MAX_SPEC_DEPTH
 
 SMALL_CNN = REPO / "specs" / "small-cnn.yaml"
 RESULT = TESTS / "data" / "result-small-cnn.json"
@@ -107,7 +107,7 @@ def test_a_factory_file_that_is_a_fifo_is_refused_by_the_reference_check(tmp_pat
     """check_references reads the file itself (a path can change after the spec was loaded): never blocking."""
     os.mkfifo(tmp_path / "models.py")
     code = ("from pathlib import Path\n"
-            "from isoprobe.spec_load import _factory_problems\n"
+            "from isoprobe.spec.load import _factory_problems\n"
             f"[p] = _factory_problems({str(tmp_path / 'models.py') + ':build'!r}, Path('.'))\n"
             "print(p.field, '|', p.message, '|', p.fix)\n")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, cwd=REPO)
@@ -128,7 +128,7 @@ def _codes(run) -> tuple[int, str]:
 
 
 def test_a_spec_larger_than_the_limit_is_refused_after_reading_one_byte_more(tmp_path):
-    from isoprobe.safe_read import Refused, read_regular_file
+    from isoprobe.spec.safe_read import Refused, read_regular_file
 
     path = tmp_path / "big.yaml"
     path.write_bytes(b"#" * 2_000_000)
@@ -223,7 +223,7 @@ def test_an_absurd_fallback_batch_size_is_a_short_usage_error():
 
 
 def test_the_max_batch_size_flag_still_takes_a_number(write_spec):
-    from isoprobe.spec_load import load_spec
+    from isoprobe.spec.load import load_spec
 
     assert load_spec(write_spec(VALID), {"--max-batch-size": "64"}).search.max_batch_size == 64
     assert cli("validate", str(write_spec(VALID)), "--max-batch-size", "64").returncode == 0
@@ -258,7 +258,7 @@ def test_a_value_yaml_cannot_build_or_json_cannot_carry_is_named(tmp_path, text,
 
 def test_an_impossible_date_stays_text(tmp_path):
     """YAML reads 2001-13-45 as a timestamp, and datetime raised ValueError: a date is kept as the text written."""
-    from isoprobe.spec_load import load_spec
+    from isoprobe.spec.load import load_spec
 
     path = tmp_path / "spec.yaml"
     path.write_text("model: {torchvision: resnet18, kwargs: {a: 2001-13-45, b: 2024-01-31}}\ninput: {shape: [3]}\n"
@@ -273,8 +273,8 @@ def _nested(depth: int) -> str:
 
 
 def test_nesting_is_bounded_exactly_at_the_limit(tmp_path):
-    from isoprobe.spec_load import load_spec
-    from isoprobe.spec_yaml import MAX_SPEC_DEPTH
+    from isoprobe.spec.load import load_spec
+    from isoprobe.spec.yaml_file import MAX_SPEC_DEPTH
 
     path = tmp_path / "spec.yaml"
     path.write_text(_nested(MAX_SPEC_DEPTH))
@@ -329,7 +329,7 @@ def test_a_set_path_hundreds_of_levels_deep_is_exit_2_before_anything_runs(comma
 def test_deep_data_from_every_source_is_a_spec_error_naming_where_it_came_from(source, value):
     from isoprobe import probe
     from isoprobe.errors import SpecError
-    from isoprobe.spec_load import load_spec
+    from isoprobe.spec.load import load_spec
 
     spec = yaml.safe_load(SMALL_CNN.read_text())
     spec["model"]["factory"] = str(REPO / "specs" / "tiny_models.py:small_cnn")
@@ -352,7 +352,7 @@ def test_deep_data_from_every_source_is_a_spec_error_naming_where_it_came_from(s
 def test_data_is_bounded_exactly_where_the_file_is():
     """The same depth passes from a dict as from the YAML file (test_nesting_is_bounded_exactly_at_the_limit)."""
     from isoprobe.errors import SpecError
-    from isoprobe.spec_load import load_spec
+    from isoprobe.spec.load import load_spec
 
     # The top mapping, model and kwargs are three levels: kwargs.x is the fourth.
     assert load_spec(SMALL_CNN, {"model.kwargs.x": _deep(MAX_SPEC_DEPTH - 3)}).model.kwargs["x"]
@@ -370,7 +370,7 @@ def test_data_is_bounded_exactly_where_the_file_is():
 def test_a_python_value_json_cannot_carry_is_refused_as_the_file_refuses_it(value, message):
     """They passed validation (kwargs takes anything) and crashed serializing the spec, or reached the child."""
     from isoprobe.errors import SpecError
-    from isoprobe.spec_load import load_spec
+    from isoprobe.spec.load import load_spec
 
     with pytest.raises(SpecError) as info:
         load_spec(SMALL_CNN, {"model.kwargs.x": value})
@@ -379,7 +379,7 @@ def test_a_python_value_json_cannot_carry_is_refused_as_the_file_refuses_it(valu
 
 
 def test_a_tuple_from_python_is_read_as_the_list_json_makes_of_it():
-    from isoprobe.spec_load import load_spec
+    from isoprobe.spec.load import load_spec
 
     assert load_spec(SMALL_CNN, {"input.shape": (3, 32, 32), "model.kwargs.pair": (1, 2)}).input.shape == [3, 32, 32]
 
@@ -393,7 +393,7 @@ def test_a_tuple_from_python_is_read_as_the_list_json_makes_of_it():
     st.booleans(),
 ))
 def test_parse_bytes_gives_a_size_or_a_value_error_for_anything(value):
-    from isoprobe.units import parse_bytes
+    from isoprobe.spec.units import parse_bytes
 
     try:
         size = parse_bytes(value)
@@ -407,9 +407,9 @@ def test_parse_bytes_gives_a_size_or_a_value_error_for_anything(value):
 
 
 def _fake_answer(monkeypatch, *, fail: OSError | None = None, progress: int = 3):
-    """Stand in for the probe (``isoprobe.probe.answer.answer``): say some progress, then answer or raise."""
-    import isoprobe.probe.answer
-    from isoprobe.result import Result
+    """Stand in for the probe (``isoprobe.pipeline.answer.answer``): say some progress, then answer or raise."""
+    import isoprobe.pipeline.answer
+    from isoprobe.report.result import Result
 
     def answer(spec, spec_path, reporter, **options):
         for index in range(progress):
@@ -418,7 +418,7 @@ def _fake_answer(monkeypatch, *, fail: OSError | None = None, progress: int = 3)
             raise fail
         return Result.model_validate_json(RESULT.read_text())
 
-    monkeypatch.setattr(isoprobe.probe.answer, "answer", answer)
+    monkeypatch.setattr(isoprobe.pipeline.answer, "answer", answer)
 
 
 NO_SPACE = OSError(errno.ENOSPC, "No space left on device", "/tmp/isoprobe-x/trial-2.request.json")

@@ -1,4 +1,4 @@
-"""``isoprobe.plot``: the picture of a result (optional extra ``isoprobe[plot]``).
+"""``isoprobe.report.plot``: the picture of a result (optional extra ``isoprobe[plot]``).
 
 The fixture ``data/result-small-cnn.json`` is a real CPU result (an edge found,
 a memory check, a recommendation check; written before throughput existed, so
@@ -20,8 +20,8 @@ import pytest
 pytest.importorskip("matplotlib")
 Image = pytest.importorskip("PIL.Image")
 
-from isoprobe.plot import PlotUnavailable, default_output, main_plot, render  # noqa: E402
-from isoprobe.result import Result  # noqa: E402
+from isoprobe.report.plot import PlotUnavailable, default_output, main_plot, render  # noqa: E402
+from isoprobe.report.result import Result  # noqa: E402
 
 FIXTURE = Path(__file__).resolve().parent / "data" / "result-small-cnn.json"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -184,5 +184,5 @@ def test_plot_unavailable_names_the_extra(monkeypatch, tmp_path):
 
 
 def test_importing_the_module_does_not_import_matplotlib():
-    code = "import sys, isoprobe.plot; assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
+    code = "import sys, isoprobe.report.plot; assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

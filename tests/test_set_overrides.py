@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO, cli
 from isoprobe.errors import SpecError
-from isoprobe.spec_load import load_spec
+from isoprobe.spec.load import load_spec
 
 SPEC = REPO / "specs" / "small-cnn.yaml"  # search.max_batch_size unset, precision fp32, memory_budget 1.25GiB
 
@@ -63,7 +63,7 @@ def test_the_last_set_of_a_field_wins_and_a_named_flag_wins_over_a_set():
 
 
 def test_a_set_value_changes_the_cache_key():
-    from isoprobe.cache import cache_key, key_material
+    from isoprobe.cache.store import cache_key, key_material
 
     def key(*sets: str) -> str:
         return cache_key(key_material(load_spec(SPEC, sets=sets), str(SPEC), {}, None))
@@ -204,8 +204,8 @@ def test_help_documents_set(command):
 
 
 def test_a_set_memory_budget_is_reported_as_from_the_command_line():
-    from isoprobe.cli import _parser
-    from isoprobe.commands.common import budget_overridden as _budget_overridden
+    from isoprobe.cli.main import _parser
+    from isoprobe.cli.common import budget_overridden as _budget_overridden
 
     def overridden(*argv: str) -> bool:
         return _budget_overridden(_parser().parse_args(["run", str(SPEC), *argv]))

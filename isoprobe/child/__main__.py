@@ -2,7 +2,8 @@
 
 import sys
 
-from isoprobe.child.main import exit_now, main
+from isoprobe.child.main import main
+from isoprobe.child.request import exit_now
 
 if __name__ == "__main__":
     exit_now(main(sys.argv))

@@ -22,8 +22,8 @@ from __future__ import annotations
 
 import datetime
 
-from isoprobe.protocol import RankAssignment
-from isoprobe.spec import Spec
+from isoprobe.protocol.messages import RankAssignment
+from isoprobe.spec.model import Spec
 
 #: The process group's timeout: longer than any trial (search.trial_timeout is at most a day).
 _GROUP_TIMEOUT = datetime.timedelta(days=2)

@@ -33,8 +33,8 @@ import signal
 import time
 from contextlib import contextmanager
 
-from isoprobe.protocol import Estimate
-from isoprobe.spec import Spec
+from isoprobe.protocol.messages import Estimate
+from isoprobe.spec.model import Spec
 
 #: The first pair of traced batches: large enough that activations dominate the peak on most models.
 FIRST_BATCHES = (64, 128)

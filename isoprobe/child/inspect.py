@@ -10,12 +10,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.cache_reads import files_read, watch_reads
-from isoprobe.cache_sources import imported_sources
+from isoprobe.child.reads import files_read, watch_reads
+from isoprobe.child.sources import imported_sources
 from isoprobe.child import cuda as child_cuda
 from isoprobe.child.memory import cpu_memory
 from isoprobe.child.training import build_optimizer, enable_checkpointing
-from isoprobe.child.trial import MESSAGE_CHARS
 from isoprobe.child.workload import (
     build_model,
     import_callable,
@@ -24,11 +23,11 @@ from isoprobe.child.workload import (
     primary_output,
     task_of,
 )
-from isoprobe.protocol import CudaDevice, Estimated, Facts, InspectProblem, InspectRequest, Inspected
-from isoprobe.spec import Spec
+from isoprobe.protocol.messages import MESSAGE_CHARS, CudaDevice, Estimated, Facts, InspectProblem, InspectRequest, Inspected
+from isoprobe.spec.model import Spec
 
 if TYPE_CHECKING:
-    from isoprobe.child.main import Events
+    from isoprobe.child.events import Events
 
 
 def _installed_version(distribution: str) -> str | None:
@@ -89,7 +88,7 @@ def _estimate(torch, spec: Spec, python_path: list[str], facts: dict[str, Any]):
     baseline measured above (same preload as a trial) is added; on CUDA the allocator starts empty.
     """
     from isoprobe.child import estimate
-    from isoprobe.protocol import Estimate
+    from isoprobe.protocol.messages import Estimate
 
     if facts.get("meta_build_warning"):
         return Estimate(note="not estimated: the model cannot be built on the meta device")

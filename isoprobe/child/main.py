@@ -41,30 +41,13 @@ import os
 import sys
 import time
 
-from isoprobe.child.memory import credit_own, import_own
-from isoprobe.wiring import CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, PRELOAD_ENV, SERVE_ARGUMENT, WAIT_ARGUMENT
+from isoprobe.child.events import Events
+from isoprobe.child.memory import import_own
+from isoprobe.child.request import cuda_initialized, run_request
+from isoprobe.protocol.wiring import CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, PRELOAD_ENV, SERVE_ARGUMENT, WAIT_ARGUMENT
 
 USAGE = (f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}] | {SERVE_ARGUMENT} FD   "
          f"(with ${EVENTS_ENV} naming the events file)")
-
-
-class Events:
-    """Append-only JSON-lines channel to the parent: one event, one line, one ``os.write``."""
-
-    def __init__(self, path: str):
-        self._fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        os.set_inheritable(self._fd, False)  # explicit: a process the model starts must not inherit it
-
-    def emit(self, event) -> None:
-        from isoprobe.protocol import event_line
-
-        self.write(event_line(event))
-
-    def write(self, line: bytes) -> None:
-        os.write(self._fd, line)
-
-    def close(self) -> None:
-        os.close(self._fd)
 
 
 def started_line(pid: int) -> bytes:
@@ -112,7 +95,7 @@ def import_preload() -> tuple[list[str], float]:
 
 
 #: isoprobe's own modules that every trial runs: with them the protocol, the spec's models, pydantic.
-OWN_MODULES = ("isoprobe.protocol", "isoprobe.child.trial")
+OWN_MODULES = ("isoprobe.protocol.messages", "isoprobe.child.trial")
 
 
 def load_own(*more: str):
@@ -122,37 +105,9 @@ def load_own(*more: str):
 
 def warm_event(modules: list[str], seconds: float, **fields):
     """The ``warm`` event, once isoprobe's own modules are imported (``load_own``)."""
-    from isoprobe.protocol import Warm
+    from isoprobe.protocol.messages import Warm
 
     return Warm(modules=modules, seconds=seconds, cuda_initialized=cuda_initialized(), **fields)
-
-
-def cuda_initialized() -> bool:
-    """Whether this process has a CUDA context (without creating one)."""
-    torch = sys.modules.get("torch")
-    return bool(torch is not None and torch.cuda.is_initialized())
-
-
-def run_request(request_path: str, events: Events) -> None:
-    """Read the request and run it: a trial, or the environment check (imported only for it: a trial does not
-    carry its code)."""
-    from isoprobe.child.trial import run_trial
-    from isoprobe.protocol import InspectRequest, read_request
-
-    read = []
-    import_own(lambda: read.append(read_request(request_path)))  # the typed spec is isoprobe's, not the user's
-    [request] = read
-    if isinstance(request, InspectRequest):
-        # Counted as the others are, so that the import baseline the check reports is a plain process's.
-        import_own(lambda: importlib.import_module("isoprobe.child.inspect"))
-    credit_own()  # the last of isoprobe's own is in: the cap is final before the user's code runs
-    if isinstance(request, InspectRequest):
-        from isoprobe.child.inspect import run_inspect
-
-        run_inspect(request, events)
-    else:
-        run_trial(request, events)
-    sys.stdout.flush()
 
 
 def _restore_priority(value: int) -> None:
@@ -216,7 +171,7 @@ def main(argv: list[str]) -> int:
         request_path = wait_for_request(events, idle=argv[2:] == [IDLE_ARGUMENT])
         if request_path is None:
             return 0
-        from isoprobe.protocol import RequestReceived
+        from isoprobe.protocol.messages import RequestReceived
 
         events.emit(RequestReceived(path=request_path))
     else:
@@ -224,18 +179,3 @@ def main(argv: list[str]) -> int:
         load_own()
     run_request(request_path, events)
     return 0
-
-
-def exit_now(status: int) -> None:
-    """Leave without the interpreter's teardown: the verdict is written, and tearing down torch costs ~1 s.
-
-    Nothing is lost: events go out with unbuffered ``os.write``, and the standard
-    streams are flushed here. (A crash during a slow teardown would also turn a
-    written 'fits' into 'crashed', which is correct but wasteful.)
-    """
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
-    os._exit(status)

@@ -32,10 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from isoprobe.wiring import OWN_ALLOWANCE_BYTES
+from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
 
 if TYPE_CHECKING:
-    from isoprobe.protocol import MemoryReading
+    from isoprobe.protocol.messages import MemoryReading
 
 
 @dataclass(frozen=True)
@@ -141,7 +141,7 @@ def shared_writable_bytes(maps: str | None = None) -> int:
 def cpu_memory() -> MemoryReading:
     """The readings of /proc/self/status, less isoprobe's own modules (``Own``); ``peak_data`` estimates the data
     segment's peak (see ``cpu_readings``)."""
-    from isoprobe.protocol import MemoryReading  # here: this module is read before isoprobe's own are imported
+    from isoprobe.protocol.messages import MemoryReading  # here: this module is read before isoprobe's own are imported
 
     readings = _proc_status_bytes("VmHWM", "VmRSS", "VmData", "VmPeak", "VmSize")
     peak_data = None

@@ -35,12 +35,13 @@ import sys
 import time
 import traceback
 
-from isoprobe.child.main import Events, cuda_initialized, exit_now, run_request
+from isoprobe.child.events import Events
+from isoprobe.child.request import cuda_initialized, exit_now, run_request
 from isoprobe.child.memory import set_data_cap
-from isoprobe.executors.keeper import Keeper, keep
+from isoprobe.system.keeper import Keeper, keep
 from pydantic import ValidationError
 
-from isoprobe.protocol import Ended, ForkOrder, Forked, RequestReceived, Started, Warm
+from isoprobe.protocol.messages import Ended, ForkOrder, Forked, RequestReceived, Started, Warm
 
 _ORDER_BYTES = 65536
 #: How often a server with trials running looks for ended keepers (a gang's kill latency is not at stake:

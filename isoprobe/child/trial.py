@@ -17,24 +17,22 @@ import traceback
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from isoprobe import steady
-from isoprobe.cache_reads import files_read, watch_reads
-from isoprobe.cache_sources import imported_sources
+from isoprobe.report import steady
+from isoprobe.child.reads import files_read, watch_reads
+from isoprobe.child.sources import imported_sources
 from isoprobe.child import cuda as child_cuda
 from isoprobe.child.memory import budget_peak, cpu_memory, cpu_readings, data_cap, shared_writable_bytes
 from isoprobe.child.optimizer_state import RealSteps
 from isoprobe.child.training import Step
 from isoprobe.child.workload import build_model, import_model_library
-from isoprobe.outcomes import Outcome, classify_exception, maybe_allocation_failure
-from isoprobe.protocol import EvalDone, Forwarded, Imported, ModelBuilt, StepDone, TrialRequest, TrialResult
-from isoprobe.result import CudaMemoryAtFailure, ErrorInfo, Sizes
+from isoprobe.report.outcomes import Outcome, classify_exception, maybe_allocation_failure
+from isoprobe.protocol.messages import MESSAGE_CHARS, EvalDone, Forwarded, Imported, ModelBuilt, StepDone, TrialRequest, TrialResult
+from isoprobe.report.result import CudaMemoryAtFailure, ErrorInfo, Sizes
 
 if TYPE_CHECKING:
-    from isoprobe.child.main import Events
+    from isoprobe.child.events import Events
 
 _TRACEBACK_LINES = 25
-#: Exception messages are cut to this many characters (ErrorInfo.message, InspectProblem.message).
-MESSAGE_CHARS = 2000
 
 
 @dataclass

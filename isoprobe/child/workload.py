@@ -20,7 +20,7 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from isoprobe.spec import Spec, is_file_reference
+from isoprobe.spec.model import Spec, is_file_reference
 
 #: What the loss functions of the built-in tasks expect the model to return, for error messages.
 _EXPECTED_OUTPUT = {

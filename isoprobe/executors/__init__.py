@@ -1,11 +1,11 @@
 """The seam between the probe and processes: an executor runs one request and reports what the child left.
 
 The probe never starts a process itself. It hands an executor a request (a
-trial or the environment check, ``isoprobe.protocol``) and the *conditions*
+trial or the environment check, ``isoprobe.protocol.messages``) and the *conditions*
 the process must be started under (backend, allocator setting, memory cap,
 what to import ahead), and gets back a ``ChildRun``: the child's typed events,
 its exit status, whether it timed out, the tail of its stderr. Classifying that
-into an outcome is the probe's job (``isoprobe.probe.classify``), so every
+into an outcome is the probe's job (``isoprobe.pipeline.classify``), so every
 executor's runs are judged by the same rules.
 
 Executors:
@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
-    from isoprobe.protocol import InspectRequest, TrialRequest
+    from isoprobe.protocol.messages import InspectRequest, TrialRequest
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class ChildRun:
     returncode: int
     timed_out: bool
     seconds: float
-    events: list = field(default_factory=list)  # isoprobe.protocol events, in the order written
+    events: list = field(default_factory=list)  # isoprobe.protocol.messages events, in the order written
     stderr_tail: str = ""
     oom_kills: int | None = None  # OOM kills the child's memory cgroup counted during the run; None: unknown
     warm: bool = False  # the child was started ahead (a spare): its imports were off the critical path

@@ -26,9 +26,9 @@ from pathlib import Path
 from isoprobe.errors import ProbeError
 from isoprobe.executors import Conditions
 from isoprobe.executors.forkserver import ForkedProcess
-from isoprobe.executors.keeper import descendants
+from isoprobe.system.keeper import descendants
 from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, lift_idle_policy
-from isoprobe.protocol import Inspected, Started, TrialResult, Warm, last_of, read_events
+from isoprobe.protocol.messages import Inspected, Started, TrialResult, Warm, last_of, read_events
 
 #: How often the parent looks at a child's events while it imports (the cost of a look: one small read).
 _POLL_SECONDS = 0.01

@@ -24,7 +24,7 @@ from isoprobe.executors import Conditions
 from isoprobe.executors.child_process import StartedChild, await_warm, stop_child
 from isoprobe.executors.forkserver import ServerChannel
 from isoprobe.executors.processes import import_timeout, signals_deferred
-from isoprobe.protocol import ForkOrder
+from isoprobe.protocol.messages import ForkOrder
 
 #: How many fork servers under the same conditions may be lost (killed, wedged) in one probe before its
 #: requests are spawned instead: one loss can be an accident (a server killed by hand, or by an OOM killer

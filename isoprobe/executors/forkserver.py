@@ -34,7 +34,7 @@ import time
 
 from pydantic import ValidationError
 
-from isoprobe.protocol import SERVER_REPLY, Ended, ForkOrder, Forked
+from isoprobe.protocol.messages import SERVER_REPLY, Ended, ForkOrder, Forked
 
 #: The return code a lost trial is given, so that whatever reads only the code sees a kill, never a clean exit.
 LOST_STATUS = int(signal.SIGKILL)  # a raw wait status: killed by SIGKILL

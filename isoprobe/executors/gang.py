@@ -34,8 +34,8 @@ from isoprobe.executors.fork_servers import SERVER_LOSSES
 from isoprobe.executors.local import Launch, LocalExecutor
 from isoprobe.executors.processes import signals_deferred
 from isoprobe.executors.rounds import ended_on_its_own
-from isoprobe.outcomes import Outcome
-from isoprobe.protocol import RankAssignment, TrialRequest, TrialResult, last_of, read_events
+from isoprobe.report.outcomes import Outcome
+from isoprobe.protocol.messages import RankAssignment, TrialRequest, TrialResult, last_of, read_events
 
 #: How often the gang's ranks are looked at: the kill latency after a rank fails is about this.
 POLL_SECONDS = 0.02

@@ -54,7 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from isoprobe.executors import ChildRun, Conditions
-from isoprobe.executors import keeper
+from isoprobe.system import keeper
 from isoprobe.executors.child_process import StartedChild, await_warm, deliver, stop_child
 from isoprobe.executors.forkserver import ForkedProcess
 from isoprobe.executors.fork_servers import ForkServers
@@ -66,8 +66,8 @@ from isoprobe.executors.processes import (
     stderr_tail,
     write_atomically,
 )
-from isoprobe.oomkill import memory_cgroup_dir, oom_kill_count
-from isoprobe.protocol import (
+from isoprobe.system.oomkill import memory_cgroup_dir, oom_kill_count
+from isoprobe.protocol.messages import (
     CHILD_MODULE,
     IDLE_ARGUMENT,
     PRELOAD_ENV,

@@ -85,7 +85,7 @@ def run_round(executor, jobs: list[tuple], finished: Finished) -> None:
 
 def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
     from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS
-    from isoprobe.protocol import Inspected, TrialResult, last_of, read_events
+    from isoprobe.protocol.messages import Inspected, TrialResult, last_of, read_events
 
     launches: list = [None] * len(jobs)
     deadlines: list[float] = [0.0] * len(jobs)

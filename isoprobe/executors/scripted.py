@@ -24,10 +24,10 @@ import signal
 from dataclasses import dataclass, field, replace
 from typing import Callable
 
-from isoprobe import steady
+from isoprobe.report import steady
 from isoprobe.executors import ChildRun, Conditions
-from isoprobe.outcomes import Outcome
-from isoprobe.protocol import (
+from isoprobe.report.outcomes import Outcome
+from isoprobe.protocol.messages import (
     EvalDone,
     Facts,
     Imported,
@@ -41,7 +41,7 @@ from isoprobe.protocol import (
     TrialRequest,
     TrialResult,
 )
-from isoprobe.result import ErrorInfo, Sizes
+from isoprobe.report.result import ErrorInfo, Sizes
 
 #: What the CPU allocator says when the cap is hit (c10's DefaultCPUAllocator).
 CPU_OOM_MESSAGE = ("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to "

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Callable
 
 from isoprobe.sweep.model import LOCAL_TARGET, SweepReport, SweepRow
-from isoprobe.sweep.task import SweepItem
+from isoprobe.sweep.model import SweepItem
 
 __all__ = ["SweepItem", "SweepReport", "SweepRow", "make_items", "run_sweep"]
 
@@ -37,7 +37,7 @@ def run_sweep(specs: list[str], *, executor: str, say: Callable[[str], None], ta
               named: dict | None = None, sets: tuple[str, ...] = (), refresh: bool = False,
               slurm_options=None, submitter=None) -> SweepReport:
     """Probe every spec on every target; the report (``interrupted`` when a signal stopped it)."""
-    from isoprobe.cache import cache_directory
+    from isoprobe.cache.store import cache_directory
 
     began = time.monotonic()
     cache_dir = str(Path(cache_directory(os.environ)).expanduser().resolve())

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Callable
 
 from isoprobe.sweep.model import SweepRow, failed_row
-from isoprobe.sweep.task import SweepItem, run_item
+from isoprobe.sweep.model import SweepItem
+from isoprobe.sweep.task import run_item
 
 #: Stop reasons of a probe that a signal ended.
 _STOPPED = ("interrupted", "terminated")

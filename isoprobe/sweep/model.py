@@ -9,12 +9,13 @@ two never disagree.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from isoprobe.result import Result
+    from isoprobe.report.result import Result
 
 #: The target of a local sweep's rows: the machine the sweep runs on.
 LOCAL_TARGET = "local"
@@ -108,3 +109,30 @@ def render_sweep_table(report: SweepReport) -> str:
 
 def _shown(value) -> str:
     return "-" if value is None else str(value)
+
+
+@dataclass(frozen=True)
+class SweepItem:
+    """What one probe of a sweep needs: the spec, its overrides, where to answer and where to write the row."""
+
+    spec: str  #: the spec's absolute path (a task on another node reads it there: a shared filesystem)
+    shown: str  #: the path as the user gave it: the row names the spec by it
+    target: str  #: 'local', 'partition=NAME' or 'constraint=FEATURE'
+    cache_dir: str  #: the result cache (ISOPROBE_CACHE_DIR), absolute; set in the task's environment
+    index: int = 0  #: the row's position in the sweep
+    named: dict = field(default_factory=dict)  #: {'--device': ..., '--memory-budget': ..., '--max-batch-size': ...}
+    sets: tuple[str, ...] = ()  #: --set FIELD=VALUE texts, applied to every spec
+    refresh: bool = False  #: probe again and replace the cached answer
+    rows_dir: str | None = None  #: where the row's JSON goes (a Slurm task), or None (in process)
+
+    def load(self):
+        """The spec with the sweep's overrides, checked as ``isoprobe validate`` checks it (``SpecError``)."""
+        from isoprobe.spec.load import check_references, load_spec
+
+        spec = load_spec(self.spec, self.named, sets=self.sets)
+        check_references(spec, self.spec)
+        return spec
+
+    def budget_source(self) -> str:
+        named = self.named.get("--memory-budget") is not None
+        return "command line" if named or any(s.partition("=")[0].strip() == "memory_budget" for s in self.sets) else "spec"

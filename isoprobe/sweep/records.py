@@ -28,9 +28,9 @@ from typing import TYPE_CHECKING
 from pydantic import BaseModel, ConfigDict, Field
 
 if TYPE_CHECKING:
-    from isoprobe.result import Result
-    from isoprobe.spec import Spec
-    from isoprobe.sweep.task import SweepItem
+    from isoprobe.report.result import Result
+    from isoprobe.spec.model import Spec
+    from isoprobe.sweep.model import SweepItem
 
 #: The records live next to the entries, in a folder of their own.
 RECORDS_FOLDER = "sweep-records"
@@ -50,7 +50,7 @@ class SweepRecord(BaseModel):
 
 def record_key(item: SweepItem, spec: Spec) -> str:
     """The key a login node and a compute node both compute: the cache key's material, device facts out, target in."""
-    from isoprobe.cache import cache_key, key_material
+    from isoprobe.cache.store import cache_key, key_material
 
     environ = dict(os.environ)
     material = key_material(spec, item.spec, environ, None)
@@ -87,11 +87,11 @@ def recorded_result(item: SweepItem, spec: Spec) -> tuple[Result | None, str | N
     """The trusted cached ``Result`` a task recorded for ``item`` (as a hit), or (None, why not) to probe."""
     from pydantic import ValidationError
 
-    from isoprobe.cache import ResultCache
-    from isoprobe.cache_files import UntrustedFile, read_bounded
-    from isoprobe.cache_sources import changed_source
-    from isoprobe.cache_trust import distrust
-    from isoprobe.result import CacheInfo, Result
+    from isoprobe.cache.store import ResultCache
+    from isoprobe.system.files import UntrustedFile, read_bounded
+    from isoprobe.cache.sources import changed_source
+    from isoprobe.cache.trust import distrust
+    from isoprobe.report.result import CacheInfo, Result
 
     path = record_path(item.cache_dir, record_key(item, spec))
     try:

@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Callable, Protocol
 
 from isoprobe.sweep.model import SweepRow, failed_row, row_from_result
-from isoprobe.sweep.task import SweepItem, row_path
+from isoprobe.sweep.model import SweepItem
+from isoprobe.sweep.task import row_path
 
 #: How often the rows and squeue are looked at.
 POLL_SECONDS = 0.5

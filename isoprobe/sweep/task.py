@@ -16,35 +16,9 @@ row goes to the sweep's own folder as JSON (never read back as a pickle).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 
-
-@dataclass(frozen=True)
-class SweepItem:
-    """What one probe of a sweep needs: the spec, its overrides, where to answer and where to write the row."""
-
-    spec: str  #: the spec's absolute path (a task on another node reads it there: a shared filesystem)
-    shown: str  #: the path as the user gave it: the row names the spec by it
-    target: str  #: 'local', 'partition=NAME' or 'constraint=FEATURE'
-    cache_dir: str  #: the result cache (ISOPROBE_CACHE_DIR), absolute; set in the task's environment
-    index: int = 0  #: the row's position in the sweep
-    named: dict = field(default_factory=dict)  #: {'--device': ..., '--memory-budget': ..., '--max-batch-size': ...}
-    sets: tuple[str, ...] = ()  #: --set FIELD=VALUE texts, applied to every spec
-    refresh: bool = False  #: probe again and replace the cached answer
-    rows_dir: str | None = None  #: where the row's JSON goes (a Slurm task), or None (in process)
-
-    def load(self):
-        """The spec with the sweep's overrides, checked as ``isoprobe validate`` checks it (``SpecError``)."""
-        from isoprobe.spec_load import check_references, load_spec
-
-        spec = load_spec(self.spec, self.named, sets=self.sets)
-        check_references(spec, self.spec)
-        return spec
-
-    def budget_source(self) -> str:
-        named = self.named.get("--memory-budget") is not None
-        return "command line" if named or any(s.partition("=")[0].strip() == "memory_budget" for s in self.sets) else "spec"
+from isoprobe.sweep.model import SweepItem
 
 
 def run_item(item: SweepItem) -> str:
@@ -58,9 +32,9 @@ def run_item(item: SweepItem) -> str:
     import traceback
 
     from isoprobe.api import answer_for
-    from isoprobe.cache import CACHE_DIR_VARIABLE
+    from isoprobe.cache.store import CACHE_DIR_VARIABLE
     from isoprobe.errors import ProbeError, SpecError
-    from isoprobe.streams import tell
+    from isoprobe.report.streams import tell
     from isoprobe.sweep.model import failed_row, row_from_result
 
     os.environ[CACHE_DIR_VARIABLE] = item.cache_dir  # the tasks answer into the sweep's (shared) cache

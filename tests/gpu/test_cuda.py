@@ -85,9 +85,9 @@ def test_a_warm_cuda_child_creates_no_context_before_its_request(tmp_path):
 
     from isoprobe.executors import Conditions
     from isoprobe.executors.local import LocalExecutor
-    from isoprobe.probe.classify import classify_exit
-    from isoprobe.protocol import Started, TrialRequest, Warm, last_of, read_events
-    from isoprobe.spec import Spec
+    from isoprobe.pipeline.classify import classify_exit
+    from isoprobe.protocol.messages import Started, TrialRequest, Warm, last_of, read_events
+    from isoprobe.spec.model import Spec
 
     spec = Spec.model_validate(_spec("2GiB"))
     request = TrialRequest(spec=spec, batch_size=16, device="cuda:0", memory_budget_bytes=2 * 1024**3,
@@ -128,9 +128,9 @@ def _one_trial(tmp_path, spec: dict, batch: int) -> dict:
     """One CUDA trial in a fresh child; its ``TrialResult`` as a dict (it must fit)."""
     from isoprobe.executors import Conditions
     from isoprobe.executors.local import run_once
-    from isoprobe.probe.classify import classify_exit
-    from isoprobe.protocol import TrialRequest
-    from isoprobe.spec import Spec
+    from isoprobe.pipeline.classify import classify_exit
+    from isoprobe.protocol.messages import TrialRequest
+    from isoprobe.spec.model import Spec
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cuda:0",
@@ -170,7 +170,7 @@ def test_nvml_facts_for_the_cache_key_match_what_torch_sees():
     # The parent reads the GPU from NVML (no CUDA context); the trials see it through torch. Same card.
     import os
 
-    from isoprobe.hardware import nvml_gpus, visible_devices
+    from isoprobe.system.hardware import nvml_gpus, visible_devices
 
     gpus = nvml_gpus(visible_devices(os.environ))
     assert gpus, "NVML sees no GPU although torch does"

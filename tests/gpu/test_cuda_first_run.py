@@ -80,9 +80,9 @@ def test_under_a_budget_allocator_and_outside_memory_stay_within_it():
 def _trial(tmp_path, spec: dict, batch: int, steps: int | None = None) -> dict:
     from isoprobe.executors import Conditions
     from isoprobe.executors.local import run_once
-    from isoprobe.probe.classify import classify_exit
-    from isoprobe.protocol import TrialRequest
-    from isoprobe.spec import Spec
+    from isoprobe.pipeline.classify import classify_exit
+    from isoprobe.protocol.messages import TrialRequest
+    from isoprobe.spec.model import Spec
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cuda:0",
@@ -125,8 +125,8 @@ def test_the_inspect_child_holds_a_context_on_the_trials_gpu_only(tmp_path):
     found = _python(f"""
         import json, os, pynvml
         from isoprobe.child.inspect import run_inspect
-        from isoprobe.protocol import InspectRequest
-        from isoprobe.spec import Spec
+        from isoprobe.protocol.messages import InspectRequest
+        from isoprobe.spec.model import Spec
         class Events:
             def emit(self, event):
                 self.last = event

@@ -23,7 +23,7 @@ _WRITER = textwrap.dedent("""
     import json, os, sys, time
     sys.path.insert(0, {repo!r})
     from pathlib import Path
-    from isoprobe.cache import ResultCache
+    from isoprobe.cache.store import ResultCache
 
     store, key, log = ResultCache(Path(sys.argv[1])), sys.argv[2], Path(sys.argv[3])
     # As isoprobe run does it: look, then take the key's lock, look again, probe only if still missing.
@@ -64,7 +64,7 @@ def test_32_concurrent_writers_of_distinct_and_shared_keys_leave_only_whole_entr
         import json, os, sys
         sys.path.insert(0, {str(REPO)!r})
         from pathlib import Path
-        from isoprobe.cache import ResultCache
+        from isoprobe.cache.store import ResultCache
         store = ResultCache(Path(sys.argv[1]))
         for round in range(20):
             for key in (f"own{{os.getpid()}}", "shared"):

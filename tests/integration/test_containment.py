@@ -200,9 +200,9 @@ def test_warm_cold_and_forked_probes_agree_when_a_step_is_slow(write_spec, mark)
 
 def _one_trial(fault: str, tmp_path: Path, *, timeout: float, batch: int = 2):
     from isoprobe.executors.local import run_once
-    from isoprobe.probe.environment import trial_conditions
-    from isoprobe.protocol import TrialRequest
-    from isoprobe.spec import Spec
+    from isoprobe.pipeline.environment import trial_conditions
+    from isoprobe.protocol.messages import TrialRequest
+    from isoprobe.spec.model import Spec
 
     parsed = Spec.model_validate(spec(fault, at=2, timeout=timeout))
     request = TrialRequest(spec=parsed, batch_size=batch, device="cpu", memory_budget_bytes=BUDGET,
@@ -214,8 +214,8 @@ def _one_trial(fault: str, tmp_path: Path, *, timeout: float, batch: int = 2):
 
 
 def test_a_cold_trials_timeout_runs_from_delivery_after_the_same_imports_as_a_warm_one(tmp_path):
-    from isoprobe.probe.classify import classify_exit
-    from isoprobe.protocol import Warm, last_of
+    from isoprobe.pipeline.classify import classify_exit
+    from isoprobe.protocol.messages import Warm, last_of
 
     run, conditions, wall = _one_trial("sleep:4", tmp_path, timeout=7)
     assert not run.warm and not run.timed_out
@@ -231,7 +231,7 @@ def test_a_cold_trials_timeout_runs_from_delivery_after_the_same_imports_as_a_wa
 
 @pytest.mark.parametrize(("fault", "verdict"), [("hang_on_exit", True), ("hang", False)])
 def test_a_verdict_written_before_the_deadline_is_told_apart_from_none(tmp_path, fault, verdict):
-    from isoprobe.protocol import TrialResult, last_of
+    from isoprobe.protocol.messages import TrialResult, last_of
 
     run, _, _ = _one_trial(fault, tmp_path, timeout=6)
     assert run.timed_out
@@ -243,7 +243,7 @@ def test_a_verdict_written_before_the_deadline_is_told_apart_from_none(tmp_path,
 
 
 def test_the_events_channel_is_out_of_the_models_reach(tmp_path):
-    from isoprobe.probe.classify import classify_exit
+    from isoprobe.pipeline.classify import classify_exit
 
     run, _, _ = _one_trial("channel_hidden", tmp_path, timeout=60)
     end = classify_exit(run)
@@ -255,7 +255,7 @@ def test_the_events_channel_is_out_of_the_models_reach(tmp_path):
 
 def _keep(script: str, *, close_after: float | None = None) -> int:
     """``sh -c script`` under a keeper, as the executor starts a child; its exit status as Popen reports it."""
-    from isoprobe.executors import keeper
+    from isoprobe.system import keeper
 
     read, write = os.pipe()
     process = subprocess.Popen(keeper.command(read, ["/bin/sh", "-c", script]), pass_fds=(read,),

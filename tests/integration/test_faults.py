@@ -34,10 +34,10 @@ BUDGET = 2 * 1024**3
 def one_trial(fault: str, tmp_path, *, batch: int = 8, timeout: float = 60):
     """One real trial of ``fault`` at ``batch`` in a fresh child, as the probe runs it; its ChildRun and Trial."""
     from isoprobe.executors.local import run_once
-    from isoprobe.probe.environment import trial_conditions
-    from isoprobe.probe.trials import trial_from_run
-    from isoprobe.protocol import TrialRequest
-    from isoprobe.spec import Spec
+    from isoprobe.pipeline.environment import trial_conditions
+    from isoprobe.pipeline.trials import trial_from_run
+    from isoprobe.protocol.messages import TrialRequest
+    from isoprobe.spec.model import Spec
 
     spec = Spec.model_validate(fault_spec(fault, start=batch, cap=batch, timeout=timeout))
     request = TrialRequest(spec=spec, batch_size=batch, device="cpu", memory_budget_bytes=BUDGET,

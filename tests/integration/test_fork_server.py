@@ -21,10 +21,10 @@ import yaml
 
 from conftest import TESTS, fault_spec, faulty_spec, hog_spec, run_cli, wait_for
 from isoprobe.executors.local import LocalExecutor
-from isoprobe.probe.classify import classify_exit
-from isoprobe.probe.environment import trial_conditions
-from isoprobe.protocol import Started, TrialRequest, TrialResult, Warm, last_of, read_events
-from isoprobe.spec import Spec
+from isoprobe.pipeline.classify import classify_exit
+from isoprobe.pipeline.environment import trial_conditions
+from isoprobe.protocol.messages import Started, TrialRequest, TrialResult, Warm, last_of, read_events
+from isoprobe.spec.model import Spec
 
 pytestmark = pytest.mark.integration
 

@@ -44,11 +44,11 @@ def hostile_spec(factory: str, *, start: int = 2, cap: int | None = 2, trial_tim
 def private_trial(batch: int, workdir):
     """memory_hog(shared=False) at ``batch`` in one fresh child under the same cap, judged as the probe judges."""
     from isoprobe.executors.local import run_once
-    from isoprobe.probe.environment import trial_conditions
-    from isoprobe.probe.plausibility import Asked
-    from isoprobe.probe.trials import trial_from_run
-    from isoprobe.protocol import TrialRequest
-    from isoprobe.spec import Spec
+    from isoprobe.pipeline.environment import trial_conditions
+    from isoprobe.pipeline.plausibility import Asked
+    from isoprobe.pipeline.trials import trial_from_run
+    from isoprobe.protocol.messages import TrialRequest
+    from isoprobe.spec.model import Spec
 
     spec = Spec.model_validate(hostile_spec("memory_hog", budget="1.5GiB", per_sample_mib=48, shared=False))
     request = TrialRequest(spec=spec, batch_size=batch, device="cpu", memory_budget_bytes=BUDGET,

@@ -175,9 +175,9 @@ def test_a_signal_while_the_first_spare_starts_still_gives_one_json_document(tmp
     # came meanwhile lands as the start ends. Raised right there, it must still end in a result document.
     from isoprobe.errors import Terminated
     from isoprobe.executors.local import LocalExecutor
-    from isoprobe.output import Reporter
-    from isoprobe.probe.pipeline import run_probe
-    from isoprobe.spec_load import load_spec
+    from isoprobe.report.output import Reporter
+    from isoprobe.pipeline.pipeline import run_probe
+    from isoprobe.spec.load import load_spec
 
     prestarted = []
 

@@ -27,7 +27,7 @@ UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
 
 #: The entry point as the brief wires it: ``main_as_pid1(cli.main)``, arguments from sys.argv.
 ENTRY = (
-    "import sys; from isoprobe.pid1 import main_as_pid1; from isoprobe.cli import main; "
+    "import sys; from isoprobe.system.pid1 import main_as_pid1; from isoprobe.cli.main import main; "
     "sys.exit(main_as_pid1(main))"
 )
 
@@ -121,7 +121,7 @@ def _program(tmp_path: Path, body: str) -> Path:
     path = tmp_path / "program.py"
     path.write_text(
         "import json, os, signal, sys, time\n"
-        "from isoprobe.pid1 import main_as_pid1\n\n"
+        "from isoprobe.system.pid1 import main_as_pid1\n\n"
         + textwrap.dedent(body)
         + "\nsys.exit(main_as_pid1(main))\n"
     )

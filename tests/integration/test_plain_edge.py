@@ -24,7 +24,7 @@ import sys
 import pytest
 
 from conftest import REPO, run_cli
-from isoprobe.spec_load import load_spec
+from isoprobe.spec.load import load_spec
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from plain_edge import fits  # noqa: E402

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from conftest import MODELS, REPO, run_cli
-from isoprobe.spec import Spec
+from isoprobe.spec.model import Spec
 
 pytestmark = pytest.mark.integration
 

@@ -22,7 +22,7 @@ from isoprobe.executors import ChildRun, Conditions
 from isoprobe.executors.child_process import StartedChild
 from isoprobe.executors.local import Launch, LocalExecutor
 from isoprobe.executors.scripted import Script, ScriptedExecutor, inspected
-from isoprobe.protocol import InspectRequest, event_line
+from isoprobe.protocol.messages import InspectRequest, event_line
 
 
 class EndedProcess:

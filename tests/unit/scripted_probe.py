@@ -14,11 +14,11 @@ from pathlib import Path
 
 from isoprobe.errors import Terminated
 from isoprobe.executors.scripted import Call, ScriptedExecutor, crashed, error, fits, linear
-from isoprobe.outcomes import StopReason
-from isoprobe.output import Reporter
-from isoprobe.probe import run_probe
-from isoprobe.result import Result, Sizes, exit_code_for
-from isoprobe.spec import Spec
+from isoprobe.report.outcomes import StopReason
+from isoprobe.report.output import Reporter
+from isoprobe.pipeline import run_probe
+from isoprobe.report.result import Result, Sizes, exit_code_for
+from isoprobe.spec.model import Spec
 
 from conftest import fault_spec, hog_spec  # noqa: F401 (hog_spec: re-exported for the unit tests)
 

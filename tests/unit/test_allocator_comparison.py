@@ -11,12 +11,12 @@ what it knows.
 from __future__ import annotations
 
 from isoprobe.executors.scripted import Call, ScriptedExecutor, fits, out_of_memory
-from isoprobe.probe.edge import compare_allocators, edge_search
-from isoprobe.probe.environment import Target
-from isoprobe.probe.explain import Found
-from isoprobe.probe.trials import TrialRunner
-from isoprobe.result import DeviceInfo, StopReason
-from isoprobe.spec import Spec
+from isoprobe.pipeline.edge import compare_allocators, edge_search
+from isoprobe.pipeline.environment import Target
+from isoprobe.pipeline.explain import Found
+from isoprobe.pipeline.trials import TrialRunner
+from isoprobe.report.result import DeviceInfo, StopReason
+from isoprobe.spec.model import Spec
 
 GiB = 1024**3
 PER_SAMPLE = 100 * 1024**2

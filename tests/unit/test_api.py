@@ -1,5 +1,5 @@
 """The Python API (``isoprobe.probe``, ``isoprobe.load_spec``): its public surface, its errors, and its path
-through the cache, with scripted children (``isoprobe.probe.pipeline.local_executor`` is the seam, as for the
+through the cache, with scripted children (``isoprobe.pipeline.pipeline.local_executor`` is the seam, as for the
 CLI's in-process runs). The real children, and torch never imported in the caller, are
 tests/integration/test_api_probe.py's.
 """
@@ -17,7 +17,7 @@ import isoprobe
 from conftest import REPO
 from isoprobe.errors import ProbeError, SpecError
 from isoprobe.executors.scripted import ScriptedExecutor, linear
-from isoprobe.result import Result
+from isoprobe.report.result import Result
 from scripted_probe import HOG_FIXED, HOG_MAX, HOG_PER_SAMPLE, MODELS, hog_spec
 
 PUBLIC = ["__version__", "probe", "load_spec", "Spec", "Result", "StopReason", "IsoprobeError", "SpecError",
@@ -33,7 +33,7 @@ def scripted(monkeypatch):
         executors.append(ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE)))
         return executors[-1]
 
-    monkeypatch.setattr("isoprobe.probe.pipeline.local_executor", make)
+    monkeypatch.setattr("isoprobe.pipeline.pipeline.local_executor", make)
     return executors
 
 
@@ -46,14 +46,14 @@ def test_the_public_surface_is_pinned():
         assert getattr(isoprobe, name) is not None, name
     from isoprobe.api import probe
     from isoprobe.errors import IsoprobeError, Problem
-    from isoprobe.spec import Spec
-    from isoprobe.spec_load import load_spec
+    from isoprobe.spec.model import Spec
+    from isoprobe.spec.load import load_spec
 
     assert isoprobe.load_spec is load_spec and isoprobe.Spec is Spec and isoprobe.Result is Result
     assert isoprobe.SpecError is SpecError and isoprobe.ProbeError is ProbeError
     assert isoprobe.IsoprobeError is IsoprobeError and isoprobe.Problem is Problem
     assert issubclass(SpecError, IsoprobeError) and issubclass(ProbeError, IsoprobeError)
-    assert isoprobe.probe.__wrapped__ is probe
+    assert isoprobe.probe is probe
     assert list(inspect.signature(isoprobe.probe).parameters) == [
         "spec", "device", "memory_budget", "max_batch_size", "overrides", "cache", "refresh", "quiet", "progress"]
 
@@ -66,19 +66,20 @@ def test_import_isoprobe_loads_nothing_else():
     assert done.stdout.strip() == "['isoprobe']"
 
 
-def test_probe_stays_the_function_when_the_subpackage_of_that_name_is_imported():
+def test_probe_stays_the_function_when_the_orchestration_is_imported():
+    """The orchestration is ``isoprobe.pipeline`` (it was ``isoprobe.probe``, which shadowed the function)."""
     code = ("from isoprobe import probe\n"
-            "import isoprobe.probe.answer, isoprobe.probe.pipeline\n"  # the import system sets isoprobe.probe here
+            "import isoprobe.pipeline.answer, isoprobe.pipeline.pipeline\n"
             "import isoprobe\n"
             "from isoprobe import probe as again\n"
             "assert again is probe is isoprobe.probe and callable(probe), isoprobe.probe\n"
-            "assert isoprobe.probe.answer is __import__('sys').modules['isoprobe.probe.answer']\n"
-            "from isoprobe.probe.pipeline import run_probe\n"
-            "assert isoprobe.probe.run_probe is run_probe\n")
+            "assert isoprobe.pipeline.answer is __import__('sys').modules['isoprobe.pipeline.answer']\n"
+            "from isoprobe.pipeline.pipeline import run_probe\n"
+            "assert isoprobe.pipeline.run_probe is run_probe\n")
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     with pytest.raises(AttributeError, match="no attribute 'nothing_here'"):
-        isoprobe.probe.nothing_here
+        isoprobe.pipeline.nothing_here
 
 
 # --------------------------------------------------------------------------- load_spec
@@ -162,7 +163,7 @@ def test_the_system_refusing_a_trial_is_a_probe_error(monkeypatch):
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", "/tmp/isoprobe-x/trial-1.request.json")
 
-    monkeypatch.setattr("isoprobe.probe.answer.answer", full)
+    monkeypatch.setattr("isoprobe.pipeline.answer.answer", full)
     with pytest.raises(ProbeError, match="No space left on device.*TMPDIR"):
         isoprobe.probe(hog_spec(), quiet=True)
 
@@ -177,7 +178,7 @@ def test_ctrl_c_during_the_probe_raises_keyboard_interrupt_after_the_children_st
         executors.append(ScriptedExecutor(interrupted))
         return executors[-1]
 
-    monkeypatch.setattr("isoprobe.probe.pipeline.local_executor", make)
+    monkeypatch.setattr("isoprobe.pipeline.pipeline.local_executor", make)
     with pytest.raises(KeyboardInterrupt):
         isoprobe.probe(hog_spec(), quiet=True)
     assert executors[0].closed and executors[0].calls

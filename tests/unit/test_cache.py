@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from isoprobe import cache as cache_module
-from isoprobe.cache import ResultCache, cache_directory, cache_key, key_material
-from isoprobe.spec import Spec
+from isoprobe.cache import store as cache_module
+from isoprobe.cache.store import ResultCache, cache_directory, cache_key, key_material
+from isoprobe.spec.model import Spec
 
 A100 = [{"nvml_index": 0, "uuid": "GPU-a", "name": "NVIDIA A100-SXM4-80GB", "total_memory_bytes": 80 * 1024**3,
          "driver_version": "550.54.15"}]
@@ -81,7 +81,7 @@ def test_a_write_replaces_the_entry_whole_and_leaves_no_temporary(tmp_path):
 def test_editing_a_file_named_in_depends_on_is_a_new_key(tmp_path):
     """Files read by C code (a tokenizer's own reader) are invisible to the children's audit hook: the spec names them."""
     from isoprobe.errors import SpecError
-    from isoprobe.spec_load import load_spec
+    from isoprobe.spec.load import load_spec
 
     tokenizer = tmp_path / "tokenizer.json"
     tokenizer.write_text('{"vocab": 100}')

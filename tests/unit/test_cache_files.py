@@ -1,4 +1,4 @@
-"""Files in a shared cache folder are opened without trusting what lies there (isoprobe.cache_files).
+"""Files in a shared cache folder are opened without trusting what lies there (isoprobe.system.files).
 
 No processes: a FIFO, a symbolic link to /dev/zero or to a victim's file, a
 folder and a huge sparse file are made in tmp_path, and each read or lock must
@@ -17,8 +17,8 @@ import threading
 
 import pytest
 
-from isoprobe.cache import ENTRY_LIMIT, ResultCache
-from isoprobe.cache_files import KeyLock, UntrustedFile, read_bounded, sha256_of
+from isoprobe.cache.store import ENTRY_LIMIT, ResultCache
+from isoprobe.system.files import KeyLock, UntrustedFile, read_bounded, sha256_of
 
 
 def finishes(call, seconds: float = 10.0):

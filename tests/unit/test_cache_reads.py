@@ -1,4 +1,4 @@
-"""A cached answer is only as current as the files its children read (isoprobe.cache_reads).
+"""A cached answer is only as current as the files its children read (isoprobe.child.reads).
 
 Which opens count (a file read, not one written, outside the installed
 environment and the kernel's folders), seen by the audit hook in a fresh
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from test_orchestration_cache import TRIAL_LINE, Recording, Untouchable, ask
 
-from isoprobe.cache_reads import access
-from isoprobe.protocol import Inspected, TrialResult
+from isoprobe.child.reads import access
+from isoprobe.protocol.messages import Inspected, TrialResult
 from scripted_probe import HOG_MAX, hog_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +44,7 @@ def test_an_open_reads_or_writes_by_its_mode_or_flags():
 
 _CHILD = textwrap.dedent("""
     import json, os, pathlib
-    from isoprobe.cache_reads import files_read, watch_reads
+    from isoprobe.child.reads import files_read, watch_reads
 
     watch_reads()
     json.load(open("layers.json"))                       # relative, read: counts

@@ -1,4 +1,4 @@
-"""A cached answer is only as current as the user's code it ran (isoprobe.cache_sources).
+"""A cached answer is only as current as the user's code it ran (isoprobe.cache.sources).
 
 Which module files count (the user's, not the installed environment's), and the
 cache flow over scripted children that report the files as real children do:
@@ -22,9 +22,9 @@ import pydantic
 from test_cache_files import finishes, unblock
 from test_orchestration_cache import TRIAL_LINE, Recording, Untouchable, ask
 
-from isoprobe import cache as cache_module
-from isoprobe.cache_sources import environment_roots, imported_sources
-from isoprobe.protocol import Inspected, TrialResult
+from isoprobe.cache import store as cache_module
+from isoprobe.child.sources import environment_roots, imported_sources
+from isoprobe.protocol.messages import Inspected, TrialResult
 from scripted_probe import HOG_MAX, hog_spec
 
 
@@ -66,7 +66,7 @@ def test_the_environment_is_the_standard_library_site_packages_and_isoprobe(tmp_
     helper.write_text("EDGE = 6\n")
     roots = environment_roots()
     assert os.path.join(os.path.realpath(sysconfig.get_paths()["stdlib"]), "") in roots
-    modules = {"json": sys.modules["json"], "pydantic": pydantic, "isoprobe.cache": cache_module,
+    modules = {"json": sys.modules["json"], "pydantic": pydantic, "isoprobe.cache.store": cache_module,
                "helper": module("helper", helper)}
     assert imported_sources(modules) == {os.path.realpath(helper): sha(helper)}
 

@@ -1,4 +1,4 @@
-"""A CPU answer is kept per intra-op thread count (isoprobe.cache_threads).
+"""A CPU answer is kept per intra-op thread count (isoprobe.cache.threads).
 
 The parent's reading of torch's rule (measured with torch 2.14, 2 cores: unset
 reads 2, OMP_NUM_THREADS=3 reads 2, MKL_NUM_THREADS wins over OMP_NUM_THREADS,
@@ -14,11 +14,11 @@ from dataclasses import replace
 import pytest
 from test_orchestration_cache import Recording, Untouchable, ask
 
-from isoprobe import cache_threads
-from isoprobe.cache import cache_key, key_material
-from isoprobe.cache_threads import asked_threads, predicted_threads, trial_threads
-from isoprobe.protocol import TrialResult
-from isoprobe.spec import Spec
+from isoprobe.cache import threads as cache_threads
+from isoprobe.cache.store import cache_key, key_material
+from isoprobe.cache.threads import asked_threads, predicted_threads, trial_threads
+from isoprobe.protocol.messages import TrialResult
+from isoprobe.spec.model import Spec
 from scripted_probe import SPEC_PATH, hog_spec
 
 

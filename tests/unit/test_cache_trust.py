@@ -1,4 +1,4 @@
-"""A cache entry answers only if it can be true (isoprobe.cache_trust), and only if it is a regular file.
+"""A cache entry answers only if it can be true (isoprobe.cache.trust), and only if it is a regular file.
 
 Through the real cache flow (``probe.answer``) over scripted trials: a probe
 stores an entry, the test edits or replaces the entry's file, and the next run
@@ -17,7 +17,7 @@ import pytest
 from test_cache_files import data_capped, finishes, unblock
 from test_orchestration_cache import TRIAL_LINE, Recording, Untouchable, ask
 
-from isoprobe.cache_trust import CACHEABLE, distrust
+from isoprobe.cache.trust import CACHEABLE, distrust
 from isoprobe.executors.scripted import (
     CPU_OOM_MESSAGE,
     Call,
@@ -29,9 +29,9 @@ from isoprobe.executors.scripted import (
     out_of_memory,
     timed_out,
 )
-from isoprobe.protocol import CudaDevice, Facts
-from isoprobe.result import CacheInfo, exit_code_for
-from isoprobe.spec import Spec
+from isoprobe.protocol.messages import CudaDevice, Facts
+from isoprobe.report.result import CacheInfo, exit_code_for
+from isoprobe.spec.model import Spec
 from scripted_probe import HOG_MAX, GiB, KiB, every_purpose, every_purpose_spec, faulty_spec, hog_spec, probe
 
 NOTHING_FITS = hog_spec(start_batch_size=96)  # ~3 GiB of activations under a 1.5 GiB cap

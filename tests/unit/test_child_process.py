@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from isoprobe.errors import ProbeError
-from isoprobe.executors import Conditions, keeper
+from isoprobe.executors import Conditions
+from isoprobe.system import keeper
 from isoprobe.executors import child_process
 from isoprobe.executors.child_process import StartedChild, stop_child
 from isoprobe.executors.forkserver import _gone as _dead  # ended, or a zombie, from /proc

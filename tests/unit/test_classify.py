@@ -11,9 +11,9 @@ from __future__ import annotations
 import pytest
 
 from isoprobe.executors import ChildRun
-from isoprobe.outcomes import Outcome
-from isoprobe.probe.classify import TrialEnd, classify_exit, last_phase
-from isoprobe.protocol import (
+from isoprobe.report.outcomes import Outcome
+from isoprobe.pipeline.classify import TrialEnd, classify_exit, last_phase
+from isoprobe.protocol.messages import (
     EvalDone,
     Imported,
     MemoryReading,
@@ -27,7 +27,7 @@ from isoprobe.protocol import (
     parse_events,
     read_events,
 )
-from isoprobe.result import ErrorInfo
+from isoprobe.report.result import ErrorInfo
 
 from test_protocol import _REMOVED, tampered  # one way to forge a line, shared with the protocol tests
 
@@ -212,7 +212,7 @@ def test_sigkill_without_kernel_evidence_stays_crashed(oom_kills):
 
 def test_without_what_was_asked_the_childs_verdict_is_taken_as_written():
     # A test of one child passes no Asked; the probe always does (tests/unit/test_plausibility.py has the rules).
-    from isoprobe.probe.plausibility import Asked
+    from isoprobe.pipeline.plausibility import Asked
 
     said = [STARTED, result(Outcome.FITS, phase="done", peak_bytes=1000)]  # no model, no steps
     assert classify_exit(run(0, said)).outcome is Outcome.FITS

@@ -6,12 +6,12 @@ from __future__ import annotations
 import pytest
 
 from isoprobe.executors.scripted import ScriptedExecutor, failed, fits
-from isoprobe.outcomes import Outcome, card_was_full, classify_exception, maybe_allocation_failure
-from isoprobe.output import Reporter
-from isoprobe.probe.environment import Target
-from isoprobe.probe.trials import TrialRunner
-from isoprobe.result import CudaMemoryAtFailure, DeviceInfo
-from isoprobe.spec import Spec
+from isoprobe.report.outcomes import Outcome, card_was_full, classify_exception, maybe_allocation_failure
+from isoprobe.report.output import Reporter
+from isoprobe.pipeline.environment import Target
+from isoprobe.pipeline.trials import TrialRunner
+from isoprobe.report.result import CudaMemoryAtFailure, DeviceInfo
+from isoprobe.spec.model import Spec
 
 GiB = 1024**3
 RUNTIME = ["RuntimeError", "Exception", "BaseException", "object"]

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from isoprobe.child.optimizer_state import OptimizerNeverStepped, RealSteps
-from isoprobe.result import Sizes
+from isoprobe.report.result import Sizes
 
 torch = pytest.importorskip("torch")
 
@@ -82,7 +82,7 @@ def test_an_optimizer_that_never_steps_is_an_error_never_a_fit():
     with pytest.raises(OptimizerNeverStepped, match="skipped all 27 optimizer steps"):
         _trial(step, asked=3)
     assert len(step.optimizer.state) == 0
-    from isoprobe.outcomes import Outcome, classify_exception
+    from isoprobe.report.outcomes import Outcome, classify_exception
 
     names = [c.__name__ for c in OptimizerNeverStepped.__mro__]
     assert classify_exception(names, "fp16 mixed precision: the gradient scaler skipped") is Outcome.ERROR

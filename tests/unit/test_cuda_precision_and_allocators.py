@@ -9,7 +9,7 @@ import pytest
 
 from isoprobe.child import cuda as child_cuda
 from isoprobe.child import inspect as child_inspect
-from isoprobe.spec import Spec
+from isoprobe.spec.model import Spec
 
 torch = pytest.importorskip("torch")
 

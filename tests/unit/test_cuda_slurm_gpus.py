@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import pytest
 
-from isoprobe import cache
+from isoprobe.cache import store as cache
 from isoprobe.executors import processes
 from isoprobe.executors.processes import child_environment
-from isoprobe.hardware import Visible, select_visible, slurm_cuda_visible
-from isoprobe.spec import Spec
+from isoprobe.system.hardware import Visible, select_visible, slurm_cuda_visible
+from isoprobe.spec.model import Spec
 
 GiB = 1024**3
 
@@ -89,10 +89,10 @@ def test_a_cuda_probe_without_gpu_facts_uses_no_cache(device, gpus, environ, pre
 
 
 def test_answer_neither_reads_nor_writes_the_cache_for_such_a_probe(monkeypatch, tmp_path):
-    from isoprobe.output import Reporter
-    from isoprobe.probe import answer as answer_module
+    from isoprobe.report.output import Reporter
+    from isoprobe.pipeline import answer as answer_module
 
-    monkeypatch.setattr("isoprobe.hardware.nvml_devices", lambda: None)
+    monkeypatch.setattr("isoprobe.system.hardware.nvml_devices", lambda: None)
     probed = []
 
     class _Probed(Exception):

@@ -15,12 +15,12 @@ import pytest
 from isoprobe.errors import SpecError
 from isoprobe.executors.gang import is_gang, rank_requests
 from isoprobe.executors.scripted import ScriptedExecutor, crashed, fits, gang, out_of_memory
-from isoprobe.outcomes import Outcome
-from isoprobe.plan import accumulation_plan
-from isoprobe.probe.trials import trial_from_run
-from isoprobe.protocol import TrialRequest
-from isoprobe.ranks import resolve_threads_per_rank, resolve_world_size, with_world_size
-from isoprobe.spec import Spec
+from isoprobe.report.outcomes import Outcome
+from isoprobe.search.plan import accumulation_plan
+from isoprobe.pipeline.trials import trial_from_run
+from isoprobe.protocol.messages import TrialRequest
+from isoprobe.executors.ranks import resolve_threads_per_rank, resolve_world_size, with_world_size
+from isoprobe.spec.model import Spec
 
 from scripted_probe import GiB, MiB, hog_spec, probe
 
@@ -84,7 +84,7 @@ def test_a_stated_world_size_is_kept_and_a_cpu_gang_is_capped_by_memory():
 
 
 def test_the_resolved_size_is_in_the_spec_and_so_in_the_cache_key():
-    from isoprobe.cache import cache_key, key_material
+    from isoprobe.cache.store import cache_key, key_material
 
     spec = _spec(strategy="zero1")
     two = with_world_size(spec, resolve_world_size(spec, {}, 0, ram_bytes=RAM, cpu_budget=GiB))
@@ -112,7 +112,7 @@ def test_the_threads_per_rank_are_in_the_key_and_every_rank_starts_with_them():
     """A rank's host memory depends on its threads (measured: a DDP rank of stateful-hog fits 49 with one, 43
     with two), so the number is in the cache key, in every trial's conditions (the child's OMP_NUM_THREADS at
     exec, ``processes.child_environment``) and in the result."""
-    from isoprobe.cache import cache_key, key_material
+    from isoprobe.cache.store import cache_key, key_material
     from isoprobe.executors.processes import child_environment
 
     spec = _spec(strategy="ddp", world_size=2)
@@ -209,8 +209,8 @@ def test_a_probe_of_gangs_finds_the_per_rank_edge_and_says_it_is_per_rank():
 
 
 def test_a_gang_that_needs_more_gpus_than_the_node_has_is_a_spec_error():
-    from isoprobe.probe.environment import resolve_target
-    from isoprobe.protocol import CudaDevice, Facts
+    from isoprobe.pipeline.environment import resolve_target
+    from isoprobe.protocol.messages import CudaDevice, Facts
 
     spec = _spec(strategy="ddp", world_size=4).model_copy(update={"device": "cuda"})
     facts = Facts(torch_version="x", cuda_available=True,
@@ -221,7 +221,7 @@ def test_a_gang_that_needs_more_gpus_than_the_node_has_is_a_spec_error():
 
 
 def test_a_hook_learns_the_batch_is_per_rank_and_for_which_strategy():
-    from isoprobe.shell import result_variables
+    from isoprobe.report.shell import result_variables
 
     def script(call):
         return gang(fits(900 * MiB), fits(900 * MiB)) if call.batch_size <= 20 else gang(
@@ -242,7 +242,7 @@ class _HungRank:
     def __init__(self, tmp_path, rank: int, steps_done: int):
         import time as clock
 
-        from isoprobe.protocol import RequestReceived, Started, StepDone, event_line
+        from isoprobe.protocol.messages import RequestReceived, Started, StepDone, event_line
 
         self.events_path = tmp_path / f"rank{rank}.events"
         events = [Started(pid=rank + 100), RequestReceived(path="r.json")] + [StepDone(step=n, seconds=0.1)

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 import pytest
 
-from isoprobe.prediction import predicted_max, prediction, prior_of
-from isoprobe.protocol import Estimate, Facts
-from isoprobe.spec import Spec
+from isoprobe.pipeline.prediction import predicted_max, prediction, prior_of
+from isoprobe.protocol.messages import Estimate, Facts
+from isoprobe.spec.model import Spec
 
 torch = pytest.importorskip("torch")
 
@@ -156,9 +156,9 @@ def test_the_check_stands_whatever_the_models_code_does_during_the_trace():
     to the channel afterwards (a second 'inspected', a second estimate) are not read."""
     from isoprobe.executors import ChildRun
     from isoprobe.executors.scripted import ScriptedExecutor
-    from isoprobe.protocol import Estimate, Estimated, Facts, Inspected, MemoryReading, Started
-    from isoprobe.probe.environment import inspect_environment
-    from isoprobe.spec import Spec
+    from isoprobe.protocol.messages import Estimate, Estimated, Facts, Inspected, MemoryReading, Started
+    from isoprobe.pipeline.environment import inspect_environment
+    from isoprobe.spec.model import Spec
 
     spec = Spec.model_validate({"model": {"torchvision": "resnet18"}, "input": {"shape": [3, 32, 32]},
                                 "target": {"classes": 10}, "device": "cpu"})
@@ -180,7 +180,7 @@ def test_the_check_stands_whatever_the_models_code_does_during_the_trace():
 
 def test_search_estimate_false_skips_the_trace_and_says_why():
     from isoprobe.child.estimate import skip_reason
-    from isoprobe.spec import Spec
+    from isoprobe.spec.model import Spec
 
     raw = {"model": {"torchvision": "resnet18"}, "input": {"shape": [3, 32, 32]}, "target": {"classes": 10}}
     assert skip_reason(Spec.model_validate(raw), 1000) is None

@@ -6,9 +6,10 @@ from typing import get_args
 
 import pytest
 
-from isoprobe import outcomes, result, search
+from isoprobe.report import outcomes, result
+from isoprobe.search import edge_search as search
 from isoprobe.errors import ExitCode
-from isoprobe.result import StopReason, exit_code_for
+from isoprobe.report.result import StopReason, exit_code_for
 
 
 @pytest.mark.parametrize(
@@ -39,7 +40,7 @@ def test_the_search_and_the_result_share_one_stop_reason():
 
 
 def test_every_trial_purpose_has_a_progress_label():
-    from isoprobe.output import _PURPOSE_LABELS
-    from isoprobe.result import Trial
+    from isoprobe.report.output import _PURPOSE_LABELS
+    from isoprobe.report.result import Trial
 
     assert set(get_args(Trial.model_fields["purpose"].annotation)) == set(_PURPOSE_LABELS)

@@ -11,7 +11,7 @@ import pytest
 
 from isoprobe.child.server import resident_file_ranges
 from isoprobe.executors.forkserver import ServerChannel
-from isoprobe.protocol import SERVER_REPLY, Ended, ForkOrder, Forked
+from isoprobe.protocol.messages import SERVER_REPLY, Ended, ForkOrder, Forked
 
 
 @pytest.fixture

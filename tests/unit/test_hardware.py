@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from isoprobe.hardware import nvml_gpus, run_environment, visible_devices
+from isoprobe.system.hardware import nvml_gpus, run_environment, visible_devices
 from isoprobe.executors.processes import child_environment
 
 

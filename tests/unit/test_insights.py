@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from isoprobe.insights import fastest_batch_size, memory_breakdown, step_throughput, throughput
-from isoprobe.outcomes import Outcome
-from isoprobe.result import Sizes, Trial
+from isoprobe.search.insights import fastest_batch_size, memory_breakdown, step_throughput, throughput
+from isoprobe.report.outcomes import Outcome
+from isoprobe.report.result import Sizes, Trial
 
 
 def trial(batch: int, outcome: str = "fits", *, steps=(3.0, 1.0, 1.0), peak: int | None = None,

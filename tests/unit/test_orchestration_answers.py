@@ -19,9 +19,9 @@ import pytest
 
 from conftest import cli
 from isoprobe.executors.scripted import ScriptedExecutor, crashed, error, fits, linear, out_of_memory, timed_out
-from isoprobe.outcomes import Outcome
-from isoprobe.output import result_json
-from isoprobe.result import Sizes
+from isoprobe.report.outcomes import Outcome
+from isoprobe.report.output import result_json
+from isoprobe.report.result import Sizes
 from scripted_probe import (
     HOG_FIXED,
     HOG_MAX,
@@ -381,14 +381,14 @@ def test_show_renders_the_same_result_as_a_table(probed, tmp_path):
 
 
 def test_run_format_table_prints_the_table_and_auto_prints_json_into_a_pipe(tmp_path, monkeypatch):
-    # The real command in this process, its children scripted: isoprobe.probe.pipeline.local_executor is the seam.
+    # The real command in this process, its children scripted: isoprobe.pipeline.pipeline.local_executor is the seam.
     executors = []
 
     def scripted(spec):
         executors.append(ScriptedExecutor(_big_linear))
         return executors[-1]
 
-    monkeypatch.setattr("isoprobe.probe.pipeline.local_executor", scripted)
+    monkeypatch.setattr("isoprobe.pipeline.pipeline.local_executor", scripted)
     path = tmp_path / "spec.yaml"
     path.write_text(json.dumps(answers_spec()))
     table = cli("run", str(path), "--format", "table", "--max-batch-size", "4")

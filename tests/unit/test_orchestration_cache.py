@@ -1,4 +1,4 @@
-"""The cache flow of ``isoprobe.probe.answer``: cache -> lock -> probe -> store, with scripted trials.
+"""The cache flow of ``isoprobe.pipeline.answer``: cache -> lock -> probe -> store, with scripted trials.
 
 The scenarios of tests/integration/test_cache_and_hooks.py that are about the
 flow (a hit starts nothing, --refresh and --no-cache, an unreadable entry or an
@@ -15,13 +15,13 @@ import threading
 import time
 from pathlib import Path
 
-from isoprobe.cache import ResultCache
+from isoprobe.cache.store import ResultCache
 from isoprobe.executors.scripted import ScriptedExecutor, error, linear
-from isoprobe.output import Reporter
-from isoprobe.probe.answer import answer
-from isoprobe.protocol import InspectRequest
-from isoprobe.result import exit_code_for
-from isoprobe.spec import Spec
+from isoprobe.report.output import Reporter
+from isoprobe.pipeline.answer import answer
+from isoprobe.protocol.messages import InspectRequest
+from isoprobe.report.result import exit_code_for
+from isoprobe.spec.model import Spec
 from scripted_probe import HOG_FIXED, HOG_PER_SAMPLE, SPEC_PATH, hog_spec
 
 

@@ -28,8 +28,8 @@ from isoprobe.executors.scripted import (
     out_of_memory,
     timed_out,
 )
-from isoprobe.outcomes import Outcome
-from isoprobe.spec import Spec
+from isoprobe.report.outcomes import Outcome
+from isoprobe.spec.model import Spec
 from scripted_probe import GiB, KiB, MiB, fault_at, faulty_spec, probe
 
 def device(faults=None) -> ScriptedExecutor:

@@ -22,10 +22,10 @@ import pytest
 from isoprobe.errors import ProbeError, SpecError, Terminated
 from isoprobe.executors import ChildRun
 from isoprobe.executors.scripted import ScriptedExecutor, crashed, inspected, linear
-from isoprobe.outcomes import Outcome
-from isoprobe.output import result_json
-from isoprobe.protocol import InspectProblem, InspectRequest
-from isoprobe.result import Result, exit_code_for
+from isoprobe.report.outcomes import Outcome
+from isoprobe.report.output import result_json
+from isoprobe.protocol.messages import InspectProblem, InspectRequest
+from isoprobe.report.result import Result, exit_code_for
 from scripted_probe import SPEC_PATH, GiB, MiB, every_purpose, every_purpose_spec, faulty_spec, probe
 
 SIGNALS = [pytest.param(KeyboardInterrupt, "interrupted", 130, id="SIGINT"),
@@ -161,9 +161,9 @@ class Failing(ScriptedExecutor):
 
 
 def _run(spec: dict, executor) -> None:
-    from isoprobe.output import Reporter
-    from isoprobe.probe import run_probe
-    from isoprobe.spec import Spec
+    from isoprobe.report.output import Reporter
+    from isoprobe.pipeline import run_probe
+    from isoprobe.spec.model import Spec
 
     run_probe(Spec.model_validate(spec), SPEC_PATH, Reporter(lambda line: None), environ={}, executor=executor)
 
@@ -199,7 +199,7 @@ def test_the_parent_side_never_imports_torch():
         "import sys; sys.path[:0] = [sys.argv[1], sys.argv[2]]  # scripted_probe, and conftest above it\n"
         "from scripted_probe import every_purpose, every_purpose_spec, probe\n"
         "from isoprobe.executors.scripted import ScriptedExecutor\n"
-        "from isoprobe.output import result_json\n"
+        "from isoprobe.report.output import result_json\n"
         "probed = probe(every_purpose_spec(), ScriptedExecutor(every_purpose()))\n"
         "result_json(probed.result)\n"
         "assert probed.result.stop_reason.value == 'edge_found', probed.result.stop_reason\n"

@@ -15,10 +15,10 @@ import pytest
 
 from isoprobe.errors import Terminated
 from isoprobe.executors.scripted import ScriptedExecutor, crashed, inspected, linear
-from isoprobe.outcomes import Outcome
-from isoprobe.output import summary_lines
-from isoprobe.protocol import Estimate, Estimated
-from isoprobe.probe.recommendation import DEFAULT_SOAK_STEPS, MAX_SOAKS
+from isoprobe.report.outcomes import Outcome
+from isoprobe.report.output import summary_lines
+from isoprobe.protocol.messages import Estimate, Estimated
+from isoprobe.pipeline.recommendation import DEFAULT_SOAK_STEPS, MAX_SOAKS
 from scripted_probe import HOG_FIXED, HOG_MAX, HOG_PER_SAMPLE, MiB, hog_spec, probe
 from test_cache_trust import _check_every_cacheable
 
@@ -162,11 +162,11 @@ def test_a_plan_never_uses_a_batch_that_did_not_survive_its_soak():
 def test_hook_mode_gives_the_fallback_when_no_batch_survived_its_soak(monkeypatch, fmt):
     # Answered (the edge stands) but nothing recommended: a job must still get a batch size, so hook
     # mode gives the fallback with the reason, not an env without ISOPROBE_BATCH_SIZE.
-    import isoprobe.commands.run
+    import isoprobe.cli.run
     from conftest import cli
 
     withdrawn = probe(soaked_spec(), leaky(200 * MiB)).result
-    monkeypatch.setattr(isoprobe.commands.run, "_result_for", lambda args, log: withdrawn)
+    monkeypatch.setattr(isoprobe.cli.run, "_result_for", lambda args, log: withdrawn)
     run = cli("run", "specs/small-cnn.yaml", "--format", fmt, "--fallback-batch-size", "6")
     assert run.returncode == 0, run.stderr
     assert "ISOPROBE_BATCH_SIZE=6" in run.stdout and "ISOPROBE_FALLBACK=1" in run.stdout
@@ -182,7 +182,7 @@ def test_hook_mode_gives_the_fallback_when_no_batch_survived_its_soak(monkeypatc
 def test_a_user_error_raised_only_after_the_searchs_steps_stops_the_probe_with_exit_4(soak_steps):
     """The user's step raises at step 4 (the search's trials run 2): a bug, not 'memory grows from step to step'."""
     from isoprobe.executors.scripted import error
-    from isoprobe.result import exit_code_for
+    from isoprobe.report.result import exit_code_for
 
     checked = None
     if soak_steps == 0:  # the check run of the recommended batch: which batch that is, from a run without the bug

@@ -13,9 +13,9 @@ import pytest
 from isoprobe.errors import ProbeError
 from isoprobe.executors import ChildRun
 from isoprobe.executors.scripted import IMPORT_BASELINE_BYTES, ScriptedExecutor, fits, inspected
-from isoprobe.probe.environment import inspect_conditions, inspect_environment, preload, resolve_target
-from isoprobe.protocol import Facts, Imported, MemoryReading, ModelBuilt, RequestReceived, Started, Warm
-from isoprobe.spec import Spec
+from isoprobe.pipeline.environment import inspect_conditions, inspect_environment, preload, resolve_target
+from isoprobe.protocol.messages import Facts, Imported, MemoryReading, ModelBuilt, RequestReceived, Started, Warm
+from isoprobe.spec.model import Spec
 from scripted_probe import SPEC_PATH, TESTS, faulty_spec
 
 HOSTILE = TESTS / "hostile.py"

@@ -15,7 +15,7 @@ torch = pytest.importorskip("torch")
 
 from isoprobe.child import workload  # noqa: E402
 from isoprobe.child.training import Step  # noqa: E402
-from isoprobe.spec import Spec  # noqa: E402
+from isoprobe.spec.model import Spec  # noqa: E402
 
 MODELS = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "models.py")
 

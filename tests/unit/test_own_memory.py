@@ -18,8 +18,8 @@ import pytest
 from isoprobe.child import memory
 from isoprobe.child.main import started_line
 from isoprobe.executors.processes import prepare_child
-from isoprobe.protocol import Started, parse_events
-from isoprobe.wiring import OWN_ALLOWANCE_BYTES
+from isoprobe.protocol.messages import Started, parse_events
+from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
 
 MiB = 1024**2
 GiB = 1024**3
@@ -36,7 +36,8 @@ def test_the_child_entry_imports_nothing_of_its_own_before_the_preload():
     loaded = python("import sys, isoprobe.child.main; "
                     "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('isoprobe', 'pydantic'))))")
     assert set(loaded.split()) <= {"isoprobe", "isoprobe.child", "isoprobe.child.main", "isoprobe.child.memory",
-                                   "isoprobe.wiring"}, loaded
+                                   "isoprobe.child.events", "isoprobe.child.request", "isoprobe.protocol",
+                                   "isoprobe.protocol.wiring"}, loaded
 
 
 def test_the_started_line_written_by_hand_is_the_protocols_started_event():

@@ -16,13 +16,13 @@ from isoprobe.executors import ChildRun, rounds
 from isoprobe.executors.fork_servers import SERVER_LOSSES
 from isoprobe.executors.rounds import run_round
 from isoprobe.executors.scripted import ScriptedExecutor, crashed, fits, linear
-from isoprobe.outcomes import Outcome
-from isoprobe.output import Reporter
-from isoprobe.probe import run_probe
-from isoprobe.probe.parallel import cpu_slot_limit
-from isoprobe.search import progress
-from isoprobe.search_history import Limits, Observation
-from isoprobe.spec import Spec
+from isoprobe.report.outcomes import Outcome
+from isoprobe.report.output import Reporter
+from isoprobe.pipeline import run_probe
+from isoprobe.pipeline.parallel import cpu_slot_limit
+from isoprobe.search.edge_search import progress
+from isoprobe.search.history import Limits, Observation
+from isoprobe.spec.model import Spec
 from scripted_probe import (HOG_FIXED, HOG_MAX, HOG_PER_SAMPLE, SPEC_PATH, every_purpose, every_purpose_spec, hog_spec,
                             probe)
 

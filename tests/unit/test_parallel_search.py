@@ -1,4 +1,4 @@
-"""The k-ary search (isoprobe/search_parallel.py) against the sequential one, on simulated devices and faults."""
+"""The k-ary search (isoprobe/search/parallel.py) against the sequential one, on simulated devices and faults."""
 
 from __future__ import annotations
 
@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from isoprobe.outcomes import Outcome, StopReason
-from isoprobe.search import run_search
-from isoprobe.search_history import Limits, Observation
-from isoprobe.search_steps import doubling_step, guided_step
-from isoprobe.search_parallel import one_at_a_time, plan_round, run_parallel_search
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.search.edge_search import run_search
+from isoprobe.search.history import Limits, Observation
+from isoprobe.search.steps import doubling_step, guided_step
+from isoprobe.search.parallel import one_at_a_time, plan_round, run_parallel_search
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from simulate_search import device  # noqa: E402

@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isoprobe.plan import STEPS_BOUND_FACTOR, Plan, plan_accumulation, world_size_from_environment
+from isoprobe.search.plan import STEPS_BOUND_FACTOR, Plan, plan_accumulation
+from isoprobe.spec.job import world_size_from_environment
 
 
 def assert_consistent(plan: Plan) -> None:

@@ -13,12 +13,12 @@ import pytest
 
 from isoprobe.executors import ChildRun
 from isoprobe.executors.scripted import ScriptedExecutor, fits, linear
-from isoprobe.outcomes import Outcome
-from isoprobe.probe.classify import classify_exit
-from isoprobe.probe.plausibility import Asked, implausible, over_budget
-from isoprobe.probe.trials import trial_from_run
-from isoprobe.protocol import EvalDone, Imported, MemoryReading, ModelBuilt, Started, StepDone, TrialResult
-from isoprobe.result import ErrorInfo
+from isoprobe.report.outcomes import Outcome
+from isoprobe.pipeline.classify import classify_exit
+from isoprobe.pipeline.plausibility import Asked, implausible, over_budget
+from isoprobe.pipeline.trials import trial_from_run
+from isoprobe.protocol.messages import EvalDone, Imported, MemoryReading, ModelBuilt, Started, StepDone, TrialResult
+from isoprobe.report.result import ErrorInfo
 from scripted_probe import GiB, MiB, faulty_spec, probe
 
 #: What the environment check read after importing torch (measured here: data 784 MiB, resident 654 MiB).

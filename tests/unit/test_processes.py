@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from isoprobe.executors.processes import MALLOC_MMAP_THRESHOLD, child_environment, stderr_tail, write_atomically
-from isoprobe.protocol import EVENTS_ENV
+from isoprobe.protocol.messages import EVENTS_ENV
 
 # --------------------------------------------------------------------------- child_environment
 
@@ -118,7 +118,7 @@ def test_stderr_tail_of_a_missing_file_is_empty(tmp_path):
 
 
 def test_oom_kill_counter_parsing_v1_and_v2(tmp_path):
-    from isoprobe.oomkill import oom_kill_count
+    from isoprobe.system.oomkill import oom_kill_count
 
     v1 = tmp_path / "v1"
     v1.mkdir()
@@ -146,7 +146,7 @@ def test_the_import_has_its_own_bound_never_shorter_than_the_trials():
 def test_the_keeper_command_runs_it_isolated_with_the_lifeline_and_the_childs_argv():
     import sys
 
-    from isoprobe.executors import keeper
+    from isoprobe.system import keeper
 
     argv = keeper.command(7, ["python", "-m", "isoprobe.child", "--wait"])
     assert argv[:3] == [sys.executable, "-I", "-S"]  # no PYTHON* variables, no site-packages
@@ -159,7 +159,7 @@ def test_the_keeper_imports_the_standard_library_only():
     import ast
     import sys
 
-    from isoprobe.executors import keeper
+    from isoprobe.system import keeper
 
     tree = ast.parse(Path(keeper.__file__).read_text(encoding="utf-8"))
     imported = set()

@@ -12,9 +12,9 @@ import pytest
 from pydantic import ValidationError
 
 import isoprobe
-from isoprobe import protocol
-from isoprobe.outcomes import Outcome
-from isoprobe.protocol import (
+from isoprobe.protocol import messages as protocol
+from isoprobe.report.outcomes import Outcome
+from isoprobe.protocol.messages import (
     CudaDevice,
     Estimate,
     Estimated,
@@ -40,8 +40,8 @@ from isoprobe.protocol import (
     read_request,
     request_json,
 )
-from isoprobe.result import Applied, ErrorInfo, Sizes
-from isoprobe.spec import Spec
+from isoprobe.report.result import Applied, ErrorInfo, Sizes
+from isoprobe.spec.model import Spec
 
 GiB = 1024**3
 
@@ -283,13 +283,13 @@ def test_the_names_that_wire_a_child_to_its_parent():
 
 
 def test_the_names_are_defined_once_in_the_wiring():
-    """No other module of the package spells them out: both sides import them from isoprobe.wiring (the child,
-    before it imports pydantic) or from isoprobe.protocol, which re-exports them."""
+    """No other module of the package spells them out: both sides import them from isoprobe.protocol.wiring (the child,
+    before it imports pydantic) or from isoprobe.protocol.messages, which re-exports them."""
     package = Path(isoprobe.__file__).resolve().parent
     values = set(_NAMES.values())
     spelled = []
     for path in sorted(package.rglob("*.py")):
-        if path == package / "wiring.py":
+        if path == package / "protocol" / "wiring.py":
             continue
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
             if isinstance(node, ast.Constant) and node.value in values:

@@ -20,9 +20,9 @@ from isoprobe.errors import Terminated
 from isoprobe.executors.gang import GangExecutor
 from isoprobe.executors.local import LocalExecutor
 from isoprobe.executors.scripted import crashed, linear
-from isoprobe.output import Reporter
-from isoprobe.probe import run_probe
-from isoprobe.spec import Spec
+from isoprobe.report.output import Reporter
+from isoprobe.pipeline import run_probe
+from isoprobe.spec.model import Spec
 from scripted_probe import HOG_FIXED, HOG_MAX, HOG_PER_SAMPLE, SPEC_PATH, hog_spec
 
 TRIAL_LINE = re.compile(r"isoprobe: trial +\d+ +batch ")

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-import isoprobe.search as search
-from isoprobe.outcomes import Outcome
-from isoprobe.search import Conclusion, StopReason, conclude, plan_next, run_search
-from isoprobe.search_history import DEFAULT_CEILING, Limits, Observation, Verdict, bounds, verdicts
+import isoprobe.search.edge_search as search
+from isoprobe.report.outcomes import Outcome
+from isoprobe.search.edge_search import Conclusion, StopReason, conclude, plan_next, run_search
+from isoprobe.search.history import DEFAULT_CEILING, Limits, Observation, Verdict, bounds, verdicts
 
 FITS = Outcome.FITS
 OOM = Outcome.OUT_OF_MEMORY

@@ -15,10 +15,10 @@ import random
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isoprobe.outcomes import Outcome
-from isoprobe.search import StopReason, plan_next, run_search
-from isoprobe.search_history import Limits, Observation
-from isoprobe.search_steps import doubling_step, guided_step
+from isoprobe.report.outcomes import Outcome
+from isoprobe.search.edge_search import StopReason, plan_next, run_search
+from isoprobe.search.history import Limits, Observation
+from isoprobe.search.steps import doubling_step, guided_step
 
 MiB = 1024**2
 

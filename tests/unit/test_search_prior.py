@@ -12,10 +12,10 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isoprobe.outcomes import Outcome
-from isoprobe.search import StopReason, plan_next, run_search
-from isoprobe.search_history import Limits, Observation, Prior
-from isoprobe.search_steps import DESCENT, first_batch, prior_edge
+from isoprobe.report.outcomes import Outcome
+from isoprobe.search.edge_search import StopReason, plan_next, run_search
+from isoprobe.search.history import Limits, Observation, Prior
+from isoprobe.search.steps import DESCENT, first_batch, prior_edge
 from tests.unit.test_search_guided import Device
 
 MiB = 1024**2

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isoprobe.shell import fallback_variables, render
+from isoprobe.report.shell import fallback_variables, render
 
 SHELLS = [shell for shell in ("bash", "dash") if shutil.which(shell)]
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from isoprobe.soak import FALLBACK_STEP_DOWN, judge, lower_batch
+from isoprobe.search.soak import FALLBACK_STEP_DOWN, judge, lower_batch
 
 MiB = 1024**2
 TARGET = 1000 * MiB

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from isoprobe import catalog
+from isoprobe.spec import catalog
 from isoprobe.errors import Problem, SpecError
-from isoprobe.spec_load import check_references, load_spec
+from isoprobe.spec.load import check_references, load_spec
 
 MINIMAL = """\
 model:
@@ -568,7 +568,7 @@ def _numeric_fields(model=None, prefix: str = "") -> list[tuple[str, bool]]:
 
     from pydantic import BaseModel
 
-    from isoprobe.spec import Spec
+    from isoprobe.spec.model import Spec
 
     def kinds(annotation) -> set:
         origin, args = typing.get_origin(annotation), typing.get_args(annotation)

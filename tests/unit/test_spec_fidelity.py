@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from isoprobe.errors import Problem, SpecError
-from isoprobe.spec_load import load_spec
+from isoprobe.spec.load import load_spec
 
 
 def write(tmp_path: Path, text: str, name: str = "spec.yaml") -> Path:

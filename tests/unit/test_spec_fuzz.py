@@ -17,8 +17,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from isoprobe.errors import SpecError
-from isoprobe.spec import Spec
-from isoprobe.spec_load import check_references, load_spec
+from isoprobe.spec.model import Spec
+from isoprobe.spec.load import check_references, load_spec
 
 VALID = {
     "model": {"torchvision": "resnet18", "kwargs": {"num_classes": 10}},

@@ -1,4 +1,4 @@
-"""Steady state as the criterion for the maximum: the rule (isoprobe.steady), and probes of scripted devices whose
+"""Steady state as the criterion for the maximum: the rule (isoprobe.report.steady), and probes of scripted devices whose
 memory grows over steps (growth that stops, a leak that never does), through the real search and classification.
 
 The scripted device (executors.scripted.linear with ``growth``) steps as a real child does when its request
@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 
-from isoprobe import steady
+from isoprobe.report import steady
+from isoprobe.search import long_run
 from isoprobe.executors.scripted import ScriptedExecutor, fits, gang, linear
-from isoprobe.outcomes import Outcome, StopReason
-from isoprobe.probe.plausibility import Asked
-from isoprobe.probe.trials import trial_from_run
-from isoprobe.protocol import TrialRequest
-from isoprobe.spec import Spec
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.pipeline.plausibility import Asked
+from isoprobe.pipeline.trials import trial_from_run
+from isoprobe.protocol.messages import TrialRequest
+from isoprobe.spec.model import Spec
 
 from scripted_probe import HOG_FIXED, HOG_MAX, HOG_PER_SAMPLE, MiB, hog_spec, probe
 
@@ -54,18 +55,18 @@ def test_the_rule_follows_the_spec_and_a_cap_too_small_to_see_a_steady_peak_is_r
 
 
 def test_the_long_run_search_jumps_by_the_growth_doubles_down_then_bisects():
-    assert steady.first_jump([1000, 1010, 1040, 1070], 2, None, 10.0) == 6  # 60 grown after step 2
-    assert steady.first_jump([1000, 1040], 2, 1100, 10.0) == 6  # out of memory: at least up to the capacity
-    assert steady.first_jump([1000, 1040], 2, 1100, None) == 1
+    assert long_run.first_jump([1000, 1010, 1040, 1070], 2, None, 10.0) == 6  # 60 grown after step 2
+    assert long_run.first_jump([1000, 1040], 2, 1100, 10.0) == 6  # out of memory: at least up to the capacity
+    assert long_run.first_jump([1000, 1040], 2, 1100, None) == 1
     ran = {60: False}
-    assert steady.next_long_run_batch(ran, 4) == 56
+    assert long_run.next_long_run_batch(ran, 4) == 56
     ran[56] = False
-    assert steady.next_long_run_batch(ran, 4) == 48  # no steady batch yet: twice as far
+    assert long_run.next_long_run_batch(ran, 4) == 48  # no steady batch yet: twice as far
     ran[48] = True
-    assert steady.next_long_run_batch(ran, 4) == 52  # then bisection between 48 and 56
+    assert long_run.next_long_run_batch(ran, 4) == 52  # then bisection between 48 and 56
     ran.update({52: True, 54: False, 53: True})
-    assert steady.next_long_run_batch(ran, 4) is None
-    assert steady.next_long_run_batch({1: False}, 4) is None  # batch 1 failed: nothing holds
+    assert long_run.next_long_run_batch(ran, 4) is None
+    assert long_run.next_long_run_batch({1: False}, 4) is None  # batch 1 failed: nothing holds
 
 
 # --------------------------------------------------------------------------- probes
@@ -155,8 +156,8 @@ def test_a_deciding_trial_must_run_between_its_minimum_and_its_cap(steps, verdic
 
 
 def test_the_search_confirms_with_a_steady_trial_and_stops_at_a_long_run_failure():
-    from isoprobe.search import conclude, plan_next
-    from isoprobe.search_history import Limits, Observation, verdicts
+    from isoprobe.search.edge_search import conclude, plan_next
+    from isoprobe.search.history import Limits, Observation, verdicts
 
     limits = Limits(start=2, confirmations=0, steady=True)
     history = [Observation(2, Outcome.FITS, 100), Observation(4, Outcome.OUT_OF_MEMORY), Observation(3, Outcome.FITS, 150)]

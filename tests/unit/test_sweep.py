@@ -10,8 +10,8 @@ import pytest
 from pydantic import ValidationError
 
 from isoprobe.executors.scripted import ScriptedExecutor, error, linear
-from isoprobe.output import Reporter
-from isoprobe.probe.answer import answer
+from isoprobe.report.output import Reporter
+from isoprobe.pipeline.answer import answer
 from isoprobe.sweep import make_items
 from isoprobe.sweep.local import run_local
 from isoprobe.sweep.model import SweepReport, SweepRow, failed_row, render_sweep_table, row_from_result
@@ -214,7 +214,7 @@ def test_the_task_module_imports_no_torch():
     (["--executor", "slurm", "--partition", "a100", "--sbatch", "exclusive"], "give KEY=VALUE"),
 ])
 def test_sweep_usage_errors_exit_2_before_anything_runs(argv, message, capsys):
-    from isoprobe.cli import main
+    from isoprobe.cli.main import main
 
     with pytest.raises(SystemExit) as stop:
         main(["sweep", "spec.yaml", *argv])

@@ -6,9 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from isoprobe.outcomes import Outcome, classify_exception, maybe_allocation_failure
-from isoprobe.recommend import Line, advise, fit_line, headroom_in_bytes
-from isoprobe.units import format_bytes, parse_bytes
+from isoprobe.report.outcomes import Outcome, classify_exception, maybe_allocation_failure
+from isoprobe.search.recommend import Line, advise, fit_line, headroom_in_bytes
+from isoprobe.spec.units import format_bytes, parse_bytes
 
 # --------------------------------------------------------------------------- parse_bytes
 

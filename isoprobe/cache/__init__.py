@@ -1,0 +1,8 @@
+"""The answer store (parent only): answers kept on disk, trusted only while what produced them is unchanged.
+
+    store.py    the cache: its key, reading and writing entries
+    trust.py    whether an entry can be the truth (its answer must follow from its own trials)
+    sources.py  the user's files a probe ran or read, and whether they changed
+    threads.py  the intra-op threads a CPU trial will run, predicted without torch (part of the key)
+    files.py    files in a folder others can write, opened without trusting what lies there
+"""

@@ -1,0 +1,108 @@
+"""The user's source files a probe ran, so that a cached answer is trusted only while they are unchanged.
+
+The cache key covers the factory file, but a factory that does ``import
+helper`` (or a model package of its own) depends on files the key cannot
+know about: the parent computes the key before any child runs, and never
+imports the user's code. So the children say what they ran: at its end, each
+trial child (after its forward passes, which may import lazily) and the inspect
+child list every module in ``sys.modules`` whose file lies outside the
+installed environment (the standard library, site-packages, isoprobe itself,
+torch's generated-code caches), with its SHA-256 (``child.sources``). The
+parent gathers them from the events (``SourceRecorder``), the entry keeps
+them as ``sources``, and a hit re-hashes each one (``changed_source``): one
+changed or missing file makes the entry stale. Hashing a few files costs
+microseconds, so the hit path stays free of torch and of children.
+
+The children also report the files they read (``child.reads``), which the
+parent hashes into the same ``sources``, and a trial its intra-op threads,
+which must be the ones the key holds (``cache.threads``).
+
+A trial that crashes reports nothing; the modules it ran are the ones its
+siblings that finished ran too.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from isoprobe.system.files import UntrustedFile, sha256_of
+
+def changed_source(sources: Mapping[str, str]) -> str | None:
+    """Why the recorded sources no longer hold (the first file that changed), or None when all are as probed."""
+    for path, recorded in sources.items():
+        try:
+            current = sha256_of(path)
+        except UntrustedFile as exc:
+            return f"{path} changed since it was probed ({exc})"
+        except OSError as exc:
+            return f"{path} changed since it was probed (it cannot be read: {exc.strerror or exc})"
+        if current is None:
+            return f"{path} changed since it was probed (it no longer exists)"
+        if current != recorded:
+            return f"{path} changed since it was probed"
+    return None
+
+
+class SourceRecorder:
+    """An executor that passes everything to ``inner`` and gathers what its children report for the cache.
+
+    ``sources``: the module files the children hashed, and the files they read
+    (``child.reads``), hashed here once each, when first reported (a child's
+    time limit never pays for a large file). ``conflicts`` lists files two
+    children reported with different digests: the code was edited while the
+    probe ran, so its answer is of no one version. ``threads``: the intra-op
+    counts the trials ran, which must be the key's (``expected_threads``,
+    ``cache_threads``; None where the key holds none, as on CUDA).
+    ``unsettled`` says whether the answer may be stored.
+    """
+
+    def __init__(self, inner, expected_threads: int | None = None):
+        self.inner = inner
+        self.expected_threads = expected_threads
+        self.sources: dict[str, str] = {}
+        self.conflicts: list[str] = []
+        self.threads: set[int] = set()
+
+    def prestart(self, conditions) -> None:
+        self.inner.prestart(conditions)
+
+    def run(self, request, conditions, *, timeout: float, name: str):
+        return self.record(self.inner.run(request, conditions, timeout=timeout, name=name))
+
+    def record(self, run):
+        """Take in what ``run``'s events report (also for runs made elsewhere: ``executors.rounds``); ``run``."""
+        for event in run.events:
+            for path, digest in (getattr(event, "sources", None) or {}).items():
+                if self.sources.setdefault(path, digest) != digest and path not in self.conflicts:
+                    self.conflicts.append(path)
+            for path in getattr(event, "reads", None) or ():
+                if path not in self.sources and os.path.isabs(path):
+                    try:
+                        digest = sha256_of(path)
+                    except (OSError, ValueError):  # not a regular file now: nothing the answer could depend on
+                        continue
+                    if digest is not None:
+                        self.sources[path] = digest
+            if getattr(event, "threads", None) is not None:
+                self.threads.add(event.threads)
+        return run
+
+    def unsettled(self) -> str | None:
+        """Why the probe's answer must not be stored (a file changed while it ran, the threads are not the key's)."""
+        if self.conflicts:
+            return f"{self.conflicts[0]} changed while it was probed"
+        if self.expected_threads is not None and self.threads - {self.expected_threads}:
+            ran = ", ".join(str(n) for n in sorted(self.threads))
+            return (f"the trials ran {ran} intra-op thread(s), but the cache key holds {self.expected_threads} "
+                    "(read from OMP_NUM_THREADS, MKL_NUM_THREADS and the usable cores)")
+        if reason := changed_source(self.sources):  # read, or hashed, early in the probe: still the same?
+            return reason.replace("changed since it was probed", "changed while it was probed")
+        return None
+
+    def close(self) -> None:
+        self.inner.close()
+
+    @property
+    def closed(self) -> bool:
+        return bool(getattr(self.inner, "closed", False))

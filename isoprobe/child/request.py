@@ -1,0 +1,58 @@
+"""Running one request in this process (a trial, or the environment check), and leaving fast.
+
+Shared by the entry (``main``: a spawned or warm child) and the fork server
+(``server``: each fork runs its order through ``run_request``). Stdlib only at
+import (see ``main``): the trial's code is imported when a request comes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+from isoprobe.child.events import Events
+from isoprobe.child.memory import credit_own, import_own
+
+
+def cuda_initialized() -> bool:
+    """Whether this process has a CUDA context (without creating one)."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def run_request(request_path: str, events: Events) -> None:
+    """Read the request and run it: a trial, or the environment check (imported only for it: a trial does not
+    carry its code)."""
+    from isoprobe.child.trial import run_trial
+    from isoprobe.protocol.messages import InspectRequest, read_request
+
+    read = []
+    import_own(lambda: read.append(read_request(request_path)))  # the typed spec is isoprobe's, not the user's
+    [request] = read
+    if isinstance(request, InspectRequest):
+        # Counted as the others are, so that the import baseline the check reports is a plain process's.
+        import_own(lambda: importlib.import_module("isoprobe.child.inspect"))
+    credit_own()  # the last of isoprobe's own is in: the cap is final before the user's code runs
+    if isinstance(request, InspectRequest):
+        from isoprobe.child.inspect import run_inspect
+
+        run_inspect(request, events)
+    else:
+        run_trial(request, events)
+    sys.stdout.flush()
+
+
+def exit_now(status: int) -> None:
+    """Leave without the interpreter's teardown: the verdict is written, and tearing down torch costs ~1 s.
+
+    Nothing is lost: events go out with unbuffered ``os.write``, and the standard
+    streams are flushed here. (A crash during a slow teardown would also turn a
+    written 'fits' into 'crashed', which is correct but wasteful.)
+    """
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(status)

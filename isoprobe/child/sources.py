@@ -1,0 +1,97 @@
+"""The user's modules a child ran, for the cache (``cache.sources`` hashes and re-checks them in the parent).
+
+At its end, each trial child (after its forward passes, which may import
+lazily) and the inspect child list every module in ``sys.modules`` whose file
+lies outside the installed environment (the standard library, site-packages,
+isoprobe itself, torch's generated-code caches), with its SHA-256. Stdlib only:
+never imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import isoprobe
+from isoprobe.system.files import sha256_of
+
+#: Where torch and triton put the code they generate and import (TorchInductor, Triton): not the user's.
+_GENERATED_CODE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "TORCH_EXTENSIONS_DIR")
+
+
+def environment_roots() -> tuple[str, ...]:
+    """Folders whose modules are installed software, not the user's code (real paths, each ending in a separator)."""
+    import site
+
+    roots = {sysconfig.get_paths().get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    roots |= set(getattr(site, "getsitepackages", list)())
+    user_site = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
+    roots.add(user_site if isinstance(user_site, str) else None)
+    roots.add(str(Path(isoprobe.__file__).resolve().parent))  # isoprobe itself (an editable install lives in a checkout)
+    roots |= {os.environ.get(name) for name in _GENERATED_CODE_VARIABLES}
+    try:
+        import getpass
+
+        home = Path.home()
+        roots |= {str(home / ".triton"), str(home / ".cache" / "torch_extensions")}
+        roots.add(os.path.join(tempfile.gettempdir(), "torchinductor_" + getpass.getuser()))
+    except Exception:  # no home or user name (a container's anonymous uid)
+        pass
+    inductor = sys.modules.get("torch._inductor.runtime.cache_dir_utils")
+    if inductor is not None:  # only if torch loaded it: never import torch from here
+        try:
+            roots.add(inductor.cache_dir())
+        except Exception:
+            pass
+    return tuple(sorted({os.path.join(os.path.realpath(r), "") for r in roots if r}))
+
+
+def _module_file(module) -> str | None:
+    try:
+        file = getattr(module, "__file__", None)
+    except Exception:  # a lazy module that raises on attribute access
+        return None
+    return file if isinstance(file, str) and file else None
+
+
+def imported_sources(modules: Mapping[str, object] | None = None, roots: tuple[str, ...] | None = None,
+                     ) -> dict[str, str]:
+    """Real path -> SHA-256 of every loaded module's file outside ``roots`` (default: the installed environment).
+
+    A module registered under an installed package's name (torch puts generated
+    code under ``torch._inductor...``) is that package's, wherever its file is.
+    Never raises: a file that cannot be read now is left out.
+    """
+    modules = dict(sys.modules if modules is None else modules)
+    roots = environment_roots() if roots is None else roots
+    installed: dict[str, bool] = {}
+
+    def outside(path: str) -> bool:
+        return not any(path.startswith(root) for root in roots)
+
+    def top_level_installed(name: str) -> bool:
+        top = name.partition(".")[0]
+        if top not in installed:
+            file = _module_file(modules.get(top))
+            installed[top] = file is not None and not outside(os.path.realpath(file))
+        return installed[top]
+
+    sources: dict[str, str] = {}
+    for name, module in modules.items():
+        file = _module_file(module)
+        if file is None:
+            continue
+        path = os.path.realpath(file)
+        if path in sources or not outside(path) or ("." in name and top_level_installed(name)):
+            continue
+        try:
+            digest = sha256_of(path)
+        except (OSError, ValueError):
+            continue
+        if digest is not None:
+            sources[path] = digest
+    return dict(sorted(sources.items()))

@@ -1,0 +1,83 @@
+"""What several subcommands share: the spec with its command-line overrides, rendering a result, usage errors."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+
+def named_overrides(args: argparse.Namespace) -> dict:
+    """The flags that override one spec field each (they win over a ``--set`` of their field)."""
+    return {"--device": args.device, "--memory-budget": args.memory_budget, "--max-batch-size": args.max_batch_size}
+
+
+def load(args: argparse.Namespace):
+    """The spec with its overrides: every --set, left to right, then the named flags (which win for their field)."""
+    from isoprobe.spec.load import check_references, load_spec
+
+    spec = load_spec(args.spec, named_overrides(args), sets=args.set)
+    check_references(spec, args.spec)
+    return spec
+
+
+def budget_overridden(args: argparse.Namespace) -> bool:
+    """Did the command line set memory_budget (``--memory-budget`` or ``--set memory_budget=...``)?"""
+    return args.memory_budget is not None or any(text.partition("=")[0].strip() == "memory_budget"
+                                                 for text in args.set)
+
+
+def usage_error(message: str, command: str = "run"):
+    """A command line that cannot work, found before anything ran: one line, exit 2."""
+    from isoprobe.errors import ExitCode
+    from isoprobe.report.streams import tell
+
+    tell(f"isoprobe {command}: {message}")
+    raise SystemExit(ExitCode.BAD_SPEC)
+
+
+def wants_table(fmt: str) -> bool:
+    """``table``, or ``auto`` on a terminal: people read it; a pipe or a file gets JSON."""
+    return fmt == "table" or (fmt == "auto" and sys.stdout.isatty())
+
+
+def render(result, fmt: str) -> str:
+    """The result in one of ``run``'s formats: json, table, env, taskprolog, or auto."""
+    from isoprobe.report.output import render_table, result_json
+
+    if fmt in ("env", "taskprolog"):
+        from isoprobe.report.shell import render as render_shell, result_variables
+
+        usable = result.answered and result.recommended_batch_size is not None
+        return render_shell(result_variables(result), [] if usable else [result.message], fmt)
+    if wants_table(fmt):
+        return render_table(result)
+    return result_json(result)
+
+
+def read_result(path: str):
+    """A saved result, validated against the current model; a bad file is the user's mistake (exit 2).
+
+    Read as ``safe_read`` reads a spec: a regular file only (``/dev/zero`` or a FIFO
+    would never end), at most ``MAX_RESULT_BYTES``.
+    """
+    from pydantic import ValidationError
+
+    from isoprobe.errors import Problem, SpecError
+    from isoprobe.report.result import MAX_RESULT_BYTES, Result
+    from isoprobe.spec.safe_read import NOT_A_PIPE, Refused, read_regular_file
+
+    try:
+        text = read_regular_file(path, MAX_RESULT_BYTES, what="a result file")
+    except Refused as exc:
+        fix = NOT_A_PIPE if exc.kind not in (None, "a directory") else "give the JSON file that 'isoprobe run' printed"
+        raise SpecError(path, [Problem("", exc.reason, fix)]) from None
+    except OSError as exc:
+        raise SpecError(path, [Problem("", f"cannot read the file: {exc.strerror or exc}", "")]) from None
+    try:
+        return Result.model_validate_json(text)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise SpecError(path, [Problem(where, f"not an isoprobe result: {first['msg']}",
+                                       "give the JSON that 'isoprobe run' printed")]) from None

@@ -1,0 +1,29 @@
+"""``isoprobe show`` and ``plot``: a saved result rendered again (every view from the one Result model)."""
+
+from __future__ import annotations
+
+import argparse
+
+from isoprobe.cli.common import read_result, render
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from isoprobe.errors import ExitCode
+    from isoprobe.report.streams import emit
+
+    emit(render(read_result(args.result), args.format))
+    return ExitCode.ANSWERED
+
+
+def cmd_plot(args: argparse.Namespace) -> int:
+    from isoprobe.errors import OutputFailed, Problem, SpecError
+
+    result = read_result(args.result)  # a clear error for a file that is not a result, before matplotlib loads
+    from isoprobe.report.plot import PlotUnavailable, default_output, main_plot
+
+    try:
+        return main_plot(args.result, args.output, result=result)
+    except PlotUnavailable as exc:
+        raise SpecError(args.result, [Problem("", str(exc), "pip install 'isoprobe[plot]'")]) from None
+    except OSError as exc:  # the PNG could not be written: a full disk, a folder that is not there
+        raise OutputFailed(f"the plot {args.output or default_output(args.result)}", exc.strerror or str(exc)) from None

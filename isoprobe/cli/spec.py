@@ -1,0 +1,59 @@
+"""``isoprobe validate``, ``estimate`` and ``schema``: a spec read and checked, or a contract printed; no trial."""
+
+from __future__ import annotations
+
+import argparse
+
+from isoprobe.cli.common import budget_overridden, load, wants_table
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from isoprobe.errors import ExitCode
+    from isoprobe.report.streams import emit
+
+    spec = load(args)
+    source = spec.model.source
+    inputs = f"input {spec.input.shape}" if spec.input is not None else f"batch {spec.model.batch}"
+    task = spec.target.resolved_task if spec.target is not None else f"loss {spec.model.loss}"
+    step = f", the step {spec.model.step}" if spec.model.step else ""
+    ranks = spec.distributed.world_size or "the job's or node's"
+    distributed = f", {spec.distributed.strategy} over {ranks} ranks (batches per rank)" if spec.distributed.gang else ""
+    emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
+         f"{spec.training.mode} {spec.training.precision}{step}, optimizer {spec.optimizer.name}, device {spec.device}"
+         f"{distributed})")
+    return ExitCode.ANSWERED
+
+
+def cmd_estimate(args: argparse.Namespace) -> int:
+    """The traced estimate alone: the environment check's child, no trial (isoprobe.pipeline.estimate)."""
+    from isoprobe.errors import ExitCode
+    from isoprobe.pipeline.prediction import render_report
+    from isoprobe.pipeline.estimate import estimate_spec
+    from isoprobe.report.streams import emit, tell
+
+    report = estimate_spec(load(args), args.spec, "command line" if budget_overridden(args) else "spec")
+    emit(render_report(report) if wants_table(args.format) else report.model_dump_json(indent=2))
+    if report.estimate.per_sample_bytes is None:
+        # The command's one job is the estimate: without one (a model the trace cannot follow, a trace that
+        # ran out of time, a distributed spec) the report says why, and the exit code must not say "answered".
+        tell(f"isoprobe estimate: no estimate: {report.estimate.note or 'none came back'}; 'isoprobe run' "
+             "measures the answer without one")
+        return ExitCode.NO_ANSWER
+    return ExitCode.ANSWERED
+
+
+def cmd_schema(args: argparse.Namespace) -> int:
+    import json
+
+    from isoprobe.errors import ExitCode
+    from isoprobe.report.streams import emit
+
+    if args.spec:  # only the model asked for is imported: the result module (and its models) costs time
+        from isoprobe.spec.model import Spec
+
+        emit(json.dumps(Spec.model_json_schema(), indent=2))
+    else:
+        from isoprobe.report.result import Result
+
+        emit(json.dumps(Result.model_json_schema(), indent=2))
+    return ExitCode.ANSWERED

@@ -1,0 +1,26 @@
+"""The parent's orchestration: everything between a valid spec and a ``Result``, without torch.
+
+One module per job, in the order a probe runs them:
+
+    answer.py       cache -> lock -> probe -> store: the result for a spec, from the cache or a probe
+    pipeline.py     run_probe: environment check, search, recommendation, Result
+    environment.py  the inspect child's facts -> the target device, the trials' process conditions
+    trials.py       TrialRunner: the search's oracle, one executor run per trial
+    classify.py     a finished child's run -> one of the five outcomes, with evidence (pure)
+    edge.py         the edge search, the recommendation, the allocator comparison over the runner
+    explain.py      the one-sentence answer and what to try next (pure)
+
+Processes are the executor's business (``isoprobe.executors``); the trial
+itself is ``isoprobe.child``; what crosses between them is ``isoprobe.protocol.messages``.
+"""
+
+__all__ = ["run_probe"]
+
+
+def __getattr__(name: str):
+    """``run_probe`` on first use: a cache hit (probe.answer) must not pay for importing the pipeline."""
+    if name == "run_probe":
+        from isoprobe.pipeline.pipeline import run_probe
+
+        return run_probe
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,178 @@
+"""The result for a spec: from the cache when it holds a trusted answer, else from a probe that is then stored.
+
+cache -> lock -> (cache again) -> probe -> store. Concurrent runs of one setup
+probe once: the first holds the key's lock and the others wait for its answer,
+which may be "nothing fits" (exit 3) as much as a maximum. An entry answers
+only if it is a regular file that says something coherent (``cache_trust``)
+about the same code (``cache_sources``); anything else is noted and probed
+again, and the new answer replaces it. A cache that cannot be used costs the
+cache, never the answer. Nothing here imports torch; a cache hit starts no
+child at all.
+"""
+
+from __future__ import annotations
+
+import os
+
+from isoprobe.executors import Executor
+from isoprobe.report.output import Reporter
+from isoprobe.spec.model import Spec
+
+
+def answer(
+    spec: Spec,
+    spec_path: str,
+    reporter: Reporter,
+    *,
+    use_cache: bool = True,
+    refresh: bool = False,
+    budget_source: str = "spec",
+    environ: dict[str, str] | None = None,
+    executor: Executor | None = None,
+):
+    """The ``Result`` for ``spec``: cached (``cache.hit``) or probed, with this run's environment and plan."""
+    from isoprobe.cache.store import ResultCache, cache_directory, cache_key, key_material, uncacheable_gpu_probe
+    from isoprobe.system.hardware import nvml_gpus, run_environment, visible_devices
+
+    environ = dict(os.environ if environ is None else environ)
+    gpus = nvml_gpus(visible_devices(environ))
+    spec, world = _resolve_ranks(spec, environ, gpus, reporter)
+    context = _Context(spec, spec_path, reporter, budget_source, environ, run_environment(environ, gpus), executor)
+    context.world_size_source = world.source
+    if not use_cache:
+        return context.probe(cache=None)
+    if reason := uncacheable_gpu_probe(spec, gpus, environ):
+        reporter.note(reason)
+        return context.probe(cache=None)
+    cache = ResultCache(cache_directory(environ))
+    material = key_material(spec, spec_path, environ, gpus)
+    key = cache_key(material)
+    context.expected_threads = material["device"].get("threads", {}).get("intra_op")
+    try:
+        if not refresh and (hit := context.cached(cache, key)):
+            return hit
+        lock = cache.lock(key)
+        busy = not lock.try_acquire()
+        for note in lock.notes:  # a trap under the lock's name, removed
+            reporter.note(note)
+        if busy:
+            reporter.note(f"another isoprobe is probing this setup (lock {lock.path}); waiting for its answer")
+            lock.acquire()
+    except OSError as exc:  # an unusable cache folder (read-only, not a folder) costs the cache, not the answer
+        reporter.note(f"the cache folder {cache.directory} cannot be used ({exc.strerror or exc}); probing without it")
+        return context.probe(cache=None)
+    try:
+        if not refresh and (hit := context.cached(cache, key)):
+            return hit
+        return context.probe(cache=(cache, key))
+    finally:
+        lock.release()
+
+
+def _resolve_ranks(spec: Spec, environ: dict[str, str], gpus, reporter: Reporter):
+    """The spec with its gang's size and threads per rank written in (``ranks``), before the key is made."""
+    from isoprobe.system.hardware import ram_bytes
+    from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET
+    from isoprobe.executors.ranks import resolve_threads_per_rank, resolve_world_size, with_world_size
+
+    gpu_count = len(gpus or []) if spec.device != "cpu" else 0
+    world = resolve_world_size(spec, environ, gpu_count, ram_bytes=ram_bytes(),
+                               cpu_budget=spec.memory_budget or DEFAULT_CPU_BUDGET)
+    if world.note:
+        reporter.note(world.note)
+    return with_world_size(spec, world, resolve_threads_per_rank(spec, environ, world.size)), world
+
+
+class _Context:
+    """One invocation's facts, shared by its cache read and its probe."""
+
+    def __init__(self, spec, spec_path, reporter, budget_source, environ, environment, executor):
+        self.spec, self.spec_path, self.reporter = spec, spec_path, reporter
+        self.budget_source, self.environ, self.environment = budget_source, environ, environment
+        self.executor = executor
+        self.refused: set[str] = set()
+        self.world_size_source = "spec"
+        self.expected_threads = None  # the key's intra-op threads (cache_threads), checked against the trials'
+
+    def probe(self, cache):
+        from isoprobe.cache.store import now_utc
+        from isoprobe.cache.sources import SourceRecorder
+        from isoprobe.cache.trust import CACHEABLE, distrust
+        from isoprobe.report.output import result_json
+        from isoprobe.pipeline.pipeline import local_executor, run_probe
+        from isoprobe.report.result import CacheInfo, RunEnvironment
+
+        recorder = SourceRecorder(self.executor if self.executor is not None else local_executor(self.spec),
+                                  self.expected_threads)
+        result = run_probe(self.spec, self.spec_path, self.reporter, budget_source=self.budget_source,
+                           environ=self.environ, executor=recorder, world_size_source=self.world_size_source)
+        result = result.model_copy(update={"environment": RunEnvironment.model_validate(self.environment),
+                                           "sources": recorder.sources})
+        if cache is None or result.stop_reason not in CACHEABLE:  # only proven answers are kept
+            return result
+        if result.device.backend == "cuda" and not self.environment.get("gpus"):  # its key would be a CPU key
+            self.reporter.note("the answer is not cached: the GPU's facts for its key could not be read through NVML")
+            return result
+        store, key = cache
+        if reason := recorder.unsettled():
+            self.reporter.note(f"{reason}, so the answer is not cached")
+            return result
+        info = CacheInfo(hit=False, key=key, path=str(store.entry(key)), stored_at=now_utc())
+        stored = result.model_copy(update={"cache": info})
+        if reason := distrust(stored, key=key, spec=self.spec):  # never write what a read would refuse
+            self.reporter.note(f"the answer is not cached: {reason}")
+            return result
+        try:
+            store.write(key, result_json(stored))
+            self.reporter.note(f"answer cached in {info.path}")
+        except OSError as exc:  # a read-only or full cache folder costs the next run a probe, not this one its answer
+            self.reporter.note(f"could not write the cache entry {info.path}: {exc.strerror or exc}")
+            return result
+        return stored
+
+    def cached(self, cache, key):
+        """The stored answer, re-planned and re-labelled for this invocation, or None (missing, refused, stale)."""
+        from pydantic import ValidationError
+
+        from isoprobe.system.files import UntrustedFile
+        from isoprobe.cache.sources import changed_source
+        from isoprobe.cache.trust import distrust
+        from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
+        from isoprobe.report.result import CacheInfo, Result, RunEnvironment
+
+        entry = cache.entry(key)
+        try:
+            text = cache.read(key)
+            if text is None:
+                return None
+            stored = Result.model_validate_json(text)
+        except UntrustedFile as exc:
+            return self._refuse(f"cache entry {entry} is not trusted: {exc}; probing again")
+        except (ValidationError, ValueError) as exc:
+            return self._refuse(f"cache entry {entry} is unreadable ({type(exc).__name__}); probing again")
+        except NotADirectoryError:  # the folder is not one: taking the lock says so, and probes without the cache
+            return None
+        except OSError as exc:  # a permission, say: the probe's write replaces the entry if the folder allows
+            return self._refuse(f"cache entry {entry} cannot be read ({exc.strerror or exc}); probing again")
+        if reason := distrust(stored, key=key, spec=self.spec):
+            return self._refuse(f"cache entry {entry} is not trusted: {reason}; probing again")
+        if reason := changed_source(stored.sources):
+            return self._refuse(f"cache entry {entry} is stale: {reason}; probing again")
+        stored_at = stored.cache.stored_at
+        self.reporter.note(f"answer from the cache ({entry}, stored {stored_at or '?'}); "
+                           "no trial ran (--refresh probes again)")
+        return stored.model_copy(update={
+            "spec_path": self.spec_path,
+            "environment": RunEnvironment.model_validate(self.environment),
+            "accumulation": accumulation_plan(self.spec, micro_batch_ceiling(
+                stored.recommended_batch_size, stored.max_batch_size,
+                bool(stored.recommendation and stored.recommendation.soaks)), self.environ),
+            "cache": CacheInfo(hit=True, key=key, path=str(entry), stored_at=stored_at),
+        })
+
+    def _refuse(self, note: str) -> None:
+        """Say once why an entry is not used (the cache is read again under the lock)."""
+        if note not in self.refused:
+            self.refused.add(note)
+            self.reporter.note(note)
+        return None

@@ -1,0 +1,346 @@
+"""Before any trial: check the environment in a child, then decide where trials run and under what.
+
+The parent never imports torch, so what torch and the GPU are like comes from
+an ``inspect`` child (``protocol.InspectRequest``), run through the same
+executor as the trials. What it cannot build becomes a ``SpecError`` naming
+the field to fix. ``resolve_target`` and ``trial_conditions`` are pure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from isoprobe.errors import ProbeError, Problem, SpecError
+from isoprobe.executors import ChildRun, Conditions, Executor
+from isoprobe.system.hardware import cpu_name, ram_bytes
+from isoprobe.pipeline.classify import signal_name_of
+from isoprobe.executors.ranks import CPU_RAM_SHARE
+from isoprobe.protocol.messages import (
+    Estimate,
+    Estimated,
+    Facts,
+    Imported,
+    InspectProblem,
+    InspectRequest,
+    Inspected,
+    MemoryReading,
+    ModelBuilt,
+    Started,
+    Warm,
+    first_of,
+)
+from isoprobe.report.result import AllocatorInfo, DeviceInfo
+from isoprobe.spec.model import Spec
+from isoprobe.spec.units import format_bytes
+
+#: CPU backend budget when the spec sets none. Big enough for resnet50 at a
+#: handful of samples (imports take ~0.9 GiB of it), small enough that the
+#: search ends in minutes on 2 cores.
+DEFAULT_CPU_BUDGET = 3 * 1024**3
+#: Data segment a trial needs beyond the import baseline before any model exists.
+_MIN_BUDGET_MARGIN = 64 * 1024**2
+
+
+@dataclass(frozen=True)
+class Target:
+    """The resolved device: where trials run and the memory they may use."""
+
+    backend: Literal["cpu", "cuda"]
+    device: str
+    info: DeviceInfo
+    #: CUDA: the memory free when the environment was checked (other processes and a context already
+    #: taken out); what the allocator's reserved peak can actually reach.
+    free_bytes: int | None = None
+    #: CPU: the environment check's readings after its imports, which are every trial's (``preload``, in
+    #: ``inspect_conditions`` and ``trial_conditions`` alike): a trial's peak below them cannot be true
+    #: (``probe.plausibility``).
+    import_memory: MemoryReading | None = None
+
+    @property
+    def search_capacity(self) -> int:
+        """The memory the search's line predicts against: the capacity, or less where less is free."""
+        if self.free_bytes is None:
+            return self.info.capacity_bytes
+        return min(self.info.capacity_bytes, self.free_bytes)
+
+
+def inspect_conditions(spec: Spec) -> Conditions:
+    """How the environment check's process is started: it imports what every trial imports before its request.
+
+    Why the preload: the executor bounds a child's imports on their own, before
+    the request is delivered (``processes.import_timeout``: minutes, for a cold
+    page cache or a network filesystem), and runs the request's timeout from
+    delivery. So the check's whole bound is that import bound plus the spec's
+    ``search.trial_timeout`` for the rest (building the model on the meta device,
+    one forward pass on meta tensors, an optimizer on one parameter: less than a
+    trial does after the same imports). A factory that hangs is stopped after
+    trial_timeout, not after a fixed 300 s as it once was, and the ``warm``
+    event tells the two phases apart in the error. It also makes the import
+    baseline what a trial's process really imports (torch._dynamo included),
+    with a gang's threads per rank: so its process can be the trials' fork server's.
+    """
+    return Conditions(backend="cpu" if spec.device == "cpu" else "cuda", allocator=spec.allocator,
+                      preload=preload(spec), threads=spec.distributed.threads_per_rank)
+
+
+def inspect_environment(spec: Spec, spec_path: str, executor: Executor, python_path: list[str]) -> Facts:
+    """Run the inspect child; map what it cannot build to a SpecError, and a child without an answer to a ProbeError."""
+    run = executor.run(InspectRequest(spec=spec, python_path=python_path), inspect_conditions(spec),
+                       timeout=spec.search.trial_timeout, name="inspect")
+    # The first of each: written before the user's code ran at real batch sizes (the estimate's trace), which
+    # could append lines of its own to the channel.
+    inspected = first_of(run.events, Inspected)
+    if inspected is None or (run.timed_out and not run.verdict_at_timeout):
+        raise ProbeError(inspect_failure(run, spec), run.stderr_tail)
+    if inspected.problems:
+        raise SpecError(spec_path, [_inspect_problem(p) for p in inspected.problems])
+    estimated = first_of(run.events, Estimated)
+    if estimated is None:  # the trace hung, crashed or left: the search runs as it does without an estimate
+        return inspected.facts.model_copy(update={"estimate": Estimate(note=unfinished_trace(run, spec))})
+    return inspected.facts.model_copy(update={"estimate": estimated.estimate})
+
+
+#: The headline faulthandler's watchdog writes before it ends a process (``child.estimate._hard_deadline``).
+_WATCHDOG_HEADLINE = "Timeout ("
+
+
+def unfinished_trace(run: ChildRun, spec: Spec) -> str:
+    """Why no estimate came back after the check's verdict, as far as the run shows; the search goes on without one."""
+    if run.timed_out:
+        how = f"was still running at the check's timeout (search.trial_timeout, {spec.search.trial_timeout:g} s)"
+    elif run.returncode == 1 and _WATCHDOG_HEADLINE in run.stderr_tail:
+        how = ("ran past its own time limit where it could not be interrupted (in C code or a blocking call), "
+               f"and the check's process was ended after {run.seconds:.0f} s")
+    else:
+        signal_name = signal_name_of(run.returncode)
+        how = f"ended the check's process ({signal_name or f'exit status {run.returncode}'})"
+    return f"not estimated: the environment check's trace of a step {how}; the search starts as without one"
+
+
+def inspect_failure(run: ChildRun, spec: Spec) -> str:
+    """What people read when the environment check gave no answer: how it ended, and in which phase.
+
+    The phase comes from the child's last event and says only what that event
+    proves: ``started`` (importing), ``warm`` (imported; from then on the check
+    reports nothing until its answer, so it names all it does then),
+    ``imported`` and ``model_built`` where a check reports them.
+    """
+    model = f"{spec.model.source}: {getattr(spec.model, spec.model.source)}"
+    phase, importing = _inspect_phase(run.events, model)
+    if run.timed_out and importing:
+        how = f"was stopped after {run.seconds:.0f} s"
+        fix = " Importing should take seconds: check the Python environment and its filesystem."
+    elif run.timed_out:
+        how = f"was stopped after search.trial_timeout ({spec.search.trial_timeout:g} s)"
+        fix = " If the model is this slow to build, raise search.trial_timeout."
+    else:
+        signal_name = signal_name_of(run.returncode)
+        how = (f"was killed by {signal_name}" if signal_name else f"exited with status {run.returncode}")
+        how += " without an answer"
+        fix = ""
+    return f"the environment check (a child process) {how}. {phase}{fix}"
+
+
+def _inspect_phase(events: list, model: str) -> tuple[str, bool]:
+    """Where the check was, as far as its last event shows, and whether that was still its imports."""
+    last = next((e for e in reversed(events) if isinstance(e, (Started, Warm, Imported, ModelBuilt))), None)
+    if isinstance(last, ModelBuilt):
+        return (f"Its last report was 'model_built': it had built the model ({model}) and was checking the "
+                "optimizer and the training options.", False)
+    if isinstance(last, Imported):
+        return f"Its last report was 'imported': it was building the model ({model}).", False
+    if isinstance(last, Warm):
+        return (f"It had imported {', '.join(last.modules) or 'nothing ahead'}; after that it looks at the GPUs, "
+                f"builds the model ({model}) on the meta device and checks the spec's options, and reports nothing "
+                "until its answer.", False)
+    if isinstance(last, Started):
+        return "Its last report was 'started': it was importing torch and the model library.", True
+    return "It reported nothing: it did not get past starting Python.", True
+
+
+_INSPECT_STAGES = {
+    # stage: (field, what went wrong, how to fix it)
+    "model": ("model", "cannot be built", "check the name, the factory's module and function, and the kwargs"),
+    "optimizer": ("optimizer.kwargs", "cannot be built", "check the optimizer's keyword arguments"),
+    "allocator": ("allocator", "rejected by torch",
+                  "check the allocator string (keys such as expandable_segments:True, max_split_size_mb:128)"),
+    "input": ("input.shape", "does not fit the model", "set input.shape to what the model takes for one sample"),
+    "target": ("target", "does not match the model's output",
+               "set target.classes (or target.shape) to the model's output, or change the model's kwargs"),
+    "precision": ("training.precision", "cannot run on this device", "use fp32 or a precision the device supports"),
+    "checkpointing": ("training.gradient_checkpointing", "cannot be applied to this model",
+                      "turn it off, or wrap the model's blocks in nn.Sequential stages in the factory"),
+    "batch": ("model.batch", "cannot be loaded", "check the module and function name"),
+    "loss": ("model.loss", "cannot be loaded", "check the module and function name"),
+    "step": ("model.step", "cannot be used as the training step",
+             "define it as def train_step(model, optimizer, batch, device) in the named module"),
+}
+
+
+def _inspect_problem(problem: InspectProblem) -> Problem:
+    field, what, fix = _INSPECT_STAGES[problem.stage]
+    return Problem(field, f"{what}: {problem.type}: {problem.message}", fix)
+
+
+def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: str = "spec") -> Target:
+    """Pick the backend from the spec's device and what the inspect child saw. Pure given ``facts``."""
+    requested = spec.device
+    devices = facts.cuda_devices
+    note = None
+    if requested == "auto":
+        if devices:
+            requested_device, note = "cuda:0", "device auto: a GPU is visible, using cuda:0"
+        else:
+            requested_device = "cpu"
+            note = "device auto: no GPU visible, using the CPU backend (memory capped per trial)"
+    else:
+        requested_device = "cuda:0" if requested == "cuda" else requested
+    if requested_device == "cpu":
+        return _cpu_target(spec, facts, budget_source, source, note)
+    index = int(requested_device.split(":")[1])
+    if not devices:
+        raise SpecError(
+            source,
+            [Problem("device", f"{requested} was asked for, but torch sees no GPU here", "use device: auto or cpu")],
+        )
+    if index >= len(devices):
+        raise SpecError(
+            source,
+            [Problem("device", f"{requested} does not exist: {len(devices)} GPU(s) visible", "pick cuda:0 .. "
+                     f"cuda:{len(devices) - 1}")],
+        )
+    _check_gang_fits_node(spec, source, gpus=len(devices), index=index)
+    device = devices[index]
+    budget = spec.memory_budget
+    if budget is not None and budget > device.total_memory_bytes:
+        raise SpecError(
+            source,
+            [Problem("memory_budget",
+                     f"{format_bytes(budget)} is more than the GPU has ({format_bytes(device.total_memory_bytes)})",
+                     "lower it, or leave it unset to use the whole GPU")],
+        )
+    info = DeviceInfo(
+        backend="cuda",
+        requested=spec.device,
+        name=device.name,
+        index=index,
+        total_memory_bytes=device.total_memory_bytes,
+        memory_budget_bytes=budget,
+        budget_source=budget_source if budget is not None else None,
+        capacity_bytes=budget or device.total_memory_bytes,
+        note=note,
+    )
+    return Target("cuda", requested_device, info, device.free_memory_bytes)
+
+
+def _check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
+                          budget: int | None = None) -> None:
+    """A gang runs on this node: on CUDA one visible GPU per rank from cuda:0, on the CPU every rank's budget."""
+    if not spec.distributed.gang:
+        return
+    world = spec.distributed.world_size or 1
+    if gpus is not None and index != 0:
+        raise SpecError(source, [Problem("device", f"{spec.device}: a distributed trial's ranks take the visible GPUs "
+                                         f"from cuda:0 on (rank r on cuda:r)",
+                                         "use device: cuda (choose the GPUs with CUDA_VISIBLE_DEVICES)")])
+    if gpus is not None and world > gpus:
+        raise SpecError(source, [Problem("distributed.world_size", f"{world} ranks need {world} GPUs, one each; "
+                                         f"{gpus} visible here",
+                                         f"set it to at most {gpus} (a smaller gang's shards are larger: the answer "
+                                         "errs on the safe side)")])
+    if budget is not None and world * budget > int(ram_bytes() * CPU_RAM_SHARE):
+        raise SpecError(source, [Problem("distributed.world_size",
+                                         f"{world} ranks of {format_bytes(budget)} each need "
+                                         f"{format_bytes(world * budget)}, more than {CPU_RAM_SHARE:.0%} of this "
+                                         f"machine's {format_bytes(ram_bytes())}",
+                                         "lower distributed.world_size or memory_budget")])
+
+
+def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str, note: str | None) -> Target:
+    budget = spec.memory_budget or DEFAULT_CPU_BUDGET
+    _check_gang_fits_node(spec, source, budget=budget)
+    baseline = facts.memory_after_import.data
+    if baseline and budget < baseline + _MIN_BUDGET_MARGIN:
+        raise SpecError(
+            source,
+            [
+                Problem(
+                    "memory_budget",
+                    f"{format_bytes(budget)} is less than a trial needs just to import torch "
+                    f"({format_bytes(baseline)} measured here)",
+                    f"give at least {format_bytes(baseline + 512 * 1024**2)} for a small model",
+                )
+            ],
+        )
+    info = DeviceInfo(
+        backend="cpu",
+        requested=spec.device,
+        name=cpu_name(),
+        total_memory_bytes=ram_bytes(),
+        memory_budget_bytes=budget,
+        budget_source=budget_source if spec.memory_budget else "default",
+        capacity_bytes=budget,
+        import_baseline_bytes=baseline,
+        note=note,
+    )
+    return Target("cpu", "cpu", info, import_memory=facts.memory_after_import)
+
+
+def likely_backend(spec: Spec) -> Literal["cpu", "cuda"]:
+    """The backend the trials will most likely get, known before the inspect child answers.
+
+    Only used to start the first trial's process early: if the guess is wrong,
+    that process is discarded, never used. ``auto`` counts as CPU where the
+    NVIDIA driver shows no GPU (no /proc/driver/nvidia/gpus entry).
+    """
+    no_gpu = not any(Path("/proc/driver/nvidia/gpus").glob("*"))
+    return "cpu" if spec.device == "cpu" or (spec.device == "auto" and no_gpu) else "cuda"
+
+
+def allocator_setting(spec: Spec, backend: str, label: str | None = None) -> str | None:
+    """The PYTORCH_CUDA_ALLOC_CONF a trial gets: an ``allocators`` entry ('default' is '': removed), or ``allocator``."""
+    if label is None and spec.allocators and backend == "cuda":
+        label = spec.allocators[0]
+    if label is not None:
+        return "" if label == "default" else label
+    return spec.allocator
+
+
+def preload(spec: Spec) -> tuple[str, ...]:
+    """What a warm child imports before its request: everything a trial imports that touches no device.
+
+    torch._dynamo is on the list because constructing any torch optimizer imports
+    it (torch/_compile.py), about 2.5 s measured here: without it the warm child
+    would save the import of torch only to pay as much again in the build.
+    """
+    library = spec.model.library
+    return ("torch", "torch._dynamo") + ((library,) if library else ())
+
+
+def trial_conditions(spec: Spec, backend: str, memory_limit: int | None, allocator_label: str | None = None
+                     ) -> Conditions:
+    """How every ordinary trial's process is started: the backend, the allocator, the CPU cap, the preload."""
+    return Conditions(
+        backend=backend,
+        allocator=allocator_setting(spec, backend, allocator_label),
+        memory_limit=memory_limit if backend == "cpu" else None,
+        preload=preload(spec),
+        threads=spec.distributed.threads_per_rank,
+    )
+
+
+def allocator_info(spec: Spec, backend: str, environ: dict[str, str]) -> AllocatorInfo:
+    if spec.allocators and backend == "cuda":
+        value, source = spec.allocators[0], "spec"
+    elif spec.allocator is not None:
+        value, source = spec.allocator, "spec"
+    elif environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF"):
+        value = environ.get("PYTORCH_CUDA_ALLOC_CONF") or environ.get("PYTORCH_ALLOC_CONF")
+        source = "environment"
+    else:
+        value, source = None, "none"
+    variables = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] if spec.allocator is not None or (
+        spec.allocators and backend == "cuda") else []
+    return AllocatorInfo(value=value, source=source, variables=variables, applies=backend == "cuda")

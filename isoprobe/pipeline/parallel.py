@@ -1,0 +1,141 @@
+"""Parallel trials on one node (``search.parallel``): how many slots, and a round of trials, one per slot.
+
+Slots are homogeneous, checked before the search: on CUDA a slot is a visible
+GPU, and every one must be the same model with the same memory (NVML's facts),
+so that a batch's verdict does not depend on the slot it ran in. On the CPU
+backend a slot is one memory budget (each child is capped by RLIMIT_DATA at the
+budget), and at most ``min(cores, 80 % of RAM // budget)`` run at once: the caps
+together stay within the machine (another trial's memory must not push one
+over), and each trial keeps a core. On a 2-core machine with a 1.25 GiB budget
+that is 2; ``auto`` takes that maximum, a number above it is lowered, with a note.
+
+``observe_round`` is ``TrialRunner.observe`` for several batches at once: the
+requests run concurrently (``executors.rounds``), each CUDA slot on its own
+device, and each becomes a ``Trial`` in the runner's list, printed, and an
+observation of the search as soon as its child ends (in the order they end):
+an interrupt mid-round keeps what had ended. An ambiguous library error gets
+the runner's usual evidence (a re-run with more memory), one after another,
+after the round.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+
+from isoprobe.errors import Problem, SpecError
+from isoprobe.report.outcomes import Outcome, maybe_allocation_failure
+from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET, Target
+from isoprobe.protocol.messages import TrialRequest
+from isoprobe.search.history import Observation
+from isoprobe.spec.model import Spec
+
+#: The share of the machine's RAM the CPU slots' caps may add up to.
+CPU_RAM_SHARE = 0.8
+
+
+def cpu_slot_limit(budget: int, cores: int, ram: int) -> int:
+    """The most CPU slots: one core each, and the caps within ``CPU_RAM_SHARE`` of the RAM (at least 1)."""
+    return max(1, min(cores, int(ram * CPU_RAM_SHARE) // max(1, budget)))
+
+
+def resolve_slots(spec: Spec, target: Target, say, gpus: list[dict] | None = None) -> list[str]:
+    """The device of each slot (``['cuda:0', 'cuda:1']``, ``['cpu', 'cpu']``); one slot when parallel is 1.
+
+    A spec error when the GPUs are not all alike or fewer than asked for.
+    """
+    asked = spec.search.parallel
+    if asked == 1 or spec.distributed.gang:
+        return [target.device]
+    if target.backend == "cuda":
+        if gpus is None:
+            from isoprobe.system.hardware import nvml_gpus, visible_devices
+
+            gpus = nvml_gpus(visible_devices(os.environ))
+        visible = gpus or []
+        count = len(visible) if asked == "auto" else asked
+        if count > len(visible):
+            raise SpecError("search.parallel", [Problem("search.parallel", f"{count} slots asked, {len(visible)} GPUs "
+                                                        "visible (with their NVML facts)", "ask for at most that many")])
+        kinds = {(g.get("name"), g.get("total_memory_bytes")) for g in visible[:count]}
+        if len(kinds) > 1:
+            raise SpecError("search.parallel", [Problem("search.parallel", f"the slots' GPUs differ: {sorted(kinds)}",
+                                                        "make CUDA_VISIBLE_DEVICES name GPUs of one model and size")])
+        return [f"cuda:{i}" for i in range(count)]
+    from isoprobe.system.hardware import ram_bytes
+
+    budget = target.info.memory_budget_bytes or DEFAULT_CPU_BUDGET
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    most = cpu_slot_limit(budget, cores, ram_bytes())
+    count = most if asked == "auto" else min(asked, most)
+    if asked != "auto" and asked > most:
+        say(f"search.parallel {asked} lowered to {most}: CPU slots are at most min({cores} cores, "
+            f"{CPU_RAM_SHARE:.0%} of RAM // the budget)")
+    return ["cpu"] * count
+
+
+def search(runner, limits, history: list[Observation], step):
+    """The edge search over real trials: ``run_search`` with one slot, rounds of trials with several."""
+    from isoprobe.search.edge_search import run_search
+
+    devices = resolve_slots(runner.spec, runner.target, runner.reporter.note)
+    if len(devices) == 1:
+        return run_search(runner.observe, limits, history, step=step)
+    from isoprobe.search.parallel import run_parallel_search
+
+    runner.reporter.note(f"{len(devices)} slots: up to {len(devices)} trials at once ({', '.join(devices)})")
+    found = run_parallel_search(lambda batches, observed: observe_round(runner, batches, devices, observed), limits,
+                                len(devices), history, step=step)
+    runner.reporter.note(f"edge search: {len(history)} trials in {found.rounds} rounds")
+    return found.conclusion
+
+
+def observe_round(runner, batches: list[int], devices: list[str], observed) -> None:
+    """Run ``batches`` at once, slot ``i`` on ``devices[i]``; ``observed(slot, observation)`` as each trial ends.
+
+    Each trial joins ``runner.trials`` and is printed as its child ends (so its
+    index is the order of the ends), and its observation goes to the search at
+    once; only an ambiguous library error waits for its evidence, after the
+    round, as ``TrialRunner.run`` would make it wait. A signal mid-round thus
+    leaves every ended trial in the result and in what the search proved.
+    """
+    from isoprobe.executors.rounds import run_round
+    from isoprobe.pipeline.trials import _SEARCH_PURPOSES, observation_of
+
+    budget = runner.target.info.memory_budget_bytes
+    conditions = runner.conditions
+    if runner.target.backend == "cpu" and budget != conditions.memory_limit:
+        conditions = replace(conditions, memory_limit=budget)
+    jobs, purposes, rules, first = [], [], [], len(runner.trials) + 1
+    for slot, batch in enumerate(batches):
+        earlier = [t for t in runner.trials if t.batch_size == batch and t.purpose in _SEARCH_PURPOSES]
+        earlier += [None] * batches[:slot].count(batch)  # the same batch twice in a round: a confirmation
+        purpose = "search" if not earlier else (
+            "retry" if earlier[-1] is not None and earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT)
+            else "confirmation")
+        purposes.append(purpose)
+        rule = runner.steady_rule if purpose == "confirmation" else None  # it decides the maximum: until steady
+        rules.append(rule)
+        request = TrialRequest(spec=runner.spec, batch_size=batch, device=devices[slot], memory_budget_bytes=budget,
+                               python_path=runner.python_path, steady=rule)
+        jobs.append((request, conditions, runner.timeout(rule.max_steps if rule else None),
+                     f"round{first:03d}-s{slot}-b{batch}"))
+    ambiguous = []
+
+    def finished(slot: int, run) -> None:
+        trial = runner.record(run, batches[slot], purposes[slot], runner._asked(budget, rule=rules[slot]))
+        if trial.outcome is Outcome.ERROR and trial.error is not None and budget is not None \
+                and maybe_allocation_failure(trial.error.message):
+            ambiguous.append((slot, trial))  # counted once its evidence is in
+        else:
+            observed(slot, observation_of(trial, runner.spec.search.steps))
+
+    run_round(runner.executor, jobs, finished)
+    for slot, trial in ambiguous:  # the evidence an ambiguous error needs, as TrialRunner.run gets it
+        larger = runner._larger_budget(budget)
+        check = runner._launch(trial.batch_size, "memory_check", larger)
+        if check.outcome is Outcome.FITS:
+            trial = runner._reclassify(trial, (
+                f"{trial.error.type} under the budget, but batch {trial.batch_size} fit with more memory "
+                f"(trial {check.index}): an allocation failure"))
+        observed(slot, observation_of(trial, runner.spec.search.steps))

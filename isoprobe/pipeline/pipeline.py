@@ -1,0 +1,204 @@
+"""The probe: spec -> environment check -> search over real trials -> recommendation -> Result.
+
+This is where the pure parts (search, recommend, explain) meet the executor.
+It never imports torch and never starts a process itself: the environment
+check and every trial go through one ``Executor`` (``isoprobe.executors``),
+the local one by default, a scripted one in unit tests.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from isoprobe import __version__
+from isoprobe.errors import Terminated
+from isoprobe.executors import Executor
+from isoprobe.search.insights import memory_breakdown, throughput
+from isoprobe.report.output import Reporter
+from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
+from isoprobe.pipeline.prediction import predicted_max, prediction, prior_of
+from isoprobe.pipeline.edge import compare_allocators, search_and_recommend, stop_reason_of
+from isoprobe.pipeline.environment import (
+    DEFAULT_CPU_BUDGET,
+    allocator_info,
+    inspect_environment,
+    likely_backend,
+    resolve_target,
+    trial_conditions,
+)
+from isoprobe.pipeline.explain import Found, explain, limited_by
+from isoprobe.pipeline.trials import TrialRunner
+from isoprobe.report.result import DistributedInfo, Result, StopReason
+from isoprobe.spec.model import Spec
+from isoprobe.spec.units import format_bytes
+
+
+def local_executor(spec: Spec) -> Executor:
+    """The default: isolated child processes on this machine, forked from a server or spawned (warm or not);
+    with ``spec.distributed``, each trial a gang of them."""
+    from isoprobe.executors.local import LocalExecutor
+
+    forked = {None: ("cpu",), True: ("cpu", "cuda"), False: ()}[spec.search.fork_server]
+    local = LocalExecutor(warm=spec.search.warm_start, fork=forked)
+    if not spec.distributed.gang:
+        return local
+    from isoprobe.executors.gang import GangExecutor
+
+    return GangExecutor(local)
+
+
+def run_probe(
+    spec: Spec,
+    spec_path: str,
+    reporter: Reporter,
+    *,
+    budget_source: str = "spec",
+    environ: dict[str, str] | None = None,
+    executor: Executor | None = None,
+    world_size_source: str = "spec",
+) -> Result:
+    """Everything ``isoprobe run`` does between a valid spec and the printed result.
+
+    ``executor`` runs the environment check and the trials (default: the local
+    one); it is closed before this returns, so nothing it started outlives the probe.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    started = time.monotonic()
+    python_path = [str(Path(spec_path).resolve().parent)]
+    executor = executor if executor is not None else local_executor(spec)
+    try:
+        reporter.note("checking the environment (a child process imports torch and builds the model on the meta device)")
+        try:
+            # The first trial's process imports torch while the inspect child does the same. Inside
+            # this try: a signal held while the spare starts lands as it ends, and must still give a
+            # JSON document (found by test_interrupt with warm start on: 1 run in the full suite).
+            backend = likely_backend(spec)
+            executor.prestart(trial_conditions(spec, backend, spec.memory_budget or DEFAULT_CPU_BUDGET))
+            facts = inspect_environment(spec, spec_path, executor, python_path)
+        except (KeyboardInterrupt, Terminated) as stopped:
+            return _stopped_before_trials(spec, spec_path, stopped, environ, started)
+        target = resolve_target(spec, facts, budget_source, spec_path)
+        _describe_target(spec, target, reporter)
+        _describe_estimate(facts.estimate, target, reporter)
+        runner = TrialRunner(spec, target, executor, python_path, reporter)
+        comparison = None
+        if spec.allocators and target.backend == "cuda":
+            runner.allocator_label = spec.allocators[0]
+        try:
+            executor.prestart(runner.conditions)  # the guess was wrong: a spare started for it is replaced
+        except (KeyboardInterrupt, Terminated) as stopped:
+            # A signal held while the spare was replaced lands here, before the first trial: still one document.
+            found = Found(stop_reason_of(stopped), None, None)
+        else:
+            found = search_and_recommend(spec, target, runner, prior_of(facts.estimate))
+        interrupted = found.stop in (StopReason.INTERRUPTED, StopReason.TERMINATED)
+        if spec.allocators and not (interrupted and target.backend == "cuda"):  # no new trials after a signal
+            try:
+                comparison = compare_allocators(spec, target, runner, found)
+            except (KeyboardInterrupt, Terminated) as stopped:
+                # The first setting's answer stands; the comparison is incomplete, and the exit code says so.
+                found = replace(found, stop=stop_reason_of(stopped))
+    finally:
+        executor.close()
+    stop, max_fitting = found.stop, found.max_fitting
+    capped_by = limited_by(spec, max_fitting) if stop is StopReason.CAPPED else None
+    message, suggestions = explain(found, spec, target.info, runner.trials, capped_by)
+    return Result(
+        isoprobe_version=__version__,
+        python_version=platform.python_version(),
+        torch_version=facts.torch_version,
+        torchvision_version=facts.torchvision_version,
+        spec_path=spec_path,
+        spec=spec,
+        device=target.info,
+        allocator=allocator_info(spec, target.backend, environ),
+        answered=stop in (StopReason.EDGE_FOUND, StopReason.CAPPED),
+        max_batch_size=max_fitting,
+        first_failing_batch_size=found.first_failing,
+        short_max_batch_size=found.short_max,
+        first_failing_outcome=found.first_failing_outcome,
+        flaky_batch_sizes=list(found.flaky),
+        edge_flaky=any(max_fitting is None or b >= max_fitting for b in found.flaky),
+        limited_by=capped_by,
+        recommended_batch_size=found.recommended,
+        recommendation=found.recommendation,
+        throughput=throughput(runner.trials, spec.recommendation.throughput_tolerance),
+        memory_breakdown=memory_breakdown(runner.trials),
+        prediction=prediction(facts.estimate, target.search_capacity, max_fitting),
+        accumulation=accumulation_plan(spec, micro_batch_ceiling(
+            found.recommended, max_fitting, bool(found.recommendation and found.recommendation.soaks)), environ),
+        allocator_comparison=comparison,
+        stop_reason=stop,
+        message=message,
+        suggestions=suggestions,
+        distributed=distributed_info(spec, target.backend, world_size_source),
+        trials=runner.trials,
+        total_seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def distributed_info(spec: Spec, backend: str, world_size_source: str) -> DistributedInfo | None:
+    """What the result says of the gangs its trials ran as (None: one process per trial)."""
+    options = spec.distributed
+    if not options.gang:
+        return None
+    return DistributedInfo(strategy=options.strategy, world_size=options.world_size or 1,
+                           world_size_source=world_size_source, backend="nccl" if backend == "cuda" else "gloo",
+                           threads_per_rank=options.threads_per_rank)
+
+
+def _describe_estimate(estimate, target, reporter: Reporter) -> None:
+    """Where the search will start, and why: the traced estimate's line, or why there is none."""
+    if estimate is None:
+        return
+    predicted = predicted_max(estimate, target.search_capacity)
+    if predicted is None:
+        if estimate.note:
+            reporter.note(f"estimate: {estimate.note}; the search starts at search.start_batch_size")
+        return
+    reporter.note(f"estimate (one step traced on fake tensors in {estimate.seconds:.1f} s): "
+                  f"{format_bytes(estimate.fixed_bytes)} + {format_bytes(int(estimate.per_sample_bytes))} a sample, "
+                  f"so about {predicted} fit; the trials start near there and prove the edge")
+
+
+def _describe_target(spec: Spec, target, reporter: Reporter) -> None:
+    info = target.info
+    if info.note:
+        reporter.note(info.note)
+    if target.backend == "cpu" and spec.training.precision == "fp16-mixed":
+        reporter.note(
+            "fp16 autocast on the CPU backend: most CPUs emulate float16 math, so steps run several "
+            "times slower than fp32 (8x measured on AVX-512 without FP16); the memory is what fp16 needs"
+        )
+    if spec.distributed.gang:
+        world = spec.distributed.world_size or 1
+        reporter.note(f"distributed: {spec.distributed.strategy}, every trial a gang of {world} rank(s) "
+                      f"({'nccl, one GPU each' if target.backend == 'cuda' else 'gloo, the budget per rank'}); "
+                      "batches are per rank")
+    reporter.note(
+        f"backend {target.backend} ({info.name}), capacity {format_bytes(info.capacity_bytes)}"
+        + (f", of which importing torch takes {format_bytes(info.import_baseline_bytes)}"
+           if info.import_baseline_bytes else "")
+    )
+
+
+def _stopped_before_trials(spec: Spec, spec_path: str, stopped: BaseException, environ: dict, started: float):
+    """SIGINT/SIGTERM during the environment check: still one JSON document, with no trial in it."""
+    reason = stop_reason_of(stopped)
+    return Result(
+        isoprobe_version=__version__,
+        python_version=platform.python_version(),
+        spec_path=spec_path,
+        spec=spec,
+        allocator=allocator_info(spec, "cuda" if spec.device != "cpu" else "cpu", environ),
+        answered=False,
+        stop_reason=reason,
+        message=f"stopped by {'SIGTERM' if reason is StopReason.TERMINATED else 'SIGINT'} "
+                "during the environment check, before any trial",
+        trials=[],
+        total_seconds=round(time.monotonic() - started, 3),
+    )

@@ -1,0 +1,151 @@
+"""The recommended batch: advised from the fitting trials, then soaked (run long in a fresh process).
+
+``recommend.advise`` (pure) picks the batch from the memory line and the
+headroom; ``soak.judge`` (pure) reads a soak's per-step peaks. This module
+runs the trials they ask for: the soak of the advised batch, and of a lower
+one each time a soak does not survive, so that the batch reported is one that
+ran ``soak_steps`` steps and fit.
+"""
+
+from __future__ import annotations
+
+from isoprobe.search.insights import throughput
+from isoprobe.report.outcomes import Outcome
+from isoprobe.pipeline.environment import Target
+from isoprobe.pipeline.trials import TrialRunner
+from isoprobe.search.recommend import advise
+from isoprobe.report.result import MemoryModel, Recommendation, Soak, Trial
+from isoprobe.search.soak import judge, lower_batch
+from isoprobe.spec.model import Spec
+from isoprobe.spec.units import format_bytes
+
+#: Soaks per probe at most: the advised batch and two lower ones. A third failure says the memory
+#: keeps growing whatever the batch, which no batch size fixes: the recommendation is withdrawn.
+MAX_SOAKS = 3
+#: recommendation.soak_steps when the spec leaves it out, by backend (the field's description says why).
+DEFAULT_SOAK_STEPS = {"cuda": 20, "cpu": 6}
+
+
+def soak_steps(spec: Spec, backend: str) -> int:
+    """The soak's length as applied: the spec's, else the backend's default."""
+    steps = spec.recommendation.soak_steps
+    return DEFAULT_SOAK_STEPS[backend] if steps is None else steps
+
+
+def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int, first_failing: int | None):
+    """The recommended batch and how it was derived; (None, recommendation) when none survived its soak."""
+    under_budget = [t for t in runner.trials if t.purpose != "memory_check"]
+    fitting = [(t.batch_size, t.peak_bytes) for t in under_budget if t.outcome is Outcome.FITS and t.peak_bytes]
+    advice = advise(
+        max_fitting,
+        fitting,
+        target.info.capacity_bytes,
+        spec.recommendation.headroom,
+        spec.recommendation.multiple_of,
+        first_failing,
+    )
+    model = advice.line
+    recommendation = Recommendation(
+        capacity_bytes=advice.capacity_bytes,
+        headroom_bytes=advice.headroom_bytes,
+        target_peak_bytes=advice.target_peak_bytes,
+        memory_model=MemoryModel(intercept_bytes=model.intercept, per_sample_bytes=model.slope, points=model.points)
+        if model else None,
+        multiple_of=spec.recommendation.multiple_of,
+        predicted_peak_bytes=advice.predicted_peak_bytes,
+        soak_steps=soak_steps(spec, target.backend),
+        note=advice.note,
+    )
+    batch = advice.batch_size
+    if spec.recommendation.objective == "throughput":
+        batch, recommendation = _prefer_throughput(spec, runner.trials, batch, recommendation)
+    if recommendation.soak_steps == 0:
+        return _check(runner, batch, recommendation)
+    return _soak(runner, batch, recommendation, model.slope if model else None)
+
+
+def _check(runner: TrialRunner, batch: int, recommendation: Recommendation):
+    """Without a soak: run the batch once unless a trial already ran it and it fit."""
+    note = recommendation.note
+    measured = _fitting_at(runner, batch)
+    if measured is None:
+        check = runner.run(batch, purpose="recommendation_check")
+        if check.outcome is Outcome.FITS:
+            measured = check
+        else:
+            lower = [t for t in runner.trials
+                     if t.purpose != "memory_check" and t.outcome is Outcome.FITS and t.batch_size <= batch]
+            measured = max(lower, key=lambda t: t.batch_size) if lower else None
+            note += f"; the check run of {batch} ended {check.outcome.value}, so the recommendation fell back"
+            batch = measured.batch_size if measured else None
+    return batch, recommendation.model_copy(
+        update={"note": note, "measured_peak_bytes": measured.peak_bytes if measured else None})
+
+
+def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_sample: float | None):
+    """Soak ``batch``; move down while a soak does not survive. Every soak is kept, with its evidence."""
+    steps, target_peak = recommendation.soak_steps, recommendation.target_peak_bytes
+    soaks: list[Soak] = []
+    notes: list[str] = []
+    retried = False
+    while len(soaks) < MAX_SOAKS:
+        trial = runner.run(batch, purpose="soak", steps=steps)
+        if trial.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT) and not retried:
+            retried = True  # no evidence about memory: once more, in a fresh process
+            trial = runner.run(batch, purpose="soak", steps=steps)
+        fits = trial.outcome is Outcome.FITS
+        judged = judge(fits, steps, trial.step_peak_bytes, target_peak)
+        soaks.append(Soak(batch_size=batch, trial=trial.index, outcome=trial.outcome,
+                          steps_completed=len(trial.step_peak_bytes), growth_bytes_per_step=judged.growth_bytes_per_step,
+                          still_rising=judged.still_rising, projected_peak_bytes=judged.projected_peak_bytes,
+                          survived=judged.survived))
+        if judged.survived:
+            rising = " (its peak was still rising: a longer run may need more)" if judged.still_rising else ""
+            notes.append(f"{batch} survived a soak of {steps} steps{rising}")
+            return batch, _with(recommendation, soaks, notes, trial.peak_bytes)
+        if trial.outcome not in (Outcome.FITS, Outcome.OUT_OF_MEMORY):
+            twice = " twice" if trial.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT) else ""  # an error: once
+            notes.append(f"the soak of {batch} ended {trial.outcome.value}{twice}: no batch is recommended without "
+                         "a soak that survived")
+            return None, _with(recommendation, soaks, notes, None)
+        lower = lower_batch(batch, judged, per_sample, target_peak, recommendation.multiple_of)
+        notes.append(f"the soak of {batch} {_why(trial, judged, steps, target_peak)}, so {lower or 'nothing'} next")
+        if lower < 1:
+            break
+        batch = lower
+    tried = "its soak" if len(soaks) == 1 else f"{len(soaks)} soaks"
+    notes.append(f"no batch survived {tried}: memory grows from step to step whatever the batch "
+                 "(see the soak trials' step_peak_bytes)")
+    return None, _with(recommendation, soaks, notes, None)
+
+
+def _why(trial: Trial, judged, steps: int, target_peak: int) -> str:
+    done = len(trial.step_peak_bytes)
+    if trial.outcome is Outcome.OUT_OF_MEMORY:
+        return f"ran out of memory after {done} of {steps} steps"
+    growth = judged.growth_bytes_per_step or 0
+    return (f"kept growing ({format_bytes(growth)} a step) above the {format_bytes(target_peak)} target peak "
+            f"(projected {format_bytes(judged.projected_peak_bytes)} after {steps} steps)")
+
+
+def _with(recommendation: Recommendation, soaks: list[Soak], notes: list[str], peak: int | None) -> Recommendation:
+    return recommendation.model_copy(update={
+        "soaks": soaks, "measured_peak_bytes": peak, "note": "; ".join([recommendation.note, *notes])})
+
+
+def _fitting_at(runner: TrialRunner, batch: int) -> Trial | None:
+    return next((t for t in runner.trials if t.purpose != "memory_check" and t.batch_size == batch
+                 and t.outcome is Outcome.FITS), None)
+
+
+def _prefer_throughput(spec: Spec, trials: list[Trial], recommended: int, recommendation: Recommendation):
+    """objective: throughput: the smallest tested batch within the headroom that is about as fast as the best."""
+    within = [t for t in trials if t.batch_size <= recommended]
+    curve = throughput(within, spec.recommendation.throughput_tolerance)
+    if curve is None or curve.fastest_batch_size >= recommended:
+        return recommended, recommendation
+    fastest = curve.fastest_batch_size
+    note = (f"{recommendation.note}; objective throughput: {fastest} runs within "
+            f"{spec.recommendation.throughput_tolerance:.0%} of the best samples/s measured up to {recommended}")
+    measured = max((t.peak_bytes for t in trials if t.batch_size == fastest and t.peak_bytes), default=None)
+    return fastest, recommendation.model_copy(update={"note": note, "measured_peak_bytes": measured})

@@ -1,0 +1,63 @@
+"""The long-run search: when the edge's confirmation failed after the search's steps, find the steady edge below.
+
+The short search (``isoprobe.search.edge_search``) ends as soon as its maximum's
+confirmation, run until its peak is steady, ran out of memory at a later step
+or was still rising at the cap (``Conclusion.long_run_failure``). Every trial
+from there on runs until steady (purpose ``long_run``), and the pure planner
+(``long_run.next_long_run_batch``) chooses them: first below the failure by the
+growth it measured, in samples of the search's memory line, doubling down until
+one is steady, then bisecting. The answer is the largest batch proven steady,
+and the smallest above it that was not; a short fit above it is never the answer.
+"""
+
+from __future__ import annotations
+
+from isoprobe.search import long_run
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.pipeline.explain import Found
+from isoprobe.pipeline.trials import TrialRunner
+from isoprobe.search.edge_search import Conclusion
+from isoprobe.search.history import Limits
+from isoprobe.search.steps import memory_line
+
+#: A long-run trial that crashed or timed out runs again once (a fresh process may tell); then it is a failure.
+_RETRIES = 1
+
+
+def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion) -> Found:
+    """From the batch whose confirmation failed in the long run down to the largest batch that is steady."""
+    rule = runner.steady_rule
+    failed = conclusion.long_run_failure
+    if rule is None or failed is None:
+        raise ValueError("a long-run search needs a steady rule and a long-run failure")
+    deciding = next(t for t in reversed(runner.trials) if t.batch_size == failed and t.steady_rule is not None)
+    line = memory_line(conclusion.history, limits)
+    jump = long_run.first_jump(deciding.step_budget_peak_bytes, runner.spec.search.steps, limits.capacity,
+                             line.slope if line else None)
+    ran: dict[int, bool] = {failed: False}
+    outcomes: dict[int, Outcome] = {failed: deciding.outcome}
+    done = len(deciding.step_seconds)
+    how = f"still rising after {done} steps" if deciding.outcome is Outcome.STILL_RISING else \
+        f"{deciding.outcome.value} at step {done + 1}"
+    runner.reporter.note(f"batch {failed} fit {runner.spec.search.steps} steps but not the long run ({how}): "
+                         "searching below it with trials that run until their peak is steady")
+    while (batch := long_run.next_long_run_batch(ran, jump)) is not None:
+        for _ in range(1 + _RETRIES):
+            trial = runner.run(batch, "long_run", rule=rule)
+            if trial.outcome not in (Outcome.CRASHED, Outcome.TIMED_OUT):
+                break
+        if trial.outcome is Outcome.ERROR:
+            return Found(StopReason.ERROR, _largest(ran), None, None, conclusion.flaky, short_max=failed)
+        ran[batch] = trial.outcome is Outcome.FITS
+        outcomes[batch] = trial.outcome
+    lower = _largest(ran)
+    upper = min(b for b, ok in ran.items() if not ok and (lower is None or b > lower))
+    if lower is None:
+        # Down to batch 1 (or an error), nothing held: its memory rose until it ran out or hit the step cap.
+        return Found(StopReason.STILL_RISING, None, upper, outcomes[upper], conclusion.flaky, short_max=failed)
+    return Found(StopReason.EDGE_FOUND, lower, upper, outcomes[upper], conclusion.flaky, short_max=failed)
+
+
+def _largest(ran: dict[int, bool]) -> int | None:
+    fits = [b for b, ok in ran.items() if ok]
+    return max(fits) if fits else None

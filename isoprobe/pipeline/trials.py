@@ -1,0 +1,259 @@
+"""The search's oracle: each call runs one trial through the executor and records it as a ``Trial``.
+
+``TrialRunner`` knows what a trial is *for* (search, retry, confirmation,
+recommendation check, memory check), what each was asked to do (against which
+its 'fits' is vetted, ``probe.plausibility``), and when an ambiguous library
+error needs evidence (a re-run with more memory) before it counts as out of
+memory. It does not know how a process is started: that is the executor's
+job, so the same runner drives real children, a gang of ranks, or a scripted
+executor in a unit test.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from isoprobe.errors import ProbeError
+from isoprobe.executors import ChildRun, Executor
+from isoprobe.executors.rounds import run_round
+from isoprobe.search.insights import step_throughput
+from isoprobe.report.outcomes import Outcome, card_was_full, maybe_allocation_failure
+from isoprobe.report.output import Reporter
+from isoprobe.pipeline.classify import classify_exit
+from isoprobe.pipeline.environment import Target, trial_conditions
+from isoprobe.pipeline.plausibility import Asked
+from isoprobe.protocol.messages import StepDone, TrialRequest
+from isoprobe.report import steady
+from isoprobe.report.result import RankTrial, Trial
+from isoprobe.search.history import Observation
+from isoprobe.spec.model import Spec
+from isoprobe.report.steady import SteadyRule
+from isoprobe.spec.units import format_bytes
+
+#: The purposes whose trials the search itself asked for (its history).
+_SEARCH_PURPOSES = ("search", "retry", "confirmation")
+
+
+def _rounded(value, digits: int):
+    return None if value is None else round(float(value), digits)
+
+
+def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, asked: Asked | None = None) -> Trial:
+    """A finished child's run as the result's ``Trial``: its classified outcome and what it measured.
+
+    ``asked``: what the trial was asked to do, against which a 'fits' is vetted (``classify_exit``).
+    A run whose end isoprobe's own fork server lost (``ChildRun.lost``) is no
+    outcome of the batch's at all: it raises ``ProbeError`` (the executor re-runs
+    such runs, so one comes here only when the failures went on; see ``lost_run``).
+    """
+    if run.lost is not None:
+        raise ProbeError(lost_run(run, batch_size))
+    if run.ranks:
+        return _gang_trial(run, index, batch_size, purpose, asked)
+    end = classify_exit(run, asked)
+    result = end.result
+    fits = end.outcome is Outcome.FITS
+    keep_stderr = end.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT, Outcome.ERROR) or bool(end.evidence)
+    steps = result.step_seconds if result else []
+    speed, spread = step_throughput(batch_size, steps) if fits else (None, None)
+    # Every step's reading, also those of a trial that failed later (a soak that ran out at step 9).
+    step_events = [e for e in run.events if isinstance(e, StepDone)]
+    return Trial(
+        index=index,
+        batch_size=batch_size,
+        purpose=purpose,
+        outcome=end.outcome,
+        peak_bytes=result.peak_bytes if result else None,
+        peak_allocated_bytes=result.peak_allocated_bytes if result else None,
+        budget_peak_bytes=result.budget_peak_bytes if result else None,
+        base_bytes=result.base_bytes if result else None,
+        step_seconds=[round(s, 4) for s in steps],
+        step_peak_bytes=[e.peak_bytes for e in step_events if e.peak_bytes is not None],
+        step_held_bytes=[e.held_bytes for e in step_events if e.held_bytes is not None],
+        step_budget_peak_bytes=[e.budget_peak_bytes for e in step_events if e.budget_peak_bytes is not None],
+        steady_rule=asked.steady if asked is not None else None,
+        samples_per_second=_rounded(speed, 3),
+        step_seconds_spread=_rounded(spread, 4),
+        sizes=result.sizes if fits and result else None,
+        compile_seconds=_rounded(result.compile_seconds, 3) if result else None,
+        eval_seconds=_rounded(result.eval_seconds, 4) if result else None,
+        applied=result.applied if result else None,
+        seconds=round(run.seconds, 3),
+        warm_start=run.warm,
+        forked=run.forked,
+        phase=end.phase,
+        error=result.error if result else None,
+        exit_code=run.returncode,
+        signal=end.signal_name,
+        stderr_tail=run.stderr_tail if keep_stderr and run.stderr_tail else None,
+        reclassified=end.evidence,
+    )
+
+
+def lost_run(run: ChildRun, batch_size: int) -> str:
+    """What people read when isoprobe's own machinery kept failing a trial: no answer rather than a lower one."""
+    times = len(run.lost_before) + 1
+    return (f"isoprobe's fork server failed while it ran a trial of batch {batch_size} ({run.lost}"
+            + (f"; {times} times in a row" if times > 1 else "") + "). That says nothing about the batch, so "
+            "the probe stops without an answer rather than count it. Run it again; if this repeats, set "
+            "search.fork_server: false to spawn each trial instead")
+
+
+def _gang_trial(run: ChildRun, index: int, batch_size: int, purpose: str, asked: Asked | None) -> Trial:
+    """A gang's run: it fits only if every rank fits; otherwise it is the first failing rank's outcome.
+
+    Each rank is classified on its own, by the same rules as a single trial.
+    The deciding rank is the one the supervisor saw fail first; with none, a
+    rank whose 'fits' did not hold up (implausible, over its budget), else the
+    rank with the highest peak in the budget's units, which is the one the
+    search's memory line must follow.
+    """
+    per_rank = [trial_from_run(rank_run, index, batch_size, purpose, asked) for rank_run in run.ranks]
+    deciding = run.failed_rank
+    if deciding is None:
+        unfit = [rank for rank, trial in enumerate(per_rank) if trial.outcome is not Outcome.FITS]
+        deciding = unfit[0] if unfit else max(
+            range(len(per_rank)), key=lambda r: (per_rank[r].budget_peak_bytes or per_rank[r].peak_bytes or 0, -r))
+    ranks = [
+        RankTrial(rank=rank, outcome=trial.outcome, peak_bytes=trial.peak_bytes,
+                  budget_peak_bytes=trial.budget_peak_bytes, base_bytes=trial.base_bytes, sizes=trial.sizes,
+                  exit_code=trial.exit_code,
+                  stopped_by_gang=run.failed_rank is not None and rank != run.failed_rank)
+        for rank, trial in enumerate(per_rank)
+    ]
+    return per_rank[deciding].model_copy(update={
+        "ranks": ranks, "failed_rank": run.failed_rank, "gang_stop_seconds": run.gang_stop_seconds,
+        "seconds": round(run.seconds, 3),
+    })
+
+
+class TrialRunner:
+    """Runs trials through an executor and keeps them all, in order, as the result's ``trials``."""
+
+    def __init__(self, spec: Spec, target: Target, executor: Executor, python_path: list[str], reporter: Reporter):
+        self.spec = spec
+        self.target = target
+        self.executor = executor
+        self.python_path = python_path
+        self.reporter = reporter
+        self.trials: list[Trial] = []
+        self.allocator_label: str | None = None  # set while comparing allocators: tags each trial
+        self.conditions = trial_conditions(spec, target.backend, target.info.memory_budget_bytes)
+        #: How long a trial that decides the maximum steps (None: search.steady_steps is 0, every trial is short).
+        self.steady_rule = steady.rule_for(spec.search.steps, spec.search.steady_steps)
+
+    def use_allocator(self, label: str) -> None:
+        """From now on trials run under this ``allocators`` entry (and are tagged with it)."""
+        self.allocator_label = label
+        self.conditions = trial_conditions(self.spec, self.target.backend, self.target.info.memory_budget_bytes,
+                                           label)
+        self.executor.prestart(self.conditions)
+
+    def run(self, batch_size: int, purpose: str = "search", steps: int | None = None,
+            rule: SteadyRule | None = None) -> Trial:
+        """One trial (``steps``: instead of search.steps; ``rule``: steps on until steady); an ambiguous library error needs evidence before it
+        is classified: a re-run with more memory under a budget, the card's free memory at the failure without."""
+        budget = self.target.info.memory_budget_bytes
+        trial = self._launch(batch_size, purpose, budget, steps, rule)
+        if not (trial.outcome is Outcome.ERROR and trial.error is not None
+                and maybe_allocation_failure(trial.error.message)):
+            return trial
+        headline = f"{trial.error.type}: {trial.error.message.splitlines()[0] if trial.error.message else ''}"
+        if budget is not None:
+            larger = self._larger_budget(budget)
+            check = self._launch(batch_size, "memory_check", larger, steps, rule)
+            if check.outcome is Outcome.FITS:
+                trial = self._reclassify(trial, (
+                    f"{headline} under the {format_bytes(budget)} budget, but batch {batch_size} fit with "
+                    f"{format_bytes(larger) if larger else 'no cap'} (trial {check.index}): an allocation failure"))
+        elif self.target.backend == "cuda" and (memory := trial.error.cuda_memory) is not None:
+            if card_was_full(memory.free_bytes, memory.total_bytes):
+                trial = self._reclassify(trial, (
+                    f"{headline} with {format_bytes(memory.free_bytes)} of {format_bytes(memory.total_bytes)} free "
+                    f"on the card (this process had {format_bytes(memory.reserved_bytes)} reserved): a library "
+                    "could not get its memory, an allocation failure"))
+        return trial
+
+    def _reclassify(self, trial: Trial, reason: str) -> Trial:
+        """An ambiguous error proven to be an allocation failure: out_of_memory, with the evidence."""
+        trial = trial.model_copy(update={"outcome": Outcome.OUT_OF_MEMORY, "reclassified": reason})
+        self.trials[trial.index - 1] = trial
+        self.reporter.note(f"trial {trial.index} reclassified as out_of_memory: {reason}")
+        return trial
+
+    def _larger_budget(self, budget: int) -> int | None:
+        """Twice the budget: on CPU capped at the machine's RAM; on CUDA no cap at all (the whole card)."""
+        if self.target.backend == "cuda":
+            return None
+        return min(2 * budget, self.target.info.total_memory_bytes)
+
+    def _launch(self, batch_size: int, purpose: str, budget: int | None, steps: int | None = None,
+                rule: SteadyRule | None = None) -> Trial:
+        index = len(self.trials) + 1
+        request = TrialRequest(spec=self.spec, batch_size=batch_size, device=self.target.device,
+                               memory_budget_bytes=budget, python_path=self.python_path, steps=steps, steady=rule)
+        conditions = self.conditions
+        if self.target.backend == "cpu" and budget != conditions.memory_limit:
+            conditions = replace(conditions, memory_limit=budget)
+        recorded: list[Trial] = []
+        # A round of one: the trial is recorded with SIGINT/SIGTERM held from the moment its child's end is seen,
+        # so a signal then never drops it (issue 25).
+        timeout = self.timeout(rule.max_steps if rule else steps)
+        run_round(self.executor, [(request, conditions, timeout, f"trial{index:03d}-b{batch_size}")],
+                  lambda slot, run: recorded.append(self.record(run, batch_size, purpose,
+                                                                self._asked(budget, steps, rule))))
+        return recorded[0]
+
+    def record(self, run: ChildRun, batch_size: int, purpose: str, asked: Asked) -> Trial:
+        """A finished run as the next of ``trials``, printed (after why it was run again, if it was).
+
+        The executor calls this with SIGINT/SIGTERM held (``executors.rounds``).
+        """
+        index = len(self.trials) + 1
+        for reason in run.lost_before:
+            self.reporter.note(f"trial {index} (batch {batch_size}) was run again: {reason}; isoprobe's failure, "
+                               "not the batch's, so it is not counted")
+        trial = trial_from_run(run, index, batch_size, purpose, asked)
+        if self.allocator_label is not None:
+            trial = trial.model_copy(update={"allocator": self.allocator_label})
+        self.trials.append(trial)
+        self.reporter.trial(trial)
+        if trial.reclassified:  # not what the child said: the reason, where people read the progress
+            self.reporter.note(f"  trial {index} is {trial.outcome.value}: {trial.reclassified}")
+        return trial
+
+    def timeout(self, steps: int | None) -> float:
+        """search.trial_timeout, stretched for a trial of more steps than the search's (a soak)."""
+        timeout = self.spec.search.trial_timeout
+        return timeout * max(1.0, (steps or 0) / self.spec.search.steps)
+
+    def _asked(self, budget: int | None, steps: int | None = None, rule: SteadyRule | None = None) -> Asked:
+        """What a trial of this probe is asked to do, under ``budget``: what its 'fits' is vetted against."""
+        return Asked(steps=steps or self.spec.search.steps, backend=self.target.backend, budget_bytes=budget,
+                     eval_pass=self.spec.training.eval_pass, import_memory=self.target.import_memory, steady=rule)
+
+    def observe(self, batch_size: int) -> Observation:
+        """The search's oracle. A batch seen before is a retry (after a crash or timeout) or a confirmation."""
+        earlier = [t for t in self.trials if t.batch_size == batch_size and t.purpose in _SEARCH_PURPOSES
+                   and t.allocator == self.allocator_label]
+        if not earlier:
+            purpose = "search"
+        elif earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT):
+            purpose = "retry"
+        else:
+            purpose = "confirmation"
+        # The confirmation decides the reported maximum: it steps until its peak is steady (isoprobe.report.steady).
+        trial = self.run(batch_size, purpose, rule=self.steady_rule if purpose == "confirmation" else None)
+        return observation_of(trial, self.spec.search.steps)
+
+
+def observation_of(trial: Trial, short_steps: int) -> Observation:
+    """What the search learns from a trial; a deciding trial that failed only after the search's steps
+    (out of memory at a later step, or still rising) is a long-run failure (``Observation.long_run``)."""
+    if trial.outcome is not Outcome.FITS:
+        long_run = trial.steady_rule is not None and (
+            trial.outcome is Outcome.STILL_RISING
+            or (trial.outcome is Outcome.OUT_OF_MEMORY and len(trial.step_seconds) >= short_steps))
+        return Observation(trial.batch_size, trial.outcome, long_run=long_run)
+    peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
+    return Observation(trial.batch_size, trial.outcome, peak, trial.base_bytes)

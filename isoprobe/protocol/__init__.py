@@ -1,0 +1,8 @@
+"""The contract between the parent and a trial's process: typed requests in, typed events out.
+
+Both sides import this package; it imports neither side (only ``spec`` and ``report``), and never torch.
+
+    messages.py  the requests and events, as pydantic models, and how they are written and read
+    wiring.py    the names that wire a child to its parent: its module, arguments, environment variables
+    sources.py   which files count as the user's (what a child reports, what the parent's cache hashes)
+"""

@@ -1,0 +1,396 @@
+"""The contract between the parent and a trial's child process: requests in, events out.
+
+Both sides import this module, and it imports no torch, so the parent can read
+what a child wrote without ever loading torch. Everything that crosses the
+process boundary is defined here and only here:
+
+- **Requests** (parent to child, a JSON file whose path is on the child's
+  command line or, for a warm child, on its stdin): ``TrialRequest`` runs
+  training steps at one batch size, ``InspectRequest`` checks the environment
+  once per probe. The spec travels typed, so the child reads its defaults from
+  the same model the parent validated, never restated by hand.
+- **Events** (child to parent, one complete JSON line each, appended to the
+  file named by ``EVENTS_ENV``): ``started``, ``warm``, ``request``,
+  ``imported``, ``model_built``, ``step``, ``eval``, then exactly one
+  ``result`` (a trial) or ``inspected`` (the environment check, then its
+  ``estimated``). A line that
+  is cut short, is not JSON or does not match an event's model is dropped: it
+  is never guessed at, so a child that leaves no valid verdict is ``crashed``.
+- **The names** of the environment variables and arguments that wire a child
+  to its parent (defined in ``wiring``, re-exported here).
+
+Only same-version parents and children talk (the child runs from the parent's
+own package), so every model is strict (``extra="forbid"``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from isoprobe.report.outcomes import Outcome
+from isoprobe.report.result import Applied, ErrorInfo, Sizes
+from isoprobe.spec.model import Spec
+from isoprobe.report.steady import SteadyRule
+from isoprobe.protocol.wiring import (  # noqa: F401 - defined there (the child reads them before torch), named from here
+    CHILD_MODULE,
+    EVENTS_ENV,
+    IDLE_ARGUMENT,
+    LIFELINE_ENV,
+    PRELOAD_ENV,
+    SERVE_ARGUMENT,
+    WAIT_ARGUMENT,
+)
+
+
+#: Exception messages are cut to this many characters (ErrorInfo.message, InspectProblem.message), so that
+#: an event stays one bounded line whatever the user's code raised.
+MESSAGE_CHARS = 2000
+
+
+class _Message(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- requests
+
+
+class RankAssignment(_Message):
+    """One rank of a gang (``spec.distributed``): which rank this child is, and where the gang meets.
+
+    The rendezvous is a ``torch.distributed.FileStore`` on a file in the trial's
+    own folder, not a TCP port: two probes (or two trials) on one node cannot
+    meet each other's ranks, and there is no port to find free and race for.
+    The collectives' own connections (gloo, nccl) use ports the kernel assigns.
+    """
+
+    rank: int = Field(ge=0)
+    world_size: int = Field(ge=1)
+    store_path: str = Field(description="The gang's FileStore file, one per trial.")
+    backend: Literal["gloo", "nccl"] = Field(description="gloo on the CPU backend, nccl on CUDA.")
+
+
+class TrialRequest(_Message):
+    """Run the spec's training steps at one batch size and report the peak memory."""
+
+    mode: Literal["trial"] = "trial"
+    spec: Spec
+    batch_size: int = Field(ge=1)
+    device: str = Field(description="torch device string the trial runs on: 'cpu' or 'cuda:N'.")
+    memory_budget_bytes: int | None = Field(
+        None, description="CUDA: applied as the per-process memory fraction. CPU: the rlimit (set by the executor)."
+    )
+    python_path: list[str] = Field(default_factory=list, description="Folders put in front of sys.path (the spec's).")
+    steps: int | None = Field(
+        None, ge=1, description="Training steps to run instead of search.steps (the recommendation's soak)."
+    )
+    steady: SteadyRule | None = Field(
+        None, description="Set for a trial that decides the edge: after its steps it keeps stepping until its "
+                          "peak is steady or the rule's cap (isoprobe.report.steady); None: exactly its steps."
+    )
+    rank: RankAssignment | None = Field(
+        None, description="Set for each rank of a distributed trial (the gang executor's fan-out); None: one process."
+    )
+
+
+class InspectRequest(_Message):
+    """Report versions and devices, and check that the model, optimizer and options can be set up."""
+
+    mode: Literal["inspect"] = "inspect"
+    spec: Spec
+    python_path: list[str] = Field(default_factory=list)
+
+
+Request = Annotated[Union[TrialRequest, InspectRequest], Field(discriminator="mode")]
+_REQUEST = TypeAdapter(Request)
+
+
+def request_json(request: TrialRequest | InspectRequest) -> str:
+    return request.model_dump_json()
+
+
+def read_request(path: str | Path) -> TrialRequest | InspectRequest:
+    """The child's side: its request file, typed (a malformed one raises ValidationError)."""
+    return _REQUEST.validate_json(Path(path).read_bytes())
+
+
+# --------------------------------------------------------------------------- events
+
+
+class MemoryReading(_Message):
+    """The child's own memory from /proc/self/status, in bytes (None where the kernel does not say)."""
+
+    peak_rss: int | None = None
+    rss: int | None = None
+    data: int | None = None
+    peak_data: int | None = None
+
+
+#: The ``sources`` of a trial's and of the inspect child's last event (``isoprobe.cache.sources``).
+_SOURCES = ("The user's module files this child imported (outside the installed environment), as real path -> "
+            "SHA-256, read at its end: the cache trusts an answer only while they are unchanged.")
+#: The ``reads`` of the same events (``isoprobe.child.reads``).
+_READS = ("The user's files this child opened for reading (outside the installed environment, not written by it), "
+          "as real paths; the parent hashes them into the entry's sources, so a changed config file is stale.")
+
+
+class _Event(_Message):
+    t: float = Field(default_factory=time.time, description="Wall-clock time the child wrote the event.")
+
+
+class Started(_Event):
+    event: Literal["started"] = "started"
+    pid: int
+
+
+class Warm(_Event):
+    """A warm child finished its imports and waits for its request (it never touched a device)."""
+
+    event: Literal["warm"] = "warm"
+    modules: list[str]
+    seconds: float
+    cuda_initialized: bool
+    idle_priority: bool
+    forked: bool = Field(False, description="Forked from the probe's fork server, which did the imports.")
+    own_data_bytes: int = Field(
+        0, ge=0, description="What isoprobe's own modules add to this process's data segment, measured after the "
+        "preload (child.memory.credit_own): credited to a CPU cap and left out of the memory readings.")
+
+
+class RequestReceived(_Event):
+    event: Literal["request"] = "request"
+    path: str
+
+
+class Imported(_Event):
+    event: Literal["imported"] = "imported"
+    memory: MemoryReading
+
+
+class ModelBuilt(_Event):
+    event: Literal["model_built"] = "model_built"
+    memory: MemoryReading
+
+
+class StepDone(_Event):
+    event: Literal["step"] = "step"
+    step: int
+    seconds: float
+    peak_bytes: int | None = Field(
+        None, description="The trial's peak so far, in TrialResult.peak_bytes's units (CUDA reserved, CPU VmHWM)."
+    )
+    held_bytes: int | None = Field(
+        None, description="Memory held right after the step (CUDA torch.cuda.memory_allocated, CPU VmRSS)."
+    )
+    budget_peak_bytes: int | None = Field(
+        None, description="The peak so far in TrialResult.budget_peak_bytes's units (CPU: the data segment the cap "
+                          "counts; CUDA: the same as peak_bytes): what a steady rule judges."
+    )
+
+
+class Forwarded(_Event):
+    """A rank's forward pass (and loss) returned in step ``step``: written by the ranks of a gang only.
+
+    Why: when a gang times out, every rank is still running, the one that hung and the others blocked in
+    a collective waiting for it. A rank that hangs in its forward pass and a peer that finished its own
+    and waits in backward's all-reduce are inside the same step; this marker is what tells them apart
+    (``executors.gang.laggard``: the rank that got less far is the one named).
+    """
+
+    event: Literal["forwarded"] = "forwarded"
+    step: int
+
+
+class EvalDone(_Event):
+    event: Literal["eval"] = "eval"
+    seconds: float
+
+
+class TrialResult(_Event):
+    """The child's own verdict: fits, out_of_memory or error, with what it measured."""
+
+    event: Literal["result"] = "result"
+    outcome: Literal[Outcome.FITS, Outcome.OUT_OF_MEMORY, Outcome.ERROR]
+    phase: str
+    step_seconds: list[float] = Field(default_factory=list)
+    peak_bytes: int | None = None
+    peak_allocated_bytes: int | None = None
+    budget_peak_bytes: int | None = None
+    base_bytes: int | None = None
+    file_resident_bytes: int | None = Field(
+        None, description="CPU: resident pages of mapped files at the end (RssFile: the libraries' code, mostly). "
+        "How many of them are resident depends on the page cache, not on the trial, so the resident over-budget "
+        "rule (probe.plausibility.over_budget) leaves them out of peak_bytes."
+    )
+    total_memory_bytes: int | None = None
+    sizes: Sizes | None = None
+    compile_seconds: float | None = None
+    eval_seconds: float | None = None
+    applied: Applied | None = None
+    error: ErrorInfo | None = None
+    sources: dict[str, str] = Field(default_factory=dict, description=_SOURCES)
+    reads: list[str] = Field(default_factory=list, description=_READS)
+    threads: int | None = Field(
+        None, description="torch.get_num_threads() in the trial, after its imports: the cache keeps a CPU answer "
+        "only if every trial ran the intra-op threads its key holds (``cache_threads``). None: torch not imported.")
+
+
+class CudaDevice(_Message):
+    name: str
+    total_memory_bytes: int
+    free_memory_bytes: int | None = Field(None, description="Free when inspected, this child's context taken out.")
+
+
+class InspectProblem(_Message):
+    """Something in the spec that cannot be set up; the parent maps ``stage`` to the spec field to fix."""
+
+    stage: Literal["model", "optimizer", "allocator", "input", "target", "precision", "checkpointing", "batch",
+                   "loss", "step"]
+    type: str
+    message: str
+
+
+class Estimate(_Message):
+    """The memory estimate before any trial (``child.estimate``): one traced step, in the budget's units.
+
+    Peak ~ ``fixed_bytes + per_sample_bytes * batch``. Without ``per_sample_bytes`` there is no estimate and
+    ``note`` says why (skipped, or the trace failed); the search then starts as it does without one.
+    """
+
+    fixed_bytes: int | None = Field(None, description="The line's intercept: the traced step's fixed part plus "
+                                     "baseline_bytes and runtime_bytes.")
+    per_sample_bytes: float | None = Field(None, description="The line's slope: what one more sample costs.")
+    traced_batch_sizes: list[int] = Field(default_factory=list, description="The batches the line was traced at.")
+    traced_peak_bytes: list[int] = Field(default_factory=list, description="Their traced peaks (no baseline).")
+    parameter_bytes: int | None = None
+    gradient_bytes: int | None = None
+    optimizer_state_bytes: int | None = None
+    buffer_bytes: int | None = None
+    baseline_bytes: int | None = Field(None, description="CPU: the import baseline (data segment) added to the "
+                                       "fixed part; None on CUDA.")
+    runtime_bytes: int | None = Field(None, description="CPU: what a real stand-in step added to the data segment "
+                                      "beyond its tensors (thread pools, malloc arenas), in fixed_bytes.")
+    seconds: float = Field(0.0, description="How long the estimate took in the environment check.")
+    note: str | None = Field(None, description="Why there is no estimate, or what it leaves out.")
+
+
+class Facts(_Message):
+    """What the environment check found: versions, devices, and the model's size."""
+
+    torch_version: str
+    torchvision_version: str | None = None
+    library_versions: dict[str, str] = Field(default_factory=dict, description="timm / transformers, if imported.")
+    cuda_version: str | None = None
+    cuda_available: bool = False
+    cuda_devices: list[CudaDevice] = Field(default_factory=list)
+    memory_before_import: MemoryReading = MemoryReading()
+    memory_after_import: MemoryReading = MemoryReading()
+    parameter_count: int | None = None
+    parameter_bytes: int | None = None
+    checkpointing: tuple[str, int] | None = None
+    meta_build_warning: str | None = None
+    meta_forward_warning: str | None = None
+    estimate: Estimate | None = Field(
+        None, description="The traced memory estimate; None where not attempted. The child reports it in its own "
+        "event (``Estimated``) after ``Inspected``; the parent puts it here (``probe.environment``).")
+
+
+class Inspected(_Event):
+    event: Literal["inspected"] = "inspected"
+    facts: Facts
+    problems: list[InspectProblem] = Field(default_factory=list)
+    sources: dict[str, str] = Field(default_factory=dict, description=_SOURCES)
+    reads: list[str] = Field(default_factory=list, description=_READS)
+
+
+class Estimated(_Event):
+    """The environment check's traced estimate, written after its ``Inspected``.
+
+    Apart, and after, because the trace runs the user's model at real batch
+    sizes (on fake tensors): whatever that code does then (hangs, exits, writes
+    to the channel) can cost the estimate, never the environment check.
+    """
+
+    event: Literal["estimated"] = "estimated"
+    estimate: Estimate
+
+
+Event = Annotated[
+    Union[Started, Warm, RequestReceived, Imported, ModelBuilt, Forwarded, StepDone, EvalDone, TrialResult,
+          Inspected, Estimated],
+    Field(discriminator="event"),
+]
+_EVENT = TypeAdapter(Event)
+
+
+def event_line(event: _Event) -> bytes:
+    """One event as the child writes it: a single JSON line, written with one ``write``."""
+    return event.model_dump_json().encode() + b"\n"
+
+
+def parse_events(data: bytes) -> list:
+    """Complete, valid event lines only: a line cut short by a dying child is dropped, not guessed at."""
+    events = []
+    for line in data.split(b"\n")[:-1]:  # the part after the last newline is incomplete by definition
+        try:
+            events.append(_EVENT.validate_json(line))
+        except (ValidationError, ValueError, RecursionError):
+            continue
+    return events
+
+
+def read_events(path: Path) -> list:
+    try:
+        return parse_events(path.read_bytes())
+    except FileNotFoundError:
+        return []
+
+
+def last_of(events: list, kind: type):
+    """The last event of one kind, or None."""
+    return next((e for e in reversed(events) if isinstance(e, kind)), None)
+
+
+def first_of(events: list, kind: type):
+    """The first event of one kind, or None."""
+    return next((e for e in events if isinstance(e, kind)), None)
+
+
+
+# --------------------------------------------------------------------------- the fork server's channel
+
+
+class ForkOrder(_Message):
+    """Parent to fork server (``child.server``): fork one child for one request.
+
+    One SOCK_SEQPACKET message each, with the child's lifeline (the read end of
+    a pipe only the parent writes) beside it as SCM_RIGHTS.
+    """
+
+    request: str = Field(description="The request's path, as a spawned child reads it from stdin.")
+    events: str = Field(description="The file the forked child appends its events to.")
+    stdout: str
+    stderr: str
+    memory_limit: int | None = Field(None, description="RLIMIT_DATA for the forked child (the CPU cap); None: none.")
+
+
+class Forked(_Message):
+    """Fork server to parent: the order's process (the keeper of the forked child) runs with this PID."""
+
+    reply: Literal["forked"] = "forked"
+    pid: int
+
+
+class Ended(_Message):
+    """Fork server to parent: that process ended with this raw wait status (its child's, as a keeper's is)."""
+
+    reply: Literal["ended"] = "ended"
+    pid: int
+    status: int
+
+
+ServerReply = Annotated[Union[Forked, Ended], Field(discriminator="reply")]
+SERVER_REPLY = TypeAdapter(ServerReply)

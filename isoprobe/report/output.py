@@ -1,0 +1,163 @@
+"""What people and programs read: progress lines on stderr, the result on stdout.
+
+Every view renders from the ``Result`` model (or, while a probe runs, from the
+``Trial`` models it is made of), so the JSON and the text never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from isoprobe.report.outcomes import Outcome
+from isoprobe.report.result import Result, Trial
+from isoprobe.spec.units import format_bytes
+
+
+class Reporter:
+    """Progress for people, one line per event, on stderr (the CLI passes ``sys.stderr`` writes)."""
+
+    def __init__(self, write: Callable[[str], None]):
+        self._write = write
+
+    def note(self, text: str) -> None:
+        self._write(f"isoprobe: {text}")
+
+    def trial(self, trial: Trial) -> None:
+        self._write(trial_line(trial))
+
+
+_PURPOSE_LABELS = {
+    "search": "",
+    "retry": "  [retry after a crash or timeout]",
+    "confirmation": "  [confirmation of the maximum: {steps} steps, peak {first} -> {last}]",
+    "long_run": "  [long run below a maximum that did not hold: {steps} steps, peak {first} -> {last}]",
+    "recommendation_check": "  [recommendation check]",
+    "soak": "  [soak of the recommendation: {steps} steps, peak {first} -> {last}]",
+    "memory_check": "  [memory check: re-run with more memory]",
+}
+
+
+def trial_line(trial: Trial) -> str:
+    """``isoprobe: trial  3  batch     16  fits  peak 2.31 GiB  12.4 s``"""
+    peak = format_bytes(trial.peak_bytes) if trial.outcome is Outcome.FITS else "-"
+    detail = ""
+    if trial.outcome is not Outcome.FITS:
+        reason = trial.signal or (trial.error.type if trial.error else None) or trial.phase
+        if trial.failed_rank is not None:  # a gang: whose failure it was, and how fast the rest were stopped
+            reason = f"rank {trial.failed_rank}: {reason}" if reason else f"rank {trial.failed_rank}"
+        detail = f" ({reason})" if reason else ""
+    peaks = trial.step_peak_bytes
+    purpose = _PURPOSE_LABELS[trial.purpose].format(
+        steps=len(trial.step_seconds), first=format_bytes(peaks[0] if peaks else None),
+        last=format_bytes(peaks[-1] if peaks else None))
+    return (
+        f"isoprobe: trial {trial.index:>2}  batch {trial.batch_size:>6}  "
+        f"{trial.outcome.value + detail:<30}  peak {peak:>10}  {trial.seconds:6.1f} s{purpose}"
+    )
+
+
+def summary_lines(result: Result) -> list[str]:
+    """The closing lines on stderr: the answer in words, and what to try if there is none."""
+    lines = [f"isoprobe: {result.message}"]
+    if result.recommendation is not None and result.recommended_batch_size is not None:
+        lines.append(
+            f"isoprobe: recommended {result.recommended_batch_size}: {result.recommendation.note}; "
+            f"measured peak {format_bytes(result.recommendation.measured_peak_bytes)} "
+            f"of {format_bytes(result.device.capacity_bytes if result.device else None)}"
+        )
+    elif result.recommendation is not None and result.recommendation.soaks:
+        lines.append(f"isoprobe: no recommendation: {result.recommendation.note}")
+    lines += [f"isoprobe:   try: {s}" for s in result.suggestions]
+    probed = f"{len(result.trials)} trials in {result.total_seconds:.1f} s"
+    if result.cache is not None and result.cache.hit:
+        lines.append(f"isoprobe: answer from the cache, no trial ran now (probed {result.cache.stored_at}: {probed})")
+    else:
+        lines.append(f"isoprobe: {probed}")
+    return lines
+
+
+def result_json(result: Result) -> str:
+    return result.model_dump_json(indent=2)
+
+
+# --------------------------------------------------------------------------- the table view
+
+
+def render_table(result: Result) -> str:
+    """The whole result for people: the answer, every trial, throughput, the memory breakdown, the plan.
+
+    Rendered from the same ``Result`` the JSON is, field by field; nothing here
+    is computed that the JSON does not hold.
+    """
+    lines: list[str] = []
+    device = result.device
+    model = result.spec.model
+    where = (f"{device.backend} {device.name}, capacity {format_bytes(device.capacity_bytes)}"
+             if device else "no device")
+    lines.append(f"isoprobe {result.isoprobe_version}: {model.source} {getattr(model, model.source)} on {where}")
+    lines.append(f"answer: {result.message}")
+    if result.distributed is not None:
+        info = result.distributed
+        lines.append(f"distributed: {info.strategy}, {info.world_size} ranks ({info.world_size_source}, "
+                     f"{info.backend}): every batch here is a per-rank micro-batch")
+    if result.cache is not None:
+        lines.append(f"cache: {'hit, no trial ran now' if result.cache.hit else 'stored'} "
+                     f"({result.cache.path}, probed {result.cache.stored_at})")
+    job = result.environment
+    if job is not None and (job.slurm_job_id or job.cuda_visible_devices is not None):
+        lines.append(f"job: {job.hostname}" + (f", Slurm job {job.slurm_job_id} on {job.slurm_node}" if job.slurm_job_id else "")
+                     + (f", GPUs {job.cuda_visible_devices!r} ({job.visible_devices_source})"
+                        if job.cuda_visible_devices is not None else ""))
+    lines.append("")
+    header = f"{'#':>3}  {'batch':>6}  {'outcome':<16} {'peak':>10}  {'budget peak':>11}  {'samples/s':>10}  {'seconds':>8}  purpose"
+    lines.append(header)
+    lines.append("-" * len(header))
+    for trial in result.trials:
+        lines.append(
+            f"{trial.index:>3}  {trial.batch_size:>6}  {trial.outcome.value:<16} "
+            f"{format_bytes(trial.peak_bytes) if trial.peak_bytes else '-':>10}  "
+            f"{format_bytes(trial.budget_peak_bytes) if trial.budget_peak_bytes else '-':>11}  "
+            f"{f'{trial.samples_per_second:.2f}' if trial.samples_per_second else '-':>10}  "
+            f"{trial.seconds:>8.1f}  {trial.purpose}"
+        )
+    if result.recommended_batch_size is not None and result.recommendation is not None:
+        lines += ["", f"recommended: {result.recommended_batch_size} ({result.recommendation.note})"]
+    if result.throughput is not None:
+        t = result.throughput
+        lines += ["", f"throughput: fastest {t.fastest_batch_size} "
+                      f"(best {t.best_samples_per_second:.2f} samples/s; {t.note})"]
+    if result.memory_breakdown is not None:
+        lines += ["", "memory breakdown" + (f" (sizes from batch {result.memory_breakdown.from_batch_size})"
+                                            if result.memory_breakdown.from_batch_size else "") + ":"]
+        lines += [f"  {name:<28} {value}" for name, value in breakdown_rows(result)]
+    if result.accumulation is not None:
+        lines += ["", f"accumulation: {result.accumulation.note}"]
+    if result.allocator_comparison is not None:
+        comparison = result.allocator_comparison
+        lines += ["", f"allocators: {comparison.note}"]
+        for outcome in comparison.outcomes:
+            best = "  <- best" if outcome.setting == comparison.best else ""
+            lines.append(f"  {outcome.setting:<32} max {outcome.max_batch_size}  first failing "
+                         f"{outcome.first_failing_batch_size}  ({outcome.trials} trials){best}")
+    lines += ["", f"{len(result.trials)} trials in {result.total_seconds:.1f} s"]
+    return "\n".join(lines)
+
+
+def breakdown_rows(result: Result) -> list[tuple[str, str]]:
+    """The memory breakdown as (label, value) rows, in the order people learn the categories."""
+    b = result.memory_breakdown
+    if b is None:
+        return []
+    rows = [
+        ("parameters", format_bytes(b.parameter_bytes) if b.parameter_bytes is not None else "-"),
+        ("gradients", format_bytes(b.gradient_bytes) if b.gradient_bytes is not None else "-"),
+        ("optimizer state", format_bytes(b.optimizer_state_bytes) if b.optimizer_state_bytes is not None else "-"),
+        ("activations per sample", f"{format_bytes(int(b.activation_bytes_per_sample))} (slope of the peak)"
+         if b.activation_bytes_per_sample is not None else "-"),
+        ("fixed part", f"{format_bytes(int(b.fixed_bytes))} (the line at batch 0)" if b.fixed_bytes is not None else "-"),
+    ]
+    if b.cuda_context_bytes is not None:
+        rows.append(("CUDA context and libraries", format_bytes(b.cuda_context_bytes)))
+    if b.reserved_unallocated_bytes is not None:
+        rows.append(("reserved, not allocated", format_bytes(b.reserved_unallocated_bytes)))
+    return rows

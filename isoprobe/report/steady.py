@@ -1,0 +1,78 @@
+"""Steady state: when a trial's peak has stopped rising (where the long-run edge lies: ``search.long_run``).
+
+Pure (no processes, no torch, no clock). The rule is part of the trial's
+request and of the result, and both sides apply it, so it lives with the
+result's models. A search
+trial runs ``search.steps`` steps; a real job runs thousands, and on some setups
+the peak keeps rising for a dozen steps after the third (measured on the CPU
+backend: FSDP2's and ZeRO-1's ranks grow by tens of MiB over steps 3 to 10, see
+docs/steady-state.md). So the trials whose verdict decides the reported maximum
+(the confirmation of the edge, and every trial of the long-run search below)
+keep stepping until their peak is steady, up to a cap of steps:
+
+- ``SteadyRule`` travels in the trial's request; the child applies ``is_steady``
+  after each step (the ranks of a gang agree: steady when every rank is).
+- A peak still rising at the cap is not 'fits': ``Outcome.STILL_RISING``.
+- When the edge's confirmation fails in the long run (out of memory after the
+  search's steps, or still rising), ``search.long_run.next_long_run_batch`` plans the steady
+  trials below it: a first jump by the growth measured, doubling down until one
+  is steady, then bisection, so the answer is the largest batch proven steady.
+"""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+#: The rise over the window that still counts as steady. Measured (docs/steady-state.md): a settled CPU
+#: trial's data-segment peak does not move at all from step to step (0 bytes over 19 to 22 steps); while
+#: growing, FSDP2's and ZeRO-1's ranks rose by 1 to 86 MiB at a time. On CUDA the reserved peak moves in
+#: whole segments (2 MiB at least). So a quarter of a MiB: above no noise there is, below every real rise.
+TOLERANCE_BYTES = 256 << 10
+#: Steps the peak must hold still. In the measurements a rank's peak stood still for 4 steps (steps 4 to 7)
+#: and then rose again (FSDP2 rank 0 by 2 MiB, ZeRO-1 rank 1 by 8 MiB), so 4 is not enough. Near the cap,
+#: later rises of 1 to 10 MiB after 6 to 12 still steps were seen too (docs/steady-state.md, "Creep"): no
+#: window rules them out, and a longer one makes every deciding trial long; the 30-step harness checks.
+WINDOW_STEPS = 5
+#: The most steps a deciding trial runs (``search.steady_steps`` overrides it). The measured growth stopped
+#: by step 12 at the latest; 30 steps is the long run the issue's table checked.
+DEFAULT_MAX_STEPS = 30
+
+
+class SteadyRule(BaseModel):
+    """How long a deciding trial keeps stepping: until its peak is steady, or ``max_steps``."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    min_steps: int = Field(ge=1, description="Steps run whatever the peak does (search.steps).")
+    max_steps: int = Field(ge=1, description="The cap: a peak still rising after this many steps is still_rising.")
+    window: int = Field(WINDOW_STEPS, ge=1, description="Steps over which the peak must not rise.")
+    tolerance_bytes: int = Field(TOLERANCE_BYTES, ge=0, description="A rise over the window up to this is steady.")
+
+
+def rule_for(search_steps: int, max_steps: int | None) -> SteadyRule | None:
+    """The rule for a probe whose search runs ``search_steps`` steps; None when ``max_steps`` is 0 (off)."""
+    cap = DEFAULT_MAX_STEPS if max_steps is None else max_steps
+    if cap == 0:
+        return None
+    # A cap below the window's steps could never see a steady peak: it is raised to the least that can.
+    return SteadyRule(min_steps=search_steps, max_steps=max(cap, search_steps, WINDOW_STEPS + 1))
+
+
+def rise(peaks: list[int], window: int) -> int | None:
+    """How much the running peak rose over the last ``window`` steps; None with too few steps."""
+    if len(peaks) <= window:
+        return None
+    return peaks[-1] - peaks[-1 - window]
+
+
+def is_steady(peaks: list[int], rule: SteadyRule) -> bool:
+    """After these per-step peaks: has the trial run its minimum and has its peak held for the window?"""
+    if len(peaks) < rule.min_steps:
+        return False
+    risen = rise(peaks, rule.window)
+    return risen is not None and risen <= rule.tolerance_bytes
+
+
+def should_stop(peaks: list[int], rule: SteadyRule) -> bool:
+    """Whether the trial has stepped enough: steady, or at the cap."""
+    return len(peaks) >= rule.max_steps or is_steady(peaks, rule)

@@ -1,0 +1,195 @@
+"""The edge search: a pure function of what the trials have shown so far.
+
+No processes, no torch, no clock. ``plan_next`` looks at the history of
+observations and names the next batch to try (or None when the answer is
+known); ``conclude`` reads the answer off the same history. ``run_search``
+is the loop that joins them to an oracle, so tests drive it with scripted and
+flaky oracles and the product drives it with real child processes.
+
+Strategy: ``plan_next`` owns what every strategy shares (begin at the start,
+retry a crash or timeout, stop on an error, confirm the maximum once the
+bracket is closed, with a confirmation that runs until its peak is steady when
+``Limits.steady``; stop when that confirmation failed in the long run); a *step* only picks the next batch strictly inside the
+open bracket. Two steps exist:
+- ``doubling_step``, the classic: double until the first failure or a cap, then
+  bisect until the largest batch that fits and the smallest that fails are
+  adjacent;
+- ``guided_step`` (the default): peak memory is close to ``a + k·batch``, so it
+  fits that line to the peaks the fitting trials measured, jumps next to the
+  edge the line predicts against the memory capacity, and checks the edge pair
+  there. Safeguards make a wrong line (noise, a cuDNN workspace jump, a
+  capacity in the wrong units) cost at most about twice the classic's trials;
+  with no capacity or no readings it *is* the classic.
+Either way the answer is the same exact edge: a step only chooses where to
+look, the verdicts decide. The pieces: ``search_history.py`` (observations,
+limits, verdicts and the bracket), ``search_steps.py`` (the two steps, the
+memory line and the prior), this module (the plan, the conclusion, the loop),
+and ``search_parallel.py`` (several batches a round, for parallel slots).
+
+A *prior* (``Limits.prior``: the line traced before any trial, ``child.estimate``)
+only moves where the guided search looks: the first trial goes most of the way to
+the prior's edge instead of the start (``first_batch``); if nothing has fit yet
+and a batch failed, the search steps down towards the start (``DESCENT``), so a
+high estimate costs trials, never the answer; and the line is anchored on the
+measured peaks with a slope the prior bounds (``prior_line``). Without a prior
+every step is as it was.
+
+A batch may be tried more than once, so each batch gets one *verdict* from
+all its attempts:
+- it **fits** only if every attempt fit (a batch that sometimes fails is not
+  one to run overnight);
+- any **error** (a non-memory exception: a bug) stops the search at once;
+- a **crash** or **timeout** is no verdict yet: the batch is tried again in a
+  fresh process, up to ``retries`` times; if it persists, the batch *fails*
+  with that class (never silently as out of memory);
+- otherwise it **fails**: out of memory if any attempt ran out of memory, else
+  still rising (a deciding trial's peak never held still, ``steady``), else
+  the class of its last failure. A batch with both fitting and failing
+  attempts is *flaky*.
+Only fitting batches raise the lower bound and only failing batches lower the
+upper bound, so the answer is always a batch that fit every time it ran, and a
+flaky or crashing batch can only make the answer smaller, never larger.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Callable
+
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.search.history import Limits, Observation, bounds, verdicts
+from isoprobe.search.steps import DESCENT, Step, first_batch, guided_step
+
+
+def plan_next(
+    history: list[Observation] | tuple[Observation, ...], limits: Limits, step: Step | None = None
+) -> int | None:
+    """The next batch to try, or None when the history already holds the answer.
+
+    What every strategy shares lives here: stop on an error, retry a crash or
+    timeout first, begin at the start, and confirm the maximum once the bracket
+    is closed. ``step`` (default ``guided_step``) only chooses the next batch
+    strictly inside the open bracket: above ``lower``, and below ``upper`` or at
+    most the largest allowed batch.
+    """
+    step = guided_step if step is None else step
+    history = tuple(history)
+    judged = verdicts(history, limits)
+    if any(v.outcome is Outcome.ERROR for v in judged.values()):
+        return None
+    if any(v.long_run for v in judged.values()):
+        return None  # the maximum failed in the long run: the short search is over (probe.steady_edge goes on)
+    pending = [b for b, v in judged.items() if v.outcome is None]
+    if pending:
+        return min(pending)  # retry a crash or timeout before moving on
+    lower, upper = bounds(history, limits)
+    if lower is None:
+        if upper is None:
+            return first_batch(limits)
+        # Nothing fit yet. Without a prior the start failed: nothing fits. With one, a first trial above
+        # the start failed (the estimate was high): step down towards the start until a batch fits.
+        return None if limits.prior is None or upper <= limits.start else max(limits.start, min(upper - 1, math.floor(upper * DESCENT)))
+    if (upper is None and lower < limits.highest) or (upper is not None and upper - lower > 1):
+        batch = step(history, limits, lower, upper)
+        ceiling = limits.highest if upper is None else upper - 1
+        if not lower < batch <= ceiling:
+            raise AssertionError(f"step proposed {batch} outside the open bracket ({lower}, {ceiling}]")
+        return batch
+    # The bracket is closed: confirm the maximum before answering.
+    return lower if judged[lower].fits_count < 1 + limits.confirmations_due else None
+
+
+@dataclass(frozen=True)
+class Conclusion:
+    """The search's answer, read off the history."""
+
+    stop: StopReason
+    max_fitting: int | None       # largest batch that fit every time it ran
+    first_failing: int | None     # smallest failing batch above it
+    first_failing_outcome: Outcome | None = None
+    flaky: tuple[int, ...] = ()   # batches that both fit and failed
+    history: tuple[Observation, ...] = field(default=())
+
+    long_run_failure: int | None = None  # the confirmation that failed in the long run: the steady search's start
+
+    @property
+    def exact(self) -> bool:
+        """True when ``max_fitting`` is proven to be the largest allowed batch that fits."""
+        return self.stop in (StopReason.EDGE_FOUND, StopReason.CAPPED) and self.long_run_failure is None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a history shows so far, finished or not (an interrupted search reports this)."""
+
+    max_fitting: int | None
+    first_failing: int | None
+    first_failing_outcome: Outcome | None
+    flaky: tuple[int, ...]
+
+
+def progress(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> Progress:
+    """The bounds, how the upper one failed, and the flaky batches, from any history."""
+    judged = verdicts(history, limits)
+    lower, upper = bounds(history, limits)
+    return Progress(
+        lower,
+        upper,
+        judged[upper].outcome if upper is not None else None,
+        tuple(sorted(b for b, v in judged.items() if v.flaky)),
+    )
+
+
+def conclude(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> Conclusion:
+    """Read the answer off a finished history; raise ValueError for an unfinished one.
+
+    An interrupted search has no conclusion: ``progress`` tells what is known so far.
+    """
+    history = tuple(history)
+    if not history:
+        raise ValueError("no trial has run yet")
+    judged = verdicts(history, limits)
+    known = progress(history, limits)
+    lower, upper_outcome = known.max_fitting, known.first_failing_outcome
+
+    def answer(stop: StopReason) -> Conclusion:
+        return Conclusion(stop, lower, known.first_failing, upper_outcome, known.flaky, history)
+
+    errors = [b for b, v in judged.items() if v.outcome is Outcome.ERROR]
+    if errors:
+        return answer(StopReason.ERROR)
+    long_run = [b for b, v in judged.items() if v.long_run]
+    if long_run:
+        # Not an answer yet: the short trials' edge did not hold in the long run, the steady search goes on.
+        return replace(answer(StopReason.EDGE_FOUND), long_run_failure=min(long_run))
+    if plan_next(history, limits) is not None:
+        raise ValueError("the search is not finished")
+    if lower is None:
+        stop = {Outcome.CRASHED: StopReason.CRASHED, Outcome.TIMED_OUT: StopReason.TIMED_OUT}.get(
+            upper_outcome, StopReason.START_DOES_NOT_FIT
+        )
+        return answer(stop)
+    return answer(StopReason.CAPPED if known.first_failing is None else StopReason.EDGE_FOUND)
+
+
+def run_search(
+    oracle: Callable[[int], Observation],
+    limits: Limits,
+    history: list[Observation] | None = None,
+    step: Step | None = None,
+) -> Conclusion:
+    """Ask the oracle until the answer is known.
+
+    ``history`` (appended to in place) lets a caller keep the trials so far when
+    the loop is interrupted, and resume from them.
+    """
+    history = [] if history is None else history
+    while (batch := plan_next(history, limits, step)) is not None:
+        if sum(o.batch_size == batch for o in history) >= limits.most_attempts:
+            raise AssertionError(f"the planner proposed batch {batch} more than {limits.most_attempts} times")
+        observation = oracle(batch)
+        if observation.batch_size != batch:
+            raise AssertionError(f"asked for batch {batch}, the oracle answered for {observation.batch_size}")
+        history.append(observation)
+    return conclude(history, limits)

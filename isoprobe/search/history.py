@@ -1,0 +1,139 @@
+"""What the trials have shown: observations, the search's limits, and each batch's verdict.
+
+The rules of evidence the whole search stands on (``search.py`` explains them):
+a batch fits only if every attempt fit, a crash or timeout is retried before it
+counts, and only a failure lowers the upper bound. Pure: no processes, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from isoprobe.report.outcomes import Outcome
+
+#: Without a user cap the search still stops: no real setup fits 16M samples,
+#: and a tiny model on tiny inputs must not double forever.
+DEFAULT_CEILING = 1 << 24
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What one trial showed: the batch, how it ended, and its peak memory if it fit."""
+
+    batch_size: int
+    outcome: Outcome
+    peak_bytes: int | None = None
+    #: Memory the trial held without its batch (weights, gradients, optimizer state, runtime),
+    #: read after the steps in the same units as ``peak_bytes``: the line's anchor while only one
+    #: batch has been measured.
+    base_bytes: int | None = None
+    #: A trial that decides the maximum (run until its peak is steady) failed only after the search's steps:
+    #: out of memory at a later step, or still rising. The short trials' fits at the batch do not contradict
+    #: it (not flaky), and the short search is over: the long run decides from here (``steady``).
+    long_run: bool = False
+
+
+@dataclass(frozen=True)
+class Prior:
+    """Peak memory as ``intercept + slope·batch``, estimated before any trial (the traced step), in the
+    units of ``Observation.peak_bytes``: where the guided search starts, and the slope it trusts until
+    measured peaks correct it (see ``prior_line``)."""
+
+    intercept: float
+    slope: float
+
+    def __post_init__(self) -> None:
+        if not (self.slope > 0 and math.isfinite(self.slope) and math.isfinite(self.intercept)):
+            raise ValueError("a prior needs a finite positive slope and a finite intercept")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Where the search starts, the largest batch it may try, and how hard it checks."""
+
+    start: int = 2
+    cap: int | None = None
+    ceiling: int = DEFAULT_CEILING
+    retries: int = 1        # extra attempts for a batch whose trial crashed or timed out
+    confirmations: int = 1  # extra runs of the final maximum before it is reported
+    capacity: int | None = None  # memory the peaks are compared with (guided step); None: no prediction
+    prior: Prior | None = None   # a line estimated before any trial (guided step, with a capacity); None: none
+    steady: bool = False  # the maximum's confirmation runs until steady (isoprobe.report.steady): at least one is due
+
+    @property
+    def confirmations_due(self) -> int:
+        """Runs of the maximum after the one that found it: a steady confirmation is due even with none asked."""
+        return max(self.confirmations, 1 if self.steady else 0)
+
+    def __post_init__(self) -> None:
+        if self.start < 1:
+            raise ValueError("start must be >= 1")
+        if self.highest < self.start:
+            raise ValueError(f"start {self.start} is above the largest batch allowed ({self.highest})")
+        if self.retries < 0 or self.confirmations < 0:
+            raise ValueError("retries and confirmations must be >= 0")
+
+    @property
+    def highest(self) -> int:
+        return min(self.cap, self.ceiling) if self.cap is not None else self.ceiling
+
+    @property
+    def most_attempts(self) -> int:
+        """No batch is ever tried more often than this."""
+        return 1 + max(self.retries, self.confirmations_due)
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One batch, judged from all its attempts. ``outcome`` is None while a retry is due."""
+
+    batch_size: int
+    outcome: Outcome | None
+    attempts: int
+    fits_count: int
+    flaky: bool
+    long_run: bool = False  # an attempt that decides the maximum failed after the search's steps
+
+
+def verdicts(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> dict[int, Verdict]:
+    """Every tried batch's verdict (see the module docstring for the rules)."""
+    attempts: dict[int, list[Outcome]] = {}
+    long_run: set[int] = set()
+    for observation in history:
+        if observation.batch_size > limits.highest:
+            continue  # above the cap (a history resumed under a lower cap): never an answer
+        attempts.setdefault(observation.batch_size, []).append(observation.outcome)
+        if observation.long_run:
+            long_run.add(observation.batch_size)
+    judged = {}
+    for batch, outcomes in attempts.items():
+        fits = outcomes.count(Outcome.FITS)
+        failures = [o for o in outcomes if o is not Outcome.FITS]
+        flaky = 0 < fits < len(outcomes) and batch not in long_run
+        if not failures:
+            outcome: Outcome | None = Outcome.FITS
+        elif Outcome.ERROR in failures:
+            outcome = Outcome.ERROR
+        elif Outcome.OUT_OF_MEMORY in failures:
+            outcome = Outcome.OUT_OF_MEMORY
+        elif Outcome.STILL_RISING in failures:
+            outcome = Outcome.STILL_RISING  # ran every step, so no retry can tell more
+        elif fits == 0 and len(outcomes) <= limits.retries:
+            outcome = None  # crashed or timed out, and a fresh process may still tell
+        else:
+            outcome = failures[-1]
+        judged[batch] = Verdict(batch, outcome, len(outcomes), fits, flaky, batch in long_run)
+    return judged
+
+
+def bounds(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> tuple[int | None, int | None]:
+    """(largest batch that fit every time, smallest failing batch above it); either may be None."""
+    judged = verdicts(history, limits)
+    fits = [b for b, v in judged.items() if v.outcome is Outcome.FITS]
+    lower = max(fits) if fits else None
+    fails = [
+        b for b, v in judged.items()
+        if v.outcome not in (None, Outcome.FITS, Outcome.ERROR) and (lower is None or b > lower)
+    ]
+    return lower, (min(fails) if fails else None)

@@ -1,0 +1,278 @@
+"""Where to look next inside the open bracket: the classic doubling step and the model-guided one.
+
+A *step* only chooses a batch strictly inside the bracket (``search.plan_next``
+owns the start, retries, errors and the confirmation), so a step can cost trials,
+never the answer. ``guided_step`` fits the line ``a + k·batch`` through the peaks
+the fitting trials measured (``memory_line``), or through a prior traced before any
+trial (``prior_line``), and checks the edge pair where it predicts the edge.
+Pure: no processes, no clock.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from isoprobe.report.outcomes import Outcome
+from isoprobe.search.history import Limits, Observation, bounds, verdicts
+
+Step = Callable[[tuple[Observation, ...], Limits, int, "int | None"], int]
+
+
+def doubling_step(history: tuple[Observation, ...], limits: Limits, lower: int, upper: int | None) -> int:
+    """The classic move: double while nothing has failed, then bisect the bracket."""
+    if upper is None:
+        return min(2 * lower, limits.highest)
+    return (lower + upper) // 2
+
+
+@dataclass(frozen=True)
+class MemoryLine:
+    """Peak memory as ``intercept + slope·batch``, fitted to what the trials measured."""
+
+    intercept: float
+    slope: float
+    batches: int  # distinct batches measured; 1 means the slope comes from one batch and its base reading
+
+    def largest_within(self, capacity: int) -> int:
+        """The largest batch whose predicted peak is within ``capacity`` (may be below 1)."""
+        return math.floor((capacity - self.intercept) / self.slope)
+
+
+#: While the line stands on a single batch (and its base reading), its slope is a rough estimate:
+#: the first jump goes only this fraction of the way to the predicted edge, so that it most likely
+#: fits and gives the line a far second point. Half the way: a small batch's peak often sits less
+#: far above its base reading than its batch costs (tests/models.py:memory_hog on the CPU backend:
+#: 13.6 MB per sample read at batch 2, 23 MB between batches 17 and 26), and the jump must still
+#: fit; when the estimate is right, the second point's line finds the edge all the same.
+FIRST_JUMP_FRACTION = 0.5
+#: Before anything has failed, never jump beyond this factor above the largest batch that fit: a
+#: prediction from small batches is an extrapolation, and a huge batch can fail for other reasons.
+MAX_JUMP_FACTOR = 16
+
+
+def memory_line(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> MemoryLine | None:
+    """The memory line through the largest batch that fit every time; None without a rising line.
+
+    Its slope is the larger of two estimates: the secant through the two largest
+    measured batches (local: near the edge is where the line must be right),
+    and the slope from that batch's base reading (the memory held without the
+    batch) to its peak. Small batches often peak on something other than their
+    activations (a kernel's scratch, the optimizer step), which flattens the
+    secant between them; the base-anchored slope is then the steeper one, and
+    choosing it makes the prediction err on the side of batches that fit. With
+    one measured batch only the base-anchored slope exists; with no base
+    reading either, there is no line and the guided step is the classic one.
+    """
+    judged = verdicts(history, limits)
+    readings: dict[int, list[Observation]] = {}
+    for o in history:
+        verdict = judged.get(o.batch_size)
+        if o.peak_bytes is not None and verdict is not None and verdict.outcome is Outcome.FITS:
+            readings.setdefault(o.batch_size, []).append(o)
+    if not readings:
+        return None
+
+    def mean(values: list[int]) -> float | None:
+        return sum(values) / len(values) if values else None
+
+    batches = sorted(readings)
+    top = batches[-1]
+    peak = mean([o.peak_bytes for o in readings[top]])
+    base = mean([o.base_bytes for o in readings[top] if o.base_bytes is not None])
+    slopes = []
+    if base is not None and peak > base:
+        slopes.append((peak - base) / top)
+    if len(batches) >= 2:
+        second = batches[-2]
+        slopes.append((peak - mean([o.peak_bytes for o in readings[second]])) / (top - second))
+    slope = max(slopes, default=0.0)
+    if slope <= 0:
+        return None
+    return MemoryLine(peak - slope * top, slope, len(batches))
+
+
+#: With a prior, the first trial goes this fraction of the way to the edge the prior predicts: an
+#: estimate that is a little high (the trace cannot see allocator caching, fragmentation or kernel
+#: scratch memory, so it errs high more often than low: +5 % on ResNet50, +14 % on small-cnn) then
+#: still fits, and its measured peak corrects the line for the next two trials, the edge pair.
+#: benchmarks/simulate_search.py chose 0.8 over 0.9 (same medians, no device worse than without a prior
+#: on exact readings).
+PRIOR_FIRST_FRACTION = 0.8
+#: Nothing has fit yet and a trial failed above the start (the estimate was high): the next one goes to
+#: this fraction of the failed batch, at least the start.
+DESCENT = 0.75
+#: The measured slope is trusted only within this factor of the prior's, either way: a secant between
+#: two noisy or flat readings never sends the search past what the estimate allows.
+PRIOR_SLOPE_RANGE = 2.0
+
+
+def prior_edge(limits: Limits) -> int | None:
+    """The largest batch the prior predicts within the capacity (None without a prior or a capacity)."""
+    if limits.prior is None or limits.capacity is None:
+        return None
+    return math.floor((limits.capacity - limits.prior.intercept) / limits.prior.slope)
+
+
+def first_batch(limits: Limits) -> int:
+    """The first trial: the start, or with a prior most of the way to its predicted edge (within the limits)."""
+    edge = prior_edge(limits)
+    if edge is None:
+        return limits.start
+    return max(limits.start, min(math.floor(PRIOR_FIRST_FRACTION * edge), limits.highest))
+
+
+def prior_line(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> MemoryLine | None:
+    """The line the guided step follows when a prior exists: measured where possible, the prior's slope otherwise.
+
+    Through the largest batch that fit, at its measured peak (near the edge, so the
+    slope only carries the line over a short distance); its slope is the secant
+    through the two largest measured batches, held within ``PRIOR_SLOPE_RANGE`` of
+    the prior's; while one batch has been measured, the steeper of the prior's and
+    that batch's peak-over-base slope (at most ``PRIOR_SLOPE_RANGE`` times the
+    prior's). With no reading at all it is the prior itself.
+    """
+    prior = limits.prior
+    readings = _fit_readings(history, limits)
+    if not readings:
+        return MemoryLine(prior.intercept, prior.slope, 0)
+    batches = sorted(readings)
+    top = batches[-1]
+    peak = _mean(readings[top])
+    slope = prior.slope
+    base = [o.base_bytes for o in history if o.batch_size == top and o.base_bytes is not None]
+    if base and len(batches) == 1:
+        # The steeper of the prior's slope and the reading's own (peak over base): the prediction errs
+        # towards batches that fit, and a fit there is a second reading near the edge.
+        slope = min(max((peak - _mean(base)) / top, prior.slope), prior.slope * PRIOR_SLOPE_RANGE)
+    if len(batches) >= 2:
+        second = batches[-2]
+        secant = (peak - _mean(readings[second])) / (top - second)
+        slope = min(max(secant, prior.slope / PRIOR_SLOPE_RANGE), prior.slope * PRIOR_SLOPE_RANGE)
+    return MemoryLine(peak - slope * top, slope, len(batches))
+
+
+def _fit_readings(history, limits: Limits) -> dict[int, list[int]]:
+    """The peaks measured per batch, for the batches that fit every time."""
+    judged = verdicts(history, limits)
+    readings: dict[int, list[int]] = {}
+    for o in history:
+        verdict = judged.get(o.batch_size)
+        if o.peak_bytes is not None and verdict is not None and verdict.outcome is Outcome.FITS:
+            readings.setdefault(o.batch_size, []).append(o.peak_bytes)
+    return readings
+
+
+def _mean(values: list[int]) -> float:
+    return sum(values) / len(values)
+
+
+def _line(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> MemoryLine | None:
+    """The guided step's line: none without a capacity, the prior-aware one with a prior, else ``memory_line``."""
+    if limits.capacity is None:
+        return None
+    return prior_line(history, limits) if limits.prior is not None else memory_line(history, limits)
+
+
+def _misses(history: tuple[Observation, ...], limits: Limits) -> int:
+    """How many of the latest new batches in a row the line mispredicted, signed.
+
+    +k: the last k new batches fit although the line said they would fail (it
+    under-predicts); -k: they failed although it said they would fit. 0 when the
+    last new batch went as predicted, or was not a prediction (no line then).
+    Each batch is judged against the line as it stood when that batch was chosen.
+    """
+    judged = verdicts(history, limits)
+    streak = 0
+    seen: set[int] = set()
+    for index, observation in enumerate(history):
+        batch = observation.batch_size
+        if batch in seen or batch not in judged:
+            continue
+        seen.add(batch)
+        line = _line(history[:index], limits)
+        if line is None or judged[batch].outcome is None:
+            streak = 0
+            continue
+        fits = judged[batch].outcome is Outcome.FITS
+        predicted_fits = batch <= line.largest_within(limits.capacity)
+        if fits == predicted_fits:
+            streak = 0
+        elif fits:
+            streak = streak + 1 if streak > 0 else 1
+        else:
+            streak = streak - 1 if streak < 0 else -1
+    return streak
+
+
+def _bracket_stalled(history: tuple[Observation, ...], limits: Limits) -> bool:
+    """True when the last new batch, tried inside a bracket, did not halve it.
+
+    The classic bisection halves the bracket with every trial; a line that keeps
+    landing near one bound (noisy readings, a curve that is not a line) may
+    shrink it by one sample a time. After such a step (when the line has missed
+    twice in a row) the next one bisects, so a wrong line costs at most about
+    twice the bisection's trials. A line that predicted the batch right is not
+    judged by this: its ``e + 1`` step pins the upper bound without halving the
+    bracket, and its next step, ``e``, closes it or misses.
+    """
+    firsts: list[int] = []
+    seen: set[int] = set()
+    for index, observation in enumerate(history):
+        if observation.batch_size not in seen:
+            seen.add(observation.batch_size)
+            firsts.append(index)
+    if len(firsts) < 2:
+        return False
+    before_lower, before_upper = bounds(history[: firsts[-1]], limits)
+    lower, upper = bounds(history, limits)
+    if before_lower is None or before_upper is None or lower is None or upper is None:
+        return False
+    return upper - lower > (before_upper - before_lower) / 2
+
+
+def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, upper: int | None) -> int:
+    """Jump to where the memory line says the edge is, and check the edge pair there.
+
+    With the line's predicted edge ``e`` (largest batch within the capacity):
+    - one measured batch only (slope uncertain): go ``FIRST_JUMP_FRACTION`` of the
+      way to ``e``, to get a far second point that most likely fits; if a bracket
+      already exists, the line has failed once: bisect;
+    - otherwise try ``e + 1`` while the bracket's top is above it (expected to
+      fail: it pins the upper bound right above the edge), then ``e`` (expected
+      to fit: it pins the lower bound). An accurate line closes the bracket in
+      two trials.
+    Safeguards: after k mispredictions in a row on the same side the step moves
+    at least 2^(k-1) from the bound that keeps moving (galloping), but never past
+    the bracket's midpoint. After two or more misses in a row, when the last new
+    batch did not halve the bracket, the step bisects (``_bracket_stalled``); a
+    first miss gets one galloping step, and a right prediction is followed. So a
+    wrong or noisy line degrades to bisection. Before any failure the jump is at most ``MAX_JUMP_FACTOR`` ×
+    ``lower``.
+    """
+    line = _line(history, limits)
+    if line is None:
+        return doubling_step(history, limits, lower, upper)
+    misses = _misses(history, limits)
+    # A line that predicted its last batch right is followed (its next step closes the bracket or
+    # misses); a single miss gets one galloping step next to it (an edge predicted one sample off is
+    # the common case); a stalled bracket after two misses in a row is bisected.
+    if upper is not None and abs(misses) >= 2 and _bracket_stalled(history, limits):
+        return doubling_step(history, limits, lower, upper)
+    top = limits.highest if upper is None else upper - 1
+    edge = line.largest_within(limits.capacity)
+    if line.batches == 1 and limits.prior is None:
+        if upper is not None:
+            return (lower + upper) // 2
+        candidate = lower + math.floor(FIRST_JUMP_FRACTION * (edge - lower))
+    else:
+        candidate = edge + 1 if upper is None or edge + 1 < upper else edge
+    middle = top if upper is None else (lower + upper) // 2
+    if misses > 0:    # it keeps under-predicting: gallop upwards
+        candidate = max(candidate, min(lower + 2 ** min(misses - 1, 62), middle))
+    elif misses < 0:  # it keeps over-predicting: gallop downwards (only inside a bracket)
+        candidate = min(candidate, max(top + 1 - 2 ** min(-misses - 1, 62), middle))
+    if upper is None:
+        candidate = min(candidate, MAX_JUMP_FACTOR * lower)
+    return max(lower + 1, min(candidate, top))

@@ -1,0 +1,14 @@
+"""The question: what the user asks, as one validated ``Spec``. Pure (no processes, no torch); both sides use it.
+
+    model.py        the ``Spec`` models, every field documented once
+    base.py         the base of every section: unknown keys and wrong types are errors
+    distributed.py  the ``distributed`` section: the strategy the real job trains with
+    load.py         a file, a dict or a ``Spec`` (with overrides) -> one validated ``Spec``
+    yaml_file.py    a spec file's bytes -> plain data, or one ``SpecError``
+    plain.py        data that was never YAML text, held to the file's rules
+    overrides.py    ``--set FIELD=VALUE``, the named flags, ``probe()``'s overrides
+    units.py        byte sizes as people write and read them
+    safe_read.py    reading a file a user named without hanging or filling memory
+    catalog.py      which torchvision model names exist, without importing torch
+    job.py          the real job's world size, from the variables torchrun and Slurm set
+"""

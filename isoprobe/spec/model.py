@@ -1,0 +1,630 @@
+"""The spec: what the user writes in YAML, validated into one typed ``Spec``.
+
+Every field a user can set is documented here, once, in its ``Field``
+description; ``isoprobe schema --spec`` prints them as JSON Schema. These
+models say what a spec is; turning a file, a dict or command-line overrides into
+one, and naming every problem on the way, is ``spec_load``'s job. This module
+must not import torch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BeforeValidator, Field, model_validator
+
+from isoprobe.errors import shown
+from isoprobe.spec.base import SpecSection
+from isoprobe.spec.distributed import DistributedSpec
+from isoprobe.spec.units import MAX_BYTES, parse_bytes
+
+
+ByteCount = Annotated[int, BeforeValidator(parse_bytes)]
+
+
+def _parse_headroom(value: Any) -> float | int:
+    """A number in [0, 1) is a fraction of memory; an integer >= 1 or a size string is bytes (at most 1 PiB).
+
+    Integers are compared as integers: one of 400 digits overflows ``float()``.
+    """
+    if isinstance(value, bool):
+        raise ValueError("expected a fraction such as 0.1 or a size such as '2GiB'")
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is neither a fraction in [0, 1) nor a whole number of bytes")
+    if isinstance(value, (int, float)):
+        if value < 0:
+            raise ValueError(f"headroom cannot be negative, got {shown(value)}")
+        if 0 <= value < 1:
+            return float(value)
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError(f"{value} is neither a fraction in [0, 1) nor a whole number of bytes")
+        count = int(value)
+    else:
+        count = parse_bytes(value)
+    if count > MAX_BYTES:
+        raise ValueError(f"{shown(value)} is more than 1 PiB: not a memory size")
+    return count
+
+
+Headroom = Annotated[float | int, BeforeValidator(_parse_headroom)]
+
+DEVICE_PATTERN = r"^(auto|cpu|cuda(:\d+)?)$"
+#: 2**36 elements is 256 GiB of float32 for ONE sample: a larger shape is a typo.
+MAX_SAMPLE_ELEMENTS = 1 << 36
+#: The search never tries more (search.DEFAULT_CEILING); a start or cap above it is a typo.
+MAX_BATCH_SIZE = 1 << 24
+
+
+_CALLABLE_REFERENCE = re.compile(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*")
+#: The model sources, in the order a reader meets them; exactly one is given.
+MODEL_SOURCES = ("torchvision", "timm", "huggingface", "factory")
+#: The library (importable module and distribution) each named model source builds with; a factory has none.
+#: The one place this mapping lives: the child imports it, the cache keys its version, the warm spare preloads it.
+MODEL_LIBRARIES = {"torchvision": "torchvision", "timm": "timm", "huggingface": "transformers"}
+#: What a user installs for a source whose library is not a core dependency.
+EXTRAS = {"timm": "pip install 'isoprobe[timm]'", "huggingface": "pip install 'isoprobe[huggingface]'"}
+#: The spec fields that name a callable: 'module:function' or 'file.py:function'.
+CALLABLE_FIELDS = ("factory", "batch", "loss", "step")
+
+
+def is_file_reference(target: str) -> bool:
+    """Whether the part before ':' of a callable reference names a file (vs. an importable module).
+
+    The one rule, used where a reference is resolved against the spec's folder,
+    hashed for the cache key, checked before any trial, and imported in the child.
+    """
+    return target.endswith(".py") or "/" in target
+
+
+class ModelSpec(SpecSection):
+    """Which network to train. Give exactly one of ``torchvision``, ``timm``, ``huggingface`` and ``factory``."""
+
+    torchvision: str | None = Field(
+        None,
+        min_length=1,
+        description="Name of a torchvision model, as accepted by torchvision.models.get_model, e.g. 'resnet50', "
+        "'deeplabv3_resnet50' (segmentation) or 'fasterrcnn_resnet50_fpn' (detection).",
+    )
+    timm: str | None = Field(
+        None,
+        min_length=1,
+        description="Name of a timm model, as accepted by timm.create_model, e.g. 'convnext_tiny' "
+        "(needs the extra: pip install 'isoprobe[timm]'). Random weights, never downloaded.",
+    )
+    huggingface: str | None = Field(
+        None,
+        min_length=1,
+        description=(
+            "A Hugging Face transformers model type, e.g. 'gpt2', 'bert' or 'llama', built from its config "
+            "with random weights and no download (AutoConfig.for_model(type, **kwargs)); kwargs are config "
+            "values such as n_layer. The head follows target.task: language_modeling builds the causal-LM "
+            "model, classification the sequence-classification one. Needs the extra: "
+            "pip install 'isoprobe[huggingface]'."
+        ),
+    )
+    factory: str | None = Field(
+        None,
+        description=(
+            "A Python function returning a torch.nn.Module, written 'package.module:function' "
+            "(importable; the spec's folder is on the import path) or 'path/to/file.py:function' "
+            "(relative to the spec file)."
+        ),
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for the model builder (for huggingface: config values), e.g. "
+        "{num_classes: 1000}. Weights are never downloaded.",
+    )
+    batch: str | None = Field(
+        None,
+        description=(
+            "Optional batch maker 'module:function' or 'file.py:function', called as f(batch_size, device) and "
+            "returning (inputs, targets): inputs a tensor, a tuple (model(*inputs)) or a dict (model(**inputs)). "
+            "For inputs the built-in tasks do not cover; replaces the 'input' section."
+        ),
+    )
+    loss: str | None = Field(
+        None,
+        description=(
+            "Optional loss 'module:function' or 'file.py:function', called as f(output, targets) and returning "
+            "a scalar tensor. Replaces the loss of target.task; with it, the 'target' section may be left out."
+        ),
+    )
+    step: str | None = Field(
+        None,
+        description=(
+            "Optional training step 'module:function' or 'file.py:function', called as "
+            "f(model, optimizer, batch, device) once per step, where batch is (inputs, targets) from model.batch "
+            "or the built-in task (class indices per sample; per pixel at the input's size for segmentation). "
+            "It runs one full step as your real loop does: your loss, backward, gradient clipping, scheduler, "
+            "EMA copy of the weights... and replaces isoprobe's own step, so that what fits is what your code "
+            "allocates. State it keeps between steps (an EMA model) belongs in the function's module. Train mode "
+            "only; do autocast inside it (training.precision fp32 or bf16-true). Its signature is checked "
+            "before any trial."
+        ),
+    )
+
+    depends_on: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list,
+        max_length=256,
+        description=(
+            "Files the model's code reads that isoprobe cannot see it read: those opened by C or Rust code (a "
+            "tokenizer library's own reader, a natively memory-mapped file), relative to the spec file, e.g. "
+            "[tokenizer.json]. They are hashed into the cache key, so editing one probes again. Files read "
+            "through Python's open() (json.load, Path.read_text, torch.load) are tracked without this."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one_source(self) -> "ModelSpec":
+        given = [name for name in MODEL_SOURCES if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError(
+                "give exactly one of 'torchvision' (a model name), 'timm' (a model name), 'huggingface' "
+                f"(a model type) or 'factory' ('module:function'); got {', '.join(given) or 'none'}"
+            )
+        for name in CALLABLE_FIELDS:
+            value = getattr(self, name)
+            if value is not None and not _CALLABLE_REFERENCE.fullmatch(value):
+                message = f"{name} {value!r} must look like 'package.module:function' or 'file.py:function'"
+                # factory keeps its historical wording; batch and loss name their own field.
+                raise ValueError(message if name == "factory" else f"{name}: {message}")
+        return self
+
+    @property
+    def source(self) -> str:
+        """Which of MODEL_SOURCES this spec names."""
+        return next(name for name in MODEL_SOURCES if getattr(self, name) is not None)
+
+    @property
+    def library(self) -> str | None:
+        """The module the source builds with (MODEL_LIBRARIES), or None for a factory."""
+        return MODEL_LIBRARIES.get(self.source)
+
+
+class InputSpec(SpecSection):
+    """One sample of the model's input; the batch dimension is added in front."""
+
+    shape: list[Annotated[int, Field(ge=1)]] = Field(
+        min_length=1, max_length=8, description="Per-sample input shape without the batch dimension, e.g. [3, 224, 224]."
+    )
+    dtype: Literal["float32", "float16", "bfloat16", "float64", "int64"] = Field(
+        "float32", description="Element type of the synthetic input."
+    )
+    high: int | None = Field(
+        None,
+        ge=1,
+        description="For dtype int64 only: inputs are random integers in [0, high), e.g. a vocabulary size.",
+    )
+
+    @model_validator(mode="after")
+    def _plausible_size(self) -> "InputSpec":
+        elements = 1
+        for dimension in self.shape:
+            elements *= dimension
+        if elements > MAX_SAMPLE_ELEMENTS:
+            raise ValueError(f"one sample of shape {self.shape} has {elements} elements: far beyond any real input")
+        return self
+
+    @model_validator(mode="after")
+    def _high_only_for_integers(self) -> "InputSpec":
+        if self.dtype == "int64" and self.high is None:
+            raise ValueError("dtype int64 needs 'high' (inputs are drawn from [0, high))")
+        if self.dtype != "int64" and self.high is not None:
+            raise ValueError("'high' applies to dtype int64 only")
+        return self
+
+
+TASKS = ("classification", "segmentation", "language_modeling", "regression", "detection")
+
+
+class TargetSpec(SpecSection):
+    """What the loss compares the output with: the task, and the classes or the shape of its targets."""
+
+    task: Literal["classification", "segmentation", "language_modeling", "regression", "detection"] | None = Field(
+        None,
+        description=(
+            "classification: cross-entropy over (batch, classes) outputs; segmentation: per-pixel cross-entropy "
+            "over (batch, classes, H, W); language_modeling: next-token cross-entropy, the labels being the input "
+            "ids shifted by one (input: int64 token ids of the maximum sequence length, high = vocabulary size); "
+            "regression: mean squared error against target.shape; detection: torchvision detection models, "
+            "which return their own losses (synthetic boxes and labels). Unset: classification when classes is "
+            "given, regression when shape is."
+        ),
+    )
+    classes: int | None = Field(
+        None, ge=2, le=1 << 24, description="Number of classes (classification, segmentation, detection)."
+    )
+    shape: list[Annotated[int, Field(ge=1)]] | None = Field(
+        None, min_length=1, description="Regression: per-sample target shape; the loss is mean squared error."
+    )
+    boxes_per_image: int = Field(
+        8, ge=1, le=1000, description="Detection: synthetic ground-truth boxes per image."
+    )
+
+    @model_validator(mode="after")
+    def _fields_fit_the_task(self) -> "TargetSpec":
+        task = self.resolved_task
+        if task is None:
+            raise ValueError(
+                "give exactly one of 'classes' (classification, segmentation, detection) or 'shape' (regression)"
+            )
+        if task == "regression":
+            if self.shape is None or self.classes is not None:
+                raise ValueError("regression takes 'shape' (the per-sample target shape), not 'classes'")
+        elif self.shape is not None:
+            raise ValueError(f"'shape' is for regression; {task} takes 'classes'")
+        elif task in ("classification", "segmentation", "detection") and self.classes is None:
+            raise ValueError(f"{task} needs 'classes'")
+        return self
+
+    @property
+    def resolved_task(self) -> str | None:
+        if self.task is not None:
+            return self.task
+        if self.classes is not None and self.shape is None:
+            return "classification"
+        if self.shape is not None and self.classes is None:
+            return "regression"
+        return None
+
+
+class OptimizerSpec(SpecSection):
+    """The optimizer whose state is part of the memory a training step needs."""
+
+    name: Literal["sgd", "adam", "adamw"] = Field(
+        "adam", description="sgd (momentum 0.9 unless kwargs say otherwise), adam or adamw."
+    )
+    kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments for the torch.optim class, e.g. {lr: 0.001}."
+    )
+
+
+class TrainingSpec(SpecSection):
+    """How one step runs: what the real training loop does to memory, done for real in every trial."""
+
+    mode: Literal["train", "inference"] = Field(
+        "train",
+        description=(
+            "train: forward, loss, backward, optimizer step. inference: forward only under "
+            "torch.inference_mode() with the model in eval mode and no optimizer (serving)."
+        ),
+    )
+    precision: Literal["fp32", "fp16-mixed", "bf16-mixed", "bf16-true"] = Field(
+        "fp32",
+        description=(
+            "fp32; fp16-mixed: autocast to float16 with a GradScaler; bf16-mixed: autocast to bfloat16; "
+            "bf16-true: the whole model and its inputs in bfloat16. The device must support it (a spec error "
+            "otherwise, e.g. bf16 on a GPU older than Ampere). On the CPU backend most CPUs emulate float16, "
+            "so fp16-mixed trials run several times slower there; the memory answer is unaffected."
+        ),
+    )
+    channels_last: bool = Field(
+        False, description="Convert the model and the image batch to the channels_last memory format (convolutional models)."
+    )
+    gradient_checkpointing: bool = Field(
+        False,
+        description=(
+            "Recompute activations in the backward pass instead of keeping them: the model's own switch where "
+            "it has one (Hugging Face gradient_checkpointing_enable, timm set_grad_checkpointing), otherwise "
+            "every block of the model's sequential stages (e.g. ResNet's layer1..4) wrapped in "
+            "torch.utils.checkpoint."
+        ),
+    )
+    compile: bool = Field(
+        False,
+        description="Run the model through torch.compile. Compile time is reported apart from the step time.",
+    )
+    compile_backend: str = Field(
+        "inductor", min_length=1, description="The torch.compile backend when compile is true, e.g. inductor or aot_eager."
+    )
+    cudnn_benchmark: bool = Field(
+        False,
+        description="torch.backends.cudnn.benchmark: cuDNN autotuning, which can pick algorithms with larger workspaces.",
+    )
+    output_lifetime: Literal["through_backward", "freed_before_backward"] = Field(
+        "through_backward",
+        description=(
+            "How long the step keeps the model's output. through_backward (default, conservative): until after "
+            "backward() and the optimizer step, as a plain loop does (outputs = model(x); loss = criterion(outputs, "
+            "y); loss.backward(); optimizer.step() drops outputs only when the next forward returns). "
+            "freed_before_backward: dropped once the loss is computed, as in frameworks whose step returns only "
+            "the loss: a Lightning training_step that returns the loss alone, Hugging Face's Trainer. For a "
+            "language model the logits are the step's largest tensor, so this moves the edge most there. "
+            "Ignored with model.step, whose code decides."
+        ),
+    )
+    eval_pass: bool = Field(
+        False,
+        description=(
+            "Also run an evaluation forward pass (eval mode, no gradients) at the same batch after the training "
+            "steps of each trial, so that the answer covers validation too (train mode only)."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "TrainingSpec":
+        if self.mode == "inference" and self.gradient_checkpointing:
+            raise ValueError(
+                "gradient_checkpointing: saves memory for the backward pass; mode inference has none"
+            )
+        if self.mode == "inference" and self.eval_pass:
+            raise ValueError("eval_pass: adds an evaluation pass to training; in mode inference every step is one")
+        return self
+
+
+class SearchSpec(SpecSection):
+    """Where the search starts, where it must stop, and what one trial is."""
+
+    start_batch_size: int = Field(
+        2, ge=1, le=MAX_BATCH_SIZE, description="First batch tried. 2 by default: BatchNorm needs more than one sample in training."
+    )
+    max_batch_size: int | None = Field(
+        None, ge=1, le=MAX_BATCH_SIZE, description="Never try a batch above this. The answer is this value if it fits."
+    )
+    dataset_size: int | None = Field(
+        None, ge=1, description="Number of samples in the dataset: a batch larger than the dataset is never tried."
+    )
+    steps: int = Field(
+        3,
+        ge=2,
+        le=1000,
+        description=(
+            "Training steps per trial (at least 2: Adam's state is allocated at the first optimizer step, "
+            "so the second step's peak can exceed the first's)."
+        ),
+    )
+    steady_steps: int | None = Field(
+        None, ge=0, le=10000,
+        description=(
+            "The most steps a trial that decides the maximum (the edge's confirmation, and the long-run search "
+            "below it) runs while its peak still rises: it stops as soon as the peak has held still for 5 steps (so it runs "
+            "at least 6). A peak still rising at this cap is still_rising, not fits. null: 30; 0: off (every "
+            "trial runs search.steps)."
+        ),
+    )
+    trial_timeout: float = Field(
+        600.0, gt=0, le=7 * 24 * 3600,
+        description="Seconds one trial may take from the moment its process, imports done, receives the request; "
+                    "then it and everything it started is killed.",
+    )
+    retries: int = Field(
+        1,
+        ge=0,
+        le=5,
+        description=(
+            "Extra attempts, each in a fresh process, for a batch whose trial crashed or timed out. If the "
+            "failure persists, the batch counts as failing with that class (never as out of memory)."
+        ),
+    )
+    confirmations: int = Field(
+        1,
+        ge=0,
+        le=5,
+        description=(
+            "Extra runs of the final maximum before it is reported. If one fails, the edge is flaky and the "
+            "answer moves down to the largest batch that fit every time it ran."
+        ),
+    )
+    strategy: Literal["guided", "doubling"] = Field(
+        "guided",
+        description=(
+            "guided: fit peak memory = a + k*batch to the trials that fit and jump next to the edge it predicts "
+            "(falls back to bisection when the prediction misses); doubling: the classic double-then-bisect. "
+            "Both find the same exact edge; guided needs fewer trials."
+        ),
+    )
+    parallel: Literal["auto"] | Annotated[int, Field(ge=1, le=64)] = Field(
+        1,
+        description=(
+            "Trials run at once, one per slot; the search then proposes up to that many batches per round "
+            "(a k-ary split instead of a bisection) and finds the same exact edge in fewer rounds. On CUDA a "
+            "slot is a visible GPU (auto: all of them; they must be the same model with the same memory). On "
+            "the CPU backend a slot is one memory budget: at most min(cores, 80 % of RAM // budget) slots "
+            "(auto: that many), so that the slots' caps together never exceed the machine. 1 (the default): "
+            "one trial at a time. Not with a distributed strategy, where each trial is already a gang: a spec error."
+        ),
+    )
+    warm_start: bool = Field(
+        True,
+        description=(
+            "Start the next trial's process while the current one runs: it imports torch at idle priority "
+            "(never touching the GPU), so that it only builds and trains when its turn comes. Saves the import, "
+            "seconds per trial; false: each trial's process is started when the trial is due (same imports, "
+            "same timeout; only slower)."
+        ),
+    )
+
+    estimate: bool = Field(
+        True,
+        description=(
+            "Trace one training step on fake tensors in the environment check (seconds, no memory) and start the "
+            "guided search at the edge it predicts, the measured peaks correcting it: fewer trials. false: no "
+            "trace, and the search starts at start_batch_size. The answer is exact either way."
+        ),
+    )
+    fork_server: bool | None = Field(
+        None,
+        description=(
+            "Fork every trial from one server process that imported torch and the model library once (it never "
+            "creates a CUDA context nor runs a torch operation): a trial starts in milliseconds instead of "
+            "seconds, and is still a fresh process with its own memory, cap, allocator and CUDA context, "
+            "contained as a spawned one is, and measuring what a spawned one does (the server's threads and "
+            "resident library pages are restored in each fork). null (the default): on the CPU backend, where "
+            "this was measured; spawned on CUDA until it is measured on a GPU. true: on both; false: spawn "
+            "every trial's process (warm_start then applies). A server that cannot start or dies is replaced "
+            "by spawned processes."
+        ),
+    )
+
+    @model_validator(mode="after")
+    def _start_within_caps(self) -> "SearchSpec":
+        for name in ("max_batch_size", "dataset_size"):
+            cap = getattr(self, name)
+            if cap is not None and self.start_batch_size > cap:
+                raise ValueError(f"start_batch_size {self.start_batch_size} is above {name} {cap}")
+        return self
+
+    @property
+    def cap(self) -> int | None:
+        """The largest batch the search may try, or None when only memory limits it."""
+        caps = [c for c in (self.max_batch_size, self.dataset_size) if c is not None]
+        return min(caps) if caps else None
+
+
+class RecommendationSpec(SpecSection):
+    """How the recommended batch is derived from the maximum: headroom below the edge, then rounding."""
+
+    headroom: Headroom = Field(
+        0.1,
+        description=(
+            "Memory to keep free below the capacity: a fraction in [0, 1) such as 0.1, or a size such as '2GiB'. "
+            "The capacity is memory_budget or the device's memory; once the edge is found, the peak predicted "
+            "at the first failing batch if that is lower (on CPU the peak is resident memory, which stays below "
+            "the data-segment cap)."
+        ),
+    )
+    multiple_of: int = Field(
+        1, ge=1, le=MAX_BATCH_SIZE, description="Round the recommended batch down to a multiple of this (e.g. 8 for tensor cores)."
+    )
+    objective: Literal["max", "throughput"] = Field(
+        "max",
+        description=(
+            "max: recommend the largest batch within the headroom; throughput: the smallest tested batch within "
+            "the headroom that is within throughput_tolerance of the best measured throughput."
+        ),
+    )
+    throughput_tolerance: float = Field(
+        0.03, ge=0, lt=1, description="Fraction of the best throughput that counts as as fast (0.03: within 3 %)."
+    )
+    soak_steps: int | None = Field(
+        None,
+        ge=0,
+        le=10_000,
+        description=(
+            "Steps the recommended batch runs in a fresh process before it is reported, reading the peak after "
+            "each step: memory that grows over steps (fragmentation, a cache that fills, a leak) shows there. "
+            "A batch that fails, or whose peak still rises above the headroom line, moves the recommendation "
+            "down (up to 3 soaks). Default: 20 on CUDA; 6 on the CPU backend, where a step takes seconds to "
+            "minutes and the allocator settles within two steps, so 6 show a trend over the last four. 0: no "
+            "soak (the recommended batch is still run once if no trial ran it)."
+        ),
+    )
+
+
+class PlanSpec(SpecSection):
+    """A target global batch to reach by gradient accumulation and data parallelism."""
+
+    target_global_batch: int | None = Field(
+        None, ge=1, le=1 << 30, description="The global batch the real job wants (micro-batch x accumulation x ranks)."
+    )
+    world_size: int | None = Field(
+        None,
+        ge=1,
+        le=1 << 20,
+        description=(
+            "Data-parallel ranks. Unset: WORLD_SIZE (torchrun) or SLURM_NTASKS from the environment, else 1."
+        ),
+    )
+
+
+class Spec(SpecSection):
+    """A training setup to probe."""
+
+    model: ModelSpec
+    input: InputSpec | None = Field(
+        None, description="One sample of the input; required unless model.batch makes the batches."
+    )
+    target: TargetSpec | None = Field(
+        None, description="The task and its targets; required unless model.loss computes the loss."
+    )
+    optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
+    training: TrainingSpec = Field(default_factory=TrainingSpec)
+    search: SearchSpec = Field(default_factory=SearchSpec)
+    device: str = Field(
+        "auto",
+        pattern=DEVICE_PATTERN,
+        description="auto (CUDA if a GPU is visible, else CPU), cpu, cuda or cuda:N.",
+    )
+    memory_budget: ByteCount | None = Field(
+        None,
+        le=MAX_BYTES,
+        description=(
+            "Memory the trial may use, e.g. '8GiB', '16 GB' or bytes. On CUDA: a cap below the card's memory "
+            "(ask 'what fits on a 16 GB card' on a bigger one). On CPU: a hard limit on the child process, "
+            "imports included; default 3GiB."
+        ),
+    )
+    allocator: str | None = Field(
+        None,
+        description=(
+            "PYTORCH_CUDA_ALLOC_CONF for every trial, e.g. 'expandable_segments:True'. "
+            "Unset: the value in isoprobe's own environment, if any, is passed on."
+        ),
+    )
+    allocators: list[str] | None = Field(
+        None,
+        min_length=2,
+        max_length=8,
+        description=(
+            "Allocator settings to compare, e.g. [default, 'expandable_segments:True', 'max_split_size_mb:128'] "
+            "('default': torch's own, the variable unset). The edge is searched under each, starting from what "
+            "the previous one found; the result gives the maximum per setting and the best. The answer's "
+            "max_batch_size is the first one's. CUDA only: on the CPU backend the setting has no effect, so "
+            "the edge is searched once and the result says so. Replaces 'allocator'."
+        ),
+    )
+    recommendation: RecommendationSpec = Field(default_factory=RecommendationSpec)
+    plan: PlanSpec = Field(default_factory=PlanSpec)
+    distributed: DistributedSpec = Field(
+        default_factory=DistributedSpec,
+        description="The real job's data-parallel strategy and ranks: with one, the answer is the per-rank micro-batch.",
+    )
+
+    @model_validator(mode="after")
+    def _sections_fit_together(self) -> "Spec":
+        if self.distributed.gang and self.search.parallel != 1:
+            raise ValueError(f"search.parallel: {self.search.parallel} runs several trials at once, and with "
+                             f"distributed.strategy {self.distributed.strategy} every trial is already a gang of ranks "
+                             "(on CUDA one GPU per rank; on the CPU one budget per rank): set it to 1")
+        if self.distributed.gang and self.training.mode != "train":
+            raise ValueError(f"distributed.strategy: {self.distributed.strategy} distributes training; with "
+                             "training.mode inference use strategy none")
+        if self.input is None and self.model.batch is None:
+            raise ValueError("input: this section is required (the per-sample shape), unless model.batch makes the batches")
+        if self.target is None and self.model.loss is None and not (self.model.step and self.model.batch):
+            raise ValueError("target: this section is required (the task and its classes or shape), unless model.loss "
+                             "is given (or model.step with model.batch)")
+        if self.model.step is not None:
+            if self.model.loss is not None:
+                raise ValueError("model: model.step computes its own loss; give model.step or model.loss, not both")
+            if self.training.mode != "train":
+                raise ValueError("training: mode inference runs no training step; model.step needs mode train")
+            if self.training.precision.endswith("-mixed"):
+                raise ValueError(f"training: precision {self.training.precision} autocasts isoprobe's own step; with "
+                                 "model.step, autocast (and scale) inside your step and set training.precision to "
+                                 "fp32 (or bf16-true, which converts the model)")
+        task = self.target.resolved_task if self.target is not None else None
+        if task == "language_modeling" and self.model.batch is None:
+            if self.input is None or self.input.dtype != "int64" or len(self.input.shape) != 1:
+                raise ValueError(
+                    "input: language_modeling takes token ids: input {shape: [sequence_length], dtype: int64, "
+                    "high: vocabulary_size}"
+                )
+        if task == "detection" and self.model.batch is None and (self.input is None or len(self.input.shape) != 3):
+            raise ValueError("input.shape: detection takes images: [channels, height, width]")
+        if self.training.channels_last and self.model.batch is None and (
+            self.input is None or len(self.input.shape) != 3
+        ):
+            raise ValueError("training.channels_last: applies to image batches, input.shape [channels, height, width]")
+        if self.allocators is not None:
+            if self.allocator is not None:
+                raise ValueError("allocators: give either 'allocator' (one setting) or 'allocators' (to compare)")
+            if len(set(self.allocators)) != len(self.allocators):
+                raise ValueError("allocators: each setting once")
+        if self.model.huggingface is not None and task not in (None, "language_modeling", "classification"):
+            raise ValueError("target.task: huggingface models take language_modeling or classification here")
+        return self
+

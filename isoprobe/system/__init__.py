@@ -1,0 +1,7 @@
+"""The operating system's primitives, without torch: used by the parent and by a trial's process alike.
+
+    keeper.py    a process that outlives nothing: it kills every descendant of a trial, whatever its session
+    pid1.py      running as PID 1 (a container's entrypoint): a tiny init in front of isoprobe
+    oomkill.py   the kernel's record of OOM kills, to tell an OOM-killer SIGKILL from any other
+    hardware.py  what this machine has (GPUs, CPU, RAM), learned without a CUDA context
+"""

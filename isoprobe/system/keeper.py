@@ -1,0 +1,266 @@
+"""The keeper: a tiny process between the executor and each child, so that nothing a trial starts outlives it.
+
+Two guarantees cannot be kept from inside a trial, because a trial runs the
+user's code:
+
+- **Everything the trial started dies with it.** Killing the trial's process
+  group misses whatever left it: ``subprocess.Popen(..., start_new_session=True)``
+  or a double fork with ``setsid`` makes a new session, hence a new group. The
+  keeper is a *child subreaper* (``PR_SET_CHILD_SUBREAPER``): every process
+  orphaned below it, whatever its session or group, is re-parented to the
+  keeper instead of to init, so it stays the keeper's descendant. When the
+  trial ends, the keeper SIGKILLs every descendant it has (found in /proc by
+  parent PID), reaps them, and repeats until it has no child left.
+- **If isoprobe dies, nothing of the trial survives.** A watchdog thread in
+  the trial needs the trial's Python to run: a forward spinning in a regex
+  holds the GIL, a SIGSTOPped trial runs nothing at all. The keeper runs no
+  user code. It blocks in ``poll`` on the *lifeline*, a pipe whose write end
+  only isoprobe holds and which the kernel closes however isoprobe ends
+  (SIGKILL and SIGHUP included); on EOF it SIGKILLs the tree, stopped
+  processes too (SIGKILL needs no cooperation). The trial itself gets
+  ``PR_SET_PDEATHSIG=SIGKILL`` towards the keeper, so if the keeper is killed,
+  the kernel kills the trial.
+
+Which mechanism where. The subreaper everywhere (Linux 3.4 and later, no
+privilege). A cgroup per trial (cgroup v2 ``cgroup.kill``) would also catch a
+process re-parented away by a second subreaper of the user's own, but needs
+a writable, delegated cgroup subtree, which a Slurm job step, a container
+and a v1/hybrid host (like the one this was written on) usually do not give;
+it would also move the trial out of the memory cgroup whose OOM-kill counter
+the executor reads (``isoprobe.system.oomkill``). So no cgroup is used.
+
+How the executor uses it (``command``): ``python -I -S keeper.py FD -- CHILD ARGV``.
+It imports the standard library only (no isoprobe, no pydantic, no torch, no
+site-packages), which keeps its start-up at about 10 ms. It starts the child with
+its own stdin, stdout, stderr and environment, in a session of its own, waits,
+cleans up, and then exits *as the child did*: the same exit code, or death by
+the same signal. The probe therefore classifies the child's end, never the
+keeper's. Closing the lifeline is also how the executor stops a trial (a
+timeout, an interrupt, a spare not needed): one path for every end. A
+SIGTERM, SIGINT, SIGHUP or SIGQUIT sent to the keeper itself (a job step's
+teardown) stops it the same way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import resource
+import select
+import signal
+import sys
+import time
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+#: Signals that stop the keeper as a closed lifeline does (the tree is killed first).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+#: Exit code when the keeper could not start the child at all (as a shell reports "cannot execute").
+CANNOT_START = 127
+
+
+def command(lifeline_fd: int, child_argv: list[str]) -> list[str]:
+    """The argv that runs ``child_argv`` under a keeper watching ``lifeline_fd`` (isolated, no site-packages)."""
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), str(lifeline_fd), "--", *child_argv]
+
+
+def lift_idle_policy(pid: int) -> None:
+    """Give a process's idle-class threads the normal policy back, so that a kill ends it promptly.
+
+    A warm spare imports under ``SCHED_IDLE`` (see ``child.main``). Killed in
+    the middle, its exit (unmapping torch) still runs at idle priority, and on a
+    machine whose cores are busy that took longer than 30 s (measured:
+    docs/measurements.md). Same owner, and the child only went idle where it
+    may come back, so this is allowed wherever the child's own switch was;
+    failures are ignored.
+    """
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return
+    for task in tasks:
+        try:
+            if os.sched_getscheduler(int(task)) == os.SCHED_IDLE:
+                os.sched_setscheduler(int(task), os.SCHED_OTHER, os.sched_param(0))
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+def descendants(root: int) -> list[tuple[int, str]]:
+    """Every process below ``root`` as (pid, state), from /proc by parent PID: by ancestry, whatever the session."""
+    children: dict[int, list[tuple[int, str]]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                stat = handle.read()
+            state, ppid = stat[stat.rindex(b")") + 2:].split()[:2]
+        except (OSError, ValueError):
+            continue  # gone meanwhile
+        children.setdefault(int(ppid), []).append((int(name), state.decode()))
+    found, frontier = [], [root]
+    while frontier:
+        for pid, state in children.get(frontier.pop(), ()):
+            found.append((pid, state))
+            frontier.append(pid)
+    return found
+
+
+class Keeper:
+    """One child, its lifeline, and the statuses reaped so far."""
+
+    def __init__(self, lifeline: int, child_argv: list[str] | None, child_main=None):
+        self.lifeline = lifeline
+        self.child_argv = child_argv
+        #: Instead of ``child_argv``: run this in the forked child, which then exits (the fork server's trials,
+        #: ``isoprobe.child.server``). It must never return into the caller's code.
+        self.child_main = child_main
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.child = -1
+        self.child_status: int | None = None
+        self.stop_requested = False
+
+    def prctl(self, option: int, value: int) -> None:
+        if self.libc.prctl(option, value, 0, 0, 0) != 0:
+            error = ctypes.get_errno()
+            raise OSError(error, f"prctl({option}): {os.strerror(error)}")
+
+    def start(self) -> None:
+        """Fork and exec the child: a session of its own, killed by the kernel if the keeper dies."""
+        handled = {signal.SIGCHLD, *STOP_SIGNALS}
+        keeper = os.getpid()
+        previous = signal.pthread_sigmask(signal.SIG_BLOCK, handled)  # no handler may run in the forked copy
+        pid = os.fork()
+        if pid == 0:
+            try:
+                for signum in (*handled, signal.SIGPIPE, signal.SIGXFSZ):
+                    signal.signal(signum, signal.SIG_DFL)  # as subprocess.Popen leaves them for a child
+                signal.set_wakeup_fd(-1)
+                os.setsid()
+                self.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != keeper:  # the keeper died before the line above: nobody would kill us
+                    os._exit(CANNOT_START)
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+                if self.child_main is not None:
+                    self.child_main()  # exits itself
+                    os._exit(CANNOT_START)
+                os.execv(self.child_argv[0], self.child_argv)
+            except BaseException as error:  # noqa: BLE001 - whatever it is, the child must not run on as a keeper
+                what = self.child_argv[0] if self.child_argv else "the forked child"
+                os.write(2, f"isoprobe keeper: cannot start {what}: {error}\n".encode())
+            os._exit(CANNOT_START)
+        self.child = pid
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+
+    def reap(self) -> bool:
+        """Reap every child that has ended (orphans included); False once the keeper has no child at all."""
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return False
+            if pid == 0:
+                return True
+            if pid == self.child:
+                self.child_status = status
+
+    def supervise(self) -> None:
+        """Wait until the child ends, the lifeline reads EOF, or a stop signal comes; reap orphans meanwhile."""
+        wake_read, wake_write = os.pipe()
+        os.set_blocking(wake_read, False)
+        os.set_blocking(wake_write, False)
+        signal.set_wakeup_fd(wake_write, warn_on_full_buffer=False)
+        poller = select.poll()
+        poller.register(self.lifeline, select.POLLIN | select.POLLHUP | select.POLLERR)
+        poller.register(wake_read, select.POLLIN)
+        while True:
+            self.reap()
+            if self.child_status is not None or self.stop_requested:
+                return
+            for fd, _ in poller.poll(1000):  # 1 s: a backstop only, signals and EOF wake it at once
+                if fd == wake_read:
+                    while _read_some(wake_read):
+                        pass
+                elif not _read_some(self.lifeline):  # EOF (or an error): isoprobe is gone or wants us gone
+                    self.stop_requested = True
+
+    def kill_tree(self) -> None:
+        """SIGKILL every descendant (stopped ones too), reap, repeat until the keeper has no child left."""
+        me = os.getpid()
+        lifted: set[int] = set()
+        pause = 0.001
+        while True:
+            if not self.reap():
+                return
+            live = [pid for pid, state in descendants(me) if state not in ("Z", "X")]
+            for pid in live:
+                if pid not in lifted:
+                    lift_idle_policy(pid)
+                    lifted.add(pid)
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            time.sleep(pause)  # processes take a moment to exit (torch unmaps a lot); zombies to be reaped
+            pause = min(pause * 2, 0.02)
+
+
+def _read_some(fd: int) -> bool:
+    """Read what is there; False at EOF or on an error (a lifeline that fails is a lifeline that is gone)."""
+    try:
+        return bool(os.read(fd, 512))
+    except BlockingIOError:
+        return False
+    except OSError:
+        return False
+
+
+def exit_as(status: int) -> None:
+    """End this process the way a wait status says: the same exit code, or death by the same signal."""
+    code = os.waitstatus_to_exitcode(status)
+    if code >= 0:
+        os._exit(code)
+    signum = -code
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # a core of the keeper is nobody's evidence
+    try:
+        signal.signal(signum, signal.SIG_DFL)
+    except (OSError, ValueError):  # SIGKILL and SIGSTOP cannot be changed, and need not be
+        pass
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signum})
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)  # a signal whose default is not to terminate: as a shell would report it
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) < 4 or argv[2] != "--" or not argv[1].isdigit():
+        os.write(2, b"usage: keeper.py LIFELINE_FD -- CHILD_ARGV...\n")
+        os._exit(2)
+    keep(Keeper(int(argv[1]), argv[3:]))
+
+
+def keep(keeper: Keeper) -> None:
+    """Be ``keeper``: start its child, supervise it, kill what is left, exit as the child did. Never returns."""
+    lifeline = keeper.lifeline
+    try:
+        os.set_inheritable(lifeline, False)  # the child must not hold it: only the keeper watches it
+        keeper.prctl(PR_SET_CHILD_SUBREAPER, 1)
+        for signum in STOP_SIGNALS:
+            signal.signal(signum, lambda *_: setattr(keeper, "stop_requested", True))
+        signal.signal(signal.SIGCHLD, lambda *_: None)  # a handler, so that SIGCHLD wakes the poll
+        keeper.start()
+    except OSError as error:
+        os.write(2, f"isoprobe keeper: {error}\n".encode())
+        os._exit(CANNOT_START)
+    # The request pipe (stdin) is the child's: the keeper lets go of its copy.
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    keeper.supervise()
+    keeper.kill_tree()
+    exit_as(keeper.child_status if keeper.child_status is not None else signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    main(sys.argv)
