@@ -6,10 +6,10 @@
     batch = result.recommended_batch_size
 
 ``probe`` goes through the same code as the command line: the spec loaded and
-checked as ``isoprobe validate`` checks it (``spec_load.load_spec``,
-``spec_load.check_references``), then ``answer_for``, which the CLI's ``run`` calls
+checked as ``isoprobe validate`` checks it (``spec.load.load_spec``,
+``spec.load.check_references``), then ``answer_for``, which the CLI's ``run`` calls
 too: the cache, its lock, the probe in fresh child processes, the store
-(``probe.answer``). So an answer the CLI cached is a cache hit here, and the
+(``pipeline.answer``). So an answer the CLI cached is a cache hit here, and the
 other way round.
 
 Nothing here, nor anything it imports, imports torch: the trials run in child
@@ -117,7 +117,7 @@ def answer_for(spec: Spec, spec_path: str, say: Callable[[str], None], *, use_ca
     """The result for a valid spec: from the cache when it holds the answer, else from a probe (then stored).
 
     The one path from a valid spec to a ``Result``, for ``isoprobe run`` and
-    ``probe()`` alike (``probe.answer`` does the work). An ``OSError`` out of the
+    ``probe()`` alike (``pipeline.answer`` does the work). An ``OSError`` out of the
     probe is the system refusing what a trial needs (no space left in TMPDIR for
     its files, too many open files): not the user's spec and not a bug, so one
     line (``ProbeError``, exit 4 from the CLI), never a traceback.

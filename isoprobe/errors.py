@@ -14,7 +14,7 @@ Only a user's mistake travels as an exception. The other non-zero outcomes
 130/143) are *answers*: a ``Result`` is still printed, its ``stop_reason`` says
 why, and ``result.exit_code_for`` maps it to the code. Foreign exceptions
 (YAML, pydantic, OS) are converted to ``SpecError`` where they happen
-(``spec_load.py``), so the CLI never shows a traceback for a user's mistake.
+(``spec.load.py``), so the CLI never shows a traceback for a user's mistake.
 
 The Python API (``isoprobe.probe``, ``isoprobe.load_spec``) raises this same tree,
 exported from the package (``from isoprobe import SpecError, ProbeError,

@@ -2,7 +2,7 @@
 
 Fast: the CLI runs in this process (``cli``) and nothing here starts a trial (a
 ``run`` with a bad --set stops at the spec, before any child). The values go
-through the spec file's YAML rules (``spec_yaml.parse_yaml``): the hostile ones
+through the spec file's YAML rules (``spec.yaml_file.parse_yaml``): the hostile ones
 below are the file's hostile cases, one flag long.
 """
 

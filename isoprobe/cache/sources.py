@@ -53,7 +53,7 @@ class SourceRecorder:
     children reported with different digests: the code was edited while the
     probe ran, so its answer is of no one version. ``threads``: the intra-op
     counts the trials ran, which must be the key's (``expected_threads``,
-    ``cache_threads``; None where the key holds none, as on CUDA).
+    ``cache.threads``; None where the key holds none, as on CUDA).
     ``unsettled`` says whether the answer may be stored.
     """
 

@@ -4,23 +4,23 @@ A probe costs minutes of GPU time and its answer only changes when something it
 depends on changes, so a result is stored under a key made of all of that: the
 resolved spec (with overrides), the code of the user's factory files, the device
 (the GPU model, memory and driver from NVML, or the CPU's facts and the trials' intra-op
-threads, ``cache_threads``), the torch,
+threads, ``cache.threads``), the torch,
 torchvision and model-library versions, the allocator setting and isoprobe's own
 version. Which node or job asked is not in the key: a job array on identical GPUs
 shares one answer. What is not in it either: memory other processes hold on the
 GPU at the time (the probe measures what was free then).
 
 What the key cannot cover, the entry does: the other source files the trials
-imported (``cache_sources``), re-hashed on every hit. And what an entry says is
-checked before it is believed (``cache_trust``); its file is read only as a
-regular file of bounded size (``cache_files``).
+imported (``cache.sources``), re-hashed on every hit. And what an entry says is
+checked before it is believed (``cache.trust``); its file is read only as a
+regular file of bounded size (``system.files``).
 
 The hit path imports neither torch nor the probe, so it costs what the CLI's start-up
 costs. Writers are safe in numbers: an entry is written to a temporary file and
 renamed over the old one (a reader sees the old entry or the new one, never half of
 one), and a lock per key makes concurrent runs of the same setup single-flight: the
 first probes, the others wait for its answer instead of probing too. The lock is a
-``flock`` on a regular file (``cache_files.KeyLock``), which the kernel releases if
+``flock`` on a regular file (``system.files.KeyLock``), which the kernel releases if
 its holder dies.
 """
 
@@ -77,7 +77,7 @@ def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: l
             },
         }
     else:
-        # The CPU backend's answer moves with the trials' intra-op threads (``cache_threads``).
+        # The CPU backend's answer moves with the trials' intra-op threads (``cache.threads``).
         device = {"backend": "cpu", "requested": spec.device, "cpu": cpu_name(), "ram_bytes": ram_bytes(),
                   "threads": trial_threads(environ, spec.distributed.threads_per_rank)}
     return {

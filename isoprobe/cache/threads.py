@@ -19,7 +19,7 @@ The prediction can be wrong for a build or a variable this does not know, so
 the key also holds what it was made from (the thread variables as the trial
 will see them, the usable CPUs, the cores): the same key means the same inputs.
 And the trials report ``torch.get_num_threads()``; an answer whose trials ran
-another count than the key's is not cached (``cache_sources.SourceRecorder``).
+another count than the key's is not cached (``cache.sources.SourceRecorder``).
 A mistaken prediction costs a probe, never a wrong answer.
 
 On CUDA the key holds no threads: the answer is the GPU allocator's, which

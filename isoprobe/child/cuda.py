@@ -139,7 +139,7 @@ def memory_at_failure(torch, device) -> dict[str, int] | None:
     """The card as the failure left it (``result.CudaMemoryAtFailure`` fields), or None if CUDA cannot say.
 
     Read before the failed step's tensors are collected: the evidence for an ambiguous library
-    error when there is no budget to re-run under (``probe.trials``).
+    error when there is no budget to re-run under (``pipeline.trials``).
     """
     try:
         free, total = torch.cuda.mem_get_info(device)

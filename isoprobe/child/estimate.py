@@ -383,7 +383,7 @@ def _hard_deadline(seconds: float):
     needs no GIL: it writes every thread's stack to stderr under the headline
     "Timeout (h:mm:ss)!" and exits with status 1. The check's verdict was sent
     before the trace began, so the parent keeps it and starts the search
-    without an estimate (``probe.environment.inspect_environment`` names why).
+    without an estimate (``pipeline.environment.inspect_environment`` names why).
     """
     import faulthandler
 

@@ -1,7 +1,7 @@
 """The child's entry: open the events channel, import, wait for the request, run it, leave fast.
 
 Run as ``python -m isoprobe.child --wait [--idle]`` by the parent's executor
-(through its keeper, ``executors.keeper``), and as ``python -m isoprobe.child
+(through its keeper, ``system.keeper``), and as ``python -m isoprobe.child
 REQUEST.json`` by hand. It reports through a dedicated events file (path in
 ``protocol.EVENTS_ENV``), one complete JSON line per event written with a
 single ``write``, because the user's model may print anything on stdout and a

@@ -12,7 +12,7 @@ succeeds; VmRSS, VmHWM and smaps_rollup's Rss count it (RssShmem 512 MiB);
 VmData does not; VmPeak and VmSize do. So the resident peak (VmHWM) already
 includes shared memory, and the budget's peak below adds the shared mappings
 to the data segment, so that both readings show memory the cap let through
-and the parent can refuse a 'fits' that used it (``probe.plausibility``).
+and the parent can refuse a 'fits' that used it (``pipeline.plausibility``).
 
 isoprobe's own modules (pydantic, the protocol, the spec's models, this
 package) sit in the trial's process but not in the user's: measured 6.3 MiB

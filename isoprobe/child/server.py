@@ -11,7 +11,7 @@ server imports only (``protocol.PRELOAD_ENV``), runs no torch operation, and so
 has started no OpenMP pool a forked child could hang on; ``serve`` checks both
 before it answers anything.
 
-For each ``ForkOrder`` the server forks a *keeper* (``executors.keeper.Keeper``,
+For each ``ForkOrder`` the server forks a *keeper* (``system.keeper.Keeper``,
 the same code as the spawned path's keeper, run in the fork instead of exec'd):
 a child subreaper that watches the order's lifeline and forks the trial under
 it. So a forked trial is contained exactly as a spawned one is: its keeper

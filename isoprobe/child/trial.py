@@ -2,9 +2,9 @@
 
 The child classifies its own exception (out of memory versus any other error,
 ``outcomes.classify_exception``) and writes exactly one ``TrialResult``, with
-the user's source files it ran and the files it read (``cache_sources``,
-``cache_reads``: the cache's answer is only as current as they are) and the
-intra-op threads it ran (``cache_threads``). A process that ends without one is classified by the
+the user's source files it ran and the files it read (``cache.sources``,
+``child.reads``: the cache's answer is only as current as they are) and the
+intra-op threads it ran (``cache.threads``). A process that ends without one is classified by the
 parent (crashed, timed out).
 """
 

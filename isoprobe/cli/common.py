@@ -58,7 +58,7 @@ def render(result, fmt: str) -> str:
 def read_result(path: str):
     """A saved result, validated against the current model; a bad file is the user's mistake (exit 2).
 
-    Read as ``safe_read`` reads a spec: a regular file only (``/dev/zero`` or a FIFO
+    Read as ``spec.safe_read`` reads a spec: a regular file only (``/dev/zero`` or a FIFO
     would never end), at most ``MAX_RESULT_BYTES``.
     """
     from pydantic import ValidationError

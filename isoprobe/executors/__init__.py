@@ -81,7 +81,7 @@ class ChildRun:
     #: A gang with a failed rank: seconds from seeing that failure to every rank's process tree being gone.
     gang_stop_seconds: float | None = None
     #: Why this run's end is unknown because isoprobe's own machinery failed (the fork server that would report
-    #: it was lost or wedged), not the trial: such a run is re-run, never classified (``probe.classify``).
+    #: it was lost or wedged), not the trial: such a run is re-run, never classified (``pipeline.classify``).
     lost: str | None = None
     #: Why each earlier attempt at this same request was lost (and re-run): what the progress says happened.
     lost_before: tuple[str, ...] = ()

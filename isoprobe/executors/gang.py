@@ -12,7 +12,7 @@ whole, every ``POLL_SECONDS``: the first rank that writes a verdict other than
 'fits', or ends without one, *fails the gang*, and every rank's tree is killed
 at once, well before the trial's timeout. The run that comes back is that
 rank's, with every rank's run beside it (``ChildRun.ranks``); the probe
-classifies the trial by it (``probe.trials``). A rank that hangs before a
+classifies the trial by it (``pipeline.trials``). A rank that hangs before a
 collective holds the others up until the trial's timeout: the gang timed out,
 and the rank that did not get as far as the others is the one named (``laggard``).
 From the moment the gang's end is seen until its run is handed to the probe

@@ -1,6 +1,6 @@
 """The local executor: each request in its own isolated child process on this machine.
 
-Each child runs under a *keeper* (``executors.keeper``), a tiny process that
+Each child runs under a *keeper* (``system.keeper``), a tiny process that
 runs no user code, and gets:
 - a session and process group of its own, and ``PR_SET_PDEATHSIG`` towards its
   keeper;

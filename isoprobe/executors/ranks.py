@@ -12,7 +12,7 @@ GPUs). A gang runs on one node, one GPU per rank, so a size taken from the
 environment is capped at what the node can run, with a note: each rank of a
 smaller gang holds larger shards (zero1, fsdp) or the same (ddp), so the
 answer errs on the safe side. A size the spec states is never changed: if the
-node cannot run it, that is a spec error (``probe.environment``).
+node cannot run it, that is a spec error (``pipeline.environment``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 ``run_round`` hands a round's requests to an executor and calls ``finished(slot,
 run)`` for each request *as its child ends*, so that a trial that finished is
 recorded and printed at once, not when the slowest of its round is done. A
-round of one is how every trial of the probe runs (``probe.trials``), the
+round of one is how every trial of the probe runs (``pipeline.trials``), the
 sequential search's included: a SIGINT/SIGTERM must never drop a trial whose
 child had ended (issue 25). So each call is made with SIGINT and SIGTERM held
 (``signals_deferred``) from the moment the end is seen: a signal that comes
@@ -26,7 +26,7 @@ server can lose it, and the run that comes back names the attempts lost before
 it (``ChildRun.lost_before``). A lost run is never reported on an interrupt.
 
 A wrapper executor that records what its children report
-(``cache_sources.SourceRecorder``, which has an ``inner``) sees each run as it
+(``cache.sources.SourceRecorder``, which has an ``inner``) sees each run as it
 would in ``run``. An executor that runs a request as a whole but can hand over
 its end itself (``run_reporting``: the gang, whose ranks are one request) is
 asked to; any other (the scripted one of the unit tests, which has no child to

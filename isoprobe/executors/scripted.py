@@ -12,7 +12,7 @@ helpers below from the same protocol events a real child writes, or raises
 makes a script of a device whose peak is ``fixed + per_sample * batch``.
 
 The probe vets every 'fits' against what the trial was asked
-(``probe.plausibility``), so ``fits`` writes what a real child would for the
+(``pipeline.plausibility``), so ``fits`` writes what a real child would for the
 request being answered: its number of steps, step events whose times are the
 verdict's, an evaluation pass if one was asked for.
 """

@@ -3,8 +3,8 @@
 cache -> lock -> (cache again) -> probe -> store. Concurrent runs of one setup
 probe once: the first holds the key's lock and the others wait for its answer,
 which may be "nothing fits" (exit 3) as much as a maximum. An entry answers
-only if it is a regular file that says something coherent (``cache_trust``)
-about the same code (``cache_sources``); anything else is noted and probed
+only if it is a regular file that says something coherent (``cache.trust``)
+about the same code (``cache.sources``); anything else is noted and probed
 again, and the new answer replaces it. A cache that cannot be used costs the
 cache, never the answer. Nothing here imports torch; a cache hit starts no
 child at all.

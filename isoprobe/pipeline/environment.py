@@ -55,7 +55,7 @@ class Target:
     free_bytes: int | None = None
     #: CPU: the environment check's readings after its imports, which are every trial's (``preload``, in
     #: ``inspect_conditions`` and ``trial_conditions`` alike): a trial's peak below them cannot be true
-    #: (``probe.plausibility``).
+    #: (``pipeline.plausibility``).
     import_memory: MemoryReading | None = None
 
     @property

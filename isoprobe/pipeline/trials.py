@@ -2,7 +2,7 @@
 
 ``TrialRunner`` knows what a trial is *for* (search, retry, confirmation,
 recommendation check, memory check), what each was asked to do (against which
-its 'fits' is vetted, ``probe.plausibility``), and when an ambiguous library
+its 'fits' is vetted, ``pipeline.plausibility``), and when an ambiguous library
 error needs evidence (a re-run with more memory) before it counts as out of
 memory. It does not know how a process is started: that is the executor's
 job, so the same runner drives real children, a gang of ranks, or a scripted

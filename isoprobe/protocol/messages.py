@@ -235,7 +235,7 @@ class TrialResult(_Event):
     reads: list[str] = Field(default_factory=list, description=_READS)
     threads: int | None = Field(
         None, description="torch.get_num_threads() in the trial, after its imports: the cache keeps a CPU answer "
-        "only if every trial ran the intra-op threads its key holds (``cache_threads``). None: torch not imported.")
+        "only if every trial ran the intra-op threads its key holds (``cache.threads``). None: torch not imported.")
 
 
 class CudaDevice(_Message):
@@ -295,7 +295,7 @@ class Facts(_Message):
     meta_forward_warning: str | None = None
     estimate: Estimate | None = Field(
         None, description="The traced memory estimate; None where not attempted. The child reports it in its own "
-        "event (``Estimated``) after ``Inspected``; the parent puts it here (``probe.environment``).")
+        "event (``Estimated``) after ``Inspected``; the parent puts it here (``pipeline.environment``).")
 
 
 class Inspected(_Event):

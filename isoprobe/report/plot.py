@@ -248,7 +248,7 @@ def main_plot(result_path: str, output: str | None, result: Any = None) -> int:
     """Draw a result (``result``, or the one read from ``result_path``); return the exit code (0).
 
     Raises PlotUnavailable without matplotlib (before reading anything),
-    OSError when the file cannot be read (``safe_read``: a regular file, so a
+    OSError when the file cannot be read (``spec.safe_read``: a regular file, so a
     FIFO or /dev/zero is refused instead of hanging) or the PNG cannot be
     written, pydantic's ValidationError when it is not a result.
     """

@@ -50,7 +50,7 @@ class SteadyRule(BaseModel):
 
 
 def rule_for(search_steps: int, max_steps: int | None) -> SteadyRule | None:
-    """The rule for a probe whose search runs ``search_steps`` steps; None when ``max_steps`` is 0 (off)."""
+    """The rule for a probe whose search runs ``search.steps`` steps; None when ``max_steps`` is 0 (off)."""
     cap = DEFAULT_MAX_STEPS if max_steps is None else max_steps
     if cap == 0:
         return None

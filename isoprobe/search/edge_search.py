@@ -21,10 +21,10 @@ open bracket. Two steps exist:
   capacity in the wrong units) cost at most about twice the classic's trials;
   with no capacity or no readings it *is* the classic.
 Either way the answer is the same exact edge: a step only chooses where to
-look, the verdicts decide. The pieces: ``search_history.py`` (observations,
-limits, verdicts and the bracket), ``search_steps.py`` (the two steps, the
+look, the verdicts decide. The pieces: ``search.history.py`` (observations,
+limits, verdicts and the bracket), ``search.steps.py`` (the two steps, the
 memory line and the prior), this module (the plan, the conclusion, the loop),
-and ``search_parallel.py`` (several batches a round, for parallel slots).
+and ``search.parallel.py`` (several batches a round, for parallel slots).
 
 A *prior* (``Limits.prior``: the line traced before any trial, ``child.estimate``)
 only moves where the guided search looks: the first trial goes most of the way to

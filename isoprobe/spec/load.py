@@ -2,13 +2,13 @@
 
 The models (``spec.py``) say what a spec is; this module turns what a person
 gave into one, and names every problem for that person. Loading is split into
-parse (YAML, in ``spec_yaml``: hostile files included), override (command-line
+parse (YAML, in ``spec.yaml_file``: hostile files included), override (command-line
 flags and ``--set``, in ``overrides``), validate (pydantic, every problem
 collected) and resolve (paths against the spec file), and every failure on the
 way becomes one ``SpecError`` that names the file, the field and the fix.
 ``check_references`` then checks what needs the installed packages (does the
 named model or factory exist?) without importing torch or running user code.
-Files a spec names are read only through ``safe_read`` (regular files,
+Files a spec names are read only through ``spec.safe_read`` (regular files,
 bounded). This module must not import torch.
 """
 

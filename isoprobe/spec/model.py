@@ -3,7 +3,7 @@
 Every field a user can set is documented here, once, in its ``Field``
 description; ``isoprobe schema --spec`` prints them as JSON Schema. These
 models say what a spec is; turning a file, a dict or command-line overrides into
-one, and naming every problem on the way, is ``spec_load``'s job. This module
+one, and naming every problem on the way, is ``spec.load``'s job. This module
 must not import torch.
 """
 

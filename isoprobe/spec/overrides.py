@@ -8,7 +8,7 @@ override remembers where it came from (``origin``: ``--set search.steps=4``,
 named with it: ``search.max_batch_size (from --set search.max_batch_size=abc)``.
 
 A ``--set`` value is YAML text (``512``, ``bf16-mixed``, ``[3, 64, 64]``,
-``{lr: 0.1}``; empty is null), read by ``spec_yaml.parse_yaml`` under the spec
+``{lr: 0.1}``; empty is null), read by ``spec.yaml_file.parse_yaml`` under the spec
 file's rules: no alias bombs, no 5000-digit or infinite numbers, no ``!!binary``.
 The named flags and the API give values as they are (a flag's text, a Python
 value), like the YAML's own scalars they are validated by the model.
@@ -101,7 +101,7 @@ def from_mapping(values: Mapping[str, Any], origin: str = "overrides[{key!r}]") 
 def _flag_value(flag: str, value: Any) -> Any:
     """A named flag's text as the value its field takes: ``--max-batch-size 64`` is the number 64.
 
-    The spec's types are strict (``spec_base``): the text "64" is not a number
+    The spec's types are strict (``spec.base``): the text "64" is not a number
     there, so the one flag whose field is a number reads its text as one when it
     is a whole number (at most ``MAX_NUMBER_DIGITS`` digits, as in a file);
     anything else stays text and is refused with the flag named.

@@ -1,10 +1,10 @@
 """Data that was never YAML text held to the spec file's rules: a dict spec, ``probe()``'s overrides, ``--set`` paths.
 
-A spec file is held to its rules while it is parsed (``spec_yaml``: depth,
+A spec file is held to its rules while it is parsed (``spec.yaml_file``: depth,
 values, numbers, no values JSON cannot carry). A dict given to ``probe()``, a
 value in its ``overrides`` and a dotted ``--set`` path hundreds of parts long
 are not parsed, so every spec, whatever its source, passes ``plain_copy`` after
-its overrides are applied and before it is validated (``spec_load.load_spec``):
+its overrides are applied and before it is validated (``spec.load.load_spec``):
 one nesting check for all. Without it such data passed validation (``validate``
 said "valid") and then crashed serializing the spec for the cache key or the
 trial. Nothing here imports pydantic or YAML.
@@ -26,10 +26,10 @@ _PLAIN_FIX = "write plain values: numbers, text, lists and mappings"
 def plain_copy(data: Any, prefix: str = "") -> tuple[Any, list[Problem]]:
     """A copy of ``data`` held to the spec file's rules whatever its source; the problems, each named by its path.
 
-    A file is held to them while it is parsed (``spec_yaml``); a dict given to
+    A file is held to them while it is parsed (``spec.yaml_file``); a dict given to
     ``probe()``, a value in its ``overrides``, a dotted ``--set`` path hundreds of
     parts long are not parsed, so every spec passes this one walk before it is
-    validated (``spec_load.load_spec``): at most ``MAX_SPEC_DEPTH`` levels of
+    validated (``spec.load.load_spec``): at most ``MAX_SPEC_DEPTH`` levels of
     collections (the top mapping is the first, as in the file), ``MAX_SPEC_VALUES``
     values, integers of at most ``MAX_NUMBER_DIGITS`` digits, finite floats, and
     nothing JSON cannot carry to the trial (a set, bytes, an object). Without it

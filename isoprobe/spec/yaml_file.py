@@ -3,7 +3,7 @@
 What a hostile or broken file could do to a YAML loader, and what stops it here:
 
 - never end or fill memory (``/dev/zero``, a FIFO, a 10 GB file): only a regular
-  file is read, at most ``MAX_SPEC_BYTES`` of it (``safe_read``);
+  file is read, at most ``MAX_SPEC_BYTES`` of it (``spec.safe_read``);
 - nest a million brackets deep: PyYAML's scanner is quadratic in the depth of
   open collections (seconds for 10,000) before its parser recurses out; the
   scanner below counts the depth as it opens each collection and stops at
@@ -21,7 +21,7 @@ What a hostile or broken file could do to a YAML loader, and what stops it here:
   written as; the other tags are refused; anything else a constructor raises is
   a problem of that value, named by its field.
 
-The result is what pydantic validates next (``spec_load.load_spec``). PyYAML is
+The result is what pydantic validates next (``spec.load.load_spec``). PyYAML is
 imported on first use only (see ``_spec_loader``).
 """
 

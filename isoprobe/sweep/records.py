@@ -10,7 +10,7 @@ key (spec with overrides, the user's code, package and Python versions,
 isoprobe's version, the allocator settings) with the device's facts replaced
 by the target's name (``partition=a100``). A sweep reads the record, then the
 entry it names, and believes the entry only as a cache hit would
-(``cache_trust.distrust`` and ``cache_sources.changed_source``).
+(``cache.trust.distrust`` and ``cache.sources.changed_source``).
 
 What this trusts: that a target is one GPU type (a partition or a constraint
 that names one model) and that the nodes run the same software as the login

@@ -11,7 +11,7 @@ does not do, and isoprobe does neither on its own:
 - **Orphans.** Every process whose parent dies is re-parented to PID 1, and only
   PID 1 can reap it. What a trial leaves (compile workers, data-loader workers,
   whatever a user's model spawns and leaks) is re-parented to the trial's keeper,
-  a subreaper that kills and reaps it (``executors.keeper``); but a keeper whose
+  a subreaper that kills and reaps it (``system.keeper``); but a keeper whose
   isoprobe died, and anything isoprobe's own process leaves, comes here.
   Unreaped, each stays a zombie, holding a PID, until the container ends.
 

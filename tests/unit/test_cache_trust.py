@@ -1,6 +1,6 @@
 """A cache entry answers only if it can be true (isoprobe.cache.trust), and only if it is a regular file.
 
-Through the real cache flow (``probe.answer``) over scripted trials: a probe
+Through the real cache flow (``pipeline.answer``) over scripted trials: a probe
 stores an entry, the test edits or replaces the entry's file, and the next run
 must say why it does not trust it, probe again, and replace it. The other way
 round, every result a probe can store must pass the same checks (else caching

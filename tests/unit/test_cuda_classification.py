@@ -1,5 +1,5 @@
 """issue 20, defect 2: CUDA libraries' memory failures are ambiguous, and without a budget the card at the
-failure decides (``outcomes.card_was_full``, ``probe.trials.TrialRunner``). No GPU: the messages are torch's."""
+failure decides (``outcomes.card_was_full``, ``pipeline.trials.TrialRunner``). No GPU: the messages are torch's."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""A 'fits' must hold up against what the trial was asked: ``probe.plausibility`` over literal runs.
+"""A 'fits' must hold up against what the trial was asked: ``pipeline.plausibility`` over literal runs.
 
 No process is started. Each run is a literal list of the protocol events a
 child writes (or a model forges, tests/hostile.py:forger), judged by
