@@ -213,6 +213,16 @@ def test_schema_is_json_schema_of_the_result_and_of_the_spec():
     assert spec_schema["additionalProperties"] is False
 
 
+@pytest.mark.parametrize("argv, published", [(("schema",), "result.schema.json"),
+                                             (("schema", "--spec"), "spec.schema.json")])
+def test_the_published_schemas_are_what_the_command_prints(argv, published):
+    """docs/*.schema.json are the contract as published: a change to a model that changes them must update
+    them in the same commit (issue 26 moved every module and checked that the result's schema stayed the same)."""
+    printed = cli(*argv).stdout
+    assert printed == (REPO / "docs" / published).read_text(encoding="utf-8"), \
+        f"the schema changed: regenerate with `isoprobe {' '.join(argv)} > docs/{published}` if that is intended"
+
+
 def test_help_documents_the_exit_codes():
     run = cli("--help")
     assert run.returncode == 0
