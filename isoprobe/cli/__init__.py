@@ -1,4 +1,6 @@
-"""One module per subcommand of ``isoprobe`` (``cli.py`` parses and dispatches; these do the work).
+"""The ``isoprobe`` command (parent side): ``main`` parses and dispatches, one module per subcommand does the work.
+
+- ``main``: arguments, dispatch, every outcome mapped to a documented exit code, PID 1.
 
 - ``run``: probe a spec (or answer from the cache); hook mode's fallback.
 - ``spec``: ``validate`` (check a spec, run nothing), ``estimate`` (the traced

@@ -7,8 +7,14 @@ One module per job, in the order a probe runs them:
     environment.py  the inspect child's facts -> the target device, the trials' process conditions
     trials.py       TrialRunner: the search's oracle, one executor run per trial
     classify.py     a finished child's run -> one of the five outcomes, with evidence (pure)
+    plausibility.py whether a 'fits' can be true, and whether it stayed within its budget (pure)
     edge.py         the edge search, the recommendation, the allocator comparison over the runner
+    parallel.py     the search with several trials per round (search.parallel), one per slot
+    steady_edge.py  the long-run search below a maximum that did not hold until steady
+    recommendation.py  the recommendation and its soak
     explain.py      the one-sentence answer and what to try next (pure)
+    estimate.py     ``isoprobe estimate``: the environment check's traced estimate alone
+    prediction.py   the estimate on the parent's side: the search's prior, the result's prediction
 
 Processes are the executor's business (``isoprobe.executors``); the trial
 itself is ``isoprobe.child``; what crosses between them is ``isoprobe.protocol.messages``.

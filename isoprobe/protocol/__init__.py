@@ -4,5 +4,4 @@ Both sides import this package; it imports neither side (only ``spec`` and ``rep
 
     messages.py  the requests and events, as pydantic models, and how they are written and read
     wiring.py    the names that wire a child to its parent: its module, arguments, environment variables
-    sources.py   which files count as the user's (what a child reports, what the parent's cache hashes)
 """
