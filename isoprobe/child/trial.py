@@ -12,22 +12,21 @@ from __future__ import annotations
 
 import gc
 import sys
-import time
 import traceback
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.report import steady
 from isoprobe.child.reads import files_read, watch_reads
 from isoprobe.child.sources import imported_sources
 from isoprobe.child import cuda as child_cuda
-from isoprobe.child.memory import budget_peak, cpu_memory, cpu_readings, data_cap, shared_writable_bytes
+from isoprobe.child.frameworks import final_readings, framework_runner
+from isoprobe.child.memory import cpu_memory
 from isoprobe.child.optimizer_state import RealSteps
+from isoprobe.child.step_report import Progress, StepHook
 from isoprobe.child.training import Step
 from isoprobe.child.workload import build_model, import_model_library
 from isoprobe.report.outcomes import Outcome, classify_exception, maybe_allocation_failure
-from isoprobe.protocol.messages import MESSAGE_CHARS, EvalDone, Forwarded, Imported, ModelBuilt, StepDone, TrialRequest, TrialResult
-from isoprobe.report.result import CudaMemoryAtFailure, ErrorInfo, Sizes
+from isoprobe.protocol.messages import MESSAGE_CHARS, EvalDone, Forwarded, Imported, ModelBuilt, TrialRequest, TrialResult
+from isoprobe.report.result import CudaMemoryAtFailure, ErrorInfo
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events
@@ -35,17 +34,9 @@ if TYPE_CHECKING:
 _TRACEBACK_LINES = 25
 
 
-@dataclass
-class _Progress:
-    """How far the trial got: reported with the verdict, whatever the verdict is."""
-
-    phase: str = "started"
-    step_seconds: list[float] = field(default_factory=list)
-
-
 def run_trial(request: TrialRequest, events: Events) -> None:
     watch_reads()  # before the user's code runs (see cache_reads)
-    progress = _Progress()
+    progress = Progress()
     report: dict[str, Any] = {}
     failure: tuple[Outcome, ErrorInfo] | None = None
     try:
@@ -83,7 +74,7 @@ def _threads() -> int | None:
         return None
 
 
-def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[str, Any]:
+def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[str, Any]:
     """Build, then run the spec's training steps; return the peak readings (TrialResult fields). Raises on failure."""
     spec = request.spec
     report: dict[str, Any] = {}
@@ -104,6 +95,11 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
     import_model_library(spec)  # here, so that its cost lands in the 'imported' phase
     progress.phase = "imported"
     events.emit(Imported(memory=cpu_memory()))
+    runner = framework_runner(spec.model.source)
+    if runner is not None:  # the user's own trainer runs the steps (child.frameworks)
+        report.update(runner(request, events, progress, torch, device))
+        progress.phase = "done"
+        return report
     python_path = request.python_path
     step = Step(spec, build_model(spec, python_path), device, python_path)
     progress.phase = "model_built"
@@ -115,25 +111,12 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
         torch.cuda.reset_peak_memory_stats(device)
     batch = step.batch(request.batch_size)
     real_steps = RealSteps(step, lambda: len(progress.step_seconds) + 1)
-    rule = request.steady
-    peaks: list[int] = []
-    index = 0
+    hook = StepHook(torch, device, request, events, progress)
     while True:
-        index += 1
-        started = time.perf_counter()
+        hook.begin()
         step.run(batch)
-        if cuda:
-            torch.cuda.synchronize(device)
-        progress.step_seconds.append(time.perf_counter() - started)
-        progress.phase = f"step {index}"
-        memory = _step_memory(torch, device)
-        events.emit(StepDone(step=index, seconds=progress.step_seconds[-1], **memory))
-        peaks.append(memory["budget_peak_bytes"] or memory["peak_bytes"] or 0)
-        if rule is None:
-            if index >= (request.steps or spec.search.steps):
-                break
-        elif _gang_agrees(torch, device, request, steady.should_stop(peaks, rule)):
-            break  # steady or at the cap: the parent judges which from the step events (probe.classify)
+        if hook.after_step():
+            break  # the spec's steps, or steady or at the cap: the parent judges which from the step events
     real_steps.settle(lambda: step.run(batch), len(progress.step_seconds))  # fp16: the optimizer's state, for real
     if spec.training.eval_pass:
         progress.phase = "eval"
@@ -147,10 +130,7 @@ def _train(request: TrialRequest, events: Events, progress: _Progress) -> dict[s
         # The first step compiles (forward and backward graphs); the later ones show what a step costs.
         later = sorted(progress.step_seconds[1:])
         report["compile_seconds"] = max(0.0, progress.step_seconds[0] - later[len(later) // 2])
-    if cuda:
-        report.update(child_cuda.readings(torch, device, step.sizes or Sizes()))
-    else:
-        report.update(cpu_readings())
+    report.update(final_readings(torch, device, step.sizes))
     progress.phase = "done"
     return report
 
@@ -160,28 +140,6 @@ def _cuda_memory_now(device: str):
     torch = sys.modules.get("torch")
     reading = child_cuda.memory_at_failure(torch, torch.device(device)) if torch is not None else None
     return CudaMemoryAtFailure(**reading) if reading else None
-
-
-def _step_memory(torch, device) -> dict[str, int | None]:
-    """The peak so far and the memory held now, after a step: growth over the steps shows in them."""
-    if device.type == "cuda":
-        peak = torch.cuda.max_memory_reserved(device)
-        return {"peak_bytes": peak, "held_bytes": torch.cuda.memory_allocated(device), "budget_peak_bytes": peak}
-    memory = cpu_memory()
-    return {"peak_bytes": memory.peak_rss, "held_bytes": memory.rss,
-            "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared_writable_bytes())}
-
-
-def _gang_agrees(torch, device, request: TrialRequest, mine: bool) -> bool:
-    """True when every rank says True (one process: its own answer). The ranks must step together, so a
-    steady rule ends them at the same step: a gang's steady state is every rank's."""
-    if request.rank is None:
-        return mine
-    import torch.distributed as dist
-
-    flag = torch.tensor([0 if mine else 1], dtype=torch.int32, device=device)
-    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-    return int(flag.item()) == 0
 
 
 def _describe_failure(exc: BaseException) -> tuple[Outcome, ErrorInfo]:

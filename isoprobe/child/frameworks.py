@@ -1,0 +1,49 @@
+"""The user's own training loop run as the trial: a framework's trainer in place of isoprobe's ``Step``.
+
+For a model source that names a framework's trainer (``spec.model.source`` in
+``FRAMEWORK_RUNNERS``), the trial builds the user's own trainer in this fresh
+process and lets the framework's loop run, so what fits is what that loop
+allocates (its precision plugin, clipping, accumulation, the user's own step and
+data). A runner is ``run(request, events, progress, torch, device) -> dict``:
+
+- build what the user named, then emit ``ModelBuilt`` (``progress.phase = "model_built"``);
+- make a ``child.step_report.StepHook`` and call ``begin()`` before each optimizer
+  step and ``after_step()`` after it, from the framework's own per-step callback,
+  and stop the framework's loop as soon as ``after_step()`` is True (the request's
+  steps, or the steady rule: the parent judges the same events as for ``Step``);
+  set the framework's step limit to ``hook.most_steps`` so it never runs past;
+- let an exception out unwrapped to what the framework wrapped (an out-of-memory
+  error must reach ``outcomes.classify_exception`` as itself);
+- return the end readings (``final_readings``), after dropping its references to
+  the trainer, model and batch where it can.
+
+Each runner is imported only for its own source, so a trial imports one framework.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any, Callable
+
+from isoprobe.child import cuda as child_cuda
+from isoprobe.child.memory import cpu_readings
+from isoprobe.report.result import Sizes
+
+#: ``spec.model.source`` -> the runner, ``"module:function"``.
+FRAMEWORK_RUNNERS: dict[str, str] = {}
+
+
+def framework_runner(source: str) -> Callable[..., dict[str, Any]] | None:
+    """The runner for ``source``, or None when isoprobe's own ``Step`` runs the trial."""
+    target = FRAMEWORK_RUNNERS.get(source)
+    if target is None:
+        return None
+    module, _, function = target.partition(":")
+    return getattr(importlib.import_module(module), function)
+
+
+def final_readings(torch: Any, device: Any, sizes: Sizes | None = None) -> dict[str, Any]:
+    """The peak readings a trial reports with its verdict (``TrialResult`` fields), as ``child.trial`` reads them."""
+    if device.type == "cuda":
+        return child_cuda.readings(torch, device, sizes or Sizes())
+    return cpu_readings()
