@@ -10,6 +10,9 @@ threads' allocations interleave differently from run to run).
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -92,3 +95,40 @@ def test_kwargs_the_function_cannot_take_are_a_spec_error(tmp_path):
     run = probe(spec=spec)
     assert run.returncode == 2, run.stderr
     assert "model.hf_trainer" in run.stderr and "unexpected keyword argument 'layer'" in run.stderr
+
+
+def test_find_batch_size_from_a_training_script_never_imports_torch_there(tmp_path):
+    """The Python entry, as a user's script calls it: its own build_trainer (in __main__, under the guard)."""
+    script = tmp_path / "train.py"
+    script.write_text(f"""\\
+import json
+import sys
+
+sys.path.insert(0, {str(REPO / 'tests')!r})
+
+
+def build_trainer(batch_size, layers=2):
+    from hf_trainers import build_trainer as tests_builder
+
+    return tests_builder(batch_size, layers=layers)
+
+
+if __name__ == "__main__":
+    from isoprobe.huggingface import find_batch_size
+
+    result = find_batch_size(build_trainer, kwargs={{"layers": 2}}, device="cpu", memory_budget="{BUDGET}",
+                             max_batch_size=4, target_global_batch=16, cache=False, quiet=True,
+                             overrides={{"search.start_batch_size": 4, "search.steady_steps": 0,
+                                        "search.confirmations": 0, "recommendation.soak_steps": 0}})
+    print(json.dumps({{"max": result.max_batch_size, "steps": result.accumulation.accumulation_steps,
+                      "micro": result.accumulation.micro_batch_size, "spec": result.spec.model.hf_trainer,
+                      "torch": "torch" in sys.modules, "transformers": "transformers" in sys.modules}}))
+""", encoding="utf-8")
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                          env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert answer["max"] == 4  # the cap: 4 fits far below the budget's edge
+    assert answer["micro"] * answer["steps"] == 16
+    assert answer["spec"] == f"{script}:build_trainer"
+    assert not answer["torch"] and not answer["transformers"]
