@@ -14,6 +14,7 @@ tests/unit/test_layering.py enforces):
     the parent (never imports torch)
         cli/            the command line: arguments, output formats, exit codes
         api.py          ``probe()`` for Python scripts
+        huggingface.py  ``find_batch_size(build_trainer)``: probe()'s answer for a Hugging Face Trainer
         pipeline/       the orchestration: cache -> environment check -> search -> recommendation -> Result
         executors/      the seam to processes: ``local`` (isolated children), ``gang``, ``scripted`` (tests)
         cache/          answers kept on disk, trusted while their sources are unchanged

@@ -169,6 +169,12 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
     build is built for real on the CPU, once: if that raises too, the factory itself
     is broken (a spec error); if not, only the meta device was the problem.
     """
+    if spec.model.hf_trainer is not None:  # the Trainer is built in each trial, with the user's data and weights
+        try:
+            _check_builder_signature(import_callable(spec.model.hf_trainer, python_path), spec.model.kwargs)
+        except Exception as exc:
+            return [_problem("hf_trainer", exc)]
+        return []
     for stage in ("batch", "loss", "step"):
         reference = getattr(spec.model, stage)
         if reference is not None:
@@ -223,6 +229,25 @@ def _check_step_signature(function) -> None:
     except TypeError as exc:
         raise TypeError(f"{getattr(function, '__name__', function)}{signature} cannot be called as "
                         f"f(model, optimizer, batch, device): {exc}") from None
+
+
+def _check_builder_signature(function, kwargs: dict[str, Any]) -> None:
+    """model.hf_trainer is called as f(batch_size, **model.kwargs): a signature that cannot take that is a spec error.
+
+    Not called here: building the Trainer builds the user's model and data for real (memory, time), and on
+    the meta device the Trainer cannot be built at all; the first trial runs it.
+    """
+    import inspect
+
+    try:
+        signature = inspect.signature(function)
+    except (TypeError, ValueError):
+        return  # a builtin or C callable without a signature: the trials will tell
+    try:
+        signature.bind(1, **kwargs)
+    except TypeError as exc:
+        raise TypeError(f"{getattr(function, '__name__', function)}{signature} cannot be called as "
+                        f"f(batch_size, **model.kwargs) with model.kwargs {kwargs}: {exc}") from None
 
 
 def _trial_device(torch, spec: Spec, facts: dict[str, Any]):

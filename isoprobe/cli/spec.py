@@ -16,6 +16,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
     inputs = f"input {spec.input.shape}" if spec.input is not None else f"batch {spec.model.batch}"
     task = spec.target.resolved_task if spec.target is not None else f"loss {spec.model.loss}"
     step = f", the step {spec.model.step}" if spec.model.step else ""
+    if spec.model.hf_trainer is not None:  # the user's Trainer brings its data, loss, optimizer and precision
+        evaluation = ", with an evaluation pass" if spec.training.eval_pass else ""
+        emit(f"{args.spec}: valid (hf_trainer {spec.model.hf_trainer}: your Trainer's own loop{evaluation}, "
+             f"device {spec.device})")
+        return ExitCode.ANSWERED
     ranks = spec.distributed.world_size or "the job's or node's"
     distributed = f", {spec.distributed.strategy} over {ranks} ranks (batches per rank)" if spec.distributed.gang else ""
     emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "

@@ -176,6 +176,9 @@ _INSPECT_STAGES = {
     "loss": ("model.loss", "cannot be loaded", "check the module and function name"),
     "step": ("model.step", "cannot be used as the training step",
              "define it as def train_step(model, optimizer, batch, device) in the named module"),
+    "hf_trainer": ("model.hf_trainer", "cannot be used to build the Trainer",
+                   "define it as def build_trainer(batch_size, **kwargs) returning a transformers.Trainer, and give "
+                   "model.kwargs that it takes"),
 }
 
 
@@ -316,7 +319,8 @@ def preload(spec: Spec) -> tuple[str, ...]:
     would save the import of torch only to pay as much again in the build.
     """
     library = spec.model.library
-    return ("torch", "torch._dynamo") + ((library,) if library else ())
+    trainer = ("transformers.trainer",) if spec.model.hf_trainer is not None else ()  # accelerate with it: seconds
+    return ("torch", "torch._dynamo") + ((library,) if library else ()) + trainer
 
 
 def trial_conditions(spec: Spec, backend: str, memory_limit: int | None, allocator_label: str | None = None

@@ -71,7 +71,9 @@ def run_probe(
     python_path = [str(Path(spec_path).resolve().parent)]
     executor = executor if executor is not None else local_executor(spec)
     try:
-        reporter.note("checking the environment (a child process imports torch and builds the model on the meta device)")
+        built = ("checks model.hf_trainer's signature" if spec.model.hf_trainer is not None
+                 else "builds the model on the meta device")
+        reporter.note(f"checking the environment (a child process imports torch and {built})")
         try:
             # The first trial's process imports torch while the inspect child does the same. Inside
             # this try: a signal held while the spare starts lands as it ends, and must still give a

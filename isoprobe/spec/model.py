@@ -59,14 +59,16 @@ MAX_BATCH_SIZE = 1 << 24
 
 _CALLABLE_REFERENCE = re.compile(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*")
 #: The model sources, in the order a reader meets them; exactly one is given.
-MODEL_SOURCES = ("torchvision", "timm", "huggingface", "factory")
+MODEL_SOURCES = ("torchvision", "timm", "huggingface", "factory", "hf_trainer")
 #: The library (importable module and distribution) each named model source builds with; a factory has none.
 #: The one place this mapping lives: the child imports it, the cache keys its version, the warm spare preloads it.
-MODEL_LIBRARIES = {"torchvision": "torchvision", "timm": "timm", "huggingface": "transformers"}
+MODEL_LIBRARIES = {"torchvision": "torchvision", "timm": "timm", "huggingface": "transformers",
+                   "hf_trainer": "transformers"}
 #: What a user installs for a source whose library is not a core dependency.
-EXTRAS = {"timm": "pip install 'isoprobe[timm]'", "huggingface": "pip install 'isoprobe[huggingface]'"}
+EXTRAS = {"timm": "pip install 'isoprobe[timm]'", "huggingface": "pip install 'isoprobe[huggingface]'",
+          "hf_trainer": "pip install 'isoprobe[huggingface]'"}
 #: The spec fields that name a callable: 'module:function' or 'file.py:function'.
-CALLABLE_FIELDS = ("factory", "batch", "loss", "step")
+CALLABLE_FIELDS = ("factory", "batch", "loss", "step", "hf_trainer")
 
 
 def is_file_reference(target: str) -> bool:
@@ -79,7 +81,8 @@ def is_file_reference(target: str) -> bool:
 
 
 class ModelSpec(SpecSection):
-    """Which network to train. Give exactly one of ``torchvision``, ``timm``, ``huggingface`` and ``factory``."""
+    """Which network to train. Give exactly one of ``torchvision``, ``timm``, ``huggingface``, ``factory`` and
+    ``hf_trainer`` (a whole training setup: the user's own Trainer)."""
 
     torchvision: str | None = Field(
         None,
@@ -112,10 +115,21 @@ class ModelSpec(SpecSection):
             "(relative to the spec file)."
         ),
     )
+    hf_trainer: str | None = Field(
+        None,
+        description=(
+            "Your own Hugging Face training setup: a function 'module:function' or 'file.py:function' called as "
+            "f(batch_size, **kwargs) that returns a transformers.Trainer (your model, TrainingArguments, dataset "
+            "and collator) whose per_device_train_batch_size is batch_size. Each trial runs its trainer.train() "
+            "for the trial's steps, so what fits is what your Trainer allocates; the answer is the per-device "
+            "batch. input, target, optimizer and the training options other than eval_pass come from your "
+            "Trainer, not the spec (see docs/huggingface.md). Needs the extra: pip install 'isoprobe[huggingface]'."
+        ),
+    )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
-        description="Keyword arguments for the model builder (for huggingface: config values), e.g. "
-        "{num_classes: 1000}. Weights are never downloaded.",
+        description="Keyword arguments for the model builder (for huggingface: config values; for hf_trainer: "
+        "the function's), e.g. {num_classes: 1000}. Weights are never downloaded.",
     )
     batch: str | None = Field(
         None,
@@ -163,7 +177,8 @@ class ModelSpec(SpecSection):
         if len(given) != 1:
             raise ValueError(
                 "give exactly one of 'torchvision' (a model name), 'timm' (a model name), 'huggingface' "
-                f"(a model type) or 'factory' ('module:function'); got {', '.join(given) or 'none'}"
+                "(a model type), 'factory' ('module:function') or 'hf_trainer' ('module:function' building a "
+                f"transformers.Trainer); got {', '.join(given) or 'none'}"
             )
         for name in CALLABLE_FIELDS:
             value = getattr(self, name)
@@ -592,6 +607,9 @@ class Spec(SpecSection):
         if self.distributed.gang and self.training.mode != "train":
             raise ValueError(f"distributed.strategy: {self.distributed.strategy} distributes training; with "
                              "training.mode inference use strategy none")
+        if self.model.hf_trainer is not None:
+            _check_hf_trainer(self)
+            return self
         if self.input is None and self.model.batch is None:
             raise ValueError("input: this section is required (the per-sample shape), unless model.batch makes the batches")
         if self.target is None and self.model.loss is None and not (self.model.step and self.model.batch):
@@ -628,3 +646,29 @@ class Spec(SpecSection):
             raise ValueError("target.task: huggingface models take language_modeling or classification here")
         return self
 
+
+
+#: The training options a Hugging Face Trainer sets itself (its TrainingArguments); the spec's own would be ignored.
+_TRAINER_OWNS = ("mode", "precision", "channels_last", "gradient_checkpointing", "compile", "compile_backend",
+                 "cudnn_benchmark", "output_lifetime")
+
+
+def _check_hf_trainer(spec: Spec) -> None:
+    """model.hf_trainer: the user's Trainer brings its data, loss, optimizer and options; the spec must not
+    describe them again, since isoprobe would not use what it says (a silently ignored field is a lie)."""
+    given = [f"'{name}'" for name in ("input", "target") if getattr(spec, name) is not None]
+    # Values against the defaults, not the fields a user set: the spec reaches the trial as JSON, every field set.
+    given += ["'optimizer'"] if spec.optimizer != OptimizerSpec() else []
+    given += [f"'model.{name}'" for name in ("batch", "loss", "step") if getattr(spec.model, name) is not None]
+    given += [f"'training.{name}'" for name in _TRAINER_OWNS
+              if getattr(spec.training, name) != TrainingSpec.model_fields[name].default]
+    if given:
+        raise ValueError(
+            f"model.hf_trainer: your Trainer's own TrainingArguments, dataset, collator and optimizer run in each "
+            f"trial, so {', '.join(given)} would be ignored: remove {'it' if len(given) == 1 else 'them'} (set "
+            "precision, gradient checkpointing, accumulation, torch_compile... in the TrainingArguments your "
+            "function builds; training.eval_pass is the one training option that applies)"
+        )
+    if spec.distributed.strategy != "none":
+        raise ValueError(f"distributed.strategy: {spec.distributed.strategy} is not supported with model.hf_trainer "
+                         "yet (one process per trial): use strategy none, the answer is the per-device batch")

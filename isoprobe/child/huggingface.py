@@ -1,0 +1,182 @@
+"""The trial for ``model.hf_trainer``: the user's own Hugging Face ``Trainer``, its ``train()`` for the trial's steps.
+
+The user's function (``f(batch_size, **model.kwargs) -> transformers.Trainer``)
+builds their model, ``TrainingArguments``, dataset and collator in this fresh
+process; the Trainer's own loop then runs, so what fits is what it allocates
+(its precision, accumulation, clipping, optimizer, collator and batches of its
+own data). The runner follows ``child.frameworks``'s contract. On the returned
+Trainer it changes only what a trial must differ in from the real job, and
+keeps everything that changes memory:
+
+- ``max_steps`` = the hook's most steps, and a callback that stops the loop when
+  the hook says so: one trial step is one optimizer step (the Trainer's
+  ``on_step_begin`` fires before the first micro-batch of an accumulation,
+  ``on_step_end`` after ``optimizer.step()``; transformers 5.24 ``_run_epoch``);
+- no evaluation, saving, logging or reporting (they write files or reach the
+  network, and the real job's evaluation at its own batch is ``training.eval_pass``);
+  no ``auto_find_batch_size`` (the in-process search this replaces);
+- one device, the request's: several visible GPUs would make the Trainer wrap the
+  model in DataParallel and split the batch, but the answer is per device;
+- kept as the user set them: the dataloader's workers, pinning and prefetching
+  (the batches they hold are the real job's), the user's own callbacks.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from typing import TYPE_CHECKING, Any
+
+from isoprobe.child.frameworks import final_readings
+from isoprobe.child.memory import cpu_memory
+from isoprobe.child.step_report import StepHook
+from isoprobe.child.workload import import_callable
+from isoprobe.protocol.messages import EvalDone, ModelBuilt, TrialRequest
+from isoprobe.report.outcomes import Outcome, classify_exception
+
+if TYPE_CHECKING:
+    from isoprobe.child.events import Events
+    from isoprobe.child.step_report import Progress
+
+#: Evaluation batches run with ``training.eval_pass``: the first two, at the Trainer's own eval batch.
+EVAL_BATCHES = 2
+
+
+def run_trainer(request: TrialRequest, events: Events, progress: Progress, torch: Any, device: Any) -> dict[str, Any]:
+    """Build the user's Trainer at the request's batch, train it for the trial's steps; the end readings."""
+    import transformers
+
+    spec = request.spec
+    build = import_callable(spec.model.hf_trainer, request.python_path)
+    trainer = build(request.batch_size, **spec.model.kwargs)
+    check_trainer(transformers, trainer, request.batch_size, device)
+    progress.phase = "model_built"
+    events.emit(ModelBuilt(memory=cpu_memory()))
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)  # the weights are allocated already and still count
+    hook = StepHook(torch, device, request, events, progress)
+    stepper = prepare_for_trial(transformers, trainer, hook)
+    report: dict[str, Any] = {}
+    try:
+        trainer.train()
+        if spec.training.eval_pass:
+            progress.phase = "eval"
+            report["eval_seconds"] = evaluate(torch, device, trainer)
+            events.emit(EvalDone(seconds=report["eval_seconds"]))
+    except Exception as exc:
+        inner = unwrapped(exc)
+        if inner is exc:
+            raise
+        raise inner from None
+    finally:
+        del trainer, build
+        gc.collect()
+    if not stepper.stopped:  # max_steps is the hook's most, so only a loop that ran out of batches ends first
+        raise RuntimeError(f"the Trainer stopped after {hook.steps_done} optimizer step(s), before the trial's "
+                           f"{request.steps or spec.search.steps}: its train dataloader ran out of batches")
+    report.update(final_readings(torch, device))
+    return report
+
+
+def check_trainer(transformers: Any, trainer: Any, batch_size: int, device: Any) -> None:
+    """What the user's function returned must be a Trainer at the asked batch on the trial's device (ValueError)."""
+    if not isinstance(trainer, transformers.Trainer):
+        raise TypeError(f"model.hf_trainer returned {type(trainer).__name__}, not a transformers.Trainer")
+    args = trainer.args
+    if args.per_device_train_batch_size != batch_size:
+        raise ValueError(f"model.hf_trainer was called with batch_size {batch_size} but returned a Trainer whose "
+                         f"per_device_train_batch_size is {args.per_device_train_batch_size}: pass the function's "
+                         "batch_size to TrainingArguments(per_device_train_batch_size=...)")
+    chosen = args.device
+    if chosen.type != device.type or (device.type == "cuda" and (chosen.index or 0) != (device.index or 0)):
+        raise ValueError(f"the Trainer runs on {chosen} but this trial is on {device}: leave the device to "
+                         "isoprobe (no use_cpu=True for a GPU probe; on several GPUs the trials take cuda:0, or set "
+                         "CUDA_VISIBLE_DEVICES)")
+    dataset = trainer.train_dataset
+    try:
+        samples = len(dataset)
+    except TypeError:  # an iterable dataset: its length is unknown, and a short one shows as too few steps
+        samples = None
+    if samples is not None and samples < batch_size:
+        raise ValueError(f"the Trainer's train_dataset has {samples} samples, fewer than the batch {batch_size}: "
+                         f"set search.dataset_size: {samples} (or search.max_batch_size)")
+
+
+def prepare_for_trial(transformers: Any, trainer: Any, hook: StepHook):
+    """The trial's changes to the Trainer's arguments and callbacks (see the module's docstring); the callback
+    that steps the hook (its ``stopped`` is True once the hook ended the loop)."""
+    from transformers.trainer_callback import PrinterCallback, ProgressCallback
+    from transformers.trainer_utils import IntervalStrategy, SaveStrategy
+
+    args = trainer.args
+    args.max_steps = hook.most_steps
+    args.auto_find_batch_size = False
+    args.eval_strategy = IntervalStrategy.NO
+    args.eval_on_start = False
+    args.save_strategy = SaveStrategy.NO
+    args.load_best_model_at_end = False
+    args.push_to_hub = False
+    args.logging_strategy = IntervalStrategy.NO
+    args.logging_first_step = False
+    args.report_to = []
+    args.disable_tqdm = True
+    if args.n_gpu > 1:  # one GPU per trial: no DataParallel, and the batch is the device's
+        args._n_gpu = 1
+        trainer._train_batch_size = args.per_device_train_batch_size
+    for callback in list(trainer.callback_handler.callbacks):
+        reporting = type(callback).__module__.startswith("transformers.integrations")
+        if reporting or isinstance(callback, (PrinterCallback, ProgressCallback)):
+            trainer.remove_callback(callback)
+    stepper = _stepper(transformers, hook)
+    trainer.add_callback(stepper)
+    return stepper
+
+
+def _stepper(transformers: Any, hook: StepHook):
+    """The callback that times and reports each optimizer step, and stops the loop when the hook says so."""
+
+    class IsoprobeSteps(transformers.TrainerCallback):
+        stopped = False
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            hook.begin()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if hook.after_step():
+                self.stopped = True
+                control.should_training_stop = True
+            return control
+
+    return IsoprobeSteps()
+
+
+def evaluate(torch: Any, device: Any, trainer: Any) -> float:
+    """``trainer.evaluate`` on the first ``EVAL_BATCHES`` batches of its eval set, at the Trainer's eval batch."""
+    from torch.utils.data import Subset
+
+    dataset = trainer.eval_dataset
+    if dataset is None:
+        raise ValueError("training.eval_pass: the Trainer has no eval_dataset: pass one to the Trainer, or set "
+                         "eval_pass false")
+    if isinstance(dataset, dict):
+        raise ValueError("training.eval_pass: the Trainer's eval_dataset is a dict of several sets; give it one")
+    size = trainer.args.eval_batch_size * EVAL_BATCHES
+    subset = Subset(dataset, range(min(size, len(dataset)))) if hasattr(dataset, "__len__") else dataset
+    started = time.perf_counter()
+    trainer.evaluate(eval_dataset=subset)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - started
+
+
+def unwrapped(exc: BaseException) -> BaseException:
+    """The out-of-memory error a wrapper's cause chain holds (an accelerate or DataLoader wrapper), else ``exc``."""
+    seen: set[int] = set()
+    link: BaseException | None = exc
+    while link is not None and id(link) not in seen:
+        seen.add(id(link))
+        names = [cls.__name__ for cls in type(link).__mro__]
+        if classify_exception(names, str(link)) is Outcome.OUT_OF_MEMORY:
+            return link
+        link = link.__cause__
+    return exc
