@@ -62,6 +62,8 @@ def skip_reason(spec: Spec, parameter_count: int | None) -> str | None:
     """Why the estimate is not attempted for this spec (None: it is)."""
     if not spec.search.estimate:
         return "not estimated: search.estimate is false (the search starts at start_batch_size)"
+    if spec.model.lightning is not None:
+        return "not estimated for model.lightning: the trace follows isoprobe's own step, not trainer.fit"
     if spec.distributed.strategy != "none":
         return f"not estimated for distributed.strategy {spec.distributed.strategy!r} (one process only)"
     if spec.training.compile:

@@ -30,7 +30,9 @@ from isoprobe.child.memory import cpu_readings
 from isoprobe.report.result import Sizes
 
 #: ``spec.model.source`` -> the runner, ``"module:function"``.
-FRAMEWORK_RUNNERS: dict[str, str] = {}
+FRAMEWORK_RUNNERS: dict[str, str] = {
+    "lightning": "isoprobe.child.lightning_runner:run",
+}
 
 
 def framework_runner(source: str) -> Callable[..., dict[str, Any]] | None:

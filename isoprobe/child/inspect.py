@@ -169,6 +169,11 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
     build is built for real on the CPU, once: if that raises too, the factory itself
     is broken (a spec error); if not, only the meta device was the problem.
     """
+    if spec.model.lightning is not None:  # the user's LightningModule: built and checked, never traced
+        from isoprobe.child.lightning_runner import check_buildable
+
+        return check_buildable(torch, spec, python_path, facts) + _check_precision(
+            torch, spec, _trial_device(torch, spec, facts))
     for stage in ("batch", "loss", "step"):
         reference = getattr(spec.model, stage)
         if reference is not None:

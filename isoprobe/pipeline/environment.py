@@ -176,6 +176,12 @@ _INSPECT_STAGES = {
     "loss": ("model.loss", "cannot be loaded", "check the module and function name"),
     "step": ("model.step", "cannot be used as the training step",
              "define it as def train_step(model, optimizer, batch, device) in the named module"),
+    "lightning": ("model.lightning", "cannot be built",
+                  "name a LightningModule class or a function returning one, and check model.kwargs"),
+    "datamodule": ("model.datamodule", "cannot be built",
+                   "name a LightningDataModule class or a function returning one, and check model.datamodule_kwargs"),
+    "batch_arg_name": ("lightning.batch_arg_name", "cannot be set",
+                       "give the module or data module that attribute, or name the one it has"),
 }
 
 
