@@ -32,10 +32,12 @@ class ModelOnly(L.LightningModule):
     """Lots of activation memory per sample for almost no compute (as tests/models.py's MemoryHog).
 
     ``training_step`` is the module's own; ``configure_optimizers`` has a StepLR scheduler. No data
-    of its own: a data module gives the batches and holds the batch size.
+    of its own: a data module gives the batches and holds the batch size. ``check_batch``: the
+    batch size every batch must have (a test that the trial set it where the loader reads it).
     """
 
-    def __init__(self, features: int = 65536, depth: int = 8, classes: int = 10, fail: bool = False):
+    def __init__(self, features: int = 65536, depth: int = 8, classes: int = 10, fail: bool = False,
+                 check_batch: int | None = None):
         super().__init__()
         self.save_hyperparameters()
         self.scales = nn.ParameterList([nn.Parameter(torch.ones(features)) for _ in range(depth)])
@@ -50,6 +52,8 @@ class ModelOnly(L.LightningModule):
         if self.hparams.fail:
             raise ValueError("the user's training_step is broken")
         x, y = batch
+        if self.hparams.check_batch is not None and len(x) != self.hparams.check_batch:
+            raise AssertionError(f"a batch of {len(x)}, not {self.hparams.check_batch}")
         return nn.functional.cross_entropy(self(x), y)
 
     def configure_optimizers(self):
@@ -62,8 +66,8 @@ class HogModule(ModelOnly):
     ``train_dataloader`` reads, as Lightning's BatchSizeFinder expects."""
 
     def __init__(self, features: int = 65536, depth: int = 8, classes: int = 10, batch_size: int = 2,
-                 samples: int = 4096, fail: bool = False):
-        super().__init__(features, depth, classes, fail)
+                 samples: int = 4096, fail: bool = False, check_batch: int | None = None):
+        super().__init__(features, depth, classes, fail, check_batch)
         self.save_hyperparameters()
 
     def train_dataloader(self):
