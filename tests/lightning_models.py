@@ -33,11 +33,12 @@ class ModelOnly(L.LightningModule):
 
     ``training_step`` is the module's own; ``configure_optimizers`` has a StepLR scheduler. No data
     of its own: a data module gives the batches and holds the batch size. ``check_batch``: the
-    batch size every batch must have (a test that the trial set it where the loader reads it).
+    batch size every batch must have (a test that the trial set it where the loader reads it);
+    ``count_file``: where ``on_train_end`` writes how many batches ``training_step`` got.
     """
 
     def __init__(self, features: int = 65536, depth: int = 8, classes: int = 10, fail: bool = False,
-                 check_batch: int | None = None):
+                 check_batch: int | None = None, count_file: str | None = None):
         super().__init__()
         self.save_hyperparameters()
         self.scales = nn.ParameterList([nn.Parameter(torch.ones(features)) for _ in range(depth)])
@@ -52,9 +53,15 @@ class ModelOnly(L.LightningModule):
         if self.hparams.fail:
             raise ValueError("the user's training_step is broken")
         x, y = batch
+        self.batches = getattr(self, "batches", 0) + 1
         if self.hparams.check_batch is not None and len(x) != self.hparams.check_batch:
             raise AssertionError(f"a batch of {len(x)}, not {self.hparams.check_batch}")
         return nn.functional.cross_entropy(self(x), y)
+
+    def on_train_end(self) -> None:
+        if self.hparams.count_file:
+            with open(self.hparams.count_file, "w") as file:
+                file.write(str(self.batches))
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)

@@ -46,9 +46,9 @@ def test_the_edge_is_the_edge_of_a_plain_fit(write_spec, monkeypatch):
     path = write_spec(hog())
     run = run_cli("run", str(path), env=ONE_THREAD)
     assert run.returncode == 0, run.stderr[-3000:]
-    result = run.json()
+    result = run.json
     top = result["max_batch_size"]
-    assert result["stop_reason"] == "found_edge" and top > 16, result["message"]
+    assert result["stop_reason"] == "edge_found" and top > 16, result["message"]
     spec = load_spec(path)
     with ThreadPoolExecutor(2) as pool:
         at_edge, above = pool.map(lambda batch: fits(spec, batch, BUDGET), (top, top + 1))
@@ -59,12 +59,14 @@ def test_the_edge_is_the_edge_of_a_plain_fit(write_spec, monkeypatch):
 def test_a_data_module_gets_the_batch_size_and_accumulation_steps_whole_optimizer_steps(tmp_path):
     """The batch size lands on the data module (its plain attribute), each batch has it, and a step is an
     optimizer step: with accumulate_grad_batches 3, 2 steps are 6 batches (the module checks each one's size)."""
-    spec = hog(lightning=f"{LIT}:ModelOnly", kwargs={"features": 4096, "depth": 2, "check_batch": 5},
-               datamodule=f"{LIT}:HogData", datamodule_kwargs={"features": 4096})
+    count = tmp_path / "batches"
+    spec = hog(lightning=f"{LIT}:ModelOnly", datamodule=f"{LIT}:HogData", datamodule_kwargs={"features": 4096},
+               kwargs={"features": 4096, "depth": 2, "check_batch": 5, "count_file": str(count)})
     spec["lightning"]["accumulate_grad_batches"] = 3
     spec["search"]["steps"] = 2
     result = run_one_trial(spec, 5, tmp_path, 2 * 1024**3)
     assert len(result["step_seconds"]) == 2
+    assert count.read_text() == "6"
     with pytest.raises(AssertionError, match="a batch of 5, not 4"):
         spec["model"]["kwargs"]["check_batch"] = 4
         run_one_trial(spec, 5, tmp_path, 2 * 1024**3)
