@@ -16,10 +16,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
     inputs = f"input {spec.input.shape}" if spec.input is not None else f"batch {spec.model.batch}"
     task = spec.target.resolved_task if spec.target is not None else f"loss {spec.model.loss}"
     step = f", the step {spec.model.step}" if spec.model.step else ""
+    if spec.model.lightning is not None:  # the module's own loader, step and optimizer: none of isoprobe's sections
+        data = f" with {spec.model.datamodule}" if spec.model.datamodule else ""
+        inputs, task, step = f"its train_dataloader(){data}", "its training_step", ", under trainer.fit"
     ranks = spec.distributed.world_size or "the job's or node's"
     distributed = f", {spec.distributed.strategy} over {ranks} ranks (batches per rank)" if spec.distributed.gang else ""
     emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
-         f"{spec.training.mode} {spec.training.precision}{step}, optimizer {spec.optimizer.name}, device {spec.device}"
+         f"{spec.training.mode} {spec.training.precision}{step}, optimizer "
+         f"{'configure_optimizers()' if spec.model.lightning else spec.optimizer.name}, device {spec.device}"
          f"{distributed})")
     return ExitCode.ANSWERED
 
