@@ -7,6 +7,8 @@ batch size from an attribute, as the modules Lightning's BatchSizeFinder tunes d
 
 from __future__ import annotations
 
+import json
+
 import lightning as L
 import torch
 from torch import nn
@@ -34,7 +36,8 @@ class ModelOnly(L.LightningModule):
     ``training_step`` is the module's own; ``configure_optimizers`` has a StepLR scheduler. No data
     of its own: a data module gives the batches and holds the batch size. ``check_batch``: the
     batch size every batch must have (a test that the trial set it where the loader reads it);
-    ``count_file``: where ``on_train_end`` writes how many batches ``training_step`` got.
+    ``count_file``: where ``on_train_end`` writes what this rank ran (``count_file.RANK``, JSON): how many
+    batches ``training_step`` got, the Trainer's world size, and what the strategy wrapped the module in.
     """
 
     def __init__(self, features: int = 65536, depth: int = 8, classes: int = 10, fail: bool = False,
@@ -60,8 +63,10 @@ class ModelOnly(L.LightningModule):
 
     def on_train_end(self) -> None:
         if self.hparams.count_file:
-            with open(self.hparams.count_file, "w") as file:
-                file.write(str(self.batches))
+            ran = {"batches": self.batches, "world_size": self.trainer.world_size,
+                   "wrapped": type(self.trainer.strategy.model).__name__}
+            with open(f"{self.hparams.count_file}.{self.trainer.global_rank}", "w") as file:
+                json.dump(ran, file)
 
     def configure_optimizers(self):
         optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
@@ -73,8 +78,9 @@ class HogModule(ModelOnly):
     ``train_dataloader`` reads, as Lightning's BatchSizeFinder expects."""
 
     def __init__(self, features: int = 65536, depth: int = 8, classes: int = 10, batch_size: int = 2,
-                 samples: int = 4096, fail: bool = False, check_batch: int | None = None):
-        super().__init__(features, depth, classes, fail, check_batch)
+                 samples: int = 4096, fail: bool = False, check_batch: int | None = None,
+                 count_file: str | None = None):
+        super().__init__(features, depth, classes, fail, check_batch, count_file)
         self.save_hyperparameters()
 
     def train_dataloader(self):

@@ -66,10 +66,26 @@ def test_a_data_module_gets_the_batch_size_and_accumulation_steps_whole_optimize
     spec["search"]["steps"] = 2
     result = run_one_trial(spec, 5, tmp_path, 2 * 1024**3)
     assert len(result["step_seconds"]) == 2
-    assert count.read_text() == "6"
+    assert json.loads((tmp_path / "batches.0").read_text()) == {"batches": 6, "world_size": 1, "wrapped": "ModelOnly"}
     with pytest.raises(AssertionError, match="a batch of 5, not 4"):
         spec["model"]["kwargs"]["check_batch"] = 4
         run_one_trial(spec, 5, tmp_path, 2 * 1024**3)
+
+
+def test_a_gang_of_two_ranks_runs_lightnings_ddp_attached_to_it(write_spec, tmp_path):
+    """Each rank's Trainer joins the gang's process group (LOCAL_RANK set, as torchrun sets it), so Lightning
+    wraps the module in DistributedDataParallel over 2 ranks instead of launching processes of its own."""
+    count = tmp_path / "ran"
+    spec = hog(kwargs={"features": 4096, "depth": 2, "count_file": str(count)})
+    spec["distributed"] = {"strategy": "ddp", "world_size": 2}
+    spec["search"].update(max_batch_size=8, steps=2, start_batch_size=4)
+    run = run_cli("run", str(write_spec(spec)), env=ONE_THREAD)
+    assert run.returncode == 0, run.stderr[-3000:]
+    result = run.json
+    assert result["max_batch_size"] == 8 and result["distributed"]["world_size"] == 2, result["message"]
+    for rank in (0, 1):
+        assert json.loads((tmp_path / f"ran.{rank}").read_text()) == {
+            "batches": 2, "world_size": 2, "wrapped": "DistributedDataParallel"}
 
 
 def test_a_training_step_that_raises_is_exit_4_with_the_users_traceback(write_spec):

@@ -26,7 +26,8 @@ def test_the_callbacks_spec_is_the_trainers_memory_settings_and_loads():
     spec = spec_for(trainer, module)
     assert spec["model"]["lightning"].endswith("lightning_models.py:HogModule")
     assert spec["model"]["kwargs"] == {"features": 64, "depth": 2, "classes": 10, "batch_size": 2, "samples": 4096,
-                                       "fail": False, "check_batch": None}
+                                       "fail": False, "check_batch": None,
+                                       "count_file": None}
     assert spec["training"] == {"precision": "bf16-mixed"} and spec["device"] == "cpu"
     assert spec["lightning"] == {"accumulate_grad_batches": 4, "batch_arg_name": "batch_size",
                                  "gradient_clip_val": 0.5, "gradient_clip_algorithm": "value"}
