@@ -17,12 +17,14 @@ from conftest import REPO, cli, run_cli
 
 
 def test_parent_modules_never_import_torch():
-    """Every module of the package but the child's (found by walking it, so a new module is covered too)."""
+    """Every module of the package but the child's (found by walking it, so a new module is covered too), and
+    not Lightning either: only the trial and the callback that runs in the user's own trainer
+    (isoprobe.lightning, left out of the walk) import it."""
     code = (
         "import importlib, pkgutil, sys\n"
         "import isoprobe\n"
         "names = [m.name for m in pkgutil.walk_packages(isoprobe.__path__, 'isoprobe.')\n"
-        "         if not m.name.startswith('isoprobe.child') and m.name != 'isoprobe.__main__']\n"
+        "         if not m.name.startswith('isoprobe.child') and m.name not in ('isoprobe.__main__', 'isoprobe.lightning')]\n"
         "assert {'isoprobe.pipeline.pipeline', 'isoprobe.executors.local', 'isoprobe.protocol.messages'} <= set(names), names\n"
         "for name in names:\n"
         "    importlib.import_module(name)\n"
@@ -30,6 +32,7 @@ def test_parent_modules_never_import_torch():
         "main(['validate', 'specs/resnet50.yaml'])\n"
         "assert 'torch' not in sys.modules, 'the parent imported torch'\n"
         "assert 'torchvision' not in sys.modules\n"
+        "assert 'lightning' not in sys.modules and 'pytorch_lightning' not in sys.modules, 'the parent imported lightning'\n"
     )
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr

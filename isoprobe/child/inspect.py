@@ -175,6 +175,11 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
         except Exception as exc:
             return [_problem("hf_trainer", exc)]
         return []
+    if spec.model.lightning is not None:  # the user's LightningModule: built and checked, never traced
+        from isoprobe.child.lightning_runner import check_buildable
+
+        return check_buildable(torch, spec, python_path, facts) + _check_precision(
+            torch, spec, _trial_device(torch, spec, facts))
     for stage in ("batch", "loss", "step"):
         reference = getattr(spec.model, stage)
         if reference is not None:

@@ -21,10 +21,14 @@ def cmd_validate(args: argparse.Namespace) -> int:
         emit(f"{args.spec}: valid (hf_trainer {spec.model.hf_trainer}: your Trainer's own loop{evaluation}, "
              f"device {spec.device})")
         return ExitCode.ANSWERED
+    if spec.model.lightning is not None:  # the module's own loader, step and optimizer: none of isoprobe's sections
+        data = f" with {spec.model.datamodule}" if spec.model.datamodule else ""
+        inputs, task, step = f"its train_dataloader(){data}", "its training_step", ", under trainer.fit"
     ranks = spec.distributed.world_size or "the job's or node's"
     distributed = f", {spec.distributed.strategy} over {ranks} ranks (batches per rank)" if spec.distributed.gang else ""
     emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
-         f"{spec.training.mode} {spec.training.precision}{step}, optimizer {spec.optimizer.name}, device {spec.device}"
+         f"{spec.training.mode} {spec.training.precision}{step}, optimizer "
+         f"{'configure_optimizers()' if spec.model.lightning else spec.optimizer.name}, device {spec.device}"
          f"{distributed})")
     return ExitCode.ANSWERED
 

@@ -179,6 +179,12 @@ _INSPECT_STAGES = {
     "hf_trainer": ("model.hf_trainer", "cannot be used to build the Trainer",
                    "define it as def build_trainer(batch_size, **kwargs) returning a transformers.Trainer, and give "
                    "model.kwargs that it takes"),
+    "lightning": ("model.lightning", "cannot be built",
+                  "name a LightningModule class or a function returning one, and check model.kwargs"),
+    "datamodule": ("model.datamodule", "cannot be built",
+                   "name a LightningDataModule class or a function returning one, and check model.datamodule_kwargs"),
+    "batch_arg_name": ("lightning.batch_arg_name", "cannot be set",
+                       "give the module or data module that attribute, or name the one it has"),
 }
 
 

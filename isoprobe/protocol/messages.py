@@ -248,7 +248,7 @@ class InspectProblem(_Message):
     """Something in the spec that cannot be set up; the parent maps ``stage`` to the spec field to fix."""
 
     stage: Literal["model", "optimizer", "allocator", "input", "target", "precision", "checkpointing", "batch",
-                   "loss", "step", "hf_trainer"]
+                   "loss", "step", "hf_trainer", "lightning", "datamodule", "batch_arg_name"]
     type: str
     message: str
 

@@ -18,6 +18,7 @@ from pydantic import BeforeValidator, Field, model_validator
 from isoprobe.errors import shown
 from isoprobe.spec.base import SpecSection
 from isoprobe.spec.distributed import DistributedSpec
+from isoprobe.spec.lightning import LightningSpec
 from isoprobe.spec.units import MAX_BYTES, parse_bytes
 
 
@@ -59,16 +60,16 @@ MAX_BATCH_SIZE = 1 << 24
 
 _CALLABLE_REFERENCE = re.compile(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*")
 #: The model sources, in the order a reader meets them; exactly one is given.
-MODEL_SOURCES = ("torchvision", "timm", "huggingface", "factory", "hf_trainer")
+MODEL_SOURCES = ("torchvision", "timm", "huggingface", "factory", "hf_trainer", "lightning")
 #: The library (importable module and distribution) each named model source builds with; a factory has none.
 #: The one place this mapping lives: the child imports it, the cache keys its version, the warm spare preloads it.
 MODEL_LIBRARIES = {"torchvision": "torchvision", "timm": "timm", "huggingface": "transformers",
-                   "hf_trainer": "transformers"}
+                   "hf_trainer": "transformers", "lightning": "lightning"}
 #: What a user installs for a source whose library is not a core dependency.
 EXTRAS = {"timm": "pip install 'isoprobe[timm]'", "huggingface": "pip install 'isoprobe[huggingface]'",
-          "hf_trainer": "pip install 'isoprobe[huggingface]'"}
+          "hf_trainer": "pip install 'isoprobe[huggingface]'", "lightning": "pip install 'isoprobe[lightning]'"}
 #: The spec fields that name a callable: 'module:function' or 'file.py:function'.
-CALLABLE_FIELDS = ("factory", "batch", "loss", "step", "hf_trainer")
+CALLABLE_FIELDS = ("factory", "batch", "loss", "step", "hf_trainer", "lightning", "datamodule")
 
 
 def is_file_reference(target: str) -> bool:
@@ -81,8 +82,8 @@ def is_file_reference(target: str) -> bool:
 
 
 class ModelSpec(SpecSection):
-    """Which network to train. Give exactly one of ``torchvision``, ``timm``, ``huggingface``, ``factory`` and
-    ``hf_trainer`` (a whole training setup: the user's own Trainer)."""
+    """Which network to train. Give exactly one of ``torchvision``, ``timm``, ``huggingface``, ``factory``,
+    ``hf_trainer`` (a whole training setup: the user's own Trainer) and ``lightning`` (the user's LightningModule)."""
 
     torchvision: str | None = Field(
         None,
@@ -126,10 +127,29 @@ class ModelSpec(SpecSection):
             "Trainer, not the spec (see docs/huggingface.md). Needs the extra: pip install 'isoprobe[huggingface]'."
         ),
     )
+    lightning: str | None = Field(
+        None,
+        description=(
+            "A LightningModule class, or a function returning one, written 'package.module:Name' or "
+            "'path/to/file.py:Name'; kwargs are its init arguments. Each trial runs trainer.fit on it in a fresh "
+            "process: its own training_step, configure_optimizers and train_dataloader() (or the datamodule's), "
+            "with the Trainer arguments of the 'lightning' section. Replaces the input, target and optimizer "
+            "sections. Needs the extra: pip install 'isoprobe[lightning]'."
+        ),
+    )
+    datamodule: str | None = Field(
+        None,
+        description="With lightning: an optional LightningDataModule class or factory, 'module:Name' or "
+        "'file.py:Name', whose train_dataloader() gives the batches in place of the module's.",
+    )
+    datamodule_kwargs: dict[str, Any] = Field(
+        default_factory=dict, description="With datamodule: its init arguments, e.g. {data_dir: data}."
+    )
     kwargs: dict[str, Any] = Field(
         default_factory=dict,
         description="Keyword arguments for the model builder (for huggingface: config values; for hf_trainer: "
-        "the function's), e.g. {num_classes: 1000}. Weights are never downloaded.",
+        "the function's; for lightning: the module's init arguments), e.g. {num_classes: 1000}. Weights are "
+        "never downloaded.",
     )
     batch: str | None = Field(
         None,
@@ -177,13 +197,20 @@ class ModelSpec(SpecSection):
         if len(given) != 1:
             raise ValueError(
                 "give exactly one of 'torchvision' (a model name), 'timm' (a model name), 'huggingface' "
-                "(a model type), 'factory' ('module:function') or 'hf_trainer' ('module:function' building a "
-                f"transformers.Trainer); got {', '.join(given) or 'none'}"
+                "(a model type), 'factory' ('module:function'), 'hf_trainer' ('module:function' building a "
+                "transformers.Trainer) or 'lightning' ('module:LightningModuleClass'); "
+                f"got {', '.join(given) or 'none'}"
             )
+        if self.lightning is None and (self.datamodule is not None or self.datamodule_kwargs):
+            raise ValueError("datamodule: a LightningDataModule goes with model.lightning (a LightningModule)")
+        if self.datamodule is None and self.datamodule_kwargs:
+            raise ValueError("datamodule_kwargs: set model.datamodule, the data module they are for")
         for name in CALLABLE_FIELDS:
             value = getattr(self, name)
             if value is not None and not _CALLABLE_REFERENCE.fullmatch(value):
                 message = f"{name} {value!r} must look like 'package.module:function' or 'file.py:function'"
+                if name in ("lightning", "datamodule"):
+                    message = f"{name} {value!r} must look like 'package.module:ClassName' or 'file.py:ClassName'"
                 # factory keeps its historical wording; batch and loss name their own field.
                 raise ValueError(message if name == "factory" else f"{name}: {message}")
         return self
@@ -195,7 +222,7 @@ class ModelSpec(SpecSection):
 
     @property
     def library(self) -> str | None:
-        """The module the source builds with (MODEL_LIBRARIES), or None for a factory."""
+        """The module the source builds with (MODEL_LIBRARIES: lightning's trainer too), or None for a factory."""
         return MODEL_LIBRARIES.get(self.source)
 
 
@@ -597,6 +624,9 @@ class Spec(SpecSection):
         default_factory=DistributedSpec,
         description="The real job's data-parallel strategy and ranks: with one, the answer is the per-rank micro-batch.",
     )
+    lightning: LightningSpec | None = Field(
+        None, description="With model.lightning: the Trainer's arguments that change memory (defaults: Lightning's)."
+    )
 
     @model_validator(mode="after")
     def _sections_fit_together(self) -> "Spec":
@@ -608,11 +638,16 @@ class Spec(SpecSection):
             raise ValueError(f"distributed.strategy: {self.distributed.strategy} distributes training; with "
                              "training.mode inference use strategy none")
         if self.model.hf_trainer is not None:
+            if self.lightning is not None:
+                _lightning_fits(self)  # names the section: it sets the Trainer of model.lightning only
             _check_hf_trainer(self)
             return self
-        if self.input is None and self.model.batch is None:
+        framework = self.model.lightning is not None or self.lightning is not None
+        if framework:
+            _lightning_fits(self)  # its own sections: the module's code does what input, target, optimizer say
+        if self.input is None and self.model.batch is None and not framework:
             raise ValueError("input: this section is required (the per-sample shape), unless model.batch makes the batches")
-        if self.target is None and self.model.loss is None and not (self.model.step and self.model.batch):
+        if self.target is None and self.model.loss is None and not (self.model.step and self.model.batch) and not framework:
             raise ValueError("target: this section is required (the task and its classes or shape), unless model.loss "
                              "is given (or model.step with model.batch)")
         if self.model.step is not None:
@@ -672,3 +707,34 @@ def _check_hf_trainer(spec: Spec) -> None:
     if spec.distributed.strategy != "none":
         raise ValueError(f"distributed.strategy: {spec.distributed.strategy} is not supported with model.hf_trainer "
                          "yet (one process per trial): use strategy none, the answer is the per-device batch")
+
+
+def _lightning_fits(spec: Spec) -> None:
+    """With model.lightning the module's own code does what these sections describe: each one set is named."""
+    if spec.model.lightning is None:
+        raise ValueError("lightning: this section sets the Trainer for model.lightning (a LightningModule); "
+                         "remove it or set model.lightning")
+    owned = {"input": "the batches come from the module's (or datamodule's) train_dataloader()",
+             "target": "the loss is the module's training_step",
+             "optimizer": "the optimizer is the module's configure_optimizers()"}
+    given = {"input": spec.input is not None, "target": spec.target is not None,
+             "optimizer": spec.optimizer != OptimizerSpec()}  # fields set, also after a JSON round trip
+    for name, why in owned.items():
+        if given[name]:
+            raise ValueError(f"{name}: not used with model.lightning ({why}); remove the section")
+    for name in ("batch", "loss", "step"):
+        if getattr(spec.model, name) is not None:
+            raise ValueError(f"model.{name}: not used with model.lightning (the module's training_step and "
+                             "train_dataloader() run); remove it")
+    training = spec.training
+    for name, why in (("channels_last", "convert the model in the module's setup() or __init__"),
+                      ("gradient_checkpointing", "enable it in the module, as in the real run"),
+                      ("compile", "compile inside the module (configure_model), as in the real run"),
+                      ("eval_pass", "the trials run training only (limit_val_batches=0)")):
+        if getattr(training, name):
+            raise ValueError(f"training.{name}: not applied to a LightningModule by isoprobe; {why}")
+    if training.mode != "train":
+        raise ValueError("training.mode: model.lightning runs trainer.fit; set it to train")
+    if spec.distributed.strategy not in ("none", "ddp"):
+        raise ValueError(f"distributed.strategy: {spec.distributed.strategy} is not run through Lightning here; "
+                         "with model.lightning use none or ddp (Lightning's DDPStrategy)")

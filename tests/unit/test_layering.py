@@ -19,6 +19,9 @@ import isoprobe
 PACKAGE = Path(isoprobe.__file__).resolve().parent
 ARCHITECTURE = PACKAGE.parent / "docs" / "architecture.md"
 TORCH = {"torch", "torchvision"}
+#: Training frameworks: imported by the trial (child/) and by the callback that runs in the user's own trainer.
+FRAMEWORKS = {"lightning": {"child", "lightning"}, "pytorch_lightning": {"child", "lightning"},
+              "transformers": {"child"}, "accelerate": {"child"}, "timm": {"child"}}
 #: What search/ may import besides its layers: no processes, files, clocks or signals.
 PURE_STDLIB = {"__future__", "collections", "dataclasses", "math", "statistics", "typing"}
 
@@ -93,6 +96,8 @@ def violations(modules: dict[str, set[str]], rules: dict[str, set[str]]) -> list
             top = name.partition(".")[0]
             if top in TORCH and layer != "child":
                 found.append(f"{module} imports {name}: only child/ imports torch")
+            elif top in FRAMEWORKS and layer not in FRAMEWORKS[top]:
+                found.append(f"{module} imports {name}: only {' and '.join(sorted(FRAMEWORKS[top]))} import {top}")
             elif top == "isoprobe":
                 target = layer_of(name)
                 if layer is None or target is None or target == layer:
@@ -166,8 +171,9 @@ def test_no_module_imports_itself_through_others():
 
 
 def test_the_top_level_is_a_dozen_layers():
+    """About a dozen packages, and the modules a user imports by name (api, huggingface, lightning, errors)."""
     entries = sorted(p.name for p in PACKAGE.iterdir() if p.name != "__pycache__")
-    assert len(entries) <= 16, entries
+    assert len(entries) <= 17, entries
 
 
 # --------------------------------------------------------------------------- the checker itself can fail
@@ -176,12 +182,14 @@ def test_the_top_level_is_a_dozen_layers():
 def test_an_arrow_against_the_table_is_named():
     modules = {"isoprobe.child.trial": {"isoprobe.executors.local", "isoprobe.protocol.messages", "torch"},
                "isoprobe.search.steps": {"os", "math", "isoprobe.report.outcomes"},
-               "isoprobe.cache.store": {"torch"}}
+               "isoprobe.cache.store": {"torch"},
+               "isoprobe.pipeline.answer": {"lightning.pytorch"}}
     found = violations(modules, RULES)
     assert any("child.trial imports isoprobe.executors.local" in line for line in found), found
     assert any("search.steps imports os: search/ is pure" in line for line in found), found
     assert any("cache.store imports torch" in line for line in found), found
-    assert len(found) == 3, found
+    assert any("pipeline.answer imports lightning.pytorch: only child and lightning" in line for line in found), found
+    assert len(found) == 4, found
 
 
 def test_a_package_missing_from_the_table_is_named():
