@@ -93,6 +93,13 @@ def advise(
         notes.append("too few fitting trials to model memory per sample; headroom not applied")
     else:
         batch = min(max_batch, int((target - line.intercept) // line.slope))
+        # The division rounds either way by an ulp (a fitted slope of 1.0000000000000002 made 2 // it 1): step
+        # to the largest batch whose predicted peak is within the target, to half a byte (peaks are whole bytes).
+        for _ in range(2):
+            if batch + 1 <= max_batch and line.at(batch + 1) <= target + 0.5:
+                batch += 1
+            elif batch >= 1 and line.at(batch) > target + 0.5:
+                batch -= 1
         notes.append(
             f"largest batch whose predicted peak stays {format_bytes(reserve)} below the capacity "
             f"(line over {line.points} fitting trials)"

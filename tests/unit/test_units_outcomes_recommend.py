@@ -391,3 +391,10 @@ def test_advise_properties(intercept, slope, max_batch, headroom_fraction, extra
     if multiple_of == 1 and advice.batch_size < max_batch and "cannot be met" not in advice.note:
         # ... and it is the largest such batch.
         assert intercept + slope * (advice.batch_size + 1) > advice.target_peak_bytes
+
+
+def test_advise_is_not_thrown_one_short_by_a_slope_an_ulp_above_the_truth():
+    """Hypothesis found it: the least-squares slope of (2, 50), (23, 71), (25, 73) is 1.0000000000000002, and
+    (50 - 48) // that is 1.0, so batch 1 was recommended although batch 2 peaks at exactly the 50 allowed."""
+    advice = advise(25, [(2, 50), (23, 71), (25, 73)], 50, 0.0, 1)
+    assert advice.batch_size == 2, advice
