@@ -56,10 +56,18 @@ try:
     args.logging_strategy = "no"
     from transformers.trainer_callback import ProgressCallback
     trainer.remove_callback(ProgressCallback)
+    tried = []  # with auto_find: the batch of each try (each calls the inner loop, which calls on_train_begin)
     if config["auto_find"]:
         args.auto_find_batch_size = True
+        from transformers import TrainerCallback
+
+        class Tried(TrainerCallback):
+            def on_train_begin(self, args, state, control, **kwargs):
+                tried.append(state.train_batch_size)
+
+        trainer.add_callback(Tried())
     trainer.train()
-    print(json.dumps({"batch": trainer._train_batch_size, "seconds": time.perf_counter() - started}))
+    print(json.dumps({"batch": trainer._train_batch_size, "tried": tried, "seconds": time.perf_counter() - started}))
 except (MemoryError, RuntimeError) as error:
     if isinstance(error, MemoryError) or "can't allocate memory" in str(error) or "out of memory" in str(error):
         sys.exit(3)
@@ -110,7 +118,8 @@ def edge(builder: str, kwargs: dict, budget: int, steps: int, start: int = 8, re
 
 
 def auto_find(builder: str, kwargs: dict, start: int, budget: int, steps: int) -> dict:
-    """``auto_find_batch_size=True`` from ``start`` in one process under the cap: its batch and seconds (wall)."""
+    """``auto_find_batch_size=True`` from ``start`` in one process under the cap: its batch, the batches it tried
+    and seconds (wall)."""
     started = time.perf_counter()
     run = run_plain(builder, kwargs, start, budget, steps, auto_find=True)
     wall = time.perf_counter() - started

@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -86,13 +87,25 @@ except (MemoryError, RuntimeError) as error:
     raise
 """
 
-#: Lightning's own finder, in one process, as its documentation runs it.
+#: Lightning's own finder, in one process, as its documentation runs it (its defaults: binsearch ends with a
+#: 5 % margin below what it found). The module's ``on_train_start`` records the batch of each trial: every
+#: trial's loop run calls it (the finder clears the Trainer's callbacks while it searches, so a callback would
+#: not see them), while the finder's own log has no line for a trial that ends its search.
 FINDER = _COMMON + r"""
 from lightning.pytorch.tuner import Tuner
+from lightning.pytorch.utilities.parsing import lightning_getattr
+
+tried, on_train_start = [], module.on_train_start
+
+def record_trial():
+    tried.append(lightning_getattr(module, config["name"]))
+    on_train_start()
+
+module.on_train_start = record_trial
 trainer = L.Trainer(max_steps=config["steps"], **arguments)
 found = Tuner(trainer).scale_batch_size(module, datamodule=datamodule, mode="binsearch", init_val=config["start"],
                                         steps_per_trial=config["steps"], max_trials=25, batch_arg_name=config["name"])
-print(json.dumps({"answer": found, "seconds": time.perf_counter() - started}))
+print(json.dumps({"answer": found, "tried": tried, "seconds": time.perf_counter() - started}))
 """
 
 
@@ -155,15 +168,17 @@ def edge(spec, budget: int, start: int = 8, report=lambda batch, fit: None) -> i
 
 
 def lightning_finder(spec, budget: int, python: str = sys.executable) -> dict:
-    """Lightning's binsearch in one capped process: its answer, and the wall time including imports."""
+    """Lightning's binsearch in one capped process: its answer (and before its margin), the batches it tried, and
+    the wall time including imports."""
     started = time.perf_counter()
     run = _capped(FINDER, trial_config(spec, 0), budget, python)
     seconds = time.perf_counter() - started
     if run.returncode != 0:
         return {"answer": None, "seconds": seconds, "error": run.stderr[-2000:]}
-    trials = run.stderr.count("Batch size ")  # one line per trial: 'Batch size N succeeded/failed, trying ...'
-    return {"answer": json.loads(run.stdout.strip().splitlines()[-1])["answer"], "seconds": seconds,
-            "trials": trials}
+    found = json.loads(run.stdout.strip().splitlines()[-1])
+    margin = re.search(r"reducing batch size from (\d+) to (\d+)", run.stderr)
+    return {"answer": found["answer"], "seconds": seconds, "trials": len(found["tried"]), "tried": found["tried"],
+            "before_margin": int(margin.group(1)) if margin else found["answer"]}
 
 
 def isoprobe_answer(spec_path: str, budget: int) -> dict:
