@@ -8,10 +8,12 @@ not a failed trial.
 
 from __future__ import annotations
 
+import sys
+
 from typing import TYPE_CHECKING, Any
 
 from isoprobe.child.reads import files_read, watch_reads
-from isoprobe.child.sources import imported_sources
+from isoprobe.child.sources import imported_sources, installed_packages_imported
 from isoprobe.child import cuda as child_cuda
 from isoprobe.child.memory import cpu_memory
 from isoprobe.child.training import build_optimizer, enable_checkpointing
@@ -68,7 +70,9 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
             facts["cuda_available"] = False  # nothing below may touch the device
         facts["cuda_version"] = torch.version.cuda
     if not problems:
+        imported = set(sys.modules)
         problems += _check_buildable(torch, spec, request.python_path, facts)
+        facts["model_imports"] = installed_packages_imported(imported)
     # Last, because parsing changes this process's allocator setting: every ``allocators`` entry is checked
     # now, so a typo in the list is a spec error before any trial, not trial errors later.
     problems += _allocator_problems(torch, spec)

@@ -138,7 +138,8 @@ class TrialRunner:
         self.reporter = reporter
         self.trials: list[Trial] = []
         self.allocator_label: str | None = None  # set while comparing allocators: tags each trial
-        self.conditions = trial_conditions(spec, target.backend, target.info.memory_budget_bytes)
+        self.conditions = trial_conditions(spec, target.backend, target.info.memory_budget_bytes,
+                                           model_imports=target.model_imports)
         #: How long a trial that decides the maximum steps (None: search.steady_steps is 0, every trial is short).
         self.steady_rule = steady.rule_for(spec.search.steps, spec.search.steady_steps)
 
@@ -146,7 +147,7 @@ class TrialRunner:
         """From now on trials run under this ``allocators`` entry (and are tagged with it)."""
         self.allocator_label = label
         self.conditions = trial_conditions(self.spec, self.target.backend, self.target.info.memory_budget_bytes,
-                                           label)
+                                           label, self.target.model_imports)
         self.executor.prestart(self.conditions)
 
     def run(self, batch_size: int, purpose: str = "search", steps: int | None = None,

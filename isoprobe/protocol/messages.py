@@ -293,6 +293,10 @@ class Facts(_Message):
     checkpointing: tuple[str, int] | None = None
     meta_build_warning: str | None = None
     meta_forward_warning: str | None = None
+    model_imports: list[str] = Field(
+        default_factory=list, description="Installed packages (top-level names) the model's code imported while it "
+        "was built, beyond the model's library: the trials' warm children and fork server import them before "
+        "the request, so that a forked trial holds what a fresh process does.")
     estimate: Estimate | None = Field(
         None, description="The traced memory estimate; None where not attempted. The child reports it in its own "
         "event (``Estimated``) after ``Inspected``; the parent puts it here (``pipeline.environment``).")
