@@ -102,19 +102,10 @@ def trains(builder: str, kwargs: dict, batch: int, budget: int, steps: int) -> b
 
 
 def edge(builder: str, kwargs: dict, budget: int, steps: int, start: int = 8, report=lambda b, fit: None) -> int:
-    """The largest batch that trains in a plain process (0 if not even one): double from ``start``, then bisect."""
-    lo, hi = 0, None
-    batch = max(1, start)
-    while hi is None:
-        fit = trains(builder, kwargs, batch, budget, steps)
-        report(batch, fit)
-        lo, hi, batch = (batch, None, batch * 2) if fit else (lo, batch, batch)
-    while hi - lo > 1:
-        batch = (lo + hi) // 2
-        fit = trains(builder, kwargs, batch, budget, steps)
-        report(batch, fit)
-        lo, hi = (batch, hi) if fit else (lo, batch)
-    return lo
+    """The largest batch that trains in a plain process (0 if not even one): plain_edge.py's bisection."""
+    from plain_edge import bisect_edge
+
+    return bisect_edge(lambda batch: trains(builder, kwargs, batch, budget, steps), start, report)
 
 
 def auto_find(builder: str, kwargs: dict, start: int, budget: int, steps: int) -> dict:

@@ -149,22 +149,10 @@ def fits(spec, batch: int, budget: int, steps: int | None = None, python: str = 
 
 
 def edge(spec, budget: int, start: int = 8, report=lambda batch, fit: None) -> int:
-    """The largest batch that fits in a plain fit (0 if not even one): double from ``start``, then bisect."""
-    lo, hi = 0, None  # lo fits (0: trivially), hi does not
-    batch = max(1, start)
-    while hi is None:
-        fit = fits(spec, batch, budget)
-        report(batch, fit)
-        if fit:
-            lo, batch = batch, batch * 2
-        else:
-            hi = batch
-    while hi - lo > 1:
-        batch = (lo + hi) // 2
-        fit = fits(spec, batch, budget)
-        report(batch, fit)
-        lo, hi = (batch, hi) if fit else (lo, batch)
-    return lo
+    """The largest batch that fits in a plain fit (0 if not even one): plain_edge.py's bisection."""
+    from plain_edge import bisect_edge
+
+    return bisect_edge(lambda batch: fits(spec, batch, budget), start, report)
 
 
 def lightning_finder(spec, budget: int, python: str = sys.executable) -> dict:

@@ -148,10 +148,17 @@ def fits(spec, batch: int, budget: int, python: str = sys.executable) -> bool:
 
 def edge(spec, budget: int, start: int = 8, report=lambda batch, fit: None) -> int:
     """The largest batch that fits in a plain process (0 if not even one): double from ``start``, then bisect."""
+    return bisect_edge(lambda batch: fits(spec, batch, budget), start, report)
+
+
+def bisect_edge(fits_at, start: int = 8, report=lambda batch, fit: None) -> int:
+    """The largest batch for which ``fits_at(batch)`` is True (0 if not even 1), assuming that a batch which
+    fits means every smaller one fits: double from ``start``, then halve the gap. The harnesses of other loops
+    (lightning_edge.py, hf_trainer_edge.py) bisect with it too."""
     lo, hi = 0, None  # lo fits (0: trivially), hi does not
     batch = max(1, start)
     while hi is None:
-        fit = fits(spec, batch, budget)
+        fit = fits_at(batch)
         report(batch, fit)
         if fit:
             lo, batch = batch, batch * 2
@@ -159,7 +166,7 @@ def edge(spec, budget: int, start: int = 8, report=lambda batch, fit: None) -> i
             hi = batch
     while hi - lo > 1:
         batch = (lo + hi) // 2
-        fit = fits(spec, batch, budget)
+        fit = fits_at(batch)
         report(batch, fit)
         lo, hi = (batch, hi) if fit else (lo, batch)
     return lo
