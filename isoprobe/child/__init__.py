@@ -5,11 +5,18 @@ or ``InspectRequest``) and answers with typed events (``protocol``), so that
 the parent never imports torch and never guesses at what a child meant.
 
     main.py      the entry: lifeline, events channel, warm wait, dispatch, fast exit
+    events.py    the events channel: one event, one JSON line, one write
+    request.py   running one request (trial or check) in this process, and leaving fast
+    server.py    the fork server: one fork (under its keeper) per trial
     trial.py     a trial: the training steps at one batch size, and their peak memory
+    step_report.py  after each step: its event, its memory, whether to stop (the steady rule)
+    frameworks.py   a framework's own loop as the trial: lightning_runner.py, huggingface.py
     inspect.py   the environment check once per probe: versions, devices, can the spec be set up
     workload.py  *what* is trained: the model from its source, the synthetic batch, the loss
     training.py  *how* a step runs: the spec's training options, applied and read back
-    memory.py    the child's own memory from /proc/self/status
+    memory.py    the child's own memory from /proc/self/status, and the credit for isoprobe's own modules
+    sources.py   the user's modules it ran, and the installed ones its model imported (for the preload)
+    reads.py     the files it read (an audit hook), for the cache
 
 Importing this package imports nothing: torch is imported inside the functions
 that need it, after the ``started`` event (or during a warm child's wait).

@@ -3,6 +3,7 @@
     model.py        the ``Spec`` models, every field documented once
     base.py         the base of every section: unknown keys and wrong types are errors
     distributed.py  the ``distributed`` section: the strategy the real job trains with
+    lightning.py    the ``lightning`` section: the Trainer arguments of model.lightning that change memory
     load.py         a file, a dict or a ``Spec`` (with overrides) -> one validated ``Spec``
     yaml_file.py    a spec file's bytes -> plain data, or one ``SpecError``
     plain.py        data that was never YAML text, held to the file's rules
