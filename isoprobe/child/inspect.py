@@ -227,17 +227,7 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
 
 def _check_step_signature(function) -> None:
     """model.step is called as f(model, optimizer, batch, device): a signature that cannot take that is a spec error."""
-    import inspect
-
-    try:
-        signature = inspect.signature(function)
-    except (TypeError, ValueError):
-        return  # a builtin or C callable without a signature: the trials will tell
-    try:
-        signature.bind(None, None, None, None)
-    except TypeError as exc:
-        raise TypeError(f"{getattr(function, '__name__', function)}{signature} cannot be called as "
-                        f"f(model, optimizer, batch, device): {exc}") from None
+    _check_signature(function, "f(model, optimizer, batch, device)", None, None, None, None)
 
 
 def _check_builder_signature(function, kwargs: dict[str, Any]) -> None:
@@ -246,6 +236,11 @@ def _check_builder_signature(function, kwargs: dict[str, Any]) -> None:
     Not called here: building the Trainer builds the user's model and data for real (memory, time), and on
     the meta device the Trainer cannot be built at all; the first trial runs it.
     """
+    _check_signature(function, f"f(batch_size, **model.kwargs) with model.kwargs {kwargs}", 1, **kwargs)
+
+
+def _check_signature(function, call: str, *args: Any, **kwargs: Any) -> None:
+    """TypeError naming ``call`` when ``function``'s signature cannot bind ``args`` and ``kwargs``."""
     import inspect
 
     try:
@@ -253,10 +248,10 @@ def _check_builder_signature(function, kwargs: dict[str, Any]) -> None:
     except (TypeError, ValueError):
         return  # a builtin or C callable without a signature: the trials will tell
     try:
-        signature.bind(1, **kwargs)
+        signature.bind(*args, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"{getattr(function, '__name__', function)}{signature} cannot be called as "
-                        f"f(batch_size, **model.kwargs) with model.kwargs {kwargs}: {exc}") from None
+        raise TypeError(f"{getattr(function, '__name__', function)}{signature} cannot be called as {call}: {exc}"
+                        ) from None
 
 
 def _trial_device(torch, spec: Spec, facts: dict[str, Any]):
