@@ -86,6 +86,10 @@ try:
             loss = F.cross_entropy(outputs, y)
         loss.backward()
         optimizer.step()
+    # The data segment's peak, as a CPU trial reads it (VmPeak less what is not data), for margins to the cap.
+    status = {line.split(":")[0]: int(line.split()[1]) for line in open("/proc/self/status")
+              if line.startswith(("VmPeak", "VmSize", "VmData"))}
+    print("peak_data_bytes", (status["VmPeak"] - (status["VmSize"] - status["VmData"])) * 1024)
 except (MemoryError, RuntimeError) as error:
     if isinstance(error, MemoryError) or "can't allocate memory" in str(error):
         sys.exit(3)
@@ -135,6 +139,11 @@ def environment(spec) -> dict[str, str]:
 
 def fits(spec, batch: int, budget: int, python: str = sys.executable) -> bool:
     """One trial in a fresh plain process under ``RLIMIT_DATA`` = ``budget``; raises on anything but fit or OOM."""
+    return peak(spec, batch, budget, python) is not None
+
+
+def peak(spec, batch: int, budget: int, python: str = sys.executable) -> int | None:
+    """One trial as ``fits`` runs it: the data segment's peak in bytes when it fits, None when it runs out."""
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (budget, budget))
@@ -143,7 +152,9 @@ def fits(spec, batch: int, budget: int, python: str = sys.executable) -> bool:
                          preexec_fn=cap, capture_output=True, text=True, cwd="/")
     if run.returncode not in (FITS, OUT_OF_MEMORY):
         raise RuntimeError(f"batch {batch}: the plain trial failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
-    return run.returncode == FITS
+    if run.returncode == OUT_OF_MEMORY:
+        return None
+    return int(run.stdout.split("peak_data_bytes")[-1].split()[0])
 
 
 def edge(spec, budget: int, start: int = 8, report=lambda batch, fit: None) -> int:

@@ -44,6 +44,7 @@ import time
 from isoprobe.child.events import Events
 from isoprobe.child.memory import import_own
 from isoprobe.child.request import cuda_initialized, run_request
+from isoprobe.child.source_only import compile_own_from_source
 from isoprobe.protocol.wiring import CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, PRELOAD_ENV, SERVE_ARGUMENT, WAIT_ARGUMENT
 
 USAGE = (f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}] | {SERVE_ARGUMENT} FD   "
@@ -152,6 +153,7 @@ def _lower_priority() -> int | None:
 
 
 def main(argv: list[str]) -> int:
+    compile_own_from_source()  # what isoprobe's modules leave in the process must not depend on bytecode caches
     waits = len(argv) in (2, 3) and argv[1] == WAIT_ARGUMENT and argv[2:] in ([], [IDLE_ARGUMENT])
     serves = len(argv) == 3 and argv[1] == SERVE_ARGUMENT and argv[2].isdigit()
     if not (waits or serves or (len(argv) == 2 and not argv[1].startswith("-"))) or EVENTS_ENV not in os.environ:

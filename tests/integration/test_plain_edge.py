@@ -4,8 +4,9 @@ Checked against an independent harness (``benchmarks/plain_edge.py``): a
 fresh ``python -c`` process per batch that imports only torch, builds the
 spec's model and runs the spec's steps of the classic loop under the same cap
 and malloc setting, with none of isoprobe's trial code in it. The maximum must
-fit there and one more must not. Models with a few MiB a sample, where the
-6.3 MiB isoprobe's own modules took in the trial process cost one or two
+fit there, and one more must not, unless that batch's plain peak lies within
+``PRECISION_BYTES`` of the cap, where either process fits or runs out by
+chance. Models with a few MiB a sample, where the 6.3 MiB isoprobe's own modules took in the trial process cost one or two
 samples (measured before the fix, one thread: small-cnn 150 against a plain
 153, memory-hog 165 against 167, lm-head 115 against 118).
 
@@ -27,7 +28,7 @@ from conftest import REPO, run_cli
 from isoprobe.spec.load import load_spec
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from plain_edge import fits  # noqa: E402
+from plain_edge import fits, peak  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
@@ -35,12 +36,16 @@ SMALL_CNN = REPO / "specs" / "small-cnn.yaml"
 MEMORY_HOG = REPO / "benchmarks" / "edge_specs" / "memory-hog.yaml"
 LM_HEAD = REPO / "benchmarks" / "edge_specs" / "lm-head.yaml"
 #: Trials forked from the fork server (the CPU default), or spawned (crediting through the hard limit the
-#: parent leaves: ``executors.processes.prepare_child``). Not small-cnn forked: at one thread its plain
-#: edge, 153, peaks ~0.45 MiB under the cap, and a forked trial still holds ~0.2 MiB more than a plain
-#: process (measured with a 4 GiB cap: data peak 1310484 KiB forked, 1310372 spawned, 1310272 plain),
-#: so it found 152 under pytest and 153 by hand: a residual below a fifth of a sample, not the 2 samples
-#: the credit removes, which is what this test holds.
-CASES = [(MEMORY_HOG, "null"), (LM_HEAD, "null"), (SMALL_CNN, "false")]
+#: parent leaves: ``executors.processes.prepare_child``).
+CASES = [(MEMORY_HOG, "null"), (LM_HEAD, "null"), (SMALL_CNN, "null"), (SMALL_CNN, "false")]
+#: How close to the cap a plain process's peak may come at the batch above isoprobe's maximum and that batch
+#: still be allowed to fail in isoprobe's trial: the precision of the CPU backend's edge. Measured 2026-11-26
+#: (small-cnn at batch 152, one thread, data peak less the credit): a plain process 1338.66 to 1338.96 MB over
+#: 6 runs, isoprobe's trials 1338.67 to 1339.06 MB over 13 (spawned and forked, with and without bytecode
+#: caches): each spreads by up to 0.4 MB run to run, so a batch whose plain peak lies within half a MiB of the
+#: cap fits or runs out by chance, in a plain process as in a trial. small-cnn's 153 is such a batch here
+#: (0.12 to 0.45 MiB under the cap): CI once found 152 because its trial at 153 fitted, then ran out.
+PRECISION_BYTES = 512 * 1024
 
 
 @pytest.mark.parametrize(("spec_path", "fork_server"), CASES,
@@ -54,5 +59,6 @@ def test_the_maximum_fits_in_a_plain_process_and_one_more_does_not(spec_path, fo
     maximum = run.json["max_batch_size"]
     spec = load_spec(spec_path)
     trials = [(t["batch_size"], t["outcome"], t["budget_peak_bytes"]) for t in run.json["trials"]]
-    assert fits(spec, maximum, spec.memory_budget), (maximum, trials)
-    assert not fits(spec, maximum + 1, spec.memory_budget), (maximum, trials)
+    assert fits(spec, maximum, spec.memory_budget), (maximum, trials)  # never above the truth: no tolerance
+    above = peak(spec, maximum + 1, spec.memory_budget)  # None: one more runs out in a plain process too
+    assert above is None or spec.memory_budget - above < PRECISION_BYTES, (maximum, above, trials)
