@@ -193,6 +193,10 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
                     _check_step_signature(function)
             except Exception as exc:
                 return [_problem(stage, exc)]
+    if spec.data is not None:
+        problem = _scan_data(spec, python_path, facts)
+        if problem is not None:
+            return [problem]
     try:
         with torch.device("meta"):
             model = build_model(spec, python_path)
@@ -215,7 +219,7 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
             problems.append(_problem("optimizer", exc))
     facts["parameter_count"] = sum(p.numel() for p in model.parameters())
     facts["parameter_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    if spec.model.batch is None:
+    if spec.model.batch is None and spec.data is None:
         problems += _check_output_shape(torch, spec, model, facts)
     if spec.training.gradient_checkpointing:
         try:
@@ -223,6 +227,24 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
         except Exception as exc:
             problems.append(_problem("checkpointing", exc))
     return problems
+
+
+def _scan_data(spec: Spec, python_path: list[str], facts: dict[str, Any]) -> InspectProblem | None:
+    """The dataset's lengths and worst-first order (``child.data``), before any trial: the data section's
+    problems (a factory that raises, an empty or iterable dataset, a length that is no number, a collate_fn
+    that cannot collate the two longest samples) are spec errors naming their field."""
+    from isoprobe.child import data
+
+    try:
+        scanned, collated = data.scan(spec, python_path)
+        try:
+            data.as_inputs_and_targets(collated)
+        except TypeError as exc:
+            raise data.DataProblem("data.collate_fn", exc) from exc
+    except data.DataProblem as problem:
+        return InspectProblem(stage=problem.field, type=problem.type, message=str(problem)[:MESSAGE_CHARS])
+    facts["data"] = scanned
+    return None
 
 
 def _check_step_signature(function) -> None:

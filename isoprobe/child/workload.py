@@ -41,6 +41,8 @@ class Batch:
 
     inputs: Any
     targets: Any = None
+    #: What the real loop keeps alive while it trains, and so the trial too: the dataset the batch came from.
+    dataset: Any = None
 
 
 def task_of(spec: Spec) -> str | None:
@@ -138,10 +140,14 @@ def _build_huggingface(spec: Spec, config_values: dict):
 # --------------------------------------------------------------------------- the batch
 
 
-def make_batch(spec: Spec, batch_size: int, device, python_path: list[str], float_dtype=None) -> Batch:
-    """A synthetic batch of the worst-case shape; ``float_dtype`` overrides floating inputs (bf16-true)."""
+def make_batch(spec: Spec, batch_size: int, device, python_path: list[str], float_dtype=None,
+               data_indices: list[int] | None = None) -> Batch:
+    """A synthetic batch of the worst-case shape, or with ``spec.data`` the dataset's worst batch of
+    ``batch_size`` (``data_indices``: the indices the parent sent); ``float_dtype`` overrides floating inputs."""
     import torch
 
+    if spec.data is not None:
+        return _data_batch(spec, batch_size, device, python_path, float_dtype, data_indices)
     maker = spec.model.batch
     if maker is not None:
         made = import_callable(maker, python_path)(batch_size, device)
@@ -163,6 +169,22 @@ def make_batch(spec: Spec, batch_size: int, device, python_path: list[str], floa
     if task == "language_modeling":
         return Batch(inputs, inputs)  # the labels are the ids; the loss shifts them by one
     return Batch(inputs)
+
+
+def _data_batch(spec: Spec, batch_size: int, device, python_path: list[str], float_dtype, sent) -> Batch:
+    """The B longest samples, collated by the user's collate_fn, on the device; read as model.batch's pair is."""
+    import torch
+
+    from isoprobe.child import data
+
+    dataset = data.build_dataset(spec, python_path)
+    indices = data.batch_indices(spec, dataset, batch_size, sent, python_path)
+    inputs, targets = data.as_inputs_and_targets(data.collate(spec, dataset, indices, python_path))
+    inputs = _cast_floats(adapt_inputs(inputs, lambda t: t.to(device)), float_dtype)
+    targets = adapt_inputs(targets, lambda t: t.to(device))
+    if targets is None and task_of(spec) == "language_modeling" and isinstance(inputs, torch.Tensor):
+        targets = inputs  # the labels are the ids; the loss shifts them by one
+    return Batch(inputs, targets, dataset=dataset)
 
 
 def step_targets(spec: Spec, inputs):
@@ -249,7 +271,14 @@ def forward_loss(spec: Spec, model, batch: Batch, user_loss=None, on_output=None
     """
     hold = on_output or (lambda output: None)
     task = task_of(spec)
-    if spec.model.huggingface is not None and task == "language_modeling" and user_loss is None:
+    if spec.data is not None and task is None and user_loss is None:
+        # No target and no loss: the model's own, as a Hugging Face model given labels in the batch returns it.
+        output = call_model(spec, model, batch.inputs, batch.targets)
+        hold(output)
+        return _model_loss(output, "with data and neither target nor model.loss, the model must return its own "
+                                   "loss (output.loss, as a Hugging Face model given labels does)"), output
+    if (spec.model.huggingface is not None and task == "language_modeling" and user_loss is None
+            and not isinstance(batch.inputs, dict)):
         # The model's own loss: it shifts the labels and upcasts the logits to float32, as real training does.
         output = model(input_ids=batch.inputs, labels=batch.targets)
         hold(output)
@@ -268,16 +297,16 @@ def forward_loss(spec: Spec, model, batch: Batch, user_loss=None, on_output=None
     return loss_of(spec, logits, batch.targets), logits
 
 
-def _model_loss(output):
-    loss = getattr(output, "loss", None)
+def _model_loss(output, why: str = "the Hugging Face model returned no loss for labels=input_ids"):
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     if loss is None:
-        raise TypeError("the Hugging Face model returned no loss for labels=input_ids")
+        raise TypeError(why)
     return loss
 
 
 def forward_only(spec: Spec, model, batch: Batch):
     """Forward pass without a loss (inference and evaluation); the caller sets the grad mode."""
-    if spec.model.huggingface is not None:
+    if spec.model.huggingface is not None and not isinstance(batch.inputs, dict):
         return model(input_ids=batch.inputs)
     return call_model(spec, model, batch.inputs, batch.targets)
 

@@ -21,6 +21,7 @@ from isoprobe.search.insights import memory_breakdown, throughput
 from isoprobe.report.output import Reporter
 from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
 from isoprobe.pipeline.prediction import predicted_max, prediction, prior_of
+from isoprobe.pipeline.data import data_info
 from isoprobe.pipeline.edge import compare_allocators, search_and_recommend, stop_reason_of
 from isoprobe.pipeline.environment import (
     DEFAULT_CPU_BUDGET,
@@ -107,7 +108,7 @@ def run_probe(
     finally:
         executor.close()
     stop, max_fitting = found.stop, found.max_fitting
-    capped_by = limited_by(spec, max_fitting) if stop is StopReason.CAPPED else None
+    capped_by = limited_by(spec, max_fitting, target.data) if stop is StopReason.CAPPED else None
     message, suggestions = explain(found, spec, target.info, runner.trials, capped_by)
     return Result(
         isoprobe_version=__version__,
@@ -138,6 +139,7 @@ def run_probe(
         message=message,
         suggestions=suggestions,
         distributed=distributed_info(spec, target.backend, world_size_source),
+        data=data_info(target.data, max_fitting),
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
     )
