@@ -19,6 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from isoprobe.child.references import import_callable
 from isoprobe.protocol.messages import DataScan
 from isoprobe.spec.data import INDICES_IN_REQUEST, scanned_indices, worst_first
 from isoprobe.spec.model import Spec
@@ -45,8 +46,6 @@ class Order:
 
 
 def _import(reference: str, python_path: list[str]):
-    from isoprobe.child.workload import import_callable  # here: workload imports this module
-
     return import_callable(reference, python_path)
 
 

@@ -20,7 +20,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from isoprobe.spec.model import Spec, is_file_reference
+from isoprobe.child.references import import_callable  # noqa: F401 - named from here by the child's modules
+from isoprobe.spec.model import Spec
 
 #: What the loss functions of the built-in tasks expect the model to return, for error messages.
 _EXPECTED_OUTPUT = {
@@ -48,30 +49,6 @@ class Batch:
 def task_of(spec: Spec) -> str | None:
     """The target's task (given, or implied by classes / shape); None when model.loss replaces the target."""
     return spec.target.resolved_task if spec.target is not None else None
-
-
-def import_callable(reference: str, python_path: list[str]):
-    """Resolve 'module:function' or '/abs/file.py:function' to the callable."""
-    target, function = reference.rsplit(":", 1)
-    for entry in reversed(python_path):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    if is_file_reference(target):
-        name = f"isoprobe_user_{abs(hash(target))}"
-        module = sys.modules.get(name)
-        if module is None:
-            module_spec = importlib.util.spec_from_file_location(name, target)
-            if module_spec is None or module_spec.loader is None:
-                raise ImportError(f"cannot load {target}")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-            sys.modules[name] = module  # factory, batch and loss from one file share one module
-    else:
-        module = importlib.import_module(target)
-    found = getattr(module, function, None)
-    if found is None or not callable(found):
-        raise AttributeError(f"{target} has no callable named {function!r}")
-    return found
 
 
 # --------------------------------------------------------------------------- the model
