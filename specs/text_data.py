@@ -1,4 +1,4 @@
-"""Synthetic variable-length text for trying ``data:`` (used by specs/gru-lm-data.yaml and the tests).
+"""Synthetic variable-length text for trying ``data:`` (used by specs/lm-data.yaml and the tests).
 
 Token sequences whose lengths follow a long tail, as real text does: most are
 short, a few are many times the mean. ``pad_collate`` pads a batch to its
