@@ -70,10 +70,10 @@ def test_the_search_never_goes_beyond_the_dataset():
 
 def test_the_result_names_the_worst_batch_at_the_maximum():
     lengths = [float(n) for n in (4, 30, 7, 30, 12, 2, 25) * 5]
-    info = data_info(_scan(lengths), 12)
+    info = data_info(_scan(lengths), 15)  # ten of 30, then the five of 25: the 16th would be 12 long
     worst = info.worst_batch
-    assert (worst.batch_size, worst.longest_length, worst.shortest_length) == (12, 30.0, 25.0)
-    assert worst.first_indices == [1, 3, 8, 10, 15, 17, 22, 24, 29, 31, 6, 13]
+    assert (worst.batch_size, worst.longest_length, worst.shortest_length) == (15, 30.0, 25.0)
+    assert worst.first_indices == [1, 3, 8, 10, 15, 17, 22, 24, 29, 31, 6, 13, 20, 27, 34]
     assert info.length_max == 30 and info.length_min == 2 and not info.sampled and info.sample_seed is None
 
 
