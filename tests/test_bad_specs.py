@@ -99,6 +99,9 @@ NEEDS_THE_MODEL = [
      "batch to try"),
     ("run-data-iterable.yaml", "data.dataset: cannot be used: TypeError: returned an IterableDataset (Stream), whose "
      "samples cannot be taken by index: materialise its longest samples into a map-style dataset"),
+    ("run-data-collate-does-not-fit-model.yaml", "data.collate_fn: does not make a batch of the longest samples "
+     "that the model takes: TypeError: the model cannot take the collated batch: Linear.forward() got an "
+     "unexpected keyword argument 'input_ids'"),
     ("run-data-length-not-a-number.yaml", "data.length: cannot give the samples' lengths: TypeError: returned 'long' "
      "(str) for sample 0: a length must be a finite number >= 0"),
 ]

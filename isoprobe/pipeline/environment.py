@@ -192,7 +192,7 @@ _INSPECT_STAGES = {
     "data.dataset": ("data.dataset", "cannot be used",
                      "return a non-empty map-style torch.utils.data.Dataset (len() and dataset[i]) from the function, "
                      "built the same way each time; check its module, name and data.kwargs"),
-    "data.collate_fn": ("data.collate_fn", "cannot collate the dataset's longest samples",
+    "data.collate_fn": ("data.collate_fn", "does not make a batch of the longest samples that the model takes",
                         "return a tensor, a pair (inputs, targets) or a dict of the model's keyword arguments from "
                         "a list of samples, as your DataLoader's collate_fn does"),
     "data.length": ("data.length", "cannot give the samples' lengths",
