@@ -33,7 +33,8 @@ SAMPLE_SEED = 0
 #: is rebuilt by the trial itself with the same two rules, and checked against the first ones sent.
 INDICES_IN_REQUEST = 4096
 
-_CALLABLE_REFERENCE = re.compile(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*")
+#: A callable a spec names: 'package.module:function' or 'path/to/file.py:function' (``spec.model`` uses it too).
+CALLABLE_REFERENCE = re.compile(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*")
 #: The fields of the section that name a callable: 'module:function' or 'file.py:function'.
 DATA_CALLABLE_FIELDS = ("dataset", "collate_fn", "length")
 
@@ -81,7 +82,7 @@ class DataSpec(SpecSection):
     def _references(self) -> "DataSpec":
         for name in DATA_CALLABLE_FIELDS:
             value = getattr(self, name)
-            if value is not None and not _CALLABLE_REFERENCE.fullmatch(value):
+            if value is not None and not CALLABLE_REFERENCE.fullmatch(value):
                 raise ValueError(f"{name}: {value!r} must look like 'package.module:function' or 'file.py:function'")
         return self
 

@@ -10,14 +10,13 @@ must not import torch.
 from __future__ import annotations
 
 import math
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
 from isoprobe.errors import shown
 from isoprobe.spec.base import SpecSection
-from isoprobe.spec.data import DataSpec
+from isoprobe.spec.data import CALLABLE_REFERENCE as _CALLABLE_REFERENCE, DataSpec
 from isoprobe.spec.distributed import DistributedSpec
 from isoprobe.spec.lightning import LightningSpec
 from isoprobe.spec.units import MAX_BYTES, parse_bytes
@@ -59,7 +58,6 @@ MAX_SAMPLE_ELEMENTS = 1 << 36
 MAX_BATCH_SIZE = 1 << 24
 
 
-_CALLABLE_REFERENCE = re.compile(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*")
 #: The model sources, in the order a reader meets them; exactly one is given.
 MODEL_SOURCES = ("torchvision", "timm", "huggingface", "factory", "hf_trainer", "lightning")
 #: The library (importable module and distribution) each named model source builds with; a factory has none.
