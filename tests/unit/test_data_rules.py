@@ -86,3 +86,39 @@ def test_the_result_lists_at_most_a_few_indices_and_says_when_sampled():
 
 def test_no_maximum_no_worst_batch():
     assert data_info(_scan([1.0, 2.0]), None).worst_batch is None
+
+
+# --------------------------------------------------------------------------- the probe, over scripted trials
+
+
+def _data_probe(lengths: list[float], per_sample: int):
+    """A probe of a data spec over a device whose peak is linear in the batch; the check reports ``lengths``."""
+    from isoprobe.executors.scripted import IMPORT_BASELINE_BYTES, ScriptedExecutor, inspected, linear
+    from isoprobe.protocol.messages import Facts, MemoryReading
+
+    from scripted_probe import GiB, MiB, probe
+
+    facts = Facts(torch_version="2.0.0+scripted", memory_after_import=MemoryReading(data=IMPORT_BASELINE_BYTES),
+                  data=_scan(lengths))
+    spec = {"model": {"factory": "m.py:f"}, "data": {"dataset": "d.py:make"}, "target": {"task": "language_modeling"},
+            "device": "cpu", "memory_budget": 2 * GiB, "recommendation": {"soak_steps": 0}}
+    executor = ScriptedExecutor(linear(IMPORT_BASELINE_BYTES + 64 * MiB, per_sample * MiB),
+                                inspected=inspected(facts))
+    return probe(spec, executor)
+
+
+def test_every_trial_is_sent_the_longest_samples_and_the_result_names_them():
+    lengths = [float((i * 7) % 50 + 1) for i in range(300)]
+    probed = _data_probe(lengths, per_sample=8)
+    order = worst_first(list(range(300)), lengths)
+    assert probed.executor.calls and all(call.request.data_indices == order[:call.batch_size]
+                                         for call in probed.executor.calls)
+    maximum = probed.result.max_batch_size
+    assert probed.result.data.worst_batch.first_indices == order[:min(maximum, SHOWN_INDICES)]
+    assert any("every trial trains on its B longest" in line for line in probed.lines)
+
+
+def test_a_dataset_that_fits_whole_caps_the_search_at_its_size():
+    probed = _data_probe([3.0, 1.0, 2.0, 5.0, 4.0], per_sample=1)
+    assert max(probed.executor.batches) == 5
+    assert (probed.result.max_batch_size, probed.result.limited_by) == (5, "dataset_size")
