@@ -37,9 +37,14 @@ def long_tailed_lengths(samples: int, shortest: int, longest: int, alpha: float,
 
 
 def text_dataset(samples: int = 2000, vocabulary: int = 8000, shortest: int = 24, longest: int = 512,
-                 alpha: float = 1.5, seed: int = 0) -> TokenSequences:
-    """A long-tailed text dataset: lengths from ``shortest`` up, a Pareto tail cut at ``longest``."""
-    return TokenSequences(long_tailed_lengths(samples, shortest, longest, alpha, seed), vocabulary)
+                 alpha: float = 1.5, seed: int = 0, shortest_first: bool = False) -> TokenSequences:
+    """A long-tailed text dataset: lengths from ``shortest`` up, a Pareto tail cut at ``longest``.
+
+    ``shortest_first``: stored sorted by length, as a dataset written in length order is, so that its first
+    samples are its shortest and the longest are at the end.
+    """
+    lengths = long_tailed_lengths(samples, shortest, longest, alpha, seed)
+    return TokenSequences(sorted(lengths) if shortest_first else lengths, vocabulary)
 
 
 def rare_long_dataset(samples: int = 10_000, vocabulary: int = 8000, typical: int = 48, longest: int = 512,

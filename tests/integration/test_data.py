@@ -56,7 +56,8 @@ def _spec(tmp_path, dataset: str, kwargs: dict) -> str:
 
 def test_the_worst_batch_edge_is_the_plain_one_and_below_the_mean_lengths(tmp_path, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "1")  # isoprobe's trials and the harness's processes both inherit it
-    kwargs = {"samples": 2000, "shortest": 12, "longest": 128}
+    # Stored shortest first: a trial that took the first B samples instead of the B longest would fit more.
+    kwargs = {"samples": 2000, "shortest": 12, "longest": 128, "shortest_first": True}
     path = _spec(tmp_path, "text_dataset", kwargs)
     run = run_cli("run", path, timeout=900)
     assert run.returncode == 0, run.stderr
