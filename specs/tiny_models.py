@@ -46,3 +46,25 @@ class GruLanguageModel(nn.Module):
 
 def gru_lm(vocabulary: int = 8000, embedding: int = 128, hidden: int = 256) -> nn.Module:
     return GruLanguageModel(vocabulary, embedding, hidden)
+
+
+class TokenLanguageModel(nn.Module):
+    """Token ids -> embedding -> one hidden layer per token -> logits (used by specs/lm-data.yaml).
+
+    No recurrence, so a step takes milliseconds a sample on a CPU; the logits, (batch, tokens,
+    vocabulary), are most of the step's memory, as in every language model, so a batch's memory
+    follows its padded length.
+    """
+
+    def __init__(self, vocabulary: int, width: int):
+        super().__init__()
+        self.embed = nn.Embedding(vocabulary, width)
+        self.hidden = nn.Linear(width, width)
+        self.head = nn.Linear(width, vocabulary)
+
+    def forward(self, ids):
+        return self.head(self.hidden(self.embed(ids)).tanh())
+
+
+def token_lm(vocabulary: int = 8000, width: int = 64) -> nn.Module:
+    return TokenLanguageModel(vocabulary, width)

@@ -23,6 +23,9 @@ STATIC = [
     ('bad-device.yaml', "device: 'gpu' is not a device", 'use auto, cpu, cuda or cuda:N'),
     ('empty-model-name.yaml', 'model.torchvision: String should have at least 1 character', 'Name of a torchvision model, as accepted'),
     ('empty.yaml', 'the file is empty', 'see specs/ for examples'),
+    ('data-with-input.yaml', 'input: with data, every batch comes from data.dataset (its longest samples); remove input', None),
+    ('data-with-model-batch.yaml', 'model.batch: with data, every batch comes from data.dataset; give one of them', None),
+    ('data-function-missing.yaml', "data.dataset: bad_data.py defines no 'token_datset'", "did you mean 'token_dataset'?"),
     ('factory-file-missing.yaml', 'model.factory: no such file: {here}/missing_models.py', "paths are relative to the spec file's fo"),
     ('factory-function-missing.yaml', "model.factory: helpers.py defines no 'biuld_model'", "did you mean 'build_model'?"),
     ('factory-malformed.yaml', "model: factory 'helpers.build_model' must look like 'package.module:function' or 'file.py:function'", None),
@@ -91,6 +94,16 @@ NEEDS_THE_MODEL = [
      "output per sample has shape [2], not target.shape = [3]"),
     ("run-input-does-not-fit-model.yaml", "input.shape: does not fit the model: RuntimeError:"),
     ("run-kwarg-typo.yaml", "model: cannot be built: TypeError:"),
+    ("run-data-factory-raises.yaml", "data.dataset: cannot be used: RuntimeError: this dataset is broken on purpose"),
+    ("run-data-empty.yaml", "data.dataset: cannot be used: ValueError: returned an empty dataset (len 0): there is no "
+     "batch to try"),
+    ("run-data-iterable.yaml", "data.dataset: cannot be used: TypeError: returned an IterableDataset (Stream), whose "
+     "samples cannot be taken by index: materialise its longest samples into a map-style dataset"),
+    ("run-data-collate-does-not-fit-model.yaml", "data.collate_fn: does not make a batch of the longest samples "
+     "that the model takes: TypeError: the model cannot take the collated batch: Linear.forward() got an "
+     "unexpected keyword argument 'input_ids'"),
+    ("run-data-length-not-a-number.yaml", "data.length: cannot give the samples' lengths: TypeError: returned 'long' "
+     "(str) for sample 0: a length must be a finite number >= 0"),
 ]
 
 

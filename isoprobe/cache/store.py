@@ -40,6 +40,7 @@ from isoprobe import __version__
 from isoprobe.system.files import KeyLock, read_bounded, sha256_of
 from isoprobe.cache.threads import trial_threads
 from isoprobe.system.hardware import cpu_name, ram_bytes
+from isoprobe.spec.data import DATA_CALLABLE_FIELDS
 from isoprobe.spec.model import CALLABLE_FIELDS, Spec, is_file_reference
 
 CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
@@ -159,8 +160,10 @@ def _code_digests(spec: Spec, spec_dir: Path) -> dict[str, str]:
     """SHA-256 of the user's files the spec's factory, batch and loss come from, and of ``model.depends_on``:
     editing the model is a new key."""
     digests = {}
-    for name in CALLABLE_FIELDS:
-        reference = getattr(spec.model, name)
+    references = [(name, getattr(spec.model, name)) for name in CALLABLE_FIELDS]
+    if spec.data is not None:  # the dataset's code is tracked as the model's; the files it reads via child.reads
+        references += [(f"data.{name}", getattr(spec.data, name)) for name in DATA_CALLABLE_FIELDS]
+    for name, reference in references:
         if reference is None:
             continue
         target = reference.rsplit(":", 1)[0]

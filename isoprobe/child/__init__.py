@@ -13,6 +13,8 @@ the parent never imports torch and never guesses at what a child meant.
     frameworks.py   a framework's own loop as the trial: lightning_runner.py, huggingface.py
     inspect.py   the environment check once per probe: versions, devices, can the spec be set up
     workload.py  *what* is trained: the model from its source, the synthetic batch, the loss
+    data.py      the batch from the user's dataset (spec.data): lengths, worst-first order, collated batch
+    references.py  resolving 'module:function' and 'file.py:function' to the user's callable
     training.py  *how* a step runs: the spec's training options, applied and read back
     memory.py    the child's own memory from /proc/self/status, and the credit for isoprobe's own modules
     sources.py   the user's modules it ran, and the installed ones its model imported (for the preload)

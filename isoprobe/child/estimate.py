@@ -66,6 +66,9 @@ def skip_reason(spec: Spec, parameter_count: int | None) -> str | None:
         return "not estimated for model.hf_trainer: the trace follows isoprobe's own step, not your Trainer's loop"
     if spec.model.lightning is not None:
         return "not estimated for model.lightning: the trace follows isoprobe's own step, not trainer.fit"
+    if spec.data is not None:
+        return ("not estimated with data: the trace makes synthetic batches, and the worst batch's length falls as "
+                "it grows")
     if spec.distributed.strategy != "none":
         return f"not estimated for distributed.strategy {spec.distributed.strategy!r} (one process only)"
     if spec.training.compile:

@@ -193,6 +193,11 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
                     _check_step_signature(function)
             except Exception as exc:
                 return [_problem(stage, exc)]
+    collated = None
+    if spec.data is not None:
+        problem, collated = _scan_data(spec, python_path, facts)
+        if problem is not None:
+            return [problem]
     try:
         with torch.device("meta"):
             model = build_model(spec, python_path)
@@ -215,14 +220,57 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
             problems.append(_problem("optimizer", exc))
     facts["parameter_count"] = sum(p.numel() for p in model.parameters())
     facts["parameter_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
-    if spec.model.batch is None:
+    if spec.model.batch is None and spec.data is None:
         problems += _check_output_shape(torch, spec, model, facts)
+    if collated is not None:
+        problems += _check_data_forward(torch, spec, model, collated, facts)
     if spec.training.gradient_checkpointing:
         try:
             facts["checkpointing"] = enable_checkpointing(model)
         except Exception as exc:
             problems.append(_problem("checkpointing", exc))
     return problems
+
+
+def _scan_data(spec: Spec, python_path: list[str], facts: dict[str, Any]) -> tuple[InspectProblem | None, Any]:
+    """The dataset's lengths and worst-first order (``child.data``), before any trial: the data section's
+    problems (a factory that raises, an empty or iterable dataset, a length that is no number, a collate_fn
+    that cannot collate the two longest samples) are spec errors naming their field. Returns the problem, or
+    the collated batch of the two longest samples."""
+    from isoprobe.child import data
+
+    try:
+        scanned, collated = data.scan(spec, python_path)
+        try:
+            data.as_inputs_and_targets(collated)
+        except TypeError as exc:
+            raise data.DataProblem("data.collate_fn", exc) from exc
+    except data.DataProblem as problem:
+        return InspectProblem(stage=problem.field, type=problem.type, message=str(problem)[:MESSAGE_CHARS]), None
+    facts["data"] = scanned
+    return None, collated
+
+
+def _check_data_forward(torch, spec: Spec, model, collated, facts: dict[str, Any]) -> list[InspectProblem]:
+    """One forward pass of the meta model on the two longest samples, collated and moved to the meta device
+    (no memory, no compute): a collated batch the model cannot take is a spec error, not a trial's error."""
+    from isoprobe.child.data import as_inputs_and_targets
+    from isoprobe.child.workload import adapt_inputs, call_model
+
+    inputs, _ = as_inputs_and_targets(collated)
+    try:
+        model.train()
+        call_model(spec, model, adapt_inputs(inputs, lambda t: t.to("meta")))
+    except TypeError as exc:  # the call itself: model(**batch) with keywords forward() does not take
+        return [_problem("data.collate_fn", exc, prefix="the model cannot take the collated batch: ")]
+    except RuntimeError as exc:
+        message = str(exc)
+        if any(word in message for word in ("shape", "size", "dimension", "mat1 and mat2", "channels")):
+            return [_problem("data.collate_fn", exc, prefix="the model cannot take the collated batch: ")]
+        facts["meta_forward_warning"] = f"{type(exc).__name__}: {message[:500]}"
+    except Exception as exc:  # an op without a meta kernel, say: the trials will tell
+        facts["meta_forward_warning"] = f"{type(exc).__name__}: {str(exc)[:500]}"
+    return []
 
 
 def _check_step_signature(function) -> None:

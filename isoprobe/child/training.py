@@ -88,11 +88,12 @@ class Step:
             applied.compiled = True
         return model
 
-    def batch(self, batch_size: int) -> workload.Batch:
+    def batch(self, batch_size: int, data_indices: list[int] | None = None) -> workload.Batch:
         import torch
 
-        batch = workload.make_batch(self.spec, batch_size, self.device, self.python_path, self.float_dtype)
-        if self.user_step is not None and batch.targets is None:
+        batch = workload.make_batch(self.spec, batch_size, self.device, self.python_path, self.float_dtype,
+                                    data_indices)
+        if self.user_step is not None and batch.targets is None and self.spec.data is None:
             batch.targets = workload.step_targets(self.spec, batch.inputs)  # the user's step gets a whole batch
         if self.training.channels_last:
             batch.inputs = workload.adapt_inputs(

@@ -109,7 +109,7 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
     if cuda:
         # Peaks from here on; the model's weights are allocated already and still count.
         torch.cuda.reset_peak_memory_stats(device)
-    batch = step.batch(request.batch_size)
+    batch = step.batch(request.batch_size, request.data_indices)
     real_steps = RealSteps(step, lambda: len(progress.step_seconds) + 1)
     hook = StepHook(torch, device, request, events, progress)
     while True:

@@ -20,7 +20,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any
 
-from isoprobe.spec.model import Spec, is_file_reference
+from isoprobe.child.references import import_callable  # noqa: F401 - named from here by the child's modules
+from isoprobe.spec.model import Spec
 
 #: What the loss functions of the built-in tasks expect the model to return, for error messages.
 _EXPECTED_OUTPUT = {
@@ -41,35 +42,13 @@ class Batch:
 
     inputs: Any
     targets: Any = None
+    #: What the real loop keeps alive while it trains, and so the trial too: the dataset the batch came from.
+    dataset: Any = None
 
 
 def task_of(spec: Spec) -> str | None:
     """The target's task (given, or implied by classes / shape); None when model.loss replaces the target."""
     return spec.target.resolved_task if spec.target is not None else None
-
-
-def import_callable(reference: str, python_path: list[str]):
-    """Resolve 'module:function' or '/abs/file.py:function' to the callable."""
-    target, function = reference.rsplit(":", 1)
-    for entry in reversed(python_path):
-        if entry not in sys.path:
-            sys.path.insert(0, entry)
-    if is_file_reference(target):
-        name = f"isoprobe_user_{abs(hash(target))}"
-        module = sys.modules.get(name)
-        if module is None:
-            module_spec = importlib.util.spec_from_file_location(name, target)
-            if module_spec is None or module_spec.loader is None:
-                raise ImportError(f"cannot load {target}")
-            module = importlib.util.module_from_spec(module_spec)
-            module_spec.loader.exec_module(module)
-            sys.modules[name] = module  # factory, batch and loss from one file share one module
-    else:
-        module = importlib.import_module(target)
-    found = getattr(module, function, None)
-    if found is None or not callable(found):
-        raise AttributeError(f"{target} has no callable named {function!r}")
-    return found
 
 
 # --------------------------------------------------------------------------- the model
@@ -138,10 +117,14 @@ def _build_huggingface(spec: Spec, config_values: dict):
 # --------------------------------------------------------------------------- the batch
 
 
-def make_batch(spec: Spec, batch_size: int, device, python_path: list[str], float_dtype=None) -> Batch:
-    """A synthetic batch of the worst-case shape; ``float_dtype`` overrides floating inputs (bf16-true)."""
+def make_batch(spec: Spec, batch_size: int, device, python_path: list[str], float_dtype=None,
+               data_indices: list[int] | None = None) -> Batch:
+    """A synthetic batch of the worst-case shape, or with ``spec.data`` the dataset's worst batch of
+    ``batch_size`` (``data_indices``: the indices the parent sent); ``float_dtype`` overrides floating inputs."""
     import torch
 
+    if spec.data is not None:
+        return _data_batch(spec, batch_size, device, python_path, float_dtype, data_indices)
     maker = spec.model.batch
     if maker is not None:
         made = import_callable(maker, python_path)(batch_size, device)
@@ -163,6 +146,22 @@ def make_batch(spec: Spec, batch_size: int, device, python_path: list[str], floa
     if task == "language_modeling":
         return Batch(inputs, inputs)  # the labels are the ids; the loss shifts them by one
     return Batch(inputs)
+
+
+def _data_batch(spec: Spec, batch_size: int, device, python_path: list[str], float_dtype, sent) -> Batch:
+    """The B longest samples, collated by the user's collate_fn, on the device; read as model.batch's pair is."""
+    import torch
+
+    from isoprobe.child import data
+
+    dataset = data.build_dataset(spec, python_path)
+    indices = data.batch_indices(spec, dataset, batch_size, sent, python_path)
+    inputs, targets = data.as_inputs_and_targets(data.collate(spec, dataset, indices, python_path))
+    inputs = _cast_floats(adapt_inputs(inputs, lambda t: t.to(device)), float_dtype)
+    targets = adapt_inputs(targets, lambda t: t.to(device))
+    if targets is None and task_of(spec) == "language_modeling" and isinstance(inputs, torch.Tensor):
+        targets = inputs  # the labels are the ids; the loss shifts them by one
+    return Batch(inputs, targets, dataset=dataset)
 
 
 def step_targets(spec: Spec, inputs):
@@ -249,7 +248,14 @@ def forward_loss(spec: Spec, model, batch: Batch, user_loss=None, on_output=None
     """
     hold = on_output or (lambda output: None)
     task = task_of(spec)
-    if spec.model.huggingface is not None and task == "language_modeling" and user_loss is None:
+    if spec.data is not None and task is None and user_loss is None:
+        # No target and no loss: the model's own, as a Hugging Face model given labels in the batch returns it.
+        output = call_model(spec, model, batch.inputs, batch.targets)
+        hold(output)
+        return _model_loss(output, "with data and neither target nor model.loss, the model must return its own "
+                                   "loss (output.loss, as a Hugging Face model given labels does)"), output
+    if (spec.model.huggingface is not None and task == "language_modeling" and user_loss is None
+            and not isinstance(batch.inputs, dict)):
         # The model's own loss: it shifts the labels and upcasts the logits to float32, as real training does.
         output = model(input_ids=batch.inputs, labels=batch.targets)
         hold(output)
@@ -268,16 +274,16 @@ def forward_loss(spec: Spec, model, batch: Batch, user_loss=None, on_output=None
     return loss_of(spec, logits, batch.targets), logits
 
 
-def _model_loss(output):
-    loss = getattr(output, "loss", None)
+def _model_loss(output, why: str = "the Hugging Face model returned no loss for labels=input_ids"):
+    loss = output.get("loss") if isinstance(output, dict) else getattr(output, "loss", None)
     if loss is None:
-        raise TypeError("the Hugging Face model returned no loss for labels=input_ids")
+        raise TypeError(why)
     return loss
 
 
 def forward_only(spec: Spec, model, batch: Batch):
     """Forward pass without a loss (inference and evaluation); the caller sets the grad mode."""
-    if spec.model.huggingface is not None:
+    if spec.model.huggingface is not None and not isinstance(batch.inputs, dict):
         return model(input_ids=batch.inputs)
     return call_model(spec, model, batch.inputs, batch.targets)
 

@@ -14,7 +14,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     spec = load(args)
     source = spec.model.source
     inputs = f"input {spec.input.shape}" if spec.input is not None else f"batch {spec.model.batch}"
-    task = spec.target.resolved_task if spec.target is not None else f"loss {spec.model.loss}"
+    if spec.data is not None:
+        inputs = f"data {spec.data.dataset} (the longest samples)"
+    task = spec.target.resolved_task if spec.target is not None else f"loss {spec.model.loss or 'of the model'}"
     step = f", the step {spec.model.step}" if spec.model.step else ""
     if spec.model.hf_trainer is not None:  # the user's Trainer brings its data, loss, optimizer and precision
         evaluation = ", with an evaluation pass" if spec.training.eval_pass else ""

@@ -15,6 +15,7 @@ One module per job, in the order a probe runs them:
     explain.py      the one-sentence answer and what to try next (pure)
     estimate.py     ``isoprobe estimate``: the environment check's traced estimate alone
     prediction.py   the estimate on the parent's side: the search's prior, the result's prediction
+    data.py         spec.data on the parent's side: the indices a trial is sent, the cap, the result's data (pure)
 
 Processes are the executor's business (``isoprobe.executors``); the trial
 itself is ``isoprobe.child``; what crosses between them is ``isoprobe.protocol.messages``.

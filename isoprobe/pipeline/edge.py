@@ -10,6 +10,7 @@ from dataclasses import replace
 
 from isoprobe.errors import Terminated
 from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.pipeline.data import data_cap
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.explain import Found
 from isoprobe.pipeline.recommendation import recommend
@@ -25,7 +26,7 @@ from isoprobe.spec.model import Spec
 def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior | None = None) -> Limits:
     return Limits(
         start=start or spec.search.start_batch_size,
-        cap=spec.search.cap,
+        cap=data_cap(spec.search.cap, target.data),
         retries=spec.search.retries,
         confirmations=spec.search.confirmations,
         capacity=target.search_capacity,

@@ -18,6 +18,7 @@ from isoprobe.system.hardware import cpu_name, ram_bytes
 from isoprobe.pipeline.classify import signal_name_of
 from isoprobe.executors.ranks import CPU_RAM_SHARE
 from isoprobe.protocol.messages import (
+    DataScan,
     Estimate,
     Estimated,
     Facts,
@@ -60,6 +61,8 @@ class Target:
     #: The installed packages the model's code imported in the environment check (``Facts.model_imports``):
     #: every trial's process imports them before its request (``preload``).
     model_imports: tuple[str, ...] = ()
+    #: With spec.data: the environment check's scan of the dataset (its size, the longest samples).
+    data: DataScan | None = None
 
     @property
     def search_capacity(self) -> int:
@@ -186,6 +189,14 @@ _INSPECT_STAGES = {
                   "name a LightningModule class or a function returning one, and check model.kwargs"),
     "datamodule": ("model.datamodule", "cannot be built",
                    "name a LightningDataModule class or a function returning one, and check model.datamodule_kwargs"),
+    "data.dataset": ("data.dataset", "cannot be used",
+                     "return a non-empty map-style torch.utils.data.Dataset (len() and dataset[i]) from the function, "
+                     "built the same way each time; check its module, name and data.kwargs"),
+    "data.collate_fn": ("data.collate_fn", "does not make a batch of the longest samples that the model takes",
+                        "return a tensor, a pair (inputs, targets) or a dict of the model's keyword arguments from "
+                        "a list of samples, as your DataLoader's collate_fn does"),
+    "data.length": ("data.length", "cannot give the samples' lengths",
+                    "return a number from one sample (e.g. len(sample['input_ids'])), or leave data.length unset"),
     "batch_arg_name": ("lightning.batch_arg_name", "cannot be set",
                        "give the module or data module that attribute, or name the one it has"),
 }
@@ -244,7 +255,8 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
         capacity_bytes=budget or device.total_memory_bytes,
         note=note,
     )
-    return Target("cuda", requested_device, info, device.free_memory_bytes, model_imports=tuple(facts.model_imports))
+    return Target("cuda", requested_device, info, device.free_memory_bytes, model_imports=tuple(facts.model_imports),
+                  data=facts.data)
 
 
 def _check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
@@ -298,7 +310,7 @@ def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str
         note=note,
     )
     return Target("cpu", "cpu", info, import_memory=facts.memory_after_import,
-                  model_imports=tuple(facts.model_imports))
+                  model_imports=tuple(facts.model_imports), data=facts.data)
 
 
 def likely_backend(spec: Spec) -> Literal["cpu", "cuda"]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from isoprobe.protocol.messages import DataScan
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.result import DeviceInfo, Recommendation, StopReason, Trial
@@ -26,8 +27,12 @@ class Found:
     short_max: int | None = None
 
 
-def limited_by(spec: Spec, max_fitting: int | None) -> str:
+def limited_by(spec: Spec, max_fitting: int | None, data: DataScan | None = None) -> str:
     """Which cap a capped search stopped at: the dataset, the spec's maximum, or the search's ceiling."""
+    if data is not None and max_fitting == data.samples and (
+        spec.search.max_batch_size is None or data.samples <= spec.search.max_batch_size
+    ):
+        return "dataset_size"  # the whole of the data section's dataset fits in one batch
     if spec.search.dataset_size is not None and max_fitting == spec.search.dataset_size and (
         spec.search.max_batch_size is None or spec.search.dataset_size <= spec.search.max_batch_size
     ):

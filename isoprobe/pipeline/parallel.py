@@ -26,6 +26,7 @@ from dataclasses import replace
 from isoprobe.errors import Problem, SpecError
 from isoprobe.report.outcomes import Outcome, maybe_allocation_failure
 from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET, Target
+from isoprobe.pipeline.data import request_indices
 from isoprobe.protocol.messages import TrialRequest
 from isoprobe.search.history import Observation
 from isoprobe.spec.model import Spec
@@ -117,7 +118,8 @@ def observe_round(runner, batches: list[int], devices: list[str], observed) -> N
         rule = runner.steady_rule if purpose == "confirmation" else None  # it decides the maximum: until steady
         rules.append(rule)
         request = TrialRequest(spec=runner.spec, batch_size=batch, device=devices[slot], memory_budget_bytes=budget,
-                               python_path=runner.python_path, steady=rule)
+                               python_path=runner.python_path, steady=rule,
+                               data_indices=request_indices(runner.target.data, batch))
         jobs.append((request, conditions, runner.timeout(rule.max_steps if rule else None),
                      f"round{first:03d}-s{slot}-b{batch}"))
     ambiguous = []

@@ -21,6 +21,7 @@ from isoprobe.search.insights import memory_breakdown, throughput
 from isoprobe.report.output import Reporter
 from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
 from isoprobe.pipeline.prediction import predicted_max, prediction, prior_of
+from isoprobe.pipeline.data import data_info
 from isoprobe.pipeline.edge import compare_allocators, search_and_recommend, stop_reason_of
 from isoprobe.pipeline.environment import (
     DEFAULT_CPU_BUDGET,
@@ -85,6 +86,7 @@ def run_probe(
             return _stopped_before_trials(spec, spec_path, stopped, environ, started)
         target = resolve_target(spec, facts, budget_source, spec_path)
         _describe_target(spec, target, reporter)
+        _describe_data(target.data, reporter)
         _describe_estimate(facts.estimate, target, reporter)
         runner = TrialRunner(spec, target, executor, python_path, reporter)
         comparison = None
@@ -107,7 +109,7 @@ def run_probe(
     finally:
         executor.close()
     stop, max_fitting = found.stop, found.max_fitting
-    capped_by = limited_by(spec, max_fitting) if stop is StopReason.CAPPED else None
+    capped_by = limited_by(spec, max_fitting, target.data) if stop is StopReason.CAPPED else None
     message, suggestions = explain(found, spec, target.info, runner.trials, capped_by)
     return Result(
         isoprobe_version=__version__,
@@ -138,6 +140,7 @@ def run_probe(
         message=message,
         suggestions=suggestions,
         distributed=distributed_info(spec, target.backend, world_size_source),
+        data=data_info(target.data, max_fitting),
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
     )
@@ -151,6 +154,15 @@ def distributed_info(spec: Spec, backend: str, world_size_source: str) -> Distri
     return DistributedInfo(strategy=options.strategy, world_size=options.world_size or 1,
                            world_size_source=world_size_source, backend="nccl" if backend == "cuda" else "gloo",
                            threads_per_rank=options.threads_per_rank)
+
+
+def _describe_data(scan, reporter: Reporter) -> None:
+    """With spec.data: what the environment check measured, and which batch every trial trains on."""
+    if scan is None:
+        return
+    measured = (f"a seeded sample of {scan.scanned} measured" if scan.sampled else "every length measured")
+    reporter.note(f"data: {scan.samples} samples ({measured} in {scan.seconds:.1f} s), lengths {scan.length_min:g} "
+                  f"to {scan.length_max:g}, mean {scan.length_mean:.1f}; every trial trains on its B longest")
 
 
 def _describe_estimate(estimate, target, reporter: Reporter) -> None:

@@ -22,6 +22,7 @@ from isoprobe.report.output import Reporter
 from isoprobe.pipeline.classify import classify_exit
 from isoprobe.pipeline.environment import Target, trial_conditions
 from isoprobe.pipeline.plausibility import Asked
+from isoprobe.pipeline.data import request_indices
 from isoprobe.protocol.messages import StepDone, TrialRequest
 from isoprobe.report import steady
 from isoprobe.report.result import RankTrial, Trial
@@ -192,7 +193,8 @@ class TrialRunner:
                 rule: SteadyRule | None = None) -> Trial:
         index = len(self.trials) + 1
         request = TrialRequest(spec=self.spec, batch_size=batch_size, device=self.target.device,
-                               memory_budget_bytes=budget, python_path=self.python_path, steps=steps, steady=rule)
+                               memory_budget_bytes=budget, python_path=self.python_path, steps=steps, steady=rule,
+                               data_indices=request_indices(self.target.data, batch_size))
         conditions = self.conditions
         if self.target.backend == "cpu" and budget != conditions.memory_limit:
             conditions = replace(conditions, memory_limit=budget)

@@ -94,6 +94,11 @@ class TrialRequest(_Message):
     rank: RankAssignment | None = Field(
         None, description="Set for each rank of a distributed trial (the gang executor's fan-out); None: one process."
     )
+    data_indices: list[int] | None = Field(
+        None, description="With spec.data: the batch's dataset indices, longest first, when there are at most "
+        "spec.data.INDICES_IN_REQUEST of them; else that many, and the trial rebuilds the rest with the same rule "
+        "(spec.data.scanned_indices, worst_first) and checks that it starts with these."
+    )
 
 
 class InspectRequest(_Message):
@@ -248,7 +253,8 @@ class InspectProblem(_Message):
     """Something in the spec that cannot be set up; the parent maps ``stage`` to the spec field to fix."""
 
     stage: Literal["model", "optimizer", "allocator", "input", "target", "precision", "checkpointing", "batch",
-                   "loss", "step", "hf_trainer", "lightning", "datamodule", "batch_arg_name"]
+                   "loss", "step", "hf_trainer", "lightning", "datamodule", "batch_arg_name", "data.dataset",
+                   "data.collate_fn", "data.length"]
     type: str
     message: str
 
@@ -277,6 +283,20 @@ class Estimate(_Message):
     note: str | None = Field(None, description="Why there is no estimate, or what it leaves out.")
 
 
+class DataScan(_Message):
+    """The environment check's pass over the spec's dataset (``child.data``): its size and the longest samples."""
+
+    samples: int = Field(ge=1, description="len(dataset).")
+    scanned: int = Field(ge=1, description="Samples whose length was computed (spec.data.scanned_indices).")
+    sampled: bool = Field(description="Fewer than all: a seeded sample (spec.data.SAMPLE_SEED).")
+    head_indices: list[int] = Field(description="The first INDICES_IN_REQUEST indices of the worst-first order.")
+    head_lengths: list[float] = Field(description="Their lengths.")
+    length_min: float
+    length_mean: float
+    length_max: float
+    seconds: float = Field(description="How long the lengths took.")
+
+
 class Facts(_Message):
     """What the environment check found: versions, devices, and the model's size."""
 
@@ -297,6 +317,7 @@ class Facts(_Message):
         default_factory=list, description="Installed packages (top-level names) the model's code imported while it "
         "was built, beyond the model's library: the trials' warm children and fork server import them before "
         "the request, so that a forked trial holds what a fresh process does.")
+    data: DataScan | None = Field(None, description="With spec.data: the dataset's lengths (``child.data``).")
     estimate: Estimate | None = Field(
         None, description="The traced memory estimate; None where not attempted. The child reports it in its own "
         "event (``Estimated``) after ``Inspected``; the parent puts it here (``pipeline.environment``).")

@@ -83,6 +83,19 @@ def result_json(result: Result) -> str:
 # --------------------------------------------------------------------------- the table view
 
 
+def _data_line(data) -> str:
+    """The data section's dataset and the samples the maximum trained on (``Result.data``)."""
+    scanned = (f"lengths of a seeded sample of {data.scanned}" if data.sampled else "every sample's length")
+    line = (f"data: {data.samples} samples ({scanned}: {data.length_min:g} to {data.length_max:g}, mean "
+            f"{data.length_mean:.1f})")
+    worst = data.worst_batch
+    if worst is not None:
+        shortest = f"{worst.shortest_length:g}" if worst.shortest_length is not None else "?"
+        line += (f"; the maximum's batch is the {worst.batch_size} longest, lengths {shortest} to "
+                 f"{worst.longest_length:g}, from index {worst.first_indices[0]}")
+    return line
+
+
 def render_table(result: Result) -> str:
     """The whole result for people: the answer, every trial, throughput, the memory breakdown, the plan.
 
@@ -100,6 +113,8 @@ def render_table(result: Result) -> str:
         info = result.distributed
         lines.append(f"distributed: {info.strategy}, {info.world_size} ranks ({info.world_size_source}, "
                      f"{info.backend}): every batch here is a per-rank micro-batch")
+    if result.data is not None:
+        lines.append(_data_line(result.data))
     if result.cache is not None:
         lines.append(f"cache: {'hit, no trial ran now' if result.cache.hit else 'stored'} "
                      f"({result.cache.path}, probed {result.cache.stored_at})")

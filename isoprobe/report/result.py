@@ -444,6 +444,34 @@ class DistributedInfo(_Strict):
     )
 
 
+class WorstBatch(_Strict):
+    """The samples the maximum's trials trained on: the max_batch_size longest of the dataset (ties by index)."""
+
+    batch_size: int = Field(description="The batch: max_batch_size.")
+    longest_length: float = Field(description="The length of its longest sample (what a padding collate pads to).")
+    shortest_length: float | None = Field(
+        None, description="The length of its shortest sample; null for a batch beyond the first 4096 of the order, "
+        "whose lengths the environment check does not send back.")
+    first_indices: list[int] = Field(description="Its first (longest) dataset indices, up to 16.")
+
+
+class DataInfo(_Strict):
+    """The dataset of the spec's data section, as the environment check measured it, and the worst batch."""
+
+    samples: int = Field(description="len(dataset).")
+    scanned: int = Field(description="Samples whose length was computed: all of them, or data.scan_limit of them.")
+    sampled: bool = Field(
+        description="True when the dataset is larger than data.scan_limit and the lengths are those of a seeded "
+        "random sample (sample_seed): the worst batch is the worst of that sample, and a longer sample outside "
+        "it is not seen.")
+    sample_seed: int | None = Field(None, description="The sample's seed (when sampled).")
+    length_min: float = Field(description="The shortest length among the scanned samples.")
+    length_mean: float = Field(description="The mean length of the scanned samples.")
+    length_max: float = Field(description="The longest length among the scanned samples.")
+    scan_seconds: float = Field(description="How long computing the lengths took in the environment check.")
+    worst_batch: WorstBatch | None = Field(None, description="The maximum's batch; null when there is no maximum.")
+
+
 class CacheInfo(_Strict):
     """Where this result is kept, and whether it came from there instead of from trials."""
 
@@ -531,6 +559,9 @@ class Result(_Strict):
     )
     distributed: DistributedInfo | None = Field(
         None, description="Set when the spec has a distributed strategy: the batches are per rank."
+    )
+    data: DataInfo | None = Field(
+        None, description="Set when the spec has a data section: the dataset's lengths and the worst batch's samples."
     )
     environment: RunEnvironment | None = Field(None, description="Host, Slurm job and GPUs of this invocation.")
     cache: CacheInfo | None = Field(None, description="The result cache's entry; null with --no-cache.")

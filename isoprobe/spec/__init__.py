@@ -3,6 +3,7 @@
     model.py        the ``Spec`` models, every field documented once
     base.py         the base of every section: unknown keys and wrong types are errors
     distributed.py  the ``distributed`` section: the strategy the real job trains with
+    data.py         the ``data`` section: the user's dataset, and the rule that picks its worst batch
     lightning.py    the ``lightning`` section: the Trainer arguments of model.lightning that change memory
     load.py         a file, a dict or a ``Spec`` (with overrides) -> one validated ``Spec``
     yaml_file.py    a spec file's bytes -> plain data, or one ``SpecError``

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 from isoprobe.errors import Problem, SpecError, shown
 from isoprobe.spec.overrides import Override, apply, from_mapping, origin_of, parse_sets
 from isoprobe.spec.safe_read import NOT_A_PIPE, Refused, kind_of, read_regular_file
+from isoprobe.spec.data import DATA_CALLABLE_FIELDS
 from isoprobe.spec.model import CALLABLE_FIELDS, EXTRAS, Spec, is_file_reference
 from isoprobe.spec.plain import plain_copy
 from isoprobe.spec.yaml_file import read_spec_yaml
@@ -162,10 +163,25 @@ def _describe(location: list[str]) -> str:
 
 
 def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
-    """Make file-form references (factory, batch, loss) absolute, so the child finds them from any folder."""
+    """Make file-form references (factory, batch, loss, data.dataset...) absolute, so the child finds them from
+    any folder."""
+    update = _resolved_references(spec.model, CALLABLE_FIELDS, "model", base, source)
+    if spec.model.depends_on:
+        update["depends_on"] = [_dependency(base, entry, source) for entry in spec.model.depends_on]
+    data_update = _resolved_references(spec.data, DATA_CALLABLE_FIELDS, "data", base, source) if spec.data else {}
+    sections = {}
+    if update:
+        sections["model"] = spec.model.model_copy(update=update)
+    if data_update:
+        sections["data"] = spec.data.model_copy(update=data_update)
+    return spec.model_copy(update=sections) if sections else spec
+
+
+def _resolved_references(section, fields: tuple[str, ...], prefix: str, base: Path, source: str) -> dict[str, str]:
+    """The section's file-form references as absolute paths (the ones to update); a missing file is a SpecError."""
     update = {}
-    for name in CALLABLE_FIELDS:
-        reference = getattr(spec.model, name)
+    for name in fields:
+        reference = getattr(section, name)
         if reference is None:
             continue
         target, function = reference.rsplit(":", 1)
@@ -177,17 +193,13 @@ def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
         except OSError:
             raise SpecError(
                 source,
-                [Problem(f"model.{name}", f"no such file: {file}", "paths are relative to the spec file's folder")],
+                [Problem(f"{prefix}.{name}", f"no such file: {file}", "paths are relative to the spec file's folder")],
             ) from None
         if kind is not None:
-            raise SpecError(source, [Problem(f"model.{name}", f"{file} is {kind}, not a Python file",
+            raise SpecError(source, [Problem(f"{prefix}.{name}", f"{file} is {kind}, not a Python file",
                                              "give a .py file" if kind == "a directory" else NOT_A_PIPE)])
         update[name] = f"{file}:{function}"
-    if spec.model.depends_on:
-        update["depends_on"] = [_dependency(base, entry, source) for entry in spec.model.depends_on]
-    if not update:
-        return spec
-    return spec.model_copy(update={"model": spec.model.model_copy(update=update)})
+    return update
 
 
 def _dependency(base: Path, entry: str, source: str) -> str:
@@ -216,6 +228,8 @@ def check_references(spec: Spec, source: str) -> None:
     problems: list[Problem] = []
     for name in CALLABLE_FIELDS:
         problems += _factory_problems(getattr(spec.model, name), Path(source).parent, f"model.{name}")
+    for name in DATA_CALLABLE_FIELDS if spec.data is not None else ():
+        problems += _factory_problems(getattr(spec.data, name), Path(source).parent, f"data.{name}")
     source_name = spec.model.source
     if source_name in EXTRAS:
         import importlib.util

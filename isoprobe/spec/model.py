@@ -10,13 +10,13 @@ must not import torch.
 from __future__ import annotations
 
 import math
-import re
 from typing import Annotated, Any, Literal
 
 from pydantic import BeforeValidator, Field, model_validator
 
 from isoprobe.errors import shown
 from isoprobe.spec.base import SpecSection
+from isoprobe.spec.data import CALLABLE_REFERENCE as _CALLABLE_REFERENCE, DataSpec
 from isoprobe.spec.distributed import DistributedSpec
 from isoprobe.spec.lightning import LightningSpec
 from isoprobe.spec.units import MAX_BYTES, parse_bytes
@@ -58,7 +58,6 @@ MAX_SAMPLE_ELEMENTS = 1 << 36
 MAX_BATCH_SIZE = 1 << 24
 
 
-_CALLABLE_REFERENCE = re.compile(r"[^:]+:[A-Za-z_][A-Za-z0-9_]*")
 #: The model sources, in the order a reader meets them; exactly one is given.
 MODEL_SOURCES = ("torchvision", "timm", "huggingface", "factory", "hf_trainer", "lightning")
 #: The library (importable module and distribution) each named model source builds with; a factory has none.
@@ -577,10 +576,15 @@ class Spec(SpecSection):
 
     model: ModelSpec
     input: InputSpec | None = Field(
-        None, description="One sample of the input; required unless model.batch makes the batches."
+        None, description="One sample of the input; required unless model.batch or data makes the batches."
     )
     target: TargetSpec | None = Field(
-        None, description="The task and its targets; required unless model.loss computes the loss."
+        None, description="The task and its targets; required unless model.loss computes the loss (with data: "
+        "unset, the loss is the model's own output.loss, as a Hugging Face model given labels returns it)."
+    )
+    data: DataSpec | None = Field(
+        None, description="Batches from your own dataset, the worst one (the B longest samples) in every trial; "
+        "replaces input. See docs/data.md."
     )
     optimizer: OptimizerSpec = Field(default_factory=OptimizerSpec)
     training: TrainingSpec = Field(default_factory=TrainingSpec)
@@ -645,6 +649,9 @@ class Spec(SpecSection):
         framework = self.model.lightning is not None or self.lightning is not None
         if framework:
             _lightning_fits(self)  # its own sections: the module's code does what input, target, optimizer say
+        if self.data is not None:
+            _data_fits(self)
+            return self
         if self.input is None and self.model.batch is None and not framework:
             raise ValueError("input: this section is required (the per-sample shape), unless model.batch makes the batches")
         if self.target is None and self.model.loss is None and not (self.model.step and self.model.batch) and not framework:
@@ -691,7 +698,7 @@ _TRAINER_OWNS = ("mode", "precision", "channels_last", "gradient_checkpointing",
 def _check_hf_trainer(spec: Spec) -> None:
     """model.hf_trainer: the user's Trainer brings its data, loss, optimizer and options; the spec must not
     describe them again, since isoprobe would not use what it says (a silently ignored field is a lie)."""
-    given = [f"'{name}'" for name in ("input", "target") if getattr(spec, name) is not None]
+    given = [f"'{name}'" for name in ("input", "target", "data") if getattr(spec, name) is not None]
     # Values against the defaults, not the fields a user set: the spec reaches the trial as JSON, every field set.
     given += ["'optimizer'"] if spec.optimizer != OptimizerSpec() else []
     given += [f"'model.{name}'" for name in ("batch", "loss", "step") if getattr(spec.model, name) is not None]
@@ -709,6 +716,32 @@ def _check_hf_trainer(spec: Spec) -> None:
                          "yet (one process per trial): use strategy none, the answer is the per-device batch")
 
 
+def _data_fits(spec: Spec) -> None:
+    """With data, the dataset makes the batches: the sections that would make them too are named, not ignored.
+
+    The checks of the other sections that do not depend on where the batch comes from run here as well.
+    """
+    if spec.input is not None:
+        raise ValueError("input: with data, every batch comes from data.dataset (its longest samples); remove input")
+    if spec.model.batch is not None:
+        raise ValueError("model.batch: with data, every batch comes from data.dataset; give one of them")
+    if spec.training.channels_last:
+        raise ValueError("training.channels_last: not applied to batches from data; convert in data.collate_fn")
+    if spec.model.step is not None and spec.model.loss is not None:
+        raise ValueError("model: model.step computes its own loss; give model.step or model.loss, not both")
+    if spec.model.step is not None and spec.training.mode != "train":
+        raise ValueError("training: mode inference runs no training step; model.step needs mode train")
+    if spec.model.step is not None and spec.training.precision.endswith("-mixed"):
+        raise ValueError(f"training: precision {spec.training.precision} autocasts isoprobe's own step; with "
+                         "model.step, autocast inside your step and set training.precision to fp32")
+    task = spec.target.resolved_task if spec.target is not None else None
+    if task == "detection":
+        raise ValueError("target.task: detection batches come from the synthetic images here; with data, give "
+                         "model.loss (or model.step) and leave target out")
+    if spec.allocators is not None and spec.allocator is not None:
+        raise ValueError("allocators: give either 'allocator' (one setting) or 'allocators' (to compare)")
+
+
 def _lightning_fits(spec: Spec) -> None:
     """With model.lightning the module's own code does what these sections describe: each one set is named."""
     if spec.model.lightning is None:
@@ -722,6 +755,9 @@ def _lightning_fits(spec: Spec) -> None:
     for name, why in owned.items():
         if given[name]:
             raise ValueError(f"{name}: not used with model.lightning ({why}); remove the section")
+    if spec.data is not None:
+        raise ValueError("data: not used with model.lightning (the batches come from the module's or datamodule's "
+                         "train_dataloader()); remove the section")
     for name in ("batch", "loss", "step"):
         if getattr(spec.model, name) is not None:
             raise ValueError(f"model.{name}: not used with model.lightning (the module's training_step and "
