@@ -36,7 +36,8 @@ def test_the_child_entry_imports_nothing_of_its_own_before_the_preload():
     loaded = python("import sys, isoprobe.child.main; "
                     "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('isoprobe', 'pydantic'))))")
     assert set(loaded.split()) <= {"isoprobe", "isoprobe.child", "isoprobe.child.main", "isoprobe.child.memory",
-                                   "isoprobe.child.events", "isoprobe.child.request", "isoprobe.protocol",
+                                   "isoprobe.child.events", "isoprobe.child.request", "isoprobe.child.source_only",
+                                   "isoprobe.protocol",
                                    "isoprobe.protocol.wiring"}, loaded
 
 
