@@ -33,6 +33,7 @@ from isoprobe.pipeline.environment import (
 from isoprobe.pipeline.explain import Found, explain, limited_by
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.result import DistributedInfo, Result, StopReason
+from isoprobe.search.history import Borrowed
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
 
@@ -60,11 +61,13 @@ def run_probe(
     environ: dict[str, str] | None = None,
     executor: Executor | None = None,
     world_size_source: str = "spec",
+    borrowed: Borrowed | None = None,
 ) -> Result:
     """Everything ``isoprobe run`` does between a valid spec and the printed result.
 
     ``executor`` runs the environment check and the trials (default: the local
-    one); it is closed before this returns, so nothing it started outlives the probe.
+    one); it is closed before this returns, so nothing it started outlives the probe. ``borrowed``: bounds
+    another frontier point proved, which only narrow where the search looks (``search.frontier``).
     """
     environ = dict(os.environ if environ is None else environ)
     started = time.monotonic()
@@ -96,7 +99,7 @@ def run_probe(
             # A signal held while the spare was replaced lands here, before the first trial: still one document.
             found = Found(stop_reason_of(stopped), None, None)
         else:
-            found = search_and_recommend(spec, target, runner, prior_of(facts.estimate))
+            found = search_and_recommend(spec, target, runner, prior_of(facts.estimate), borrowed)
         interrupted = found.stop in (StopReason.INTERRUPTED, StopReason.TERMINATED)
         if spec.allocators and not (interrupted and target.backend == "cuda"):  # no new trials after a signal
             try:
