@@ -85,7 +85,7 @@ def _runs(result: Result, batch: int, purposes: tuple[str, ...] | None = None) -
     """
     first = result.spec.allocators[0] if result.spec.allocators and result.device.backend == "cuda" else None
     return [t.outcome for t in result.trials
-            if t.batch_size == batch and t.allocator == first
+            if t.batch_size == batch and t.allocator == first and t.training_batch_size is None  # not an eval trial
             and (t.purpose in purposes if purposes else t.purpose not in ("memory_check", "soak"))]
 
 

@@ -94,6 +94,10 @@ class TrialRequest(_Message):
     rank: RankAssignment | None = Field(
         None, description="Set for each rank of a distributed trial (the gang executor's fan-out); None: one process."
     )
+    eval_batch_size: int | None = Field(
+        None, ge=1, description="Set for an evaluation trial (training.eval_pass): batch_size's training steps run "
+                                "first, then the training batch is dropped and one evaluation pass runs at this batch; "
+                                "the trial's verdict is the evaluation's. None: a training trial (no evaluation pass).")
 
 
 class InspectRequest(_Message):

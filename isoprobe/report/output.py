@@ -50,6 +50,8 @@ def trial_line(trial: Trial) -> str:
     purpose = _PURPOSE_LABELS[trial.purpose].format(
         steps=len(trial.step_seconds), first=format_bytes(peaks[0] if peaks else None),
         last=format_bytes(peaks[-1] if peaks else None))
+    if trial.training_batch_size is not None:
+        purpose = f"  [evaluation, after training steps at batch {trial.training_batch_size}]" + purpose
     return (
         f"isoprobe: trial {trial.index:>2}  batch {trial.batch_size:>6}  "
         f"{trial.outcome.value + detail:<30}  peak {peak:>10}  {trial.seconds:6.1f} s{purpose}"
