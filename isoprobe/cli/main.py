@@ -160,6 +160,10 @@ def _sweep_parser(commands) -> None:
     sweep.add_argument("--max-batch-size", help="override every spec's search.max_batch_size")
     sweep.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set",
                        help="override a field of every spec, as 'isoprobe run --set' does; repeatable")
+    sweep.add_argument("--over", metavar="FIELD=V1,V2,...",
+                       help="one row per value of the field (as 'isoprobe frontier --over'): the frontier's points, "
+                            "probed in parallel on Slurm; 'isoprobe frontier' with the same arguments then answers "
+                            "them from the cache")
     slurm = sweep.add_argument_group("--executor slurm (submitit; SLURM_CONF and the clients as for sbatch)")
     slurm.add_argument("--partition", action="append", default=[], metavar="NAME[,NAME]",
                        help="a GPU type as a partition; repeatable or comma-separated: one row per spec per partition")
