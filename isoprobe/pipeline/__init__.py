@@ -15,6 +15,8 @@ One module per job, in the order a probe runs them:
     explain.py      the one-sentence answer and what to try next (pure)
     estimate.py     ``isoprobe estimate``: the environment check's traced estimate alone
     prediction.py   the estimate on the parent's side: the search's prior, the result's prediction
+    eval_edge.py    training.eval_pass: the evaluation batch's own edge, searched after the training one
+    frontier.py     ``isoprobe frontier``: one answer per value of a field, each bounded by the ones before
 
 Processes are the executor's business (``isoprobe.executors``); the trial
 itself is ``isoprobe.child``; what crosses between them is ``isoprobe.protocol.messages``.
