@@ -121,9 +121,14 @@ def render_table(result: Result) -> str:
             f"{format_bytes(trial.budget_peak_bytes) if trial.budget_peak_bytes else '-':>11}  "
             f"{f'{trial.samples_per_second:.2f}' if trial.samples_per_second else '-':>10}  "
             f"{trial.seconds:>8.1f}  {trial.purpose}"
+            + (f" (evaluation after training at {trial.training_batch_size})" if trial.training_batch_size else "")
         )
     if result.recommended_batch_size is not None and result.recommendation is not None:
         lines += ["", f"recommended: {result.recommended_batch_size} ({result.recommendation.note})"]
+    if result.eval_stop_reason is not None:
+        lines += ["", f"evaluation: max {result.eval_max_batch_size}, first failing "
+                      f"{result.eval_first_failing_batch_size} ({result.eval_stop_reason.value}; after training steps "
+                      f"at batch {result.eval_training_batch_size})"]
     if result.throughput is not None:
         t = result.throughput
         lines += ["", f"throughput: fastest {t.fastest_batch_size} "
