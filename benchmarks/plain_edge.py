@@ -1,6 +1,6 @@
 """The edge a plain training process finds under the CPU cap: an independent check of isoprobe's maximum.
 
-    python benchmarks/plain_edge.py SPEC.yaml [--budget BYTES] [--start N] [--json]
+    python benchmarks/plain_edge.py SPEC.yaml [--budget BYTES] [--start N] [--json] [--eval-after T]
 
 Each trial is a fresh ``python -c`` process that imports only torch (and the
 model's library), builds the spec's model, and runs the spec's steps of the
@@ -86,6 +86,18 @@ try:
             loss = F.cross_entropy(outputs, y)
         loss.backward()
         optimizer.step()
+    if config["eval_batch"]:
+        # Validation after the epoch: the epoch's batch and output are gone, the weights, gradients and optimizer
+        # state stay (the next step's zero_grad has not run), and one evaluation batch runs without gradients.
+        del outputs, loss, x, y
+        model.eval()
+        shape = [config["eval_batch"], *config["shape"]]
+        if config["dtype"] == "int64":
+            x = torch.randint(0, config["high"], shape)
+        else:
+            x = torch.randn(shape, dtype=getattr(torch, config["dtype"]))
+        with torch.inference_mode() if config["eval_grad"] == "inference_mode" else torch.no_grad():
+            outputs = model(x)
     # The data segment's peak, as a CPU trial reads it (VmPeak less what is not data), for margins to the cap.
     status = {line.split(":")[0]: int(line.split()[1]) for line in open("/proc/self/status")
               if line.startswith(("VmPeak", "VmSize", "VmData"))}
@@ -97,8 +109,11 @@ except (MemoryError, RuntimeError) as error:
 """
 
 
-def trial_config(spec, batch: int) -> dict:
-    """What the trial process needs from the spec; SystemExit naming the option this loop does not reproduce."""
+def trial_config(spec, batch: int, eval_batch: int | None = None) -> dict:
+    """What the trial process needs from the spec; SystemExit naming the option this loop does not reproduce.
+
+    ``eval_batch``: after the steps at ``batch``, one evaluation pass at this batch (training.eval_pass's edge).
+    """
     training, model = spec.training, spec.model
     unsupported = {
         "training.mode": training.mode != "train",
@@ -106,7 +121,7 @@ def trial_config(spec, batch: int) -> dict:
         "training.channels_last": training.channels_last,
         "training.gradient_checkpointing": training.gradient_checkpointing,
         "training.compile": training.compile,
-        "training.eval_pass": training.eval_pass,
+        "training.eval_pass": training.eval_pass and eval_batch is None,
         "training.output_lifetime": training.output_lifetime != "through_backward",
         "model.batch / model.loss / model.step": bool(model.batch or model.loss or model.step),
         "model.timm / model.huggingface": bool(model.timm or model.huggingface),
@@ -124,6 +139,7 @@ def trial_config(spec, batch: int) -> dict:
         "optimizer": spec.optimizer.name, "optimizer_kwargs": spec.optimizer.kwargs,
         "shape": list(spec.input.shape), "dtype": spec.input.dtype, "high": spec.input.high,
         "task": task, "classes": spec.target.classes, "steps": spec.search.steps, "batch": batch,
+        "eval_batch": eval_batch, "eval_grad": training.eval_grad,
     }
 
 
@@ -137,18 +153,21 @@ def environment(spec) -> dict[str, str]:
     return env
 
 
-def fits(spec, batch: int, budget: int, python: str = sys.executable) -> bool:
-    """One trial in a fresh plain process under ``RLIMIT_DATA`` = ``budget``; raises on anything but fit or OOM."""
-    return peak(spec, batch, budget, python) is not None
+def fits(spec, batch: int, budget: int, python: str = sys.executable, eval_batch: int | None = None) -> bool:
+    """One trial in a fresh plain process under ``RLIMIT_DATA`` = ``budget``; raises on anything but fit or OOM.
+
+    ``eval_batch``: the steps at ``batch``, then one evaluation pass at ``eval_batch``, which decides.
+    """
+    return peak(spec, batch, budget, python, eval_batch) is not None
 
 
-def peak(spec, batch: int, budget: int, python: str = sys.executable) -> int | None:
+def peak(spec, batch: int, budget: int, python: str = sys.executable, eval_batch: int | None = None) -> int | None:
     """One trial as ``fits`` runs it: the data segment's peak in bytes when it fits, None when it runs out."""
 
     def cap() -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (budget, budget))
 
-    run = subprocess.run([python, "-c", TRIAL, json.dumps(trial_config(spec, batch))], env=environment(spec),
+    run = subprocess.run([python, "-c", TRIAL, json.dumps(trial_config(spec, batch, eval_batch))], env=environment(spec),
                          preexec_fn=cap, capture_output=True, text=True, cwd="/")
     if run.returncode not in (FITS, OUT_OF_MEMORY):
         raise RuntimeError(f"batch {batch}: the plain trial failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
@@ -189,15 +208,21 @@ def main() -> int:
     parser.add_argument("--budget", type=int, default=None, help="bytes (default: the spec's memory_budget)")
     parser.add_argument("--start", type=int, default=8, help="the first batch tried")
     parser.add_argument("--json", action="store_true", help="print {'edge': N, 'budget': B} instead of text")
+    parser.add_argument("--eval-after", type=int, default=None, metavar="T",
+                        help="the evaluation edge instead: the steps at batch T, then one evaluation pass at the "
+                             "batch bisected (training.eval_pass)")
     args = parser.parse_args()
     spec = load_spec(args.spec)
     budget = args.budget or spec.memory_budget
     if budget is None:
         raise SystemExit("plain_edge.py needs a budget: the spec's memory_budget or --budget")
-    trial_config(spec, 1)  # refuse an unsupported spec before any trial
-    found = edge(spec, budget, args.start,
-                 report=lambda b, fit: print(f"batch {b:>6}: {'fits' if fit else 'out_of_memory'}", file=sys.stderr,
-                                             flush=True))
+    trial_config(spec, 1, args.eval_after)  # refuse an unsupported spec before any trial
+    report = lambda b, fit: print(f"batch {b:>6}: {'fits' if fit else 'out_of_memory'}", file=sys.stderr,  # noqa: E731
+                                  flush=True)
+    if args.eval_after is None:
+        found = edge(spec, budget, args.start, report=report)
+    else:
+        found = bisect_edge(lambda b: fits(spec, args.eval_after, budget, eval_batch=b), args.start, report)
     print(json.dumps({"edge": found, "budget": budget}) if args.json else f"{args.spec}: plain edge {found}")
     return 0
 

@@ -113,14 +113,15 @@ def _silent(line: str) -> None:
 
 
 def answer_for(spec: Spec, spec_path: str, say: Callable[[str], None], *, use_cache: bool, refresh: bool,
-               budget_source: str) -> Result:
+               budget_source: str, borrowed=None) -> Result:
     """The result for a valid spec: from the cache when it holds the answer, else from a probe (then stored).
 
     The one path from a valid spec to a ``Result``, for ``isoprobe run`` and
     ``probe()`` alike (``pipeline.answer`` does the work). An ``OSError`` out of the
     probe is the system refusing what a trial needs (no space left in TMPDIR for
     its files, too many open files): not the user's spec and not a bug, so one
-    line (``ProbeError``, exit 4 from the CLI), never a traceback.
+    line (``ProbeError``, exit 4 from the CLI), never a traceback. ``borrowed``: a frontier's bounds from
+    its other points (``search.frontier``), which only steer the search.
     """
     from isoprobe.errors import ProbeError
     from isoprobe.report.output import Reporter
@@ -128,7 +129,7 @@ def answer_for(spec: Spec, spec_path: str, say: Callable[[str], None], *, use_ca
 
     try:
         return answer(spec, spec_path, Reporter(say), use_cache=use_cache, refresh=refresh,
-                      budget_source=budget_source)
+                      budget_source=budget_source, borrowed=borrowed)
     except OSError as exc:
         raise ProbeError(system_refused(exc)) from None
 

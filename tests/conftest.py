@@ -360,7 +360,8 @@ def faulty_spec(fault: str, *, at: int, trial_timeout: float, **fault_kwargs) ->
 def run_one_trial(spec: dict, batch: int, workdir: Path, budget: int) -> dict:
     """One trial of ``spec`` at ``batch`` in a fresh child under the CPU cap; its result event (it must fit).
 
-    The child's ``TrialResult`` as a dict (``model_dump()``): a field the child left unset is None.
+    The child's ``TrialResult`` as a dict (``model_dump()``): a field the child left unset is None. A spec with
+    ``training.eval_pass`` runs as an evaluation trial: the steps at ``batch``, then its evaluation pass at ``batch``.
     """
     from isoprobe.executors import Conditions
     from isoprobe.executors.local import run_once
@@ -369,7 +370,8 @@ def run_one_trial(spec: dict, batch: int, workdir: Path, budget: int) -> dict:
     from isoprobe.spec.model import Spec
 
     request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cpu",
-                           memory_budget_bytes=budget, python_path=[str(TESTS)])
+                           memory_budget_bytes=budget, python_path=[str(TESTS)],
+                           eval_batch_size=batch if spec.get("training", {}).get("eval_pass") else None)
     run = run_once(request, Conditions(backend="cpu", memory_limit=budget), timeout=300, workdir=workdir)
     end = classify_exit(run)
     assert end.outcome.value == "fits", (end, end.result and end.result.error, run.stderr_tail[-2000:])

@@ -186,3 +186,22 @@ def test_plot_unavailable_names_the_extra(monkeypatch, tmp_path):
 def test_importing_the_module_does_not_import_matplotlib():
     code = "import sys, isoprobe.report.plot; assert 'matplotlib' not in sys.modules, 'matplotlib imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+
+
+def test_a_frontier_document_is_drawn_as_the_maximum_over_the_values(tmp_path):
+    """``isoprobe plot FRONTIER.json``: the maximum (blue) over the values, tokens per batch (orange) beside it."""
+    from isoprobe.report.frontier import FrontierResult
+
+    point = _valid(_fixture())
+    points = [{"value": length, "probed": 4 - i, "max_batch_size": 40 >> i, "recommended_batch_size": 30 >> i,
+               "tokens_per_batch": (40 >> i) * length, "trials": 3, "seconds": 10.0, "result": point}
+              for i, length in enumerate((128, 256, 512, 1024))]
+    document = FrontierResult.model_validate({"spec_path": "lm.yaml", "field": "input.shape.0",
+                                              "direction": "increasing", "answered": True, "points": points,
+                                              "total_trials": 12, "total_seconds": 40.0})
+    saved = tmp_path / "frontier.json"
+    saved.write_text(document.model_dump_json())
+    done = subprocess.run([sys.executable, "-m", "isoprobe", "plot", str(saved)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    image = _check_png(tmp_path / "frontier.png")
+    assert _has_colour(image, (31, 119, 180)) and _has_colour(image, ORANGE)

@@ -214,3 +214,19 @@ def test_a_set_memory_budget_is_reported_as_from_the_command_line():
     assert not overridden("--set", "search.max_batch_size=8")
     assert overridden("--set", "memory_budget=2GiB")
     assert overridden("--memory-budget", "2GiB")
+
+
+# --------------------------------------------------------------------------- list elements (input.shape.0)
+
+
+def test_a_number_in_the_path_sets_one_element_of_a_list():
+    spec = load_spec(SPEC, sets=["input.shape.1=32", "input.shape.2=48"])
+    assert list(spec.input.shape) == [3, 32, 48]
+
+
+@pytest.mark.parametrize("text, said", [("input.shape.3=8", "is not the index of one of its 3 element(s)"),
+                                        ("input.shape.x=8", "not a section of fields")])
+def test_an_index_a_list_does_not_have_is_named(text, said):
+    found = problems(text)
+    assert len(found) == 1 and found[0].field == f"{text.split('=')[0]} (from --set {text})", found
+    assert said in found[0].message

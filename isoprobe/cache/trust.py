@@ -85,7 +85,7 @@ def _runs(result: Result, batch: int, purposes: tuple[str, ...] | None = None) -
     """
     first = result.spec.allocators[0] if result.spec.allocators and result.device.backend == "cuda" else None
     return [t.outcome for t in result.trials
-            if t.batch_size == batch and t.allocator == first
+            if t.batch_size == batch and t.allocator == first and t.training_batch_size is None  # not an eval trial
             and (t.purpose in purposes if purposes else t.purpose not in ("memory_check", "soak"))]
 
 
@@ -111,6 +111,10 @@ def _answer(result: Result) -> str | None:
         if soaks and not (soaks[-1].survived and soaks[-1].batch_size == recommended
                           and _runs(result, recommended, ("soak",))[-1:] == [Outcome.FITS]):
             return f"its recommended batch {recommended} is not the one its last soak ran and survived"
+    if (evaluation := result.eval_max_batch_size) is not None:
+        runs = [t.outcome for t in result.trials if t.training_batch_size is not None and t.batch_size == evaluation]
+        if not runs or any(outcome is not Outcome.FITS for outcome in runs):
+            return f"its evaluation maximum {evaluation} did not fit in every evaluation trial of it"
     if result.stop_reason is StopReason.CAPPED:
         return None if first_failing is None else "it says capped but names a first failing batch"
     if first_failing is None or first_failing <= best:

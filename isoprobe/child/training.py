@@ -184,7 +184,8 @@ class Step:
         )
 
     def evaluate(self, batch: workload.Batch) -> float:
-        """The evaluation pass: eval mode, no gradients, same batch; back to training after. Returns seconds."""
+        """The evaluation pass: eval mode, no gradients (training.eval_grad), the batch given; back to training
+        after. Returns seconds."""
         import torch
 
         cuda = self.device.type == "cuda"
@@ -193,7 +194,8 @@ class Step:
         started = time.perf_counter()
         self.model.eval()
         try:
-            with torch.no_grad(), self._autocast():
+            no_gradients = torch.inference_mode if self.training.eval_grad == "inference_mode" else torch.no_grad
+            with no_gradients(), self._autocast():
                 workload.forward_only(self.spec, self.model, batch)
         finally:
             self.model.train()

@@ -118,9 +118,14 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
         if hook.after_step():
             break  # the spec's steps, or steady or at the cap: the parent judges which from the step events
     real_steps.settle(lambda: step.run(batch), len(progress.step_seconds))  # fp16: the optimizer's state, for real
-    if spec.training.eval_pass:
+    if request.eval_batch_size is not None:
+        # As a job validates: the training state (weights, gradients, optimizer state) held, the training
+        # batch and its output dropped, then one evaluation batch of the size under test.
+        step.release()
+        del batch
         progress.phase = "eval"
-        seconds = step.evaluate(batch)  # synchronises before reading its clock
+        # The evaluation batch's samples are a prefix of the same longest-first order (with spec.data).
+        seconds = step.evaluate(step.batch(request.eval_batch_size, request.data_indices))  # synchronises first
         report["eval_seconds"] = seconds
         events.emit(EvalDone(seconds=seconds))
     step.release()  # before the readings: base_bytes is the memory held with the batch's activations freed

@@ -7,6 +7,7 @@
   estimate, no trial) and ``schema`` (the result's or the spec's JSON Schema).
 - ``results``: ``show`` and ``plot`` a saved result.
 - ``sweep``: many specs, locally or as Slurm job arrays (``isoprobe.sweep``).
+- ``frontier``: one spec at every value of a field (``pipeline.frontier``).
 - ``common``: what several of them share (the spec with its overrides, the
   result's rendering, a usage error).
 

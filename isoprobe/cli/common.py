@@ -55,8 +55,11 @@ def render(result, fmt: str) -> str:
     return result_json(result)
 
 
-def read_result(path: str):
+def read_result(path: str, frontier: bool = False):
     """A saved result, validated against the current model; a bad file is the user's mistake (exit 2).
+
+    ``frontier``: an ``isoprobe frontier`` document is taken too (a ``FrontierResult``), told apart by its
+    ``field`` and ``points``.
 
     Read as ``spec.safe_read`` reads a spec: a regular file only (``/dev/zero`` or a FIFO
     would never end), at most ``MAX_RESULT_BYTES``.
@@ -75,6 +78,10 @@ def read_result(path: str):
     except OSError as exc:
         raise SpecError(path, [Problem("", f"cannot read the file: {exc.strerror or exc}", "")]) from None
     try:
+        if frontier and b'"points"' in bytes(text) and b'"field"' in bytes(text):
+            from isoprobe.report.frontier import FrontierResult
+
+            return FrontierResult.model_validate_json(text)
         return Result.model_validate_json(text)
     except ValidationError as exc:
         first = exc.errors()[0]

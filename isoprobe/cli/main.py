@@ -92,6 +92,7 @@ def _parser() -> argparse.ArgumentParser:
     hook.add_argument("--log", metavar="FILE", help="also append progress, errors and the result JSON to FILE "
                                                    "(if it stops taking writes, a warning and the run goes on)")
     _sweep_parser(commands)
+    _frontier_parser(commands, with_overrides)
     show = commands.add_parser("show", help="render a saved result (JSON from 'isoprobe run') as a table")
     show.add_argument("result", help="path to a result JSON file")
     show.add_argument("--format", choices=("table", "json", "env", "taskprolog"), default="table")
@@ -108,8 +109,32 @@ def _parser() -> argparse.ArgumentParser:
     estimate.add_argument("--format", choices=("auto", "json", "table"), default="auto",
                           help="table for people, json for scripts; auto (default): table on a terminal, else json")
     schema = commands.add_parser("schema", help="print the JSON Schema of the result (or of the spec)")
-    schema.add_argument("--spec", action="store_true", help="the spec's schema instead of the result's")
+    which = schema.add_mutually_exclusive_group()
+    which.add_argument("--spec", action="store_true", help="the spec's schema instead of the result's")
+    which.add_argument("--frontier", action="store_true", help="the schema of 'isoprobe frontier''s document")
     return parser
+
+
+def _frontier_parser(commands, with_overrides) -> None:
+    """``isoprobe frontier``'s flags (the work is in isoprobe/pipeline/frontier.py)."""
+    frontier = commands.add_parser(
+        "frontier", help="the edge at each value of one field (e.g. sequence lengths): one table, one JSON",
+        description="Probe SPEC at every value of --over; each point is a cached probe, the same as "
+                    "'isoprobe run SPEC --set FIELD=VALUE', and borrows the bounds the points before it proved. "
+                    "JSON (the FrontierResult) on stdout, the table on stderr.",
+        epilog="exit codes: 0 every point answered (or from the cache); 2 bad spec, --over or usage, before any "
+               "trial; 3 or 4 the first point without an answer (as 'isoprobe run'); 130 interrupted, 143 terminated",
+    )
+    with_overrides(frontier)
+    frontier.add_argument("--over", required=True, metavar="FIELD=V1,V2,...",
+                          help="the field (as --set names it) and its values, e.g. --over input.shape.0=128,256,512")
+    frontier.add_argument(
+        "--direction", choices=("increasing", "decreasing", "none"),
+        help="how memory moves with the value: increasing (default for numbers: a larger value needs more), "
+             "decreasing, or none (default otherwise: nothing borrowed between points). Only steers the searches: "
+             "every maximum is still run at its own value")
+    frontier.add_argument("--no-cache", action="store_true", help="neither read nor write the cache: always probe")
+    frontier.add_argument("--refresh", action="store_true", help="probe every point again and replace its answer")
 
 
 def _sweep_parser(commands) -> None:
@@ -135,6 +160,10 @@ def _sweep_parser(commands) -> None:
     sweep.add_argument("--max-batch-size", help="override every spec's search.max_batch_size")
     sweep.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set",
                        help="override a field of every spec, as 'isoprobe run --set' does; repeatable")
+    sweep.add_argument("--over", metavar="FIELD=V1,V2,...",
+                       help="one row per value of the field (as 'isoprobe frontier --over'): the frontier's points, "
+                            "probed in parallel on Slurm; 'isoprobe frontier' with the same arguments then answers "
+                            "them from the cache")
     slurm = sweep.add_argument_group("--executor slurm (submitit; SLURM_CONF and the clients as for sbatch)")
     slurm.add_argument("--partition", action="append", default=[], metavar="NAME[,NAME]",
                        help="a GPU type as a partition; repeatable or comma-separated: one row per spec per partition")
@@ -176,6 +205,7 @@ def _command(module: str, name: str):
 _COMMANDS = {
     "run": _command("run", "cmd_run"),
     "sweep": _command("sweep", "cmd_sweep"),
+    "frontier": _command("frontier", "cmd_frontier"),
     "validate": _command("spec", "cmd_validate"),
     "estimate": _command("spec", "cmd_estimate"),
     "schema": _command("spec", "cmd_schema"),

@@ -18,10 +18,16 @@ def cmd_show(args: argparse.Namespace) -> int:
 def cmd_plot(args: argparse.Namespace) -> int:
     from isoprobe.errors import OutputFailed, Problem, SpecError
 
-    result = read_result(args.result)  # a clear error for a file that is not a result, before matplotlib loads
+    result = read_result(args.result, frontier=True)  # a clear error for a file that is not one, before matplotlib
     from isoprobe.report.plot import PlotUnavailable, default_output, main_plot
 
     try:
+        if hasattr(result, "points"):  # isoprobe frontier's document: the maximum over the field's values
+            from isoprobe.report.frontier_plot import render_frontier
+            from isoprobe.report.streams import tell
+
+            tell(f"isoprobe: wrote {render_frontier(result, args.output or default_output(args.result))}")
+            return 0
         return main_plot(args.result, args.output, result=result)
     except PlotUnavailable as exc:
         raise SpecError(args.result, [Problem("", str(exc), "pip install 'isoprobe[plot]'")]) from None

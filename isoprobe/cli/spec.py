@@ -63,6 +63,10 @@ def cmd_schema(args: argparse.Namespace) -> int:
         from isoprobe.spec.model import Spec
 
         emit(json.dumps(Spec.model_json_schema(), indent=2))
+    elif args.frontier:
+        from isoprobe.report.frontier import FrontierResult
+
+        emit(json.dumps(FrontierResult.model_json_schema(), indent=2))
     else:
         from isoprobe.report.result import Result
 

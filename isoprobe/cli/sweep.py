@@ -34,6 +34,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             usage_error(f"--executor slurm needs Slurm's client commands on PATH, and {', '.join(missing)} "
                         f"{'is' if len(missing) == 1 else 'are'} not there: run it on a Slurm login node (or "
                         "module load slurm), or use --executor local", "sweep")
+    over = None
+    if args.over is not None:  # a frontier's points as rows: each the cache entry 'isoprobe frontier' then reads
+        import json
+
+        from isoprobe.spec.overrides import parse_over
+
+        field, values = parse_over(args.over, args.specs[0])
+        over = [f"{field}={json.dumps(value)}" for value in values]
     signal.signal(signal.SIGTERM, on_sigterm)
     from isoprobe.sweep import run_sweep
     from isoprobe.sweep.model import render_sweep_table
@@ -43,7 +51,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                            cpus_per_task=args.cpus_per_task, time_minutes=args.time,
                            array_parallelism=args.array_parallelism, sbatch=sbatch)
     report = run_sweep(args.specs, executor=args.executor, say=tell, targets=targets, named=named_overrides(args),
-                       sets=tuple(args.set), refresh=args.refresh, slurm_options=options)
+                       sets=tuple(args.set), refresh=args.refresh, slurm_options=options, over=over)
     document = report.model_dump_json(indent=2)
     unwritten = None
     if args.output:

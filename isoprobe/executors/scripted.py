@@ -66,7 +66,8 @@ class Call:
 
     @property
     def batch_size(self) -> int:
-        return self.request.batch_size
+        """The batch the trial is about: an evaluation trial's evaluation batch (its steps run at request.batch_size)."""
+        return self.request.eval_batch_size or self.request.batch_size
 
     @property
     def budget(self) -> int | None:
@@ -161,7 +162,9 @@ def fits(peak_bytes: int, *, base_bytes: int | None = None, steps: int | None = 
         while len(times) < max(rule.min_steps, rule.window + 1):
             times.append(timed[(len(times) - 1) % len(timed)])
     peaks = step_peaks or [peak_bytes - step_growth * (len(times) - i) for i in range(1, len(times) + 1)]
-    evaluated = [EvalDone(seconds=0.05)] if request is not None and request.spec.training.eval_pass else []
+    # An evaluation pass where the probe asks one: an evaluation trial, or an hf_trainer's trial with eval_pass.
+    evaluated = [EvalDone(seconds=0.05)] if request is not None and (request.eval_batch_size is not None or (
+        request.spec.training.eval_pass and request.spec.model.hf_trainer is not None)) else []
     result = TrialResult(outcome=Outcome.FITS, phase="done", step_seconds=times,
                          peak_bytes=peak_bytes, budget_peak_bytes=peak_bytes,
                          base_bytes=base_bytes if base_bytes is not None else IMPORT_BASELINE_BYTES, sizes=sizes,

@@ -29,8 +29,13 @@ def answer(
     budget_source: str = "spec",
     environ: dict[str, str] | None = None,
     executor: Executor | None = None,
+    borrowed=None,
 ):
-    """The ``Result`` for ``spec``: cached (``cache.hit``) or probed, with this run's environment and plan."""
+    """The ``Result`` for ``spec``: cached (``cache.hit``) or probed, with this run's environment and plan.
+
+    ``borrowed`` (a ``search.history.Borrowed``, from a frontier): bounds that only narrow where a probe looks;
+    the answer is the same exact edge, so it is cached under the same key as ``isoprobe run``'s.
+    """
     from isoprobe.cache.store import ResultCache, cache_directory, cache_key, key_material, uncacheable_gpu_probe
     from isoprobe.system.hardware import nvml_gpus, run_environment, visible_devices
 
@@ -39,6 +44,7 @@ def answer(
     spec, world = _resolve_ranks(spec, environ, gpus, reporter)
     context = _Context(spec, spec_path, reporter, budget_source, environ, run_environment(environ, gpus), executor)
     context.world_size_source = world.source
+    context.borrowed = borrowed
     if not use_cache:
         return context.probe(cache=None)
     if reason := uncacheable_gpu_probe(spec, gpus, environ):
@@ -93,6 +99,7 @@ class _Context:
         self.refused: set[str] = set()
         self.world_size_source = "spec"
         self.expected_threads = None  # the key's intra-op threads (cache_threads), checked against the trials'
+        self.borrowed = None  # a frontier's bounds from its other points (search.frontier)
 
     def probe(self, cache):
         from isoprobe.cache.store import now_utc
@@ -105,7 +112,8 @@ class _Context:
         recorder = SourceRecorder(self.executor if self.executor is not None else local_executor(self.spec),
                                   self.expected_threads)
         result = run_probe(self.spec, self.spec_path, self.reporter, budget_source=self.budget_source,
-                           environ=self.environ, executor=recorder, world_size_source=self.world_size_source)
+                           environ=self.environ, executor=recorder, world_size_source=self.world_size_source,
+                           borrowed=self.borrowed)
         result = result.model_copy(update={"environment": RunEnvironment.model_validate(self.environment),
                                            "sources": recorder.sources})
         if cache is None or result.stop_reason not in CACHEABLE:  # only proven answers are kept

@@ -18,12 +18,13 @@ from isoprobe.pipeline.steady_edge import long_run_search
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.result import AllocatorComparison, AllocatorOutcome
 from isoprobe.search.edge_search import Conclusion, progress, run_search
-from isoprobe.search.history import Limits, Observation, Prior
+from isoprobe.search.history import Borrowed, Limits, Observation, Prior
 from isoprobe.search.steps import doubling_step, guided_step
 from isoprobe.spec.model import Spec
 
 
-def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior | None = None) -> Limits:
+def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior | None = None,
+            borrowed: Borrowed | None = None) -> Limits:
     return Limits(
         start=start or spec.search.start_batch_size,
         cap=data_cap(spec.search.cap, target.data),
@@ -33,6 +34,7 @@ def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior |
         # The traced estimate guides the guided search only; the classic doubling is kept as it is.
         prior=prior if spec.search.strategy == "guided" else None,
         steady=spec.search.steady_steps != 0,
+        borrowed=borrowed,
     )
 
 
@@ -55,13 +57,16 @@ def _long_run(runner: TrialRunner, limits: Limits, conclusion: Conclusion) -> Fo
     return long_run_search(runner, limits, conclusion)
 
 
-def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior: Prior | None = None) -> Found:
+def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior: Prior | None = None,
+                         borrowed: Borrowed | None = None) -> Found:
     """The edge search over real trials, then the recommendation; an interrupt keeps the trials so far.
 
     ``prior``: the traced estimate's line (``prediction.prior_of``): the first trial goes near its edge.
     The allocator comparison's later searches start from the edge found instead.
+    ``borrowed``: bounds another point of a frontier proved (``search.frontier``): they narrow where the
+    search looks; the answer is still proven by this point's own trials.
     """
-    limits = _limits(spec, target, prior=prior)
+    limits = _limits(spec, target, prior=prior, borrowed=borrowed)
     step = guided_step if spec.search.strategy == "guided" else doubling_step
     history: list[Observation] = []
     try:

@@ -31,9 +31,11 @@ from isoprobe.pipeline.environment import (
     resolve_target,
     trial_conditions,
 )
+from isoprobe.pipeline.eval_edge import eval_search, eval_summary, wants_eval_search
 from isoprobe.pipeline.explain import Found, explain, limited_by
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.result import DistributedInfo, Result, StopReason
+from isoprobe.search.history import Borrowed
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
 
@@ -61,11 +63,13 @@ def run_probe(
     environ: dict[str, str] | None = None,
     executor: Executor | None = None,
     world_size_source: str = "spec",
+    borrowed: Borrowed | None = None,
 ) -> Result:
     """Everything ``isoprobe run`` does between a valid spec and the printed result.
 
     ``executor`` runs the environment check and the trials (default: the local
-    one); it is closed before this returns, so nothing it started outlives the probe.
+    one); it is closed before this returns, so nothing it started outlives the probe. ``borrowed``: bounds
+    another frontier point proved, which only narrow where the search looks (``search.frontier``).
     """
     environ = dict(os.environ if environ is None else environ)
     started = time.monotonic()
@@ -89,7 +93,7 @@ def run_probe(
         _describe_data(target.data, reporter)
         _describe_estimate(facts.estimate, target, reporter)
         runner = TrialRunner(spec, target, executor, python_path, reporter)
-        comparison = None
+        comparison = evaluation = None
         if spec.allocators and target.backend == "cuda":
             runner.allocator_label = spec.allocators[0]
         try:
@@ -98,7 +102,7 @@ def run_probe(
             # A signal held while the spare was replaced lands here, before the first trial: still one document.
             found = Found(stop_reason_of(stopped), None, None)
         else:
-            found = search_and_recommend(spec, target, runner, prior_of(facts.estimate))
+            found = search_and_recommend(spec, target, runner, prior_of(facts.estimate), borrowed)
         interrupted = found.stop in (StopReason.INTERRUPTED, StopReason.TERMINATED)
         if spec.allocators and not (interrupted and target.backend == "cuda"):  # no new trials after a signal
             try:
@@ -106,11 +110,21 @@ def run_probe(
             except (KeyboardInterrupt, Terminated) as stopped:
                 # The first setting's answer stands; the comparison is incomplete, and the exit code says so.
                 found = replace(found, stop=stop_reason_of(stopped))
+        if wants_eval_search(spec) and found.stop in (StopReason.EDGE_FOUND, StopReason.CAPPED):
+            try:
+                evaluation = eval_search(spec, target, runner, found.recommended or found.max_fitting,
+                                         found.max_fitting)
+            except (KeyboardInterrupt, Terminated) as stopped:
+                # The training answer stands; the evaluation edge is unknown, and the exit code says so.
+                found = replace(found, stop=stop_reason_of(stopped))
     finally:
         executor.close()
     stop, max_fitting = found.stop, found.max_fitting
     capped_by = limited_by(spec, max_fitting, target.data) if stop is StopReason.CAPPED else None
-    message, suggestions = explain(found, spec, target.info, runner.trials, capped_by)
+    training = [t for t in runner.trials if t.training_batch_size is None]  # the evaluation trials answer apart
+    message, suggestions = explain(found, spec, target.info, training, capped_by)
+    if evaluation is not None:
+        message += "; " + eval_summary(evaluation)
     return Result(
         isoprobe_version=__version__,
         python_version=platform.python_version(),
@@ -130,8 +144,12 @@ def run_probe(
         limited_by=capped_by,
         recommended_batch_size=found.recommended,
         recommendation=found.recommendation,
-        throughput=throughput(runner.trials, spec.recommendation.throughput_tolerance),
-        memory_breakdown=memory_breakdown(runner.trials),
+        throughput=throughput(training, spec.recommendation.throughput_tolerance),
+        memory_breakdown=memory_breakdown(training),
+        eval_max_batch_size=evaluation.max_fitting if evaluation else None,
+        eval_first_failing_batch_size=evaluation.first_failing if evaluation else None,
+        eval_training_batch_size=evaluation.training_batch if evaluation else None,
+        eval_stop_reason=evaluation.stop if evaluation else None,
         prediction=prediction(facts.estimate, target.search_capacity, max_fitting),
         accumulation=accumulation_plan(spec, micro_batch_ceiling(
             found.recommended, max_fitting, bool(found.recommendation and found.recommendation.soaks)), environ),

@@ -139,6 +139,9 @@ class TrialRunner:
         self.reporter = reporter
         self.trials: list[Trial] = []
         self.allocator_label: str | None = None  # set while comparing allocators: tags each trial
+        #: Set during the evaluation search (training.eval_pass): each trial runs this training batch's steps, then
+        #: one evaluation pass at the batch it is asked for (``pipeline.eval_edge``).
+        self.eval_after: int | None = None
         self.conditions = trial_conditions(spec, target.backend, target.info.memory_budget_bytes,
                                            model_imports=target.model_imports)
         #: How long a trial that decides the maximum steps (None: search.steady_steps is 0, every trial is short).
@@ -192,9 +195,12 @@ class TrialRunner:
     def _launch(self, batch_size: int, purpose: str, budget: int | None, steps: int | None = None,
                 rule: SteadyRule | None = None) -> Trial:
         index = len(self.trials) + 1
-        request = TrialRequest(spec=self.spec, batch_size=batch_size, device=self.target.device,
+        evaluation = self.eval_after is not None
+        request = TrialRequest(spec=self.spec, batch_size=self.eval_after if evaluation else batch_size,
+                               eval_batch_size=batch_size if evaluation else None, device=self.target.device,
                                memory_budget_bytes=budget, python_path=self.python_path, steps=steps, steady=rule,
-                               data_indices=request_indices(self.target.data, batch_size))
+                               # the longest samples first: any batch of the trial (training or evaluation) is a prefix
+                               data_indices=request_indices(self.target.data, max(batch_size, self.eval_after or 0)))
         conditions = self.conditions
         if self.target.backend == "cpu" and budget != conditions.memory_limit:
             conditions = replace(conditions, memory_limit=budget)
@@ -217,6 +223,9 @@ class TrialRunner:
             self.reporter.note(f"trial {index} (batch {batch_size}) was run again: {reason}; isoprobe's failure, "
                                "not the batch's, so it is not counted")
         trial = trial_from_run(run, index, batch_size, purpose, asked)
+        if self.eval_after is not None:  # its steps ran at the training batch: no throughput of batch_size's
+            trial = trial.model_copy(update={"training_batch_size": self.eval_after, "samples_per_second": None,
+                                             "step_seconds_spread": None})
         if self.allocator_label is not None:
             trial = trial.model_copy(update={"allocator": self.allocator_label})
         self.trials.append(trial)
@@ -232,13 +241,15 @@ class TrialRunner:
 
     def _asked(self, budget: int | None, steps: int | None = None, rule: SteadyRule | None = None) -> Asked:
         """What a trial of this probe is asked to do, under ``budget``: what its 'fits' is vetted against."""
+        # An evaluation pass is asked of an evaluation trial, and of every hf_trainer trial (the Trainer's own).
+        eval_pass = self.eval_after is not None or (self.spec.training.eval_pass and self.spec.model.hf_trainer is not None)
         return Asked(steps=steps or self.spec.search.steps, backend=self.target.backend, budget_bytes=budget,
-                     eval_pass=self.spec.training.eval_pass, import_memory=self.target.import_memory, steady=rule)
+                     eval_pass=eval_pass, import_memory=self.target.import_memory, steady=rule)
 
     def observe(self, batch_size: int) -> Observation:
         """The search's oracle. A batch seen before is a retry (after a crash or timeout) or a confirmation."""
         earlier = [t for t in self.trials if t.batch_size == batch_size and t.purpose in _SEARCH_PURPOSES
-                   and t.allocator == self.allocator_label]
+                   and t.allocator == self.allocator_label and t.training_batch_size == self.eval_after]
         if not earlier:
             purpose = "search"
         elif earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT):
@@ -246,7 +257,9 @@ class TrialRunner:
         else:
             purpose = "confirmation"
         # The confirmation decides the reported maximum: it steps until its peak is steady (isoprobe.report.steady).
-        trial = self.run(batch_size, purpose, rule=self.steady_rule if purpose == "confirmation" else None)
+        # An evaluation trial is one pass after the steps: nothing in it grows with more steps.
+        steady_rule = self.steady_rule if purpose == "confirmation" and self.eval_after is None else None
+        trial = self.run(batch_size, purpose, rule=steady_rule)
         return observation_of(trial, self.spec.search.steps)
 
 

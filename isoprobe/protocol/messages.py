@@ -99,6 +99,10 @@ class TrialRequest(_Message):
         "spec.data.INDICES_IN_REQUEST of them; else that many, and the trial rebuilds the rest with the same rule "
         "(spec.data.scanned_indices, worst_first) and checks that it starts with these."
     )
+    eval_batch_size: int | None = Field(
+        None, ge=1, description="Set for an evaluation trial (training.eval_pass): batch_size's training steps run "
+                                "first, then the training batch is dropped and one evaluation pass runs at this batch; "
+                                "the trial's verdict is the evaluation's. None: a training trial (no evaluation pass).")
 
 
 class InspectRequest(_Message):

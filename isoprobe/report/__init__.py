@@ -6,5 +6,7 @@
     output.py    progress lines on stderr, the table, the JSON on stdout
     shell.py     the result as shell variables (``--format env``)
     plot.py      the picture of a probe (optional extra ``isoprobe[plot]``)
+    frontier.py  ``isoprobe frontier``'s document (FrontierResult) and its table
+    frontier_plot.py  the picture of a frontier: the maximum over the field's values
     streams.py   where isoprobe's words go, and what happens when a destination cannot take them
 """

@@ -50,6 +50,8 @@ def trial_line(trial: Trial) -> str:
     purpose = _PURPOSE_LABELS[trial.purpose].format(
         steps=len(trial.step_seconds), first=format_bytes(peaks[0] if peaks else None),
         last=format_bytes(peaks[-1] if peaks else None))
+    if trial.training_batch_size is not None:
+        purpose = f"  [evaluation, after training steps at batch {trial.training_batch_size}]" + purpose
     return (
         f"isoprobe: trial {trial.index:>2}  batch {trial.batch_size:>6}  "
         f"{trial.outcome.value + detail:<30}  peak {peak:>10}  {trial.seconds:6.1f} s{purpose}"
@@ -134,9 +136,14 @@ def render_table(result: Result) -> str:
             f"{format_bytes(trial.budget_peak_bytes) if trial.budget_peak_bytes else '-':>11}  "
             f"{f'{trial.samples_per_second:.2f}' if trial.samples_per_second else '-':>10}  "
             f"{trial.seconds:>8.1f}  {trial.purpose}"
+            + (f" (evaluation after training at {trial.training_batch_size})" if trial.training_batch_size else "")
         )
     if result.recommended_batch_size is not None and result.recommendation is not None:
         lines += ["", f"recommended: {result.recommended_batch_size} ({result.recommendation.note})"]
+    if result.eval_stop_reason is not None:
+        lines += ["", f"evaluation: max {result.eval_max_batch_size}, first failing "
+                      f"{result.eval_first_failing_batch_size} ({result.eval_stop_reason.value}; after training steps "
+                      f"at batch {result.eval_training_batch_size})"]
     if result.throughput is not None:
         t = result.throughput
         lines += ["", f"throughput: fastest {t.fastest_batch_size} "

@@ -238,6 +238,10 @@ class Trial(_Strict):
     gang_stop_seconds: float | None = Field(
         None, description="Seconds from seeing failed_rank's failure to every rank's processes being gone."
     )
+    training_batch_size: int | None = Field(
+        None, description="Set on an evaluation trial (training.eval_pass): the training batch whose steps ran "
+                          "first; batch_size is then the evaluation batch, and the outcome is the evaluation's. "
+                          "Null: a training trial.")
 
 
 class DeviceInfo(_Strict):
@@ -538,6 +542,20 @@ class Result(_Strict):
         default_factory=list,
         description="Batches that both fit and failed across their runs; none of them is ever reported as fitting.",
     )
+    eval_max_batch_size: int | None = Field(
+        None, description="training.eval_pass: the largest evaluation batch that fit after the training steps at "
+                          "eval_training_batch_size, proven by its own trials (those with training_batch_size set). "
+                          "Null without eval_pass, or when no evaluation batch fit (eval_stop_reason says why).")
+    eval_first_failing_batch_size: int | None = Field(
+        None, description="training.eval_pass: the smallest evaluation batch above eval_max_batch_size that ran out "
+                          "of memory (null: none tried, or capped).")
+    eval_training_batch_size: int | None = Field(
+        None, description="training.eval_pass: the training batch whose steps ran before each evaluation trial (the "
+                          "recommended batch, else the maximum): evaluation as a job runs it, with the training "
+                          "state held.")
+    eval_stop_reason: StopReason | None = Field(
+        None, description="training.eval_pass: how the evaluation search ended (edge_found, capped, "
+                          "start_does_not_fit, ...); null when it did not run (no eval_pass, or no training answer).")
     edge_flaky: bool = Field(
         False, description="True when a batch at or above the reported maximum fit in some run and failed in another."
     )

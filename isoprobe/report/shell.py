@@ -36,6 +36,7 @@ def result_variables(result: Result) -> list[tuple[str, str]]:
         ("MAX_BATCH_SIZE", result.max_batch_size),
         ("BATCH_SIZE", result.recommended_batch_size if result.answered else None),
         ("FASTEST_BATCH_SIZE", result.throughput.fastest_batch_size if result.throughput else None),
+        ("EVAL_BATCH_SIZE", result.eval_max_batch_size if result.answered else None),  # training.eval_pass
     ]
     if result.accumulation is not None:
         plan = result.accumulation

@@ -12,4 +12,5 @@ search is unit-tested over a scripted oracle without starting a process.
     soak.py         did the recommendation survive a long run, and if not, which batch would
     plan.py         from the recommendation to micro-batch x accumulation steps x ranks
     insights.py     throughput and where the memory goes, from the trials that ran
+    frontier.py     what a frontier point borrows from the others, and the bracket a borrowed bound narrows
 """

@@ -58,6 +58,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.search.frontier import bracket
 from isoprobe.search.history import Limits, Observation, bounds, verdicts
 from isoprobe.search.steps import DESCENT, Step, first_batch, guided_step
 
@@ -83,10 +84,14 @@ def plan_next(
     pending = [b for b, v in judged.items() if v.outcome is None]
     if pending:
         return min(pending)  # retry a crash or timeout before moving on
-    lower, upper = bounds(history, limits)
+    lower, upper = bracket(history, limits)  # this point's bounds, narrowed by borrowed ones (a frontier's)
     if lower is None:
         if upper is None:
             return first_batch(limits)
+        if upper not in judged:  # only a borrowed failure: go below it, where the first trial would have gone
+            return max(limits.start, min(first_batch(limits), upper - 1))
+        if limits.prior is None and limits.start not in judged and upper > limits.start:
+            return limits.start  # a borrowed fit failed here (the direction was wrong): the classic start, as alone
         # Nothing fit yet. Without a prior the start failed: nothing fits. With one, a first trial above
         # the start failed (the estimate was high): step down towards the start until a batch fits.
         return None if limits.prior is None or upper <= limits.start else max(limits.start, min(upper - 1, math.floor(upper * DESCENT)))
@@ -96,7 +101,13 @@ def plan_next(
         if not lower < batch <= ceiling:
             raise AssertionError(f"step proposed {batch} outside the open bracket ({lower}, {ceiling}]")
         return batch
-    # The bracket is closed: confirm the maximum before answering.
+    # The bracket is closed. A bound borrowed from another frontier point is proven here before it counts:
+    # the maximum must have fit at this point, and the failure above it run out of memory at this point.
+    if lower not in judged:
+        return lower
+    if upper is not None and upper not in judged:
+        return upper
+    # Confirm the maximum before answering.
     return lower if judged[lower].fits_count < 1 + limits.confirmations_due else None
 
 

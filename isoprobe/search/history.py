@@ -49,6 +49,20 @@ class Prior:
 
 
 @dataclass(frozen=True)
+class Borrowed:
+    """Bounds proven at other points of a frontier (``search.frontier``), not yet run at this one.
+
+    They narrow where the search looks and nothing else: a borrowed bound is
+    never an answer here. The maximum reported is a batch that fit at this
+    point, and a borrowed bound the trials here contradict is dropped, so a
+    wrong guess about the direction costs trials, never the answer.
+    """
+
+    fits: int | None = None   # a batch that fit where the setup needs at least as much memory
+    fails: int | None = None  # a batch that ran out of memory where the setup needs at most as much memory
+
+
+@dataclass(frozen=True)
 class Limits:
     """Where the search starts, the largest batch it may try, and how hard it checks."""
 
@@ -60,6 +74,7 @@ class Limits:
     capacity: int | None = None  # memory the peaks are compared with (guided step); None: no prediction
     prior: Prior | None = None   # a line estimated before any trial (guided step, with a capacity); None: none
     steady: bool = False  # the maximum's confirmation runs until steady (isoprobe.report.steady): at least one is due
+    borrowed: Borrowed | None = None  # bounds another frontier point proved (search.frontier); None: none
 
     @property
     def confirmations_due(self) -> int:

@@ -380,9 +380,18 @@ class TrainingSpec(SpecSection):
     eval_pass: bool = Field(
         False,
         description=(
-            "Also run an evaluation forward pass (eval mode, no gradients) at the same batch after the training "
-            "steps of each trial, so that the answer covers validation too (train mode only)."
+            "Also find the largest evaluation batch (train mode only): after the training search, a second search "
+            "whose trials each run the training steps at the recommended batch (the weights, gradients and "
+            "optimizer state a job holds when it validates), then one evaluation pass (eval mode, no gradients, "
+            "training.eval_grad) at the batch tried. Its own edge (eval_max_batch_size), so the training answer is "
+            "never lowered by evaluation and evaluation never runs out later. With model.hf_trainer: the Trainer's "
+            "own eval batch runs after each trial's steps instead (no second search)."
         ),
+    )
+    eval_grad: Literal["no_grad", "inference_mode"] = Field(
+        "no_grad",
+        description="How the evaluation pass turns gradients off, as your validation loop does: torch.no_grad() "
+                    "(Lightning's and Hugging Face's default) or torch.inference_mode().",
     )
 
     @model_validator(mode="after")

@@ -121,24 +121,42 @@ def apply(raw: dict[str, Any], overrides: Iterable[Override]) -> tuple[dict[str,
     The origins map each field set, and each section an override had to create
     (``--set serch.steps=4`` creates ``serch``, an unknown field), to the override,
     so that validation's problems there name it (``origin_of``). A path that runs
-    through a value which is not a mapping (``--set device.index=1``) cannot be set:
-    a problem, never a silently ignored override. Each comes with the path that
+    through a value which is not a mapping (``--set device.index=1``) cannot be set: a problem, never a
+    silently ignored override. A whole-number part indexes a list that is already there (``--set
+    input.shape.0=512``: the first element of ``input.shape``); an index it does not have is a problem
+    too. Each comes with the path that
     blocked it: if validation finds that path wrong anyway (``search: 5`` in the
     file), its own problem says it, and the caller leaves this one out.
     """
     origins: dict[str, str] = {}
     problems: list[tuple[str, Problem]] = []
     for override in overrides:
-        *parents, leaf = override.field.split(".")
-        node, walked = raw, []
-        for part in parents:
-            walked.append(part)
-            child = node.get(part)
+        parts = override.field.split(".")
+        node: Any = raw
+        for depth, part in enumerate(parts):
+            where = ".".join(parts[:depth])
+            key: str | int = part
+            if isinstance(node, list):  # a list element by its index: --set input.shape.0=512
+                if not (part.isdigit() and part.isascii() and int(part) < len(node)):
+                    problems.append((where, Problem(
+                        f"{override.field} (from {override.origin})",
+                        f"{where} is the list {shown(node)}: {shortened(part)!r} is not the index of one of its "
+                        f"{len(node)} element(s)",
+                        f"give an index from 0 to {len(node) - 1}, or set {where} itself, e.g. --set '{where}=[...]'",
+                    )))
+                    break
+                key = int(part)
+            if depth == len(parts) - 1:
+                node[key] = override.value
+                origins[override.field] = override.origin
+                break
+            child = node[key] if isinstance(node, list) else node.get(key)
             if child is None:
-                child = node[part] = {}
-                origins.setdefault(".".join(walked), override.origin)
-            if not isinstance(child, dict):
-                where = ".".join(walked)
+                child = node[key] = {}
+                origins.setdefault(".".join(parts[:depth + 1]), override.origin)
+            following = parts[depth + 1]
+            if not (isinstance(child, dict) or (isinstance(child, list) and following.isdigit())):
+                where = ".".join(parts[:depth + 1])
                 problems.append((where, Problem(
                     f"{override.field} (from {override.origin})",
                     f"{where} is {type(child).__name__} {shown(child)}, not a section of fields",
@@ -146,9 +164,6 @@ def apply(raw: dict[str, Any], overrides: Iterable[Override]) -> tuple[dict[str,
                 )))
                 break
             node = child
-        else:
-            node[leaf] = override.value
-            origins[override.field] = override.origin
     return origins, problems
 
 
@@ -159,3 +174,47 @@ def origin_of(field: str, origins: Mapping[str, str]) -> str | None:
         if (field == path or field.startswith(path + ".")) and (best is None or len(path) > len(best[0])):
             best = (path, origin)
     return best[1] if best else None
+
+
+_OVER_FIX = ("write --over FIELD=V1,V2,..., e.g. --over input.shape.0=128,256,512 (a dotted field path as --set "
+             "takes it, '=', YAML values separated by commas)")
+
+
+def parse_over(text: str, source: str) -> tuple[str, list[Any]]:
+    """``--over FIELD=V1,V2,...`` (``isoprobe frontier``'s) -> the field and its values; one ``SpecError`` otherwise.
+
+    The values are read as one YAML flow list (``[`` text ``]``), so a value may
+    be a list itself (``--over input.shape=[3,64,64],[3,128,128]``), under the spec
+    file's rules as a ``--set`` value is. Each value is then validated as a
+    ``--set`` of the field would be (``load_spec``), which names the field.
+    Refused here: no ``=``, a field that is not a dotted path, no value, a value
+    given twice.
+    """
+    from isoprobe.errors import SpecError
+    from isoprobe.spec.yaml_file import parse_yaml
+
+    origin = f"--over {shortened(text)}"
+    field, equals, values_text = text.partition("=")
+    field = field.strip()
+
+    def refused(where: str, message: str):
+        return SpecError(source, [Problem(where, message, _OVER_FIX)])
+
+    if not equals:
+        raise refused(origin, "no '=' in it: --over names a field and its values")
+    if not field or any(not part or part != part.strip() for part in field.split(".")):
+        raise refused(origin, f"{shortened(field)!r} is not a dotted field path")
+    try:
+        values = parse_yaml(f"[{values_text}]", source, field) if values_text.strip() else []
+    except SpecError as error:
+        raise SpecError(source, [Problem(f"{p.field} (from {origin})", p.message, _OVER_FIX)
+                                 for p in error.problems]) from None
+    if not values or any(value is None for value in values):
+        raise refused(f"{field} (from {origin})", "no value to probe at (an empty list, or an empty value between "
+                                                  "commas)")
+    seen: list[Any] = []
+    for value in values:
+        if value in seen:
+            raise refused(f"{field} (from {origin})", f"the value {shortened(repr(value))} is given twice")
+        seen.append(value)
+    return field, values

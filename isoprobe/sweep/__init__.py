@@ -22,20 +22,27 @@ __all__ = ["SweepItem", "SweepReport", "SweepRow", "make_items", "run_sweep"]
 
 
 def make_items(specs: list[str], targets: list[str], cache_dir: str, *, named: dict | None = None,
-               sets: tuple[str, ...] = (), refresh: bool = False, rows_dir: str | None = None) -> list[SweepItem]:
-    """One item per spec x target, spec-major (the rows of one spec stay together)."""
+               sets: tuple[str, ...] = (), refresh: bool = False, rows_dir: str | None = None,
+               over: list[str] | None = None) -> list[SweepItem]:
+    """One item per spec x value x target, spec-major (the rows of one spec stay together).
+
+    ``over``: ``FIELD=VALUE`` texts (``--over``'s values, one each), applied after ``sets``: each row is
+    the probe ``isoprobe run SPEC --set FIELD=VALUE`` runs, so ``isoprobe frontier`` then reads its entry.
+    """
     items = []
     for spec in specs:
-        for target in targets:
-            items.append(SweepItem(spec=os.path.abspath(spec), shown=spec, target=target, cache_dir=cache_dir,
-                                   index=len(items), named=dict(named or {}), sets=tuple(sets), refresh=refresh,
-                                   rows_dir=rows_dir))
+        for point in over or [None]:
+            for target in targets:
+                items.append(SweepItem(spec=os.path.abspath(spec), shown=spec if point is None else f"{spec} {point}",
+                                       target=target, cache_dir=cache_dir, index=len(items), named=dict(named or {}),
+                                       sets=tuple(sets) + ((point,) if point else ()), refresh=refresh,
+                                       rows_dir=rows_dir))
     return items
 
 
 def run_sweep(specs: list[str], *, executor: str, say: Callable[[str], None], targets: list[str] | None = None,
               named: dict | None = None, sets: tuple[str, ...] = (), refresh: bool = False,
-              slurm_options=None, submitter=None) -> SweepReport:
+              slurm_options=None, submitter=None, over: list[str] | None = None) -> SweepReport:
     """Probe every spec on every target; the report (``interrupted`` when a signal stopped it)."""
     from isoprobe.cache.store import cache_directory
 
@@ -44,7 +51,7 @@ def run_sweep(specs: list[str], *, executor: str, say: Callable[[str], None], ta
     if executor == "local":
         from isoprobe.sweep.local import run_local
 
-        items = make_items(specs, [LOCAL_TARGET], cache_dir, named=named, sets=sets, refresh=refresh)
+        items = make_items(specs, [LOCAL_TARGET], cache_dir, named=named, sets=sets, refresh=refresh, over=over)
         rows, stopped = run_local(items, say)
         submitted, arrays = sum(not row.cached and row.stop_reason is not None for row in rows), []
     else:
@@ -54,7 +61,7 @@ def run_sweep(specs: list[str], *, executor: str, say: Callable[[str], None], ta
         private_folder(run_folder)
         options = slurm_options.__class__(**{**slurm_options.__dict__, "folder": run_folder})
         items = make_items(specs, targets or [], cache_dir, named=named, sets=sets, refresh=refresh,
-                           rows_dir=str(run_folder / "rows"))
+                           rows_dir=str(run_folder / "rows"), over=over)
         rows, submitted, arrays, stopped = run_slurm(items, options, say, submitter)
     return SweepReport(executor=executor, rows=rows, submitted=submitted, array_jobs=arrays,
                        interrupted=stopped, seconds=round(time.monotonic() - began, 2))

@@ -116,7 +116,7 @@ class SweepItem:
     """What one probe of a sweep needs: the spec, its overrides, where to answer and where to write the row."""
 
     spec: str  #: the spec's absolute path (a task on another node reads it there: a shared filesystem)
-    shown: str  #: the path as the user gave it: the row names the spec by it
+    shown: str  #: the path as the user gave it (and the --over value): the row names the spec by it
     target: str  #: 'local', 'partition=NAME' or 'constraint=FEATURE'
     cache_dir: str  #: the result cache (ISOPROBE_CACHE_DIR), absolute; set in the task's environment
     index: int = 0  #: the row's position in the sweep

@@ -86,7 +86,8 @@ def _trial(tmp_path, spec: dict, batch: int, steps: int | None = None) -> dict:
 
     tmp_path.mkdir(parents=True, exist_ok=True)
     request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cuda:0",
-                           memory_budget_bytes=None, python_path=[], steps=steps)
+                           memory_budget_bytes=None, python_path=[], steps=steps,
+                           eval_batch_size=batch if spec.get("training", {}).get("eval_pass") else None)
     run = run_once(request, Conditions(backend="cuda", allocator=None), timeout=600, workdir=tmp_path)
     end = classify_exit(run)
     assert end.outcome.value == "fits", run.stderr_tail

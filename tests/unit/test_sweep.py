@@ -238,3 +238,18 @@ def test_an_array_sbatch_refuses_fails_its_rows_and_the_other_targets_still_run(
                                                       "partition specified: nope")
     assert answered.answered and arrays == ["100"] and stopped is None
     assert any("submitting 1 probes on partition=nope failed" in line for line in lines)
+
+
+def test_over_makes_one_row_per_value_each_the_probe_a_frontier_point_is(specs, tmp_path):
+    """``isoprobe sweep --over``: a frontier's points as rows, each loaded as ``isoprobe frontier`` loads it."""
+    from isoprobe.spec.load import load_spec
+    from isoprobe.spec.overrides import Override
+
+    path = str(specs["edge.yaml"])
+    items = make_items([path], ["local"], str(tmp_path / "cache"), sets=("search.retries=2",),
+                       over=["search.steps=4", "search.steps=5"])
+    assert [item.shown for item in items] == [f"{path} search.steps=4", f"{path} search.steps=5"]
+    for item, steps in zip(items, (4, 5)):
+        frontier_point = load_spec(path, [Override("search.steps", steps, "--over")], sets=["search.retries=2"])
+        assert item.load() == frontier_point  # the same spec, hence the same cache key
+        assert item.load().search.steps == steps

@@ -1,0 +1,75 @@
+"""The evaluation batch (``training.eval_pass``): a second edge, searched in its own trials after the training one.
+
+A job validates with its training state in memory: weights, gradients,
+optimizer state. So each evaluation trial runs the training steps at the
+training answer (the recommended batch, else the maximum), drops that batch,
+and runs one evaluation pass (eval mode, ``training.eval_grad``) at the batch
+under test (``child.trial``); its verdict is the evaluation's. The training
+trials run no evaluation pass any more: the training answer is never lowered
+by evaluation, and the evaluation answer is proven on its own.
+
+The search is the same pure edge search as the training one; it borrows the
+training maximum as a fit it expects (an evaluation pass keeps no activations
+for a backward pass, so it usually takes more samples), which steers it
+upwards and is proven, or dropped, by its own trials (``search.frontier``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from isoprobe.pipeline.data import data_cap
+from isoprobe.pipeline.environment import Target
+from isoprobe.pipeline.trials import TrialRunner
+from isoprobe.report.outcomes import StopReason
+from isoprobe.search.edge_search import run_search
+from isoprobe.search.history import Borrowed, Limits, Observation
+from isoprobe.search.steps import doubling_step, guided_step
+from isoprobe.spec.model import Spec
+
+
+@dataclass(frozen=True)
+class EvalEdge:
+    """The evaluation search's answer."""
+
+    stop: StopReason
+    max_fitting: int | None
+    first_failing: int | None
+    training_batch: int
+
+
+def wants_eval_search(spec: Spec) -> bool:
+    """eval_pass with isoprobe's own step; an hf_trainer's Trainer evaluates at its own eval batch in each trial."""
+    return spec.training.eval_pass and spec.model.hf_trainer is None
+
+
+def eval_search(spec: Spec, target: Target, runner: TrialRunner, training_batch: int, training_max: int) -> EvalEdge:
+    """The largest evaluation batch after the training steps at ``training_batch``, in fresh processes."""
+    limits = Limits(
+        start=spec.search.start_batch_size,
+        cap=data_cap(spec.search.cap, target.data),  # with spec.data, no batch larger than the dataset
+        retries=spec.search.retries,
+        confirmations=spec.search.confirmations,
+        capacity=target.search_capacity,
+        borrowed=Borrowed(fits=training_max) if training_max >= spec.search.start_batch_size else None,
+    )
+    step = guided_step if spec.search.strategy == "guided" else doubling_step
+    runner.reporter.note(f"evaluation batch (training.eval_pass): each trial runs the training steps at batch "
+                         f"{training_batch}, then one evaluation pass ({spec.training.eval_grad}) at the batch tried")
+    history: list[Observation] = []
+    runner.eval_after = training_batch
+    try:
+        conclusion = run_search(runner.observe, limits, history, step=step)
+    finally:
+        runner.eval_after = None
+    return EvalEdge(conclusion.stop, conclusion.max_fitting, conclusion.first_failing, training_batch)
+
+
+def eval_summary(edge: EvalEdge) -> str:
+    """The evaluation answer in words, for the result's message."""
+    if edge.max_fitting is None:
+        return (f"no evaluation batch fit after training steps at batch {edge.training_batch} "
+                f"({edge.stop.value}): evaluate with a smaller batch than search.start_batch_size, or train smaller")
+    above = (f" and {edge.first_failing} runs out of memory" if edge.first_failing is not None
+             else " (the cap: none above it was tried)")
+    return (f"evaluation batch {edge.max_fitting} fits{above} after training steps at batch {edge.training_batch}")

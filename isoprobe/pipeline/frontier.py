@@ -1,0 +1,125 @@
+"""The frontier: one spec answered at several values of one field, each point bounded by the points before it.
+
+Each point is an ordinary answer (``pipeline.answer``): the cache under the key
+``isoprobe run --set FIELD=VALUE`` uses, its lock, a probe in fresh processes,
+the store. So a rerun is answered from the cache, a point a sweep filled (on
+Slurm, in parallel) is a cache hit here, and a point here is a hit for ``run``.
+What the frontier adds is the order (``search.frontier.probe_order``: the value
+needing the most memory first) and the bounds each probe borrows from the
+points answered before it (``search.frontier.borrowed_for``), which only
+narrow where its search looks: its maximum is still run at its own value.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from isoprobe.report.frontier import BorrowedBounds, FrontierPoint, FrontierResult
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.report.output import Reporter
+from isoprobe.search.frontier import Direction, Proven, borrowed_for, memory_ranks, probe_order
+from isoprobe.spec.model import Spec
+
+
+@dataclass(frozen=True)
+class FrontierPlan:
+    """What ``isoprobe frontier`` asks: the field, its values, and the spec validated at each value."""
+
+    spec_path: str
+    field: str
+    values: Sequence[Any]
+    specs: Sequence[Spec]
+    direction: Direction
+
+
+def resolve_direction(values: Sequence[Any], asked: Direction | None) -> Direction:
+    """The direction asked for, or by default increasing for numbers (a longer sequence, a larger image needs more
+    memory) and none otherwise; ValueError when an ordering direction is asked of values that are not numbers."""
+    numbers = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+    direction = asked or ("increasing" if numbers else "none")
+    memory_ranks(values, direction)  # raises for a value it cannot order
+    return direction
+
+
+def tokens_per_batch(field: str, value: Any, max_batch_size: int | None) -> int | None:
+    """max x value when the field is an element of input.shape (the samples' size along it), else None.
+
+    For a sequence model's ``input.shape.0`` that is the tokens in the largest
+    batch; for an image's side it is pixels along one side times samples, which
+    the column names the same way (elements along the field per batch).
+    """
+    parts = field.split(".")
+    if (max_batch_size is None or len(parts) != 3 or parts[:2] != ["input", "shape"] or not parts[2].isdigit()
+            or isinstance(value, bool) or not isinstance(value, int)):
+        return None
+    return max_batch_size * value
+
+
+def run_frontier(plan: FrontierPlan, reporter: Reporter, answer_point: Callable[..., Any]) -> FrontierResult:
+    """Answer every point, the most memory first, each borrowing the bounds the finished points proved.
+
+    ``answer_point(spec, borrowed)`` is the result for one point (``pipeline.answer.answer`` with the
+    command line's cache options; a scripted one in unit tests). An interrupted point ends the frontier:
+    the points answered so far are returned, the interrupted one with them.
+    """
+    started = time.monotonic()
+    ranks = memory_ranks(plan.values, plan.direction)
+    proven: list[tuple[int, Proven]] = []  # (index of the value, what its probe proved)
+    points: dict[int, FrontierPoint] = {}
+    order = probe_order(ranks, len(plan.values))
+    for count, index in enumerate(order, 1):
+        value = plan.values[index]
+        borrowed = borrowed_for(ranks[index], [p for _, p in proven]) if ranks is not None else None
+        bounds = _bounds(borrowed, proven, plan.values)
+        reporter.note(f"frontier: {plan.field}={value} ({count} of {len(order)})" + _said(bounds))
+        point_started = time.monotonic()
+        result = answer_point(plan.specs[index], borrowed)
+        seconds = round(time.monotonic() - point_started, 3)
+        hit = result.cache is not None and result.cache.hit
+        points[index] = FrontierPoint(
+            value=value, probed=count, max_batch_size=result.max_batch_size,
+            recommended_batch_size=result.recommended_batch_size,
+            tokens_per_batch=tokens_per_batch(plan.field, value, result.max_batch_size),
+            trials=0 if hit else len(result.trials), seconds=seconds, borrowed=bounds, result=result,
+        )
+        if result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
+            break
+        if result.answered and ranks is not None:
+            out_of_memory = (result.first_failing_batch_size
+                             if result.first_failing_outcome is Outcome.OUT_OF_MEMORY else None)
+            proven.append((index, Proven(ranks[index], result.max_batch_size, out_of_memory)))
+    listed = [points[i] for i in sorted(points)]
+    return FrontierResult(
+        spec_path=plan.spec_path, field=plan.field, direction=plan.direction,
+        answered=len(listed) == len(plan.values) and all(p.result.answered for p in listed),
+        points=listed, total_trials=sum(p.trials for p in listed),
+        total_seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def _bounds(borrowed, proven: list[tuple[int, Proven]], values: Sequence[Any]) -> BorrowedBounds | None:
+    """The borrowed bounds as the result names them: each with the value whose probe proved it."""
+    if borrowed is None:
+        return None
+
+    def source(attribute: str, bound: int | None) -> Any:
+        return next((values[i] for i, p in proven if getattr(p, attribute) == bound), None)
+
+    return BorrowedBounds(fits=borrowed.fits, fits_from=source("max_fitting", borrowed.fits) if borrowed.fits else None,
+                          fails=borrowed.fails,
+                          fails_from=source("out_of_memory", borrowed.fails) if borrowed.fails else None)
+
+
+def _said(bounds: BorrowedBounds | None) -> str:
+    if bounds is None:
+        return ""
+    said = []
+    if bounds.fits is not None:
+        said.append(f"{bounds.fits} fit at {bounds.fits_from}")
+        said.append("the search looks above it")
+    if bounds.fails is not None:
+        said.append(f"{bounds.fails} ran out of memory at {bounds.fails_from}")
+        said.append("the search looks below it")
+    return "; borrowed: " + ", ".join(said) + " (proven here before it counts)"
