@@ -39,7 +39,7 @@ class WorldSize:
 
 def resolve_launcher(spec: Spec, environ: Mapping[str, str], gpu_count: int, *, ram_bytes: int,
                      cpu_budget: int) -> LauncherChoice | None:
-    """How the gangs are started (``srun_plan.choose_launcher``); None without a strategy. ``ValueError``: srun
+    """How the gangs are started (``srun_plan.choose_launcher``); None without a strategy. ``LauncherError``: srun
     asked for outside an allocation."""
     options = spec.distributed
     if not options.gang:

@@ -38,6 +38,14 @@ REFUSALS = (
 )
 
 
+class LauncherError(ValueError):
+    """A launcher that cannot run here: what is wrong, and the fix (rendered as a spec error, exit 2)."""
+
+    def __init__(self, message: str, fix: str):
+        super().__init__(message)
+        self.fix = fix
+
+
 @dataclass(frozen=True)
 class Allocation:
     """The Slurm allocation isoprobe runs in, from its environment (``None`` fields: not said)."""
@@ -62,7 +70,7 @@ class LauncherChoice:
 
 
 def choose_launcher(asked: str, allocation: Allocation, wanted_ranks: int, node_ranks: int) -> LauncherChoice:
-    """``distributed.launcher`` resolved: ``local`` or ``srun``; ``ValueError`` for srun outside an allocation.
+    """``distributed.launcher`` resolved: ``local`` or ``srun``; ``LauncherError`` for srun outside an allocation.
 
     ``wanted_ranks``: the spec's world size, else the job's (``WORLD_SIZE``,
     ``SLURM_NTASKS``...), else 1. ``node_ranks``: the most ranks this node runs
@@ -76,9 +84,9 @@ def choose_launcher(asked: str, allocation: Allocation, wanted_ranks: int, node_
         return LauncherChoice("local", "distributed.launcher: local")
     if allocation.job_id is None:
         if asked == "srun":
-            raise ValueError("srun: a job step needs a Slurm allocation, and SLURM_JOB_ID is not set; run "
-                             "isoprobe inside the job (its batch script, or an salloc shell), or set "
-                             "distributed.launcher: local (or auto)")
+            raise LauncherError("srun: a job step needs a Slurm allocation, and SLURM_JOB_ID is not set",
+                                "run isoprobe inside the job (its batch script, or an salloc shell), or set "
+                                "distributed.launcher: local (or auto)")
         return LauncherChoice("local", "auto: not in a Slurm allocation")
     if asked == "srun":
         return LauncherChoice("srun", f"distributed.launcher: srun, in job {allocation.job_id}")

@@ -72,6 +72,7 @@ def answer(
 def _resolve_ranks(spec: Spec, spec_path: str, environ: dict[str, str], gpus, reporter: Reporter):
     """The spec with its gang's launcher, size and threads per rank written in (``ranks``), before the key is made."""
     from isoprobe.errors import Problem, SpecError
+    from isoprobe.executors.srun_plan import LauncherError
     from isoprobe.system.hardware import ram_bytes
     from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET
     from isoprobe.executors.ranks import (
@@ -85,8 +86,8 @@ def _resolve_ranks(spec: Spec, spec_path: str, environ: dict[str, str], gpus, re
     budget = spec.memory_budget or DEFAULT_CPU_BUDGET
     try:
         launcher = resolve_launcher(spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget)
-    except ValueError as exc:
-        raise SpecError(spec_path, [Problem("distributed.launcher", str(exc))]) from None
+    except LauncherError as exc:
+        raise SpecError(spec_path, [Problem("distributed.launcher", str(exc), exc.fix)]) from None
     across = launcher is not None and launcher.launcher == "srun"
     world = resolve_world_size(spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget,
                                across_nodes=across)

@@ -15,7 +15,7 @@ from isoprobe.child.srun_rank import one_gpu, rank_files
 from isoprobe.executors import ChildRun
 from isoprobe.executors.gang import first_failure
 from isoprobe.executors.ranks import resolve_launcher, resolve_world_size, with_world_size
-from isoprobe.executors.srun_plan import Allocation, choose_launcher, refusal, srun_command
+from isoprobe.executors.srun_plan import Allocation, LauncherError, choose_launcher, refusal, srun_command
 from isoprobe.pipeline.trials import trial_from_run
 from isoprobe.protocol.messages import TrialResult
 from isoprobe.report.outcomes import Outcome
@@ -51,8 +51,9 @@ def test_the_launcher_rule(asked, environ, wanted, node, expected):
 
 
 def test_srun_outside_an_allocation_says_what_to_do():
-    with pytest.raises(ValueError, match="SLURM_JOB_ID is not set.*salloc.*launcher: local"):
+    with pytest.raises(LauncherError, match="SLURM_JOB_ID is not set") as refused:
         choose_launcher("srun", Allocation.from_environment({"SLURM_NTASKS": "4"}), 4, 2)
+    assert "salloc" in refused.value.fix and "launcher: local" in refused.value.fix
 
 
 def test_auto_steps_on_the_jobs_size_not_the_nodes_cap():
