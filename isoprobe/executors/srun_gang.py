@@ -13,9 +13,11 @@ step is ended through Slurm (``scancel --signal=KILL JOB.STEP``; srun's own
 ``--kill-on-bad-exit`` for a rank that ends badly).
 
 Supervision. srun itself runs under a keeper (``system.keeper``) with a
-lifeline, as every local child does: if isoprobe dies (SIGKILL included) the
-keeper SIGKILLs srun, and slurmstepd then kills the step's tasks on every node
-(measured on Slurm 22.05: the tasks were gone 0.03 s after srun was SIGKILLed).
+lifeline, as every local child does. If isoprobe dies (SIGKILL included) the
+keeper first runs ``scancel`` of the step (its ``--on-stop`` file, written as
+soon as the step's id is known), then SIGKILLs srun: killing srun alone is not
+enough (measured on Slurm 22.05: with the ranks' output going to files, the
+step and its tasks stayed after srun was SIGKILLed).
 A step that Slurm refuses (more tasks than the allocation has, a node down) runs
 no rank: that is no outcome of the batch's. It is run once more, and refused
 again it stops the probe with Slurm's own words (``ProbeError``, exit 4).
@@ -64,6 +66,8 @@ REFUSALS_TOLERATED = 1
 SRUN_END_SECONDS = 10.0
 #: How long ``squeue -s`` may keep listing a step that was ended before isoprobe says so.
 STEP_GONE_SECONDS = 15.0
+#: The commands srun's keeper runs if isoprobe dies mid-step (``keeper.run_on_stop``): ``scancel`` of the step.
+ON_STOP_FILE = "on-stop.json"
 _RANK_ENTRY = str(Path(__file__).resolve().parents[1] / "child" / "srun_rank.py")
 
 
@@ -196,7 +200,8 @@ class SrunGangExecutor:
         lifeline_read, lifeline_write = os.pipe()
         with signals_deferred(), open(folder / "srun.stdout", "wb") as out, open(folder / "srun.stderr", "wb") as err:
             try:
-                process = subprocess.Popen(keeper.command(lifeline_read, argv), stdin=subprocess.DEVNULL, stdout=out,
+                process = subprocess.Popen(keeper.command(lifeline_read, argv, on_stop=str(folder / ON_STOP_FILE)),
+                                           stdin=subprocess.DEVNULL, stdout=out,
                                            stderr=err, env=env, cwd=folder, start_new_session=True,
                                            pass_fds=(lifeline_read,), preexec_fn=prepare_child(None, os.getpid()))
             except BaseException:
@@ -208,7 +213,11 @@ class SrunGangExecutor:
 
     def _supervise(self, step: _Step, timeout: float) -> ChildRun | str:
         import_deadline = step.began + import_timeout(timeout)
+        cancel_armed = False
         while True:
+            if not cancel_armed and (step_id := step.step_id()) is not None:
+                self._arm_cancel(step, step_id)
+                cancel_armed = True
             srun_ended = step.process.poll() is not None
             events = [read_events(step.files(rank)["events.jsonl"]) for rank in range(step.world)]
             if step.delivered is None and all(last_of(e, Warm) is not None for e in events):
@@ -235,6 +244,14 @@ class SrunGangExecutor:
                     hung = laggard([len(e) for e in events], list(timed_out)) if timed_out else None
                     return self._conclude(step, hung, timed_out=timed_out)
             time.sleep(POLL_SECONDS)
+
+    def _arm_cancel(self, step: _Step, step_id: str) -> None:
+        """Tell srun's keeper how to end the step if isoprobe dies: killing srun alone leaves its tasks running
+        (measured on Slurm 22.05 with the ranks' output in files: the step stayed, its tasks alive, after
+        srun was SIGKILLed), so the keeper cancels the step first, through Slurm, on every node."""
+        scancel = shutil.which(self.scancel) or self.scancel
+        write_atomically(step.folder / ON_STOP_FILE, json.dumps([[scancel, "--signal=KILL", step_id],
+                                                                 [scancel, step_id]]))
 
     def _refused(self, step: _Step, why: str | None = None) -> str:
         """Why Slurm ran no rank of the step: srun's own line when it said one."""

@@ -55,15 +55,20 @@ def _write(folder: Path, spec: dict, name: str) -> Path:
 
 def _job_script(spec: Path, out: Path, *, marker: str = "", pidfile: Path | None = None,
                 extra: str = "") -> str:
-    """A batch script that runs this tree's isoprobe on ``spec`` (its pid in ``pidfile``), JSON to ``out``."""
+    """A batch script that runs this tree's isoprobe on ``spec``, JSON to ``out``.
+
+    With ``pidfile``: isoprobe runs in the background (its pid written there) and the batch shell stays
+    alive after it, so that what ends a step when isoprobe dies is isoprobe's own machinery, not the end
+    of the batch step (which would kill every process of the job, srun included).
+    """
     q = shlex.quote
     lines = [f"export PYTHONPATH={q(str(REPO))}", "export ISOPROBE_CACHE_DIR=\"$PWD/cache-$SLURM_JOB_ID\"",
              f"cd {q(str(out.parent))}"]
-    if marker:
-        lines.append(f"export {marker}")
+    command = (f"{marker} " if marker else "") + f"{q(PYTHON)} -m isoprobe run {q(str(spec))} --no-cache --format json {extra}> {q(str(out))}"
     if pidfile is not None:
-        lines.append(f"echo $$ > {q(str(pidfile))}")
-    lines.append(f"exec {q(PYTHON)} -m isoprobe run {q(str(spec))} --no-cache --format json {extra}> {q(str(out))}")
+        lines += [f"{command} &", f"echo $! > {q(str(pidfile))}", "wait", "sleep 300"]
+    else:
+        lines.append(f"exec {command}")
     return "\n".join(lines) + "\n"
 
 
@@ -189,5 +194,7 @@ def test_isoprobe_killed_mid_step_leaves_no_step_and_no_process(slurm_cluster, f
         latency = time.monotonic() - killed
         assert gone, (_steps(slurm_cluster, job_id), marked_processes(*marker.split("=", 1)))
         print(f"isoprobe SIGKILLed: no step and no process after {latency:.2f} s")
+        assert slurm_cluster.job_info(job_id).get("JobState") == "RUNNING"  # the job outlived isoprobe: not its end
     finally:
+        slurm_cluster.command("scancel", job_id, check=False)
         slurm_cluster.wait(job_id, timeout=60)
