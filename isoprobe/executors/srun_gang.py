@@ -111,6 +111,21 @@ class _Step:
         return stderr_tail(self.folder / "srun.stderr")
 
 
+def step_states(events: list[list], exits: list[int | None], srun_ended: bool) -> list[tuple]:
+    """Each rank's (verdict, ended, exit code) for ``gang.first_failure``, from what the step's ranks left.
+
+    A rank's own end is its exit file (``child.srun_rank``). A rank without one
+    once srun has ended was killed with the step (``--kill-on-bad-exit``, a
+    cancel): it ended, but by another's failure, so it is counted as ended only
+    when no rank ended on its own with a failure; else a peer that Slurm killed
+    first would be blamed for the rank that crashed.
+    """
+    own = [(last_of(e, TrialResult), code is not None, code) for e, code in zip(events, exits)]
+    if not srun_ended or first_failure(own)[1] is not None:
+        return own
+    return [(verdict, True, code if code is not None else -9) for verdict, _, code in own]
+
+
 class SrunGangExecutor:
     """Gang trials as Slurm job steps; the environment check and other requests run locally (``local``)."""
 
@@ -225,8 +240,7 @@ class SrunGangExecutor:
             exits = [step.exit_code(rank) for rank in range(step.world)]
             if srun_ended and not any(step.task(rank) for rank in range(step.world)):
                 return self._refused(step)
-            states = [(last_of(e, TrialResult), code is not None or srun_ended, code if code is not None else -9)
-                      for e, code in zip(events, exits)]
+            states = step_states(events, exits, srun_ended)
             ended, failed = first_failure(states)
             now = time.monotonic()
             if ended:

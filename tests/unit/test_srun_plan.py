@@ -158,6 +158,18 @@ def test_the_first_rank_that_fails_ends_the_gang(states, expected):
     assert first_failure(states) == expected
 
 
+def test_a_rank_that_crashed_is_blamed_not_the_peer_slurm_killed_for_it():
+    """Rank 1 crashed (its exit recorded, no verdict); --kill-on-bad-exit then killed rank 0, which left no exit."""
+    from isoprobe.executors.srun_gang import step_states
+
+    states = step_states([[], []], [None, -11], srun_ended=True)
+    assert first_failure(states) == (True, 1)
+    # Both gone without an end of their own (the step cancelled from outside): ended, the first one named.
+    assert first_failure(step_states([[], []], [None, None], srun_ended=True)) == (True, 0)
+    # srun still running: a rank without an exit is still running.
+    assert first_failure(step_states([[], []], [None, None], srun_ended=False)) == (False, None)
+
+
 def test_a_step_ranks_node_reaches_the_result():
     from isoprobe.executors.scripted import fits, out_of_memory
 
