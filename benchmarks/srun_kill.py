@@ -1,11 +1,12 @@
 """What is left, and for how long, when isoprobe is SIGKILLed while a trial runs as a Slurm job step.
 
-    python benchmarks/srun_kill.py      # inside an allocation of 2 tasks (sbatch --ntasks=2, or salloc -n2)
+    python benchmarks/srun_kill.py [KILL|TERM|INT]   # inside an allocation of 2 tasks (sbatch --ntasks=2)
 
 Starts ``isoprobe run`` on a DDP gang of two ranks (``distributed.launcher:
 srun``) whose ranks both hang at batch 2 (tests/faults.py), waits until both
-ranks are inside the fault, SIGKILLs isoprobe (nothing of isoprobe's own code
-runs after that), then looks every 10 ms at what is still there: srun, the
+ranks are inside the fault, sends isoprobe the signal (SIGKILL by default:
+nothing of isoprobe's own code runs after that; TERM and INT: its own
+interrupt path, exit 143 / 130 with the trials so far), then looks every 10 ms at what is still there: srun, the
 ranks (processes carrying this run's marker in their environment, found in
 /proc whatever their parent), and the step in ``squeue -s``. Prints the seconds
 until each is gone. Needs the Slurm clients and a tree where ``python -m
@@ -45,12 +46,20 @@ def marked(value: str) -> list[int]:
     return found
 
 
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
+    except OSError:
+        return False
+
+
 def steps(job: str) -> list[str]:
     listed = subprocess.run(["squeue", "-h", "-s", "-j", job, "-o", "%i"], capture_output=True, text=True).stdout
     return [step for step in listed.split() if not step.endswith(".batch")]
 
 
 def main() -> int:
+    signum = getattr(signal, f"SIG{(sys.argv[1:] or ['KILL'])[0].upper()}")
     job = os.environ.get("SLURM_JOB_ID")
     if not job:
         sys.exit("run this inside a Slurm allocation of 2 tasks (sbatch --ntasks=2 / salloc -n2)")
@@ -79,25 +88,25 @@ def main() -> int:
     before = {"processes": len(marked(marker)), "steps": steps(job)}
     srun = [pid for pid in marked(marker)
             if Path(f"/proc/{pid}/comm").read_text().strip() == "srun"]
-    isoprobe.send_signal(signal.SIGKILL)
+    isoprobe.send_signal(signum)
     killed = time.monotonic()
-    isoprobe.wait()
+    code = isoprobe.wait()
+    exited = time.monotonic() - killed
     gone: dict[str, float | None] = {"srun": None, "ranks and every marked process": None, "step in squeue -s": None}
     while time.monotonic() - killed < 60 and None in gone.values():
         now = time.monotonic() - killed
-        if gone["srun"] is None and not any(Path(f"/proc/{pid}").exists() and
-                                            Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-                                            not in ("Z", "X") for pid in srun if Path(f"/proc/{pid}").exists()):
+        if gone["srun"] is None and not any(alive(pid) for pid in srun):
             gone["srun"] = now
         if gone["ranks and every marked process"] is None and not marked(marker):
             gone["ranks and every marked process"] = now
         if gone["step in squeue -s"] is None and not steps(job):
             gone["step in squeue -s"] = now
         time.sleep(0.01)
-    print(f"before the kill: {before['processes']} marked processes (isoprobe, keeper, srun, rank wrappers, ranks), "
+    print(f"{signum.name}: isoprobe exited {code}, {exited:.3f} s after the signal")
+    print(f"before the signal: {before['processes']} marked processes (isoprobe, keeper, srun, rank wrappers, ranks), "
           f"steps {before['steps']}")
     for what, seconds in gone.items():
-        print(f"  {what:32} gone {seconds:.3f} s after SIGKILL" if seconds is not None
+        print(f"  {what:32} gone {seconds:.3f} s after the signal" if seconds is not None
               else f"  {what:32} STILL THERE after 60 s")
     print(f"left alive now: {len(marked(marker))} processes, steps {steps(job)}")
     return 0
