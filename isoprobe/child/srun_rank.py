@@ -31,6 +31,7 @@ against the rank's cap or depend on the user's site-packages.
 from __future__ import annotations
 
 import ctypes
+import importlib.util
 import json
 import os
 import resource
@@ -38,6 +39,16 @@ import signal
 import sys
 
 PR_SET_PDEATHSIG = 1
+
+
+def load_wiring():
+    """``protocol.wiring`` (stdlib only) loaded from its file: importing it as ``isoprobe.protocol.wiring`` would run
+    the package's ``__init__``, which imports pydantic, and this wrapper runs isolated, before the rank's cap."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "protocol", "wiring.py")
+    spec = importlib.util.spec_from_file_location("isoprobe_srun_wiring", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def rank_files(step_dir: str, rank: int) -> dict[str, str]:
@@ -77,8 +88,9 @@ def main(argv: list[str]) -> None:
         "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename,
         "job_id": os.environ.get("SLURM_JOB_ID"), "step_id": os.environ.get("SLURM_STEP_ID"),
         "local_rank": local_rank, "pid": os.getpid()}))
+    wiring = load_wiring()
     env = dict(os.environ)
-    env["ISOPROBE_EVENTS"] = files["events.jsonl"]
+    env[wiring.EVENTS_ENV] = files["events.jsonl"]
     gpu = one_gpu(env.get("CUDA_VISIBLE_DEVICES"), local_rank)
     if gpu is not None and env.get("CUDA_VISIBLE_DEVICES"):
         env["CUDA_VISIBLE_DEVICES"] = gpu
@@ -95,7 +107,7 @@ def main(argv: list[str]) -> None:
             ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != wrapper:
                 os._exit(127)
-            os.execve(sys.executable, [sys.executable, "-m", "isoprobe.child", "--wait"], env)
+            os.execve(sys.executable, [sys.executable, "-m", wiring.CHILD_MODULE, wiring.WAIT_ARGUMENT], env)
         except BaseException as error:  # noqa: BLE001 - the forked copy must never run on as the wrapper
             os.write(2, f"isoprobe srun rank: cannot start the child: {error}\n".encode())
         os._exit(127)
