@@ -64,11 +64,12 @@ def _job_script(spec: Path, out: Path, *, marker: str = "", pidfile: Path | None
     q = shlex.quote
     lines = [f"export PYTHONPATH={q(str(REPO))}", "export ISOPROBE_CACHE_DIR=\"$PWD/cache-$SLURM_JOB_ID\"",
              f"cd {q(str(out.parent))}"]
-    command = (f"{marker} " if marker else "") + f"{q(PYTHON)} -m isoprobe run {q(str(spec))} --no-cache --format json {extra}> {q(str(out))}"
-    if pidfile is not None:
-        lines += [f"{command} &", f"echo $! > {q(str(pidfile))}", "wait", "sleep 300"]
+    command = f"{q(PYTHON)} -m isoprobe run {q(str(spec))} --no-cache --format json {extra}> {q(str(out))}"
+    if pidfile is not None:  # the marker on isoprobe (and what it starts) only, not on the batch shell's sleep
+        lines += [(f"{marker} " if marker else "") + f"{command} &", f"echo $! > {q(str(pidfile))}", "wait",
+                  "sleep 300"]
     else:
-        lines.append(f"exec {command}")
+        lines += ([f"export {marker}"] if marker else []) + [f"exec {command}"]
     return "\n".join(lines) + "\n"
 
 
