@@ -137,3 +137,19 @@ def test_bad_spec_that_needs_the_model_is_refused_before_any_trial(name, first_l
     run = run_cli("run", str(path))
     _assert_refused(run, path, first_line, None)
     assert "isoprobe: trial" not in run.stderr
+
+
+def test_the_srun_launcher_outside_a_slurm_allocation_is_refused_before_anything_runs(tmp_path):
+    """distributed.launcher srun needs a job to step in: without SLURM_JOB_ID, exit 2 before any child starts."""
+    import json
+
+    from conftest import MODELS
+
+    path = tmp_path / "srun-outside.yaml"
+    path.write_text(json.dumps({"model": {"factory": f"{MODELS}:memory_hog"}, "input": {"shape": [16]},
+                                "target": {"classes": 4}, "device": "cpu",
+                                "distributed": {"strategy": "ddp", "launcher": "srun"}}))
+    run = run_cli("run", str(path), env={"SLURM_JOB_ID": "", "SLURM_JOBID": ""})  # run_cli adds to os.environ
+    _assert_refused(run, path, "distributed.launcher: srun: a job step needs a Slurm allocation, and SLURM_JOB_ID "
+                    "is not set", "run isoprobe inside the job")
+    assert "checking the environment" not in run.stderr  # refused before the environment check's child

@@ -86,10 +86,18 @@ def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: l
         "isoprobe": __version__,
         "python": platform.python_version(),
         "packages": _package_versions(spec),
-        "spec": spec.model_dump(mode="json"),
+        "spec": _keyed_spec(spec),
         "code": _code_digests(spec, Path(spec_path).resolve().parent),
         "device": device,
     }
+
+
+def _keyed_spec(spec: Spec) -> dict:
+    """The spec as the key holds it: all of it but ``distributed.launcher``, which says how the ranks were started,
+    not what they ran (a local gang of 8 and an 8-rank Slurm step answer the same question)."""
+    dumped = spec.model_dump(mode="json")
+    dumped.get("distributed", {}).pop("launcher", None)
+    return dumped
 
 
 def uncacheable_gpu_probe(spec: Spec, gpus: list[dict] | None, environ: Mapping[str, str],

@@ -8,6 +8,7 @@ the parent never imports torch and never guesses at what a child meant.
     events.py    the events channel: one event, one JSON line, one write
     request.py   running one request (trial or check) in this process, and leaving fast
     server.py    the fork server: one fork (under its keeper) per trial
+    srun_rank.py a rank of a Slurm job step: its cap, files and GPU, then this entry (stdlib only)
     trial.py     a trial: the training steps at one batch size, and their peak memory
     step_report.py  after each step: its event, its memory, whether to stop (the steady rule)
     frameworks.py   a framework's own loop as the trial: lightning_runner.py, huggingface.py

@@ -16,6 +16,8 @@ Executors:
 - ``gang.GangExecutor``: a distributed trial (``spec.distributed``) as a gang
   of rank processes, each one of the local executor's children; the first
   rank that fails ends the gang at once. Other requests pass through.
+- ``srun_gang.SrunGangExecutor``: a gang trial as one Slurm job step over
+  the allocation's nodes (``distributed.launcher``), judged by the same rule.
 - ``scripted.ScriptedExecutor``: canned child runs from a script, no process
   and no torch, for testing the orchestration (retries, confirmations,
   reclassification, interrupts) as plain unit tests.
@@ -85,6 +87,8 @@ class ChildRun:
     lost: str | None = None
     #: Why each earlier attempt at this same request was lost (and re-run): what the progress says happened.
     lost_before: tuple[str, ...] = ()
+    #: A rank run as a Slurm job step's task (``executors.srun_gang``): the node it ran on (SLURMD_NODENAME).
+    node: str | None = None
 
 
 class Executor(Protocol):

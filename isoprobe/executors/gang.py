@@ -182,19 +182,31 @@ def _supervise(launches: list[Launch], timeout: float, conclude: Callable[[int |
 def _look(launches: list[Launch], interrupted: bool = False) -> tuple[bool, int | None]:
     """One look at the gang: (whether it has ended, the rank that failed first or None).
 
-    The first rank that wrote a verdict other than 'fits', or ended without one,
-    ends the gang. ``interrupted``: a rank ended by SIGINT/SIGTERM (a scheduler
-    signals the whole job) was stopped, not finished: it counts as still running.
+    ``interrupted``: a rank ended by SIGINT/SIGTERM (a scheduler signals the
+    whole job) was stopped, not finished: it counts as still running.
+    """
+    states = []
+    for launch in launches:
+        status = launch.poll()
+        ended = ended_on_its_own(status) if interrupted else status is not None
+        states.append((last_of(read_events(launch.events_path), TrialResult), ended,
+                       launch.child.process.returncode if ended else None))
+    return first_failure(states)
+
+
+def first_failure(states: list[tuple[TrialResult | None, bool, int | None]]) -> tuple[bool, int | None]:
+    """The gang's rule over each rank's (verdict, ended, exit code): (whether it has ended, the rank that failed first).
+
+    The first rank that wrote a verdict other than 'fits', or ended without one
+    (or ended badly), ends the gang. Pure, so that a gang of local children and
+    one run as a Slurm job step (``executors.srun_gang``) are judged alike.
     """
     failures = []
     running = 0
-    for rank, launch in enumerate(launches):
-        verdict = last_of(read_events(launch.events_path), TrialResult)
-        status = launch.poll()
-        ended = ended_on_its_own(status) if interrupted else status is not None
+    for rank, (verdict, ended, returncode) in enumerate(states):
         if verdict is not None and verdict.outcome is not Outcome.FITS:  # written before any signal: its own
             failures.append((0, verdict.t, rank))
-        elif ended and (verdict is None or launch.child.process.returncode != 0):
+        elif ended and (verdict is None or returncode != 0):
             failures.append((-1, 0.0, rank))  # no verdict (a crash, a kill): no peer's failure caused it
         elif not ended:
             running += 1

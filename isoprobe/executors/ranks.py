@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from isoprobe.executors.srun_plan import Allocation, LauncherChoice, choose_launcher
 from isoprobe.spec.job import positive_integer, world_size_from_environment
 from isoprobe.spec.model import Spec
 
@@ -36,15 +37,41 @@ class WorldSize:
     note: str | None = None
 
 
+def resolve_launcher(spec: Spec, environ: Mapping[str, str], gpu_count: int, *, ram_bytes: int,
+                     cpu_budget: int) -> LauncherChoice | None:
+    """How the gangs are started (``srun_plan.choose_launcher``); None without a strategy. ``LauncherError``: srun
+    asked for outside an allocation."""
+    options = spec.distributed
+    if not options.gang:
+        return None
+    job = _job_world_size(environ)
+    wanted = options.world_size or (job[0] if job else 1)
+    return choose_launcher(options.launcher, Allocation.from_environment(environ), wanted,
+                           _node_ranks(gpu_count, ram_bytes, cpu_budget))
+
+
+def _node_ranks(gpu_count: int, ram_bytes: int, cpu_budget: int) -> int:
+    """The most ranks a gang runs on this node: one a GPU; on the CPU, what its RAM's share holds at the budget."""
+    if gpu_count > 0:
+        return gpu_count
+    return max(2, int(ram_bytes * CPU_RAM_SHARE) // max(1, cpu_budget))
+
+
 def resolve_world_size(spec: Spec, environ: Mapping[str, str], gpu_count: int, *, ram_bytes: int,
-                       cpu_budget: int) -> WorldSize:
-    """The gang's size for ``spec``: the spec's, else the job's (capped to this node), else the node's."""
+                       cpu_budget: int, across_nodes: bool = False) -> WorldSize:
+    """The gang's size for ``spec``: the spec's, else the job's (capped to this node), else the node's.
+
+    ``across_nodes``: the gangs are Slurm job steps over the allocation (``launcher`` srun), so the job's size
+    is taken as it is, not capped to this node.
+    """
     options = spec.distributed
     if not options.gang:
         return WorldSize(1, "strategy none")
     if options.world_size is not None:
         return WorldSize(options.world_size, "spec")
     job = _job_world_size(environ)
+    if across_nodes and job is not None:
+        return WorldSize(job[0], job[1])
     if gpu_count > 0:
         if job is None:
             return WorldSize(gpu_count, "visible GPUs")
@@ -53,7 +80,7 @@ def resolve_world_size(spec: Spec, environ: Mapping[str, str], gpu_count: int, *
             return WorldSize(gpu_count, source, f"the job has {size} ranks ({source}) but this node has {gpu_count} "
                              f"GPU(s): probing {gpu_count} ranks, whose shards are no smaller than the job's")
         return WorldSize(size, source)
-    fits_in_ram = max(2, int(ram_bytes * CPU_RAM_SHARE) // max(1, cpu_budget))
+    fits_in_ram = _node_ranks(0, ram_bytes, cpu_budget)
     if job is None:
         return WorldSize(min(CPU_DEFAULT_WORLD_SIZE, fits_in_ram), "cpu default")
     size, source = job
@@ -103,14 +130,19 @@ def resolve_threads_per_rank(spec: Spec, environ: Mapping[str, str], world_size:
     return 1 if world_size > 1 else None
 
 
-def with_world_size(spec: Spec, resolved: WorldSize, threads_per_rank: int | None = None) -> Spec:
-    """``spec`` with the resolved size (and threads per rank) written in: what the cache key and the probe see.
+def with_world_size(spec: Spec, resolved: WorldSize, threads_per_rank: int | None = None,
+                    launcher: str | None = None) -> Spec:
+    """``spec`` with the resolved size (and threads per rank, and launcher) written in: what the key and probe see.
 
-    ``threads_per_rank`` None keeps the spec's own (``resolve_threads_per_rank`` returns a stated one as is).
+    ``threads_per_rank`` None keeps the spec's own (``resolve_threads_per_rank`` returns a stated one as is);
+    ``launcher`` None keeps the spec's (the cache key leaves the launcher out: ``cache.store.key_material``).
     """
     options = spec.distributed
     threads = threads_per_rank if threads_per_rank is not None else options.threads_per_rank
-    if not options.gang or (options.world_size, options.threads_per_rank) == (resolved.size, threads):
+    launcher = launcher if launcher is not None else options.launcher
+    if not options.gang or (options.world_size, options.threads_per_rank, options.launcher) == (
+            resolved.size, threads, launcher):
         return spec
-    distributed = options.model_copy(update={"world_size": resolved.size, "threads_per_rank": threads})
+    distributed = options.model_copy(update={"world_size": resolved.size, "threads_per_rank": threads,
+                                             "launcher": launcher})
     return spec.model_copy(update={"distributed": distributed})

@@ -41,7 +41,7 @@ def answer(
 
     environ = dict(os.environ if environ is None else environ)
     gpus = nvml_gpus(visible_devices(environ))
-    spec, world = _resolve_ranks(spec, environ, gpus, reporter)
+    spec, world = _resolve_ranks(spec, spec_path, environ, gpus, reporter)
     context = _Context(spec, spec_path, reporter, budget_source, environ, run_environment(environ, gpus), executor)
     context.world_size_source = world.source
     context.borrowed = borrowed
@@ -75,18 +75,34 @@ def answer(
         lock.release()
 
 
-def _resolve_ranks(spec: Spec, environ: dict[str, str], gpus, reporter: Reporter):
-    """The spec with its gang's size and threads per rank written in (``ranks``), before the key is made."""
+def _resolve_ranks(spec: Spec, spec_path: str, environ: dict[str, str], gpus, reporter: Reporter):
+    """The spec with its gang's launcher, size and threads per rank written in (``ranks``), before the key is made."""
+    from isoprobe.errors import Problem, SpecError
+    from isoprobe.executors.srun_plan import LauncherError
     from isoprobe.system.hardware import ram_bytes
     from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET
-    from isoprobe.executors.ranks import resolve_threads_per_rank, resolve_world_size, with_world_size
+    from isoprobe.executors.ranks import (
+        resolve_launcher,
+        resolve_threads_per_rank,
+        resolve_world_size,
+        with_world_size,
+    )
 
     gpu_count = len(gpus or []) if spec.device != "cpu" else 0
-    world = resolve_world_size(spec, environ, gpu_count, ram_bytes=ram_bytes(),
-                               cpu_budget=spec.memory_budget or DEFAULT_CPU_BUDGET)
+    budget = spec.memory_budget or DEFAULT_CPU_BUDGET
+    try:
+        launcher = resolve_launcher(spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget)
+    except LauncherError as exc:
+        raise SpecError(spec_path, [Problem("distributed.launcher", str(exc), exc.fix)]) from None
+    across = launcher is not None and launcher.launcher == "srun"
+    world = resolve_world_size(spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget,
+                               across_nodes=across)
     if world.note:
         reporter.note(world.note)
-    return with_world_size(spec, world, resolve_threads_per_rank(spec, environ, world.size)), world
+    if across:
+        reporter.note(f"distributed: every trial one Slurm job step ({launcher.reason})")
+    return with_world_size(spec, world, resolve_threads_per_rank(spec, environ, world.size),
+                           launcher.launcher if launcher is not None else None), world
 
 
 class _Context:

@@ -261,10 +261,16 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
 
 def _check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
                           budget: int | None = None) -> None:
-    """A gang runs on this node: on CUDA one visible GPU per rank from cuda:0, on the CPU every rank's budget."""
+    """A gang runs on this node: on CUDA one visible GPU per rank from cuda:0, on the CPU every rank's budget.
+
+    A gang run as a Slurm job step (``launcher`` srun) runs on the allocation's nodes, one GPU a rank as Slurm
+    binds it: this node's GPUs and RAM do not bound it, and a step the allocation cannot hold is Slurm's refusal.
+    """
     if not spec.distributed.gang:
         return
     world = spec.distributed.world_size or 1
+    if spec.distributed.launcher == "srun":
+        world = 1
     if gpus is not None and index != 0:
         raise SpecError(source, [Problem("device", f"{spec.device}: a distributed trial's ranks take the visible GPUs "
                                          f"from cuda:0 on (rank r on cuda:r)",

@@ -49,6 +49,13 @@ def local_executor(spec: Spec) -> Executor:
     local = LocalExecutor(warm=spec.search.warm_start, fork=forked)
     if not spec.distributed.gang:
         return local
+    if spec.distributed.launcher == "srun":
+        import os
+
+        from isoprobe.executors.srun_gang import SrunGangExecutor
+        from isoprobe.executors.srun_plan import Allocation
+
+        return SrunGangExecutor(LocalExecutor(warm=False), nodes=Allocation.from_environment(os.environ).nodes)
     from isoprobe.executors.gang import GangExecutor
 
     return GangExecutor(local)
@@ -157,21 +164,25 @@ def run_probe(
         stop_reason=stop,
         message=message,
         suggestions=suggestions,
-        distributed=distributed_info(spec, target.backend, world_size_source),
+        distributed=distributed_info(spec, target.backend, world_size_source, runner.trials),
         data=data_info(target.data, max_fitting),
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
     )
 
 
-def distributed_info(spec: Spec, backend: str, world_size_source: str) -> DistributedInfo | None:
-    """What the result says of the gangs its trials ran as (None: one process per trial)."""
+def distributed_info(spec: Spec, backend: str, world_size_source: str, trials=()) -> DistributedInfo | None:
+    """What the result says of the gangs its trials ran as (None: one process per trial); ``trials``: their ranks'
+    nodes, for a gang run as Slurm job steps."""
     options = spec.distributed
     if not options.gang:
         return None
+    nodes = [rank.node for trial in trials for rank in (trial.ranks or []) if rank.node is not None]
     return DistributedInfo(strategy=options.strategy, world_size=options.world_size or 1,
                            world_size_source=world_size_source, backend="nccl" if backend == "cuda" else "gloo",
-                           threads_per_rank=options.threads_per_rank)
+                           threads_per_rank=options.threads_per_rank,
+                           launcher="srun" if options.launcher == "srun" else "local",
+                           nodes=list(dict.fromkeys(nodes)))
 
 
 def _describe_data(scan, reporter: Reporter) -> None:

@@ -119,7 +119,8 @@ def _gang_trial(run: ChildRun, index: int, batch_size: int, purpose: str, asked:
         RankTrial(rank=rank, outcome=trial.outcome, peak_bytes=trial.peak_bytes,
                   budget_peak_bytes=trial.budget_peak_bytes, base_bytes=trial.base_bytes, sizes=trial.sizes,
                   exit_code=trial.exit_code,
-                  stopped_by_gang=run.failed_rank is not None and rank != run.failed_rank)
+                  stopped_by_gang=run.failed_rank is not None and rank != run.failed_rank,
+                  node=run.ranks[rank].node)
         for rank, trial in enumerate(per_rank)
     ]
     return per_rank[deciding].model_copy(update={

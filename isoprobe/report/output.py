@@ -44,7 +44,9 @@ def trial_line(trial: Trial) -> str:
     if trial.outcome is not Outcome.FITS:
         reason = trial.signal or (trial.error.type if trial.error else None) or trial.phase
         if trial.failed_rank is not None:  # a gang: whose failure it was, and how fast the rest were stopped
-            reason = f"rank {trial.failed_rank}: {reason}" if reason else f"rank {trial.failed_rank}"
+            node = trial.ranks[trial.failed_rank].node if trial.ranks and trial.failed_rank < len(trial.ranks) else None
+            who = f"rank {trial.failed_rank}" + (f" on {node}" if node else "")
+            reason = f"{who}: {reason}" if reason else who
         detail = f" ({reason})" if reason else ""
     peaks = trial.step_peak_bytes
     purpose = _PURPOSE_LABELS[trial.purpose].format(

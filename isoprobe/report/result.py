@@ -116,6 +116,10 @@ class RankTrial(_Strict):
     stopped_by_gang: bool = Field(
         False, description="Killed by the supervisor because another rank failed first (its own outcome is moot)."
     )
+    node: str | None = Field(
+        None, description="The Slurm node this rank ran on (SLURMD_NODENAME), when the trial was a job step "
+        "(distributed.launcher srun); null for a local gang, whose ranks all run on environment.hostname."
+    )
 
 
 class Trial(_Strict):
@@ -445,6 +449,14 @@ class DistributedInfo(_Strict):
     )
     per_rank: Literal[True] = Field(
         True, description="max_batch_size, recommended_batch_size and every trial's batch are per-rank micro-batches."
+    )
+    launcher: Literal["local", "srun"] = Field(
+        "local", description="How each trial's ranks were started: local child processes on this node, or one "
+        "Slurm job step per trial over the allocation (distributed.launcher, resolved)."
+    )
+    nodes: list[str] = Field(
+        default_factory=list, description="srun: the nodes the trials' ranks ran on, in rank order of first "
+        "appearance (each rank's own is trials[].ranks[].node); empty for a local gang."
     )
 
 

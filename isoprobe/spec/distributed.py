@@ -48,6 +48,18 @@ class DistributedSpec(SpecSection):
             "ranks: probing fewer ranks than the real job is conservative for zero1 and fsdp."
         ),
     )
+    launcher: Literal["auto", "local", "srun"] = Field(
+        "auto",
+        description=(
+            "How a trial's ranks are started. local: every rank a child process on this node. srun: each trial "
+            "one Slurm job step (srun --ntasks=world_size) over the allocation isoprobe runs in, so a gang can "
+            "span nodes; needs SLURM_JOB_ID (run isoprobe in the batch script or salloc shell), and the trial "
+            "folder (TMPDIR) on a filesystem every node of the allocation sees. auto: srun inside an allocation "
+            "of more than one node, or when the ranks wanted are more than this node runs (one a GPU; on the CPU "
+            "what 80 % of its RAM holds at the budget); else local. Not in the cache key: the ranks' answer is "
+            "the same however they were started."
+        ),
+    )
     threads_per_rank: int | None = Field(
         None,
         ge=1,
@@ -86,6 +98,8 @@ class DistributedSpec(SpecSection):
         if self.strategy == "none":
             if self.world_size not in (None, 1):
                 raise ValueError("world_size: needs a strategy (ddp, zero1 or fsdp); with strategy none it is 1")
+            if self.launcher != "auto":
+                raise ValueError("launcher: needs a strategy (ddp, zero1 or fsdp); one process is never a job step")
             if self.threads_per_rank is not None:
                 raise ValueError("threads_per_rank: needs a strategy (ddp, zero1 or fsdp); one process uses "
                                  "OMP_NUM_THREADS as it finds it")

@@ -29,7 +29,10 @@ and a v1/hybrid host (like the one this was written on) usually do not give;
 it would also move the trial out of the memory cgroup whose OOM-kill counter
 the executor reads (``isoprobe.system.oomkill``). So no cgroup is used.
 
-How the executor uses it (``command``): ``python -I -S keeper.py FD -- CHILD ARGV``.
+How the executor uses it (``command``): ``python -I -S keeper.py FD [--on-stop FILE] -- CHILD ARGV``.
+``--on-stop``: commands the keeper runs when it is stopped while the child still
+runs, before it kills the tree, for what the child had started where the keeper
+cannot see (a Slurm job step's tasks: ``executors.srun_gang``).
 It imports the standard library only (no isoprobe, no pydantic, no torch, no
 site-packages), which keeps its start-up at about 10 ms. It starts the child with
 its own stdin, stdout, stderr and environment, in a session of its own, waits,
@@ -60,9 +63,22 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 CANNOT_START = 127
 
 
-def command(lifeline_fd: int, child_argv: list[str]) -> list[str]:
-    """The argv that runs ``child_argv`` under a keeper watching ``lifeline_fd`` (isolated, no site-packages)."""
-    return [sys.executable, "-I", "-S", os.path.abspath(__file__), str(lifeline_fd), "--", *child_argv]
+#: The keeper's option naming a file of commands (a JSON list of argv lists) it runs when it is stopped (its
+#: lifeline closed, a stop signal) while its child still runs, before it kills the tree (``run_on_stop``).
+ON_STOP_OPTION = "--on-stop"
+#: How long each on-stop command may take before the keeper gives up on it and kills the tree anyway.
+ON_STOP_SECONDS = 10.0
+
+
+def command(lifeline_fd: int, child_argv: list[str], on_stop: str | None = None) -> list[str]:
+    """The argv that runs ``child_argv`` under a keeper watching ``lifeline_fd`` (isolated, no site-packages).
+
+    ``on_stop``: a file the caller may fill, while the child runs, with the commands that end what the
+    child started elsewhere (a Slurm job step's tasks on other nodes are no descendants of the keeper:
+    ``executors.srun_gang`` writes ``scancel --signal=KILL JOB.STEP`` there).
+    """
+    options = [ON_STOP_OPTION, on_stop] if on_stop is not None else []
+    return [sys.executable, "-I", "-S", os.path.abspath(__file__), str(lifeline_fd), *options, "--", *child_argv]
 
 
 def lift_idle_policy(pid: int) -> None:
@@ -233,14 +249,41 @@ def exit_as(status: int) -> None:
     os._exit(128 + signum)  # a signal whose default is not to terminate: as a shell would report it
 
 
+def run_on_stop(path: str | None) -> None:
+    """Run the commands in ``path`` (a JSON list of argv lists), each bounded by ``ON_STOP_SECONDS``; never raise.
+
+    What the tree's SIGKILL cannot reach: processes the child had another machine start (a job step's tasks).
+    A missing or unreadable file means there is nothing to run (the child had not got that far).
+    """
+    if path is None:
+        return
+    import json
+    import subprocess
+
+    try:
+        with open(path, encoding="utf-8") as handle:
+            commands = json.load(handle)
+    except (OSError, ValueError):
+        return
+    for argv in commands if isinstance(commands, list) else []:
+        try:
+            subprocess.run([str(part) for part in argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=ON_STOP_SECONDS, check=False)
+        except (OSError, ValueError, subprocess.SubprocessError):
+            pass
+
+
 def main(argv: list[str]) -> None:
+    on_stop = None
+    if len(argv) >= 4 and argv[2] == ON_STOP_OPTION:
+        on_stop, argv = argv[3], argv[:2] + argv[4:]
     if len(argv) < 4 or argv[2] != "--" or not argv[1].isdigit():
-        os.write(2, b"usage: keeper.py LIFELINE_FD -- CHILD_ARGV...\n")
+        os.write(2, b"usage: keeper.py LIFELINE_FD [--on-stop FILE] -- CHILD_ARGV...\n")
         os._exit(2)
-    keep(Keeper(int(argv[1]), argv[3:]))
+    keep(Keeper(int(argv[1]), argv[3:]), on_stop)
 
 
-def keep(keeper: Keeper) -> None:
+def keep(keeper: Keeper, on_stop: str | None = None) -> None:
     """Be ``keeper``: start its child, supervise it, kill what is left, exit as the child did. Never returns."""
     lifeline = keeper.lifeline
     try:
@@ -258,6 +301,8 @@ def keep(keeper: Keeper) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     keeper.supervise()
+    if keeper.child_status is None:  # stopped while the child runs: first what the tree's SIGKILL cannot reach
+        run_on_stop(on_stop)
     keeper.kill_tree()
     exit_as(keeper.child_status if keeper.child_status is not None else signal.SIGKILL)
 

@@ -169,3 +169,35 @@ def test_the_keeper_imports_the_standard_library_only():
         elif isinstance(node, ast.ImportFrom) and node.level == 0:
             imported.add(node.module.split(".")[0])
     assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+
+
+def test_a_stopped_keeper_runs_its_on_stop_commands_before_the_kill_and_a_finished_one_does_not(tmp_path):
+    """What srun's keeper relies on when isoprobe dies mid-step: the commands in the --on-stop file (there,
+    ``scancel`` of the step, whose tasks are no descendants of the keeper) run when the lifeline closes while
+    the child runs; a child that ended on its own needs none, and none runs."""
+    import json
+    import subprocess
+    import sys
+    import time
+
+    from isoprobe.system import keeper
+
+    def started(child: list[str], name: str):
+        on_stop = tmp_path / f"{name}.on-stop.json"
+        on_stop.write_text(json.dumps([[sys.executable, "-c", f"open({str(tmp_path / name)!r}, 'w').write('ran')"]]))
+        read, write = os.pipe()
+        process = subprocess.Popen(keeper.command(read, child, on_stop=str(on_stop)), pass_fds=(read,))
+        os.close(read)
+        return process, write
+
+    process, lifeline = started([sys.executable, "-c", "import time; time.sleep(60)"], "stopped")
+    time.sleep(0.3)
+    os.close(lifeline)  # as when isoprobe dies
+    assert process.wait(timeout=20) == -9  # the child was killed: the keeper ends as its child did
+    assert (tmp_path / "stopped").read_text() == "ran"
+
+    process, lifeline = started([sys.executable, "-c", "pass"], "finished")
+    assert process.wait(timeout=20) == 0
+    os.close(lifeline)
+    assert not (tmp_path / "finished").exists()
+    assert keeper.command(7, ["x"], on_stop="/f")[4:] == ["7", "--on-stop", "/f", "--", "x"]

@@ -1,0 +1,129 @@
+"""One rank of a trial's Slurm job step: cap it, give it its files and GPU, run the child entry, record its end.
+
+``srun`` starts this on every node as ``python -I -S srun_rank.py STEP_DIR
+[SOFT HARD]`` (``executors.srun_plan.srun_command``). It stands where a local
+rank's keeper and ``processes.prepare_child`` stand, so that a rank started by
+Slurm is the process a local rank is:
+
+- its rank is Slurm's task id (``SLURM_PROCID``), its files are that rank's in
+  the step's folder (request, events, the task's facts, its end);
+- on the CPU backend, ``RLIMIT_DATA`` is set here, before exec, to the same
+  soft and hard limits the local executor sets (the child credits isoprobe's own
+  modules and fixes both before any user code, as a local child does);
+- on CUDA, one GPU: Slurm's binding for the task (``--gpus-per-task=1``), or,
+  where the task sees the node's GPUs, the one at its local rank
+  (``SLURM_LOCALID``); the trial then runs on ``cuda:0``;
+- the child is ``python -m isoprobe.child --wait``, the entry every local child
+  runs, fed its request's path on stdin, so it reports ``warm`` when its imports
+  are done, exactly as a local rank does; the parent's timeout runs from there.
+
+It forks rather than execs, to write the child's wait status to
+``rankN.exit`` when it ends: the parent, on another node, cannot wait for it,
+and needs to tell a rank that ended from one still running (the gang's rule,
+``executors.gang.first_failure``). The child dies with it (``PR_SET_PDEATHSIG``),
+and Slurm kills every process of the step when the step ends (``scancel``, a
+bad exit, srun gone).
+
+Standard library only, run isolated (``-I -S``): nothing here may count
+against the rank's cap or depend on the user's site-packages.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.util
+import json
+import os
+import resource
+import signal
+import sys
+
+PR_SET_PDEATHSIG = 1
+
+
+def load_wiring():
+    """``protocol.wiring`` (stdlib only) loaded from its file: importing it as ``isoprobe.protocol.wiring`` would run
+    the package's ``__init__``, which imports pydantic, and this wrapper runs isolated, before the rank's cap."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "protocol", "wiring.py")
+    spec = importlib.util.spec_from_file_location("isoprobe_srun_wiring", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def rank_files(step_dir: str, rank: int) -> dict[str, str]:
+    """The files of one rank in the step's folder (the parent names them the same way: ``srun_gang``)."""
+    stem = os.path.join(step_dir, f"rank{rank}")
+    return {name: f"{stem}.{name}" for name in ("request.json", "events.jsonl", "task.json", "exit")}
+
+
+def one_gpu(visible: str | None, local_rank: int) -> str | None:
+    """The task's GPU: Slurm's single binding as it is; of several visible, the one at ``local_rank``."""
+    if visible is None:
+        return None
+    entries = [entry for entry in visible.split(",") if entry.strip()]
+    if len(entries) <= 1:
+        return visible
+    return entries[local_rank % len(entries)]
+
+
+def write_atomically(path: str, text: str) -> None:
+    temporary = f"{path}.{os.getpid()}.tmp"
+    with open(temporary, "w", encoding="utf-8") as handle:
+        handle.write(text)
+        handle.flush()
+        os.fsync(handle.fileno())
+    os.replace(temporary, path)
+
+
+def main(argv: list[str]) -> None:
+    if len(argv) not in (2, 4) or not all(value.isdigit() for value in argv[2:]):
+        os.write(2, b"usage: srun_rank.py STEP_DIR [SOFT_DATA_LIMIT HARD_DATA_LIMIT]  (run by srun)\n")
+        os._exit(2)
+    step_dir = argv[1]
+    rank = int(os.environ["SLURM_PROCID"])
+    local_rank = int(os.environ.get("SLURM_LOCALID", "0"))
+    files = rank_files(step_dir, rank)
+    write_atomically(files["task.json"], json.dumps({
+        "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename,
+        "job_id": os.environ.get("SLURM_JOB_ID"), "step_id": os.environ.get("SLURM_STEP_ID"),
+        "local_rank": local_rank, "pid": os.getpid()}))
+    wiring = load_wiring()
+    env = dict(os.environ)
+    env[wiring.EVENTS_ENV] = files["events.jsonl"]
+    gpu = one_gpu(env.get("CUDA_VISIBLE_DEVICES"), local_rank)
+    if gpu is not None and env.get("CUDA_VISIBLE_DEVICES"):
+        env["CUDA_VISIBLE_DEVICES"] = gpu
+    if len(argv) == 4:
+        resource.setrlimit(resource.RLIMIT_DATA, (int(argv[2]), int(argv[3])))
+    read_end, write_end = os.pipe()
+    wrapper = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.dup2(read_end, 0)
+            os.close(read_end)
+            os.close(write_end)
+            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != wrapper:
+                os._exit(127)
+            os.execve(sys.executable, [sys.executable, "-m", wiring.CHILD_MODULE, wiring.WAIT_ARGUMENT], env)
+        except BaseException as error:  # noqa: BLE001 - the forked copy must never run on as the wrapper
+            os.write(2, f"isoprobe srun rank: cannot start the child: {error}\n".encode())
+        os._exit(127)
+    os.close(read_end)
+    os.write(write_end, f"{files['request.json']}\n".encode())
+    os.close(write_end)
+    while True:
+        try:
+            _, status = os.waitpid(pid, 0)
+            break
+        except InterruptedError:
+            continue
+    write_atomically(files["exit"], str(os.waitstatus_to_exitcode(status)))
+    code = os.waitstatus_to_exitcode(status)
+    os._exit(code if code >= 0 else 128 - code)
+
+
+if __name__ == "__main__":
+    main(sys.argv)

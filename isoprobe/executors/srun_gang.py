@@ -1,0 +1,344 @@
+"""A distributed trial as one Slurm job step across the allocation's nodes, judged as a local gang is.
+
+With ``distributed.launcher`` resolved to srun (``srun_plan.choose_launcher``),
+each gang trial is one ``srun --ntasks=WORLD`` step (``srun_plan.srun_command``);
+every rank runs ``child.srun_rank``, which caps it, gives it its files and GPU and
+runs the child entry a local rank runs. What stays the same as the local gang
+(``executors.gang``): the requests (one per rank, a ``FileStore`` rendezvous in
+the trial's folder), the events files, the rule that the first rank to fail
+ends the gang (``gang.first_failure``), the timeout from the moment every rank
+finished its imports, the laggard rule at a timeout, and so the classification
+(``pipeline.trials``). What Slurm adds: the ranks run on every node, and the
+step is ended through Slurm (``scancel --signal=KILL JOB.STEP``; srun's own
+``--kill-on-bad-exit`` for a rank that ends badly).
+
+Supervision. srun itself runs under a keeper (``system.keeper``) with a
+lifeline, as every local child does. If isoprobe dies (SIGKILL included) the
+keeper first runs ``scancel`` of the step (its ``--on-stop`` file, written as
+soon as the step's id is known), then SIGKILLs srun: killing srun alone is not
+enough (measured on Slurm 22.05: with the ranks' output going to files, the
+step and its tasks stayed after srun was SIGKILLed).
+A step that Slurm refuses (more tasks than the allocation has, a node down) runs
+no rank: that is no outcome of the batch's. It is run once more, and refused
+again it stops the probe with Slurm's own words (``ProbeError``, exit 4).
+
+Requirement: the trial folder (under ``TMPDIR``) must be on a filesystem every
+node of the allocation sees: the ranks read their requests and write their
+events, their ends and the store there.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+from isoprobe.errors import ProbeError
+from isoprobe.executors import ChildRun, Conditions
+from isoprobe.executors.child_process import STOP_SECONDS
+from isoprobe.executors.gang import first_failure, is_gang, laggard
+from isoprobe.executors.local import LocalExecutor
+from isoprobe.executors.processes import (
+    VERDICT_EXIT_GRACE_SECONDS,
+    child_environment,
+    import_timeout,
+    prepare_child,
+    signals_deferred,
+    stderr_tail,
+    write_atomically,
+)
+from isoprobe.executors.srun_plan import refusal, srun_command
+from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
+from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
+from isoprobe.system import keeper
+
+#: How often the step's ranks are looked at (as the local gang's ``POLL_SECONDS``).
+POLL_SECONDS = 0.02
+#: Times a step Slurm refused is asked for again before the probe stops: once more, as a lost fork server's trial.
+REFUSALS_TOLERATED = 1
+#: How long srun gets to end on its own once its ranks have ended, or after ``scancel``, before it is killed.
+SRUN_END_SECONDS = 10.0
+#: How long ``squeue -s`` may keep listing a step that was ended before isoprobe says so.
+STEP_GONE_SECONDS = 15.0
+#: The commands srun's keeper runs if isoprobe dies mid-step (``keeper.run_on_stop``): ``scancel`` of the step.
+ON_STOP_FILE = "on-stop.json"
+_RANK_ENTRY = str(Path(__file__).resolve().parents[1] / "child" / "srun_rank.py")
+
+
+@dataclass
+class _Step:
+    """One trial's step while it runs: srun under its keeper, and the step's folder."""
+
+    folder: Path
+    world: int
+    process: subprocess.Popen
+    lifeline_write: int
+    began: float
+    delivered: float | None = None
+
+    def files(self, rank: int) -> dict[str, Path]:
+        stem = self.folder / f"rank{rank}"
+        return {name: Path(f"{stem}.{name}") for name in ("request.json", "events.jsonl", "task.json", "exit", "stderr")}
+
+    def task(self, rank: int) -> dict | None:
+        """What the rank's wrapper recorded when it started (node, job, step), or None: not started (yet)."""
+        try:
+            return json.loads(self.files(rank)["task.json"].read_text())
+        except (OSError, ValueError):
+            return None
+
+    def exit_code(self, rank: int) -> int | None:
+        try:
+            return int(self.files(rank)["exit"].read_text())
+        except (OSError, ValueError):
+            return None
+
+    def step_id(self) -> str | None:
+        """``JOB.STEP`` as the ranks' environment gave it (None before any rank started)."""
+        for rank in range(self.world):
+            task = self.task(rank)
+            if task and task.get("job_id") and task.get("step_id") is not None:
+                return f"{task['job_id']}.{task['step_id']}"
+        return None
+
+    def srun_stderr(self) -> str:
+        return stderr_tail(self.folder / "srun.stderr")
+
+
+def step_states(events: list[list], exits: list[int | None], srun_ended: bool) -> list[tuple]:
+    """Each rank's (verdict, ended, exit code) for ``gang.first_failure``, from what the step's ranks left.
+
+    A rank's own end is its exit file (``child.srun_rank``). A rank without one
+    once srun has ended was killed with the step (``--kill-on-bad-exit``, a
+    cancel): it ended, but by another's failure, so it is counted as ended only
+    when no rank ended on its own with a failure; else a peer that Slurm killed
+    first would be blamed for the rank that crashed.
+    """
+    own = [(last_of(e, TrialResult), code is not None, code) for e, code in zip(events, exits)]
+    if not srun_ended or first_failure(own)[1] is not None:
+        return own
+    return [(verdict, True, code if code is not None else -9) for verdict, _, code in own]
+
+
+class SrunGangExecutor:
+    """Gang trials as Slurm job steps; the environment check and other requests run locally (``local``)."""
+
+    def __init__(self, local: LocalExecutor, *, nodes: int | None, srun: str = "srun", scancel: str = "scancel",
+                 squeue: str = "squeue"):
+        self.local = local
+        self.nodes = nodes
+        self.srun, self.scancel, self.squeue = srun, scancel, squeue
+
+    def __enter__(self) -> "SrunGangExecutor":
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def prestart(self, conditions: Conditions) -> None:
+        """Nothing to start ahead: every step's ranks are fresh processes that Slurm starts."""
+
+    def close(self) -> None:
+        self.local.close()
+
+    def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
+        runs: list[ChildRun] = []
+        self.run_reporting(request, conditions, timeout=timeout, name=name, finished=runs.append)
+        return runs[0]
+
+    def run_reporting(self, request, conditions: Conditions, *, timeout: float, name: str,
+                      finished: Callable[[ChildRun], None]) -> None:
+        """Run one request: a gang trial as a step (asked again once if Slurm refuses it), anything else locally."""
+        if not is_gang(request):
+            from isoprobe.executors.rounds import run_round
+
+            return run_round(self.local, [(request, conditions, timeout, name)], lambda slot, run: finished(run))
+        refused: list[str] = []
+        while True:
+            attempt = name if not refused else f"{name}-again{len(refused)}"
+            run = self._run_step(request, conditions, timeout, attempt)
+            if isinstance(run, ChildRun):
+                with signals_deferred():
+                    finished(replace(run, lost_before=tuple(refused)))
+                return
+            refused.append(run)
+            if len(refused) > REFUSALS_TOLERATED:
+                world = request.spec.distributed.world_size
+                raise ProbeError(
+                    f"Slurm refused the job step of a trial (batch {request.batch_size}, {world} ranks) "
+                    f"{len(refused)} times: {refused[-1]}. That is the allocation, not the "
+                    "batch, so the probe stops without an answer. Ask for the ranks the job has (SLURM_NTASKS), "
+                    "check the nodes with sinfo, or set distributed.launcher: local",
+                    evidence="\n".join(refused))
+
+    # --- one step ----------------------------------------------------------------------------------------
+
+    def _run_step(self, request: TrialRequest, conditions: Conditions, timeout: float, name: str) -> ChildRun | str:
+        """One step to its end: the gang's run, or (a str) why Slurm did not run it."""
+        world = request.spec.distributed.world_size or 1
+        folder = self.local.workdir / f"{name}.step"
+        folder.mkdir()
+        cuda = request.device.startswith("cuda")
+        store = folder / "store"
+        for rank in range(world):
+            rank_request = request.model_copy(update={
+                "device": "cuda:0" if cuda else request.device,  # srun_rank leaves the rank one GPU: its cuda:0
+                "rank": RankAssignment(rank=rank, world_size=world, store_path=str(store),
+                                       backend="nccl" if cuda else "gloo"),
+            })
+            write_atomically(folder / f"rank{rank}.request.json", rank_request.model_dump_json())
+        step = self._start(folder, world, conditions, cuda)
+        try:
+            return self._supervise(step, timeout)
+        finally:
+            self._end(step)  # on an interrupt too: no step outlives the trial
+
+    def _start(self, folder: Path, world: int, conditions: Conditions, cuda: bool) -> _Step:
+        env = child_environment(os.environ, backend=conditions.backend, allocator=conditions.allocator,
+                                events_path=folder / "unused.events", threads=conditions.threads)
+        if conditions.preload:
+            env[PRELOAD_ENV] = ",".join(conditions.preload)
+        limits = None if conditions.memory_limit is None else (conditions.memory_limit,
+                                                               conditions.memory_limit + OWN_ALLOWANCE_BYTES)
+        argv = srun_command(world_size=world, nodes=self.nodes, step_dir=str(folder), python=sys.executable,
+                            rank_entry=_RANK_ENTRY, data_limits=limits, cuda=cuda)
+        argv[0] = shutil.which(self.srun) or ""  # the keeper execs it as it is: no PATH search there
+        if not argv[0]:
+            raise ProbeError(f"distributed.launcher srun: there is no {self.srun} on PATH here; run isoprobe where "
+                             "Slurm's clients are installed (the job's nodes), or set distributed.launcher: local")
+        lifeline_read, lifeline_write = os.pipe()
+        with signals_deferred(), open(folder / "srun.stdout", "wb") as out, open(folder / "srun.stderr", "wb") as err:
+            try:
+                process = subprocess.Popen(keeper.command(lifeline_read, argv, on_stop=str(folder / ON_STOP_FILE)),
+                                           stdin=subprocess.DEVNULL, stdout=out,
+                                           stderr=err, env=env, cwd=folder, start_new_session=True,
+                                           pass_fds=(lifeline_read,), preexec_fn=prepare_child(None, os.getpid()))
+            except BaseException:
+                os.close(lifeline_write)
+                raise
+            finally:
+                os.close(lifeline_read)
+        return _Step(folder, world, process, lifeline_write, began=time.monotonic())
+
+    def _supervise(self, step: _Step, timeout: float) -> ChildRun | str:
+        import_deadline = step.began + import_timeout(timeout)
+        cancel_armed = False
+        while True:
+            if not cancel_armed and (step_id := step.step_id()) is not None:
+                self._arm_cancel(step, step_id)
+                cancel_armed = True
+            srun_ended = step.process.poll() is not None
+            events = [read_events(step.files(rank)["events.jsonl"]) for rank in range(step.world)]
+            if step.delivered is None and all(last_of(e, Warm) is not None for e in events):
+                step.delivered = time.monotonic()  # every rank imported: the trial's time starts, as a local gang's
+            exits = [step.exit_code(rank) for rank in range(step.world)]
+            if srun_ended and not any(step.task(rank) for rank in range(step.world)):
+                return self._refused(step)
+            states = step_states(events, exits, srun_ended)
+            ended, failed = first_failure(states)
+            now = time.monotonic()
+            if ended:
+                with signals_deferred():
+                    return self._conclude(step, failed, timed_out=())
+            if step.delivered is None and now >= import_deadline:
+                if step.step_id() is None:
+                    return self._refused(step, f"no rank started within {import_timeout(timeout):g} s")
+                with signals_deferred():
+                    slow = [rank for rank, e in enumerate(events) if last_of(e, Warm) is None]
+                    return self._conclude(step, slow[0], timed_out=tuple(slow))
+            if step.delivered is not None and now >= step.delivered + timeout:
+                with signals_deferred():
+                    timed_out = tuple(rank for rank, (verdict, _, _) in enumerate(states) if verdict is None)
+                    hung = laggard([len(e) for e in events], list(timed_out)) if timed_out else None
+                    return self._conclude(step, hung, timed_out=timed_out)
+            time.sleep(POLL_SECONDS)
+
+    def _arm_cancel(self, step: _Step, step_id: str) -> None:
+        """Tell srun's keeper how to end the step if isoprobe dies: killing srun alone leaves its tasks running
+        (measured on Slurm 22.05 with the ranks' output in files: the step stayed, its tasks alive, after
+        srun was SIGKILLed), so the keeper cancels the step first, through Slurm, on every node."""
+        scancel = shutil.which(self.scancel) or self.scancel
+        write_atomically(step.folder / ON_STOP_FILE, json.dumps([[scancel, "--signal=KILL", step_id],
+                                                                 [scancel, step_id]]))
+
+    def _refused(self, step: _Step, why: str | None = None) -> str:
+        """Why Slurm ran no rank of the step: srun's own line when it said one."""
+        self._end(step)
+        said = refusal(step.srun_stderr())
+        tail = step.srun_stderr().strip().splitlines()[-1:] or ["srun said nothing"]
+        return said or why or f"srun ended (exit {step.process.returncode}) before any rank started: {tail[0]}"
+
+    def _conclude(self, step: _Step, failed: int | None, *, timed_out: tuple[int, ...]) -> ChildRun:
+        """End the step, collect every rank, and make the gang's run as the local gang makes it.
+
+        A failed rank that wrote its verdict is on its way out: it gets ``VERDICT_EXIT_GRACE_SECONDS`` to end on
+        its own (its exit then recorded, as a local rank's), before the step is killed under it.
+        """
+        if failed is not None and failed not in timed_out and last_of(
+                read_events(step.files(failed)["events.jsonl"]), TrialResult) is not None:
+            grace = time.monotonic() + VERDICT_EXIT_GRACE_SECONDS
+            while step.exit_code(failed) is None and step.process.poll() is None and time.monotonic() < grace:
+                time.sleep(POLL_SECONDS / 4)
+        stop_seconds = self._end(step)
+        seconds = time.monotonic() - (step.delivered if step.delivered is not None else step.began)
+        runs = tuple(self._collect(step, rank, seconds, rank in timed_out) for rank in range(step.world))
+        deciding = runs[failed] if failed is not None else runs[0]
+        return replace(deciding, ranks=runs, failed_rank=failed,
+                       gang_stop_seconds=stop_seconds if failed is not None else None,
+                       seconds=max(run.seconds for run in runs))
+
+    def _collect(self, step: _Step, rank: int, seconds: float, timed_out: bool) -> ChildRun:
+        files = step.files(rank)
+        events = read_events(files["events.jsonl"])
+        code = step.exit_code(rank)
+        task = step.task(rank) or {}
+        return ChildRun(returncode=code if code is not None else -9, timed_out=timed_out, seconds=seconds,
+                        events=events, stderr_tail=stderr_tail(files["stderr"]),
+                        verdict_at_timeout=timed_out and last_of(events, TrialResult) is not None,
+                        node=task.get("node"))
+
+    def _end(self, step: _Step) -> float:
+        """Make sure the step is over on every node: srun's own end, else ``scancel``, else srun killed. Seconds taken.
+
+        Safe to call twice. Waits for srun to end (it ends when every task has),
+        then, where the step is still listed by ``squeue -s``, until it is not.
+        """
+        began = time.monotonic()
+        step_id = step.step_id()
+        if step.process.poll() is None and step_id is not None:
+            subprocess.run([self.scancel, "--signal=KILL", step_id], stdin=subprocess.DEVNULL,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False)
+        try:
+            step.process.wait(timeout=SRUN_END_SECONDS)
+        except subprocess.TimeoutExpired:
+            pass
+        if step.lifeline_write >= 0:  # srun's keeper kills srun (and slurmstepd then the tasks) if still there
+            os.close(step.lifeline_write)
+            step.lifeline_write = -1
+        try:
+            step.process.wait(timeout=STOP_SECONDS)
+        except subprocess.TimeoutExpired:
+            step.process.kill()
+            step.process.wait()
+        if step_id is not None:
+            self._wait_step_gone(step_id)
+        return round(time.monotonic() - began, 4)
+
+    def _wait_step_gone(self, step_id: str) -> None:
+        job = step_id.split(".")[0]
+        deadline = time.monotonic() + STEP_GONE_SECONDS
+        while time.monotonic() < deadline:
+            listed = subprocess.run([self.squeue, "-h", "-s", "-j", job, "-o", "%i"], stdin=subprocess.DEVNULL,
+                                    capture_output=True, text=True, timeout=30, check=False)
+            if listed.returncode != 0 or step_id not in listed.stdout.split():
+                return
+            time.sleep(0.1)
+        raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --signal=KILL, srun killed) but "
+                         f"squeue -s still lists it {STEP_GONE_SECONDS:g} s later; the probe stops rather than "
+                         "start another step beside it")

@@ -1,0 +1,186 @@
+"""Gang trials as Slurm job steps, without Slurm: the launcher rule, the srun command, refusals, one rank's GPU.
+
+The pure parts of ``executors.srun_plan`` and ``child.srun_rank`` (what a step
+runs, decided from an allocation's environment alone), the size and the key of
+a probe that runs its gangs as steps, and the result's per-rank node. The steps
+themselves run on a real cluster in tests/slurm/test_srun_gangs.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from isoprobe.cache.store import key_material
+from isoprobe.child.srun_rank import one_gpu, rank_files
+from isoprobe.executors import ChildRun
+from isoprobe.executors.gang import first_failure
+from isoprobe.executors.ranks import resolve_launcher, resolve_world_size, with_world_size
+from isoprobe.executors.srun_plan import Allocation, LauncherError, choose_launcher, refusal, srun_command
+from isoprobe.pipeline.trials import trial_from_run
+from isoprobe.protocol.messages import TrialResult
+from isoprobe.report.outcomes import Outcome
+from isoprobe.spec.model import Spec
+
+from scripted_probe import GiB, hog_spec
+
+RAM = 24 * GiB
+TWO_NODES = {"SLURM_JOB_ID": "41", "SLURM_JOB_NUM_NODES": "2", "SLURM_NTASKS": "8"}
+ONE_NODE = {"SLURM_JOB_ID": "42", "SLURM_JOB_NUM_NODES": "1", "SLURM_NTASKS": "2"}
+
+
+def _spec(**distributed) -> Spec:
+    raw = hog_spec()
+    raw["distributed"] = {"strategy": "ddp", **distributed}
+    return Spec.model_validate(raw)
+
+
+# --------------------------------------------------------------------------- the launcher
+
+
+@pytest.mark.parametrize("asked, environ, wanted, node, expected", [
+    ("auto", {}, 2, 2, "local"),                    # no allocation: never a step
+    ("auto", ONE_NODE, 2, 8, "local"),              # one node that runs the ranks: no step's start-up
+    ("auto", TWO_NODES, 8, 8, "srun"),              # the job's tasks span two nodes
+    ("auto", ONE_NODE, 16, 8, "srun"),              # more ranks than this node runs
+    ("local", TWO_NODES, 8, 4, "local"),            # asked for: kept, even where auto would step
+    ("srun", ONE_NODE, 2, 8, "srun"),
+])
+def test_the_launcher_rule(asked, environ, wanted, node, expected):
+    choice = choose_launcher(asked, Allocation.from_environment(environ), wanted, node)
+    assert choice.launcher == expected, choice
+
+
+def test_srun_outside_an_allocation_says_what_to_do():
+    with pytest.raises(LauncherError, match="SLURM_JOB_ID is not set") as refused:
+        choose_launcher("srun", Allocation.from_environment({"SLURM_NTASKS": "4"}), 4, 2)
+    assert "salloc" in refused.value.fix and "launcher: local" in refused.value.fix
+
+
+def test_auto_steps_on_the_jobs_size_not_the_nodes_cap():
+    """In a two-node job of 8 tasks on a CPU node that runs 2 ranks: srun, 8 ranks (not capped to the node)."""
+    spec = _spec()
+    launcher = resolve_launcher(spec, TWO_NODES, 0, ram_bytes=RAM, cpu_budget=10 * GiB)
+    assert launcher.launcher == "srun"
+    world = resolve_world_size(spec, TWO_NODES, 0, ram_bytes=RAM, cpu_budget=10 * GiB, across_nodes=True)
+    assert (world.size, world.source, world.note) == (8, "SLURM_NTASKS", None)
+    local = resolve_world_size(spec, TWO_NODES, 0, ram_bytes=RAM, cpu_budget=10 * GiB)
+    assert local.size == 2 and local.note  # the local gang is capped to the node, with a note
+
+
+def test_the_launcher_is_not_in_the_cache_key_but_the_world_size_is():
+    """An allocation's answer serves the next job of the same shape, however its ranks were started."""
+    spec = _spec(world_size=4)
+    local = key_material(with_world_size(spec, resolve_world_size(spec, {}, 0, ram_bytes=RAM, cpu_budget=GiB),
+                                         launcher="local"), "spec.yaml", {}, None)
+    stepped = key_material(with_world_size(spec, resolve_world_size(spec, {}, 0, ram_bytes=RAM, cpu_budget=GiB),
+                                           launcher="srun"), "spec.yaml", {}, None)
+    assert local == stepped
+    assert "launcher" not in local["spec"]["distributed"]
+    other = key_material(_spec(world_size=8), "spec.yaml", {}, None)
+    assert other["spec"]["distributed"]["world_size"] == 8 != local["spec"]["distributed"]["world_size"]
+
+
+def test_a_launcher_needs_a_strategy():
+    with pytest.raises(ValueError, match="launcher: needs a strategy"):
+        Spec.model_validate({**hog_spec(), "distributed": {"launcher": "srun"}})
+
+
+# --------------------------------------------------------------------------- the step's command
+
+
+def test_the_srun_command_runs_one_capped_rank_per_task():
+    argv = srun_command(world_size=8, nodes=2, step_dir="/shared/t1.step", python="/venv/bin/python",
+                        rank_entry="/pkg/isoprobe/child/srun_rank.py", data_limits=(1536 * 2**20, 1600 * 2**20),
+                        cuda=False)
+    assert argv[:2] == ["srun", "--ntasks=8"]
+    assert {"--kill-on-bad-exit=1", "--job-name=isoprobe-trial", "--nodes=2", "--export=ALL"} <= set(argv)
+    assert "--output=/shared/t1.step/rank%t.stdout" in argv and "--error=/shared/t1.step/rank%t.stderr" in argv
+    assert not any(a.startswith("--gpus") for a in argv)
+    # Each task: the isolated wrapper, the step's folder, RLIMIT_DATA's soft and hard limits.
+    assert argv[-7:] == ["/venv/bin/python", "-I", "-S", "/pkg/isoprobe/child/srun_rank.py", "/shared/t1.step",
+                         str(1536 * 2**20), str(1600 * 2**20)]
+
+
+def test_the_srun_command_on_cuda_binds_one_gpu_a_task_and_never_more_nodes_than_ranks():
+    argv = srun_command(world_size=2, nodes=4, step_dir="/s", python="p", rank_entry="r", data_limits=None,
+                        cuda=True)
+    assert "--gpus-per-task=1" in argv and "--nodes=2" in argv
+    assert argv[-5:] == ["p", "-I", "-S", "r", "/s"]  # no cap on CUDA: the budget is the GPU's
+
+
+@pytest.mark.parametrize("stderr, refused", [
+    ("srun: error: Unable to create step for job 7: More processors requested than permitted\n", True),
+    ("srun: error: Unable to create step for job 7: Requested node configuration is not available", True),
+    ("srun: error: isonode: task 1: Killed\nsrun: launch/slurm: _step_signal: Terminating StepId=7.2\n", False),
+    ("", False),
+])
+def test_slurms_refusals_are_told_from_a_ranks_end(stderr, refused):
+    assert (refusal(stderr) is not None) is refused
+
+
+# --------------------------------------------------------------------------- one rank
+
+
+@pytest.mark.parametrize("visible, local_rank, expected", [
+    (None, 1, None),          # the CPU backend: nothing to choose
+    ("3", 1, "3"),            # Slurm bound one GPU to the task: that one
+    ("0,1,2,3", 2, "2"),      # the task sees the node's GPUs: the one at its local rank
+    ("GPU-a,GPU-b", 1, "GPU-b"),
+])
+def test_each_rank_takes_one_gpu(visible, local_rank, expected):
+    assert one_gpu(visible, local_rank) == expected
+
+
+def test_a_ranks_files_are_named_as_the_executor_reads_them(tmp_path):
+    from isoprobe.executors.srun_gang import _Step
+
+    step = _Step(tmp_path, 2, process=None, lifeline_write=-1, began=0.0)
+    for name, path in rank_files(str(tmp_path), 1).items():
+        assert str(step.files(1)[name]) == path
+
+
+# --------------------------------------------------------------------------- judging the step
+
+
+def _verdict(outcome: Outcome, t: float) -> TrialResult:
+    return TrialResult(t=t, outcome=outcome, phase="done" if outcome is Outcome.FITS else "step")
+
+
+@pytest.mark.parametrize("states, expected", [
+    ([(None, False, None), (None, False, None)], (False, None)),                      # both running
+    ([(_verdict(Outcome.FITS, 1), True, 0), (None, False, None)], (False, None)),     # one done, one running
+    ([(_verdict(Outcome.FITS, 1), True, 0), (_verdict(Outcome.FITS, 2), True, 0)], (True, None)),
+    ([(None, False, None), (_verdict(Outcome.OUT_OF_MEMORY, 2), False, None)], (True, 1)),  # at once, not at exit
+    ([(_verdict(Outcome.ERROR, 3), True, 1), (None, True, -9)], (True, 1)),          # killed without a verdict first
+    ([(_verdict(Outcome.FITS, 1), True, 1), (None, False, None)], (True, 0)),        # 'fits', then a bad exit
+])
+def test_the_first_rank_that_fails_ends_the_gang(states, expected):
+    assert first_failure(states) == expected
+
+
+def test_a_rank_that_crashed_is_blamed_not_the_peer_slurm_killed_for_it():
+    """Rank 1 crashed (its exit recorded, no verdict); --kill-on-bad-exit then killed rank 0, which left no exit."""
+    from isoprobe.executors.srun_gang import step_states
+
+    states = step_states([[], []], [None, -11], srun_ended=True)
+    assert first_failure(states) == (True, 1)
+    # Both gone without an end of their own (the step cancelled from outside): ended, the first one named.
+    assert first_failure(step_states([[], []], [None, None], srun_ended=True)) == (True, 0)
+    # srun still running: a rank without an exit is still running.
+    assert first_failure(step_states([[], []], [None, None], srun_ended=False)) == (False, None)
+
+
+def test_a_step_ranks_node_reaches_the_result():
+    from isoprobe.executors.scripted import fits, out_of_memory
+
+    ranks = (replace_node(fits(900), "n1"), replace_node(out_of_memory(), "n2"))
+    run = ChildRun(returncode=0, timed_out=False, seconds=1.0, ranks=ranks, failed_rank=1)
+    trial = trial_from_run(run, 1, 8, "search")
+    assert [rank.node for rank in trial.ranks] == ["n1", "n2"]
+    assert trial.failed_rank == 1
+
+
+def replace_node(run: ChildRun, node: str) -> ChildRun:
+    from dataclasses import replace
+
+    return replace(run, node=node)
