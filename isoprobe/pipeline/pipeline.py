@@ -32,6 +32,7 @@ from isoprobe.pipeline.environment import (
     trial_conditions,
 )
 from isoprobe.pipeline.explain import Found, explain, limited_by
+from isoprobe.pipeline.tokens import token_message, token_search_and_recommend
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.result import DistributedInfo, Result, StopReason
 from isoprobe.spec.model import Spec
@@ -87,9 +88,14 @@ def run_probe(
         target = resolve_target(spec, facts, budget_source, spec_path)
         _describe_target(spec, target, reporter)
         _describe_data(target.data, reporter)
-        _describe_estimate(facts.estimate, target, reporter)
+        if spec.search.unit == "tokens":
+            reporter.note(f"unit tokens: the largest token budget every bucket length of {spec.search.bucket_lengths} "
+                          "fits (floor(budget / L) samples of length L); each trial runs one length")
+        else:  # the estimate traces input.shape as written: it does not predict another length's edge
+            _describe_estimate(facts.estimate, target, reporter)
         runner = TrialRunner(spec, target, executor, python_path, reporter)
         comparison = None
+        tokens = None
         if spec.allocators and target.backend == "cuda":
             runner.allocator_label = spec.allocators[0]
         try:
@@ -98,7 +104,11 @@ def run_probe(
             # A signal held while the spare was replaced lands here, before the first trial: still one document.
             found = Found(stop_reason_of(stopped), None, None)
         else:
-            found = search_and_recommend(spec, target, runner, prior_of(facts.estimate))
+            if spec.search.unit == "tokens":
+                tokens_found = token_search_and_recommend(spec, target, runner)
+                found, tokens = tokens_found.found, tokens_found.tokens
+            else:
+                found = search_and_recommend(spec, target, runner, prior_of(facts.estimate))
         interrupted = found.stop in (StopReason.INTERRUPTED, StopReason.TERMINATED)
         if spec.allocators and not (interrupted and target.backend == "cuda"):  # no new trials after a signal
             try:
@@ -111,6 +121,8 @@ def run_probe(
     stop, max_fitting = found.stop, found.max_fitting
     capped_by = limited_by(spec, max_fitting, target.data) if stop is StopReason.CAPPED else None
     message, suggestions = explain(found, spec, target.info, runner.trials, capped_by)
+    if tokens is not None:
+        message = token_message(tokens, message)
     return Result(
         isoprobe_version=__version__,
         python_version=platform.python_version(),
@@ -132,7 +144,7 @@ def run_probe(
         recommendation=found.recommendation,
         throughput=throughput(runner.trials, spec.recommendation.throughput_tolerance),
         memory_breakdown=memory_breakdown(runner.trials),
-        prediction=prediction(facts.estimate, target.search_capacity, max_fitting),
+        prediction=None if tokens is not None else prediction(facts.estimate, target.search_capacity, max_fitting),
         accumulation=accumulation_plan(spec, micro_batch_ceiling(
             found.recommended, max_fitting, bool(found.recommendation and found.recommendation.soaks)), environ),
         allocator_comparison=comparison,
@@ -141,6 +153,7 @@ def run_probe(
         suggestions=suggestions,
         distributed=distributed_info(spec, target.backend, world_size_source),
         data=data_info(target.data, max_fitting),
+        tokens=tokens,
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
     )

@@ -102,8 +102,12 @@ class _Stopped(Exception):
         self.outcome = outcome
 
 
-def search_budget(fits: Oracle, lengths: list[int], start: int = 1, cap: int | None = None) -> TokenSearch:
+def search_budget(fits: Oracle, lengths: list[int], start: int = 1, cap: int | None = None,
+                  confirm: Oracle | None = None) -> TokenSearch:
     """The largest token budget every bucket of ``lengths`` fits, over the trial oracle ``fits``.
+
+    ``confirm``: the oracle for the binding batch's confirmation (default ``fits``); the product's runs until
+    its peak is steady, as the batch search's confirmation of its maximum does.
 
     ``start``: the first sample count tried at the longest length (doubling from there).
     ``cap``: the most samples a batch may hold (a sampler's own limit on samples per batch); a
@@ -124,8 +128,8 @@ def search_budget(fits: Oracle, lengths: list[int], start: int = 1, cap: int | N
             return False
         return run(samples, length)
 
-    def run(samples: int, length: int) -> bool:
-        outcome = fits(samples, length)
+    def run(samples: int, length: int, oracle: Oracle = fits) -> bool:
+        outcome = oracle(samples, length)
         trials.append((samples, length, outcome))
         if outcome is Outcome.FITS:
             known.fits.append((samples, length))
@@ -171,7 +175,7 @@ def search_budget(fits: Oracle, lengths: list[int], start: int = 1, cap: int | N
         if binding is not None:
             edge = known.lower(binding)
             if edge >= 1:
-                run(edge, binding)  # the confirmation: the binding batch runs at its own length
+                run(edge, binding, confirm or fits)  # the confirmation: the binding batch runs at its own length
             if known.upper(binding) is not None and known.upper(binding) <= edge:
                 stop = Outcome.OUT_OF_MEMORY  # it fit before and failed now: flaky, no budget to stand on
     except _Stopped as stopped:
