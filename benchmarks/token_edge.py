@@ -8,7 +8,9 @@ under the CPU cap (``plain_edge``'s trial: ``RLIMIT_DATA`` set before exec, the
 same ``MALLOC_MMAP_THRESHOLD_``): for every bucket length L, floor(T / L)
 samples of length L must fit; and at T + 1 tokens, some bucket whose batch
 grows by one sample (those L that divide T + 1) must run out of memory, or T
-is not the largest budget. Nothing of isoprobe runs in a trial; the parent
+is not the largest budget (its plain peak is reported: within half a MiB of
+the cap, a batch fits or runs out by chance, in a plain process as in a trial;
+see tests/integration/test_plain_edge.py). Nothing of isoprobe runs in a trial; the parent
 only reads the spec.
 """
 
@@ -49,9 +51,9 @@ def check(spec: Spec, tokens: int, budget: int, report=lambda length, batch, fit
     for length in lengths:
         batch = (tokens + 1) // length
         if batch > tokens // length:  # this bucket's batch grows by one sample at one more token
-            fit = plain_edge.fits(at_length(spec, length), batch, budget)
-            report(length, batch, fit)
-            one_more[length] = {"samples": batch, "fits": fit}
+            peak = plain_edge.peak(at_length(spec, length), batch, budget)
+            report(length, batch, peak is not None)
+            one_more[length] = {"samples": batch, "fits": peak is not None, "peak_bytes": peak}
     return {"tokens": tokens, "budget": budget, "at_budget": at_budget, "at_budget_plus_one": one_more,
             "all_fit": all(v["fits"] for v in at_budget.values()),
             "one_more_fails": any(not v["fits"] for v in one_more.values())}
