@@ -16,6 +16,7 @@ One module per job, in the order a probe runs them:
     estimate.py     ``isoprobe estimate``: the environment check's traced estimate alone
     prediction.py   the estimate on the parent's side: the search's prior, the result's prediction
     data.py         spec.data on the parent's side: the indices a trial is sent, the cap, the result's data (pure)
+    tokens.py       search.unit tokens: the token search over trials at each bucket length, recommended at the binding one
 
 Processes are the executor's business (``isoprobe.executors``); the trial
 itself is ``isoprobe.child``; what crosses between them is ``isoprobe.protocol.messages``.

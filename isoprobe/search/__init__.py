@@ -12,4 +12,5 @@ search is unit-tested over a scripted oracle without starting a process.
     soak.py         did the recommendation survive a long run, and if not, which batch would
     plan.py         from the recommendation to micro-batch x accumulation steps x ranks
     insights.py     throughput and where the memory goes, from the trials that ran
+    token_budget.py search.unit tokens: the largest token budget every bucket length fits, over fits(samples, length)
 """
