@@ -29,9 +29,10 @@ length, then no trial at all) rules L out, and only a binding candidate is
 bisected, within the bounds the longer lengths already proved. Lengths are
 taken longest first: a longer length's fits are floors for every shorter one.
 
-A trial that is neither a fit nor out of memory (an error, a crash, a
-timeout, still rising) is no verdict on memory: the search stops there and
-gives no budget rather than guess (``TokenSearch.stop``). The binding length's
+A trial that is neither a fit nor out of memory (an error, a crash or a
+timeout that persisted over its retries, still rising) is no verdict on
+memory: the search stops there and gives no budget rather than guess
+(``TokenSearch.stop``). The binding length's
 edge is always run at that length itself (its confirmation), so the reported
 budget's binding batch is one that ran.
 """
@@ -103,11 +104,14 @@ class _Stopped(Exception):
 
 
 def search_budget(fits: Oracle, lengths: list[int], start: int = 1, cap: int | None = None,
-                  confirm: Oracle | None = None) -> TokenSearch:
+                  confirm: Oracle | None = None, retries: int = 0, retry: Oracle | None = None) -> TokenSearch:
     """The largest token budget every bucket of ``lengths`` fits, over the trial oracle ``fits``.
 
     ``confirm``: the oracle for the binding batch's confirmation (default ``fits``); the product's runs until
     its peak is steady, as the batch search's confirmation of its maximum does.
+    ``retries``: a trial that crashed or timed out (no evidence about memory) is run again, in ``retry``
+    (default ``fits``), up to this many times, as the batch search retries (search.retries); if it persists,
+    the search stops with that outcome.
 
     ``start``: the first sample count tried at the longest length (doubling from there).
     ``cap``: the most samples a batch may hold (a sampler's own limit on samples per batch); a
@@ -131,6 +135,11 @@ def search_budget(fits: Oracle, lengths: list[int], start: int = 1, cap: int | N
     def run(samples: int, length: int, oracle: Oracle = fits) -> bool:
         outcome = oracle(samples, length)
         trials.append((samples, length, outcome))
+        for _ in range(retries):
+            if outcome not in (Outcome.CRASHED, Outcome.TIMED_OUT):
+                break
+            outcome = (retry or fits)(samples, length)
+            trials.append((samples, length, outcome))
         if outcome is Outcome.FITS:
             known.fits.append((samples, length))
             return True

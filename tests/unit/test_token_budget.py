@@ -151,3 +151,20 @@ def test_a_binding_batch_that_fails_its_confirmation_gives_no_budget():
 def test_lengths_must_be_positive_integers(lengths):
     with pytest.raises(ValueError, match="positive integers"):
         search_budget(memory_oracle(lambda L: L, 100), lengths)
+
+
+def test_a_crash_is_run_again_and_a_crash_that_persists_stops():
+    base = memory_oracle(lambda L: 1000 * L, 1_000_000)
+    crashes = {(4, 100): 1}  # the first attempt at 4 x 100 crashes, the retry runs
+
+    def once(samples, length):
+        if crashes.get((samples, length), 0) > 0:
+            crashes[(samples, length)] -= 1
+            return Outcome.CRASHED
+        return base(samples, length)
+    found = search_budget(once, [10, 100], retries=1)
+    assert (found.budget, found.binding_length) == true_budget(base, [10, 100])
+    assert [t for t in found.trials if t[:2] == (4, 100)] == [(4, 100, Outcome.CRASHED), (4, 100, Outcome.FITS)]
+    always = search_budget(lambda n, L: Outcome.CRASHED if (n, L) == (4, 100) else base(n, L), [10, 100], retries=1)
+    assert always.budget is None and always.stop is Outcome.CRASHED
+    assert [t for t in always.trials if t[:2] == (4, 100)] == [(4, 100, Outcome.CRASHED)] * 2
