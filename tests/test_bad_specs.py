@@ -83,6 +83,13 @@ STATIC = [
     ('yaml-unclosed-flow.yaml', "line 2, column 6: not valid YAML: expected ',' or '}', but got ':'", 'fix the YAML syntax at that place'),
     ('zero-budget.yaml', "memory_budget: a size must be at least one byte, got 0; write e.g. '8GiB' or '512MiB'", "Memory the trial may use, e.g. '8GiB', '"),
     ('zero-in-shape.yaml', 'input.shape.1: Input should be greater than or equal to 1', 'Per-sample input shape without the batch'),
+    ('tokens-without-lengths.yaml', 'search.bucket_lengths: unit tokens needs the lengths your sampler pads its buckets to, e.g. search.bucket_lengths: [128, 256, 512]', 'With unit tokens: the padded lengths your'),
+    ('tokens-bucket-length-zero.yaml', 'search.bucket_lengths.1: Input should be greater than or equal to 1', 'With unit tokens: the padded lengths your'),
+    ('tokens-bucket-length-fraction.yaml', 'search.bucket_lengths.1: Input should be a valid integer', 'With unit tokens: the padded lengths your'),
+    ('tokens-lengths-without-unit.yaml', 'search.bucket_lengths: applies to unit tokens; set search.unit: tokens, or remove it', 'With unit tokens: the padded lengths your'),
+    ('tokens-unit-unknown.yaml', "search.unit: Input should be 'samples' or 'tokens'", "use one of 'samples' or 'tokens'"),
+    ('tokens-with-data.yaml', 'search.unit: tokens with data is not built yet', None),
+    ('tokens-with-eval-pass.yaml', 'training.eval_pass: the evaluation batch is searched in samples', None),
     ('zero-start.yaml', 'search.start_batch_size: Input should be greater than or equal to 1', 'First batch tried. 2 by default: BatchNo'),
 ]
 

@@ -18,6 +18,7 @@ One module per job, in the order a probe runs them:
     data.py         spec.data on the parent's side: the indices a trial is sent, the cap, the result's data (pure)
     eval_edge.py    training.eval_pass: the evaluation batch's own edge, searched after the training one
     frontier.py     ``isoprobe frontier``: one answer per value of a field, each bounded by the ones before
+    tokens.py       search.unit tokens: the token search over trials at each bucket length, recommended at the binding one
 
 Processes are the executor's business (``isoprobe.executors``); the trial
 itself is ``isoprobe.child``; what crosses between them is ``isoprobe.protocol.messages``.

@@ -33,6 +33,7 @@ from isoprobe.pipeline.environment import (
 )
 from isoprobe.pipeline.eval_edge import eval_search, eval_summary, wants_eval_search
 from isoprobe.pipeline.explain import Found, explain, limited_by
+from isoprobe.pipeline.tokens import token_message, token_search_and_recommend
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.result import DistributedInfo, Result, StopReason
 from isoprobe.search.history import Borrowed
@@ -98,9 +99,14 @@ def run_probe(
         target = resolve_target(spec, facts, budget_source, spec_path)
         _describe_target(spec, target, reporter)
         _describe_data(target.data, reporter)
-        _describe_estimate(facts.estimate, target, reporter)
+        if spec.search.unit == "tokens":
+            reporter.note(f"unit tokens: the largest token budget every bucket length of {spec.search.bucket_lengths} "
+                          "fits (floor(budget / L) samples of length L); each trial runs one length")
+        else:  # the estimate traces input.shape as written: it does not predict another length's edge
+            _describe_estimate(facts.estimate, target, reporter)
         runner = TrialRunner(spec, target, executor, python_path, reporter)
         comparison = evaluation = None
+        tokens = None
         if spec.allocators and target.backend == "cuda":
             runner.allocator_label = spec.allocators[0]
         try:
@@ -109,7 +115,11 @@ def run_probe(
             # A signal held while the spare was replaced lands here, before the first trial: still one document.
             found = Found(stop_reason_of(stopped), None, None)
         else:
-            found = search_and_recommend(spec, target, runner, prior_of(facts.estimate), borrowed)
+            if spec.search.unit == "tokens":
+                tokens_found = token_search_and_recommend(spec, target, runner)
+                found, tokens = tokens_found.found, tokens_found.tokens
+            else:
+                found = search_and_recommend(spec, target, runner, prior_of(facts.estimate), borrowed)
         interrupted = found.stop in (StopReason.INTERRUPTED, StopReason.TERMINATED)
         if spec.allocators and not (interrupted and target.backend == "cuda"):  # no new trials after a signal
             try:
@@ -132,6 +142,8 @@ def run_probe(
     message, suggestions = explain(found, spec, target.info, training, capped_by)
     if evaluation is not None:
         message += "; " + eval_summary(evaluation)
+    if tokens is not None:
+        message = token_message(tokens, message)
     return Result(
         isoprobe_version=__version__,
         python_version=platform.python_version(),
@@ -157,7 +169,7 @@ def run_probe(
         eval_first_failing_batch_size=evaluation.first_failing if evaluation else None,
         eval_training_batch_size=evaluation.training_batch if evaluation else None,
         eval_stop_reason=evaluation.stop if evaluation else None,
-        prediction=prediction(facts.estimate, target.search_capacity, max_fitting),
+        prediction=None if tokens is not None else prediction(facts.estimate, target.search_capacity, max_fitting),
         accumulation=accumulation_plan(spec, micro_batch_ceiling(
             found.recommended, max_fitting, bool(found.recommendation and found.recommendation.soaks)), environ),
         allocator_comparison=comparison,
@@ -166,6 +178,7 @@ def run_probe(
         suggestions=suggestions,
         distributed=distributed_info(spec, target.backend, world_size_source, runner.trials),
         data=data_info(target.data, max_fitting),
+        tokens=tokens,
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
     )

@@ -34,7 +34,9 @@ def soak_steps(spec: Spec, backend: str) -> int:
 
 def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int, first_failing: int | None):
     """The recommended batch and how it was derived; (None, recommendation) when none survived its soak."""
-    under_budget = [t for t in runner.trials if t.purpose != "memory_check"]
+    # Only the trials of this question: with search.unit tokens, the binding length's (a line over several lengths
+    # would mix memories that differ by more than the batch).
+    under_budget = [t for t in runner.same_question() if t.purpose != "memory_check"]
     fitting = [(t.batch_size, t.peak_bytes) for t in under_budget if t.outcome is Outcome.FITS and t.peak_bytes]
     advice = advise(
         max_fitting,
@@ -58,7 +60,7 @@ def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int,
     )
     batch = advice.batch_size
     if spec.recommendation.objective == "throughput":
-        batch, recommendation = _prefer_throughput(spec, runner.trials, batch, recommendation)
+        batch, recommendation = _prefer_throughput(spec, runner.same_question(), batch, recommendation)
     if recommendation.soak_steps == 0:
         return _check(runner, batch, recommendation)
     return _soak(runner, batch, recommendation, model.slope if model else None)
@@ -73,7 +75,7 @@ def _check(runner: TrialRunner, batch: int, recommendation: Recommendation):
         if check.outcome is Outcome.FITS:
             measured = check
         else:
-            lower = [t for t in runner.trials
+            lower = [t for t in runner.same_question()
                      if t.purpose != "memory_check" and t.outcome is Outcome.FITS and t.batch_size <= batch]
             measured = max(lower, key=lambda t: t.batch_size) if lower else None
             note += f"; the check run of {batch} ended {check.outcome.value}, so the recommendation fell back"
@@ -134,7 +136,7 @@ def _with(recommendation: Recommendation, soaks: list[Soak], notes: list[str], p
 
 
 def _fitting_at(runner: TrialRunner, batch: int) -> Trial | None:
-    return next((t for t in runner.trials if t.purpose != "memory_check" and t.batch_size == batch
+    return next((t for t in runner.same_question() if t.purpose != "memory_check" and t.batch_size == batch
                  and t.outcome is Outcome.FITS), None)
 
 

@@ -143,10 +143,20 @@ class TrialRunner:
         #: Set during the evaluation search (training.eval_pass): each trial runs this training batch's steps, then
         #: one evaluation pass at the batch it is asked for (``pipeline.eval_edge``).
         self.eval_after: int | None = None
+        self.length: int | None = None  # set by the token search: the bucket length its trials run at (and are tagged with)
         self.conditions = trial_conditions(spec, target.backend, target.info.memory_budget_bytes,
                                            model_imports=target.model_imports)
         #: How long a trial that decides the maximum steps (None: search.steady_steps is 0, every trial is short).
         self.steady_rule = steady.rule_for(spec.search.steps, spec.search.steady_steps)
+
+    def at_length(self, spec: Spec, length: int) -> None:
+        """From now on trials run ``spec`` (whose input.shape[0] is ``length``) and are tagged with the length."""
+        self.spec = spec
+        self.length = length
+
+    def same_question(self) -> list[Trial]:
+        """The trials that asked what the next one asks: at the current length (all of them without one)."""
+        return [t for t in self.trials if t.length == self.length]
 
     def use_allocator(self, label: str) -> None:
         """From now on trials run under this ``allocators`` entry (and are tagged with it)."""
@@ -229,6 +239,8 @@ class TrialRunner:
                                              "step_seconds_spread": None})
         if self.allocator_label is not None:
             trial = trial.model_copy(update={"allocator": self.allocator_label})
+        if self.length is not None:
+            trial = trial.model_copy(update={"length": self.length})
         self.trials.append(trial)
         self.reporter.trial(trial)
         if trial.reclassified:  # not what the child said: the reason, where people read the progress

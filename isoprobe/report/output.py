@@ -54,8 +54,9 @@ def trial_line(trial: Trial) -> str:
         last=format_bytes(peaks[-1] if peaks else None))
     if trial.training_batch_size is not None:
         purpose = f"  [evaluation, after training steps at batch {trial.training_batch_size}]" + purpose
+    length = f" x {trial.length}" if trial.length is not None else ""  # search.unit tokens: samples x bucket length
     return (
-        f"isoprobe: trial {trial.index:>2}  batch {trial.batch_size:>6}  "
+        f"isoprobe: trial {trial.index:>2}  batch {trial.batch_size:>6}{length}  "
         f"{trial.outcome.value + detail:<30}  peak {peak:>10}  {trial.seconds:6.1f} s{purpose}"
     )
 
@@ -100,6 +101,20 @@ def _data_line(data) -> str:
     return line
 
 
+def _token_lines(tokens) -> list[str]:
+    """search.unit tokens: the budget, then each bucket length's edge (``Result.tokens``)."""
+    lines = [f"tokens: max {tokens.max_tokens}, recommended {tokens.recommended_tokens}, binding length "
+             f"{tokens.binding_length} ({tokens.trials} trials)"]
+    for edge in tokens.lengths:
+        fits = "-" if edge.max_fitting_samples is None else edge.max_fitting_samples
+        if edge.first_failing_samples is None:
+            lines.append(f"  length {edge.length:>6}: at least {fits} samples fit (not binding; {edge.trials} trials)")
+        else:
+            lines.append(f"  length {edge.length:>6}: {fits} fit, {edge.first_failing_samples} out of memory: at most "
+                         f"{edge.budget_limit} tokens ({edge.trials} trials)")
+    return lines
+
+
 def render_table(result: Result) -> str:
     """The whole result for people: the answer, every trial, throughput, the memory breakdown, the plan.
 
@@ -119,6 +134,8 @@ def render_table(result: Result) -> str:
                      f"{info.backend}): every batch here is a per-rank micro-batch")
     if result.data is not None:
         lines.append(_data_line(result.data))
+    if result.tokens is not None:
+        lines += _token_lines(result.tokens)
     if result.cache is not None:
         lines.append(f"cache: {'hit, no trial ran now' if result.cache.hit else 'stored'} "
                      f"({result.cache.path}, probed {result.cache.stored_at})")

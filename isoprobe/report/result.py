@@ -206,6 +206,9 @@ class Trial(_Strict):
     allocator: str | None = Field(
         None, description="When comparing allocators: the setting this trial ran under ('default': torch's own)."
     )
+    length: int | None = Field(
+        None, description="With search.unit tokens: the bucket length this trial's samples had (input.shape[0])."
+    )
     seconds: float = Field(
         description=(
             "Wall time of the trial: from the start of its process (cold), or from the moment a warm process "
@@ -460,6 +463,45 @@ class DistributedInfo(_Strict):
     )
 
 
+class LengthEdgeInfo(_Strict):
+    """What the token search proved at one bucket length."""
+
+    length: int = Field(description="The bucket length (input.shape[0]).")
+    max_fitting_samples: int | None = Field(
+        None, description="The largest sample count proven to fit at this length, by a trial at it or at a longer "
+        "length (a batch fitting at L fits at every shorter length); null: none proven.")
+    first_failing_samples: int | None = Field(
+        None, description="Set where this length's edge was searched: the smallest sample count that ran out of "
+        "memory here (max_fitting_samples + 1). null: the length was ruled out as the binding one without its edge.")
+    budget_limit: int | None = Field(
+        None, description="The largest token budget this length allows, length x first_failing_samples - 1; null "
+        "where it was not needed (the length allows at least the budget).")
+    trials: int = Field(description="Trials run at this length.")
+
+
+class TokenBudget(_Strict):
+    """search.unit tokens: the largest token budget per batch every bucket length fits, and the binding length."""
+
+    unit: Literal["tokens"] = Field("tokens", description="The answer counts tokens: samples x padded length.")
+    max_tokens: int | None = Field(
+        None, description="The token budget T: at every bucket length L, floor(T / L) samples of length L fit; "
+        "null when there is none (a trial was no memory verdict, or not one sample of some length fits).")
+    binding_length: int | None = Field(
+        None, description="The bucket length whose limit is the budget (the worst bucket): at T + 1 tokens its "
+        "batch would hold one more sample, which ran out of memory.")
+    binding_samples: int | None = Field(
+        None, description="floor(max_tokens / binding_length): the binding bucket's batch at the budget, run at "
+        "that length (its confirmation).")
+    recommended_tokens: int | None = Field(
+        None, description="binding_length x recommended_batch_size: the recommendation (headroom, rounding, soak) "
+        "applied to the binding bucket, so its batch under this budget is the soaked one.")
+    capped: bool = Field(
+        False, description="True when every length fit search.max_batch_size samples: the cap binds, not memory "
+        "(max_tokens is then the longest length x the cap).")
+    lengths: list[LengthEdgeInfo] = Field(description="Every bucket length, shortest first.")
+    trials: int = Field(description="Trials the token search ran (recommendation and soak not counted).")
+
+
 class WorstBatch(_Strict):
     """The samples the maximum's trials trained on: the max_batch_size longest of the dataset (ties by index)."""
 
@@ -592,6 +634,10 @@ class Result(_Strict):
     )
     data: DataInfo | None = Field(
         None, description="Set when the spec has a data section: the dataset's lengths and the worst batch's samples."
+    )
+    tokens: TokenBudget | None = Field(
+        None, description="Set with search.unit tokens: the token budget, the binding bucket length and every "
+        "length's edge. max_batch_size, recommended_batch_size and the trials' edge are then the binding length's."
     )
     environment: RunEnvironment | None = Field(None, description="Host, Slurm job and GPUs of this invocation.")
     cache: CacheInfo | None = Field(None, description="The result cache's entry; null with --no-cache.")

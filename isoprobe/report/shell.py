@@ -38,6 +38,12 @@ def result_variables(result: Result) -> list[tuple[str, str]]:
         ("FASTEST_BATCH_SIZE", result.throughput.fastest_batch_size if result.throughput else None),
         ("EVAL_BATCH_SIZE", result.eval_max_batch_size if result.answered else None),  # training.eval_pass
     ]
+    if result.tokens is not None:  # a token-bucketing sampler's budget per batch, and the worst bucket it was set by
+        values += [
+            ("MAX_TOKENS", result.tokens.max_tokens),
+            ("TOKENS", result.tokens.recommended_tokens if result.answered else None),
+            ("BINDING_LENGTH", result.tokens.binding_length),
+        ]
     if result.accumulation is not None:
         plan = result.accumulation
         values += [

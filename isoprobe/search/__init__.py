@@ -13,4 +13,5 @@ search is unit-tested over a scripted oracle without starting a process.
     plan.py         from the recommendation to micro-batch x accumulation steps x ranks
     insights.py     throughput and where the memory goes, from the trials that ran
     frontier.py     what a frontier point borrows from the others, and the bracket a borrowed bound narrows
+    token_budget.py search.unit tokens: the largest token budget every bucket length fits, over fits(samples, length)
 """

@@ -405,6 +405,12 @@ class TrainingSpec(SpecSection):
         return self
 
 
+#: search.bucket_lengths: a length above this is a typo (a million tokens in one sample).
+MAX_BUCKET_LENGTH = 1 << 20
+#: search.bucket_lengths: at most this many; each costs at least one trial.
+MAX_BUCKETS = 64
+
+
 class SearchSpec(SpecSection):
     """Where the search starts, where it must stop, and what one trial is."""
 
@@ -509,12 +515,40 @@ class SearchSpec(SpecSection):
         ),
     )
 
+    unit: Literal["samples", "tokens"] = Field(
+        "samples",
+        description=(
+            "What the answer counts. samples (the default): the largest batch. tokens: the largest token budget "
+            "per batch T (samples x padded length) for a length-bucketing sampler: every bucket length L of "
+            "search.bucket_lengths, filled with floor(T / L) samples of length L (input.shape[0]), fits. "
+            "See docs/data.md#token-budgets."
+        ),
+    )
+    bucket_lengths: list[Annotated[int, Field(ge=1, le=MAX_BUCKET_LENGTH)]] | None = Field(
+        None,
+        min_length=1,
+        max_length=MAX_BUCKETS,
+        description=(
+            "With unit tokens: the padded lengths your sampler's buckets produce (positive integers, e.g. "
+            "[128, 256, 512, 1024]); each trial's input.shape[0] is one of them. The budget is the largest one "
+            "every length fits; the result names the binding (worst) length."
+        ),
+    )
+
     @model_validator(mode="after")
     def _start_within_caps(self) -> "SearchSpec":
         for name in ("max_batch_size", "dataset_size"):
             cap = getattr(self, name)
             if cap is not None and self.start_batch_size > cap:
                 raise ValueError(f"start_batch_size {self.start_batch_size} is above {name} {cap}")
+        if self.unit == "tokens" and self.bucket_lengths is None:
+            raise ValueError("bucket_lengths: unit tokens needs the lengths your sampler pads its buckets to, e.g. "
+                             "search.bucket_lengths: [128, 256, 512]")
+        if self.bucket_lengths is not None and self.unit != "tokens":
+            raise ValueError("bucket_lengths: applies to unit tokens; set search.unit: tokens, or remove it")
+        if self.unit == "tokens" and self.parallel != 1:
+            raise ValueError("unit: tokens runs one trial at a time (each length's trial decides where the next "
+                             "goes); set search.parallel to 1")
         return self
 
     @property
@@ -643,6 +677,8 @@ class Spec(SpecSection):
 
     @model_validator(mode="after")
     def _sections_fit_together(self) -> "Spec":
+        if self.search.unit == "tokens":
+            _tokens_fit(self)
         if self.distributed.gang and self.search.parallel != 1:
             raise ValueError(f"search.parallel: {self.search.parallel} runs several trials at once, and with "
                              f"distributed.strategy {self.distributed.strategy} every trial is already a gang of ranks "
@@ -697,6 +733,25 @@ class Spec(SpecSection):
             raise ValueError("target.task: huggingface models take language_modeling or classification here")
         return self
 
+
+
+def _tokens_fit(spec: Spec) -> None:
+    """search.unit tokens varies input.shape[0] from trial to trial: a spec whose batches it cannot lengthen is
+    refused here, before any trial, rather than answered for a length it never ran."""
+    if spec.data is not None:
+        raise ValueError("search.unit: tokens with data is not built yet (it needs the dataset's samples grouped by "
+                         "length); describe the input as input {shape: [length, ...]} with search.bucket_lengths")
+    if spec.model.batch is not None or spec.model.hf_trainer is not None or spec.model.lightning is not None:
+        raise ValueError("search.unit: tokens sets the length of isoprobe's own batches (input.shape[0]); with "
+                         "model.batch, model.hf_trainer or model.lightning the batches are yours: use unit samples")
+    if spec.input is None:
+        raise ValueError("input: unit tokens needs input.shape, whose first dimension is the sequence length")
+    if spec.allocators is not None:
+        raise ValueError("allocators: the comparison searches batch sizes; with search.unit tokens give one "
+                         "allocator")
+    if spec.training.eval_pass:
+        raise ValueError("training.eval_pass: the evaluation batch is searched in samples after the training "
+                         "answer; with search.unit tokens run it as a second probe with unit samples")
 
 
 #: The training options a Hugging Face Trainer sets itself (its TrainingArguments); the spec's own would be ignored.
