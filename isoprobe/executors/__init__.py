@@ -108,3 +108,10 @@ class Executor(Protocol):
 
     def close(self) -> None:
         """Stop everything still running or waiting."""
+
+
+def run_through_reporting(executor, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
+    """``run`` for an executor whose own primitive is ``run_reporting`` (the gangs): the one run it hands over."""
+    runs: list[ChildRun] = []
+    executor.run_reporting(request, conditions, timeout=timeout, name=name, finished=runs.append)
+    return runs[0]

@@ -28,7 +28,7 @@ from dataclasses import replace
 from typing import Callable
 
 from isoprobe.errors import Terminated
-from isoprobe.executors import ChildRun, Conditions
+from isoprobe.executors import ChildRun, Conditions, run_through_reporting
 from isoprobe.executors.child_process import wait_for_end
 from isoprobe.executors.fork_servers import SERVER_LOSSES
 from isoprobe.executors.local import Launch, LocalExecutor
@@ -79,9 +79,7 @@ class GangExecutor:
         self.local.close()
 
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
-        runs: list[ChildRun] = []
-        self.run_reporting(request, conditions, timeout=timeout, name=name, finished=runs.append)
-        return runs[0]
+        return run_through_reporting(self, request, conditions, timeout=timeout, name=name)
 
     def run_reporting(self, request, conditions: Conditions, *, timeout: float, name: str,
                       finished: Callable[[ChildRun], None]) -> None:

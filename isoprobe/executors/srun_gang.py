@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Callable
 
 from isoprobe.errors import ProbeError
-from isoprobe.executors import ChildRun, Conditions
+from isoprobe.executors import ChildRun, Conditions, run_through_reporting
 from isoprobe.executors.child_process import STOP_SECONDS
 from isoprobe.executors.gang import first_failure, is_gang, laggard
 from isoprobe.executors.local import LocalExecutor
@@ -148,9 +148,7 @@ class SrunGangExecutor:
         self.local.close()
 
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
-        runs: list[ChildRun] = []
-        self.run_reporting(request, conditions, timeout=timeout, name=name, finished=runs.append)
-        return runs[0]
+        return run_through_reporting(self, request, conditions, timeout=timeout, name=name)
 
     def run_reporting(self, request, conditions: Conditions, *, timeout: float, name: str,
                       finished: Callable[[ChildRun], None]) -> None:

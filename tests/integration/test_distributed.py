@@ -116,7 +116,8 @@ def test_each_strategys_per_rank_edge_is_exact_in_fresh_gangs(probes, strategy):
     assert result["first_failing_batch_size"] == result["max_batch_size"] + 1, result["message"]
     if strategy != "none":
         assert result["distributed"] == {"strategy": strategy, "world_size": 2, "world_size_source": "spec",
-                                         "backend": "gloo", "threads_per_rank": 1, "per_rank": True}
+                                         "backend": "gloo", "threads_per_rank": 1, "per_rank": True,
+                                         "launcher": "local", "nodes": []}
         for trial in result["trials"]:
             assert [rank["rank"] for rank in trial["ranks"]] == [0, 1]
             if trial["outcome"] == "fits":  # a gang fits only if each of its ranks did
