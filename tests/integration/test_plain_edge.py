@@ -41,7 +41,7 @@ CASES = [(MEMORY_HOG, "null"), (LM_HEAD, "null"), (SMALL_CNN, "null"), (SMALL_CN
 #: How close to the cap a plain process's peak may come at the batch above isoprobe's maximum and that batch
 #: still be allowed to fail in isoprobe's trial: the precision of the CPU backend's edge. Measured 2026-11-26
 #: (small-cnn at batch 152, one thread, data peak less the credit): a plain process 1338.66 to 1338.96 MB over
-#: 6 runs, isoprobe's trials 1338.67 to 1339.06 MB over 13 (spawned and forked, with and without bytecode
+#: 6 runs, isoprobe's trials 1338.67 to 1339.06 MB over 14 (spawned and forked, with and without bytecode
 #: caches): each spreads by up to 0.4 MB run to run, so a batch whose plain peak lies within half a MiB of the
 #: cap fits or runs out by chance, in a plain process as in a trial. small-cnn's 153 is such a batch here
 #: (0.12 to 0.45 MiB under the cap): CI once found 152 because its trial at 153 fitted, then ran out.
