@@ -72,10 +72,17 @@ def spec(fault: str, *, at: int, edge: int | None = None, start: int = 2, cap: i
 STARTS = pytest.mark.parametrize("fork_server", [False, True], ids=["spawned", "forked"])
 
 
+def _default_hangup() -> None:
+    """SIGHUP's default action in isoprobe, as a shell gives it: a runner started under ``nohup`` ignores
+    SIGHUP and its children inherit that, so a SIGHUP sent by a test would not end isoprobe (rightly: that is
+    what ``nohup`` asks for) and the test would measure the runner, not the containment."""
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
+
+
 def start_isoprobe(path: Path, mark: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "isoprobe", "run", str(path)], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, MARK_ENV: mark})
+                            env={**os.environ, MARK_ENV: mark}, preexec_fn=_default_hangup)
 
 
 def _described(trials: list[dict]) -> str:
