@@ -35,10 +35,11 @@ def fits(d: dict, batch: int, tmp_path) -> dict:
 
 
 def one_trial_cli_spec(d: dict) -> dict:
-    """A full probe that runs exactly one trial: start = max = 2, no confirmation, no headroom."""
+    """A full probe that runs exactly one trial: start = max = 2, no trace (the start is given), no confirmation,
+    no headroom."""
     d = dict(d)
     d["search"] = {"steps": 2, "start_batch_size": 2, "max_batch_size": 2, "confirmations": 0, "trial_timeout": 300,
-                   "steady_steps": 0}
+                   "steady_steps": 0, "estimate": False}
     d["recommendation"] = {"headroom": 0.0, "soak_steps": 0}
     d["memory_budget"] = "3GiB"
     return d
