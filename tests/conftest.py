@@ -51,6 +51,7 @@ ONE_WORKER = (
     "tests/integration/test_fidelity.py",
     "tests/integration/test_pid1.py",
     "tests/integration/test_distributed.py",
+    "tests/integration/test_distributed_sharded.py",
 )
 
 

@@ -44,7 +44,10 @@ def test_each_rank_runs_the_threads_torchrun_would_start_it_with(tmp_path, inher
         "input": {"shape": [16]},
         "target": {"classes": 4},
         "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": 2, "max_batch_size": 3, "steps": 2, "trial_timeout": 60, "estimate": False},
+        # One trial, at the cap: the rank's threads are checked where the model is built (the environment
+        # check's too), not by the search; no confirmation (nor its run until steady) is needed for that.
+        "search": {"start_batch_size": 3, "max_batch_size": 3, "steps": 2, "trial_timeout": 60, "estimate": False,
+                   "steady_steps": 0, "confirmations": 0},
         "device": "cpu",
         "memory_budget": "1.5GiB",
         "recommendation": {"soak_steps": 0},
@@ -66,10 +69,13 @@ def test_each_rank_runs_the_threads_torchrun_would_start_it_with(tmp_path, inher
 
 
 def _fault_spec(fault: str, *, at: int, ranks: list[int], trial_timeout: float, state_dir: str | None = None) -> dict:
-    """conftest.faulty_spec as a DDP gang of two: only ``ranks`` commit ``fault``, from batch ``at`` (the cap) on."""
+    """conftest.faulty_spec as a DDP gang of two: only ``ranks`` commit ``fault``, from batch ``at`` (the cap) on.
+
+    The search starts one below the fault and goes to it next: the gang's fault is the point, not the search path,
+    nor the maximum's confirmation (so none, and no run until steady: ``steady_steps: 0``)."""
     spec = faulty_spec(fault, at=at, trial_timeout=trial_timeout, ranks=ranks,
                        **({"state_dir": state_dir} if state_dir else {}))
-    spec["search"]["max_batch_size"] = at
+    spec["search"].update(start_batch_size=at - 1, max_batch_size=at, steady_steps=0, confirmations=0)
     spec["memory_budget"] = "1.5GiB"
     spec["distributed"] = {"strategy": "ddp", "world_size": 2}
     return spec
