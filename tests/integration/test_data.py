@@ -37,14 +37,18 @@ VOCABULARY = 8000
 
 
 def _spec(tmp_path, dataset: str, kwargs: dict) -> str:
-    """tests/models.py's lm_head (its logits are most of a sample) on ``dataset`` under 1.25 GiB, no soak."""
+    """tests/models.py's lm_head (its logits are most of a sample) on ``dataset`` under 1.25 GiB.
+
+    Every trial runs search.steps (2) steps, the confirmation of the maximum too (no steady rule) and no soak: the
+    harness's plain process runs the same 2 steps, so the edge both sides prove is the same one (the maximum's long
+    run is checked in test_probe_cpu.py and test_answers.py, the soak in test_real_loop.py)."""
     spec = {
         "model": {"factory": f"{TESTS / 'models.py'}:lm_head", "kwargs": {"vocabulary": VOCABULARY, "width": 64}},
         "data": {"dataset": f"{REPO / 'specs' / 'text_data.py'}:{dataset}", "kwargs": kwargs,
                  "collate_fn": f"{REPO / 'specs' / 'text_data.py'}:pad_collate"},
         "target": {"task": "language_modeling"},
         "optimizer": {"name": "adam"},
-        "search": {"steps": 2, "trial_timeout": 300},
+        "search": {"steps": 2, "trial_timeout": 300, "steady_steps": 0},
         "device": "cpu",
         "memory_budget": "1.25GiB",
         "recommendation": {"soak_steps": 0},

@@ -34,8 +34,10 @@ BUDGET = 1009 * 1024**2
 
 
 def probe(*extra: str, spec=SPEC):
+    """Every trial runs search.steps (the spec's 5) optimizer steps, the maximum's confirmation too (no steady
+    rule: the harness's plain trainer.train() runs 5; test_probe_cpu.py checks the long run), and no soak."""
     return run_cli("run", str(spec), "--memory-budget", str(BUDGET), "--set", "recommendation.soak_steps=0",
-                   *extra, timeout=600, env={"OMP_NUM_THREADS": "1"})
+                   "--set", "search.steady_steps=0", *extra, timeout=600, env={"OMP_NUM_THREADS": "1"})
 
 
 def test_the_edge_is_a_plain_trainer_train_edge(monkeypatch):

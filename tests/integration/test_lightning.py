@@ -74,15 +74,19 @@ def test_a_data_module_gets_the_batch_size_and_accumulation_steps_whole_optimize
 
 def test_a_gang_of_two_ranks_runs_lightnings_ddp_attached_to_it(write_spec, tmp_path):
     """Each rank's Trainer joins the gang's process group (LOCAL_RANK set, as torchrun sets it), so Lightning
-    wraps the module in DistributedDataParallel over 2 ranks instead of launching processes of its own."""
+    wraps the module in DistributedDataParallel over 2 ranks instead of launching processes of its own.
+
+    One gang: the search starts at its cap, with no confirmation (the search path and a gang's confirmation are
+    tests/integration/test_distributed.py's; here each rank's own record of the gang's one trial is the point)."""
     count = tmp_path / "ran"
     spec = hog(kwargs={"features": 4096, "depth": 2, "count_file": str(count)})
     spec["distributed"] = {"strategy": "ddp", "world_size": 2}
-    spec["search"].update(max_batch_size=8, steps=2, start_batch_size=4)
+    spec["search"].update(max_batch_size=8, steps=2, start_batch_size=8, confirmations=0)
     run = run_cli("run", str(write_spec(spec)), env=ONE_THREAD)
     assert run.returncode == 0, run.stderr[-3000:]
     result = run.json
     assert result["max_batch_size"] == 8 and result["distributed"]["world_size"] == 2, result["message"]
+    assert [t["batch_size"] for t in result["trials"]] == [8], result["trials"]
     for rank in (0, 1):
         assert json.loads((tmp_path / f"ran.{rank}").read_text()) == {
             "batches": 2, "world_size": 2, "wrapped": "DistributedDataParallel"}
@@ -117,7 +121,9 @@ CALLBACK_SCRIPT = textwrap.dedent("""\
     if __name__ == "__main__":
         module = HogModule(features=4096, depth=2)
         finder = IsolatedBatchSizeFinder(memory_budget="2GiB", use={use!r},
-                                         overrides={{"search.max_batch_size": 12, "search.steps": 2}})
+                                         overrides={{"search.max_batch_size": 12, "search.steps": 2,
+                                                    "search.start_batch_size": 12, "search.steady_steps": 0,
+                                                    "recommendation.soak_steps": 0}})
         trainer = L.Trainer(accelerator="cpu", max_steps=3, gradient_clip_val=0.5, callbacks=[finder], logger=False,
                             enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
         trainer.fit(module)
@@ -129,12 +135,22 @@ CALLBACK_SCRIPT = textwrap.dedent("""\
     """)
 
 
+@pytest.fixture(scope="module")
+def callback_cache(tmp_path_factory):
+    """One result cache for both uses: the same Trainer is the same spec, so the second script's finder answers
+    from the first one's probe (in one worker; each probes when xdist splits them). Under test here is where the
+    callback puts the answer and that training then runs; the probe's edge is
+    test_the_edge_is_the_edge_of_a_plain_fit's.
+    The probe itself starts at its cap (12) with no steady rule and no soak: the search path is not the point."""
+    return tmp_path_factory.mktemp("callback-cache")
+
+
 @pytest.mark.parametrize("use", ["max", "recommended"])
-def test_the_callback_sets_the_batch_where_lightnings_finder_does_and_training_runs(tmp_path, use):
+def test_the_callback_sets_the_batch_where_lightnings_finder_does_and_training_runs(tmp_path, use, callback_cache):
     script = tmp_path / "train.py"
     script.write_text(CALLBACK_SCRIPT.format(tests=str(TESTS), use=use))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
-                         env={**os.environ, "ISOPROBE_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(REPO)})
+                         env={**os.environ, "ISOPROBE_CACHE_DIR": str(callback_cache), "PYTHONPATH": str(REPO)})
     assert run.returncode == 0, run.stderr[-3000:]
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     assert seen["max"] == 12  # the cap: 12 fits easily in 2 GiB
