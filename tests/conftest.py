@@ -39,14 +39,14 @@ ctypes.CDLL(None).prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
 #: Tests that run in one pytest-xdist worker, one after another: those sharing one thing of the machine (the
 #: Slurm tier's cluster, its daemons and ports; the one GPU), and modules whose module-scoped fixture is a whole
 #: probe measured once for their tests (set up once per worker that runs one of them: measured, the probes of
-#: test_probe_cpu, test_real_loop and test_fast_answers each ran twice when their tests were spread).
+#: test_probe_cpu, test_real_loop and test_fast_answers each ran twice when their tests were spread;
+#: test_fast_answers has no such probe since test_probe_cpu's serves both).
 ONE_WORKER = (
     "tests/slurm/",
     "tests/container/",
     "tests/gpu/",
     "tests/integration/test_probe_cpu.py",
     "tests/integration/test_real_loop.py",
-    "tests/integration/test_fast_answers.py",
     "tests/integration/test_answers.py",
     "tests/integration/test_fidelity.py",
     "tests/integration/test_pid1.py",

@@ -27,6 +27,12 @@ pytestmark = pytest.mark.integration
 TRIAL_LINE = "isoprobe: trial "
 
 
+def small_hog(cap: int) -> dict:
+    """memory_hog up to ``cap``, its maximum not confirmed nor run long (steady_steps 0): what the cache stores
+    and gives back is the point here, not how the answer was proven (test_probe_cpu.py, test_real_loop.py)."""
+    return hog_spec(max_batch_size=cap, confirmations=0, steady_steps=0)
+
+
 def _eval_env(lines: str, names: list[str]) -> list[str]:
     shell = shutil.which("dash") or shutil.which("sh")
     script = 'eval "$L"; ' + "; ".join(f'printf "%s\\n" "${n}"' for n in names)
@@ -35,9 +41,10 @@ def _eval_env(lines: str, names: list[str]) -> list[str]:
     return done.stdout.splitlines()
 
 
-def test_a_second_run_answers_from_the_cache_without_any_trial(write_spec, tmp_path):
+def test_a_second_run_answers_from_the_cache_without_any_trial_and_an_unreadable_entry_is_probed_again(
+        write_spec, tmp_path):
     cache = tmp_path / "cache"
-    spec = str(write_spec(hog_spec(max_batch_size=4)))
+    spec = str(write_spec(small_hog(4)))
 
     uncached = run_cli("run", spec, "--format", "json", "--no-cache", cache_dir=cache)
     assert uncached.returncode == 0, uncached.stderr
@@ -68,24 +75,20 @@ def test_a_second_run_answers_from_the_cache_without_any_trial(write_spec, tmp_p
     assert refreshed.returncode == 0, refreshed.stderr
     assert refreshed.json["cache"]["hit"] is False and TRIAL_LINE in refreshed.stderr
 
-
-def test_a_cache_entry_that_is_not_a_result_is_probed_again(write_spec, tmp_path):
-    cache = tmp_path / "cache"
-    spec = str(write_spec(hog_spec(max_batch_size=2)))
-    first = run_cli("run", spec, "--format", "json", cache_dir=cache)
-    assert first.returncode == 0, first.stderr
-    entry = cache / f"{first.json['cache']['key']}.json"
+    # A cache entry that is not a result is probed again (once a test of its own, with a first probe of its
+    # own to make the entry: this one's serves).
+    entry = cache / f"{stored['cache']['key']}.json"
     entry.write_text('{"truncated": ')
     again = run_cli("run", spec, "--format", "json", cache_dir=cache)
     assert again.returncode == 0, again.stderr
     assert "unreadable" in again.stderr and TRIAL_LINE in again.stderr
-    assert json.loads(entry.read_text())["max_batch_size"] == 2  # and the entry is whole again
+    assert json.loads(entry.read_text())["max_batch_size"] == 4  # and the entry is whole again
 
 
 def test_an_unusable_cache_folder_costs_the_cache_not_the_answer(write_spec, tmp_path):
     not_a_folder = tmp_path / "cache"
     not_a_folder.write_text("a file where the cache folder should be")
-    run = run_cli("run", str(write_spec(hog_spec(max_batch_size=2))), "--format", "json", cache_dir=not_a_folder)
+    run = run_cli("run", str(write_spec(small_hog(2))), "--format", "json", cache_dir=not_a_folder)
     assert run.returncode == 0, run.stderr
     assert "cannot be used" in run.stderr and "Traceback" not in run.stderr
     assert run.json["max_batch_size"] == 2 and run.json["cache"] is None
@@ -141,7 +144,7 @@ def _edged_spec(factory: str) -> dict:
         "model": {"factory": factory}, "input": {"shape": [16]}, "target": {"classes": 4},
         "optimizer": {"name": "sgd"}, "device": "cpu", "memory_budget": "2GiB",
         "search": {"start_batch_size": 3, "max_batch_size": 7, "steps": 2, "strategy": "doubling",
-                   "confirmations": 0},
+                   "confirmations": 0, "steady_steps": 0},
         "recommendation": {"headroom": 0.0, "soak_steps": 0},
     }
 

@@ -10,7 +10,8 @@ pytestmark = pytest.mark.integration
 
 
 def one_trial_spec(model: dict, **fields) -> dict:
-    spec = hog_spec(start_batch_size=2, max_batch_size=2, confirmations=0, steady_steps=0)
+    # One trial at batch 2: nothing to estimate (estimate off: no trace in the environment check).
+    spec = hog_spec(start_batch_size=2, max_batch_size=2, confirmations=0, steady_steps=0, estimate=False)
     spec["model"] = model
     spec["recommendation"] |= {"headroom": 0.0}
     spec.update(fields)

@@ -13,6 +13,8 @@ executor in tests/unit/test_orchestration_answers.py.
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import jsonschema
 import pytest
@@ -24,8 +26,14 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory):
-    """One probe that finds a real out-of-memory edge (around batch 25 under 1.5 GiB)."""
-    spec = hog_spec(start_batch_size=16)
+    """One probe that finds a real out-of-memory edge (around batch 25 under 1.5 GiB): the guided search, warm start.
+
+    Also the probe of the guided search's tests below (once test_fast_answers' own probe of the same spec from
+    batch 2: both ran in one worker, 92 s and 118 s on a loaded machine). No long-run stepping of the deciding
+    trials (``steady_steps: 0``): nothing here is about the long run, which tests/integration/test_real_loop.py
+    and the steady harness (benchmarks/steady_harness.py) check; so every fitting trial runs ``search.steps``.
+    """
+    spec = hog_spec(start_batch_size=2, steady_steps=0)
     spec["recommendation"] |= {"headroom": 0.1, "multiple_of": 4}
     path = tmp_path_factory.mktemp("edge") / "hog.yaml"
     path.write_text(json.dumps(spec))  # JSON is YAML
@@ -68,10 +76,11 @@ def test_edge_is_adjacent_and_every_reported_batch_was_run(edge):
     assert result["recommendation"]["measured_peak_bytes"] > 0
     fitting_peaks = [t["peak_bytes"] for t in result["trials"] if t["outcome"] == "fits"]
     assert all(p is not None and p > 0 for p in fitting_peaks)
-    # search.steps is what the child really runs: every fitting trial timed exactly that many steps.
+    # search.steps is what the child really runs: every fitting trial timed exactly that many steps (none
+    # steps until steady: steady_steps 0).
     steps = result["spec"]["search"]["steps"]
-    assert all(len(t["step_seconds"]) == steps for t in result["trials"]
-               if t["outcome"] == "fits" and t["steady_rule"] is None)  # the confirmation steps until steady
+    assert all(len(t["step_seconds"]) == steps and t["steady_rule"] is None
+               for t in result["trials"] if t["outcome"] == "fits")
 
 
 def test_progress_is_one_stderr_line_per_trial(edge):
@@ -81,20 +90,74 @@ def test_progress_is_one_stderr_line_per_trial(edge):
     assert "batch" in trial_lines[0] and "peak" in trial_lines[0]
 
 
+# ------------------------------------------------- the guided search and the budget's readings (issue 4)
+# Once test_fast_answers' own probe of this spec; the strategies' trial counts are compared on a scripted
+# device (tests/unit/test_orchestration_answers.py) and on real readings (tests/unit/test_search_guided.py):
+# here, what a real device measures.
+
+
+def test_the_guided_search_finds_an_exact_edge_in_real_children(edge):
+    guided = edge[1].json
+    assert guided["stop_reason"] == "edge_found"
+    assert guided["first_failing_batch_size"] == guided["max_batch_size"] + 1
+    assert guided["trials"][1]["batch_size"] > 4  # it jumped from its first measurement
+
+
+def test_cpu_readings_are_in_the_budgets_units(edge):
+    result = edge[1].json
+    budget = result["device"]["memory_budget_bytes"]
+    fitting = [t for t in result["trials"] if t["outcome"] == "fits"]
+    for trial in fitting:
+        # The data segment is what RLIMIT_DATA caps: a trial that fit stayed under the cap. (Resident
+        # memory is not comparable: it counts the libraries' code, which the cap does not, and leaves
+        # out mapped pages never touched, which the cap counts; which is larger depends on the install.)
+        assert 0 < trial["base_bytes"] < trial["budget_peak_bytes"] <= budget
+    at_edge = max(fitting, key=lambda t: t["batch_size"])
+    # At the edge the data peak is near the cap: the reading is in the cap's units. Near, not within one
+    # sample (~23 MB): on CI's machine batch 23 peaked 70.9 MB below the cap and batch 24 counted as out of
+    # memory, where here 24 and 25 fit (peaks 1.562 and 1.585 GB). Most likely the resident over-budget
+    # rule, since fixed (a fresh venv runs ~200 MB more resident library code: probe.plausibility); the
+    # units are what this checks, and a reading in resident units would sit ~200 MiB lower.
+    assert budget - at_edge["budget_peak_bytes"] < 128 * 1024**2, [
+        (t["batch_size"], t["outcome"], t["budget_peak_bytes"]) for t in result["trials"]]
+
+
 def test_maximum_fits_and_maximum_plus_one_fails_in_fresh_processes(edge, write_spec):
+    """A new probe, its own fork server and trials, runs the maximum and one more: the same edge again.
+
+    One probe of the two batches (start at the maximum, cap one above, no trace, no confirmation, no long run)
+    where there were two, each with its confirmation stepping until steady: what it proves is the same two
+    verdicts in fresh processes. (That the maximum is the edge of a plain training loop, with none of isoprobe's
+    code in it: tests/integration/test_plain_edge.py.)
+    """
     _, run = edge
     maximum = run.json["max_batch_size"]
-    at_max = run_cli("run", str(write_spec(hog_spec(start_batch_size=maximum, max_batch_size=maximum), "max.yaml")))
-    assert at_max.returncode == 0, at_max.stderr
-    assert at_max.json["max_batch_size"] == maximum
-    assert at_max.json["limited_by"] == "max_batch_size"
-    above = maximum + 1
-    past_max = run_cli(
-        "run", str(write_spec(hog_spec(start_batch_size=above, max_batch_size=above), "above.yaml"))
-    )
-    assert past_max.returncode == 3, past_max.stderr
-    assert past_max.json["stop_reason"] == "start_does_not_fit"
-    assert [t["outcome"] for t in past_max.json["trials"]] == ["out_of_memory"]
+    spec = hog_spec(start_batch_size=maximum, max_batch_size=maximum + 1, estimate=False, confirmations=0,
+                    steady_steps=0)
+    again = run_cli("run", str(write_spec(spec, "again.yaml")))
+    assert again.returncode == 0, again.stderr
+    assert [(t["batch_size"], t["outcome"]) for t in again.json["trials"]] == [
+        (maximum, "fits"), (maximum + 1, "out_of_memory")], again.stderr
+    assert (again.json["max_batch_size"], again.json["first_failing_batch_size"]) == (maximum, maximum + 1)
+
+
+def test_two_cpu_slots_give_the_one_slot_answer(edge):
+    """search.parallel 2 (issue 17) on the edge probe's own spec: the same edge as its one slot.
+
+    Once tests/integration/test_parallel_trials.py's, which ran its own one-slot probe of small-cnn beside
+    it; here the one-slot answer is the edge fixture's. memory_hog's neighbours are a sample (32 MiB) apart,
+    where small-cnn has a batch within half a MiB of its cap that fits or not by chance (test_plain_edge.py).
+    """
+    path, run = edge
+    one = run.json
+    done = subprocess.run([sys.executable, "-m", "isoprobe", "run", str(path), "--no-cache", "--format", "json",
+                           "--set", "search.parallel=2"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    two = json.loads(done.stdout)
+    assert "2 slots: up to 2 trials at once" in done.stderr
+    assert two["stop_reason"] == one["stop_reason"] == "edge_found"
+    assert (two["max_batch_size"], two["first_failing_batch_size"]) == (one["max_batch_size"], one["first_failing_batch_size"])
+    assert all(t["outcome"] == "fits" for t in two["trials"] if t["batch_size"] == two["max_batch_size"])
 
 
 def test_a_bug_in_the_model_is_an_error_with_exit_4_not_out_of_memory(write_spec):
