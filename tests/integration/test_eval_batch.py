@@ -6,7 +6,10 @@ training loop at the training batch under the same cap, drops the epoch's batch
 and output, and runs one evaluation forward under ``torch.no_grad()`` at E. The
 evaluation maximum isoprobe reports must fit there, and one more must not
 (unless isoprobe's own trials of that batch both fit and failed: an edge that
-noise decides, which the search refuses to report as fitting).
+noise decides, which the search refuses to report as fitting; or unless the
+plain process's peak at that batch lies within ``PRECISION_BYTES`` of the cap,
+test_plain_edge.py's measured precision of the CPU edge: a run of the suite in
+three workers once saw a plain process fit one evaluation sample more).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from conftest import REPO, cli, run_cli
 from isoprobe.spec.load import load_spec
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from plain_edge import fits  # noqa: E402
+from plain_edge import fits, peak  # noqa: E402
+from test_plain_edge import PRECISION_BYTES  # noqa: E402  the CPU edge's precision, measured there
 
 pytestmark = pytest.mark.integration
 
@@ -56,4 +60,8 @@ def test_the_evaluation_edge_is_its_own_larger_one_and_a_plain_process_agrees(mo
     assert fits(spec, after, spec.memory_budget, eval_batch=evaluation), (evaluation, evals)
     above = [t["outcome"] for t in evals if t["batch_size"] == evaluation + 1]
     if not ("fits" in above and len(set(above)) > 1):  # not flaky in isoprobe's own trials: the harness must agree
-        assert not fits(spec, after, spec.memory_budget, eval_batch=evaluation + 1), (evaluation, evals)
+        # ... that one more runs out, unless its plain peak lies within the CPU edge's precision of the cap, where
+        # either process fits or runs out by chance (test_plain_edge.py's rule, for the same reason).
+        plain = peak(spec, after, spec.memory_budget, eval_batch=evaluation + 1)
+        peaks = [(t["batch_size"], t["outcome"], t["budget_peak_bytes"]) for t in evals]
+        assert plain is None or spec.memory_budget - plain < PRECISION_BYTES, (evaluation, plain, peaks)
