@@ -108,6 +108,14 @@ def probe_for_the_long_run(folder, strategy: str) -> tuple[dict, tuple]:
     return found, checked
 
 
+
+def probes_for_the_long_run(folder, strategies) -> tuple[dict, dict]:
+    """``probe_for_the_long_run`` of each strategy: (probe results, what the harness checks), by strategy."""
+    found, checked = {}, {}
+    for strategy in strategies:
+        found[strategy], checked[strategy] = probe_for_the_long_run(folder, strategy)
+    return found, checked
+
 #: Steps of the independent long run: past step 16, the latest a rank's peak was seen to rise in issue 30's runs.
 LONG_RUN_STEPS = 30
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import pytest
 
-from distributed_edges import STRATEGIES, check_long_run, probe, probe_for_the_long_run
+from distributed_edges import STRATEGIES, check_long_run, probe, probes_for_the_long_run
 
 pytestmark = pytest.mark.integration
 
@@ -28,9 +28,7 @@ def probes(tmp_path_factory):
     the steady confirmation (``search.steady_steps: 0``, ``confirmations: 0``): the same short trials find the
     same edge and the same fitted line, and the ordering reads nothing else."""
     folder = tmp_path_factory.mktemp("strategies")
-    found, checked = {}, {}
-    for strategy in HERE:
-        found[strategy], checked[strategy] = probe_for_the_long_run(folder, strategy)
+    found, checked = probes_for_the_long_run(folder, HERE)
     for strategy in STRATEGIES:
         if strategy not in HERE:
             found[strategy] = probe(folder, strategy, steady_steps=0, confirmations=0)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from distributed_edges import check_long_run, probe_for_the_long_run
+from distributed_edges import check_long_run, probes_for_the_long_run
 
 pytestmark = pytest.mark.integration
 
@@ -19,11 +19,7 @@ HERE = ("zero1", "fsdp")
 @pytest.fixture(scope="module")
 def probes(tmp_path_factory):
     """One probe per strategy, as isoprobe runs it by default (the maximum run until steady), made once."""
-    folder = tmp_path_factory.mktemp("sharded")
-    found, checked = {}, {}
-    for strategy in HERE:
-        found[strategy], checked[strategy] = probe_for_the_long_run(folder, strategy)
-    return found, checked
+    return probes_for_the_long_run(tmp_path_factory.mktemp("sharded"), HERE)
 
 
 @pytest.mark.slow
