@@ -13,8 +13,6 @@ executor in tests/unit/test_orchestration_answers.py.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 
 import jsonschema
 import pytest
@@ -150,10 +148,9 @@ def test_two_cpu_slots_give_the_one_slot_answer(edge):
     """
     path, run = edge
     one = run.json
-    done = subprocess.run([sys.executable, "-m", "isoprobe", "run", str(path), "--no-cache", "--format", "json",
-                           "--set", "search.parallel=2"], capture_output=True, text=True, timeout=600)
+    done = run_cli("run", str(path), "--set", "search.parallel=2")  # its own empty cache: trials, not the edge's answer
     assert done.returncode == 0, done.stderr
-    two = json.loads(done.stdout)
+    two = done.json
     assert "2 slots: up to 2 trials at once" in done.stderr
     assert two["stop_reason"] == one["stop_reason"] == "edge_found"
     assert (two["max_batch_size"], two["first_failing_batch_size"]) == (one["max_batch_size"], one["first_failing_batch_size"])
