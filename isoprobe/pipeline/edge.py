@@ -76,7 +76,7 @@ def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior:
         found = _long_run(runner, limits, conclusion)
         if found.stop not in (StopReason.EDGE_FOUND, StopReason.CAPPED):
             return found
-        recommended, recommendation = recommend(spec, target, runner, found.max_fitting, found.first_failing)
+        recommended, recommendation = recommend(spec, target, runner, found.max_fitting)
         if any(t.purpose in ("soak", "recommendation_check") and t.outcome is Outcome.ERROR for t in runner.trials):
             # The user's code raised an error that is not about memory in a step the search's shorter trials did
             # not reach: a bug, not growth, so the probe stops as a search trial's error stops it (exit 4).

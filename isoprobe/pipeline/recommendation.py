@@ -32,19 +32,23 @@ def soak_steps(spec: Spec, backend: str) -> int:
     return DEFAULT_SOAK_STEPS[backend] if steps is None else steps
 
 
-def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int, first_failing: int | None):
-    """The recommended batch and how it was derived; (None, recommendation) when none survived its soak."""
+def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int):
+    """The recommended batch and how it was derived; (None, recommendation) when none survived its soak.
+
+    Every peak here is in the capacity's units (``budget_peak``): on the CPU backend ``peak_bytes`` is the
+    resident set, imports included, which is not what the cap counts, and a headroom measured against it
+    recommended a third of the batch the headroom allowed (a convnet whose peaks read 118 MiB above the
+    data segment's: 38 where 64 kept the headroom)."""
     # Only the trials of this question: with search.unit tokens, the binding length's (a line over several lengths
     # would mix memories that differ by more than the batch).
     under_budget = [t for t in runner.same_question() if t.purpose != "memory_check"]
-    fitting = [(t.batch_size, t.peak_bytes) for t in under_budget if t.outcome is Outcome.FITS and t.peak_bytes]
+    fitting = [(t.batch_size, peak) for t in under_budget if t.outcome is Outcome.FITS and (peak := budget_peak(t))]
     advice = advise(
         max_fitting,
         fitting,
-        target.info.capacity_bytes,
+        target.search_capacity,
         spec.recommendation.headroom,
         spec.recommendation.multiple_of,
-        first_failing,
     )
     model = advice.line
     recommendation = Recommendation(
@@ -81,7 +85,7 @@ def _check(runner: TrialRunner, batch: int, recommendation: Recommendation):
             note += f"; the check run of {batch} ended {check.outcome.value}, so the recommendation fell back"
             batch = measured.batch_size if measured else None
     return batch, recommendation.model_copy(
-        update={"note": note, "measured_peak_bytes": measured.peak_bytes if measured else None})
+        update={"note": note, "measured_peak_bytes": budget_peak(measured) if measured else None})
 
 
 def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_sample: float | None):
@@ -96,15 +100,15 @@ def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_s
             retried = True  # no evidence about memory: once more, in a fresh process
             trial = runner.run(batch, purpose="soak", steps=steps)
         fits = trial.outcome is Outcome.FITS
-        judged = judge(fits, steps, trial.step_peak_bytes, target_peak)
+        judged = judge(fits, steps, step_budget_peaks(trial), target_peak)
         soaks.append(Soak(batch_size=batch, trial=trial.index, outcome=trial.outcome,
-                          steps_completed=len(trial.step_peak_bytes), growth_bytes_per_step=judged.growth_bytes_per_step,
+                          steps_completed=len(step_budget_peaks(trial)), growth_bytes_per_step=judged.growth_bytes_per_step,
                           still_rising=judged.still_rising, projected_peak_bytes=judged.projected_peak_bytes,
                           survived=judged.survived))
         if judged.survived:
             rising = " (its peak was still rising: a longer run may need more)" if judged.still_rising else ""
             notes.append(f"{batch} survived a soak of {steps} steps{rising}")
-            return batch, _with(recommendation, soaks, notes, trial.peak_bytes)
+            return batch, _with(recommendation, soaks, notes, budget_peak(trial))
         if trial.outcome not in (Outcome.FITS, Outcome.OUT_OF_MEMORY):
             twice = " twice" if trial.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT) else ""  # an error: once
             notes.append(f"the soak of {batch} ended {trial.outcome.value}{twice}: no batch is recommended without "
@@ -121,8 +125,18 @@ def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_s
     return None, _with(recommendation, soaks, notes, None)
 
 
+def budget_peak(trial: Trial) -> int | None:
+    """A trial's peak in the capacity's units: the budget's where the trial reported it, else its peak."""
+    return trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
+
+
+def step_budget_peaks(trial: Trial) -> list[int]:
+    """The running peak after each step, in the capacity's units (see ``budget_peak``)."""
+    return trial.step_budget_peak_bytes or trial.step_peak_bytes
+
+
 def _why(trial: Trial, judged, steps: int, target_peak: int) -> str:
-    done = len(trial.step_peak_bytes)
+    done = len(step_budget_peaks(trial))
     if trial.outcome is Outcome.OUT_OF_MEMORY:
         return f"ran out of memory after {done} of {steps} steps"
     growth = judged.growth_bytes_per_step or 0
@@ -149,5 +163,5 @@ def _prefer_throughput(spec: Spec, trials: list[Trial], recommended: int, recomm
     fastest = curve.fastest_batch_size
     note = (f"{recommendation.note}; objective throughput: {fastest} runs within "
             f"{spec.recommendation.throughput_tolerance:.0%} of the best samples/s measured up to {recommended}")
-    measured = max((t.peak_bytes for t in trials if t.batch_size == fastest and t.peak_bytes), default=None)
+    measured = max((budget_peak(t) for t in trials if t.batch_size == fastest and budget_peak(t)), default=None)
     return fastest, recommendation.model_copy(update={"note": note, "measured_peak_bytes": measured})

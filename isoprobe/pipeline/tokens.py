@@ -65,7 +65,7 @@ def token_search_and_recommend(spec: Spec, target: Target, runner: TrialRunner) 
     if found.stop in (StopReason.EDGE_FOUND, StopReason.CAPPED) and answer.binding_length is not None:
         runner.at_length(spec_at_length(spec, answer.binding_length), answer.binding_length)
         try:
-            batch, recommendation = recommend(runner.spec, target, runner, found.max_fitting, found.first_failing)
+            batch, recommendation = recommend(runner.spec, target, runner, found.max_fitting)
         except (KeyboardInterrupt, Terminated) as stopped:
             return TokensFound(replace(found, stop=stop_reason_of(stopped)), _info(answer, None, searched))
         found = replace(found, recommended=batch, recommendation=recommendation)

@@ -63,28 +63,31 @@ def advise(
     capacity: int,
     headroom: float | int,
     multiple_of: int,
-    first_failing: int | None = None,
 ) -> Advice:
-    """The recommended batch: at most ``max_batch``, predicted to peak below capacity - headroom, rounded down.
+    """The recommended batch: at most ``max_batch``, predicted to peak below capacity - headroom, rounded down,
+    and never below a batch that fitted with its measured peak within that target.
 
-    When the edge is known (``first_failing``), the capacity is the lower of the
-    nominal one and the peak the line predicts at the first failing batch: the
-    memory actually reachable in the peak's own terms. On CUDA the two agree
-    (reserved memory against the cap); on CPU the cap is on the data segment
-    while the peak is resident memory, which stays below the cap at the edge,
-    so a headroom against the nominal budget would barely move the batch.
+    A function of the measurements alone (issue 34): ``fitting`` are (batch, peak) pairs in the
+    capacity's own units (the budget's on the CPU: the data segment the cap counts; reserved memory on
+    CUDA), whichever trials the search's path happened to run. Two rules make the path matter as little
+    as it can:
 
-    The batch may lie below every batch that fit: the search chooses where it
-    starts (with an estimate, most of the way to its predicted edge), and a
-    headroom that is wider than that start must still hold. Below the fitted
-    batches the line is an extrapolation towards less memory; the recommended
-    batch is then run like any other (its soak or check trial) before it is
-    reported. Only a line whose target is below one sample breaks the headroom
-    (recommending 1, said in the note).
+    - the capacity is the nominal one, never a value read off the line (the line at the first failing
+      batch was used once, when CPU peaks were resident memory and the cap was on the data segment: in
+      the same units it only moved the target with the line, so two probes of the same setup recommended
+      12 and 1);
+    - the line only ever *adds* batches: a batch that fitted with a measured peak within the target is
+      proven to keep the headroom, so the recommendation is never below it, whatever the line through
+      the other points says (a flat or steep line from a few noisy points cannot drag it down).
+
+    The batch may lie below every batch that fit: the search chooses where it starts (with an estimate,
+    most of the way to its predicted edge), and a headroom that is wider than that start must still hold.
+    Below the fitted batches the line is an extrapolation towards less memory; the recommended batch is
+    then run like any other (its soak or check trial) before it is reported. Only a line whose target is
+    below one sample, with no batch proven, breaks the headroom (recommending 1, said in the note).
     """
-    line = fit_line([(b, p) for b, p in fitting if b <= max_batch])
-    if line is not None and line.slope > 0 and first_failing is not None:
-        capacity = min(capacity, int(line.at(first_failing)))
+    usable = [(b, p) for b, p in fitting if b <= max_batch]
+    line = fit_line(usable)
     reserve = headroom_in_bytes(headroom, capacity)
     target = capacity - reserve
     notes: list[str] = []
@@ -107,6 +110,10 @@ def advise(
         if batch < 1:
             batch = 1
             notes.append("the headroom cannot be met even at 1 sample; recommending 1")
+    over = [b for b, p in usable if p > target]
+    if over and batch >= min(over) > 1:
+        batch = min(over) - 1
+        notes.append(f"below {min(over)}, whose measured peak was over the target")
     if multiple_of > 1:
         rounded = batch - batch % multiple_of
         if rounded >= 1:
@@ -114,5 +121,20 @@ def advise(
             notes.append(f"rounded down to a multiple of {multiple_of}")
         else:
             notes.append(f"kept {batch}: no multiple of {multiple_of} is at or below it")
+    proven = proven_within(usable, target, multiple_of)
+    if proven is not None and proven[0] > batch:
+        batch = proven[0]
+        notes.append(f"{batch} fitted with a measured peak of {format_bytes(proven[1])}, within the target: "
+                     "never recommend less than a batch proven to keep the headroom")
     predicted = int(line.at(batch)) if line is not None and line.slope > 0 else None
     return Advice(batch, capacity, reserve, target, line, predicted, "; ".join(notes))
+
+
+def proven_within(fitting: list[tuple[int, int]], target: int, multiple_of: int = 1) -> tuple[int, int] | None:
+    """The largest batch (a multiple of ``multiple_of`` where one is asked) whose every measured peak stayed
+    within ``target``, and that peak; None when no batch did."""
+    highest: dict[int, int] = {}
+    for batch, peak in fitting:
+        highest[batch] = max(peak, highest.get(batch, peak))
+    within = [(b, p) for b, p in highest.items() if p <= target and (multiple_of <= 1 or b % multiple_of == 0)]
+    return max(within) if within else None

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isoprobe.report.outcomes import Outcome, classify_exception, maybe_allocation_failure
-from isoprobe.search.recommend import Line, advise, fit_line, headroom_in_bytes
+from isoprobe.search.recommend import proven_within, Line, advise, fit_line, headroom_in_bytes
 from isoprobe.spec.units import format_bytes, parse_bytes
 
 # --------------------------------------------------------------------------- parse_bytes
@@ -349,19 +349,50 @@ def test_advise_headroom_below_every_fitting_batch_is_kept_not_clamped_up():
     that fit is above a 25 % headroom's line; the recommendation is on the line, below them (it was 40,
     the smallest batch that fit, 1000 bytes above the headroom)."""
     fitting = [(40, 5000), (49, 5900), (50, 6000)]  # peak = 1000 + 100 * batch
-    advice = advise(50, fitting, capacity=6000, headroom=0.25, multiple_of=1, first_failing=51)
+    advice = advise(50, fitting, capacity=6000, headroom=0.25, multiple_of=1)
     assert advice.target_peak_bytes == 4500
     assert advice.batch_size == 35 < min(b for b, _ in fitting)
     assert advice.predicted_peak_bytes == 4500 <= advice.target_peak_bytes
 
 
-def test_advise_edge_lowers_the_capacity_to_the_peak_at_first_failing():
-    # The line predicts 1000 + 100 * 51 = 6100 at the first failing batch, below the nominal 10_000.
-    advice = advise(50, FITTING, capacity=10_000, headroom=0.1, multiple_of=1, first_failing=51)
-    assert advice.capacity_bytes == 6100
-    assert advice.headroom_bytes == 610
-    assert advice.target_peak_bytes == 5490
-    assert advice.batch_size == 44
+def test_advise_measures_the_headroom_from_the_nominal_capacity_not_from_the_line():
+    """Issue 34: the capacity was once lowered to the line's peak at the first failing batch, so the target moved
+    with the line, and so with the points the search's path happened to measure (12 and 1 recommended by two
+    identical probes). Now the capacity is the one given, whatever the line."""
+    advice = advise(50, FITTING, capacity=10_000, headroom=0.1, multiple_of=1)
+    assert advice.capacity_bytes == 10_000
+    assert advice.target_peak_bytes == 9000
+    assert advice.batch_size == 50
+
+
+def test_a_batch_proven_within_the_headroom_is_never_undercut_by_the_line():
+    """Issue 34's probe() pair: the same maximum (12), and the recommendation 12 on one path and 1 on the
+    other, beside a measured peak well inside the target. The line through whichever points the path
+    measured moves; a batch measured within the target does not: the recommendation is never below it."""
+    mib = 1 << 20
+    capacity, headroom = 1536 * mib, 0.2  # target 1228.8 MiB
+    path_a = [(2, 1000 * mib), (10, 1200 * mib), (12, 1220 * mib)]  # the line says 11 (it predicts 12 over)
+    path_b = [(6, 1100 * mib), (12, 1220 * mib)]                    # the line says 12
+    assert int(fit_line(path_a).at(12)) > capacity * (1 - headroom)
+    a, b = advise(12, path_a, capacity, headroom, 1), advise(12, path_b, capacity, headroom, 1)
+    assert a.batch_size == b.batch_size == 12
+    assert "proven to keep the headroom" in a.note
+
+
+def test_a_batch_measured_over_the_target_is_never_recommended():
+    """The other direction: a line from noisy points may predict a batch within the target that a trial
+    measured over it; memory rises with the batch, so that batch and every larger one are over."""
+    fitting = [(2, 100), (10, 200), (12, 1400)]  # the line predicts 12 at 952, measured 1400
+    advice = advise(12, fitting, capacity=1536, headroom=0.2, multiple_of=1)  # target 1228
+    assert advice.batch_size == 11
+    assert "measured peak was over the target" in advice.note
+
+
+def test_the_proven_batch_respects_multiple_of_and_every_run_of_it():
+    fitting = [(8, 5000), (12, 5100), (12, 9500), (16, 9400)]  # 12 ran twice, once over the target
+    advice = advise(16, fitting, capacity=10_000, headroom=0.1, multiple_of=8)
+    assert proven_within(fitting, 9000) == (8, 5000)
+    assert advice.batch_size % 8 == 0
 
 
 @settings(max_examples=300, deadline=None)
