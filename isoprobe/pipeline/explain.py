@@ -25,6 +25,8 @@ class Found:
     recommendation: Recommendation | None = None
     #: Set when the short trials' maximum did not hold in the long run: that maximum (the answer is below it).
     short_max: int | None = None
+    #: Batches above the maximum whose deciding trial fit, but inside the spread (``search.margin``).
+    marginal: tuple[int, ...] = ()
 
 
 def limited_by(spec: Spec, max_fitting: int | None, data: DataScan | None = None) -> str:
@@ -40,6 +42,10 @@ def limited_by(spec: Spec, max_fitting: int | None, data: DataScan | None = None
     if spec.search.max_batch_size is not None and max_fitting == spec.search.max_batch_size:
         return "max_batch_size"
     return "search_ceiling"
+
+
+def _batches(batches: tuple[int, ...]) -> str:
+    return f"batch {batches[0]}" if len(batches) == 1 else "batches " + ", ".join(map(str, batches))
 
 
 def _save_memory(spec: Spec) -> list[str]:
@@ -82,6 +88,10 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
     # The trial that decided a failed search: the last one that ended as the search did (after a crash, a
     # retry may have fit; the message is about the crash), else simply the last.
     last = next((t for t in reversed(trials) if t.outcome.value == stop.value), trials[-1] if trials else None)
+    if stop is StopReason.EDGE_FOUND and first_failing is None:  # only marginal batches above the maximum
+        text = (f"batch {max_fitting} fits on {where}; {_batches(found.marginal)} fit the long run only inside "
+                "the spread (see edge_margin), and no larger batch was tried")
+        return _with_recommendation(text, found)
     if stop is StopReason.EDGE_FOUND:
         if found.first_failing_outcome is Outcome.OUT_OF_MEMORY:
             how = "runs out of memory"
@@ -95,6 +105,9 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
         if found.short_max is not None:
             text += (f"; both in the long run (trials that step until the peak is steady): {found.short_max} fit "
                      f"{spec.search.steps} steps but its peak kept rising after them")
+        if found.marginal:
+            text += (f"; {_batches(found.marginal)} fit the long run too, but with less free memory than a long "
+                     "run's peak moves between runs (the spread: see edge_margin), so not as the maximum")
         return _with_recommendation(text, found)
     if stop is StopReason.CAPPED:
         text = f"batch {max_fitting} fits; larger batches were not tried because of {capped_by}"

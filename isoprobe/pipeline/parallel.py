@@ -101,7 +101,7 @@ def observe_round(runner, batches: list[int], devices: list[str], observed) -> N
     leaves every ended trial in the result and in what the search proved.
     """
     from isoprobe.executors.rounds import run_round
-    from isoprobe.pipeline.trials import _SEARCH_PURPOSES, observation_of
+    from isoprobe.pipeline.trials import _SEARCH_PURPOSES
 
     budget = runner.target.info.memory_budget_bytes
     conditions = runner.conditions
@@ -130,7 +130,7 @@ def observe_round(runner, batches: list[int], devices: list[str], observed) -> N
                 and maybe_allocation_failure(trial.error.message):
             ambiguous.append((slot, trial))  # counted once its evidence is in
         else:
-            observed(slot, observation_of(trial, runner.spec.search.steps))
+            observed(slot, runner.observation(trial))
 
     run_round(runner.executor, jobs, finished)
     for slot, trial in ambiguous:  # the evidence an ambiguous error needs, as TrialRunner.run gets it
@@ -140,4 +140,4 @@ def observe_round(runner, batches: list[int], devices: list[str], observed) -> N
             trial = runner._reclassify(trial, (
                 f"{trial.error.type} under the budget, but batch {trial.batch_size} fit with more memory "
                 f"(trial {check.index}): an allocation failure"))
-        observed(slot, observation_of(trial, runner.spec.search.steps))
+        observed(slot, runner.observation(trial))

@@ -35,7 +35,7 @@ from isoprobe.pipeline.eval_edge import eval_search, eval_summary, wants_eval_se
 from isoprobe.pipeline.explain import Found, explain, limited_by
 from isoprobe.pipeline.tokens import token_message, token_search_and_recommend
 from isoprobe.pipeline.trials import TrialRunner
-from isoprobe.report.result import DistributedInfo, Result, StopReason
+from isoprobe.report.result import DistributedInfo, EdgeMargin, MarginalBatch, Result, StopReason
 from isoprobe.search.history import Borrowed
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
@@ -157,6 +157,7 @@ def run_probe(
         max_batch_size=max_fitting,
         first_failing_batch_size=found.first_failing,
         short_max_batch_size=found.short_max,
+        edge_margin=edge_margin(runner, found) if tokens is None else None,
         first_failing_outcome=found.first_failing_outcome,
         flaky_batch_sizes=list(found.flaky),
         edge_flaky=any(max_fitting is None or b >= max_fitting for b in found.flaky),
@@ -182,6 +183,32 @@ def run_probe(
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
     )
+
+
+def edge_margin(runner: TrialRunner, found: Found) -> EdgeMargin | None:
+    """The spread rule as this probe applied it: the maximum's free memory, and the marginal batches above it."""
+    spread = runner.spread()
+    if spread is None or found.max_fitting is None:
+        return None
+    capacity = runner.target.search_capacity
+    deciding = [t for t in runner.same_question() if t.steady_rule is not None and t.training_batch_size is None
+                and t.allocator == runner.allocator_label]
+
+    def free(trial) -> int | None:
+        peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
+        return None if peak is None else capacity - peak
+
+    at_max = [f for t in deciding if t.batch_size == found.max_fitting and t.outcome.value == "fits"
+              and (f := free(t)) is not None]
+    marginal = []
+    for batch in found.marginal:
+        runs = [t for t in deciding if t.batch_size == batch]
+        fitting = [f for t in runs if t.outcome.value == "fits" and (f := free(t)) is not None]
+        marginal.append(MarginalBatch(batch_size=batch, runs=len(runs), fitted=len(fitting),
+                                      free_bytes=min(fitting) if fitting else 0))
+    return EdgeMargin(capacity_bytes=capacity, spread_bytes=spread.bytes, floor_bytes=spread.floor_bytes,
+                      observed_bytes=spread.observed_bytes, max_free_bytes=min(at_max) if at_max else None,
+                      marginal=marginal)
 
 
 def distributed_info(spec: Spec, backend: str, world_size_source: str, trials=()) -> DistributedInfo | None:

@@ -18,6 +18,7 @@ from isoprobe.pipeline.explain import Found
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.search.edge_search import Conclusion
 from isoprobe.search.history import Limits
+from isoprobe.search.margin import samples_to_clear
 from isoprobe.search.steps import memory_line
 
 #: A long-run trial that crashed or timed out runs again once (a fresh process may tell); then it is a failure.
@@ -25,22 +26,30 @@ _RETRIES = 1
 
 
 def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion) -> Found:
-    """From the batch whose confirmation failed in the long run down to the largest batch that is steady."""
+    """From the batch whose confirmation failed in the long run (or fit only inside the spread) down to the
+    largest batch that is steady and clears the spread."""
     rule = runner.steady_rule
     failed = conclusion.long_run_failure
     if rule is None or failed is None:
         raise ValueError("a long-run search needs a steady rule and a long-run failure")
     deciding = next(t for t in reversed(runner.trials) if t.batch_size == failed and t.steady_rule is not None)
     line = memory_line(conclusion.history, limits)
-    jump = long_run.first_jump(deciding.step_budget_peak_bytes, runner.spec.search.steps, limits.capacity,
-                             line.slope if line else None)
+    slope = line.slope if line else None
     ran: dict[int, bool] = {failed: False}
     outcomes: dict[int, Outcome] = {failed: deciding.outcome}
     done = len(deciding.step_seconds)
-    how = f"still rising after {done} steps" if deciding.outcome is Outcome.STILL_RISING else \
-        f"{deciding.outcome.value} at step {done + 1}"
-    runner.reporter.note(f"batch {failed} fit {runner.spec.search.steps} steps but not the long run ({how}): "
-                         "searching below it with trials that run until their peak is steady")
+    if deciding.outcome is Outcome.FITS:  # marginal: it fit, but inside the spread
+        margin = runner.margin_of(deciding)
+        jump = samples_to_clear(runner.target.search_capacity - margin.free, runner.target.search_capacity,
+                                margin.spread, slope) if margin else 1
+        runner.reporter.note(f"searching below {failed} for the largest batch whose steady peak leaves more than "
+                             "the spread free")
+    else:
+        jump = long_run.first_jump(deciding.step_budget_peak_bytes, runner.spec.search.steps, limits.capacity, slope)
+        how = f"still rising after {done} steps" if deciding.outcome is Outcome.STILL_RISING else \
+            f"{deciding.outcome.value} at step {done + 1}"
+        runner.reporter.note(f"batch {failed} fit {runner.spec.search.steps} steps but not the long run ({how}): "
+                             "searching below it with trials that run until their peak is steady")
     while (batch := long_run.next_long_run_batch(ran, jump)) is not None:
         for _ in range(1 + _RETRIES):
             trial = runner.run(batch, "long_run", rule=rule)
@@ -48,14 +57,23 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
                 break
         if trial.outcome is Outcome.ERROR:
             return Found(StopReason.ERROR, _largest(ran), None, None, conclusion.flaky, short_max=failed)
-        ran[batch] = trial.outcome is Outcome.FITS
+        ran[batch] = trial.outcome is Outcome.FITS and not runner.observation(trial).long_run
         outcomes[batch] = trial.outcome
     lower = _largest(ran)
-    upper = min(b for b, ok in ran.items() if not ok and (lower is None or b > lower))
+    above = [b for b, ok in ran.items() if not ok and (lower is None or b > lower)]
+    failing = [b for b in above if outcomes[b] is not Outcome.FITS]
+    if conclusion.first_failing is not None and (lower is None or conclusion.first_failing > lower):
+        failing.append(conclusion.first_failing)
+        outcomes.setdefault(conclusion.first_failing, conclusion.first_failing_outcome)
+    marginal = tuple(sorted(b for b in above if outcomes[b] is Outcome.FITS))
+    upper = min(failing) if failing else None
+    short_max = failed if deciding.outcome is not Outcome.FITS else None
     if lower is None:
         # Down to batch 1 (or an error), nothing held: its memory rose until it ran out or hit the step cap.
-        return Found(StopReason.STILL_RISING, None, upper, outcomes[upper], conclusion.flaky, short_max=failed)
-    return Found(StopReason.EDGE_FOUND, lower, upper, outcomes[upper], conclusion.flaky, short_max=failed)
+        return Found(StopReason.STILL_RISING, None, upper, outcomes.get(upper), conclusion.flaky, short_max=failed,
+                     marginal=marginal)
+    return Found(StopReason.EDGE_FOUND, lower, upper, outcomes.get(upper), conclusion.flaky, short_max=short_max,
+                 marginal=marginal)
 
 
 def _largest(ran: dict[int, bool]) -> int | None:

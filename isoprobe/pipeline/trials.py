@@ -11,7 +11,7 @@ executor in a unit test.
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from isoprobe.errors import ProbeError
 from isoprobe.executors import ChildRun, Executor
@@ -27,6 +27,7 @@ from isoprobe.protocol.messages import StepDone, TrialRequest
 from isoprobe.report import steady
 from isoprobe.report.result import RankTrial, Trial
 from isoprobe.search.history import Observation
+from isoprobe.search.margin import Spread, clears, spread_for
 from isoprobe.spec.model import Spec
 from isoprobe.report.steady import SteadyRule
 from isoprobe.spec.units import format_bytes
@@ -273,7 +274,53 @@ class TrialRunner:
         # An evaluation trial is one pass after the steps: nothing in it grows with more steps.
         steady_rule = self.steady_rule if purpose == "confirmation" and self.eval_after is None else None
         trial = self.run(batch_size, purpose, rule=steady_rule)
-        return observation_of(trial, self.spec.search.steps)
+        return self.observation(trial)
+
+    def observation(self, trial: Trial) -> Observation:
+        """What the search learns from ``trial``; a deciding trial that fit inside the spread is marginal
+        (``margin_of``), which the search treats as a long-run failure: the maximum is looked for below it."""
+        observation = observation_of(trial, self.spec.search.steps)
+        if observation.outcome is Outcome.FITS and trial.steady_rule is not None:
+            margin = self.margin_of(trial)
+            if margin is not None and not margin.clears:
+                self.reporter.note(
+                    f"batch {trial.batch_size} fit the long run, but its steady peak left {format_bytes(margin.free)} "
+                    f"free, within the spread of {format_bytes(margin.spread)} (how far a long run's peak moves "
+                    "between fresh processes and over steps): marginal, a coin toss in a long run, not the maximum")
+                observation = replace(observation, long_run=True)
+        return observation
+
+    def spread(self) -> Spread | None:
+        """The spread this probe applies (``search.margin``); None where no rule applies (no steady rule, or
+        search.edge_spread 0)."""
+        if self.steady_rule is None or self.spec.search.edge_spread == 0:
+            return None
+        runs: dict[int, list[list[int]]] = {}
+        for t in self.same_question():
+            if t.purpose != "memory_check" and t.training_batch_size is None and t.allocator == self.allocator_label:
+                peaks = t.step_budget_peak_bytes or t.step_peak_bytes
+                if peaks:
+                    runs.setdefault(t.batch_size, []).append(peaks)
+        return spread_for(self.target.backend, self.target.search_capacity,
+                          [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread)
+
+    def margin_of(self, trial: Trial) -> "Margin | None":
+        """How much a deciding trial's steady peak left free below the capacity, against the spread."""
+        spread = self.spread()
+        peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
+        if spread is None or peak is None:
+            return None
+        free = self.target.search_capacity - peak
+        return Margin(free, spread.bytes, clears(peak, self.target.search_capacity, spread.bytes))
+
+
+@dataclass(frozen=True)
+class Margin:
+    """A deciding trial's free memory at its steady peak, and whether that clears the spread."""
+
+    free: int
+    spread: int
+    clears: bool
 
 
 def observation_of(trial: Trial, short_steps: int) -> Observation:

@@ -368,7 +368,8 @@ class Soak(_Strict):
     """One run of a recommended batch for recommendation.soak_steps steps in a fresh process."""
 
     batch_size: int
-    trial: int = Field(description="The trial that ran it (its step_peak_bytes show the peak after each step).")
+    trial: int = Field(description="The trial that ran it (its step_budget_peak_bytes show the peak after each step, "
+                                   "in the capacity's units: what the soak judged).")
     outcome: Outcome
     steps_completed: int
     growth_bytes_per_step: float | None = Field(
@@ -384,13 +385,41 @@ class Soak(_Strict):
     )
 
 
+class MarginalBatch(_Strict):
+    """A batch above the maximum that fit the long run, but inside the spread: a coin toss, not the maximum."""
+
+    batch_size: int
+    runs: int = Field(description="Trials of this batch that ran until steady (confirmation or long_run).")
+    fitted: int = Field(description="How many of those fit.")
+    free_bytes: int = Field(description="The least memory a fitting one's steady peak left free below "
+                                        "capacity_bytes: at most spread_bytes.")
+
+
+class EdgeMargin(_Strict):
+    """The spread rule (docs/steady-state.md): the maximum's steady peak leaves more than the spread free."""
+
+    capacity_bytes: int = Field(description="The capacity the free memory is measured below (per rank in a gang).")
+    spread_bytes: int = Field(
+        description="How far a long run's peak may move between fresh processes and over steps: the larger of "
+                    "floor_bytes and observed_bytes. A deciding trial fits as the maximum only with more free.")
+    floor_bytes: int = Field(description="The backend's measured floor for this capacity, or search.edge_spread.")
+    observed_bytes: int | None = Field(
+        None, description="The most two fresh runs of one batch in this probe differed in their peak after the same "
+                          "step; null where no batch ran twice.")
+    max_free_bytes: int | None = Field(
+        None, description="What the maximum's deciding trial left free at its steady peak (more than spread_bytes).")
+    marginal: list[MarginalBatch] = Field(
+        default_factory=list, description="Batches above the maximum that fit only inside the spread.")
+
+
 class Recommendation(_Strict):
     """How the recommended batch follows from the maximum."""
 
     capacity_bytes: int = Field(
         description=(
-            "The capacity the headroom is measured from: the device capacity, or, when the edge was found, "
-            "the peak the memory model predicts at the first failing batch if that is lower."
+            "The capacity the headroom is measured from: the memory the trials could use (the budget, or the "
+            "device's free memory if less). Every peak of the recommendation is in its units (the trials' "
+            "budget_peak_bytes)."
         )
     )
     headroom_bytes: int = Field(description="Memory to keep free below that capacity.")
@@ -398,7 +427,8 @@ class Recommendation(_Strict):
     memory_model: MemoryModel | None = Field(None, description="The line used to predict peaks; null with one point.")
     multiple_of: int
     predicted_peak_bytes: int | None = None
-    measured_peak_bytes: int | None = Field(None, description="Peak of the trial that ran the recommended batch.")
+    measured_peak_bytes: int | None = Field(
+        None, description="Peak of the trial that ran the recommended batch, in capacity_bytes's units.")
     soak_steps: int = Field(0, description="Steps each soak ran (recommendation.soak_steps as applied; 0: none).")
     soaks: list[Soak] = Field(
         default_factory=list,
@@ -574,10 +604,13 @@ class Result(_Strict):
     allocator: AllocatorInfo
     answered: bool = Field(description="True when max_batch_size is a proven answer (exit code 0).")
     max_batch_size: int | None = Field(
-        None, description="Largest batch that fit. Always a batch that was run successfully; null if none did."
+        None, description="Largest batch that fit. Always a batch that was run successfully; null if none did. With "
+                          "the steady rule, its deciding trial's steady peak also left more than the spread free "
+                          "(edge_margin): batches that fit closer to the capacity are edge_margin.marginal."
     )
     first_failing_batch_size: int | None = Field(
-        None, description="Smallest batch above max_batch_size that ran out of memory; null if none was tried."
+        None, description="Smallest batch above max_batch_size that ran out of memory; null if none was tried. "
+                          "Batches between the two fit only inside the spread (edge_margin.marginal)."
     )
     short_max_batch_size: int | None = Field(
         None, description="Set when the maximum the search's short trials found did not hold in the long run (its "
@@ -585,6 +618,9 @@ class Result(_Strict):
                           "was still rising at search.steady_steps): that batch. max_batch_size is then the largest "
                           "batch proven steady below it (trials of purpose long_run); null: the maximum held.",
     )
+    edge_margin: EdgeMargin | None = Field(
+        None, description="The spread rule as applied to the maximum; null when it does not apply "
+                          "(search.steady_steps 0, search.edge_spread 0, or no maximum).")
     first_failing_outcome: Outcome | None = Field(
         None,
         description=(

@@ -29,8 +29,9 @@ class Observation:
     #: batch has been measured.
     base_bytes: int | None = None
     #: A trial that decides the maximum (run until its peak is steady) failed only after the search's steps:
-    #: out of memory at a later step, or still rising. The short trials' fits at the batch do not contradict
-    #: it (not flaky), and the short search is over: the long run decides from here (``steady``).
+    #: out of memory at a later step, or still rising; or it fit, but inside the spread (``search.margin``:
+    #: marginal, outcome FITS). The short trials' fits at the batch do not contradict it (not flaky), and the
+    #: short search is over: the long run decides from here (``steady``).
     long_run: bool = False
 
 
@@ -145,7 +146,8 @@ def verdicts(history: list[Observation] | tuple[Observation, ...], limits: Limit
 def bounds(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> tuple[int | None, int | None]:
     """(largest batch that fit every time, smallest failing batch above it); either may be None."""
     judged = verdicts(history, limits)
-    fits = [b for b, v in judged.items() if v.outcome is Outcome.FITS]
+    # A batch whose deciding trial fit only inside the spread (marginal: ``search.margin``) is no lower bound.
+    fits = [b for b, v in judged.items() if v.outcome is Outcome.FITS and not v.long_run]
     lower = max(fits) if fits else None
     fails = [
         b for b, v in judged.items()

@@ -23,6 +23,8 @@ from isoprobe.spec.units import MAX_BYTES, parse_bytes
 
 
 ByteCount = Annotated[int, BeforeValidator(parse_bytes)]
+#: A size where 0 means "none" (search.edge_spread: 0 turns the spread rule off).
+ByteCountOrZero = Annotated[int, BeforeValidator(lambda value: 0 if value == 0 or value == "0" else parse_bytes(value))]
 
 
 def _parse_headroom(value: Any) -> float | int:
@@ -439,6 +441,17 @@ class SearchSpec(SpecSection):
             "below it) runs while its peak still rises: it stops as soon as the peak has held still for 5 steps (so it runs "
             "at least 6). A peak still rising at this cap is still_rising, not fits. null: 30; 0: off (every "
             "trial runs search.steps)."
+        ),
+    )
+    edge_spread: ByteCountOrZero | None = Field(
+        None, le=MAX_BYTES,
+        description=(
+            "How far a batch's long-run peak may move between fresh processes and over steps (the spread): the "
+            "maximum reported is a batch whose steady peak leaves more than this free below the capacity; one that "
+            "fitted closer is reported in edge_margin.marginal, never as the maximum. null: the backend's measured "
+            "floor (docs/steady-state.md), raised to what this probe saw between two runs of one batch; 0: off "
+            "(the raw edge, a coin toss in a long run). Applies with the steady rule only (search.steady_steps "
+            "not 0)."
         ),
     )
     trial_timeout: float = Field(

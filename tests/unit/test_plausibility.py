@@ -277,6 +277,7 @@ def test_a_probe_over_shared_memory_answers_the_private_edge():
 
     spec = faulty_spec(start=2, cap=None, confirmations=0, retries=0)
     spec["memory_budget"] = "1.5GiB"
+    spec["search"]["edge_spread"] = 0  # batch 8 peaks exactly at the cap: the raw edge is what is compared here
     expected = probe(spec, ScriptedExecutor(private)).result
     result = probe(spec, ScriptedExecutor(shared)).result
     assert expected.max_batch_size == (budget - GiB) // (64 * MiB) == 8

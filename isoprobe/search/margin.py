@@ -1,0 +1,90 @@
+"""The spread: how far a batch's long-run peak moves between fresh processes and over steps, and the rule
+that a reported maximum clears the capacity by more than it.
+
+Pure (no processes, no clock). Near the edge the same batch fits in one fresh process and runs out of
+memory in the next: on the CPU backend glibc's heap fragments differently from run to run and keeps
+creeping by a few MiB long after a window of steps has held still; on CUDA the caching allocator's
+segments and NCCL's buffers can do the same. One steady trial is one draw: a batch whose steady peak
+sits within that spread of the capacity fitted by luck as often as not (issue 34 measured 1 to 2 runs
+in 3 surviving 30 steps at such maxima). So a deciding trial that fits counts towards the maximum only
+when ``capacity - steady peak > spread``; one that fits inside the spread is *marginal*: reported as
+such (``report.result.EdgeMargin``), never as the maximum. docs/steady-state.md has the measurements.
+
+The spread is the larger of
+
+- the backend's floor (``floor_bytes``): the most a long run's peak was measured to move above a steady
+  trial's, across fresh processes and up to 30 steps, with the models of docs/steady-state.md, as a
+  fixed part plus a fraction of the capacity (fragmentation grows with the heap a step builds); and
+- what this probe itself saw (``observed_bytes``): where one batch ran in two fresh processes (a search
+  trial and its confirmation), the most their peaks after the same step differed.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+MIB = 1 << 20
+
+#: The fixed part of each backend's floor. CPU: measured (docs/steady-state.md, "The spread"). CUDA: not
+#: measured (no GPU was lent); read from c10/cuda/CUDACachingAllocator.cpp: the reserved peak moves in whole
+#: segments, 2 MiB for small blocks and 20 MiB for requests of 1 to 10 MiB, so one extra large segment in a
+#: later step or another process is 20 MiB; two of them are the floor until a GPU measures it.
+FLOOR_BYTES = {"cpu": 8 * MIB, "cuda": 40 * MIB}
+#: The part of each backend's floor that grows with the capacity.
+FLOOR_FRACTION = {"cpu": 0.004, "cuda": 0.002}
+
+
+@dataclass(frozen=True)
+class Spread:
+    """The spread a probe applies, and where it comes from."""
+
+    floor_bytes: int
+    observed_bytes: int | None  # None: no batch ran in two fresh processes that could be compared
+
+    @property
+    def bytes(self) -> int:
+        return max(self.floor_bytes, self.observed_bytes or 0)
+
+
+def floor_bytes(backend: str, capacity: int) -> int:
+    """The backend's floor for a capacity (per process or per rank)."""
+    return max(FLOOR_BYTES.get(backend, FLOOR_BYTES["cuda"]), int(FLOOR_FRACTION.get(backend, 0.0) * capacity))
+
+
+def observed_bytes(runs: list[list[int]]) -> int | None:
+    """The most two fresh runs of one batch differed in their running peak after the same step.
+
+    ``runs``: each run's per-step running peaks (in the capacity's units). None with fewer than two runs
+    that share a step.
+    """
+    found: int | None = None
+    for i, first in enumerate(runs):
+        for second in runs[i + 1:]:
+            shared = min(len(first), len(second))
+            if shared:
+                gap = max(abs(a - b) for a, b in zip(first[:shared], second[:shared]))
+                found = gap if found is None else max(found, gap)
+    return found
+
+
+def spread_for(backend: str, capacity: int, same_batch_runs: list[list[list[int]]] = (),
+               override: int | None = None) -> Spread:
+    """The spread for a probe on ``backend``: ``same_batch_runs`` holds, per batch that ran more than once,
+    each run's per-step peaks; ``override`` (search.edge_spread as bytes) replaces the floor."""
+    floor = floor_bytes(backend, capacity) if override is None else override
+    observed = [gap for runs in same_batch_runs if (gap := observed_bytes(runs)) is not None]
+    return Spread(floor, max(observed) if observed else None)
+
+
+def clears(steady_peak: int, capacity: int, spread: int) -> bool:
+    """Whether a steady peak leaves more than the spread free below the capacity."""
+    return capacity - steady_peak > spread
+
+
+def samples_to_clear(steady_peak: int, capacity: int, spread: int, per_sample: float | None) -> int:
+    """How many samples below a marginal batch the first batch that clears should lie (at least 1)."""
+    if not per_sample or per_sample <= 0:
+        return 1
+    short = spread - (capacity - steady_peak)  # how much more must be free than is
+    return max(1, math.floor(short / per_sample) + 1)

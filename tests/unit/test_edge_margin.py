@@ -1,0 +1,116 @@
+"""The spread rule (issue 34): a maximum that holds in every long run, or says it may not.
+
+A deciding trial (the confirmation, a long-run trial) that fits with its steady peak closer to the capacity than
+the spread (``search.margin``) is marginal: reported in ``edge_margin.marginal``, never as the maximum. Probes of
+scripted devices through the real search, classification and result; and the pure arithmetic.
+"""
+
+from __future__ import annotations
+
+from isoprobe.executors.scripted import Call, ScriptedExecutor, fits, linear, out_of_memory
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.search import margin
+
+from scripted_probe import HOG_PER_SAMPLE, MiB, hog_spec, probe
+
+BUDGET = 1536 * MiB
+#: memory_hog's device with 12 MiB more fixed: batch 25 peaks 1532 MiB, 4 MiB below the cap (inside the CPU
+#: floor of 8 MiB), 24 peaks 1500 MiB (36 MiB free), 26 runs out of memory.
+TIGHT_FIXED = BUDGET - 4 * MiB - 25 * HOG_PER_SAMPLE
+
+
+# --------------------------------------------------------------------------- the arithmetic
+
+def test_the_floor_is_the_larger_of_the_fixed_part_and_the_fraction_of_the_capacity():
+    assert margin.floor_bytes("cpu", 1536 * MiB) == margin.FLOOR_BYTES["cpu"]
+    assert margin.floor_bytes("cpu", 80 * 1024 * MiB) == int(margin.FLOOR_FRACTION["cpu"] * 80 * 1024 * MiB)
+    assert margin.floor_bytes("cuda", 1024 * MiB) == margin.FLOOR_BYTES["cuda"]
+
+
+def test_the_observed_spread_is_the_widest_gap_between_two_runs_after_the_same_step():
+    assert margin.observed_bytes([[10, 20, 30]]) is None  # one run: nothing to compare
+    assert margin.observed_bytes([[10, 20, 30], [12, 25]]) == 5  # only the steps both ran
+    assert margin.observed_bytes([[10, 20], [12, 20], [10, 29]]) == 9
+    spread = margin.spread_for("cpu", BUDGET, [[[0, 30 * MiB], [0, 10 * MiB]]])
+    assert spread.observed_bytes == 20 * MiB and spread.bytes == 20 * MiB  # above the floor: it wins
+    assert margin.spread_for("cpu", BUDGET, [], override=0).bytes == 0
+
+
+def test_a_peak_clears_only_with_more_than_the_spread_free_and_the_jump_reaches_the_first_that_does():
+    assert margin.clears(100, 110, 9) and not margin.clears(100, 110, 10)
+    # 1 free, 8 needed, 2 a sample: 7 more to free, so 4 samples down (8 more free).
+    assert margin.samples_to_clear(109, 110, 8, 2.0) == 4
+    assert margin.samples_to_clear(109, 110, 8, None) == 1
+
+
+# --------------------------------------------------------------------------- probes of scripted devices
+
+def test_a_maximum_inside_the_spread_is_marginal_and_the_one_below_is_reported():
+    probed = probe(hog_spec(), ScriptedExecutor(linear(TIGHT_FIXED, HOG_PER_SAMPLE)))
+    result = probed.result
+    assert probed.exit_code == 0 and result.stop_reason is StopReason.EDGE_FOUND
+    assert (result.max_batch_size, result.first_failing_batch_size) == (24, 26)
+    edge = result.edge_margin
+    assert edge.spread_bytes == margin.FLOOR_BYTES["cpu"] and edge.capacity_bytes == BUDGET
+    assert edge.max_free_bytes == 36 * MiB > edge.spread_bytes
+    (marginal,) = edge.marginal
+    assert (marginal.batch_size, marginal.runs, marginal.fitted, marginal.free_bytes) == (25, 1, 1, 4 * MiB)
+    assert result.short_max_batch_size is None  # 25 held the long run; it is only too close to the cap
+    assert "batch 25 fit the long run too" in result.message
+    # 24 is proven by a trial that ran until steady, like every maximum.
+    (proof,) = [t for t in result.trials if t.batch_size == 24 and t.steady_rule is not None]
+    assert proof.outcome is Outcome.FITS and proof.purpose == "long_run"
+    assert any("marginal" in line for line in probed.lines)
+
+
+def test_a_maximum_with_room_is_reported_as_before_with_its_margin():
+    result = probe(hog_spec(), ScriptedExecutor(linear(TIGHT_FIXED - 20 * MiB, HOG_PER_SAMPLE))).result
+    assert (result.max_batch_size, result.first_failing_batch_size) == (25, 26)
+    assert result.edge_margin.max_free_bytes == 24 * MiB and result.edge_margin.marginal == []
+
+
+def test_the_spread_is_raised_to_what_two_runs_of_one_batch_showed():
+    """A device whose deciding runs peak 20 MiB apart from the search's after the same step: the 8 MiB floor
+    would pass batch 25 (16 MiB free), the spread this probe measured does not."""
+    fixed = BUDGET - 16 * MiB - 25 * HOG_PER_SAMPLE
+
+    def jittery(call: Call):
+        peak = fixed + HOG_PER_SAMPLE * call.batch_size
+        if peak > BUDGET:
+            return out_of_memory(at_step=1)
+        if call.request.steady is None:
+            return fits(peak, base_bytes=fixed, step_peaks=[peak, peak])
+        return fits(peak, base_bytes=fixed, step_peaks=[peak - 20 * MiB] + [peak] * 6)
+
+    result = probe(hog_spec(), ScriptedExecutor(jittery)).result
+    assert result.edge_margin.observed_bytes == 20 * MiB and result.edge_margin.spread_bytes == 20 * MiB
+    assert result.max_batch_size == 24
+    assert [m.batch_size for m in result.edge_margin.marginal] == [25]
+
+
+def test_the_jump_below_a_marginal_batch_follows_the_line_and_the_answer_is_exact():
+    """2 MiB a sample, batch 25 leaves 1 MiB: the first batch that clears the 8 MiB spread is 21 (9 MiB free);
+    the long-run search lands there and proves 22 to 24 marginal or not tried, never reported."""
+    per_sample = 2 * MiB
+    fixed = BUDGET - 1 * MiB - 25 * per_sample
+    spec = hog_spec(start_batch_size=20)
+    result = probe(spec, ScriptedExecutor(linear(fixed, per_sample))).result
+    assert result.max_batch_size == 21
+    assert result.first_failing_batch_size == 26
+    assert all(m.batch_size > 21 and m.free_bytes <= result.edge_margin.spread_bytes
+               for m in result.edge_margin.marginal)
+    assert result.edge_margin.max_free_bytes == 9 * MiB
+
+
+def test_edge_spread_0_and_steady_steps_0_report_the_raw_edge():
+    device = linear(TIGHT_FIXED, HOG_PER_SAMPLE)
+    off = probe(hog_spec(edge_spread=0), ScriptedExecutor(device)).result
+    assert off.max_batch_size == 25 and off.edge_margin is None
+    short = probe(hog_spec(steady_steps=0), ScriptedExecutor(device)).result
+    assert short.max_batch_size == 25 and short.edge_margin is None
+
+
+def test_an_edge_spread_in_the_spec_replaces_the_floor():
+    result = probe(hog_spec(edge_spread="40MiB"), ScriptedExecutor(linear(TIGHT_FIXED, HOG_PER_SAMPLE))).result
+    assert result.edge_margin.floor_bytes == 40 * MiB
+    assert result.max_batch_size == 23  # 23 leaves 68 MiB; 24 leaves 36, 25 leaves 4
