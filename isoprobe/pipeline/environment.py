@@ -234,7 +234,7 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
             [Problem("device", f"{requested} does not exist: {len(devices)} GPU(s) visible", "pick cuda:0 .. "
                      f"cuda:{len(devices) - 1}")],
         )
-    _check_gang_fits_node(spec, source, gpus=len(devices), index=index)
+    check_gang_fits_node(spec, source, gpus=len(devices), index=index)
     device = devices[index]
     budget = spec.memory_budget
     if budget is not None and budget > device.total_memory_bytes:
@@ -259,12 +259,14 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
                   data=facts.data)
 
 
-def _check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
+def check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
                           budget: int | None = None) -> None:
     """A gang runs on this node: on CUDA one visible GPU per rank from cuda:0, on the CPU every rank's budget.
 
     A gang run as a Slurm job step (``launcher`` srun) runs on the allocation's nodes, one GPU a rank as Slurm
     binds it: this node's GPUs and RAM do not bound it, and a step the allocation cannot hold is Slurm's refusal.
+    With ``device: cpu`` the parent checks the budgets before the environment check (``answer._resolve_ranks``);
+    here it is checked again once the backend is known (``device: auto`` without a GPU).
     """
     if not spec.distributed.gang:
         return
@@ -290,7 +292,7 @@ def _check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, i
 
 def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str, note: str | None) -> Target:
     budget = spec.memory_budget or DEFAULT_CPU_BUDGET
-    _check_gang_fits_node(spec, source, budget=budget)
+    check_gang_fits_node(spec, source, budget=budget)
     baseline = facts.memory_after_import.data
     if baseline and budget < baseline + _MIN_BUDGET_MARGIN:
         raise SpecError(
