@@ -113,7 +113,8 @@ _WATCHDOG_HEADLINE = "Timeout ("
 
 
 def unfinished_trace(run: ChildRun, spec: Spec) -> str:
-    """Why no estimate came back after the check's verdict, as far as the run shows; the search goes on without one."""
+    """Why no estimate came back after the check's verdict, as far as the run shows (``Estimate.note``: the reason
+    alone); the search goes on without one."""
     if run.timed_out:
         how = f"was still running at the check's timeout (search.trial_timeout, {spec.search.trial_timeout:g} s)"
     elif run.returncode == 1 and _WATCHDOG_HEADLINE in run.stderr_tail:
@@ -122,7 +123,7 @@ def unfinished_trace(run: ChildRun, spec: Spec) -> str:
     else:
         signal_name = signal_name_of(run.returncode)
         how = f"ended the check's process ({signal_name or f'exit status {run.returncode}'})"
-    return f"not estimated: the environment check's trace of a step {how}; the search starts as without one"
+    return f"the environment check's trace of a step {how}"
 
 
 def inspect_failure(run: ChildRun, spec: Spec) -> str:

@@ -20,7 +20,7 @@ from isoprobe.executors import Executor
 from isoprobe.search.insights import memory_breakdown, throughput
 from isoprobe.report.output import Reporter
 from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
-from isoprobe.pipeline.prediction import predicted_max, prediction, prior_of
+from isoprobe.pipeline.prediction import no_estimate, predicted_max, prediction, prior_of
 from isoprobe.pipeline.data import data_info
 from isoprobe.pipeline.edge import compare_allocators, search_and_recommend, stop_reason_of
 from isoprobe.pipeline.environment import (
@@ -214,7 +214,7 @@ def _describe_estimate(estimate, target, reporter: Reporter) -> None:
     predicted = predicted_max(estimate, target.search_capacity)
     if predicted is None:
         if estimate.note:
-            reporter.note(f"estimate: {estimate.note}; the search starts at search.start_batch_size")
+            reporter.note(f"{no_estimate(estimate)}; the search starts at search.start_batch_size")
         return
     reporter.note(f"estimate (one step traced on fake tensors in {estimate.seconds:.1f} s): "
                   f"{format_bytes(estimate.fixed_bytes)} + {format_bytes(int(estimate.per_sample_bytes))} a sample, "
