@@ -35,6 +35,7 @@ from isoprobe.pipeline.eval_edge import eval_search, eval_summary, wants_eval_se
 from isoprobe.pipeline.explain import Found, explain, limited_by
 from isoprobe.pipeline.tokens import token_message, token_search_and_recommend
 from isoprobe.pipeline.trials import TrialRunner
+from isoprobe.report.outcomes import Outcome
 from isoprobe.report.result import DistributedInfo, Result, StopReason
 from isoprobe.search.history import Borrowed
 from isoprobe.spec.model import Spec
@@ -157,6 +158,7 @@ def run_probe(
         max_batch_size=max_fitting,
         first_failing_batch_size=found.first_failing,
         short_max_batch_size=found.short_max,
+        max_confirmed=_confirmed(runner, max_fitting),
         first_failing_outcome=found.first_failing_outcome,
         flaky_batch_sizes=list(found.flaky),
         edge_flaky=any(max_fitting is None or b >= max_fitting for b in found.flaky),
@@ -182,6 +184,13 @@ def run_probe(
         trials=runner.trials,
         total_seconds=round(time.monotonic() - started, 3),
     )
+
+
+def _confirmed(runner: TrialRunner, max_fitting: int | None) -> bool:
+    """Whether the maximum ran again after the trial that found it (a confirmation, or a long-run trial) and fit."""
+    return max_fitting is not None and any(
+        t.batch_size == max_fitting and t.purpose in ("confirmation", "long_run") and t.outcome is Outcome.FITS
+        and t.training_batch_size is None for t in runner.same_question())
 
 
 def distributed_info(spec: Spec, backend: str, world_size_source: str, trials=()) -> DistributedInfo | None:

@@ -62,26 +62,18 @@ def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int,
     if spec.recommendation.objective == "throughput":
         batch, recommendation = _prefer_throughput(spec, runner.same_question(), batch, recommendation)
     if recommendation.soak_steps == 0:
-        return _check(runner, batch, recommendation)
+        return _unsoaked(runner, batch, recommendation)
     return _soak(runner, batch, recommendation, model.slope if model else None)
 
 
-def _check(runner: TrialRunner, batch: int, recommendation: Recommendation):
-    """Without a soak: run the batch once unless a trial already ran it and it fit."""
-    note = recommendation.note
+def _unsoaked(runner: TrialRunner, batch: int, recommendation: Recommendation):
+    """soak_steps 0: no trial at all (issue 34: it once ran the batch when no trial had). The batch is at or below
+    the maximum, which fit; its measured peak is a search trial's where one ran it, else none."""
     measured = _fitting_at(runner, batch)
-    if measured is None:
-        check = runner.run(batch, purpose="recommendation_check")
-        if check.outcome is Outcome.FITS:
-            measured = check
-        else:
-            lower = [t for t in runner.same_question()
-                     if t.purpose != "memory_check" and t.outcome is Outcome.FITS and t.batch_size <= batch]
-            measured = max(lower, key=lambda t: t.batch_size) if lower else None
-            note += f"; the check run of {batch} ended {check.outcome.value}, so the recommendation fell back"
-            batch = measured.batch_size if measured else None
-    return batch, recommendation.model_copy(
-        update={"note": note, "measured_peak_bytes": measured.peak_bytes if measured else None})
+    ran = f"a search trial ran {batch}" if measured else f"no trial ran {batch}: its peak is the line's prediction"
+    return batch, recommendation.model_copy(update={
+        "note": f"{recommendation.note}; not soaked (recommendation.soak_steps 0): {ran}",
+        "measured_peak_bytes": measured.peak_bytes if measured else None})
 
 
 def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_sample: float | None):
@@ -132,7 +124,8 @@ def _why(trial: Trial, judged, steps: int, target_peak: int) -> str:
 
 def _with(recommendation: Recommendation, soaks: list[Soak], notes: list[str], peak: int | None) -> Recommendation:
     return recommendation.model_copy(update={
-        "soaks": soaks, "measured_peak_bytes": peak, "note": "; ".join([recommendation.note, *notes])})
+        "soaks": soaks, "soaked": bool(soaks) and soaks[-1].survived, "measured_peak_bytes": peak,
+        "note": "; ".join([recommendation.note, *notes])})
 
 
 def _fitting_at(runner: TrialRunner, batch: int) -> Trial | None:

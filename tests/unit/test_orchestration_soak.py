@@ -126,10 +126,21 @@ def test_a_crashed_soak_is_run_once_more_and_twice_withdraws_the_recommendation(
     assert "ended crashed twice" in twice.result.recommendation.note
 
 
-def test_soak_steps_0_checks_the_recommended_batch_once_as_before():
+def test_soak_steps_0_runs_no_trial_for_the_recommendation():
+    """Issue 34: 'recommendation.soak_steps: 0 still runs a trial' (a recommendation_check of the advised batch
+    when no search trial had run it). 0 means none: the trials are the search's alone, and the result says the
+    recommendation was not soaked; with a soak, the same search is followed by the soak and soaked is true."""
     probed = probe(soaked_spec(soak_steps=0), leaky(40 * MiB))
-    assert soaks_of(probed) == [] and probed.result.recommendation.soaks == []
-    assert probed.result.recommendation.soak_steps == 0
+    result = probed.result
+    assert {t.purpose for t in result.trials} <= {"search", "retry", "memory_check", "confirmation"}, probed.sequence()
+    assert soaks_of(probed) == [] and result.recommendation.soaks == [] and result.recommendation.soak_steps == 0
+    assert result.recommended_batch_size is not None and result.recommended_batch_size <= result.max_batch_size
+    assert not result.recommendation.soaked and "not soaked (recommendation.soak_steps 0)" in result.recommendation.note
+    assert not any(t.batch_size == result.recommended_batch_size for t in result.trials)  # advised, not run
+    assert result.recommendation.measured_peak_bytes is None
+    assert _check_every_cacheable([(result.spec, result)]) == 1  # still a trusted answer for the cache
+    soaked = probe(soaked_spec(), leaky(0)).result
+    assert soaked.recommendation.soaked and soaked.trials[-1].purpose == "soak"
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
@@ -178,20 +189,16 @@ def test_hook_mode_gives_the_fallback_when_no_batch_survived_its_soak(monkeypatc
     assert "none survived its soak" in plain.stdout
 
 
-@pytest.mark.parametrize("soak_steps", [None, 0], ids=["soak", "check"])
-def test_a_user_error_raised_only_after_the_searchs_steps_stops_the_probe_with_exit_4(soak_steps):
-    """The user's step raises at step 4 (the search's trials run 2): a bug, not 'memory grows from step to step'."""
+def test_a_user_error_raised_only_after_the_searchs_steps_stops_the_probe_with_exit_4():
+    """The user's step raises at step 4 (the search's trials run 2): a bug, not 'memory grows from step to step'.
+    (With soak_steps 0 no trial runs past the search's steps: test_soak_steps_0_runs_no_trial_for_the_recommendation.)"""
     from isoprobe.executors.scripted import error
     from isoprobe.report.result import exit_code_for
 
-    checked = None
-    if soak_steps == 0:  # the check run of the recommended batch: which batch that is, from a run without the bug
-        clean = probe(soaked_spec(soak_steps=0), leaky(0))
-        (check,) = [t for t in clean.trials if t.purpose == "recommendation_check"]
-        checked = check.batch_size
+    soak_steps = None
 
     def faults(call):
-        if call.request.steps is not None or call.batch_size == checked:
+        if call.request.steps is not None:
             return error("deliberate bug at step 4", "KeyError")
         return None
 
@@ -217,8 +224,9 @@ def _estimated(fixed: int, per_sample: int) -> ScriptedExecutor:
 @pytest.mark.parametrize("soak_steps", [6, 0])
 def test_a_headroom_below_where_the_estimate_started_the_search_is_kept_and_proven(soak_steps):
     """Issue 25: the first trial goes to 0.8 x the estimate's edge (20 of 25), so every batch that fit is
-    above a 30 % headroom's line (11); the recommendation is 11, at or below the line, and a trial of 11
-    (the soak, or the check without one) proves it. It was 20, reported above its headroom."""
+    above a 30 % headroom's line (11); the recommendation is 11, at or below the line, and its soak proves it
+    (soak_steps 0: no trial runs for it, issue 34, and the result says it was not soaked). It was 20, reported
+    above its headroom."""
     probed = probe(soaked_spec(soak_steps, headroom=0.3), _estimated(HOG_FIXED, HOG_PER_SAMPLE))
     result = probed.result
     assert result.trials[0].batch_size == 20 and result.max_batch_size == HOG_MAX
@@ -228,5 +236,8 @@ def test_a_headroom_below_where_the_estimate_started_the_search_is_kept_and_prov
     assert HOG_FIXED + HOG_PER_SAMPLE * result.recommended_batch_size <= recommendation.target_peak_bytes
     assert recommendation.predicted_peak_bytes <= recommendation.target_peak_bytes
     proof = [t for t in result.trials if t.batch_size == 11 and t.purpose in ("soak", "recommendation_check")]
-    assert proof and all(t.outcome is Outcome.FITS for t in proof)
+    if soak_steps == 0:
+        assert proof == [] and not recommendation.soaked and recommendation.measured_peak_bytes is None
+        return
+    assert proof and all(t.outcome is Outcome.FITS for t in proof) and recommendation.soaked
     assert recommendation.measured_peak_bytes == proof[-1].peak_bytes <= recommendation.target_peak_bytes
