@@ -241,3 +241,56 @@ def test_a_headroom_below_where_the_estimate_started_the_search_is_kept_and_prov
         return
     assert proof and all(t.outcome is Outcome.FITS for t in proof) and recommendation.soaked
     assert recommendation.measured_peak_bytes == proof[-1].peak_bytes <= recommendation.target_peak_bytes
+
+
+# --------------------------------------------------------------------------- a failed soak, explained by its evidence
+
+
+def _soaks_fail(fault):
+    """memory_hog's device, except that every soak request (its own steps) ends as ``fault()`` says."""
+    return ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE, faults=lambda call: fault() if call.request.steps else None))
+
+
+def _grows(text: str) -> bool:
+    return "grows from step to step" in text
+
+
+def test_a_soak_out_of_memory_at_its_first_step_is_not_explained_as_growth():
+    """Issue 34: 'a soak that fails at step 0 is explained as memory growth': every soak ran out of memory before
+    its first step ended, so its peaks show nothing over steps, and a larger batch had fit the search's trials;
+    the note and the suggestion said 'memory grows from step to step whatever the batch'. Now each says what the
+    soak showed: the first step, the search trial that fit as large a batch, a difference between runs."""
+    from isoprobe.executors.scripted import out_of_memory
+
+    result = probe(soaked_spec(), _soaks_fail(lambda: out_of_memory(at_step=1))).result
+    assert result.answered and result.recommended_batch_size is None
+    soaks = result.recommendation.soaks
+    assert soaks and all(s.outcome is Outcome.OUT_OF_MEMORY and s.steps_completed == 0 for s in soaks)
+    note = result.recommendation.note
+    assert not _grows(note) and not any(_grows(s) for s in result.suggestions), (note, result.suggestions)
+    assert f"the soak of {soaks[0].batch_size} ran out of memory at its first step (no step completed, where batch " \
+           f"{HOG_MAX} had fit 2 steps in trial" in note
+    assert "each of 3 soaks ran out of memory at its first step" in note
+    assert any("the runs differ, not the steps" in s for s in result.suggestions)
+
+
+def test_a_crashed_soak_and_a_jump_after_flat_steps_are_not_explained_as_growth_either():
+    """The same class: the explanation came from 'no soak survived', not from what the soaks showed. A soak that
+    crashed twice (no verdict on memory at all) suggested 'memory grows'; one that ran out of memory at step 4
+    after three steps at the same peak was 'ran out of memory after 3 of 6 steps', then 'memory grows from step
+    to step whatever the batch'. Growth is said only where a soak's own peaks grew (the 40 MiB leak: it is)."""
+    from isoprobe.executors.scripted import out_of_memory
+
+    crashed_twice = probe(soaked_spec(), leaky(0, faults=_crash_soaks(2))).result
+    assert crashed_twice.recommended_batch_size is None
+    assert not any(_grows(s) for s in crashed_twice.suggestions), crashed_twice.suggestions
+    assert any("without a verdict on memory" in s for s in crashed_twice.suggestions)
+
+    flat = [HOG_FIXED + HOG_PER_SAMPLE * 12] * 3  # three steps at one peak, then out of memory at the fourth
+    jumped = probe(soaked_spec(), _soaks_fail(lambda: out_of_memory(at_step=4, step_peaks=flat))).result
+    note = jumped.recommendation.note
+    assert "ran out of memory at step 4 of 6 after its peak held at" in note and "a jump at that step" in note
+    assert not _grows(note) and not any(_grows(s) for s in jumped.suggestions), (note, jumped.suggestions)
+
+    leak = probe(soaked_spec(), leaky(200 * MiB)).result  # memory that does grow: still said
+    assert _grows(leak.recommendation.note) and any(_grows(s) for s in leak.suggestions)
