@@ -101,6 +101,21 @@ class ProbeError(IsoprobeError):
         self.evidence = evidence
         super().__init__(message)
 
+    #: An evidence line at least this long that the message contains is already said (a shorter one, such as a
+    #: traceback's ``raise``, may be in the message by chance).
+    SAID_AT = 16
+
+    def unsaid_evidence(self) -> str:
+        """What is printed under the message: the evidence less what the message already says and less a line
+        that repeats the one before it (Slurm's same refusal, twice), so that every line is said once."""
+        kept: list[str] = []
+        for line in self.evidence.rstrip().splitlines():
+            text = line.strip()
+            if (len(text) >= self.SAID_AT and text in self.message) or (kept and text == kept[-1].strip()):
+                continue
+            kept.append(line.rstrip())
+        return "\n".join(kept).strip("\n")
+
 
 class OutputFailed(IsoprobeError):
     """Writing the result (stdout, or ``plot``'s PNG) failed: the answer, if any, did not reach its reader.

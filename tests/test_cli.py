@@ -308,3 +308,63 @@ def test_every_command_that_cannot_do_its_job_says_why_with_its_documented_code(
     assert run.returncode == code, run.stderr
     assert "Traceback" not in run.stderr
     assert said in " ".join(run.stderr.split()), run.stderr
+
+
+def _refused_twice_by_slurm(tmp_path: Path):
+    """The ProbeError SrunGangExecutor raises when Slurm refuses a trial's step twice: a real executor, a stand-in
+    srun (this machine has no Slurm) that says what Slurm 22.05's srun says and exits 1."""
+    from isoprobe.executors import Conditions
+    from isoprobe.executors.local import LocalExecutor
+    from isoprobe.executors.srun_gang import SrunGangExecutor
+    from isoprobe.errors import ProbeError
+    from isoprobe.protocol.messages import TrialRequest
+    from isoprobe.spec.model import Spec
+
+    from conftest import hog_spec
+
+    slurm = tmp_path / "bin"
+    slurm.mkdir()
+    for name, body in (("srun", f"echo '{SLURM_SAYS}' >&2\nexit 1"), ("scancel", "exit 0"), ("squeue", "exit 0")):
+        (slurm / name).write_text(f"#!/bin/sh\n{body}\n")
+        (slurm / name).chmod(0o755)
+    raw = hog_spec()
+    raw["distributed"] = {"strategy": "ddp", "world_size": 2, "launcher": "srun"}
+    executor = SrunGangExecutor(LocalExecutor(warm=False), nodes=1, srun=str(slurm / "srun"),
+                                scancel=str(slurm / "scancel"), squeue=str(slurm / "squeue"))
+    with executor, pytest.raises(ProbeError) as refused:
+        executor.run(TrialRequest(spec=Spec.model_validate(raw), batch_size=2, device="cpu"),
+                     Conditions(backend="cpu"), timeout=30, name="refused")
+    return refused.value
+
+
+SLURM_SAYS = "srun: error: Unable to create step for job 77: Requested node configuration is not available"
+
+
+@pytest.mark.parametrize("hook", [False, True])
+def test_slurms_refusal_is_said_once(monkeypatch, tmp_path, hook):
+    """Issue 34: 'srun's refusal printed twice' (three times: in the message, then the evidence, one line per
+    refusal). The evidence under a ProbeError's message now leaves out what the message says and a line that
+    repeats the one before (errors.ProbeError.unsaid_evidence): on stderr, and in hook mode's log."""
+    refused = _refused_twice_by_slurm(tmp_path)
+    assert SLURM_SAYS in refused.message and refused.evidence.count(SLURM_SAYS) == 2  # what the executor raises
+
+    def raise_it(args, log):
+        raise refused
+
+    monkeypatch.setattr("isoprobe.cli.run._result_for", raise_it)
+    log = tmp_path / "isoprobe.log"
+    hooked = ("--format", "env", "--fallback-batch-size", "4") if hook else ()
+    run = cli("run", SMALL, "--log", str(log), *hooked)
+    assert run.returncode == (0 if hook else 4), run.stderr
+    assert run.stderr.count(SLURM_SAYS) == 1, run.stderr
+    if hook:
+        assert log.read_text().count(SLURM_SAYS) == 1, log.read_text()
+
+
+def test_evidence_the_message_does_not_say_is_kept_whole():
+    """The other side of the rule: a traceback's lines (short ones such as 'raise' included) stay as they are."""
+    from isoprobe.errors import ProbeError
+
+    tail = "Traceback (most recent call last):\n  File \"m.py\", line 3, in f\n    raise\nKeyError: 'x'"
+    assert ProbeError("the environment check exited with status 1 without an answer (raise)", tail
+                      ).unsaid_evidence() == tail

@@ -105,9 +105,11 @@ def _answer(result: Result) -> str | None:
     if recommended is not None:
         if recommended > best:
             return f"its recommended batch {recommended} is above its maximum {best}"
-        if Outcome.FITS not in _runs(result, recommended) + _runs(result, recommended, ("soak",)):
-            return f"no trial in it ran its recommended batch {recommended} successfully"
         soaks = result.recommendation.soaks if result.recommendation else []
+        unsoaked = result.recommendation is not None and result.recommendation.soak_steps == 0 and not soaks
+        if not unsoaked and Outcome.FITS not in _runs(result, recommended) + _runs(result, recommended, ("soak",)):
+            # (with soak_steps 0 no trial runs for the recommendation: at or below the maximum is all it claims)
+            return f"no trial in it ran its recommended batch {recommended} successfully"
         if soaks and not (soaks[-1].survived and soaks[-1].batch_size == recommended
                           and _runs(result, recommended, ("soak",))[-1:] == [Outcome.FITS]):
             return f"its recommended batch {recommended} is not the one its last soak ran and survived"

@@ -59,25 +59,25 @@ class TraceTimeout(BaseException):
 
 
 def skip_reason(spec: Spec, parameter_count: int | None) -> str | None:
-    """Why the estimate is not attempted for this spec (None: it is)."""
+    """Why the estimate is not attempted for this spec (None: it is): the reason alone (``Estimate.note``)."""
     if not spec.search.estimate:
-        return "not estimated: search.estimate is false (the search starts at start_batch_size)"
+        return "search.estimate is false"
     if spec.model.hf_trainer is not None:
-        return "not estimated for model.hf_trainer: the trace follows isoprobe's own step, not your Trainer's loop"
+        return "model.hf_trainer: the trace follows isoprobe's own step, not your Trainer's loop"
     if spec.model.lightning is not None:
-        return "not estimated for model.lightning: the trace follows isoprobe's own step, not trainer.fit"
+        return "model.lightning: the trace follows isoprobe's own step, not trainer.fit"
     if spec.data is not None:
-        return ("not estimated with data: the trace makes synthetic batches, and the worst batch's length falls as "
+        return ("data: the trace makes synthetic batches, and the worst batch's length falls as "
                 "it grows")
     if spec.distributed.strategy != "none":
-        return f"not estimated for distributed.strategy {spec.distributed.strategy!r} (one process only)"
+        return f"distributed.strategy {spec.distributed.strategy!r}: the trace follows one process"
     if spec.training.compile:
-        return "not estimated with training.compile: the compiled graph's memory differs from the traced eager step"
+        return "training.compile: the compiled graph's memory differs from the traced eager step"
     if spec.training.mode == "train" and spec.training.precision == "fp16-mixed":
-        return ("not estimated for fp16-mixed: the gradient scaler reads its inf check back (a data-dependent "
+        return ("fp16-mixed: the gradient scaler reads its inf check back (a data-dependent "
                 "step the trace cannot take)")
     if parameter_count is not None and parameter_count > MAX_PARAMETERS:
-        return f"not estimated: {parameter_count:,} parameters would make the trace slow"
+        return f"{parameter_count:,} parameters would make the trace slow"
     return None
 
 
@@ -92,11 +92,11 @@ def estimate(torch, spec: Spec, python_path: list[str], device, baseline_bytes: 
         with _hard_deadline(time_limit + HARD_GRACE_SECONDS), _deadline(time_limit):
             return _estimate(torch, spec, python_path, device, baseline_bytes, started)
     except TraceTimeout:
-        return Estimate(note=f"not estimated: the trace took more than {time_limit:g} s",
+        return Estimate(note=f"the trace took more than {time_limit:g} s",
                         seconds=round(time.perf_counter() - started, 3))
     except Exception as exc:  # data-dependent ops, custom code, an op without a fake kernel: say so, fall back
         message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        return Estimate(note=f"the step could not be traced ({message[:300]}); the search starts as without one",
+        return Estimate(note=f"the step could not be traced ({message[:300]})",
                         seconds=round(time.perf_counter() - started, 3))
 
 

@@ -95,7 +95,7 @@ def _estimate(torch, spec: Spec, python_path: list[str], facts: dict[str, Any]):
     from isoprobe.protocol.messages import Estimate
 
     if facts.get("meta_build_warning"):
-        return Estimate(note="not estimated: the model cannot be built on the meta device")
+        return Estimate(note="the model cannot be built on the meta device")
     reason = estimate.skip_reason(spec, facts.get("parameter_count"))
     if reason is not None:
         return Estimate(note=reason)

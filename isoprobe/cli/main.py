@@ -242,8 +242,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return ExitCode.BAD_SPEC
     except ProbeError as error:
         tell(f"isoprobe: {error.message}")
-        if error.evidence:
-            tell(error.evidence.rstrip())
+        if evidence := error.unsaid_evidence():
+            tell(evidence)
         return ExitCode.NO_ANSWER
     except OutputFailed as error:
         # The answer did not reach its reader: say so where a person may see it, and exit non-zero so that

@@ -69,8 +69,8 @@ def _run_as_hook(args: argparse.Namespace, log) -> int:
         reason, why = "bad_spec", error.render()
     except ProbeError as error:
         reason, why = "error", error.message
-        if error.evidence:
-            log.write(error.evidence)
+        if evidence := error.unsaid_evidence():  # the warning below says the message
+            log.write(evidence)
     except (KeyboardInterrupt, SystemExit):
         raise
     except Exception as error:  # a bug in isoprobe must not stop the job either; the traceback goes to the log

@@ -38,7 +38,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def cmd_estimate(args: argparse.Namespace) -> int:
     """The traced estimate alone: the environment check's child, no trial (isoprobe.pipeline.estimate)."""
     from isoprobe.errors import ExitCode
-    from isoprobe.pipeline.prediction import render_report
+    from isoprobe.pipeline.prediction import no_estimate, render_report
     from isoprobe.pipeline.estimate import estimate_spec
     from isoprobe.report.streams import emit, tell
 
@@ -47,8 +47,7 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if report.estimate.per_sample_bytes is None:
         # The command's one job is the estimate: without one (a model the trace cannot follow, a trace that
         # ran out of time, a distributed spec) the report says why, and the exit code must not say "answered".
-        tell(f"isoprobe estimate: no estimate: {report.estimate.note or 'none came back'}; 'isoprobe run' "
-             "measures the answer without one")
+        tell(f"isoprobe estimate: {no_estimate(report.estimate)}; 'isoprobe run' measures the answer without one")
         return ExitCode.NO_ANSWER
     return ExitCode.ANSWERED
 

@@ -38,16 +38,16 @@ class WorldSize:
 
 
 def resolve_launcher(spec: Spec, environ: Mapping[str, str], gpu_count: int, *, ram_bytes: int,
-                     cpu_budget: int) -> LauncherChoice | None:
+                     cpu_budget: int, missing_clients: tuple[str, ...] = ()) -> LauncherChoice | None:
     """How the gangs are started (``srun_plan.choose_launcher``); None without a strategy. ``LauncherError``: srun
-    asked for outside an allocation."""
+    asked for outside an allocation, or without the Slurm clients ``missing_clients`` names."""
     options = spec.distributed
     if not options.gang:
         return None
     job = _job_world_size(environ)
     wanted = options.world_size or (job[0] if job else 1)
     return choose_launcher(options.launcher, Allocation.from_environment(environ), wanted,
-                           _node_ranks(gpu_count, ram_bytes, cpu_budget))
+                           _node_ranks(gpu_count, ram_bytes, cpu_budget), missing_clients)
 
 
 def _node_ranks(gpu_count: int, ram_bytes: int, cpu_budget: int) -> int:

@@ -38,6 +38,11 @@ REFUSALS = (
 )
 
 
+#: The Slurm client commands a probe whose gangs are job steps runs: ``srun`` starts each step, ``scancel`` ends
+#: it (and srun's keeper runs it if isoprobe dies), ``squeue -s`` says when it is gone (``executors.srun_gang``).
+SLURM_CLIENTS = ("srun", "scancel", "squeue")
+
+
 class LauncherError(ValueError):
     """A launcher that cannot run here: what is wrong, and the fix (rendered as a spec error, exit 2)."""
 
@@ -69,8 +74,11 @@ class LauncherChoice:
     reason: str
 
 
-def choose_launcher(asked: str, allocation: Allocation, wanted_ranks: int, node_ranks: int) -> LauncherChoice:
-    """``distributed.launcher`` resolved: ``local`` or ``srun``; ``LauncherError`` for srun outside an allocation.
+def choose_launcher(asked: str, allocation: Allocation, wanted_ranks: int, node_ranks: int,
+                    missing_clients: tuple[str, ...] = ()) -> LauncherChoice:
+    """``distributed.launcher`` resolved: ``local`` or ``srun``; ``LauncherError`` for srun outside an allocation,
+    or where ``missing_clients`` (those of ``SLURM_CLIENTS`` not on PATH, looked up by the caller) leaves it unable
+    to run a step: both are known in the parent before the environment check, so they are refused before it.
 
     ``wanted_ranks``: the spec's world size, else the job's (``WORLD_SIZE``,
     ``SLURM_NTASKS``...), else 1. ``node_ranks``: the most ranks this node runs
@@ -89,12 +97,21 @@ def choose_launcher(asked: str, allocation: Allocation, wanted_ranks: int, node_
                                 "distributed.launcher: local (or auto)")
         return LauncherChoice("local", "auto: not in a Slurm allocation")
     if asked == "srun":
-        return LauncherChoice("srun", f"distributed.launcher: srun, in job {allocation.job_id}")
-    if (allocation.nodes or 1) > 1:
-        return LauncherChoice("srun", f"auto: job {allocation.job_id} has {allocation.nodes} nodes")
-    if wanted_ranks > node_ranks:
-        return LauncherChoice("srun", f"auto: {wanted_ranks} ranks are more than this node runs ({node_ranks})")
-    return LauncherChoice("local", f"auto: job {allocation.job_id}'s {wanted_ranks} rank(s) fit this node")
+        choice = LauncherChoice("srun", f"distributed.launcher: srun, in job {allocation.job_id}")
+    elif (allocation.nodes or 1) > 1:
+        choice = LauncherChoice("srun", f"auto: job {allocation.job_id} has {allocation.nodes} nodes")
+    elif wanted_ranks > node_ranks:
+        choice = LauncherChoice("srun", f"auto: {wanted_ranks} ranks are more than this node runs ({node_ranks})")
+    else:
+        return LauncherChoice("local", f"auto: job {allocation.job_id}'s {wanted_ranks} rank(s) fit this node")
+    if missing_clients:
+        chose = "" if asked == "srun" else f" (auto chose srun: {choice.reason.removeprefix('auto: ')})"
+        are = "is" if len(missing_clients) == 1 else "are"
+        raise LauncherError(f"srun{chose}: each trial is a Slurm job step, and {', '.join(missing_clients)} {are} not "
+                            "on PATH here",
+                            "run isoprobe where Slurm's client commands (srun, scancel, squeue) are on PATH (in the "
+                            "job, outside a container that lacks them), or set distributed.launcher: local")
+    return choice
 
 
 def srun_command(*, world_size: int, nodes: int | None, step_dir: str, python: str, rank_entry: str,

@@ -76,11 +76,17 @@ def answer(
 
 
 def _resolve_ranks(spec: Spec, spec_path: str, environ: dict[str, str], gpus, reporter: Reporter):
-    """The spec with its gang's launcher, size and threads per rank written in (``ranks``), before the key is made."""
+    """The spec with its gang's launcher, size and threads per rank written in (``ranks``), before the key is made.
+
+    What the parent can refuse without torch is refused here, before the environment check (seconds to minutes):
+    srun outside an allocation or without Slurm's clients on PATH, and a CPU gang whose budgets the RAM cannot hold.
+    """
+    import shutil
+
     from isoprobe.errors import Problem, SpecError
-    from isoprobe.executors.srun_plan import LauncherError
+    from isoprobe.executors.srun_plan import SLURM_CLIENTS, LauncherError
     from isoprobe.system.hardware import ram_bytes
-    from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET
+    from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET, check_gang_fits_node
     from isoprobe.executors.ranks import (
         resolve_launcher,
         resolve_threads_per_rank,
@@ -90,8 +96,10 @@ def _resolve_ranks(spec: Spec, spec_path: str, environ: dict[str, str], gpus, re
 
     gpu_count = len(gpus or []) if spec.device != "cpu" else 0
     budget = spec.memory_budget or DEFAULT_CPU_BUDGET
+    missing = tuple(c for c in SLURM_CLIENTS if shutil.which(c, path=environ.get("PATH")) is None)
     try:
-        launcher = resolve_launcher(spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget)
+        launcher = resolve_launcher(spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget,
+                                    missing_clients=missing if spec.distributed.gang else ())
     except LauncherError as exc:
         raise SpecError(spec_path, [Problem("distributed.launcher", str(exc), exc.fix)]) from None
     across = launcher is not None and launcher.launcher == "srun"
@@ -101,8 +109,11 @@ def _resolve_ranks(spec: Spec, spec_path: str, environ: dict[str, str], gpus, re
         reporter.note(world.note)
     if across:
         reporter.note(f"distributed: every trial one Slurm job step ({launcher.reason})")
-    return with_world_size(spec, world, resolve_threads_per_rank(spec, environ, world.size),
-                           launcher.launcher if launcher is not None else None), world
+    resolved = with_world_size(spec, world, resolve_threads_per_rank(spec, environ, world.size),
+                               launcher.launcher if launcher is not None else None)
+    if resolved.device == "cpu":  # the backend is known without torch: the gang's budgets against this node's RAM
+        check_gang_fits_node(resolved, spec_path, budget=budget)
+    return resolved, world
 
 
 class _Context:

@@ -33,7 +33,6 @@ def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior |
         capacity=target.search_capacity,
         # The traced estimate guides the guided search only; the classic doubling is kept as it is.
         prior=prior if spec.search.strategy == "guided" else None,
-        steady=spec.search.steady_steps != 0,
         borrowed=borrowed,
     )
 

@@ -113,7 +113,8 @@ _WATCHDOG_HEADLINE = "Timeout ("
 
 
 def unfinished_trace(run: ChildRun, spec: Spec) -> str:
-    """Why no estimate came back after the check's verdict, as far as the run shows; the search goes on without one."""
+    """Why no estimate came back after the check's verdict, as far as the run shows (``Estimate.note``: the reason
+    alone); the search goes on without one."""
     if run.timed_out:
         how = f"was still running at the check's timeout (search.trial_timeout, {spec.search.trial_timeout:g} s)"
     elif run.returncode == 1 and _WATCHDOG_HEADLINE in run.stderr_tail:
@@ -122,7 +123,7 @@ def unfinished_trace(run: ChildRun, spec: Spec) -> str:
     else:
         signal_name = signal_name_of(run.returncode)
         how = f"ended the check's process ({signal_name or f'exit status {run.returncode}'})"
-    return f"not estimated: the environment check's trace of a step {how}; the search starts as without one"
+    return f"the environment check's trace of a step {how}"
 
 
 def inspect_failure(run: ChildRun, spec: Spec) -> str:
@@ -234,7 +235,7 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
             [Problem("device", f"{requested} does not exist: {len(devices)} GPU(s) visible", "pick cuda:0 .. "
                      f"cuda:{len(devices) - 1}")],
         )
-    _check_gang_fits_node(spec, source, gpus=len(devices), index=index)
+    check_gang_fits_node(spec, source, gpus=len(devices), index=index)
     device = devices[index]
     budget = spec.memory_budget
     if budget is not None and budget > device.total_memory_bytes:
@@ -259,12 +260,14 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
                   data=facts.data)
 
 
-def _check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
+def check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
                           budget: int | None = None) -> None:
     """A gang runs on this node: on CUDA one visible GPU per rank from cuda:0, on the CPU every rank's budget.
 
     A gang run as a Slurm job step (``launcher`` srun) runs on the allocation's nodes, one GPU a rank as Slurm
     binds it: this node's GPUs and RAM do not bound it, and a step the allocation cannot hold is Slurm's refusal.
+    With ``device: cpu`` the parent checks the budgets before the environment check (``answer._resolve_ranks``);
+    here it is checked again once the backend is known (``device: auto`` without a GPU).
     """
     if not spec.distributed.gang:
         return
@@ -290,7 +293,7 @@ def _check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, i
 
 def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str, note: str | None) -> Target:
     budget = spec.memory_budget or DEFAULT_CPU_BUDGET
-    _check_gang_fits_node(spec, source, budget=budget)
+    check_gang_fits_node(spec, source, budget=budget)
     baseline = facts.memory_after_import.data
     if baseline and budget < baseline + _MIN_BUDGET_MARGIN:
         raise SpecError(

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from isoprobe.protocol.messages import DataScan
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome
-from isoprobe.report.result import DeviceInfo, Recommendation, StopReason, Trial
+from isoprobe.report.result import DeviceInfo, Recommendation, Soak, StopReason, Trial
+from isoprobe.search.soak import RISE_FLOOR_BYTES, RISE_FRACTION
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
 
@@ -62,19 +63,80 @@ def _save_memory(spec: Spec) -> list[str]:
     return levers
 
 
-def _with_recommendation(text: str, found: Found) -> tuple[str, list[str]]:
-    """The answer's sentence with its recommendation, and what a soak that saw growth suggests."""
+# --------------------------------------------------------------------------- a soak's failure, from its evidence
+
+_GROWING = ("memory grows from step to step (recommendation.soaks, and the soak trials' step_budget_peak_bytes): look for "
+            "what the step keeps between steps (tensors appended to a list, a loss kept with its graph, a cache "
+            "that fills)")
+_AT_FIRST_STEP = ("the soak ran out of memory before its first step ended, at a batch no larger than one the search's "
+                  "trials fit: the runs differ, not the steps (near the edge the same batch can fit in one process "
+                  "and not in the next: what else held memory then, the allocator's layout). Run the probe again, "
+                  "or ask more headroom (recommendation.headroom); the soak trial's error says what failed")
+_NO_VERDICT = ("a soak ended without a verdict on memory (crashed or timed out, twice): see that trial's stderr_tail "
+               "and signal (a SIGKILL can be the kernel's OOM killer)")
+
+
+def soak_grew(soak: Soak, peaks: list[int]) -> bool:
+    """Whether a soak's own per-step peaks show growth: still rising at its end, or risen since its first step's
+    warm-up by more than noise (search.soak's floor). A soak that stopped before a second step shows none."""
+    if soak.still_rising:
+        return True
+    if len(peaks) < 2:
+        return False
+    rise = peaks[-1] - peaks[1 if len(peaks) > 2 else 0]
+    return rise > max(RISE_FLOOR_BYTES, RISE_FRACTION * peaks[-1])
+
+
+def why_soak_failed(soak: Soak, peaks: list[int], steps: int, target_peak: int, fit: Trial | None) -> str:
+    """What a soak that did not survive shows, in words: how far it got and what its peaks did there.
+
+    ``peaks``: its trial's step_budget_peak_bytes (the capacity's units); ``fit``: the search's largest fitting trial at this batch or above
+    (the evidence a failure at the first step is a run-to-run difference, not growth over steps)."""
+    done = soak.steps_completed
+    if soak.outcome is Outcome.OUT_OF_MEMORY and done == 0:
+        where = (f", where batch {fit.batch_size} had fit {len(fit.step_seconds)} steps in trial {fit.index}"
+                 if fit is not None else "")
+        return f"ran out of memory at its first step (no step completed{where}): not growth over steps"
+    if soak.outcome is Outcome.OUT_OF_MEMORY and not soak_grew(soak, peaks):
+        return (f"ran out of memory at step {done + 1} of {steps} after its peak held at {format_bytes(peaks[-1])} "
+                f"for {done} step{'s' if done > 1 else ''}: a jump at that step, not growth from step to step")
+    if soak.outcome is Outcome.OUT_OF_MEMORY:
+        rate = (f", its peak rising {format_bytes(soak.growth_bytes_per_step)} a step"
+                if soak.growth_bytes_per_step else ", its peak rising")
+        return f"ran out of memory after {done} of {steps} steps{rate}"
+    growth = soak.growth_bytes_per_step or 0
+    return (f"kept growing ({format_bytes(growth)} a step) above the {format_bytes(target_peak)} target peak "
+            f"(projected {format_bytes(soak.projected_peak_bytes)} after {steps} steps)")
+
+
+def none_survived(soaks: list[Soak], trials: list[Trial]) -> tuple[str, list[str]]:
+    """Why no soak survived, from their evidence, and what to try: growth only where a soak's peaks grew."""
+    by_index = {t.index: t for t in trials}
+    peaks = [(by_index[s.trial].step_budget_peak_bytes or by_index[s.trial].step_peak_bytes) if s.trial in by_index
+             else [] for s in soaks]
+    tried = "its soak" if len(soaks) == 1 else f"{len(soaks)} soaks"
+    if any(soak_grew(s, p) for s, p in zip(soaks, peaks)):
+        return (f"no batch survived {tried}: memory grows from step to step whatever the batch (see the soak "
+                "trials' step_budget_peak_bytes)", [_GROWING])
+    if all(s.outcome is Outcome.OUT_OF_MEMORY and s.steps_completed == 0 for s in soaks):
+        each = "its soak" if len(soaks) == 1 else f"each of {len(soaks)} soaks"
+        return (f"no batch survived {tried}: {each} ran out of memory at its first step, where the search's trials "
+                "fit as large a batch: the runs differ, not the steps", [_AT_FIRST_STEP])
+    suggestions = [_NO_VERDICT] if any(s.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT) for s in soaks) else []
+    return (f"no batch survived {tried} (see each soak's outcome, steps_completed and its trial's step_budget_peak_bytes)",
+            suggestions)
+
+
+def _with_recommendation(text: str, found: Found, trials: list[Trial]) -> tuple[str, list[str]]:
+    """The answer's sentence with its recommendation, and what the soaks' own evidence suggests."""
     soaks = found.recommendation.soaks if found.recommendation else []
-    growing = ("memory grows from step to step (recommendation.soaks, and the soak trials' step_peak_bytes): "
-               "look for what the step keeps between steps (tensors appended to a list, a loss kept with its "
-               "graph, a cache that fills)")
     if found.recommended:
         if soaks and soaks[-1].still_rising:
             return (f"{text}; recommended {found.recommended} (its peak was still rising at the end of its soak)",
-                    [growing, "a longer soak (recommendation.soak_steps) shows how far it goes"])
+                    [_GROWING, "a longer soak (recommendation.soak_steps) shows how far it goes"])
         return f"{text}; recommended {found.recommended}", []
     if soaks:
-        return f"{text}; no batch is recommended: none survived its soak", [growing]
+        return f"{text}; no batch is recommended: none survived its soak", none_survived(soaks, trials)[1]
     return text, []
 
 
@@ -91,7 +153,7 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
     if stop is StopReason.EDGE_FOUND and first_failing is None:  # only marginal batches above the maximum
         text = (f"batch {max_fitting} fits on {where}; {_batches(found.marginal)} fit the long run only inside "
                 "the spread (see edge_margin), and no larger batch was tried")
-        return _with_recommendation(text, found)
+        return _with_recommendation(text, found, trials)
     if stop is StopReason.EDGE_FOUND:
         if found.first_failing_outcome is Outcome.OUT_OF_MEMORY:
             how = "runs out of memory"
@@ -108,10 +170,10 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
         if found.marginal:
             text += (f"; {_batches(found.marginal)} fit the long run too, but with less free memory than a long "
                      "run's peak moves between runs (the spread: see edge_margin), so not as the maximum")
-        return _with_recommendation(text, found)
+        return _with_recommendation(text, found, trials)
     if stop is StopReason.CAPPED:
         text = f"batch {max_fitting} fits; larger batches were not tried because of {capped_by}"
-        return _with_recommendation(text, found)
+        return _with_recommendation(text, found, trials)
     if stop is StopReason.START_DOES_NOT_FIT:
         suggestions = _save_memory(spec)
         if info.backend == "cpu":

@@ -20,7 +20,7 @@ from isoprobe.executors import Executor
 from isoprobe.search.insights import memory_breakdown, throughput
 from isoprobe.report.output import Reporter
 from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
-from isoprobe.pipeline.prediction import predicted_max, prediction, prior_of
+from isoprobe.pipeline.prediction import no_estimate, predicted_max, prediction, prior_of
 from isoprobe.pipeline.data import data_info
 from isoprobe.pipeline.edge import compare_allocators, search_and_recommend, stop_reason_of
 from isoprobe.pipeline.environment import (
@@ -35,6 +35,7 @@ from isoprobe.pipeline.eval_edge import eval_search, eval_summary, wants_eval_se
 from isoprobe.pipeline.explain import Found, explain, limited_by
 from isoprobe.pipeline.tokens import token_message, token_search_and_recommend
 from isoprobe.pipeline.trials import TrialRunner
+from isoprobe.report.outcomes import Outcome
 from isoprobe.report.result import DistributedInfo, EdgeMargin, MarginalBatch, Result, StopReason
 from isoprobe.search.history import Borrowed
 from isoprobe.spec.model import Spec
@@ -158,6 +159,7 @@ def run_probe(
         first_failing_batch_size=found.first_failing,
         short_max_batch_size=found.short_max,
         edge_margin=edge_margin(runner, found) if tokens is None else None,
+        max_confirmed=_confirmed(runner, max_fitting),
         first_failing_outcome=found.first_failing_outcome,
         flaky_batch_sizes=list(found.flaky),
         edge_flaky=any(max_fitting is None or b >= max_fitting for b in found.flaky),
@@ -211,6 +213,13 @@ def edge_margin(runner: TrialRunner, found: Found) -> EdgeMargin | None:
                       marginal=marginal)
 
 
+def _confirmed(runner: TrialRunner, max_fitting: int | None) -> bool:
+    """Whether the maximum ran again after the trial that found it (a confirmation, or a long-run trial) and fit."""
+    return max_fitting is not None and any(
+        t.batch_size == max_fitting and t.purpose in ("confirmation", "long_run") and t.outcome is Outcome.FITS
+        and t.training_batch_size is None for t in runner.same_question())
+
+
 def distributed_info(spec: Spec, backend: str, world_size_source: str, trials=()) -> DistributedInfo | None:
     """What the result says of the gangs its trials ran as (None: one process per trial); ``trials``: their ranks'
     nodes, for a gang run as Slurm job steps."""
@@ -241,7 +250,7 @@ def _describe_estimate(estimate, target, reporter: Reporter) -> None:
     predicted = predicted_max(estimate, target.search_capacity)
     if predicted is None:
         if estimate.note:
-            reporter.note(f"estimate: {estimate.note}; the search starts at search.start_batch_size")
+            reporter.note(f"{no_estimate(estimate)}; the search starts at search.start_batch_size")
         return
     reporter.note(f"estimate (one step traced on fake tensors in {estimate.seconds:.1f} s): "
                   f"{format_bytes(estimate.fixed_bytes)} + {format_bytes(int(estimate.per_sample_bytes))} a sample, "

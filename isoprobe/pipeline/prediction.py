@@ -67,7 +67,7 @@ class EstimateReport(BaseModel):
 
 
 def report_of(spec: Spec, spec_path: str, facts, device: DeviceInfo, capacity: int, seconds: float) -> EstimateReport:
-    estimate = facts.estimate or Estimate(note="no estimate came back from the environment check")
+    estimate = facts.estimate or Estimate(note="the environment check sent none back")
     return EstimateReport(
         spec_path=spec_path, torch_version=facts.torch_version, device=device, estimate=estimate,
         predicted_max=predicted_max(estimate, capacity), seconds=round(seconds, 3),
@@ -76,13 +76,20 @@ def report_of(spec: Spec, spec_path: str, facts, device: DeviceInfo, capacity: i
     )
 
 
+def no_estimate(estimate: Estimate | None) -> str:
+    """The one way a missing estimate is said: 'no estimate: REASON' (``Estimate.note`` holds the reason alone, so
+    no caller repeats 'not estimated' or what the search does without one)."""
+    reason = estimate.note if estimate is not None and estimate.note else "the environment check sent none back"
+    return f"no estimate: {reason}"
+
+
 def render_report(report: EstimateReport) -> str:
     """The report as a table for people."""
     e = report.estimate
     rows = [("spec", report.spec_path), ("device", f"{report.device.backend} ({report.device.name})"),
             ("capacity", format_bytes(report.device.capacity_bytes))]
     if e.per_sample_bytes is None:
-        rows.append(("estimate", e.note or "none"))
+        rows.append(("estimate", no_estimate(e)))
     else:
         rows += [("parameters", format_bytes(e.parameter_bytes)), ("gradients", format_bytes(e.gradient_bytes)),
                  ("optimizer state", format_bytes(e.optimizer_state_bytes)), ("buffers", format_bytes(e.buffer_bytes))]

@@ -10,6 +10,7 @@ ran ``soak_steps`` steps and fit.
 from __future__ import annotations
 
 from isoprobe.search.insights import throughput
+from isoprobe.pipeline.explain import none_survived, why_soak_failed
 from isoprobe.report.outcomes import Outcome
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.trials import TrialRunner
@@ -17,7 +18,6 @@ from isoprobe.search.recommend import advise
 from isoprobe.report.result import MemoryModel, Recommendation, Soak, Trial
 from isoprobe.search.soak import judge, lower_batch
 from isoprobe.spec.model import Spec
-from isoprobe.spec.units import format_bytes
 
 #: Soaks per probe at most: the advised batch and two lower ones. A third failure says the memory
 #: keeps growing whatever the batch, which no batch size fixes: the recommendation is withdrawn.
@@ -66,26 +66,18 @@ def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int)
     if spec.recommendation.objective == "throughput":
         batch, recommendation = _prefer_throughput(spec, runner.same_question(), batch, recommendation)
     if recommendation.soak_steps == 0:
-        return _check(runner, batch, recommendation)
+        return _unsoaked(runner, batch, recommendation)
     return _soak(runner, batch, recommendation, model.slope if model else None)
 
 
-def _check(runner: TrialRunner, batch: int, recommendation: Recommendation):
-    """Without a soak: run the batch once unless a trial already ran it and it fit."""
-    note = recommendation.note
+def _unsoaked(runner: TrialRunner, batch: int, recommendation: Recommendation):
+    """soak_steps 0: no trial at all (issue 34: it once ran the batch when no trial had). The batch is at or below
+    the maximum, which fit; its measured peak is a search trial's where one ran it, else none."""
     measured = _fitting_at(runner, batch)
-    if measured is None:
-        check = runner.run(batch, purpose="recommendation_check")
-        if check.outcome is Outcome.FITS:
-            measured = check
-        else:
-            lower = [t for t in runner.same_question()
-                     if t.purpose != "memory_check" and t.outcome is Outcome.FITS and t.batch_size <= batch]
-            measured = max(lower, key=lambda t: t.batch_size) if lower else None
-            note += f"; the check run of {batch} ended {check.outcome.value}, so the recommendation fell back"
-            batch = measured.batch_size if measured else None
-    return batch, recommendation.model_copy(
-        update={"note": note, "measured_peak_bytes": budget_peak(measured) if measured else None})
+    ran = f"a search trial ran {batch}" if measured else f"no trial ran {batch}: its peak is the line's prediction"
+    return batch, recommendation.model_copy(update={
+        "note": f"{recommendation.note}; not soaked (recommendation.soak_steps 0): {ran}",
+        "measured_peak_bytes": budget_peak(measured) if measured else None})
 
 
 def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_sample: float | None):
@@ -115,13 +107,12 @@ def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_s
                          "a soak that survived")
             return None, _with(recommendation, soaks, notes, None)
         lower = lower_batch(batch, judged, per_sample, target_peak, recommendation.multiple_of)
-        notes.append(f"the soak of {batch} {_why(trial, judged, steps, target_peak)}, so {lower or 'nothing'} next")
+        why = why_soak_failed(soaks[-1], step_budget_peaks(trial), steps, target_peak, _fit_at_or_above(runner, batch))
+        notes.append(f"the soak of {batch} {why}, so {lower or 'nothing'} next")
         if lower < 1:
             break
         batch = lower
-    tried = "its soak" if len(soaks) == 1 else f"{len(soaks)} soaks"
-    notes.append(f"no batch survived {tried}: memory grows from step to step whatever the batch "
-                 "(see the soak trials' step_peak_bytes)")
+    notes.append(none_survived(soaks, runner.trials)[0])
     return None, _with(recommendation, soaks, notes, None)
 
 
@@ -135,18 +126,17 @@ def step_budget_peaks(trial: Trial) -> list[int]:
     return trial.step_budget_peak_bytes or trial.step_peak_bytes
 
 
-def _why(trial: Trial, judged, steps: int, target_peak: int) -> str:
-    done = len(step_budget_peaks(trial))
-    if trial.outcome is Outcome.OUT_OF_MEMORY:
-        return f"ran out of memory after {done} of {steps} steps"
-    growth = judged.growth_bytes_per_step or 0
-    return (f"kept growing ({format_bytes(growth)} a step) above the {format_bytes(target_peak)} target peak "
-            f"(projected {format_bytes(judged.projected_peak_bytes)} after {steps} steps)")
+def _fit_at_or_above(runner: TrialRunner, batch: int) -> Trial | None:
+    """The search's largest fitting trial at ``batch`` or above: what a soak that failed at its first step differs from."""
+    fits = [t for t in runner.same_question() if t.purpose in ("search", "retry", "confirmation", "long_run")
+            and t.outcome is Outcome.FITS and t.batch_size >= batch]
+    return max(fits, key=lambda t: (t.batch_size, t.index)) if fits else None
 
 
 def _with(recommendation: Recommendation, soaks: list[Soak], notes: list[str], peak: int | None) -> Recommendation:
     return recommendation.model_copy(update={
-        "soaks": soaks, "measured_peak_bytes": peak, "note": "; ".join([recommendation.note, *notes])})
+        "soaks": soaks, "soaked": bool(soaks) and soaks[-1].survived, "measured_peak_bytes": peak,
+        "note": "; ".join([recommendation.note, *notes])})
 
 
 def _fitting_at(runner: TrialRunner, batch: int) -> Trial | None:

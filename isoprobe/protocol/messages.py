@@ -284,7 +284,8 @@ class Estimate(_Message):
     runtime_bytes: int | None = Field(None, description="CPU: what a real stand-in step added to the data segment "
                                       "beyond its tensors (thread pools, malloc arenas), in fixed_bytes.")
     seconds: float = Field(0.0, description="How long the estimate took in the environment check.")
-    note: str | None = Field(None, description="Why there is no estimate, or what it leaves out.")
+    note: str | None = Field(None, description="Why there is no estimate: the reason alone (\"search.estimate is "
+                             "false\"), which whoever shows it prefixes once (pipeline.prediction.no_estimate).")
 
 
 class DataScan(_Message):

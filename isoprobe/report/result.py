@@ -133,7 +133,8 @@ class Trial(_Strict):
             "search: a step of the edge search; retry: the same batch again after a crash or timeout; "
             "confirmation: the maximum run again before it is reported, until its peak is steady; "
             "long_run: below a maximum whose confirmation failed in the long run, a batch run until steady; "
-            "recommendation_check: running the recommended batch (when soak_steps is 0); "
+            "recommendation_check: (results before issue 34 only) the recommended batch run once when soak_steps "
+            "was 0, which now runs no trial; "
             "soak: the recommended batch run for recommendation.soak_steps steps; "
             "memory_check: the previous trial re-run with more memory, to tell an ambiguous library error "
             "from an allocation failure (its verdict never counts as 'fits')."
@@ -430,6 +431,10 @@ class Recommendation(_Strict):
     measured_peak_bytes: int | None = Field(
         None, description="Peak of the trial that ran the recommended batch, in capacity_bytes's units.")
     soak_steps: int = Field(0, description="Steps each soak ran (recommendation.soak_steps as applied; 0: none).")
+    soaked: bool = Field(
+        False, description="True when the recommended batch survived a soak of soak_steps steps (soaks[-1]). False "
+        "with recommendation.soak_steps 0: no trial ran for the recommendation, and measured_peak_bytes is a search "
+        "trial's at that batch, or null where none ran it (the batch is at or below max_batch_size, which fit).")
     soaks: list[Soak] = Field(
         default_factory=list,
         description="Every soak, in order: a batch that did not survive moved the recommendation down to the next.",
@@ -621,6 +626,12 @@ class Result(_Strict):
     edge_margin: EdgeMargin | None = Field(
         None, description="The spread rule as applied to the maximum; null when it does not apply "
                           "(search.steady_steps 0, search.edge_spread 0, or no maximum).")
+    max_confirmed: bool = Field(
+        False, description="True when max_batch_size ran again after the trial that found it and fit every time "
+        "(search.confirmations, each stepping until its peak was steady unless search.steady_steps is 0; or a "
+        "long_run trial). False with search.confirmations 0: it fit the one trial of search.steps steps that "
+        "found it, and whether it holds in another process or a longer run was not checked.",
+    )
     first_failing_outcome: Outcome | None = Field(
         None,
         description=(
@@ -653,7 +664,8 @@ class Result(_Strict):
         None, description="Why no larger batch was tried, when the search stopped at a cap rather than at memory."
     )
     recommended_batch_size: int | None = Field(
-        None, description="A batch at or below max_batch_size with the headroom and rounding applied; it was run."
+        None, description="A batch at or below max_batch_size with the headroom and rounding applied; it survived its "
+                          "soak (recommendation.soaked), or, with recommendation.soak_steps 0, was not run for it."
     )
     recommendation: Recommendation | None = None
     throughput: Throughput | None = Field(None, description="Samples per second over the batches that fit.")

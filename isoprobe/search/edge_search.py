@@ -8,8 +8,8 @@ flaky oracles and the product drives it with real child processes.
 
 Strategy: ``plan_next`` owns what every strategy shares (begin at the start,
 retry a crash or timeout, stop on an error, confirm the maximum once the
-bracket is closed, with a confirmation that runs until its peak is steady when
-``Limits.steady``; stop when that confirmation failed in the long run); a *step* only picks the next batch strictly inside the
+bracket is closed (``Limits.confirmations`` runs: the product's run until their peak is steady,
+``search.steady_steps``); stop when a confirmation failed in the long run); a *step* only picks the next batch strictly inside the
 open bracket. Two steps exist:
 - ``doubling_step``, the classic: double until the first failure or a cap, then
   bisect until the largest batch that fits and the smallest that fails are

@@ -71,16 +71,16 @@ class Limits:
     cap: int | None = None
     ceiling: int = DEFAULT_CEILING
     retries: int = 1        # extra attempts for a batch whose trial crashed or timed out
-    confirmations: int = 1  # extra runs of the final maximum before it is reported
+    confirmations: int = 1  # extra runs of the final maximum before it is reported (0: none; steady or not)
     capacity: int | None = None  # memory the peaks are compared with (guided step); None: no prediction
     prior: Prior | None = None   # a line estimated before any trial (guided step, with a capacity); None: none
-    steady: bool = False  # the maximum's confirmation runs until steady (isoprobe.report.steady): at least one is due
     borrowed: Borrowed | None = None  # bounds another frontier point proved (search.frontier); None: none
 
     @property
     def confirmations_due(self) -> int:
-        """Runs of the maximum after the one that found it: a steady confirmation is due even with none asked."""
-        return max(self.confirmations, 1 if self.steady else 0)
+        """Runs of the maximum after the one that found it: ``confirmations``, no more (0: the maximum is reported
+        from the trial that found it; issue 34: a steady confirmation was due even with none asked)."""
+        return self.confirmations
 
     def __post_init__(self) -> None:
         if self.start < 1:

@@ -33,8 +33,9 @@ A trial that is neither a fit nor out of memory (an error, a crash or a
 timeout that persisted over its retries, still rising) is no verdict on
 memory: the search stops there and gives no budget rather than guess
 (``TokenSearch.stop``). The binding length's
-edge is always run at that length itself (its confirmation), so the reported
-budget's binding batch is one that ran.
+edge is run at that length itself ``confirmations`` times (search.confirmations),
+and at least once where only a longer length's fit proved it, so the reported
+budget's binding batch is one that ran at its own length.
 """
 
 from __future__ import annotations
@@ -104,11 +105,14 @@ class _Stopped(Exception):
 
 
 def search_budget(fits: Oracle, lengths: list[int], start: int = 1, cap: int | None = None,
-                  confirm: Oracle | None = None, retries: int = 0, retry: Oracle | None = None) -> TokenSearch:
+                  confirm: Oracle | None = None, retries: int = 0, retry: Oracle | None = None,
+                  confirmations: int = 1) -> TokenSearch:
     """The largest token budget every bucket of ``lengths`` fits, over the trial oracle ``fits``.
 
-    ``confirm``: the oracle for the binding batch's confirmation (default ``fits``); the product's runs until
-    its peak is steady, as the batch search's confirmation of its maximum does.
+    ``confirm``: the oracle for the binding batch's confirmations (default ``fits``); the product's run until
+    its peak is steady, as the batch search's confirmations of its maximum do. ``confirmations``: how many
+    (search.confirmations; 0: none, unless the binding batch never ran at its own length, which then runs once
+    in ``fits`` as a search trial).
     ``retries``: a trial that crashed or timed out (no evidence about memory) is run again, in ``retry``
     (default ``fits``), up to this many times, as the batch search retries (search.retries); if it persists,
     the search stops with that outcome.
@@ -183,8 +187,12 @@ def search_budget(fits: Oracle, lengths: list[int], start: int = 1, cap: int | N
         binding = _binding(ordered, known, bound)
         if binding is not None:
             edge = known.lower(binding)
-            if edge >= 1:
-                run(edge, binding, confirm or fits)  # the confirmation: the binding batch runs at its own length
+            ran_here = any(s == edge and at == binding and o is Outcome.FITS for s, at, o in trials)
+            if edge >= 1 and not ran_here and not confirmations:
+                run(edge, binding)  # proven at a longer length only: the binding batch runs at its own length once
+            for _ in range(confirmations if edge >= 1 else 0):
+                if not run(edge, binding, confirm or fits):  # a confirmation, at its own length
+                    break
             if known.upper(binding) is not None and known.upper(binding) <= edge:
                 stop = Outcome.OUT_OF_MEMORY  # it fit before and failed now: flaky, no budget to stand on
     except _Stopped as stopped:

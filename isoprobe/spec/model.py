@@ -437,8 +437,8 @@ class SearchSpec(SpecSection):
     steady_steps: int | None = Field(
         None, ge=0, le=10000,
         description=(
-            "The most steps a trial that decides the maximum (the edge's confirmation, and the long-run search "
-            "below it) runs while its peak still rises: it stops as soon as the peak has held still for 5 steps (so it runs "
+            "The most steps a trial that decides the maximum (the edge's confirmations, and the long-run search "
+            "below them; none with search.confirmations 0) runs while its peak still rises: it stops as soon as the peak has held still for 5 steps (so it runs "
             "at least 6). A peak still rising at this cap is still_rising, not fits. null: 30; 0: off (every "
             "trial runs search.steps)."
         ),
@@ -473,8 +473,10 @@ class SearchSpec(SpecSection):
         ge=0,
         le=5,
         description=(
-            "Extra runs of the final maximum before it is reported. If one fails, the edge is flaky and the "
-            "answer moves down to the largest batch that fit every time it ran."
+            "Extra runs of the final maximum before it is reported, each in a fresh process and stepping until its "
+            "peak is steady (search.steady_steps). If one fails, the edge is flaky and the answer moves down to the "
+            "largest batch that fit every time it ran. 0: none, steady or not: the maximum is the batch that fit "
+            "one trial of search.steps steps (result.max_confirmed false)."
         ),
     )
     strategy: Literal["guided", "doubling"] = Field(
@@ -606,7 +608,8 @@ class RecommendationSpec(SpecSection):
             "A batch that fails, or whose peak still rises above the headroom line, moves the recommendation "
             "down (up to 3 soaks). Default: 20 on CUDA; 6 on the CPU backend, where a step takes seconds to "
             "minutes and the allocator settles within two steps, so 6 show a trend over the last four. 0: no "
-            "soak (the recommended batch is still run once if no trial ran it)."
+            "soak and no trial for the recommendation: the batch advised from the fitting trials, at or below the "
+            "maximum (result.recommendation.soaked false)."
         ),
     )
 

@@ -69,7 +69,8 @@ EDITS = [
     ("unanswered edge", lambda d: d.update(answered=False), "it says answered: false with the stop reason edge_found"),
     ("recommended above the maximum", lambda d: d.update(recommended_batch_size=30),
      "its recommended batch 30 is above its maximum 25"),
-    ("recommended never run", lambda d: d.update(recommended_batch_size=_never_run(d)),
+    ("recommended never run", lambda d: d.update(recommended_batch_size=_never_run(d)) or d["recommendation"].update(
+        soak_steps=6),  # with soak_steps 0 no trial runs for the recommendation: never run is all it can say
      "no trial in it ran its recommended batch"),
     ("first failing never run", lambda d: d.update(first_failing_batch_size=27),
      "no trial in it failed at its first failing batch 27"),

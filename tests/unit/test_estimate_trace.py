@@ -172,7 +172,7 @@ def test_the_check_stands_whatever_the_models_code_does_during_the_trace():
 
     died = check(Inspected(facts=honest), returncode=-9)  # killed in the trace, after its verdict
     assert died.torch_version == "2.x" and died.estimate.per_sample_bytes is None
-    assert "ended the check's process (SIGKILL)" in died.estimate.note and "starts as without one" in died.estimate.note
+    assert "ended the check's process (SIGKILL)" in died.estimate.note and "without one" not in died.estimate.note
     kept = check(Inspected(facts=honest), Estimated(estimate=estimate), Inspected(facts=forged),
                  Estimated(estimate=Estimate(fixed_bytes=1, per_sample_bytes=1.0)))
     assert kept.torch_version == "2.x" and kept.estimate == estimate
@@ -186,3 +186,57 @@ def test_search_estimate_false_skips_the_trace_and_says_why():
     assert skip_reason(Spec.model_validate(raw), 1000) is None
     off = Spec.model_validate({**raw, "search": {"estimate": False}})
     assert "search.estimate is false" in skip_reason(off, 1000)
+
+
+def _reasons_for_no_estimate(models) -> list[str]:
+    """Every producer of Estimate.note, each with a reason it gives (issue 34's 'no estimate: not estimated:')."""
+    from isoprobe.executors import ChildRun
+    from isoprobe.pipeline.environment import unfinished_trace
+
+    raw = {"model": {"torchvision": "resnet18"}, "input": {"shape": [3, 32, 32]}, "target": {"classes": 10}}
+    skipped = [child_estimate.skip_reason(Spec.model_validate({**raw, **extra}), count) for extra, count in (
+        ({"search": {"estimate": False}}, 1000), ({"training": {"compile": True}}, 1000),
+        ({"training": {"precision": "fp16-mixed"}, "device": "cuda"}, 1000), ({}, 10**12),
+        ({"distributed": {"strategy": "ddp"}}, 1000))]
+    spec = _spec(str(models / "est_models.py") + ":mlp", models)
+    killed = ChildRun(returncode=-9, timed_out=False, seconds=1.0, events=[])
+    late = ChildRun(returncode=-9, timed_out=True, seconds=40.0, events=[])
+    traced = [child_estimate.estimate(torch, spec, [str(models)], torch.device("cpu"), None, time_limit=1e-4).note,
+              child_estimate.estimate(torch, _spec(str(models / "est_models.py") + ":data_dependent", models),
+                                      [str(models)], torch.device("cpu"), None).note]
+    return [*skipped, unfinished_trace(killed, spec), unfinished_trace(late, spec), *traced]
+
+
+def test_each_reason_for_no_estimate_is_said_once_wherever_it_is_shown(models, monkeypatch, capsys):
+    """Issue 34: 'isoprobe estimate: no estimate: not estimated: ...': the reasons carried their own prefix (and
+    'the search starts as without one') and every place that shows one added its own. Now a reason is the reason
+    alone (Estimate.note), and each place says 'no estimate' once (pipeline.prediction.no_estimate): the
+    estimate command's line, the run's progress line and the estimate table."""
+    import argparse
+
+    from isoprobe.cli.spec import cmd_estimate
+    from isoprobe.pipeline.environment import Target
+    from isoprobe.pipeline.pipeline import _describe_estimate
+    from isoprobe.pipeline.prediction import EstimateReport, render_report
+    from isoprobe.report.output import Reporter
+    from isoprobe.report.result import DeviceInfo
+
+    device = DeviceInfo(backend="cpu", requested="cpu", name="a CPU", total_memory_bytes=8 << 30,
+                        capacity_bytes=1 << 30)
+    reasons = [*_reasons_for_no_estimate(models), None]  # None: no estimate came back at all
+    assert all(reasons[:-1])
+    for reason in reasons:
+        report = EstimateReport(spec_path="s.yaml", torch_version="2", device=device, seconds=1.0, note="a prediction",
+                                estimate=Estimate(note=reason))
+        monkeypatch.setattr("isoprobe.pipeline.estimate.estimate_spec", lambda *args, **kwargs: report)
+        monkeypatch.setattr("isoprobe.cli.spec.load", lambda args: None)
+        monkeypatch.setattr("isoprobe.cli.spec.budget_overridden", lambda args: False)
+        assert cmd_estimate(argparse.Namespace(spec="s.yaml", format="json")) == 4
+        told = capsys.readouterr().err.strip()
+        lines: list[str] = []
+        _describe_estimate(Estimate(note=reason or "the environment check sent none back"),
+                           Target("cpu", "cpu", device), Reporter(lines.append))
+        table = [row for row in render_report(report).splitlines() if row.startswith("estimate")]
+        for shown in (told, *lines, *table):
+            assert "not estimated" not in shown and shown.count("no estimate") == 1, shown
+            assert shown.count("without one") + shown.count("the search starts") <= 1, shown

@@ -75,10 +75,11 @@ def test_edge_is_adjacent_and_every_reported_batch_was_run(edge):
     recommended = result.recommended_batch_size
     assert recommended is not None and recommended <= maximum
     assert recommended % 4 == 0  # recommendation.multiple_of
-    assert (recommended, "fits") in outcomes
-    check = [t for t in result.trials if t.purpose == "recommendation_check"]
-    assert [t.batch_size for t in check] == [recommended]  # the recommended batch was run
-    assert result.recommendation.measured_peak_bytes == check[0].peak_bytes > 0
+    # soak_steps 0 (hog_spec): no trial runs for the recommendation (issue 34), and the result says so.
+    assert not any(t.purpose == "recommendation_check" for t in result.trials) and not result.recommendation.soaked
+    ran = [t for t in result.trials if t.batch_size == recommended]
+    assert result.recommendation.measured_peak_bytes == (ran[0].budget_peak_bytes if ran else None)
+    assert result.max_confirmed
     # It stays the headroom below the capacity, which is the predicted peak at the first failing batch.
     predicted = HOG_FIXED + HOG_PER_SAMPLE * recommended
     assert predicted <= result.recommendation.target_peak_bytes
@@ -399,3 +400,22 @@ def test_run_format_table_prints_the_table_and_auto_prints_json_into_a_pipe(tmp_
     assert piped.returncode == 0, piped.stderr
     assert json.loads(piped.stdout)["max_batch_size"] == 4
     assert len(executors) == 2 and executors[-1].closed
+
+
+# --------------------------------------------------------------------------- search.confirmations: 0 (issue 34)
+
+
+def test_confirmations_0_runs_no_confirmation_and_the_result_says_the_maximum_was_not_confirmed():
+    """Issue 34: 'search.confirmations: 0 does not remove the confirmation': with search.steady_steps on (the
+    default), a steady confirmation was due whatever was asked (search.history.Limits.confirmations_due).
+    0 now means none: every trial is the search's, and result.max_confirmed says the maximum ran once.
+    The default (1) still confirms, until steady, and says so."""
+    unconfirmed = probe(hog_spec(start_batch_size=12, confirmations=0), hog_device())
+    result = unconfirmed.result
+    assert (result.max_batch_size, result.first_failing_batch_size) == (HOG_MAX, HOG_MAX + 1)
+    assert {t.purpose for t in result.trials} == {"search"}, unconfirmed.sequence()
+    assert len(unconfirmed.at(HOG_MAX)) == 1 and not result.max_confirmed
+    assert all(call.request.steady is None for call in unconfirmed.executor.calls)  # nothing stepped until steady
+    confirmed = probe(hog_spec(start_batch_size=12), hog_device())
+    (again,) = [t for t in confirmed.at(HOG_MAX) if t.purpose == "confirmation"]
+    assert again.steady_rule is not None and confirmed.result.max_confirmed

@@ -50,7 +50,7 @@ def uninterrupted():
 
 def test_the_probe_interrupted_below_goes_through_every_purpose(uninterrupted):
     purposes = [t.purpose for t in uninterrupted.trials]
-    assert set(purposes) == {"search", "retry", "memory_check", "confirmation", "recommendation_check"}
+    assert set(purposes) == {"search", "retry", "memory_check", "confirmation", "soak"}
     assert uninterrupted.result.stop_reason.value == "edge_found"
 
 

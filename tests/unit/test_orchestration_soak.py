@@ -126,10 +126,21 @@ def test_a_crashed_soak_is_run_once_more_and_twice_withdraws_the_recommendation(
     assert "ended crashed twice" in twice.result.recommendation.note
 
 
-def test_soak_steps_0_checks_the_recommended_batch_once_as_before():
+def test_soak_steps_0_runs_no_trial_for_the_recommendation():
+    """Issue 34: 'recommendation.soak_steps: 0 still runs a trial' (a recommendation_check of the advised batch
+    when no search trial had run it). 0 means none: the trials are the search's alone, and the result says the
+    recommendation was not soaked; with a soak, the same search is followed by the soak and soaked is true."""
     probed = probe(soaked_spec(soak_steps=0), leaky(40 * MiB))
-    assert soaks_of(probed) == [] and probed.result.recommendation.soaks == []
-    assert probed.result.recommendation.soak_steps == 0
+    result = probed.result
+    assert {t.purpose for t in result.trials} <= {"search", "retry", "memory_check", "confirmation"}, probed.sequence()
+    assert soaks_of(probed) == [] and result.recommendation.soaks == [] and result.recommendation.soak_steps == 0
+    assert result.recommended_batch_size is not None and result.recommended_batch_size <= result.max_batch_size
+    assert not result.recommendation.soaked and "not soaked (recommendation.soak_steps 0)" in result.recommendation.note
+    assert not any(t.batch_size == result.recommended_batch_size for t in result.trials)  # advised, not run
+    assert result.recommendation.measured_peak_bytes is None
+    assert _check_every_cacheable([(result.spec, result)]) == 1  # still a trusted answer for the cache
+    soaked = probe(soaked_spec(), leaky(0)).result
+    assert soaked.recommendation.soaked and soaked.trials[-1].purpose == "soak"
 
 
 @pytest.mark.parametrize("stop", [KeyboardInterrupt, Terminated])
@@ -178,20 +189,16 @@ def test_hook_mode_gives_the_fallback_when_no_batch_survived_its_soak(monkeypatc
     assert "none survived its soak" in plain.stdout
 
 
-@pytest.mark.parametrize("soak_steps", [None, 0], ids=["soak", "check"])
-def test_a_user_error_raised_only_after_the_searchs_steps_stops_the_probe_with_exit_4(soak_steps):
-    """The user's step raises at step 4 (the search's trials run 2): a bug, not 'memory grows from step to step'."""
+def test_a_user_error_raised_only_after_the_searchs_steps_stops_the_probe_with_exit_4():
+    """The user's step raises at step 4 (the search's trials run 2): a bug, not 'memory grows from step to step'.
+    (With soak_steps 0 no trial runs past the search's steps: test_soak_steps_0_runs_no_trial_for_the_recommendation.)"""
     from isoprobe.executors.scripted import error
     from isoprobe.report.result import exit_code_for
 
-    checked = None
-    if soak_steps == 0:  # the check run of the recommended batch: which batch that is, from a run without the bug
-        clean = probe(soaked_spec(soak_steps=0), leaky(0))
-        (check,) = [t for t in clean.trials if t.purpose == "recommendation_check"]
-        checked = check.batch_size
+    soak_steps = None
 
     def faults(call):
-        if call.request.steps is not None or call.batch_size == checked:
+        if call.request.steps is not None:
             return error("deliberate bug at step 4", "KeyError")
         return None
 
@@ -217,8 +224,9 @@ def _estimated(fixed: int, per_sample: int) -> ScriptedExecutor:
 @pytest.mark.parametrize("soak_steps", [6, 0])
 def test_a_headroom_below_where_the_estimate_started_the_search_is_kept_and_proven(soak_steps):
     """Issue 25: the first trial goes to 0.8 x the estimate's edge (20 of 25), so every batch that fit is
-    above a 30 % headroom's line (11); the recommendation is 11, at or below the line, and a trial of 11
-    (the soak, or the check without one) proves it. It was 20, reported above its headroom."""
+    above a 30 % headroom's line (11); the recommendation is 11, at or below the line, and its soak proves it
+    (soak_steps 0: no trial runs for it, issue 34, and the result says it was not soaked). It was 20, reported
+    above its headroom."""
     probed = probe(soaked_spec(soak_steps, headroom=0.3), _estimated(HOG_FIXED, HOG_PER_SAMPLE))
     result = probed.result
     assert result.trials[0].batch_size == 20 and result.max_batch_size == HOG_MAX
@@ -228,5 +236,61 @@ def test_a_headroom_below_where_the_estimate_started_the_search_is_kept_and_prov
     assert HOG_FIXED + HOG_PER_SAMPLE * result.recommended_batch_size <= recommendation.target_peak_bytes
     assert recommendation.predicted_peak_bytes <= recommendation.target_peak_bytes
     proof = [t for t in result.trials if t.batch_size == 11 and t.purpose in ("soak", "recommendation_check")]
-    assert proof and all(t.outcome is Outcome.FITS for t in proof)
+    if soak_steps == 0:
+        assert proof == [] and not recommendation.soaked and recommendation.measured_peak_bytes is None
+        return
+    assert proof and all(t.outcome is Outcome.FITS for t in proof) and recommendation.soaked
     assert recommendation.measured_peak_bytes == proof[-1].peak_bytes <= recommendation.target_peak_bytes
+
+
+# --------------------------------------------------------------------------- a failed soak, explained by its evidence
+
+
+def _soaks_fail(fault):
+    """memory_hog's device, except that every soak request (its own steps) ends as ``fault()`` says."""
+    return ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE, faults=lambda call: fault() if call.request.steps else None))
+
+
+def _grows(text: str) -> bool:
+    return "grows from step to step" in text
+
+
+def test_a_soak_out_of_memory_at_its_first_step_is_not_explained_as_growth():
+    """Issue 34: 'a soak that fails at step 0 is explained as memory growth': every soak ran out of memory before
+    its first step ended, so its peaks show nothing over steps, and a larger batch had fit the search's trials;
+    the note and the suggestion said 'memory grows from step to step whatever the batch'. Now each says what the
+    soak showed: the first step, the search trial that fit as large a batch, a difference between runs."""
+    from isoprobe.executors.scripted import out_of_memory
+
+    result = probe(soaked_spec(), _soaks_fail(lambda: out_of_memory(at_step=1))).result
+    assert result.answered and result.recommended_batch_size is None
+    soaks = result.recommendation.soaks
+    assert soaks and all(s.outcome is Outcome.OUT_OF_MEMORY and s.steps_completed == 0 for s in soaks)
+    note = result.recommendation.note
+    assert not _grows(note) and not any(_grows(s) for s in result.suggestions), (note, result.suggestions)
+    assert f"the soak of {soaks[0].batch_size} ran out of memory at its first step (no step completed, where batch " \
+           f"{HOG_MAX} had fit 2 steps in trial" in note
+    assert "each of 3 soaks ran out of memory at its first step" in note
+    assert any("the runs differ, not the steps" in s for s in result.suggestions)
+
+
+def test_a_crashed_soak_and_a_jump_after_flat_steps_are_not_explained_as_growth_either():
+    """The same class: the explanation came from 'no soak survived', not from what the soaks showed. A soak that
+    crashed twice (no verdict on memory at all) suggested 'memory grows'; one that ran out of memory at step 4
+    after three steps at the same peak was 'ran out of memory after 3 of 6 steps', then 'memory grows from step
+    to step whatever the batch'. Growth is said only where a soak's own peaks grew (the 40 MiB leak: it is)."""
+    from isoprobe.executors.scripted import out_of_memory
+
+    crashed_twice = probe(soaked_spec(), leaky(0, faults=_crash_soaks(2))).result
+    assert crashed_twice.recommended_batch_size is None
+    assert not any(_grows(s) for s in crashed_twice.suggestions), crashed_twice.suggestions
+    assert any("without a verdict on memory" in s for s in crashed_twice.suggestions)
+
+    flat = [HOG_FIXED + HOG_PER_SAMPLE * 12] * 3  # three steps at one peak, then out of memory at the fourth
+    jumped = probe(soaked_spec(), _soaks_fail(lambda: out_of_memory(at_step=4, step_peaks=flat))).result
+    note = jumped.recommendation.note
+    assert "ran out of memory at step 4 of 6 after its peak held at" in note and "a jump at that step" in note
+    assert not _grows(note) and not any(_grows(s) for s in jumped.suggestions), (note, jumped.suggestions)
+
+    leak = probe(soaked_spec(), leaky(200 * MiB)).result  # memory that does grow: still said
+    assert _grows(leak.recommendation.note) and any(_grows(s) for s in leak.suggestions)

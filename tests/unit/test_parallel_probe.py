@@ -92,7 +92,7 @@ def uninterrupted():
 
 def test_the_rounds_interrupted_below_have_a_crash_an_ambiguous_error_and_every_purpose(uninterrupted):
     assert {t.purpose for t in uninterrupted.trials} == {
-        "search", "retry", "memory_check", "confirmation", "recommendation_check"}
+        "search", "retry", "memory_check", "confirmation", "soak"}
     # Round 2 is 26 (crashes) beside 52 (an ambiguous error): a signal in its second slot follows a crash.
     assert uninterrupted.sequence()[2:4] == [(26, "search", "crashed"), (52, "search", "out_of_memory")]
     assert uninterrupted.trials[3].reclassified is not None  # an error until its memory check (after the round)

@@ -56,6 +56,22 @@ def test_srun_outside_an_allocation_says_what_to_do():
     assert "salloc" in refused.value.fix and "launcher: local" in refused.value.fix
 
 
+@pytest.mark.parametrize("asked, environ, wanted", [("srun", ONE_NODE, 2), ("auto", TWO_NODES, 8),
+                                                ("auto", ONE_NODE, 16)])
+def test_a_step_launcher_without_slurms_clients_is_refused_where_it_would_step(asked, environ, wanted):
+    """Issue 34: the clients are looked up in the parent (answer._resolve_ranks), so a missing srun is a spec error
+    before the environment check, not exit 4 at the first trial."""
+    with pytest.raises(LauncherError, match="squeue is not on PATH here") as refused:
+        choose_launcher(asked, Allocation.from_environment(environ), wanted, 8, ("squeue",))
+    assert "launcher: local" in refused.value.fix
+
+
+@pytest.mark.parametrize("asked, environ", [("local", TWO_NODES), ("auto", ONE_NODE), ("auto", {})])
+def test_a_local_gang_needs_no_slurm_clients(asked, environ):
+    choice = choose_launcher(asked, Allocation.from_environment(environ), 2, 8, ("srun", "scancel", "squeue"))
+    assert choice.launcher == "local"
+
+
 def test_auto_steps_on_the_jobs_size_not_the_nodes_cap():
     """In a two-node job of 8 tasks on a CPU node that runs 2 ranks: srun, 8 ranks (not capped to the node)."""
     spec = _spec()

@@ -159,10 +159,10 @@ def test_the_search_confirms_with_a_steady_trial_and_stops_at_a_long_run_failure
     from isoprobe.search.edge_search import conclude, plan_next
     from isoprobe.search.history import Limits, Observation, verdicts
 
-    limits = Limits(start=2, confirmations=0, steady=True)
+    limits = Limits(start=2, confirmations=1)
     history = [Observation(2, Outcome.FITS, 100), Observation(4, Outcome.OUT_OF_MEMORY), Observation(3, Outcome.FITS, 150)]
-    assert plan_next(history, limits) == 3  # a confirmation is due although none was asked: the steady one
-    assert plan_next(history, Limits(start=2, confirmations=0)) is None
+    assert plan_next(history, limits) == 3  # the confirmation (the product runs it until steady)
+    assert plan_next(history, Limits(start=2, confirmations=0)) is None  # none asked: none run (issue 34)
     history.append(Observation(3, Outcome.OUT_OF_MEMORY, long_run=True))
     judged = verdicts(history, limits)[3]
     assert judged.outcome is Outcome.OUT_OF_MEMORY and not judged.flaky and judged.long_run

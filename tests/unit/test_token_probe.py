@@ -87,3 +87,17 @@ def test_samples_is_still_the_default():
     probed = probe(spec, ScriptedExecutor(linear(FIXED, per_sample(64))))
     assert probed.result.tokens is None and all(t.length is None for t in probed.trials)
     assert "ISOPROBE_MAX_TOKENS" not in dict(result_variables(probed.result))
+
+
+@pytest.mark.parametrize("confirmations", [0, 2])
+def test_the_token_search_runs_the_confirmations_asked(confirmations):
+    """Issue 34, the same class in the token search: it ran the binding batch's confirmation once whatever
+    search.confirmations said (0 still ran one, 2 ran one). Now it runs as many as asked (0: none where the binding
+    batch already ran at its own length), and the budget is the same."""
+    plain = probe(_spec(), ScriptedExecutor(_device()))
+    probed = probe(_spec(confirmations=confirmations), ScriptedExecutor(_device()))
+    tokens = probed.result.tokens
+    assert (tokens.max_tokens, tokens.binding_length) == (plain.result.tokens.max_tokens, _truth(2 * GiB)[1])
+    at = [t for t in probed.trials if t.length == tokens.binding_length and t.batch_size == tokens.binding_samples]
+    assert [t.purpose for t in at].count("confirmation") == confirmations, probed.sequence()
+    assert probed.result.max_confirmed == (confirmations > 0)
