@@ -119,6 +119,11 @@ def _answer(result: Result) -> str | None:
             return f"its evaluation maximum {evaluation} did not fit in every evaluation trial of it"
     if result.stop_reason is StopReason.CAPPED:
         return None if first_failing is None else "it says capped but names a first failing batch"
+    marginal = [m.batch_size for m in result.edge_margin.marginal] if result.edge_margin else []
+    if any(b <= best or Outcome.FITS not in _runs(result, b) for b in marginal):
+        return f"its marginal batches {marginal} are not batches above its maximum {best} that fit"
+    if first_failing is None and marginal:
+        return None  # only marginal batches above the maximum (the spread rule), none failing: nothing to check
     if first_failing is None or first_failing <= best:
         return f"it says the edge was found, but its first failing batch is {first_failing}"
     return _failed(result, first_failing)

@@ -114,3 +114,17 @@ def test_an_edge_spread_in_the_spec_replaces_the_floor():
     result = probe(hog_spec(edge_spread="40MiB"), ScriptedExecutor(linear(TIGHT_FIXED, HOG_PER_SAMPLE))).result
     assert result.edge_margin.floor_bytes == 40 * MiB
     assert result.max_batch_size == 23  # 23 leaves 68 MiB; 24 leaves 36, 25 leaves 4
+
+
+def test_the_cache_trusts_an_answer_with_marginal_batches_and_rejects_a_forged_one():
+    """A cached entry is checked before it is used (cache.trust): a marginal batch must lie above the maximum and
+    have fit; the entry stays usable when the batch above the maximum is marginal rather than failing."""
+    from isoprobe.cache.trust import _answer
+
+    result = probe(hog_spec(), ScriptedExecutor(linear(TIGHT_FIXED, HOG_PER_SAMPLE))).result
+    assert _answer(result) is None
+    forged = result.model_copy(update={"edge_margin": result.edge_margin.model_copy(update={
+        "marginal": [result.edge_margin.marginal[0].model_copy(update={"batch_size": 23})]})})
+    assert "marginal batches [23]" in _answer(forged)
+    only_marginal = result.model_copy(update={"first_failing_batch_size": None})
+    assert _answer(only_marginal) is None
