@@ -31,7 +31,7 @@ from isoprobe.pipeline.environment import (
     resolve_target,
     trial_conditions,
 )
-from isoprobe.pipeline.eval_edge import eval_search, eval_summary, wants_eval_search
+from isoprobe.pipeline.eval_edge import eval_failure, eval_search, eval_summary, wants_eval_search
 from isoprobe.pipeline.explain import Found, explain, limited_by
 from isoprobe.pipeline.tokens import token_message, token_search_and_recommend
 from isoprobe.pipeline.trials import TrialRunner
@@ -140,7 +140,11 @@ def run_probe(
     capped_by = limited_by(spec, max_fitting, target.data) if stop is StopReason.CAPPED else None
     training = [t for t in runner.trials if t.training_batch_size is None]  # the evaluation trials answer apart
     message, suggestions = explain(found, spec, target.info, training, capped_by)
-    if evaluation is not None:
+    if evaluation is not None and (failure := eval_failure(evaluation, runner.trials)) is not None:
+        # The user's evaluation pass raised (crashed, hung): the probe's error (exit 4), not a memory verdict.
+        stop = evaluation.stop
+        message, suggestions = f"{message}; but {failure[0]}", failure[1]
+    elif evaluation is not None:
         message += "; " + eval_summary(evaluation)
     if tokens is not None:
         message = token_message(tokens, message)
