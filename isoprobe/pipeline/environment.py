@@ -8,6 +8,7 @@ the field to fix. ``resolve_target`` and ``trial_conditions`` are pure.
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,6 +33,7 @@ from isoprobe.protocol.messages import (
     Warm,
     first_of,
 )
+from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
 from isoprobe.report.result import AllocatorInfo, DeviceInfo
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
@@ -288,8 +290,39 @@ def _check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, i
                                          "lower distributed.world_size or memory_budget")])
 
 
+def inherited_data_limit() -> int | None:
+    """This process's hard RLIMIT_DATA (``ulimit -d``), which no trial it starts can exceed; None: unlimited."""
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    return None if hard == resource.RLIM_INFINITY else hard
+
+
+def _within_data_limit(spec: Spec, budget: int, source: str, note: str | None) -> tuple[int, str | None]:
+    """The CPU budget under this process's hard data limit, and the note to print: a budget set above the limit is
+    a spec error (the cap could not be set: an unprivileged process cannot raise its hard limit), the default
+    one is lowered to it; at or just below the limit, isoprobe's own modules are no longer credited."""
+    hard = inherited_data_limit()
+    if hard is None or hard >= budget + OWN_ALLOWANCE_BYTES:
+        return budget, note
+    if budget > hard:
+        if spec.memory_budget is not None:
+            raise SpecError(source, [Problem(
+                "memory_budget",
+                f"{format_bytes(budget)} is more than a trial can be given here: this process's hard data limit "
+                f"(RLIMIT_DATA, ulimit -d) is {format_bytes(hard)}, and no process it starts may exceed it",
+                f"set memory_budget (--memory-budget) to at most {hard} bytes ({format_bytes(hard)}), or run "
+                "isoprobe where the hard limit is higher (ulimit -d; a batch system's job limits)")])
+        budget = hard
+        limited = (f"memory_budget not set: the default {format_bytes(DEFAULT_CPU_BUDGET)} is above this process's "
+                   f"hard data limit (ulimit -d), so the trials get {format_bytes(hard)}")
+    else:
+        limited = (f"this process's hard data limit (ulimit -d, {format_bytes(hard)}) leaves no room above the budget "
+                   "for isoprobe's own modules (about 6 MiB, credited to a trial's cap elsewhere): they count "
+                   "against the budget, so the answer may be a sample below a plain process's")
+    return budget, limited if note is None else f"{note}; {limited}"
+
+
 def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str, note: str | None) -> Target:
-    budget = spec.memory_budget or DEFAULT_CPU_BUDGET
+    budget, note = _within_data_limit(spec, spec.memory_budget or DEFAULT_CPU_BUDGET, source, note)
     _check_gang_fits_node(spec, source, budget=budget)
     baseline = facts.memory_after_import.data
     if baseline and budget < baseline + _MIN_BUDGET_MARGIN:
