@@ -65,6 +65,8 @@ class Target:
     model_imports: tuple[str, ...] = ()
     #: With spec.data: the environment check's scan of the dataset (its size, the longest samples).
     data: DataScan | None = None
+    #: With model.hf_trainer: the length of the Trainer's train set, which no batch tried exceeds.
+    train_samples: int | None = None
 
     @property
     def search_capacity(self) -> int:
@@ -201,6 +203,8 @@ _INSPECT_STAGES = {
                     "return a number from one sample (e.g. len(sample['input_ids'])), or leave data.length unset"),
     "batch_arg_name": ("lightning.batch_arg_name", "cannot be set",
                        "give the module or data module that attribute, or name the one it has"),
+    "eval_pass": ("training.eval_pass", "cannot run",
+                  "pass one eval_dataset to the Trainer that model.hf_trainer builds, or set training.eval_pass: false"),
 }
 
 
@@ -258,7 +262,7 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
         note=note,
     )
     return Target("cuda", requested_device, info, device.free_memory_bytes, model_imports=tuple(facts.model_imports),
-                  data=facts.data)
+                  data=facts.data, train_samples=facts.train_samples)
 
 
 def _check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
@@ -349,7 +353,7 @@ def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str
         note=note,
     )
     return Target("cpu", "cpu", info, import_memory=facts.memory_after_import,
-                  model_imports=tuple(facts.model_imports), data=facts.data)
+                  model_imports=tuple(facts.model_imports), data=facts.data, train_samples=facts.train_samples)
 
 
 def likely_backend(spec: Spec) -> Literal["cpu", "cuda"]:
