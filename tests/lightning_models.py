@@ -125,3 +125,54 @@ class NoBatchSize(L.LightningModule):
 
     def train_dataloader(self):
         return DataLoader(RandomFeatures(64, 4, 2), batch_size=8)
+
+
+class IgnoresBatchSize(HogModule):
+    """Issue 34: ``batch_size`` is a hyperparameter (the environment check finds it, the trial sets it), but
+    ``train_dataloader`` builds its loader with a batch of its own: every batch has ``loader_batch`` samples."""
+
+    def __init__(self, loader_batch: int = 4, **kwargs):
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+
+    def train_dataloader(self):
+        data = RandomFeatures(self.hparams.samples, self.hparams.features, self.hparams.classes)
+        return DataLoader(data, batch_size=self.hparams.loader_batch, shuffle=True)
+
+
+class IgnoringData(HogData):
+    """The same mistake in a data module: its ``batch_size`` attribute is set, its loader reads ``fixed``."""
+
+    def __init__(self, fixed: int = 4, **kwargs):
+        super().__init__(**kwargs)
+        self.fixed = fixed
+
+    def train_dataloader(self):
+        return DataLoader(self.data, batch_size=self.fixed, shuffle=True)
+
+
+class ValidatedPlateau(HogModule):
+    """A module validated as its real fit validates: ``validation_step`` logs ``val_loss``, which a
+    ReduceLROnPlateau (stepped at each epoch's end, Lightning's default) monitors."""
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.log("val_loss", nn.functional.cross_entropy(self(x), y))
+
+    def val_dataloader(self):
+        return DataLoader(RandomFeatures(8, self.hparams.features, self.hparams.classes), batch_size=4)
+
+    def configure_optimizers(self):
+        optimizer = torch.optim.AdamW(self.parameters(), lr=1e-3)
+        plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(optimizer, patience=1)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": plateau, "monitor": "val_loss"}}
+
+
+class LogsToItsLogger(HogModule):
+    """A ``training_step`` that writes to its logger's experiment (TensorBoard's ``add_scalar``), as real
+    modules do for images and histograms: the real fit has a logger."""
+
+    def training_step(self, batch, batch_idx):
+        loss = super().training_step(batch, batch_idx)
+        self.logger.experiment.add_scalar("loss", loss.item(), self.global_step)
+        return loss

@@ -31,7 +31,7 @@ from isoprobe.child.frameworks import final_readings
 from isoprobe.child.memory import cpu_memory
 from isoprobe.child.step_report import StepHook
 from isoprobe.child.workload import import_callable
-from isoprobe.protocol.messages import EvalDone, ModelBuilt, TrialRequest
+from isoprobe.protocol.messages import MESSAGE_CHARS, EvalDone, InspectProblem, ModelBuilt, TrialRequest
 from isoprobe.report.outcomes import Outcome, classify_exception
 
 if TYPE_CHECKING:
@@ -79,7 +79,8 @@ def run_trainer(request: TrialRequest, events: Events, progress: Progress, torch
 
 
 def check_trainer(transformers: Any, trainer: Any, batch_size: int, device: Any) -> None:
-    """What the user's function returned must be a Trainer at the asked batch on the trial's device (ValueError)."""
+    """What the user's function returned must be a Trainer at the asked batch on the trial's device (ValueError);
+    ``device`` None: not checked (the environment check, whose process is not the trial's)."""
     if not isinstance(trainer, transformers.Trainer):
         raise TypeError(f"model.hf_trainer returned {type(trainer).__name__}, not a transformers.Trainer")
     args = trainer.args
@@ -87,19 +88,72 @@ def check_trainer(transformers: Any, trainer: Any, batch_size: int, device: Any)
         raise ValueError(f"model.hf_trainer was called with batch_size {batch_size} but returned a Trainer whose "
                          f"per_device_train_batch_size is {args.per_device_train_batch_size}: pass the function's "
                          "batch_size to TrainingArguments(per_device_train_batch_size=...)")
-    chosen = args.device
-    if chosen.type != device.type or (device.type == "cuda" and (chosen.index or 0) != (device.index or 0)):
+    chosen = args.device if device is not None else None
+    if chosen is not None and (chosen.type != device.type
+                               or (device.type == "cuda" and (chosen.index or 0) != (device.index or 0))):
         raise ValueError(f"the Trainer runs on {chosen} but this trial is on {device}: leave the device to "
                          "isoprobe (no use_cpu=True for a GPU probe; on several GPUs the trials take cuda:0, or set "
                          "CUDA_VISIBLE_DEVICES)")
-    dataset = trainer.train_dataset
-    try:
-        samples = len(dataset)
-    except TypeError:  # an iterable dataset: its length is unknown, and a short one shows as too few steps
-        samples = None
-    if samples is not None and samples < batch_size:
+    samples = train_samples(trainer)  # None: an iterable dataset, and a short one shows as too few steps
+    if samples is not None and samples < batch_size and device is not None:  # a backstop: the search stops there
         raise ValueError(f"the Trainer's train_dataset has {samples} samples, fewer than the batch {batch_size}: "
-                         f"set search.dataset_size: {samples} (or search.max_batch_size)")
+                         f"set search.max_batch_size: {samples} (no larger batch exists in this data)")
+
+
+def check_before_trials(spec: Any, python_path: list[str], facts: dict[str, Any]) -> list[InspectProblem]:
+    """The environment check's part for ``model.hf_trainer``: build the user's Trainer once, at the search's start
+    batch, and refuse before any trial what every trial would refuse (not a Trainer, a batch size not passed on,
+    ``training.eval_pass`` without one eval set); ``facts["train_samples"]``: its train set's length, above
+    which no batch is tried (the Trainer never draws a larger one). Nothing is trained. An allocation failure
+    while building is no spec error: the trials judge memory."""
+    import transformers
+
+    batch = spec.search.start_batch_size
+    try:
+        trainer = import_callable(spec.model.hf_trainer, python_path)(batch, **spec.model.kwargs)
+    except Exception as exc:  # noqa: BLE001 - the user's function: any exception is named
+        if classify_exception([c.__name__ for c in type(exc).__mro__], str(exc)) is Outcome.OUT_OF_MEMORY:
+            facts["meta_build_warning"] = f"building the Trainer: {type(exc).__name__}: {str(exc)[:500]}"
+            return []
+        return [InspectProblem(stage="hf_trainer", type=type(exc).__name__,
+                               message=f"building the Trainer at batch {batch} raised: {exc}"[:MESSAGE_CHARS])]
+    try:
+        check_trainer(transformers, trainer, batch, None)
+        if spec.training.eval_pass:
+            eval_dataset(trainer)
+    except ValueError as exc:
+        stage = "eval_pass" if spec.training.eval_pass and "eval_dataset" in str(exc) else "hf_trainer"
+        return [InspectProblem(stage=stage, type=type(exc).__name__, message=str(exc)[:MESSAGE_CHARS])]
+    except TypeError as exc:
+        return [InspectProblem(stage="hf_trainer", type=type(exc).__name__, message=str(exc)[:MESSAGE_CHARS])]
+    samples = facts["train_samples"] = train_samples(trainer)
+    del trainer
+    if samples is not None and samples < batch:
+        return [InspectProblem(stage="hf_trainer", type="ValueError", message=(
+            f"the Trainer's train_dataset holds {samples} samples, fewer than search.start_batch_size {batch}: set "
+            f"search.start_batch_size to at most {samples} (the search stops at {samples}: no larger batch exists)"))]
+    gc.collect()
+    return []
+
+
+def train_samples(trainer: Any) -> int | None:
+    """The length of the Trainer's train set, or None for an iterable one (its length is unknown)."""
+    try:
+        return len(trainer.train_dataset)
+    except TypeError:
+        return None
+
+
+def eval_dataset(trainer: Any) -> Any:
+    """The Trainer's one evaluation set (ValueError naming the fix without one, or with a dict of several)."""
+    dataset = trainer.eval_dataset
+    if dataset is None:
+        raise ValueError("training.eval_pass runs the Trainer's evaluate(), but the Trainer model.hf_trainer built has "
+                         "no eval_dataset: pass eval_dataset=... to the Trainer, or set training.eval_pass: false")
+    if isinstance(dataset, dict):
+        raise ValueError("training.eval_pass: the Trainer's eval_dataset is a dict of several sets "
+                         f"({', '.join(map(str, dataset))}); give the Trainer one eval_dataset for the probe")
+    return dataset
 
 
 def prepare_for_trial(transformers: Any, trainer: Any, hook: StepHook):
@@ -154,12 +208,7 @@ def evaluate(torch: Any, device: Any, trainer: Any) -> float:
     """``trainer.evaluate`` on the first ``EVAL_BATCHES`` batches of its eval set, at the Trainer's eval batch."""
     from torch.utils.data import Subset
 
-    dataset = trainer.eval_dataset
-    if dataset is None:
-        raise ValueError("training.eval_pass: the Trainer has no eval_dataset: pass one to the Trainer, or set "
-                         "eval_pass false")
-    if isinstance(dataset, dict):
-        raise ValueError("training.eval_pass: the Trainer's eval_dataset is a dict of several sets; give it one")
+    dataset = eval_dataset(trainer)
     size = trainer.args.eval_batch_size * EVAL_BATCHES
     subset = Subset(dataset, range(min(size, len(dataset)))) if hasattr(dataset, "__len__") else dataset
     started = time.perf_counter()

@@ -9,11 +9,20 @@ set where Lightning's own BatchSizeFinder sets it (``lightning_setattr``: the
 module, its hparams, the data module or its hparams), in the ``setup`` hook,
 after the data module's ``setup`` and before any dataloader is made.
 
+The batch that arrives is checked against the trial's before the first step
+runs on it (``batch_problem``): a ``train_dataloader()`` that does not read the
+batch size set (a fixed ``DataLoader(batch_size=...)``), or a dataset smaller
+than the batch, would otherwise make the trial's verdict one about another batch.
+
 One step is one optimizer step (``accumulate_grad_batches`` batches): the
 callback starts the step reporter's clock at the first batch of a step and
 reports when ``trainer.global_step`` moved (also for manual optimisation).
-The Trainer writes nothing: no logger, checkpoint, progress bar or summary,
-no validation (``limit_val_batches=0``, no sanity check).
+The Trainer writes nothing: a ``DummyLogger`` (the module's ``self.logger``
+exists, as in the real fit, and writes nowhere), no checkpoint, progress bar or
+summary, no validation (``limit_val_batches=0``, no sanity check). A
+ReduceLROnPlateau whose metric only validation logs is not stepped in a trial
+(its ``strict`` is turned off: it reads a number and allocates nothing) instead
+of failing where the real fit, which validates, would step it.
 
 A rank of a gang (``distributed.strategy: ddp``) has joined the process group
 already (``child.distributed.join``); ``LOCAL_RANK`` in the environment makes
@@ -113,15 +122,80 @@ def _built(stage: str, make: Any) -> Any:
         raise _Problem(InspectProblem(stage=stage, type=type(exc).__name__, message=str(exc)[:MESSAGE_CHARS])) from None
 
 
+def leading_sizes(torch: Any, batch: Any) -> list[int]:
+    """The first dimension of every tensor in a batch (nested in tuples, lists, mappings, dataclasses), in order."""
+    import dataclasses
+    from collections.abc import Mapping
+
+    found: list[int] = []
+    pending = [batch]
+    while pending and len(found) < 64:
+        item = pending.pop(0)
+        if isinstance(item, torch.Tensor):
+            if item.dim() > 0:
+                found.append(int(item.shape[0]))
+        elif isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, (list, tuple)):
+            pending.extend(item)
+        elif dataclasses.is_dataclass(item) and not isinstance(item, type):
+            pending.extend(getattr(item, field.name) for field in dataclasses.fields(item))
+    return found
+
+
+def loader_facts(loader: Any) -> tuple[int | None, int | None]:
+    """A torch DataLoader's batch size (its own, or its batch sampler's) and how many samples its sampler draws on
+    this rank; None where the loader does not say (another iterable, a batch sampler without a batch_size)."""
+    from torch.utils.data import DataLoader
+
+    if not isinstance(loader, DataLoader):
+        return None, None
+    size = loader.batch_size if loader.batch_size is not None else getattr(loader.batch_sampler, "batch_size", None)
+    sampler = getattr(loader.batch_sampler, "sampler", None) or loader.sampler
+    try:
+        samples = len(sampler)
+    except TypeError:  # an iterable dataset's sampler has no length
+        samples = None
+    return (size if isinstance(size, int) else None), samples
+
+
+def batch_problem(asked: int, leading: list[int], loader_size: int | None, loader_samples: int | None,
+                  batch_idx: int) -> tuple[str, int | None] | None:
+    """Why a batch that arrived is not a batch of ``asked`` samples, or None. Pure. The reason, and the loader's
+    samples where there are fewer than ``asked`` (then no batch of ``asked`` exists in the data at all).
+
+    A batch is ``asked``'s when a tensor in it has ``asked`` rows. One without (a layout whose first dimension
+    is not the batch, an epoch's last, partial batch) still passes when the loader itself was built with
+    ``asked`` and its sampler holds at least that many samples; and, for a loader that does not say, a batch
+    after an epoch's first that is smaller than ``asked`` (the partial one). A batch without tensors is not
+    judged.
+    """
+    if not leading or asked in leading:
+        return None
+    if loader_samples is not None and loader_samples < asked:
+        return (f"its train_dataloader() holds {loader_samples} samples, fewer than the batch {asked}: no batch of "
+                f"{asked} can be drawn, so a verdict at {asked} would be about a batch of {loader_samples}",
+                loader_samples)
+    if loader_size == asked:
+        return None
+    if loader_size is None and batch_idx > 0 and all(size < asked for size in leading):
+        return None
+    made = f"a DataLoader with batch_size={loader_size}" if loader_size is not None else "its loader"
+    return (f"its train_dataloader() gave a batch of {leading[0]} samples where the trial set the batch size to "
+            f"{asked}: {made} does not read the batch size that was set", None)
+
+
 def trainer_arguments(spec: Spec, device: Any, world_size: int | None) -> dict[str, Any]:
     """The Trainer's arguments for a trial: the spec's memory-relevant ones, and nothing that writes or validates."""
+    from lightning.pytorch.loggers.logger import DummyLogger
+
     options = spec.lightning or LightningSpec()
     arguments: dict[str, Any] = {
         "precision": LIGHTNING_PRECISION[spec.training.precision],
         "accumulate_grad_batches": options.accumulate_grad_batches,
         "gradient_clip_val": options.gradient_clip_val,
         "gradient_clip_algorithm": options.gradient_clip_algorithm,
-        "logger": False, "enable_checkpointing": False, "enable_progress_bar": False,
+        "logger": DummyLogger(), "enable_checkpointing": False, "enable_progress_bar": False,
         "enable_model_summary": False, "limit_val_batches": 0, "num_sanity_val_steps": 0,
         "max_epochs": -1,
     }
@@ -138,6 +212,22 @@ def trainer_arguments(spec: Spec, device: Any, world_size: int | None) -> dict[s
                                                      ("static_graph", ddp.static_graph)) if value is not None}
         arguments.update(strategy=DDPStrategy(**options_ddp), devices=world_size, num_nodes=1)
     return arguments
+
+
+def batch_mismatch(spec: Spec, module: Any, datamodule: Any, problem: str, samples: int | None) -> str:
+    """The whole message for ``batch_problem``'s: whose ``train_dataloader()`` (the spec's reference), the
+    attribute that was set, and the fix."""
+    name = (spec.lightning or LightningSpec()).batch_arg_name
+    owner = (f"model.datamodule {spec.model.datamodule}" if datamodule is not None and spec.model.datamodule
+             else f"model.lightning {spec.model.lightning}")
+    holders = " and ".join(batch_size_holders(module, datamodule, name)) or name
+    if samples is not None:
+        fix = f"set search.max_batch_size: {samples} (no larger batch exists in this data)"
+    else:
+        fix = (f"build the DataLoader with the batch size that was set ({holders}), e.g. "
+               f"DataLoader(..., batch_size=self.{'hparams.' if 'hparams' in holders else ''}{name}), "
+               "as Lightning's own BatchSizeFinder also needs")
+    return f"{owner}: {problem} (set on {holders}, in the setup hook): {fix}"
 
 
 def original(exc: BaseException) -> BaseException:
@@ -172,7 +262,16 @@ def run(request: TrialRequest, events: Events, progress: Progress, torch: Any, d
                 raise AttributeError(missing)
             lightning_setattr(pl_module, name, size)
 
+        def on_train_start(self, trainer: Any, pl_module: Any) -> None:
+            for config in trainer.lr_scheduler_configs:  # configure_optimizers ran (strategy.setup)
+                if config.reduce_on_plateau:
+                    config.strict = False  # its metric may be validation's, which trials do not run: not stepped
+
         def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+            loader_size, loader_samples = loader_facts(trainer.train_dataloader)
+            problem = batch_problem(size, leading_sizes(torch, batch), loader_size, loader_samples, batch_idx)
+            if problem is not None:
+                raise ValueError(batch_mismatch(spec, pl_module, trainer.datamodule, *problem))
             if self.step_at is None:
                 self.step_at = trainer.global_step
                 hook.begin()

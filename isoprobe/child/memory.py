@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
+from isoprobe.protocol.wiring import data_limits
 
 if TYPE_CHECKING:
     from isoprobe.protocol.messages import MemoryReading
@@ -92,8 +92,8 @@ def credit_own() -> None:
 
 def set_data_cap(budget: int) -> None:
     """Cap this process (a fork of the uncapped server) as the parent caps a spawned child: ``budget``, with the
-    hard limit ``OWN_ALLOWANCE_BYTES`` above it for ``credit_own``."""
-    resource.setrlimit(resource.RLIMIT_DATA, (budget, budget + OWN_ALLOWANCE_BYTES))
+    hard limit ``OWN_ALLOWANCE_BYTES`` above it for ``credit_own``, at most the hard limit it inherited."""
+    resource.setrlimit(resource.RLIMIT_DATA, data_limits(budget))
 
 
 def _proc_status_bytes(*keys: str) -> dict[str, int | None]:

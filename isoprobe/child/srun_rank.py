@@ -95,7 +95,11 @@ def main(argv: list[str]) -> None:
     if gpu is not None and env.get("CUDA_VISIBLE_DEVICES"):
         env["CUDA_VISIBLE_DEVICES"] = gpu
     if len(argv) == 4:
-        resource.setrlimit(resource.RLIMIT_DATA, (int(argv[2]), int(argv[3])))
+        # The parent's hard limit, but never above the one this rank inherited (Slurm propagates the submitting
+        # shell's limits): raising it needs a privilege, and setrlimit would fail (as wiring.data_limits).
+        inherited = resource.getrlimit(resource.RLIMIT_DATA)[1]
+        hard = int(argv[3]) if inherited == resource.RLIM_INFINITY else min(int(argv[3]), inherited)
+        resource.setrlimit(resource.RLIMIT_DATA, (min(int(argv[2]), hard), hard))
     read_end, write_end = os.pipe()
     wrapper = os.getpid()
     pid = os.fork()

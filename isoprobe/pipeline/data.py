@@ -21,11 +21,13 @@ def request_indices(scan: DataScan | None, batch_size: int) -> list[int] | None:
     return scan.head_indices[:min(batch_size, INDICES_IN_REQUEST)]
 
 
-def data_cap(cap: int | None, scan: DataScan | None) -> int | None:
-    """The search's cap with a dataset: no batch larger than the dataset is tried (it could not be drawn)."""
-    if scan is None:
-        return cap
-    return scan.samples if cap is None else min(cap, scan.samples)
+def data_cap(cap: int | None, scan: DataScan | None, train_samples: int | None = None) -> int | None:
+    """The search's cap with a dataset (spec.data's scan, or the length of an hf_trainer's train set): no batch
+    larger than the dataset is tried (it could not be drawn)."""
+    for samples in (scan.samples if scan is not None else None, train_samples):
+        if samples is not None:
+            cap = samples if cap is None else min(cap, samples)
+    return cap
 
 
 def data_info(scan: DataScan | None, max_fitting: int | None) -> DataInfo | None:

@@ -27,7 +27,7 @@ def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior |
             borrowed: Borrowed | None = None) -> Limits:
     return Limits(
         start=start or spec.search.start_batch_size,
-        cap=data_cap(spec.search.cap, target.data),
+        cap=data_cap(spec.search.cap, target.data, target.train_samples),
         retries=spec.search.retries,
         confirmations=spec.search.confirmations,
         capacity=target.search_capacity,

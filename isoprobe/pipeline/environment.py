@@ -8,6 +8,7 @@ the field to fix. ``resolve_target`` and ``trial_conditions`` are pure.
 
 from __future__ import annotations
 
+import resource
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,6 +33,7 @@ from isoprobe.protocol.messages import (
     Warm,
     first_of,
 )
+from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
 from isoprobe.report.result import AllocatorInfo, DeviceInfo
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
@@ -63,6 +65,8 @@ class Target:
     model_imports: tuple[str, ...] = ()
     #: With spec.data: the environment check's scan of the dataset (its size, the longest samples).
     data: DataScan | None = None
+    #: With model.hf_trainer: the length of the Trainer's train set, which no batch tried exceeds.
+    train_samples: int | None = None
 
     @property
     def search_capacity(self) -> int:
@@ -200,6 +204,8 @@ _INSPECT_STAGES = {
                     "return a number from one sample (e.g. len(sample['input_ids'])), or leave data.length unset"),
     "batch_arg_name": ("lightning.batch_arg_name", "cannot be set",
                        "give the module or data module that attribute, or name the one it has"),
+    "eval_pass": ("training.eval_pass", "cannot run",
+                  "pass one eval_dataset to the Trainer that model.hf_trainer builds, or set training.eval_pass: false"),
 }
 
 
@@ -257,7 +263,7 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
         note=note,
     )
     return Target("cuda", requested_device, info, device.free_memory_bytes, model_imports=tuple(facts.model_imports),
-                  data=facts.data)
+                  data=facts.data, train_samples=facts.train_samples)
 
 
 def check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
@@ -291,8 +297,39 @@ def check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, in
                                          "lower distributed.world_size or memory_budget")])
 
 
+def inherited_data_limit() -> int | None:
+    """This process's hard RLIMIT_DATA (``ulimit -d``), which no trial it starts can exceed; None: unlimited."""
+    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
+    return None if hard == resource.RLIM_INFINITY else hard
+
+
+def _within_data_limit(spec: Spec, budget: int, source: str, note: str | None) -> tuple[int, str | None]:
+    """The CPU budget under this process's hard data limit, and the note to print: a budget set above the limit is
+    a spec error (the cap could not be set: an unprivileged process cannot raise its hard limit), the default
+    one is lowered to it; at or just below the limit, isoprobe's own modules are no longer credited."""
+    hard = inherited_data_limit()
+    if hard is None or hard >= budget + OWN_ALLOWANCE_BYTES:
+        return budget, note
+    if budget > hard:
+        if spec.memory_budget is not None:
+            raise SpecError(source, [Problem(
+                "memory_budget",
+                f"{format_bytes(budget)} is more than a trial can be given here: this process's hard data limit "
+                f"(RLIMIT_DATA, ulimit -d) is {format_bytes(hard)}, and no process it starts may exceed it",
+                f"set memory_budget (--memory-budget) to at most {hard} bytes ({format_bytes(hard)}), or run "
+                "isoprobe where the hard limit is higher (ulimit -d; a batch system's job limits)")])
+        budget = hard
+        limited = (f"memory_budget not set: the default {format_bytes(DEFAULT_CPU_BUDGET)} is above this process's "
+                   f"hard data limit (ulimit -d), so the trials get {format_bytes(hard)}")
+    else:
+        limited = (f"this process's hard data limit (ulimit -d, {format_bytes(hard)}) leaves no room above the budget "
+                   "for isoprobe's own modules (about 6 MiB, credited to a trial's cap elsewhere): they count "
+                   "against the budget, so the answer may be a sample below a plain process's")
+    return budget, limited if note is None else f"{note}; {limited}"
+
+
 def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str, note: str | None) -> Target:
-    budget = spec.memory_budget or DEFAULT_CPU_BUDGET
+    budget, note = _within_data_limit(spec, spec.memory_budget or DEFAULT_CPU_BUDGET, source, note)
     check_gang_fits_node(spec, source, budget=budget)
     baseline = facts.memory_after_import.data
     if baseline and budget < baseline + _MIN_BUDGET_MARGIN:
@@ -319,7 +356,7 @@ def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str
         note=note,
     )
     return Target("cpu", "cpu", info, import_memory=facts.memory_after_import,
-                  model_imports=tuple(facts.model_imports), data=facts.data)
+                  model_imports=tuple(facts.model_imports), data=facts.data, train_samples=facts.train_samples)
 
 
 def likely_backend(spec: Spec) -> Literal["cpu", "cuda"]:

@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from isoprobe.pipeline.data import data_cap
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.trials import TrialRunner
-from isoprobe.report.outcomes import StopReason
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.report.result import Trial
 from isoprobe.search.edge_search import run_search
 from isoprobe.search.history import Borrowed, Limits, Observation
 from isoprobe.search.steps import doubling_step, guided_step
@@ -63,6 +64,35 @@ def eval_search(spec: Spec, target: Target, runner: TrialRunner, training_batch:
     finally:
         runner.eval_after = None
     return EvalEdge(conclusion.stop, conclusion.max_fitting, conclusion.first_failing, training_batch)
+
+
+#: How an evaluation search that ended without a verdict on memory ends the probe: as the training search would
+#: (exit 4). The user's code raised, crashed or hung in its evaluation pass: "no evaluation batch fit" would read
+#: a bug as a memory verdict, and a batch that fitted below it is no answer while a larger one was not judged.
+NO_EVAL_ANSWER = (StopReason.ERROR, StopReason.CRASHED, StopReason.TIMED_OUT)
+
+
+def eval_failure(edge: EvalEdge, trials: list[Trial]) -> tuple[str, list[str]] | None:
+    """The probe's message and suggestions when the evaluation search ended on an error, a crash or a time-out
+    (``NO_EVAL_ANSWER``); None when it ended on memory (an answer, or no evaluation batch fit)."""
+    if edge.stop not in NO_EVAL_ANSWER:
+        return None
+    wanted = Outcome(edge.stop.value)
+    last = next((t for t in reversed(trials) if t.training_batch_size is not None and t.outcome is wanted), None)
+    where = (f"evaluation batch {last.batch_size} (after training steps at batch {edge.training_batch})"
+             if last is not None else f"the evaluation pass after training steps at batch {edge.training_batch}")
+    if edge.stop is StopReason.ERROR:
+        error = last.error if last is not None else None
+        detail = f"{error.type}: {error.message.splitlines()[0] if error.message else ''}" if error else "an error"
+        fitted = f" (evaluation batch {edge.max_fitting} fit before it)" if edge.max_fitting is not None else ""
+        return (f"{where} raised {detail} — an error in the evaluation pass (training.eval_pass), not a memory "
+                f"verdict{fitted}", ["fix the error shown in the evaluation trial's error.traceback_tail (the last trial "
+                            "with training_batch_size set), then run again"])
+    if edge.stop is StopReason.CRASHED:
+        return (f"{where} crashed without a verdict (training.eval_pass)",
+                ["see that trial's stderr_tail; a SIGKILL can be the kernel's OOM killer"])
+    return (f"{where} ran past the search.trial_timeout (training.eval_pass)",
+            ["raise search.trial_timeout, or lower search.steps"])
 
 
 def eval_summary(edge: EvalEdge) -> str:

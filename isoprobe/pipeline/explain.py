@@ -30,8 +30,13 @@ class Found:
     marginal: tuple[int, ...] = ()
 
 
-def limited_by(spec: Spec, max_fitting: int | None, data: DataScan | None = None) -> str:
+def limited_by(spec: Spec, max_fitting: int | None, data: DataScan | None = None,
+               train_samples: int | None = None) -> str:
     """Which cap a capped search stopped at: the dataset, the spec's maximum, or the search's ceiling."""
+    if train_samples is not None and max_fitting == train_samples and (
+        spec.search.max_batch_size is None or train_samples <= spec.search.max_batch_size
+    ):
+        return "dataset_size"  # the hf_trainer's whole train set fits in one batch
     if data is not None and max_fitting == data.samples and (
         spec.search.max_batch_size is None or data.samples <= spec.search.max_batch_size
     ):

@@ -31,7 +31,7 @@ from isoprobe.pipeline.environment import (
     resolve_target,
     trial_conditions,
 )
-from isoprobe.pipeline.eval_edge import eval_search, eval_summary, wants_eval_search
+from isoprobe.pipeline.eval_edge import eval_failure, eval_search, eval_summary, wants_eval_search
 from isoprobe.pipeline.explain import Found, explain, limited_by
 from isoprobe.pipeline.tokens import token_message, token_search_and_recommend
 from isoprobe.pipeline.trials import TrialRunner
@@ -85,7 +85,7 @@ def run_probe(
     python_path = [str(Path(spec_path).resolve().parent)]
     executor = executor if executor is not None else local_executor(spec)
     try:
-        built = ("checks model.hf_trainer's signature" if spec.model.hf_trainer is not None
+        built = ("builds model.hf_trainer's Trainer once, without training it" if spec.model.hf_trainer is not None
                  else "builds the model on the meta device")
         reporter.note(f"checking the environment (a child process imports torch and {built})")
         try:
@@ -100,6 +100,9 @@ def run_probe(
         target = resolve_target(spec, facts, budget_source, spec_path)
         _describe_target(spec, target, reporter)
         _describe_data(target.data, reporter)
+        if target.train_samples is not None and (spec.search.cap is None or target.train_samples < spec.search.cap):
+            reporter.note(f"the Trainer's train_dataset holds {target.train_samples} samples: no batch above that is "
+                          "tried (the Trainer never draws a larger one)")
         if spec.search.unit == "tokens":
             reporter.note(f"unit tokens: the largest token budget every bucket length of {spec.search.bucket_lengths} "
                           "fits (floor(budget / L) samples of length L); each trial runs one length")
@@ -138,10 +141,14 @@ def run_probe(
     finally:
         executor.close()
     stop, max_fitting = found.stop, found.max_fitting
-    capped_by = limited_by(spec, max_fitting, target.data) if stop is StopReason.CAPPED else None
+    capped_by = limited_by(spec, max_fitting, target.data, target.train_samples) if stop is StopReason.CAPPED else None
     training = [t for t in runner.trials if t.training_batch_size is None]  # the evaluation trials answer apart
     message, suggestions = explain(found, spec, target.info, training, capped_by)
-    if evaluation is not None:
+    if evaluation is not None and (failure := eval_failure(evaluation, runner.trials)) is not None:
+        # The user's evaluation pass raised (crashed, hung): the probe's error (exit 4), not a memory verdict.
+        stop = evaluation.stop
+        message, suggestions = f"{message}; but {failure[0]}", failure[1]
+    elif evaluation is not None:
         message += "; " + eval_summary(evaluation)
     if tokens is not None:
         message = token_message(tokens, message)

@@ -258,7 +258,7 @@ class InspectProblem(_Message):
 
     stage: Literal["model", "optimizer", "allocator", "input", "target", "precision", "checkpointing", "batch",
                    "loss", "step", "hf_trainer", "lightning", "datamodule", "batch_arg_name", "data.dataset",
-                   "data.collate_fn", "data.length"]
+                   "data.collate_fn", "data.length", "eval_pass"]
     type: str
     message: str
 
@@ -323,6 +323,9 @@ class Facts(_Message):
         "was built, beyond the model's library: the trials' warm children and fork server import them before "
         "the request, so that a forked trial holds what a fresh process does.")
     data: DataScan | None = Field(None, description="With spec.data: the dataset's lengths (``child.data``).")
+    train_samples: int | None = Field(
+        None, description="With model.hf_trainer: the length of the Trainer's train_dataset (None: an iterable one). "
+        "No batch above it is tried: the Trainer never draws one.")
     estimate: Estimate | None = Field(
         None, description="The traced memory estimate; None where not attempted. The child reports it in its own "
         "event (``Estimated``) after ``Inspected``; the parent puts it here (``pipeline.environment``).")

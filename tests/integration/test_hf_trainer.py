@@ -81,13 +81,44 @@ def test_a_forward_pass_that_raises_is_exit_4_with_the_users_traceback(tmp_path)
     assert "in forward" in trial["error"]["traceback_tail"]
 
 
-def test_a_function_that_ignores_its_batch_size_is_refused(tmp_path):
+def test_a_function_that_ignores_its_batch_size_is_refused_before_any_trial(tmp_path):
+    """The environment check builds the Trainer once (issue 34): what every trial would refuse is a spec error,
+    exit 2, before the first trial (it was exit 4, after one)."""
     spec = tmp_path / "spec.yaml"
     spec.write_text(f"model:\n  hf_trainer: {REPO}/tests/hf_trainers.py:ignores_the_batch\ndevice: cpu\n",
                     encoding="utf-8")
     run = probe(spec=spec)
-    assert run.returncode == 4, run.stderr
-    assert "per_device_train_batch_size is 8" in run.stderr
+    assert run.returncode == 2, run.stderr
+    assert "model.hf_trainer" in run.stderr and "per_device_train_batch_size is 8" in run.stderr
+    assert "trial" not in run.stderr.lower().split("model.hf_trainer")[0]
+
+
+def test_eval_pass_without_an_eval_dataset_is_refused_before_any_trial(tmp_path):
+    """Issue 34: training.eval_pass with a Trainer that has no eval_dataset failed in the first trial, after its
+    training steps (exit 4). Now the environment check refuses it: exit 2, naming training.eval_pass and the fix."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  hf_trainer: {BUILDER}\ndevice: cpu\ntraining: {{eval_pass: true}}\n",
+                    encoding="utf-8")
+    run = probe(spec=spec)
+    assert run.returncode == 2, run.stderr
+    assert "training.eval_pass" in run.stderr and "has no eval_dataset: pass eval_dataset=... to the Trainer" in run.stderr
+    assert "isoprobe: trial" not in run.stderr
+
+
+def test_a_train_set_smaller_than_the_batches_caps_the_search_at_its_length(tmp_path):
+    """Issue 34: a train set of 20 samples and a search from 16: the trial at 32 failed ('fewer than the batch',
+    exit 4) and took the answer with it. The environment check reads the train set's length and the search stops
+    there: 20 is the answer, limited by the dataset (the Trainer never draws a larger batch), said before the
+    first trial."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(f"model:\n  hf_trainer: {BUILDER}\n  kwargs: {{samples: 20}}\ndevice: cpu\n"
+                    "search: {steps: 2, start_batch_size: 16, steady_steps: 0, confirmations: 0}\n", encoding="utf-8")
+    run = probe(spec=spec)
+    assert run.returncode == 0, run.stderr
+    assert run.json["max_batch_size"] == 20 and run.json["limited_by"] == "dataset_size", run.json["message"]
+    assert [t["batch_size"] for t in run.json["trials"]] == [16, 20]
+    note = "the Trainer's train_dataset holds 20 samples: no batch above that is tried"
+    assert note in run.stderr and run.stderr.index(note) < run.stderr.index("isoprobe: trial")
 
 
 def test_kwargs_the_function_cannot_take_are_a_spec_error(tmp_path):

@@ -111,6 +111,70 @@ def test_a_module_without_a_batch_size_is_a_spec_error_before_any_trial(write_sp
     assert "trial" not in run.stderr.split("lightning.batch_arg_name")[0].lower()
 
 
+def trial_error(spec: dict, batch: int, workdir) -> str:
+    """One trial of ``spec`` at ``batch`` in a fresh child (2 GiB cap) that must end in the user's error: its message."""
+    from isoprobe.executors import Conditions
+    from isoprobe.executors.local import run_once
+    from isoprobe.pipeline.classify import classify_exit
+    from isoprobe.protocol.messages import TrialRequest
+    from isoprobe.spec.model import Spec
+
+    request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cpu",
+                           memory_budget_bytes=2 * 1024**3, python_path=[str(TESTS)])
+    end = classify_exit(run_once(request, Conditions(backend="cpu", memory_limit=2 * 1024**3), timeout=300,
+                                 workdir=workdir))
+    assert end.outcome.value == "error", (end, end.result and end.result.error)
+    return end.result.error.message
+
+
+SMALL = {"features": 4096, "depth": 2}
+
+
+def test_a_train_dataloader_that_ignores_the_batch_size_is_an_error_not_batch_16_fits(write_spec):
+    """Issue 34: the module's loader is built with batch_size=4 whatever was set, and the probe said 'batch 32
+    fits' of batches of 12. The trial checks the batch that arrives before its first step: exit 4, naming the
+    module, its train_dataloader() and the fix, and no verdict on memory."""
+    spec = hog(lightning=f"{LIT}:IgnoresBatchSize", kwargs=SMALL)
+    run = run_cli("run", str(write_spec(spec)), env=ONE_THREAD)
+    assert run.returncode == 4, run.stderr[-3000:]
+    assert [t["outcome"] for t in run.json["trials"]] == ["error"] and run.json["max_batch_size"] is None
+    message = run.json["trials"][0]["error"]["message"]
+    assert f"model.lightning {LIT}:IgnoresBatchSize: its train_dataloader() gave a batch of 4 samples where the " \
+           "trial set the batch size to 16: a DataLoader with batch_size=4 does not read" in message
+    assert "DataLoader(..., batch_size=self.hparams.batch_size)" in message
+    assert "batch 16 raised ValueError: model.lightning" in run.stderr
+
+
+@pytest.mark.parametrize("case", ["datamodule", "dataset"])
+def test_a_batch_of_another_size_from_a_data_module_or_a_short_dataset_is_an_error(tmp_path, case):
+    """The same class: a data module whose loader has a batch of its own (its batch_size attribute set and
+    unused); a module whose dataset holds 6 samples, fewer than the batch 8 (the loader was built with 8, every
+    batch has 6). Both were 'fits' at 8 before."""
+    if case == "datamodule":
+        spec = hog(lightning=f"{LIT}:ModelOnly", kwargs=SMALL, datamodule=f"{LIT}:IgnoringData",
+                   datamodule_kwargs={"features": 4096})
+        message = trial_error(spec, 8, tmp_path)
+        assert f"model.datamodule {LIT}:IgnoringData: its train_dataloader() gave a batch of 4 samples" in message
+        assert "(set on datamodule.batch_size, in the setup hook)" in message
+    else:
+        message = trial_error(hog(kwargs={**SMALL, "samples": 6}), 8, tmp_path)
+        assert "holds 6 samples, fewer than the batch 8" in message
+        assert message.endswith("set search.max_batch_size: 6 (no larger batch exists in this data)")
+
+
+def test_a_plateau_scheduler_on_val_loss_and_a_modules_logger_run_as_in_the_real_fit(tmp_path):
+    """Issue 34: trials turn validation off and had no logger, and the module's own code failed on what the trial
+    took away, reported as the model's error: a ReduceLROnPlateau monitoring val_loss at the first epoch's end
+    (MisconfigurationException), a training_step writing to self.logger.experiment (AttributeError on None). Now
+    the plateau scheduler is not stepped in a trial and the logger is Lightning's DummyLogger: both fit. 10
+    samples at batch 4: the epoch ends inside the trial's 5 steps, on a partial batch of 2 (which passes the
+    batch check: the loader was built with 4)."""
+    spec = hog(lightning=f"{LIT}:ValidatedPlateau", kwargs={**SMALL, "samples": 10})
+    assert len(run_one_trial(spec, 4, tmp_path, 2 * 1024**3)["step_seconds"]) == 5
+    spec = hog(lightning=f"{LIT}:LogsToItsLogger", kwargs=SMALL)
+    assert len(run_one_trial(spec, 4, tmp_path, 2 * 1024**3)["step_seconds"]) == 5
+
+
 CALLBACK_SCRIPT = textwrap.dedent("""\
     import json, sys
     import lightning as L

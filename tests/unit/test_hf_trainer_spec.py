@@ -98,3 +98,27 @@ def test_a_missing_function_is_named_before_any_trial(tmp_path):
         check_references(spec, str(tmp_path / "spec.yaml"))
     (found,) = info.value.problems
     assert found.field == "model.hf_trainer" and "did you mean 'build_trainer'" in found.fix
+
+
+def test_the_search_stops_at_the_length_of_the_trainers_train_set():
+    """Issue 34: a Trainer whose train set holds fewer samples than a batch the search reaches failed that trial
+    (exit 4, the answer lost). The environment check reports the train set's length (Facts.train_samples), and
+    the search stops there: over a scripted device where 25 would fit, a train set of 20 answers 20, limited by the
+    dataset, said before the first trial; a larger set leaves the memory edge alone."""
+    from isoprobe.executors.scripted import IMPORT_BASELINE_BYTES, ScriptedExecutor, inspected, linear
+    from isoprobe.protocol.messages import Facts, MemoryReading
+    from scripted_probe import HOG_FIXED, HOG_MAX, HOG_PER_SAMPLE, probe
+
+    def executor(samples):
+        facts = Facts(torch_version="2.0.0+scripted", memory_after_import=MemoryReading(data=IMPORT_BASELINE_BYTES),
+                      train_samples=samples)
+        return ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE), inspected=inspected(facts))
+
+    spec = {"model": {"hf_trainer": "trainers.py:build_trainer"}, "device": "cpu", "memory_budget": "1.5GiB",
+            "search": {"steps": 2, "steady_steps": 0}, "recommendation": {"soak_steps": 0}}
+    short = probe(spec, executor(20))
+    assert short.result.max_batch_size == 20 and short.result.limited_by == "dataset_size"
+    assert max(short.executor.batches) == 20
+    note = next(i for i, line in enumerate(short.lines) if "train_dataset holds 20 samples" in line)
+    assert note < next(i for i, line in enumerate(short.lines) if line.startswith("isoprobe: trial"))
+    assert probe(spec, executor(4096)).result.max_batch_size == HOG_MAX
