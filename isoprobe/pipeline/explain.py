@@ -42,6 +42,21 @@ def limited_by(spec: Spec, max_fitting: int | None, data: DataScan | None = None
     return "search_ceiling"
 
 
+def cap_reason(spec: Spec, capped_by: str | None, max_fitting: int | None) -> str:
+    """What bounded a capped search, in the words of the spec the user wrote (``limited_by``'s value is a key).
+
+    ``dataset_size`` is also the cap a data section's dataset sets, where the user set no search.dataset_size:
+    then it is the dataset's length that bounds the search, and the message says so."""
+    search = spec.search
+    if capped_by == "dataset_size":
+        if spec.data is not None and search.dataset_size != max_fitting:
+            return f"the dataset (data.dataset) has {max_fitting} samples, and a batch cannot hold more"
+        return f"search.dataset_size is {search.dataset_size}"
+    if capped_by == "max_batch_size":
+        return f"search.max_batch_size is {search.max_batch_size}"
+    return f"the search never tries more than {max_fitting} samples"
+
+
 def _save_memory(spec: Spec) -> list[str]:
     """What the spec could still turn on to need less memory: only the levers it does not use yet."""
     training = spec.training
@@ -97,7 +112,7 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
                      f"{spec.search.steps} steps but its peak kept rising after them")
         return _with_recommendation(text, found)
     if stop is StopReason.CAPPED:
-        text = f"batch {max_fitting} fits; larger batches were not tried because of {capped_by}"
+        text = f"batch {max_fitting} fits; larger batches were not tried: {cap_reason(spec, capped_by, max_fitting)}"
         return _with_recommendation(text, found)
     if stop is StopReason.START_DOES_NOT_FIT:
         suggestions = _save_memory(spec)
