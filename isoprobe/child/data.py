@@ -2,47 +2,94 @@
 
 Child-side only (torch imported lazily). The environment check calls ``scan``
 once per probe and reports the longest samples (``protocol.DataScan``); each
-trial calls ``worst_batch``, which collates the B longest samples as the
+trial calls ``trial_batch``, which collates the B longest samples as the
 user's DataLoader would (their ``collate_fn``, else torch's
 ``default_collate``). Which samples those are is ``spec.data``'s pure rule,
 so both sides pick the same ones.
 
-Every problem raises ``DataProblem`` naming the spec field it belongs to, so
-the environment check can turn it into a spec error (exit 2) before any trial.
+In the environment check every problem raises ``DataProblem`` naming the spec
+field it belongs to, so that it becomes a spec error (exit 2) before any
+trial. In a trial the user's own exception is raised instead, unwrapped: a
+MemoryError (or torch's out-of-memory error) while the user's code builds the
+batch is out of memory at that batch, since the real job builds the same batch
+in the same process, and any other exception is the user's error under its own
+name (``child.trial`` classifies both).
+
+The worst batch is only the worst if a sample is the same each time it is
+read: the check reads the longest samples again, in the same dataset and in a
+second build of it, and a trial checks that the samples it was sent are still
+longest first where it runs (``DETERMINISM``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import numbers
+import random
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable
 
 from isoprobe.child.references import import_callable
 from isoprobe.protocol.messages import DataScan
-from isoprobe.spec.data import INDICES_IN_REQUEST, scanned_indices, worst_first
+from isoprobe.spec.data import INDICES_IN_REQUEST, SAMPLE_SEED, scanned_indices, worst_first
 from isoprobe.spec.model import Spec
+
+#: Besides the head of the order (the samples trials train on), the check reads this many other scanned
+#: samples again (a seeded sample): a sample whose length changes could be longer than any the scan saw.
+RECHECKED_OTHERS = 256
+
+#: What a dataset whose samples change from read to read is told (the environment check's and a trial's error).
+DETERMINISM = ("isoprobe trains every trial on the dataset's longest samples, found by reading each once, so "
+               "dataset[i] must return the same sample every time, in every build and process: seed any random "
+               "crop, augmentation or sampling from the index (random.Random(i)), or, for the probe, return each "
+               "sample at the longest length it can take")
 
 
 class DataProblem(Exception):
-    """Something in the data section cannot be used; ``field`` is the spec field to fix (data.dataset...)."""
+    """Something in the data section cannot be used; ``field`` is the spec field to fix (data.dataset...).
 
-    def __init__(self, field: str, cause: BaseException | str):
+    ``cause``: the exception the user's code raised (or the check's own), kept so that a trial raises it as
+    it was; ``stage``: the environment check's stage (the field, or data.determinism)."""
+
+    def __init__(self, field: str, cause: BaseException | str, where: str = "", stage: str | None = None):
         self.field = field
-        self.type = type(cause).__name__ if isinstance(cause, BaseException) else "ValueError"
-        super().__init__(str(cause))
+        self.stage = stage or field
+        self.cause = cause if isinstance(cause, BaseException) else ValueError(cause)
+        self.type = type(self.cause).__name__
+        self.where = where
+        super().__init__(f"{cause}{f' ({where})' if where else ''}")
+
+    def user_exception(self, doing: str) -> BaseException:
+        """The user's exception as they raised it, with a note saying where isoprobe called their code."""
+        where = f", {self.where}" if self.where else ""
+        note = f"isoprobe: raised in {self.field}{where}, while {doing}"
+        if hasattr(self.cause, "add_note"):
+            self.cause.add_note(note)  # Python 3.11+: the traceback shows it
+        else:
+            self.cause.__notes__ = [*getattr(self.cause, "__notes__", []), note]
+        return self.cause
 
 
 @dataclass
 class Order:
-    """The scanned samples, longest first (then the unscanned ones in index order), and the lengths by index."""
+    """The scanned samples, longest first, and their lengths by index (O(scanned), whatever len(dataset) is)."""
 
     indices: list[int]
     lengths: dict[int, float]
     samples: int
     scanned: int
     seconds: float
+
+    def first(self, count: int) -> list[int]:
+        """The first ``count`` of the whole order: the scanned samples longest first, then (for a sampled scan)
+        the unscanned ones in index order, generated as far as ``count`` needs, never listed."""
+        head = self.indices[:count]
+        if len(head) == count or self.scanned == self.samples:
+            return head
+        unscanned = (index for index in range(self.samples) if index not in self.lengths)
+        return head + list(itertools.islice(unscanned, count - len(head)))
 
 
 def _import(reference: str, python_path: list[str]):
@@ -68,7 +115,7 @@ def build_dataset(spec: Spec, python_path: list[str]):
     try:
         size = len(dataset)
     except Exception as exc:
-        raise DataProblem("data.dataset", exc) from exc
+        raise DataProblem("data.dataset", exc, "len(dataset)") from exc
     if size == 0:
         raise DataProblem("data.dataset", ValueError("returned an empty dataset (len 0): there is no batch to try"))
     return dataset
@@ -114,58 +161,108 @@ def _checked_length(value: Any, index: int) -> float:
     return float(value)
 
 
+def _read(dataset, index: int):
+    """``dataset[index]``; what it raises is the data.dataset field's problem, the user's exception kept."""
+    try:
+        return dataset[index]
+    except Exception as exc:
+        raise DataProblem("data.dataset", exc, f"reading dataset[{index}]") from exc
+
+
+def _length(measure, sample, index: int) -> float:
+    try:
+        return _checked_length(measure(sample), index)
+    except DataProblem:
+        raise
+    except Exception as exc:
+        raise DataProblem("data.length", exc, f"measuring dataset[{index}]") from exc
+
+
 def order(spec: Spec, dataset, python_path: list[str]) -> Order:
-    """Every scanned sample's length, and the worst-first order over them (``spec.data``'s rule)."""
+    """Every scanned sample's length, and the worst-first order over them (``spec.data``'s rule).
+
+    Time and memory are O(scan_limit) whatever len(dataset) is: the unscanned samples are never listed
+    (``Order.first`` generates them when a batch needs more than were scanned)."""
     measure = _length_function(spec, python_path)
     started = time.perf_counter()
     samples = len(dataset)
     indices = scanned_indices(samples, spec.data.scan_limit)
-    lengths = []
-    for index in indices:
-        try:
-            sample = dataset[index]
-        except Exception as exc:
-            raise DataProblem("data.dataset", RuntimeError(f"dataset[{index}] raised {type(exc).__name__}: {exc}"))
-        try:
-            lengths.append(_checked_length(measure(sample), index))
-        except Exception as exc:
-            raise DataProblem("data.length", exc) from exc
-    ordered = worst_first(indices, lengths)
-    if len(indices) < samples:  # sampled: the samples not measured come after, in index order
-        measured = set(indices)
-        ordered += [index for index in range(samples) if index not in measured]
-    return Order(ordered, dict(zip(indices, lengths)), samples, len(indices), time.perf_counter() - started)
+    lengths = [_length(measure, _read(dataset, index), index) for index in indices]
+    return Order(worst_first(indices, lengths), dict(zip(indices, lengths)), samples, len(indices),
+                 time.perf_counter() - started)
 
 
-def scan(spec: Spec, python_path: list[str]) -> tuple[DataScan, Any]:
-    """The environment check's pass: the dataset, its lengths, and one collated batch of its two longest samples
-    (so that a collate_fn that cannot collate them is a spec error too); returns the scan and the collated batch."""
+def _rechecked(found: Order) -> list[int]:
+    """The scanned samples read again: the head of the order (what trials train on) and a seeded sample of the rest."""
+    head = found.indices[:INDICES_IN_REQUEST]
+    rest = found.indices[len(head):]
+    others = random.Random(SAMPLE_SEED).sample(rest, min(RECHECKED_OTHERS, len(rest)))
+    return head + sorted(others)
+
+
+def check_deterministic(spec: Spec, dataset, found: Order, python_path: list[str], build: str) -> None:
+    """Read the samples ``_rechecked`` picks again from ``dataset`` and compare their lengths with the scan's;
+    a DataProblem (stage data.determinism) at the first that differs. ``build``: which build was read again."""
+    measure = _length_function(spec, python_path)
+    if len(dataset) != found.samples:
+        raise DataProblem("data.dataset", ValueError(
+            f"len(dataset) is {len(dataset)} in {build} where the scan's was {found.samples}"),
+            stage="data.determinism")
+    for index in _rechecked(found):
+        length = _length(measure, _read(dataset, index), index)
+        if length != found.lengths[index]:
+            raise DataProblem("data.dataset", ValueError(
+                f"dataset[{index}] was {found.lengths[index]:g} long in the scan and {length:g} in another read "
+                f"({build}): the longest batch the scan found is not the longest the data can produce"),
+                stage="data.determinism")
+
+
+def scan(spec: Spec, python_path: list[str],
+         report: Callable[..., None] = lambda stage, samples=None, scanning=None: None) -> tuple[DataScan, Any]:
+    """The environment check's pass: the dataset, its lengths, the longest samples read again (in this build and
+    in a second one), and one collated batch of its two longest samples (so that a collate_fn that cannot
+    collate them is a spec error too); returns the scan and the collated batch.
+
+    ``report(stage, samples, scanning)`` is told where the pass is ('building', 'scanning', 'done'), so that a
+    check stopped by its timeout can say it was here (``protocol.DataScanning``)."""
+    report("building")
     dataset = build_dataset(spec, python_path)
+    samples = len(dataset)
+    report("scanning", samples, min(samples, spec.data.scan_limit))
     found = order(spec, dataset, python_path)
+    check_deterministic(spec, dataset, found, python_path, "the same build")
     head = found.indices[:min(INDICES_IN_REQUEST, found.scanned)]
     lengths = list(found.lengths.values())
-    collated = collate(spec, dataset, head[:2], python_path)
+    collated = collate_samples(spec, [_read(dataset, index) for index in head[:2]], python_path)
+    del dataset  # before the second build: a dataset held in memory is not held twice
+    report("building")
+    again = build_dataset(spec, python_path)
+    report("scanning", samples, min(samples, spec.data.scan_limit))
+    check_deterministic(spec, again, found, python_path, "a second build of data.dataset")
+    report("done", samples, found.scanned)
     return DataScan(samples=found.samples, scanned=found.scanned, sampled=found.scanned < found.samples,
                     head_indices=head, head_lengths=[found.lengths[i] for i in head], length_min=min(lengths),
                     length_mean=sum(lengths) / len(lengths), length_max=max(lengths),
                     seconds=round(found.seconds, 3)), collated
 
 
-def collate(spec: Spec, dataset, indices: list[int], python_path: list[str]):
-    """The samples at ``indices``, collated as the user's DataLoader collates them."""
+def collate_samples(spec: Spec, samples: list, python_path: list[str]):
+    """``samples``, collated as the user's DataLoader collates them."""
     import torch
 
     try:
         function = _import(spec.data.collate_fn, python_path) if spec.data.collate_fn else None
     except Exception as exc:
         raise DataProblem("data.collate_fn", exc) from exc
-    samples = [dataset[index] for index in indices]
-    if function is None:
-        return torch.utils.data.default_collate(samples)
     try:
-        return function(samples)
+        return function(samples) if function is not None else torch.utils.data.default_collate(samples)
     except Exception as exc:
-        raise DataProblem("data.collate_fn", exc) from exc
+        raise DataProblem("data.collate_fn", exc, f"collating {len(samples)} samples") from exc
+
+
+def collate(spec: Spec, dataset, indices: list[int], python_path: list[str]):
+    """The samples at ``indices``, collated as the user's DataLoader collates them."""
+    return collate_samples(spec, [_read(dataset, index) for index in indices], python_path)
 
 
 def batch_indices(spec: Spec, dataset, batch_size: int, sent: list[int] | None, python_path: list[str]) -> list[int]:
@@ -177,13 +274,47 @@ def batch_indices(spec: Spec, dataset, batch_size: int, sent: list[int] | None, 
     sent = sent or []
     if len(sent) >= batch_size:
         return sent[:batch_size]
-    rebuilt = order(spec, dataset, python_path).indices
-    if rebuilt[:len(sent)] != sent:
-        raise RuntimeError("data.dataset built a different dataset in this trial than in the environment check (its "
-                           "longest samples differ): the factory must build the same dataset each time (seed it)")
-    if batch_size > len(rebuilt):
-        raise ValueError(f"batch {batch_size} is larger than the dataset ({len(rebuilt)} samples)")
-    return rebuilt[:batch_size]
+    rebuilt = order(spec, dataset, python_path)
+    if rebuilt.indices[:len(sent)] != sent:
+        raise ValueError(f"data.dataset built a different dataset in this trial than in the environment check (its "
+                         f"longest samples differ): {DETERMINISM}")
+    if batch_size > rebuilt.samples:
+        raise ValueError(f"batch {batch_size} is larger than the dataset ({rebuilt.samples} samples)")
+    return rebuilt.first(batch_size)
+
+
+def _check_longest_first(spec: Spec, samples: list, indices: list[int], sent: int, python_path: list[str]) -> None:
+    """The first ``sent`` samples were sent longest first (the check's order): they must be so here too."""
+    measure = _length_function(spec, python_path)
+    previous = None
+    for index, sample in zip(indices[:sent], samples):
+        length = _length(measure, sample, index)
+        if previous is not None and length > previous[1]:
+            raise ValueError(
+                f"data.dataset: the samples this trial was sent are not longest first where it runs: dataset["
+                f"{index}] is {length:g} long here, after dataset[{previous[0]}] of {previous[1]:g}, though the "
+                f"environment check (another process) measured them the other way round. The dataset differs "
+                f"from one process to the next (unseeded randomness, or an order that depends on hash()). "
+                f"{DETERMINISM}")
+        previous = index, length
+
+
+def trial_batch(spec: Spec, batch_size: int, sent: list[int] | None, python_path: list[str]) -> tuple[Any, Any]:
+    """A trial's dataset and its batch: the B longest samples, collated by the user's collate_fn.
+
+    Raises what the user's code raised, as it raised it (with a note naming the field): a MemoryError in the
+    collate_fn at this batch is this batch running out of memory, a KeyError is the user's KeyError.
+    """
+    try:
+        dataset = build_dataset(spec, python_path)
+        indices = batch_indices(spec, dataset, batch_size, sent, python_path)
+        samples = [_read(dataset, index) for index in indices]
+        _check_longest_first(spec, samples, indices, len(sent or []), python_path)
+        return dataset, collate_samples(spec, samples, python_path)
+    except DataProblem as problem:
+        failure = problem
+    # Raised here, outside the except block, so that the user's exception does not get DataProblem as its context.
+    raise failure.user_exception(f"building the trial's batch of {batch_size} (its longest samples)")
 
 
 def as_inputs_and_targets(collated) -> tuple[Any, Any]:

@@ -25,7 +25,16 @@ from isoprobe.child.workload import (
     primary_output,
     task_of,
 )
-from isoprobe.protocol.messages import MESSAGE_CHARS, CudaDevice, Estimated, Facts, InspectProblem, InspectRequest, Inspected
+from isoprobe.protocol.messages import (
+    MESSAGE_CHARS,
+    CudaDevice,
+    DataScanning,
+    Estimated,
+    Facts,
+    InspectProblem,
+    InspectRequest,
+    Inspected,
+)
 from isoprobe.spec.model import Spec
 
 if TYPE_CHECKING:
@@ -71,7 +80,7 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
         facts["cuda_version"] = torch.version.cuda
     if not problems:
         imported = set(sys.modules)
-        problems += _check_buildable(torch, spec, request.python_path, facts)
+        problems += _check_buildable(torch, spec, request.python_path, facts, events)
         facts["model_imports"] = installed_packages_imported(imported)
     # Last, because parsing changes this process's allocator setting: every ``allocators`` entry is checked
     # now, so a typo in the list is a spec error before any trial, not trial errors later.
@@ -166,7 +175,8 @@ def _mismatch(message: str) -> list[InspectProblem]:
     return [InspectProblem(stage="target", type="ShapeMismatch", message=message)]
 
 
-def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str, Any]) -> list[InspectProblem]:
+def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str, Any],
+                     events: Events | None = None) -> list[InspectProblem]:
     """Can the model, optimizer and training options be set up, and does the output fit the target?
 
     On the meta device first: shapes without memory. A model the meta device cannot
@@ -197,7 +207,7 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
                 return [_problem(stage, exc)]
     collated = None
     if spec.data is not None:
-        problem, collated = _scan_data(spec, python_path, facts)
+        problem, collated = _scan_data(spec, python_path, facts, events)
         if problem is not None:
             return [problem]
     try:
@@ -234,21 +244,27 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
     return problems
 
 
-def _scan_data(spec: Spec, python_path: list[str], facts: dict[str, Any]) -> tuple[InspectProblem | None, Any]:
+def _scan_data(spec: Spec, python_path: list[str], facts: dict[str, Any],
+               events: Events | None = None) -> tuple[InspectProblem | None, Any]:
     """The dataset's lengths and worst-first order (``child.data``), before any trial: the data section's
-    problems (a factory that raises, an empty or iterable dataset, a length that is no number, a collate_fn
-    that cannot collate the two longest samples) are spec errors naming their field. Returns the problem, or
-    the collated batch of the two longest samples."""
+    problems (a factory that raises, an empty or iterable dataset, a length that is no number, samples that
+    change from read to read, a collate_fn that cannot collate the two longest samples) are spec errors
+    naming their field. Returns the problem, or the collated batch of the two longest samples. Where the pass
+    is goes out as ``DataScanning`` events: a check stopped in it then names it."""
     from isoprobe.child import data
 
+    def report(stage: str, samples: int | None = None, scanning: int | None = None) -> None:
+        if events is not None:
+            events.emit(DataScanning(stage=stage, samples=samples, scanning=scanning))
+
     try:
-        scanned, collated = data.scan(spec, python_path)
+        scanned, collated = data.scan(spec, python_path, report)
         try:
             data.as_inputs_and_targets(collated)
         except TypeError as exc:
             raise data.DataProblem("data.collate_fn", exc) from exc
     except data.DataProblem as problem:
-        return InspectProblem(stage=problem.field, type=problem.type, message=str(problem)[:MESSAGE_CHARS]), None
+        return InspectProblem(stage=problem.stage, type=problem.type, message=str(problem)[:MESSAGE_CHARS]), None
     facts["data"] = scanned
     return None, collated
 

@@ -154,9 +154,8 @@ def _data_batch(spec: Spec, batch_size: int, device, python_path: list[str], flo
 
     from isoprobe.child import data
 
-    dataset = data.build_dataset(spec, python_path)
-    indices = data.batch_indices(spec, dataset, batch_size, sent, python_path)
-    inputs, targets = data.as_inputs_and_targets(data.collate(spec, dataset, indices, python_path))
+    dataset, collated = data.trial_batch(spec, batch_size, sent, python_path)  # raises the user's own exception
+    inputs, targets = data.as_inputs_and_targets(collated)
     inputs = _cast_floats(adapt_inputs(inputs, lambda t: t.to(device)), float_dtype)
     targets = adapt_inputs(targets, lambda t: t.to(device))
     if targets is None and task_of(spec) == "language_modeling" and isinstance(inputs, torch.Tensor):

@@ -20,6 +20,7 @@ from isoprobe.pipeline.classify import signal_name_of
 from isoprobe.executors.ranks import CPU_RAM_SHARE
 from isoprobe.protocol.messages import (
     DataScan,
+    DataScanning,
     Estimate,
     Estimated,
     Facts,
@@ -136,22 +137,50 @@ def inspect_failure(run: ChildRun, spec: Spec) -> str:
     The phase comes from the child's last event and says only what that event
     proves: ``started`` (importing), ``warm`` (imported; from then on the check
     reports nothing until its answer, so it names all it does then),
-    ``imported`` and ``model_built`` where a check reports them.
+    ``imported`` and ``model_built`` where a check reports them, and with
+    spec.data ``data_scan`` (building the dataset, scanning its lengths, done).
     """
     model = f"{spec.model.source}: {getattr(spec.model, spec.model.source)}"
     phase, importing = _inspect_phase(run.events, model)
+    scan = _data_phase(run.events, spec, model)
+    if scan is not None:
+        phase = scan[0]
     if run.timed_out and importing:
         how = f"was stopped after {run.seconds:.0f} s"
         fix = " Importing should take seconds: check the Python environment and its filesystem."
     elif run.timed_out:
         how = f"was stopped after search.trial_timeout ({spec.search.trial_timeout:g} s)"
-        fix = " If the model is this slow to build, raise search.trial_timeout."
+        fix = scan[1] if scan is not None else " If the model is this slow to build, raise search.trial_timeout."
     else:
         signal_name = signal_name_of(run.returncode)
         how = (f"was killed by {signal_name}" if signal_name else f"exited with status {run.returncode}")
         how += " without an answer"
         fix = ""
     return f"the environment check (a child process) {how}. {phase}{fix}"
+
+
+def _data_phase(events: list, spec: Spec, model: str) -> tuple[str, str] | None:
+    """Where the check's pass over spec.data's dataset was, if it was the check's last report (``DataScanning``),
+    and the fix for a check stopped there; None when the check was not in that pass."""
+    last = next((e for e in reversed(events) if isinstance(e, (Started, Warm, Imported, ModelBuilt, DataScanning))),
+                None)
+    if not isinstance(last, DataScanning) or spec.data is None:
+        return None
+    dataset = f"data.dataset: {spec.data.dataset}"
+    if last.stage == "building":
+        return (f"Its last report was that it was building the dataset ({dataset}, called with data.kwargs): the "
+                "factory had not returned.",
+                " If the dataset is this slow to build, raise search.trial_timeout (every trial builds it too).")
+    if last.stage == "scanning":
+        sampled = "" if last.scanning == last.samples else f" (data.scan_limit {spec.data.scan_limit})"
+        return (f"Its last report was that it was scanning the dataset ({dataset}): reading {last.scanning} of its "
+                f"{last.samples} samples{sampled} to find the longest, one dataset[i] and one length each (then "
+                "the longest again, to check that they do not change).",
+                " Lower data.scan_limit (the lengths of a seeded sample of that many are read), make dataset[i] "
+                "faster, or raise search.trial_timeout.")
+    return (f"Its last report was that it had scanned the dataset ({dataset}, {last.scanning} of {last.samples} "
+            f"samples); it was then building the model ({model}) on the meta device and checking the "
+            "spec's options.", " If the model is this slow to build, raise search.trial_timeout.")
 
 
 def _inspect_phase(events: list, model: str) -> tuple[str, bool]:
@@ -200,6 +229,10 @@ _INSPECT_STAGES = {
     "data.collate_fn": ("data.collate_fn", "does not make a batch of the longest samples that the model takes",
                         "return a tensor, a pair (inputs, targets) or a dict of the model's keyword arguments from "
                         "a list of samples, as your DataLoader's collate_fn does"),
+    "data.determinism": ("data.dataset", "returns different samples for the same index",
+                         "make dataset[i] return the same sample on every read, in every build of the dataset and in "
+                         "every process: seed its randomness from the index, or return each sample at its longest "
+                         "for the probe"),
     "data.length": ("data.length", "cannot give the samples' lengths",
                     "return a number from one sample (e.g. len(sample['input_ids'])), or leave data.length unset"),
     "batch_arg_name": ("lightning.batch_arg_name", "cannot be set",

@@ -54,6 +54,22 @@ def _batches(batches: tuple[int, ...]) -> str:
     return f"batch {batches[0]}" if len(batches) == 1 else "batches " + ", ".join(map(str, batches))
 
 
+def cap_reason(spec: Spec, capped_by: str | None, max_fitting: int | None) -> str:
+    """What bounded a capped search, in the words of the spec the user wrote (``limited_by``'s value is a key).
+
+    ``dataset_size`` is also the cap a data section's dataset sets, where the user set no search.dataset_size:
+    then it is the dataset's length that bounds the search, and the message says so."""
+    search = spec.search
+    if capped_by == "dataset_size":
+        if search.dataset_size != max_fitting:
+            where = "the dataset (data.dataset)" if spec.data is not None else "the Trainer's train_dataset"
+            return f"{where} has {max_fitting} samples, and a batch cannot hold more"
+        return f"search.dataset_size is {search.dataset_size}"
+    if capped_by == "max_batch_size":
+        return f"search.max_batch_size is {search.max_batch_size}"
+    return f"the search never tries more than {max_fitting} samples"
+
+
 def _save_memory(spec: Spec) -> list[str]:
     """What the spec could still turn on to need less memory: only the levers it does not use yet."""
     training = spec.training
@@ -177,7 +193,7 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
                      "run's peak moves between runs (the spread: see edge_margin), so not as the maximum")
         return _with_recommendation(text, found, trials)
     if stop is StopReason.CAPPED:
-        text = f"batch {max_fitting} fits; larger batches were not tried because of {capped_by}"
+        text = f"batch {max_fitting} fits; larger batches were not tried: {cap_reason(spec, capped_by, max_fitting)}"
         return _with_recommendation(text, found, trials)
     if stop is StopReason.START_DOES_NOT_FIT:
         suggestions = _save_memory(spec)

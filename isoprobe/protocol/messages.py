@@ -184,6 +184,17 @@ class ModelBuilt(_Event):
     memory: MemoryReading
 
 
+class DataScanning(_Event):
+    """The environment check's pass over spec.data's dataset (``child.data.scan``): where it is, so that a check
+    stopped by its timeout names the data scan rather than the model build."""
+
+    event: Literal["data_scan"] = "data_scan"
+    stage: Literal["building", "scanning", "done"] = Field(
+        description="building: calling data.dataset's factory; scanning: reading the lengths; done: the pass is over.")
+    samples: int | None = Field(None, ge=0, description="len(dataset), once built.")
+    scanning: int | None = Field(None, ge=0, description="How many samples' lengths the scan reads (data.scan_limit).")
+
+
 class StepDone(_Event):
     event: Literal["step"] = "step"
     step: int
@@ -258,7 +269,7 @@ class InspectProblem(_Message):
 
     stage: Literal["model", "optimizer", "allocator", "input", "target", "precision", "checkpointing", "batch",
                    "loss", "step", "hf_trainer", "lightning", "datamodule", "batch_arg_name", "data.dataset",
-                   "data.collate_fn", "data.length", "eval_pass"]
+                   "data.collate_fn", "data.length", "eval_pass", "data.determinism"]
     type: str
     message: str
 
@@ -353,7 +364,7 @@ class Estimated(_Event):
 
 Event = Annotated[
     Union[Started, Warm, RequestReceived, Imported, ModelBuilt, Forwarded, StepDone, EvalDone, TrialResult,
-          Inspected, Estimated],
+          Inspected, Estimated, DataScanning],
     Field(discriminator="event"),
 ]
 _EVENT = TypeAdapter(Event)

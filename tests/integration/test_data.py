@@ -98,3 +98,95 @@ def test_one_long_sample_in_ten_thousand_is_the_one_that_decides(tmp_path, monke
     assert not worst_batch_fits(spec, maximum + 1, spec.memory_budget)  # with the long sample, one more fails
     typical = Spec.model_validate(at_length(path, max(lengths[:rare] + lengths[rare + 1:]), VOCABULARY))
     assert fits(typical, maximum + 1, spec.memory_budget)  # without it, one more fits: the rare sample decides
+
+
+# --------------------------------------------------------------------------- issue 34: hostile data
+
+HOSTILE = TESTS / "hostile_data.py"
+
+
+def _hostile_spec(tmp_path, dataset: str, collate_fn: str, data: dict | None = None, search: dict | None = None) -> str:
+    """A tiny language model (tests/models.py's lm_head, 1000 tokens, width 32: its step is a few MiB) on one of
+    tests/hostile_data.py's datasets under 1.25 GiB; two steps, no steady rule, no soak, no estimate."""
+    spec = {
+        "model": {"factory": f"{TESTS / 'models.py'}:lm_head", "kwargs": {"vocabulary": 1000, "width": 32}},
+        "data": {"dataset": f"{HOSTILE}:{dataset}", "collate_fn": f"{HOSTILE}:{collate_fn}", **(data or {})},
+        "target": {"task": "language_modeling"},
+        "optimizer": {"name": "adam"},
+        "search": {"steps": 2, "trial_timeout": 120, "steady_steps": 0, "estimate": False, **(search or {})},
+        "device": "cpu",
+        "memory_budget": "1.25GiB",
+        "recommendation": {"soak_steps": 0},
+    }
+    path = tmp_path / f"{dataset}.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    return str(path)
+
+
+def test_running_out_of_memory_in_the_collate_fn_is_the_edge_of_a_plain_process(tmp_path, monkeypatch):
+    """Issue 34: a real allocation failure in the user's collate_fn (torch's allocator under the cap, 45 MiB
+    per sample) was an error, 'DataProblem ... not a memory verdict', exit 4, where the true edge is 10 / 11.
+    It is out of memory at that batch, and the edge is the one data_edge.py's plain process (the dataset, the
+    collate_fn and the loop, no isoprobe code, the same cap) finds: the maximum fits there, one more does not."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    path = _hostile_spec(tmp_path, "fixed", "hungry_collate", search={"start_batch_size": 8})
+    run = run_cli("run", path, timeout=600)
+    assert run.returncode == 0, run.stderr
+    result = run.json
+    trials = [(t["batch_size"], t["outcome"], (t["error"] or {}).get("type")) for t in result["trials"]]
+    assert result["first_failing_outcome"] == "out_of_memory", trials
+    failing = [t for t in result["trials"] if t["outcome"] == "out_of_memory"]
+    assert failing and all(t["error"]["type"] == "RuntimeError" for t in failing), trials  # torch's, not DataProblem
+    assert all("data.collate_fn" in t["error"]["traceback_tail"] for t in failing), trials  # the note names it
+    maximum = result["max_batch_size"]
+    spec = load_spec(path)
+    assert worst_batch_fits(spec, maximum, spec.memory_budget), (maximum, trials)
+    assert not worst_batch_fits(spec, maximum + 1, spec.memory_budget), (maximum, trials)
+
+
+def test_a_bug_in_the_collate_fn_is_reported_as_the_users_own_exception(tmp_path):
+    """Issue 34, the same class: a KeyError in the collate_fn at a trial is the user's error (exit 4), named as
+    theirs, not as isoprobe.child.data.DataProblem. (The environment check collates two samples: this collate_fn
+    fails only from 4 on, as one that indexes a field of the third sample would.)"""
+    path = _hostile_spec(tmp_path, "fixed", "key_error_from_4", search={"start_batch_size": 4})
+    run = run_cli("run", path, timeout=600)
+    assert run.returncode == 4, run.stderr
+    assert "DataProblem" not in run.stderr and "DataProblem" not in run.stdout
+    assert "batch 4 raised KeyError: 'labels'" in run.json["message"], run.json["message"]
+
+
+def test_samples_that_change_from_read_to_read_are_refused_before_any_trial(tmp_path):
+    """Issue 34: a __getitem__ with a random length per read went unnoticed, and the answer (5) was above the worst
+    batch the data can produce (4). The check reads the longest samples again: a spec error (exit 2) naming
+    data.dataset and the fix, no trial run."""
+    path = _hostile_spec(tmp_path, "wobbly", "pad_collate")
+    run = run_cli("run", path, timeout=600)
+    assert run.returncode == 2, run.stderr
+    assert "data.dataset: returns different samples for the same index: ValueError: dataset[" in run.stderr
+    assert "fix: make dataset[i] return the same sample" in run.stderr
+    assert "trial  1" not in run.stderr
+
+
+def test_a_check_stopped_in_the_data_scan_names_the_data_scan(tmp_path):
+    """Issue 34: a dataset of 10**9 samples timed out the environment check and the message blamed the model
+    build. Here each dataset[i] takes 50 ms and the scan reads 1000 (data.scan_limit): the check's 5 s timeout
+    stops it in the scan, and the message says so and how to fix it (exit 4, the probe could not start)."""
+    path = _hostile_spec(tmp_path, "slow_huge", "pad_collate", data={"scan_limit": 1000},
+                         search={"trial_timeout": 5})
+    run = run_cli("run", path, timeout=600)
+    assert run.returncode == 4, run.stderr
+    assert "scanning the dataset" in run.stderr and "1000 of its 1000000000 samples" in run.stderr, run.stderr
+    assert "Lower data.scan_limit" in run.stderr and "building the model" not in run.stderr, run.stderr
+
+
+def test_a_dataset_of_a_billion_samples_is_probed_in_the_time_its_scan_limit_takes(tmp_path):
+    """Issue 34: the order listed every unscanned index, O(len(dataset)) in time and memory whatever
+    data.scan_limit said: 10**9 samples outlived the check's timeout. With scan_limit 1000 the check reads 1000
+    and the probe answers (capped at search.max_batch_size 8, which the message names as the spec spells it)."""
+    path = _hostile_spec(tmp_path, "huge", "pad_collate", data={"scan_limit": 1000},
+                         search={"trial_timeout": 60, "max_batch_size": 8, "start_batch_size": 8})
+    run = run_cli("run", path, timeout=600)
+    assert run.returncode == 0, run.stderr
+    data = run.json["data"]
+    assert (data["samples"], data["scanned"], data["sampled"]) == (10**9, 1000, True)
+    assert run.json["max_batch_size"] == 8 and "search.max_batch_size is 8" in run.json["message"]

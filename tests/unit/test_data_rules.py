@@ -8,6 +8,7 @@ import pytest
 from isoprobe.pipeline.data import SHOWN_INDICES, data_cap, data_info, request_indices
 from isoprobe.protocol.messages import DataScan
 from isoprobe.spec.data import INDICES_IN_REQUEST, SAMPLE_SEED, scanned_indices, worst_first
+from isoprobe.spec.model import Spec
 
 
 def test_worst_first_orders_longest_first_and_ties_by_index():
@@ -122,3 +123,54 @@ def test_a_dataset_that_fits_whole_caps_the_search_at_its_size():
     probed = _data_probe([3.0, 1.0, 2.0, 5.0, 4.0], per_sample=1)
     assert max(probed.executor.batches) == 5
     assert (probed.result.max_batch_size, probed.result.limited_by) == (5, "dataset_size")
+
+
+def test_a_search_capped_by_the_dataset_says_so_not_a_field_the_user_never_set():
+    """Issue 34: 'larger batches were not tried because of dataset_size' where the user set no dataset_size: the
+    message names what bounded the search, the dataset's length."""
+    probed = _data_probe([3.0, 1.0, 2.0, 5.0, 4.0], per_sample=1)
+    assert "dataset_size" not in probed.result.message
+    assert "the dataset (data.dataset) has 5 samples" in probed.result.message
+
+
+@pytest.mark.parametrize(("search", "says"), [
+    ({"max_batch_size": 5}, "search.max_batch_size is 5"),
+    ({"dataset_size": 3}, "search.dataset_size is 3"),
+])
+def test_a_capped_search_names_the_field_and_its_value(search, says):
+    """The same class: the other caps are named as the spec spells them (search.*), with the value that bound."""
+    from isoprobe.executors.scripted import ScriptedExecutor, linear
+
+    from scripted_probe import HOG_FIXED, HOG_PER_SAMPLE, hog_spec, probe
+
+    probed = probe(hog_spec(start_batch_size=2, **search), ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE)))
+    assert probed.result.stop_reason.value == "capped" and says in probed.result.message, probed.result.message
+
+
+# --------------------------------------------------------------------------- the environment check's phase
+
+
+def _inspect_run(*events):
+    from isoprobe.executors import ChildRun
+
+    return ChildRun(returncode=-9, timed_out=True, seconds=30.0, events=list(events))
+
+
+def test_a_check_stopped_in_the_data_scan_names_the_data_scan_not_the_model_build():
+    """Issue 34: a dataset whose scan outlived the check's timeout was blamed on the model build. The check
+    reports where its scan is (``DataScanning``) and the failure names the scan, its size and the fix."""
+    from isoprobe.pipeline.environment import inspect_failure
+    from isoprobe.protocol.messages import DataScanning, Started, Warm
+
+    spec = Spec.model_validate({"model": {"factory": "m.py:f"}, "target": {"task": "language_modeling"},
+                                "data": {"dataset": "d.py:make", "scan_limit": 1000}, "search": {"trial_timeout": 30}})
+    warm = Warm(modules=["torch"], seconds=1.0, cuda_initialized=False, idle_priority=False)
+    scanning = DataScanning(stage="scanning", samples=10**9, scanning=1000)
+    message = inspect_failure(_inspect_run(Started(pid=1), warm, DataScanning(stage="building"), scanning), spec)
+    assert "model" not in message.split("fix")[0].lower().replace("model_built", ""), message
+    assert "1000 of its 1000000000 samples" in message and "data.scan_limit" in message, message
+    building = inspect_failure(_inspect_run(Started(pid=1), warm, DataScanning(stage="building")), spec)
+    assert "data.dataset" in building and "building the model" not in building, building
+    done = inspect_failure(_inspect_run(Started(pid=1), warm, DataScanning(stage="building"), scanning,
+                                        DataScanning(stage="done", samples=10**9, scanning=1000)), spec)
+    assert "building the model" in done, done

@@ -16,6 +16,7 @@ from isoprobe.protocol import messages as protocol
 from isoprobe.report.outcomes import Outcome
 from isoprobe.protocol.messages import (
     CudaDevice,
+    DataScanning,
     Estimate,
     Estimated,
     EvalDone,
@@ -109,6 +110,7 @@ EVERY_EVENT = [
                                 optimizer_state_bytes=8, buffer_bytes=0, baseline_bytes=5, runtime_bytes=6,
                                 seconds=0.4, note="n")),
     Forwarded(step=2),
+    DataScanning(stage="scanning", samples=10**9, scanning=1000),
 ]
 
 
