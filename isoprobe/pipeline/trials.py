@@ -302,7 +302,8 @@ class TrialRunner:
                 if peaks:
                     runs.setdefault(t.batch_size, []).append(peaks)
         return spread_for(self.target.backend, self.target.search_capacity,
-                          [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread)
+                          [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread,
+                          gang=self.spec.distributed.gang)
 
     def margin_of(self, trial: Trial) -> "Margin | None":
         """How much a deciding trial's steady peak left free below the capacity, against the spread."""

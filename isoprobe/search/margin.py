@@ -33,6 +33,10 @@ MIB = 1 << 20
 FLOOR_BYTES = {"cpu": 8 * MIB, "cuda": 40 * MIB}
 #: The part of each backend's floor that grows with the capacity.
 FLOOR_FRACTION = {"cpu": 0.004, "cuda": 0.002}
+#: A gang's floor is this many times a process's: its maximum is the worst of its ranks', each of which moves
+#: on its own, and on the CPU backend an FSDP2 gang's deciding trial read up to 10 MiB less than independent
+#: plain ranks at the same batch (docs/steady-state.md, "The spread").
+GANG_FACTOR = 2
 
 
 @dataclass(frozen=True)
@@ -47,9 +51,10 @@ class Spread:
         return max(self.floor_bytes, self.observed_bytes or 0)
 
 
-def floor_bytes(backend: str, capacity: int) -> int:
-    """The backend's floor for a capacity (per process or per rank)."""
-    return max(FLOOR_BYTES.get(backend, FLOOR_BYTES["cuda"]), int(FLOOR_FRACTION.get(backend, 0.0) * capacity))
+def floor_bytes(backend: str, capacity: int, gang: bool = False) -> int:
+    """The backend's floor for a capacity (per process, or per rank of a ``gang``)."""
+    single = max(FLOOR_BYTES.get(backend, FLOOR_BYTES["cuda"]), int(FLOOR_FRACTION.get(backend, 0.0) * capacity))
+    return single * GANG_FACTOR if gang else single
 
 
 def observed_bytes(runs: list[list[int]]) -> int | None:
@@ -69,10 +74,10 @@ def observed_bytes(runs: list[list[int]]) -> int | None:
 
 
 def spread_for(backend: str, capacity: int, same_batch_runs: list[list[list[int]]] = (),
-               override: int | None = None) -> Spread:
+               override: int | None = None, gang: bool = False) -> Spread:
     """The spread for a probe on ``backend``: ``same_batch_runs`` holds, per batch that ran more than once,
     each run's per-step peaks; ``override`` (search.edge_spread as bytes) replaces the floor."""
-    floor = floor_bytes(backend, capacity) if override is None else override
+    floor = floor_bytes(backend, capacity, gang) if override is None else override
     observed = [gap for runs in same_batch_runs if (gap := observed_bytes(runs)) is not None]
     return Spread(floor, max(observed) if observed else None)
 

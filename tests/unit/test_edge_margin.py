@@ -128,3 +128,10 @@ def test_the_cache_trusts_an_answer_with_marginal_batches_and_rejects_a_forged_o
     assert "marginal batches [23]" in _answer(forged)
     only_marginal = result.model_copy(update={"first_failing_batch_size": None})
     assert _answer(only_marginal) is None
+
+
+def test_a_gangs_floor_is_wider_than_a_process():
+    """A gang's maximum is the worst of its ranks, and an FSDP2 gang's deciding trial was measured reading less than
+    independent plain ranks: its floor is GANG_FACTOR times a process's."""
+    assert margin.floor_bytes("cpu", BUDGET, gang=True) == margin.GANG_FACTOR * margin.floor_bytes("cpu", BUDGET)
+    assert margin.spread_for("cpu", BUDGET, gang=True).bytes == 16 * MiB
