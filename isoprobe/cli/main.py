@@ -123,7 +123,9 @@ def _frontier_parser(commands, with_overrides) -> None:
                     "'isoprobe run SPEC --set FIELD=VALUE', and borrows the bounds the points before it proved. "
                     "JSON (the FrontierResult) on stdout, the table on stderr.",
         epilog="exit codes: 0 every point answered (or from the cache); 2 bad spec, --over or usage, before any "
-               "trial; 3 or 4 the first point without an answer (as 'isoprobe run'); 130 interrupted, 143 terminated",
+               "trial; 3 or 4 the first point without an answer (as 'isoprobe run'), 4 also for a point whose probe "
+               "failed before an answer (its error says why; the other points are answered and printed); "
+               "130 interrupted, 143 terminated (the points answered so far are printed)",
     )
     with_overrides(frontier)
     frontier.add_argument("--over", required=True, metavar="FIELD=V1,V2,...",
