@@ -64,13 +64,13 @@ def frontier_exit_code(result) -> int:
 
 def frontier_plan(args: argparse.Namespace):
     """The spec validated at every value of --over (every problem of every value at once, exit 2), and the direction."""
-    from isoprobe.cli.common import named_overrides
+    from isoprobe.cli.common import named_overrides, single_over
     from isoprobe.errors import Problem, SpecError
     from isoprobe.pipeline.frontier import FrontierPlan, resolve_direction
     from isoprobe.spec.load import check_references, load_spec
     from isoprobe.spec.overrides import Override, from_mapping, parse_over, shortened
 
-    field, values = parse_over(args.over, args.spec)
+    field, values = parse_over(single_over(args.over, "frontier"), args.spec)
     specs, problems = [], []
     for value in values:
         # After every --set (the --over field wins over a --set of it), before the named flags (which win for theirs).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from isoprobe.cli.common import named_overrides, usage_error, wants_table
+from isoprobe.cli.common import named_overrides, single_over, usage_error, wants_table
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -35,12 +35,13 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         f"{'is' if len(missing) == 1 else 'are'} not there: run it on a Slurm login node (or "
                         "module load slurm), or use --executor local", "sweep")
     over = None
-    if args.over is not None:  # a frontier's points as rows: each the cache entry 'isoprobe frontier' then reads
+    over_text = single_over(args.over, "sweep")  # two --over: exit 2 (a sweep varies one field, as a frontier does)
+    if over_text is not None:  # a frontier's points as rows: each the cache entry 'isoprobe frontier' then reads
         import json
 
         from isoprobe.spec.overrides import parse_over
 
-        field, values = parse_over(args.over, args.specs[0])
+        field, values = parse_over(over_text, args.specs[0])
         over = [f"{field}={json.dumps(value)}" for value in values]
     signal.signal(signal.SIGTERM, on_sigterm)
     from isoprobe.sweep import run_sweep
