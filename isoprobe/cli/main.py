@@ -33,7 +33,8 @@ EXIT_CODES_HELP = """exit codes:
        refused what a trial needs, e.g. no space left in TMPDIR; or isoprobe's fork server kept failing)
   74   the result could not be written to stdout (a full disk); with --fallback-batch-size too,
        since the fallback cannot reach the job either
-  130  interrupted (SIGINT); 143 terminated (SIGTERM); 141 stdout closed early (a pipe to head)
+  130  interrupted (SIGINT); 143 terminated (SIGTERM): the trials so far are printed, and
+       further signals wait for that; 141 stdout closed early (a pipe to head)
 """
 
 RUN_FORMATS = ("auto", "json", "table", "env", "taskprolog")
