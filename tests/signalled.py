@@ -33,9 +33,9 @@ def signalled_after_first_trial(args: list[str], signums: list[int], spacing: fl
         deadline, seen = time.monotonic() + 120, []
         while time.monotonic() < deadline:
             seen.append(process.stderr.readline())
-            if not seen[-1] or seen[-1].startswith("isoprobe: trial "):
+            if not seen[-1] or "isoprobe: trial " in seen[-1]:  # a sweep prefixes its rows' lines
                 break
-        assert seen[-1].startswith("isoprobe: trial "), "no trial finished: " + "".join(seen)
+        assert "isoprobe: trial " in seen[-1], "no trial finished: " + "".join(seen)
         assert wait_for(lambda: children_of(process.pid), 30), "the next trial's child did not start"
         for number, signum in enumerate(signums):
             if number:

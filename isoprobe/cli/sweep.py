@@ -9,14 +9,7 @@ from isoprobe.cli.common import named_overrides, single_over, usage_error, wants
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Probe many specs; the table or JSON on stdout, progress on stderr."""
-    import signal
-    from pathlib import Path
-
-    from isoprobe.errors import ExitCode, OutputFailed, Terminated
-    from isoprobe.report.streams import emit, tell
-
-    def on_sigterm(signum, frame):
-        raise Terminated()
+    from isoprobe.system.stops import Stops
 
     targets = [f"partition={name}" for text in args.partition for name in text.split(",") if name.strip()]
     targets += [f"constraint={name}" for text in args.constraint for name in text.split(",") if name.strip()]
@@ -43,7 +36,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
         field, values = parse_over(over_text, args.specs[0])
         over = [f"{field}={json.dumps(value)}" for value in values]
-    signal.signal(signal.SIGTERM, on_sigterm)
+    # SIGINT/SIGTERM: the first stops the sweep (its Slurm arrays cancelled, the rows so far printed); a later one
+    # waits, so that it cannot cut the cancelling or the report short (system.stops).
+    stops = Stops().install()
+    try:
+        return _sweep_and_print(args, stops, targets, sbatch, over)
+    finally:
+        stops.done()
+
+
+def _sweep_and_print(args: argparse.Namespace, stops, targets: list[str], sbatch: dict, over) -> int:
+    from pathlib import Path
+
+    from isoprobe.errors import ExitCode, OutputFailed
+    from isoprobe.report.streams import emit, tell
     from isoprobe.sweep import run_sweep
     from isoprobe.sweep.model import render_sweep_table
     from isoprobe.sweep.slurm import SlurmOptions
@@ -53,6 +59,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                            array_parallelism=args.array_parallelism, sbatch=sbatch)
     report = run_sweep(args.specs, executor=args.executor, say=tell, targets=targets, named=named_overrides(args),
                        sets=tuple(args.set), refresh=args.refresh, slurm_options=options, over=over)
+    stops.hold()  # the report holds every row: a signal now must not cut it short
     document = report.model_dump_json(indent=2)
     unwritten = None
     if args.output:

@@ -39,3 +39,20 @@ def test_repeated_signals_keep_the_finished_trial(write_spec, signum, count, spa
     result = json.loads(stdout)
     assert result["stop_reason"] == reason
     assert [(t["batch_size"], t["outcome"]) for t in result["trials"]] == [(2, "fits")]
+
+
+def test_a_sweep_keeps_its_rows_under_repeated_signals(write_spec, tmp_path):
+    """Another of the class: 'isoprobe sweep' raised every SIGTERM too, so a later one cut the first one's cleanup
+    short (with Slurm: the cancelling of its arrays). Three SIGTERMs 50 ms apart mid-row 1 of 2: row 1 lost its
+    finished trial ('terminated before its first trial'; measured 2 of 2 runs, and at 5 ms). Now exit 143, row 1
+    terminated after its finished trial, row 2 not probed."""
+    path = write_spec(faulty_spec("hang", at=3, trial_timeout=300))
+    other = write_spec(faulty_spec("hang", at=3, trial_timeout=300), name="other.yaml")
+    code, stdout, stderr = signalled_after_first_trial(["sweep", str(path), str(other), "--format", "json"],
+                                                       [signal.SIGTERM] * 3, 0.05)
+    assert code == 143, stderr
+    report = json.loads(stdout)
+    assert report["interrupted"] == "terminated"
+    first, second = report["rows"]
+    assert (first["stop_reason"], first["trials"]) == ("terminated", 1)
+    assert second["error"] == "not probed: the sweep was terminated"
