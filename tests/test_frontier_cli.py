@@ -51,3 +51,14 @@ def test_the_frontier_schema_is_published():
     assert printed.stdout == (REPO / "docs" / "frontier.schema.json").read_text(encoding="utf-8"), \
         "the schema changed: regenerate with `isoprobe schema --frontier > docs/frontier.schema.json`"
     assert "FrontierPoint" in json.loads(printed.stdout)["$defs"]
+
+
+@pytest.mark.parametrize("command", ["frontier", "sweep"])
+def test_a_second_over_is_refused_not_silently_put_in_place_of_the_first(command, no_trial):
+    """Issue 34: 'frontier --over A=.. --over B=..' probed B alone and said nothing of A. A frontier (and a sweep's
+    rows) vary one field: two --over are a usage error naming both, exit 2, before anything runs."""
+    run = cli(command, str(SPEC), "--over", "input.shape.0=64,128", "--over", "training.precision=fp32,bf16-mixed")
+    assert run.returncode == 2, run.stderr
+    assert f"isoprobe {command}: --over is given 2 times" in run.stderr
+    assert "input.shape.0=64,128" in run.stderr and "training.precision=fp32,bf16-mixed" in run.stderr
+    assert "--set" in run.stderr and "Traceback" not in run.stderr and run.stdout == ""

@@ -36,6 +36,23 @@ def usage_error(message: str, command: str = "run"):
     raise SystemExit(ExitCode.BAD_SPEC)
 
 
+def single_over(given: list[str] | None, command: str) -> str | None:
+    """The one ``--over`` of a frontier or sweep; a second is refused (exit 2), never silently put in the first's place.
+
+    A frontier varies one field: its points, its borrowed bounds and its table are over one axis. Two fields
+    would need a grid, which neither command does; so two ``--over`` are a usage error that says what to do.
+    """
+    if not given:
+        return None
+    if len(given) > 1:
+        from isoprobe.spec.overrides import shortened
+
+        shown = ", ".join(f"--over {shortened(text)}" for text in given)
+        usage_error(f"--over is given {len(given)} times ({shown}): a {command} varies one field. Give one --over "
+                    "and fix the others with --set FIELD=VALUE, or run one per value of the other field", command)
+    return given[0]
+
+
 def wants_table(fmt: str) -> bool:
     """``table``, or ``auto`` on a terminal: people read it; a pipe or a file gets JSON."""
     return fmt == "table" or (fmt == "auto" and sys.stdout.isatty())

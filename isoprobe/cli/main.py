@@ -33,7 +33,8 @@ EXIT_CODES_HELP = """exit codes:
        refused what a trial needs, e.g. no space left in TMPDIR; or isoprobe's fork server kept failing)
   74   the result could not be written to stdout (a full disk); with --fallback-batch-size too,
        since the fallback cannot reach the job either
-  130  interrupted (SIGINT); 143 terminated (SIGTERM); 141 stdout closed early (a pipe to head)
+  130  interrupted (SIGINT); 143 terminated (SIGTERM): the trials so far are printed, and
+       further signals wait for that; 141 stdout closed early (a pipe to head)
 """
 
 RUN_FORMATS = ("auto", "json", "table", "env", "taskprolog")
@@ -123,11 +124,14 @@ def _frontier_parser(commands, with_overrides) -> None:
                     "'isoprobe run SPEC --set FIELD=VALUE', and borrows the bounds the points before it proved. "
                     "JSON (the FrontierResult) on stdout, the table on stderr.",
         epilog="exit codes: 0 every point answered (or from the cache); 2 bad spec, --over or usage, before any "
-               "trial; 3 or 4 the first point without an answer (as 'isoprobe run'); 130 interrupted, 143 terminated",
+               "trial; 3 or 4 the first point without an answer (as 'isoprobe run'), 4 also for a point whose probe "
+               "failed before an answer (its error says why; the other points are answered and printed); "
+               "130 interrupted, 143 terminated (the points answered so far are printed)",
     )
     with_overrides(frontier)
-    frontier.add_argument("--over", required=True, metavar="FIELD=V1,V2,...",
-                          help="the field (as --set names it) and its values, e.g. --over input.shape.0=128,256,512")
+    frontier.add_argument("--over", required=True, action="append", metavar="FIELD=V1,V2,...",
+                          help="the field (as --set names it) and its values, e.g. --over input.shape.0=128,256,512; "
+                               "once: a frontier varies one field (a second --over is refused)")
     frontier.add_argument(
         "--direction", choices=("increasing", "decreasing", "none"),
         help="how memory moves with the value: increasing (default for numbers: a larger value needs more), "
@@ -160,10 +164,10 @@ def _sweep_parser(commands) -> None:
     sweep.add_argument("--max-batch-size", help="override every spec's search.max_batch_size")
     sweep.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set",
                        help="override a field of every spec, as 'isoprobe run --set' does; repeatable")
-    sweep.add_argument("--over", metavar="FIELD=V1,V2,...",
+    sweep.add_argument("--over", action="append", metavar="FIELD=V1,V2,...",
                        help="one row per value of the field (as 'isoprobe frontier --over'): the frontier's points, "
                             "probed in parallel on Slurm; 'isoprobe frontier' with the same arguments then answers "
-                            "them from the cache")
+                            "them from the cache; once (a second --over is refused)")
     slurm = sweep.add_argument_group("--executor slurm (submitit; SLURM_CONF and the clients as for sbatch)")
     slurm.add_argument("--partition", action="append", default=[], metavar="NAME[,NAME]",
                        help="a GPU type as a partition; repeatable or comma-separated: one row per spec per partition")

@@ -8,15 +8,12 @@ from isoprobe.cli.common import budget_overridden, load, render, usage_error
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    import signal
-
-    from isoprobe.errors import Terminated
     from isoprobe.report.streams import Log, tell
+    from isoprobe.system.stops import Stops
 
-    def on_sigterm(signum, frame):
-        raise Terminated()
-
-    signal.signal(signal.SIGTERM, on_sigterm)
+    # SIGINT/SIGTERM: the first stops the probe (the trials so far are printed, exit 130/143); any later one,
+    # and one that comes once the result is complete, waits: it must not cut the cleanup or the document.
+    stops = Stops().install()
     if args.fallback_batch_size is not None and args.format not in ("env", "taskprolog"):
         usage_error("--fallback-batch-size needs --format env or --format taskprolog (a job reads the fallback "
                     "from ISOPROBE_BATCH_SIZE)")
@@ -29,18 +26,20 @@ def cmd_run(args: argparse.Namespace) -> int:
         log = Log(None)  # in hook mode a log is never worth the job
     try:
         if args.fallback_batch_size is None:
-            return _run_and_print(args, log)
-        return _run_as_hook(args, log)
+            return _run_and_print(args, log, stops)
+        return _run_as_hook(args, log, stops)
     finally:
         log.close()
+        stops.done()
 
 
-def _run_and_print(args: argparse.Namespace, log) -> int:
+def _run_and_print(args: argparse.Namespace, log, stops) -> int:
     from isoprobe.report.output import summary_lines
     from isoprobe.report.result import exit_code_for
     from isoprobe.report.streams import emit
 
     result = _result_for(args, log)
+    stops.hold()  # the result is complete (or holds the trials so far): a signal now must not cut it short
     log.write(render(result, "json"))  # first: if stdout then fails (exit 74), the log still holds the answer
     emit(render(result, args.format))
     for line in summary_lines(result):
@@ -48,7 +47,7 @@ def _run_and_print(args: argparse.Namespace, log) -> int:
     return exit_code_for(result.stop_reason)
 
 
-def _run_as_hook(args: argparse.Namespace, log) -> int:
+def _run_as_hook(args: argparse.Namespace, log, stops) -> int:
     """Hook mode: never fail the job because the probe could not answer; the fallback and a warning instead.
 
     Whatever goes wrong before the answer (the spec, a trial, the cache, the log,
@@ -77,6 +76,7 @@ def _run_as_hook(args: argparse.Namespace, log) -> int:
         log.write(traceback.format_exc())
         reason, why = "internal_error", f"{type(error).__name__}: {error}"
     else:
+        stops.hold()  # the result is complete (or holds the trials so far): a signal now must not cut it short
         log.write(render(result, "json"))
         usable = result.answered and result.recommended_batch_size is not None
         if usable or result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
@@ -85,6 +85,7 @@ def _run_as_hook(args: argparse.Namespace, log) -> int:
         # Answered but nothing recommended (no batch survived its soak): the job still needs a batch size.
         reason = result.stop_reason.value if not result.answered else "no_recommendation"
         why = result.message
+    stops.hold()  # the fallback is the job's answer now: a signal must not cut it short either
     warning = f"no probed answer ({why}); using the fallback batch size {args.fallback_batch_size}"
     log.say(f"isoprobe: {warning}")
     try:

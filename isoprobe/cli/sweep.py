@@ -4,19 +4,12 @@ from __future__ import annotations
 
 import argparse
 
-from isoprobe.cli.common import named_overrides, usage_error, wants_table
+from isoprobe.cli.common import named_overrides, single_over, usage_error, wants_table
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     """Probe many specs; the table or JSON on stdout, progress on stderr."""
-    import signal
-    from pathlib import Path
-
-    from isoprobe.errors import ExitCode, OutputFailed, Terminated
-    from isoprobe.report.streams import emit, tell
-
-    def on_sigterm(signum, frame):
-        raise Terminated()
+    from isoprobe.system.stops import Stops
 
     targets = [f"partition={name}" for text in args.partition for name in text.split(",") if name.strip()]
     targets += [f"constraint={name}" for text in args.constraint for name in text.split(",") if name.strip()]
@@ -35,14 +28,28 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                         f"{'is' if len(missing) == 1 else 'are'} not there: run it on a Slurm login node (or "
                         "module load slurm), or use --executor local", "sweep")
     over = None
-    if args.over is not None:  # a frontier's points as rows: each the cache entry 'isoprobe frontier' then reads
+    over_text = single_over(args.over, "sweep")  # two --over: exit 2 (a sweep varies one field, as a frontier does)
+    if over_text is not None:  # a frontier's points as rows: each the cache entry 'isoprobe frontier' then reads
         import json
 
         from isoprobe.spec.overrides import parse_over
 
-        field, values = parse_over(args.over, args.specs[0])
+        field, values = parse_over(over_text, args.specs[0])
         over = [f"{field}={json.dumps(value)}" for value in values]
-    signal.signal(signal.SIGTERM, on_sigterm)
+    # SIGINT/SIGTERM: the first stops the sweep (its Slurm arrays cancelled, the rows so far printed); a later one
+    # waits, so that it cannot cut the cancelling or the report short (system.stops).
+    stops = Stops().install()
+    try:
+        return _sweep_and_print(args, stops, targets, sbatch, over)
+    finally:
+        stops.done()
+
+
+def _sweep_and_print(args: argparse.Namespace, stops, targets: list[str], sbatch: dict, over) -> int:
+    from pathlib import Path
+
+    from isoprobe.errors import ExitCode, OutputFailed
+    from isoprobe.report.streams import emit, tell
     from isoprobe.sweep import run_sweep
     from isoprobe.sweep.model import render_sweep_table
     from isoprobe.sweep.slurm import SlurmOptions
@@ -52,6 +59,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                            array_parallelism=args.array_parallelism, sbatch=sbatch)
     report = run_sweep(args.specs, executor=args.executor, say=tell, targets=targets, named=named_overrides(args),
                        sets=tuple(args.set), refresh=args.refresh, slurm_options=options, over=over)
+    stops.hold()  # the report holds every row: a signal now must not cut it short
     document = report.model_dump_json(indent=2)
     unwritten = None
     if args.output:

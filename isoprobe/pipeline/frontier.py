@@ -13,9 +13,12 @@ narrow where its search looks: its maximum is still run at its own value.
 from __future__ import annotations
 
 import time
+import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from isoprobe.errors import ProbeError, SpecError, Terminated
+from isoprobe.pipeline.edge import stop_reason_of
 from isoprobe.report.frontier import BorrowedBounds, FrontierPoint, FrontierResult
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.report.output import Reporter
@@ -57,45 +60,81 @@ def tokens_per_batch(field: str, value: Any, max_batch_size: int | None) -> int 
     return max_batch_size * value
 
 
-def run_frontier(plan: FrontierPlan, reporter: Reporter, answer_point: Callable[..., Any]) -> FrontierResult:
+def run_frontier(plan: FrontierPlan, reporter: Reporter, answer_point: Callable[..., Any],
+                 stopped: Callable[[], str | None] = lambda: None) -> FrontierResult:
     """Answer every point, the most memory first, each borrowing the bounds the finished points proved.
 
     ``answer_point(spec, borrowed)`` is the result for one point (``pipeline.answer.answer`` with the
-    command line's cache options; a scripted one in unit tests). An interrupted point ends the frontier:
-    the points answered so far are returned, the interrupted one with them.
+    command line's cache options; a scripted one in unit tests). A point whose probe raises instead (a spec
+    only this value breaks, such as a factory that raises for it; a failed environment check; a bug) is that
+    point's ``error``, and the other points are answered all the same. SIGINT or SIGTERM ends the frontier
+    with the points answered so far: the interrupted point with the trials it had run, the points after it
+    not probed; so does a signal the command noted between two points (``stopped()``: 'interrupted' or
+    'terminated'), before the next point starts.
     """
     started = time.monotonic()
     ranks = memory_ranks(plan.values, plan.direction)
     proven: list[tuple[int, Proven]] = []  # (index of the value, what its probe proved)
     points: dict[int, FrontierPoint] = {}
     order = probe_order(ranks, len(plan.values))
+    interrupted: str | None = None
     for count, index in enumerate(order, 1):
+        if interrupted := stopped():
+            break
         value = plan.values[index]
         borrowed = borrowed_for(ranks[index], [p for _, p in proven]) if ranks is not None else None
         bounds = _bounds(borrowed, proven, plan.values)
-        reporter.note(f"frontier: {plan.field}={value} ({count} of {len(order)})" + _said(bounds))
         point_started = time.monotonic()
-        result = answer_point(plan.specs[index], borrowed)
-        seconds = round(time.monotonic() - point_started, 3)
-        hit = result.cache is not None and result.cache.hit
-        points[index] = FrontierPoint(
-            value=value, probed=count, max_batch_size=result.max_batch_size,
-            recommended_batch_size=result.recommended_batch_size,
-            tokens_per_batch=tokens_per_batch(plan.field, value, result.max_batch_size),
-            trials=0 if hit else len(result.trials), seconds=seconds, borrowed=bounds, result=result,
-        )
-        if result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
+        try:
+            reporter.note(f"frontier: {plan.field}={value} ({count} of {len(order)})" + _said(bounds))
+            result, error = answer_point(plan.specs[index], borrowed), None
+        except (KeyboardInterrupt, Terminated) as signal:  # before its probe could hold it: no trial of it ran
+            interrupted = stop_reason_of(signal).value
+            result, error = None, f"{interrupted} before its first trial"
+        except SpecError as exc:
+            result, error = None, f"bad spec at this value: {exc.render()}"
+        except ProbeError as exc:
+            result, error = None, exc.message
+        except Exception as exc:  # a bug in isoprobe: this point says so, the others are still answered
+            reporter.note(traceback.format_exc().rstrip())
+            result, error = None, f"internal error: {type(exc).__name__}: {exc}"
+        if error is not None and interrupted is None:
+            reporter.note(f"frontier: {plan.field}={value} has no answer: {error}")
+        points[index] = _point(plan.field, value, count, result, error, bounds,
+                               round(time.monotonic() - point_started, 3))
+        if result is not None and result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
+            interrupted = result.stop_reason.value
+        if interrupted:
             break
-        if result.answered and ranks is not None:
+        if result is not None and result.answered and ranks is not None:
             out_of_memory = (result.first_failing_batch_size
                              if result.first_failing_outcome is Outcome.OUT_OF_MEMORY else None)
             proven.append((index, Proven(ranks[index], result.max_batch_size, out_of_memory)))
-    listed = [points[i] for i in sorted(points)]
+    for index, value in enumerate(plan.values):  # a frontier stopped by a signal: the points it did not reach
+        if index not in points:
+            points[index] = FrontierPoint(value=value, probed=None, max_batch_size=None, recommended_batch_size=None,
+                                          tokens_per_batch=None, trials=0, seconds=0.0, result=None,
+                                          error=f"not probed: the frontier was {interrupted}")
+    listed = [points[i] for i in range(len(plan.values))]
     return FrontierResult(
         spec_path=plan.spec_path, field=plan.field, direction=plan.direction,
-        answered=len(listed) == len(plan.values) and all(p.result.answered for p in listed),
+        answered=all(p.result is not None and p.result.answered for p in listed), interrupted=interrupted,
         points=listed, total_trials=sum(p.trials for p in listed),
         total_seconds=round(time.monotonic() - started, 3),
+    )
+
+
+def _point(field: str, value: Any, probed: int, result, error: str | None, bounds: BorrowedBounds | None,
+           seconds: float) -> FrontierPoint:
+    """One answered (or failed) point as the document lists it."""
+    hit = result is not None and result.cache is not None and result.cache.hit
+    maximum = result.max_batch_size if result is not None else None
+    return FrontierPoint(
+        value=value, probed=probed, max_batch_size=maximum,
+        recommended_batch_size=result.recommended_batch_size if result is not None else None,
+        tokens_per_batch=tokens_per_batch(field, value, maximum),
+        trials=0 if hit or result is None else len(result.trials), seconds=seconds, borrowed=bounds, result=result,
+        error=error,
     )
 
 

@@ -40,6 +40,7 @@ from isoprobe.report.result import DistributedInfo, EdgeMargin, MarginalBatch, R
 from isoprobe.search.history import Borrowed
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
+from isoprobe.system.stops import settle
 
 
 def local_executor(spec: Spec) -> Executor:
@@ -139,6 +140,7 @@ def run_probe(
                 # The training answer stands; the evaluation edge is unknown, and the exit code says so.
                 found = replace(found, stop=stop_reason_of(stopped))
     finally:
+        settle()  # no trial runs from here on: a signal now is noted, not raised into the close or the result
         executor.close()
     stop, max_fitting = found.stop, found.max_fitting
     capped_by = limited_by(spec, max_fitting, target.data, target.train_samples) if stop is StopReason.CAPPED else None

@@ -36,7 +36,7 @@ def render_frontier(frontier: Any, output: str | Path) -> Path:
 
     series("max_batch_size", "largest batch that fits (run at each value)", color="tab:blue", marker="o")
     series("recommended_batch_size", "recommended batch", color="tab:green", marker="s", linestyle="--")
-    evals = [(x, p["result"].get("eval_max_batch_size")) for x, p in zip(xs, points)]
+    evals = [(x, (p.get("result") or {}).get("eval_max_batch_size")) for x, p in zip(xs, points)]  # no result: none
     if any(y is not None for _, y in evals):
         known = [(x, y) for x, y in evals if y is not None]
         handles.append(ax.plot([x for x, _ in known], [y for _, y in known], color="tab:purple", marker="^",
