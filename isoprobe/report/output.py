@@ -88,6 +88,17 @@ def result_json(result: Result) -> str:
 # --------------------------------------------------------------------------- the table view
 
 
+def _margin_line(margin) -> str:
+    """The spread rule as applied (``Result.edge_margin``): the maximum's free memory, and any marginal batch."""
+    line = (f"spread: {format_bytes(margin.spread_bytes)} (floor {format_bytes(margin.floor_bytes)}"
+            + (f", seen in this probe {format_bytes(margin.observed_bytes)}" if margin.observed_bytes is not None else "")
+            + f"); the maximum's steady peak left {format_bytes(margin.max_free_bytes)} free")
+    for m in margin.marginal:
+        line += (f"; marginal {m.batch_size}: fit {m.fitted} of {m.runs} long runs, "
+                 f"{format_bytes(m.free_bytes)} free")
+    return line
+
+
 def _data_line(data) -> str:
     """The data section's dataset and the samples the maximum trained on (``Result.data``)."""
     scanned = (f"lengths of a seeded sample of {data.scanned}" if data.sampled else "every sample's length")
@@ -132,6 +143,8 @@ def render_table(result: Result) -> str:
         info = result.distributed
         lines.append(f"distributed: {info.strategy}, {info.world_size} ranks ({info.world_size_source}, "
                      f"{info.backend}): every batch here is a per-rank micro-batch")
+    if result.edge_margin is not None:
+        lines.append(_margin_line(result.edge_margin))
     if result.data is not None:
         lines.append(_data_line(result.data))
     if result.tokens is not None:

@@ -135,3 +135,10 @@ def test_a_gangs_floor_is_wider_than_a_process():
     independent plain ranks: its floor is GANG_FACTOR times a process's."""
     assert margin.floor_bytes("cpu", BUDGET, gang=True) == margin.GANG_FACTOR * margin.floor_bytes("cpu", BUDGET)
     assert margin.spread_for("cpu", BUDGET, gang=True).bytes == 16 * MiB
+
+
+def test_the_table_view_says_the_spread_and_the_marginal_batch():
+    from isoprobe.report.output import render_table
+
+    table = render_table(probe(hog_spec(), ScriptedExecutor(linear(TIGHT_FIXED, HOG_PER_SAMPLE))).result)
+    assert "spread: 8.00 MiB" in table and "marginal 25: fit 1 of 1 long runs, 4.00 MiB free" in table
