@@ -209,12 +209,12 @@ def edge_margin(runner: TrialRunner, found: Found) -> EdgeMargin | None:
         peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
         return None if peak is None else capacity - peak
 
-    at_max = [f for t in deciding if t.batch_size == found.max_fitting and t.outcome.value == "fits"
+    at_max = [f for t in deciding if t.batch_size == found.max_fitting and t.outcome is Outcome.FITS
               and (f := free(t)) is not None]
     marginal = []
     for batch in found.marginal:
         runs = [t for t in deciding if t.batch_size == batch]
-        fitting = [f for t in runs if t.outcome.value == "fits" and (f := free(t)) is not None]
+        fitting = [f for t in runs if t.outcome is Outcome.FITS and (f := free(t)) is not None]
         marginal.append(MarginalBatch(batch_size=batch, runs=len(runs), fitted=len(fitting),
                                       free_bytes=min(fitting) if fitting else 0))
     return EdgeMargin(capacity_bytes=capacity, spread_bytes=spread.bytes, floor_bytes=spread.floor_bytes,

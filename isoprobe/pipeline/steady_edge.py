@@ -40,8 +40,7 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
     done = len(deciding.step_seconds)
     if deciding.outcome is Outcome.FITS:  # marginal: it fit, but inside the spread
         margin = runner.margin_of(deciding)
-        jump = samples_to_clear(runner.target.search_capacity - margin.free, runner.target.search_capacity,
-                                margin.spread, slope) if margin else 1
+        jump = samples_to_clear(margin.free, margin.spread, slope) if margin else 1
         runner.reporter.note(f"searching below {failed} for the largest batch whose steady peak leaves more than "
                              "the spread free")
     else:

@@ -87,9 +87,9 @@ def clears(steady_peak: int, capacity: int, spread: int) -> bool:
     return capacity - steady_peak > spread
 
 
-def samples_to_clear(steady_peak: int, capacity: int, spread: int, per_sample: float | None) -> int:
-    """How many samples below a marginal batch the first batch that clears should lie (at least 1)."""
+def samples_to_clear(free: int, spread: int, per_sample: float | None) -> int:
+    """How many samples below a marginal batch (``free`` bytes left at its steady peak) the first batch that
+    clears ``spread`` should lie (at least 1)."""
     if not per_sample or per_sample <= 0:
         return 1
-    short = spread - (capacity - steady_peak)  # how much more must be free than is
-    return max(1, math.floor(short / per_sample) + 1)
+    return max(1, math.floor((spread - free) / per_sample) + 1)

@@ -39,8 +39,8 @@ def test_the_observed_spread_is_the_widest_gap_between_two_runs_after_the_same_s
 def test_a_peak_clears_only_with_more_than_the_spread_free_and_the_jump_reaches_the_first_that_does():
     assert margin.clears(100, 110, 9) and not margin.clears(100, 110, 10)
     # 1 free, 8 needed, 2 a sample: 7 more to free, so 4 samples down (8 more free).
-    assert margin.samples_to_clear(109, 110, 8, 2.0) == 4
-    assert margin.samples_to_clear(109, 110, 8, None) == 1
+    assert margin.samples_to_clear(1, 8, 2.0) == 4
+    assert margin.samples_to_clear(1, 8, None) == 1
 
 
 # --------------------------------------------------------------------------- probes of scripted devices
