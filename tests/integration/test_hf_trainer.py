@@ -81,14 +81,19 @@ def test_a_forward_pass_that_raises_is_exit_4_with_the_users_traceback(tmp_path)
     assert "in forward" in trial["error"]["traceback_tail"]
 
 
+def refused(tmp_path, spec_text: str):
+    """``isoprobe run`` of this spec, which the environment check must refuse: exit 2 (the run, for its words)."""
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(spec_text, encoding="utf-8")
+    run = probe(spec=spec)
+    assert run.returncode == 2, run.stderr
+    return run
+
+
 def test_a_function_that_ignores_its_batch_size_is_refused_before_any_trial(tmp_path):
     """The environment check builds the Trainer once (issue 34): what every trial would refuse is a spec error,
     exit 2, before the first trial (it was exit 4, after one)."""
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(f"model:\n  hf_trainer: {REPO}/tests/hf_trainers.py:ignores_the_batch\ndevice: cpu\n",
-                    encoding="utf-8")
-    run = probe(spec=spec)
-    assert run.returncode == 2, run.stderr
+    run = refused(tmp_path, f"model:\n  hf_trainer: {REPO}/tests/hf_trainers.py:ignores_the_batch\ndevice: cpu\n")
     assert "model.hf_trainer" in run.stderr and "per_device_train_batch_size is 8" in run.stderr
     assert "trial" not in run.stderr.lower().split("model.hf_trainer")[0]
 
@@ -96,11 +101,7 @@ def test_a_function_that_ignores_its_batch_size_is_refused_before_any_trial(tmp_
 def test_eval_pass_without_an_eval_dataset_is_refused_before_any_trial(tmp_path):
     """Issue 34: training.eval_pass with a Trainer that has no eval_dataset failed in the first trial, after its
     training steps (exit 4). Now the environment check refuses it: exit 2, naming training.eval_pass and the fix."""
-    spec = tmp_path / "spec.yaml"
-    spec.write_text(f"model:\n  hf_trainer: {BUILDER}\ndevice: cpu\ntraining: {{eval_pass: true}}\n",
-                    encoding="utf-8")
-    run = probe(spec=spec)
-    assert run.returncode == 2, run.stderr
+    run = refused(tmp_path, f"model:\n  hf_trainer: {BUILDER}\ndevice: cpu\ntraining: {{eval_pass: true}}\n")
     assert "training.eval_pass" in run.stderr and "has no eval_dataset: pass eval_dataset=... to the Trainer" in run.stderr
     assert "isoprobe: trial" not in run.stderr
 
