@@ -24,16 +24,17 @@ from isoprobe.spec.model import Spec
 
 
 def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior | None = None,
-            borrowed: Borrowed | None = None) -> Limits:
+            borrowed: Borrowed | None = None, steady: bool = False) -> Limits:
     return Limits(
         start=start or spec.search.start_batch_size,
         cap=data_cap(spec.search.cap, target.data, target.train_samples),
         retries=spec.search.retries,
-        confirmations=spec.search.confirmations,
+        confirmations=spec.search.confirmations_for("batch"),
         capacity=target.search_capacity,
         # The traced estimate guides the guided search only; the classic doubling is kept as it is.
         prior=prior if spec.search.strategy == "guided" else None,
         borrowed=borrowed,
+        steady=steady,  # the runner's steady rule: the trial that would be the maximum steps until steady
     )
 
 
@@ -45,7 +46,7 @@ def _found(conclusion: Conclusion) -> Found:
 def edge_search(spec: Spec, target: Target, runner: TrialRunner, start: int | None) -> Found:
     """The edge search alone (no recommendation), from ``start`` or the spec's start batch."""
     step = guided_step if spec.search.strategy == "guided" else doubling_step
-    limits = _limits(spec, target, start)
+    limits = _limits(spec, target, start, steady=runner.steady_rule is not None)
     return _long_run(runner, limits, run_search(runner.observe, limits, [], step=step))
 
 
@@ -65,7 +66,7 @@ def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior:
     ``borrowed``: bounds another point of a frontier proved (``search.frontier``): they narrow where the
     search looks; the answer is still proven by this point's own trials.
     """
-    limits = _limits(spec, target, prior=prior, borrowed=borrowed)
+    limits = _limits(spec, target, prior=prior, borrowed=borrowed, steady=runner.steady_rule is not None)
     step = guided_step if spec.search.strategy == "guided" else doubling_step
     history: list[Observation] = []
     try:

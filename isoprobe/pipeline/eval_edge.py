@@ -50,7 +50,7 @@ def eval_search(spec: Spec, target: Target, runner: TrialRunner, training_batch:
         start=spec.search.start_batch_size,
         cap=data_cap(spec.search.cap, target.data),  # with spec.data, no batch larger than the dataset
         retries=spec.search.retries,
-        confirmations=spec.search.confirmations,
+        confirmations=spec.search.confirmations_for("eval"),
         capacity=target.search_capacity,
         borrowed=Borrowed(fits=training_max) if training_max >= spec.search.start_batch_size else None,
     )

@@ -85,14 +85,15 @@ def search(runner, limits, history: list[Observation], step):
     from isoprobe.search.parallel import run_parallel_search
 
     runner.reporter.note(f"{len(devices)} slots: up to {len(devices)} trials at once ({', '.join(devices)})")
-    found = run_parallel_search(lambda batches, observed: observe_round(runner, batches, devices, observed), limits,
-                                len(devices), history, step=step)
+    found = run_parallel_search(lambda batches, observed, deciding=None: observe_round(
+        runner, batches, devices, observed, deciding), limits, len(devices), history, step=step)
     runner.reporter.note(f"edge search: {len(history)} trials in {found.rounds} rounds")
     return found.conclusion
 
 
-def observe_round(runner, batches: list[int], devices: list[str], observed) -> None:
+def observe_round(runner, batches: list[int], devices: list[str], observed, deciding: list[bool] | None = None) -> None:
     """Run ``batches`` at once, slot ``i`` on ``devices[i]``; ``observed(slot, observation)`` as each trial ends.
+    ``deciding[i]``: slot ``i`` steps until steady (``search.parallel.round_deciding``; a confirmation always does).
 
     Each trial joins ``runner.trials`` and is printed as its child ends (so its
     index is the order of the ends), and its observation goes to the search at
@@ -115,7 +116,8 @@ def observe_round(runner, batches: list[int], devices: list[str], observed) -> N
             "retry" if earlier[-1] is not None and earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT)
             else "confirmation")
         purposes.append(purpose)
-        rule = runner.steady_rule if purpose == "confirmation" else None  # it decides the maximum: until steady
+        # it decides the maximum: until steady
+        rule = runner.steady_rule if purpose == "confirmation" or (deciding and deciding[slot]) else None
         rules.append(rule)
         request = TrialRequest(spec=runner.spec, batch_size=batch, device=devices[slot], memory_budget_bytes=budget,
                                python_path=runner.python_path, steady=rule,

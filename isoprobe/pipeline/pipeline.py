@@ -168,6 +168,7 @@ def run_probe(
         first_failing_batch_size=found.first_failing,
         short_max_batch_size=found.short_max,
         edge_margin=edge_margin(runner, found) if tokens is None else None,
+        max_steady=_steady(runner, max_fitting),
         max_confirmed=_confirmed(runner, max_fitting),
         first_failing_outcome=found.first_failing_outcome,
         flaky_batch_sizes=list(found.flaky),
@@ -222,11 +223,22 @@ def edge_margin(runner: TrialRunner, found: Found) -> EdgeMargin | None:
                       marginal=marginal)
 
 
+def _at_max(runner: TrialRunner, max_fitting: int | None) -> list:
+    """The training trials that ran the maximum and fit (the same question: length, allocator)."""
+    if max_fitting is None:
+        return []
+    return [t for t in runner.same_question() if t.batch_size == max_fitting and t.outcome is Outcome.FITS
+            and t.training_batch_size is None and t.purpose in ("search", "retry", "confirmation", "long_run")]
+
+
+def _steady(runner: TrialRunner, max_fitting: int | None) -> bool:
+    """Whether a trial of the maximum stepped until its peak was steady and fit."""
+    return any(t.steady_rule is not None for t in _at_max(runner, max_fitting))
+
+
 def _confirmed(runner: TrialRunner, max_fitting: int | None) -> bool:
-    """Whether the maximum ran again after the trial that found it (a confirmation, or a long-run trial) and fit."""
-    return max_fitting is not None and any(
-        t.batch_size == max_fitting and t.purpose in ("confirmation", "long_run") and t.outcome is Outcome.FITS
-        and t.training_batch_size is None for t in runner.same_question())
+    """Whether the maximum fit in more than one fresh process."""
+    return len(_at_max(runner, max_fitting)) > 1
 
 
 def distributed_info(spec: Spec, backend: str, world_size_source: str, trials=()) -> DistributedInfo | None:

@@ -1,10 +1,13 @@
-"""The recommended batch: advised from the fitting trials, then soaked (run long in a fresh process).
+"""The recommended batch: advised from the fitting trials, then proven by a long run (its own soak, or the maximum's).
 
 ``recommend.advise`` (pure) picks the batch from the memory line and the
-headroom; ``soak.judge`` (pure) reads a soak's per-step peaks. This module
-runs the trials they ask for: the soak of the advised batch, and of a lower
-one each time a soak does not survive, so that the batch reported is one that
-ran ``soak_steps`` steps and fit.
+headroom; ``soak.judge`` (pure) reads a soak's per-step peaks;
+``soak.proven_by_maximum`` (pure) says when the maximum's steady trial already
+proves the batch. This module runs the trials they ask for: the soak of the
+advised batch, and of a lower one each time a soak does not survive, so that the
+batch reported is one that ran ``soak_steps`` steps and fit, or one below a
+maximum that stepped until steady with the line and that run's growth inside the
+headroom (recommendation.soak_steps null: a soak only where it adds evidence).
 """
 
 from __future__ import annotations
@@ -16,7 +19,8 @@ from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.search.recommend import advise
 from isoprobe.report.result import MemoryModel, Recommendation, Soak, Trial
-from isoprobe.search.soak import judge, lower_batch
+from isoprobe.search.soak import judge, lower_batch, proven_by_maximum
+from isoprobe.spec.units import format_bytes
 from isoprobe.spec.model import Spec
 
 #: Soaks per probe at most: the advised batch and two lower ones. A third failure says the memory
@@ -49,6 +53,7 @@ def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int)
         target.search_capacity,
         spec.recommendation.headroom,
         spec.recommendation.multiple_of,
+        anchor=_anchor(under_budget, max_fitting),
     )
     model = advice.line
     recommendation = Recommendation(
@@ -67,7 +72,52 @@ def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int)
         batch, recommendation = _prefer_throughput(spec, runner.same_question(), batch, recommendation)
     if recommendation.soak_steps == 0:
         return _unsoaked(runner, batch, recommendation)
+    if spec.recommendation.soak_steps is None and (proof := _maximum_proves(runner, batch, max_fitting,
+                                                                             recommendation)) is not None:
+        return batch, proof
     return _soak(runner, batch, recommendation, model.slope if model else None)
+
+
+def _anchor(trials: list[Trial], max_fitting: int) -> tuple[int, int] | None:
+    """(batch, base reading) of the largest fitting trial at or below the maximum: the one-point line's anchor."""
+    fits = [t for t in trials if t.outcome is Outcome.FITS and t.batch_size <= max_fitting and t.base_bytes
+            and budget_peak(t)]
+    if not fits:
+        return None
+    top = max(fits, key=lambda t: (t.batch_size, t.index))
+    return top.batch_size, top.base_bytes
+
+
+def _maximum_proves(runner: TrialRunner, batch: int, max_fitting: int,
+                    recommendation: Recommendation) -> Recommendation | None:
+    """The recommendation proven by the maximum's steady trial (no soak of its own), or None when a soak must run.
+
+    A soak of a batch below the maximum re-proves what the maximum's deciding trial showed: it stepped until its
+    peak held still, at a larger batch (memory rises with the batch). What the maximum does not show is whether
+    the smaller batch keeps the headroom in the long run; the line predicts its peak, and the growth the maximum's
+    run showed after the search's steps is added to that (``soak.proven_by_maximum``)."""
+    deciding = [t for t in runner.same_question() if t.batch_size == max_fitting and t.steady_rule is not None
+                and t.outcome is Outcome.FITS and t.training_batch_size is None and t.purpose != "memory_check"]
+    if not deciding:
+        return None
+    trial = deciding[-1]
+    peaks = step_budget_peaks(trial)
+    proof = proven_by_maximum(batch, max_fitting, peaks, runner.spec.search.steps,
+                              recommendation.predicted_peak_bytes, recommendation.target_peak_bytes)
+    if proof is None:
+        return None
+    return recommendation.model_copy(update={
+        "soak_steps": 0, "proven_by_trial": trial.index, "measured_peak_bytes": _measured_at(runner, batch),
+        "note": f"{recommendation.note}; no soak of its own: the maximum {max_fitting} stepped {len(peaks)} steps "
+                f"until its peak held still (trial {trial.index}), and memory rises with the batch; {batch}'s "
+                f"predicted peak {format_bytes(proof.predicted_bytes)} plus the {format_bytes(proof.growth_bytes)} "
+                f"the maximum grew after step {runner.spec.search.steps} stays within the target "
+                f"{format_bytes(recommendation.target_peak_bytes)} (recommendation.soak_steps: N soaks it anyway)"})
+
+
+def _measured_at(runner: TrialRunner, batch: int) -> int | None:
+    trial = _fitting_at(runner, batch)
+    return budget_peak(trial) if trial else None
 
 
 def _unsoaked(runner: TrialRunner, batch: int, recommendation: Recommendation):

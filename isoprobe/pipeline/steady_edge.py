@@ -49,15 +49,23 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
             f"{deciding.outcome.value} at step {done + 1}"
         runner.reporter.note(f"batch {failed} fit {runner.spec.search.steps} steps but not the long run ({how}): "
                              "searching below it with trials that run until their peak is steady")
+    flaky = set(conclusion.flaky)
     while (batch := long_run.next_long_run_batch(ran, jump)) is not None:
+        attempts = []
         for _ in range(1 + _RETRIES):
             trial = runner.run(batch, "long_run", rule=rule)
+            attempts.append(trial)
             if trial.outcome not in (Outcome.CRASHED, Outcome.TIMED_OUT):
                 break
         if trial.outcome is Outcome.ERROR:
-            return Found(StopReason.ERROR, _largest(ran), None, None, conclusion.flaky, short_max=failed)
-        ran[batch] = trial.outcome is Outcome.FITS and not runner.observation(trial).long_run
-        outcomes[batch] = trial.outcome
+            return Found(StopReason.ERROR, _largest(ran), None, None, tuple(sorted(flaky)), short_max=failed)
+        # As in the short search's verdicts: a batch fits only if every attempt fit. One that crashed and then
+        # fit is flaky, a failure with the crash's class (it once made a batch that crashed the answer).
+        fit_every_time = all(t.outcome is Outcome.FITS for t in attempts)
+        if trial.outcome is Outcome.FITS and not fit_every_time:
+            flaky.add(batch)
+        ran[batch] = fit_every_time and not runner.observation(trial).long_run
+        outcomes[batch] = trial.outcome if fit_every_time or trial.outcome is not Outcome.FITS else attempts[0].outcome
     lower = _largest(ran)
     above = [b for b, ok in ran.items() if not ok and (lower is None or b > lower)]
     failing = [b for b in above if outcomes[b] is not Outcome.FITS]
@@ -69,9 +77,9 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
     short_max = failed if deciding.outcome is not Outcome.FITS else None
     if lower is None:
         # Down to batch 1 (or an error), nothing held: its memory rose until it ran out or hit the step cap.
-        return Found(StopReason.STILL_RISING, None, upper, outcomes.get(upper), conclusion.flaky, short_max=failed,
-                     marginal=marginal)
-    return Found(StopReason.EDGE_FOUND, lower, upper, outcomes.get(upper), conclusion.flaky, short_max=short_max,
+        return Found(StopReason.STILL_RISING, None, upper, outcomes.get(upper), tuple(sorted(flaky)),
+                     short_max=failed, marginal=marginal)
+    return Found(StopReason.EDGE_FOUND, lower, upper, outcomes.get(upper), tuple(sorted(flaky)), short_max=short_max,
                  marginal=marginal)
 
 

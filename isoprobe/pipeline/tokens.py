@@ -56,7 +56,7 @@ def token_search_and_recommend(spec: Spec, target: Target, runner: TrialRunner) 
     try:
         answer = search_budget(trial("search"), spec.search.bucket_lengths, start=spec.search.start_batch_size,
                                cap=spec.search.cap, confirm=trial("confirmation"), retries=spec.search.retries,
-                               retry=trial("retry"), confirmations=spec.search.confirmations)
+                               retry=trial("retry"), confirmations=spec.search.confirmations_for("tokens"))
     except (KeyboardInterrupt, Terminated) as stopped:
         return TokensFound(Found(stop_reason_of(stopped), None, None), None)
     searched = len(runner.trials)

@@ -260,8 +260,11 @@ class TrialRunner:
         return Asked(steps=steps or self.spec.search.steps, backend=self.target.backend, budget_bytes=budget,
                      eval_pass=eval_pass, import_memory=self.target.import_memory, steady=rule)
 
-    def observe(self, batch_size: int) -> Observation:
-        """The search's oracle. A batch seen before is a retry (after a crash or timeout) or a confirmation."""
+    def observe(self, batch_size: int, deciding: bool = False) -> Observation:
+        """The search's oracle. A batch seen before is a retry (after a crash or timeout) or a confirmation.
+
+        ``deciding`` (``search.decides``): the trial would be the maximum if it fit, so it steps until its peak is
+        steady (the steady rule) and its fit is the maximum's proof; a confirmation always does."""
         earlier = [t for t in self.trials if t.batch_size == batch_size and t.purpose in _SEARCH_PURPOSES
                    and t.allocator == self.allocator_label and t.training_batch_size == self.eval_after]
         if not earlier:
@@ -270,9 +273,9 @@ class TrialRunner:
             purpose = "retry"
         else:
             purpose = "confirmation"
-        # The confirmation decides the reported maximum: it steps until its peak is steady (isoprobe.report.steady).
+        # A trial that decides the reported maximum steps until its peak is steady (isoprobe.report.steady).
         # An evaluation trial is one pass after the steps: nothing in it grows with more steps.
-        steady_rule = self.steady_rule if purpose == "confirmation" and self.eval_after is None else None
+        steady_rule = self.steady_rule if (deciding or purpose == "confirmation") and self.eval_after is None else None
         trial = self.run(batch_size, purpose, rule=steady_rule)
         return self.observation(trial)
 
@@ -331,6 +334,6 @@ def observation_of(trial: Trial, short_steps: int) -> Observation:
         long_run = trial.steady_rule is not None and (
             trial.outcome is Outcome.STILL_RISING
             or (trial.outcome is Outcome.OUT_OF_MEMORY and len(trial.step_seconds) >= short_steps))
-        return Observation(trial.batch_size, trial.outcome, long_run=long_run)
+        return Observation(trial.batch_size, trial.outcome, long_run=long_run, steady=trial.steady_rule is not None)
     peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
-    return Observation(trial.batch_size, trial.outcome, peak, trial.base_bytes)
+    return Observation(trial.batch_size, trial.outcome, peak, trial.base_bytes, steady=trial.steady_rule is not None)

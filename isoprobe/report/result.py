@@ -430,7 +430,7 @@ class Recommendation(_Strict):
     predicted_peak_bytes: int | None = None
     measured_peak_bytes: int | None = Field(
         None, description="Peak of the trial that ran the recommended batch, in capacity_bytes's units.")
-    soak_steps: int = Field(0, description="Steps each soak ran (recommendation.soak_steps as applied; 0: none).")
+    soak_steps: int = Field(0, description="Steps each soak ran (recommendation.soak_steps as applied; 0: none ran).")
     soaked: bool = Field(
         False, description="True when the recommended batch survived a soak of soak_steps steps (soaks[-1]). False "
         "with recommendation.soak_steps 0: no trial ran for the recommendation, and measured_peak_bytes is a search "
@@ -439,6 +439,11 @@ class Recommendation(_Strict):
         default_factory=list,
         description="Every soak, in order: a batch that did not survive moved the recommendation down to the next.",
     )
+    proven_by_trial: int | None = Field(
+        None, description="The trial whose long run proves the recommended batch without a soak of its own "
+        "(recommendation.soak_steps null): the maximum's deciding trial, which stepped until its peak was steady "
+        "at a larger batch, with the line plus its growth over steps within target_peak_bytes. Null where a soak "
+        "ran, or none was asked (soak_steps 0).")
     note: str = Field(description="How the number was derived, in words.")
 
 
@@ -626,11 +631,16 @@ class Result(_Strict):
     edge_margin: EdgeMargin | None = Field(
         None, description="The spread rule as applied to the maximum; null when it does not apply "
                           "(search.steady_steps 0, search.edge_spread 0, or no maximum).")
+    max_steady: bool = Field(
+        False, description="True when a trial of max_batch_size stepped until its peak was steady and fit (the "
+        "trial that decided it: the first to fit there when it was run as the batch right below the smallest "
+        "failure, else a run after a shorter one; or a long_run trial), clearing the spread where edge_margin "
+        "applies. False with search.steady_steps 0: the maximum fit trials of search.steps steps only.",
+    )
     max_confirmed: bool = Field(
-        False, description="True when max_batch_size ran again after the trial that found it and fit every time "
-        "(search.confirmations, each stepping until its peak was steady unless search.steady_steps is 0; or a "
-        "long_run trial). False with search.confirmations 0: it fit the one trial of search.steps steps that "
-        "found it, and whether it holds in another process or a longer run was not checked.",
+        False, description="True when max_batch_size ran in more than one fresh process and fit every time "
+        "(search.confirmations after the trial that decided it, or a short trial before it). False when one "
+        "process proved it: the spread rule (edge_margin) covers how far another process may move.",
     )
     first_failing_outcome: Outcome | None = Field(
         None,

@@ -7,10 +7,14 @@ is the loop that joins them to an oracle, so tests drive it with scripted and
 flaky oracles and the product drives it with real child processes.
 
 Strategy: ``plan_next`` owns what every strategy shares (begin at the start,
-retry a crash or timeout, stop on an error, confirm the maximum once the
-bracket is closed (``Limits.confirmations`` runs: the product's run until their peak is steady,
-``search.steady_steps``); stop when a confirmation failed in the long run); a *step* only picks the next batch strictly inside the
-open bracket. Two steps exist:
+retry a crash or timeout, stop on an error, prove the maximum once the bracket
+is closed, stop when a deciding trial failed in the long run); a *step* only picks
+the next batch strictly inside the open bracket. Each proof runs once
+(``Limits.steady``, the product's): the trial that would be the maximum if it fit
+(``decides``: right below the smallest failure) steps until its peak is steady, so
+the trial that fits first at the edge proves it; a maximum whose only fit was a
+short trial runs once more, until steady; ``Limits.confirmations`` asks for that
+many runs after the first fit (``proofs_due``). Two steps exist:
 - ``doubling_step``, the classic: double until the first failure or a cap, then
   bisect until the largest batch that fits and the smallest that fails are
   adjacent;
@@ -27,10 +31,11 @@ memory line and the prior), this module (the plan, the conclusion, the loop),
 and ``search.parallel.py`` (several batches a round, for parallel slots).
 
 A *prior* (``Limits.prior``: the line traced before any trial, ``child.estimate``)
-only moves where the guided search looks: the first trial goes most of the way to
-the prior's edge instead of the start (``first_batch``); if nothing has fit yet
-and a batch failed, the search steps down towards the start (``DESCENT``), so a
-high estimate costs trials, never the answer; and the line is anchored on the
+only moves where the guided search looks: the first trial goes one above the
+prior's edge instead of the start (``first_batch``), expected to fail, and the
+next to the edge itself, which then decides the maximum: two trials when the
+estimate is exact. If both failed, the search steps down towards the start
+(``DESCENT``), so a high estimate costs trials, never the answer; and the line is anchored on the
 measured peaks with a slope the prior bounds (``prior_line``). Without a prior
 every step is as it was.
 
@@ -59,7 +64,7 @@ from typing import Callable
 
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.search.frontier import bracket
-from isoprobe.search.history import Limits, Observation, bounds, verdicts
+from isoprobe.search.history import Limits, Observation, bounds, proofs_due, verdicts
 from isoprobe.search.steps import DESCENT, Step, first_batch, guided_step
 
 
@@ -92,9 +97,14 @@ def plan_next(
             return max(limits.start, min(first_batch(limits), upper - 1))
         if limits.prior is None and limits.start not in judged and upper > limits.start:
             return limits.start  # a borrowed fit failed here (the direction was wrong): the classic start, as alone
-        # Nothing fit yet. Without a prior the start failed: nothing fits. With one, a first trial above
-        # the start failed (the estimate was high): step down towards the start until a batch fits.
-        return None if limits.prior is None or upper <= limits.start else max(limits.start, min(upper - 1, math.floor(upper * DESCENT)))
+        # Nothing fit yet. Without a prior the start failed: nothing fits. With one, the first trial (one above the
+        # predicted edge) failed: the predicted edge next, which decides the maximum if it fits. If that failed too,
+        # the estimate was high: step down towards the start until a batch fits.
+        if limits.prior is None or upper <= limits.start:
+            return None
+        if upper == first_batch(limits) and upper > limits.start:
+            return upper - 1
+        return max(limits.start, min(upper - 1, math.floor(upper * DESCENT)))
     if (upper is None and lower < limits.highest) or (upper is not None and upper - lower > 1):
         batch = step(history, limits, lower, upper)
         ceiling = limits.highest if upper is None else upper - 1
@@ -107,8 +117,23 @@ def plan_next(
         return lower
     if upper is not None and upper not in judged:
         return upper
-    # Confirm the maximum before answering.
-    return lower if judged[lower].fits_count < 1 + limits.confirmations_due else None
+    # Prove the maximum before answering: ``confirmations`` runs after its first fit, and with ``limits.steady`` a
+    # run that stepped until steady (the first fit itself, where it was asked to decide: ``decides``).
+    return lower if proofs_due(judged[lower], limits) > 0 else None
+
+
+def decides(history: list[Observation] | tuple[Observation, ...], limits: Limits, batch: int) -> bool:
+    """Whether a trial of ``batch`` should step until its peak is steady: with ``limits.steady``, when a fit would
+    make it the maximum (the batch right below the smallest failure, or the largest allowed), or it is the maximum
+    run again. The trial that fits first at the edge is then its proof, and no second process runs it; every other
+    trial stays short (its fit only moves the lower bound, which the deciding trial above it proves again)."""
+    if not limits.steady:
+        return False
+    lower, upper = bracket(history, limits)
+    if lower is not None and batch <= lower:
+        return True
+    ceiling = limits.highest if upper is None else upper - 1
+    return batch >= ceiling
 
 
 @dataclass(frozen=True)
@@ -192,6 +217,8 @@ def run_search(
 ) -> Conclusion:
     """Ask the oracle until the answer is known.
 
+    With ``limits.steady`` the oracle is called as ``oracle(batch, deciding)``: ``deciding`` (``decides``) asks it to
+    step until the peak is steady, and the observation it returns says whether it did (``Observation.steady``).
     ``history`` (appended to in place) lets a caller keep the trials so far when
     the loop is interrupted, and resume from them.
     """
@@ -199,7 +226,7 @@ def run_search(
     while (batch := plan_next(history, limits, step)) is not None:
         if sum(o.batch_size == batch for o in history) >= limits.most_attempts:
             raise AssertionError(f"the planner proposed batch {batch} more than {limits.most_attempts} times")
-        observation = oracle(batch)
+        observation = oracle(batch, decides(history, limits, batch)) if limits.steady else oracle(batch)
         if observation.batch_size != batch:
             raise AssertionError(f"asked for batch {batch}, the oracle answered for {observation.batch_size}")
         history.append(observation)

@@ -33,6 +33,9 @@ class Observation:
     #: marginal, outcome FITS). The short trials' fits at the batch do not contradict it (not flaky), and the
     #: short search is over: the long run decides from here (``steady``).
     long_run: bool = False
+    #: The trial stepped until its peak was steady (it was asked to decide the maximum, ``decides``): a fit of it
+    #: proves the long run, so the maximum needs no second process (``Limits.steady``).
+    steady: bool = False
 
 
 @dataclass(frozen=True)
@@ -71,15 +74,19 @@ class Limits:
     cap: int | None = None
     ceiling: int = DEFAULT_CEILING
     retries: int = 1        # extra attempts for a batch whose trial crashed or timed out
-    confirmations: int = 1  # extra runs of the final maximum before it is reported (0: none; steady or not)
+    confirmations: int = 1  # extra runs of the final maximum after the first fit (0: none); ``proofs_due``
     capacity: int | None = None  # memory the peaks are compared with (guided step); None: no prediction
     prior: Prior | None = None   # a line estimated before any trial (guided step, with a capacity); None: none
     borrowed: Borrowed | None = None  # bounds another frontier point proved (search.frontier); None: none
+    #: The trial that would decide the maximum steps until its peak is steady (the product's steady rule): the
+    #: oracle is told which trials those are (``run_search``), and the maximum is a batch with a steady fit (a
+    #: maximum whose only fit was short runs once more, until steady). False: every trial is alike.
+    steady: bool = False
 
     @property
     def confirmations_due(self) -> int:
-        """Runs of the maximum after the one that found it: ``confirmations``, no more (0: the maximum is reported
-        from the trial that found it; issue 34: a steady confirmation was due even with none asked)."""
+        """Runs of the maximum after its first fit: ``confirmations``, no more (issue 34: a confirmation was due
+        even with none asked); with ``steady``, one of its runs must have stepped until steady (``proofs_due``)."""
         return self.confirmations
 
     def __post_init__(self) -> None:
@@ -96,8 +103,8 @@ class Limits:
 
     @property
     def most_attempts(self) -> int:
-        """No batch is ever tried more often than this."""
-        return 1 + max(self.retries, self.confirmations_due)
+        """No batch is ever tried more often than this (with ``steady``, a short fit may precede its deciding run)."""
+        return 1 + max(self.retries, self.confirmations_due) + (1 if self.steady else 0)
 
 
 @dataclass(frozen=True)
@@ -110,23 +117,38 @@ class Verdict:
     fits_count: int
     flaky: bool
     long_run: bool = False  # an attempt that decides the maximum failed after the search's steps
+    steady_fits: int = 0    # attempts that stepped until steady and fit (``Observation.steady``)
+
+
+def proofs_due(verdict: Verdict, limits: Limits) -> int:
+    """Runs of the maximum still due before it is reported: ``confirmations`` after the first fit, and with
+    ``limits.steady`` at least one that stepped until steady (a short fit's re-run is both)."""
+    due = 1 + limits.confirmations_due - verdict.fits_count
+    if limits.steady and verdict.steady_fits == 0:
+        due = max(due, 1)
+    return max(0, due)
 
 
 def verdicts(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> dict[int, Verdict]:
     """Every tried batch's verdict (see the module docstring for the rules)."""
     attempts: dict[int, list[Outcome]] = {}
     long_run: set[int] = set()
+    steady: dict[int, int] = {}
     for observation in history:
         if observation.batch_size > limits.highest:
             continue  # above the cap (a history resumed under a lower cap): never an answer
         attempts.setdefault(observation.batch_size, []).append(observation.outcome)
         if observation.long_run:
             long_run.add(observation.batch_size)
+        if observation.steady and observation.outcome is Outcome.FITS and not observation.long_run:
+            steady[observation.batch_size] = steady.get(observation.batch_size, 0) + 1
     judged = {}
     for batch, outcomes in attempts.items():
         fits = outcomes.count(Outcome.FITS)
         failures = [o for o in outcomes if o is not Outcome.FITS]
-        flaky = 0 < fits < len(outcomes) and batch not in long_run
+        # A long-run failure after short fits is growth, not flakiness; a crash or timeout next to a fit is.
+        flaky = 0 < fits < len(outcomes) and (batch not in long_run or any(
+            o in (Outcome.CRASHED, Outcome.TIMED_OUT) for o in failures))
         if not failures:
             outcome: Outcome | None = Outcome.FITS
         elif Outcome.ERROR in failures:
@@ -139,7 +161,7 @@ def verdicts(history: list[Observation] | tuple[Observation, ...], limits: Limit
             outcome = None  # crashed or timed out, and a fresh process may still tell
         else:
             outcome = failures[-1]
-        judged[batch] = Verdict(batch, outcome, len(outcomes), fits, flaky, batch in long_run)
+        judged[batch] = Verdict(batch, outcome, len(outcomes), fits, flaky, batch in long_run, steady.get(batch, 0))
     return judged
 
 

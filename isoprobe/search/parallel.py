@@ -11,7 +11,11 @@ next, then fills the other slots with batches that can only help:
   when the bracket has no more interior batches than free slots, all of them,
   and the spare slots run the likely maximum again (its confirmation, in the
   same round);
-- once the bracket is closed, the confirmations still due, at once.
+- once the bracket is closed, the proofs still due, at once.
+
+With ``Limits.steady`` each slot's batch that would be the maximum if it fit
+(``search.decides``, or the same batch twice in a round) steps until steady
+(``round_deciding``), as in the sequential search.
 
 The answer is read by ``search.conclude`` from the same verdicts as ever, so
 the guarantees do not change: a batch counts as fitting only if every one of
@@ -34,8 +38,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from isoprobe.report.outcomes import Outcome
-from isoprobe.search.edge_search import Conclusion, conclude, plan_next
-from isoprobe.search.history import Limits, Observation, bounds, verdicts
+from isoprobe.search.edge_search import Conclusion, conclude, decides, plan_next
+from isoprobe.search.history import Limits, Observation, bounds, proofs_due, verdicts
 from isoprobe.search.steps import Step
 
 
@@ -70,8 +74,8 @@ def plan_round(history: list[Observation] | tuple[Observation, ...], limits: Lim
             _ladder(first, limits, add)
         return planned
     interior = list(range(lower + 1, upper))
-    if not interior:  # closed: the confirmations still due, all at once
-        due = 1 + limits.confirmations_due - judged[lower].fits_count
+    if not interior:  # closed: the proofs still due, all at once
+        due = proofs_due(judged[lower], limits)
         for _ in range(due - planned.count(lower)):
             add(lower)
         return planned
@@ -84,7 +88,7 @@ def plan_round(history: list[Observation] | tuple[Observation, ...], limits: Lim
             add(batch)
         for batch in sorted(set(planned) & set(interior), reverse=True) * limits.confirmations:
             add(batch)  # spare slots: the likely maximum's confirmation in the same round
-        if lower not in planned and judged[lower].fits_count < 1 + limits.confirmations:
+        if lower not in planned and proofs_due(judged[lower], limits) > 0:
             add(lower)
         return planned
     for i in range(1, free + 1):  # a k-ary split of what is left of the bracket
@@ -92,6 +96,13 @@ def plan_round(history: list[Observation] | tuple[Observation, ...], limits: Lim
         if batch in interior and batch not in planned:
             add(batch)
     return planned
+
+
+def round_deciding(history: list[Observation] | tuple[Observation, ...], limits: Limits,
+                   batches: list[int]) -> list[bool]:
+    """Which of a round's batches step until steady: those that would decide the maximum if they fit
+    (``decides``, against the history before the round), and a batch's second run in the same round."""
+    return [decides(history, limits, batch) or batch in batches[:slot] for slot, batch in enumerate(batches)]
 
 
 def _ladder(base: int, limits: Limits, add: Callable[[int], None]) -> None:
@@ -123,7 +134,8 @@ def run_parallel_search(
     """Run rounds of at most ``slots`` trials until the answer is known; the conclusion and the rounds it took.
 
     ``oracle(batches, observed)`` runs one round and calls ``observed(slot,
-    observation)`` once per slot, in whatever order the trials end. Each
+    observation)`` once per slot (with ``limits.steady``: ``oracle(batches, observed, deciding)``, which slots
+    step until steady), in whatever order the trials end. Each
     observation joins ``history`` (appended to in place) the moment it is told,
     so a search interrupted mid-round keeps every trial that had ended
     (``search.progress`` reads what they proved); the next round is planned
@@ -141,7 +153,10 @@ def run_parallel_search(
             answered[slot] = observation
             history.append(observation)
 
-        oracle(batches, observed)
+        if limits.steady:
+            oracle(batches, observed, round_deciding(history, limits, batches))
+        else:
+            oracle(batches, observed)
         if None in answered:
             raise AssertionError(f"asked for batches {batches}, the oracle answered {answered}")
         rounds += 1

@@ -63,6 +63,7 @@ def advise(
     capacity: int,
     headroom: float | int,
     multiple_of: int,
+    anchor: tuple[int, int] | None = None,
 ) -> Advice:
     """The recommended batch: at most ``max_batch``, predicted to peak below capacity - headroom, rounded down,
     and never below a batch that fitted with its measured peak within that target.
@@ -85,9 +86,18 @@ def advise(
     Below the fitted batches the line is an extrapolation towards less memory; the recommended batch is
     then run like any other (its soak or check trial) before it is reported. Only a line whose target is
     below one sample, with no batch proven, breaks the headroom (recommending 1, said in the note).
+
+    ``anchor``: (batch, base) of the largest fitting trial, the memory it held without its batch. With a single
+    batch measured (an exact estimate proves the edge with one fitting trial) the line runs from that base to the
+    batch's peak: steeper than the activations alone where the peak holds something else too (an optimizer
+    step's scratch), so the headroom errs towards a smaller batch, never a larger one.
     """
     usable = [(b, p) for b, p in fitting if b <= max_batch]
     line = fit_line(usable)
+    if line is None and anchor is not None and usable:
+        batch_at, peak_at = max(usable)
+        if anchor[0] == batch_at and peak_at > anchor[1]:
+            line = Line(intercept=float(anchor[1]), slope=(peak_at - anchor[1]) / batch_at, points=1)
     reserve = headroom_in_bytes(headroom, capacity)
     target = capacity - reserve
     notes: list[str] = []
@@ -103,10 +113,10 @@ def advise(
                 batch += 1
             elif batch >= 1 and line.at(batch) > target + 0.5:
                 batch -= 1
-        notes.append(
-            f"largest batch whose predicted peak stays {format_bytes(reserve)} below the capacity "
-            f"(line over {line.points} fitting trials)"
-        )
+        over_what = (f"line over {line.points} fitting trials" if line.points > 1
+                     else "line from the fitting trial's base reading to its peak")
+        notes.append(f"largest batch whose predicted peak stays {format_bytes(reserve)} below the capacity "
+                     f"({over_what})")
         if batch < 1:
             batch = 1
             notes.append("the headroom cannot be met even at 1 sample; recommending 1")

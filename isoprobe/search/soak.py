@@ -87,3 +87,30 @@ def lower_batch(batch: int, judgement: SoakJudgement, per_sample_bytes: float | 
     if multiple_of > 1 and lower >= multiple_of:
         lower -= lower % multiple_of
     return max(0, lower)
+
+
+@dataclass(frozen=True)
+class ProvenByMaximum:
+    """Why a batch below a steady maximum needs no soak: its predicted peak plus the maximum's growth over steps."""
+
+    predicted_bytes: int
+    growth_bytes: int
+
+
+def proven_by_maximum(batch: int, maximum: int, maximum_peaks: list[int], short_steps: int,
+                      predicted_peak_bytes: int | None, target_peak_bytes: int) -> ProvenByMaximum | None:
+    """Whether the maximum's steady run proves ``batch`` without a soak of its own (None: it does not).
+
+    ``maximum_peaks``: the running peak after each step of the maximum's deciding trial, which stepped until its
+    peak held still (``report.steady``). A batch below it peaks lower at every step (memory rises with the batch),
+    so it holds the long run wherever the maximum did; the headroom is the one thing left to show: the line's
+    prediction for ``batch`` plus the growth the maximum showed after the search's ``short_steps`` (a short
+    trial's peak on the line misses that growth) must stay within ``target_peak_bytes``. Without a prediction, a
+    batch at or above the maximum, or readings too few to tell the growth: None, and the soak runs.
+    """
+    if predicted_peak_bytes is None or batch >= maximum or len(maximum_peaks) < short_steps or short_steps < 1:
+        return None
+    growth = max(0, maximum_peaks[-1] - maximum_peaks[short_steps - 1])
+    if predicted_peak_bytes + growth > target_peak_bytes:
+        return None
+    return ProvenByMaximum(predicted_peak_bytes, growth)

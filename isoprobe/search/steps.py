@@ -93,13 +93,6 @@ def memory_line(history: tuple[Observation, ...] | list[Observation], limits: Li
     return MemoryLine(peak - slope * top, slope, len(batches))
 
 
-#: With a prior, the first trial goes this fraction of the way to the edge the prior predicts: an
-#: estimate that is a little high (the trace cannot see allocator caching, fragmentation or kernel
-#: scratch memory, so it errs high more often than low: +5 % on ResNet50, +14 % on small-cnn) then
-#: still fits, and its measured peak corrects the line for the next two trials, the edge pair.
-#: benchmarks/simulate_search.py chose 0.8 over 0.9 (same medians, no device worse than without a prior
-#: on exact readings).
-PRIOR_FIRST_FRACTION = 0.8
 #: Nothing has fit yet and a trial failed above the start (the estimate was high): the next one goes to
 #: this fraction of the failed batch, at least the start.
 DESCENT = 0.75
@@ -116,11 +109,19 @@ def prior_edge(limits: Limits) -> int | None:
 
 
 def first_batch(limits: Limits) -> int:
-    """The first trial: the start, or with a prior most of the way to its predicted edge (within the limits)."""
+    """The first trial: the start, or with a prior one above its predicted edge (within the limits).
+
+    One above, because a failure is the cheapest trial there is (it ends at the first allocation that does not
+    fit) and pins the upper bound; the edge itself is then the next trial, the one that steps until steady and
+    decides the maximum (``edge_search.decides``). When the estimate is exact, those two trials are the whole
+    search. An estimate errs high more often than low (the trace cannot see allocator caching, fragmentation or
+    kernel scratch memory: +5 % on ResNet50, +14 % on small-cnn), which costs a cheap failure more; a low one
+    fits, and its measured peak corrects the line.
+    """
     edge = prior_edge(limits)
     if edge is None:
         return limits.start
-    return max(limits.start, min(math.floor(PRIOR_FIRST_FRACTION * edge), limits.highest))
+    return max(limits.start, min(edge + 1, limits.highest))
 
 
 def prior_line(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> MemoryLine | None:

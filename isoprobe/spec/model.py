@@ -437,10 +437,12 @@ class SearchSpec(SpecSection):
     steady_steps: int | None = Field(
         None, ge=0, le=10000,
         description=(
-            "The most steps a trial that decides the maximum (the edge's confirmations, and the long-run search "
-            "below them; none with search.confirmations 0) runs while its peak still rises: it stops as soon as the peak has held still for 5 steps (so it runs "
-            "at least 6). A peak still rising at this cap is still_rising, not fits. null: 30; 0: off (every "
-            "trial runs search.steps)."
+            "The most steps a trial that decides the maximum runs while its peak still rises (the trial right below "
+            "the smallest failure, whose fit makes it the maximum; a maximum whose only fit was a shorter trial runs "
+            "once more; any search.confirmations; the long-run search below a batch that failed the long run): it "
+            "stops as soon as the peak has held still for 5 steps (so it runs at least 6). A peak still rising at "
+            "this cap is still_rising, not fits. null: 30; 0: off (every trial runs search.steps, and the maximum "
+            "is the batch that fit one trial of them)."
         ),
     )
     edge_spread: ByteCountOrZero | None = Field(
@@ -468,17 +470,27 @@ class SearchSpec(SpecSection):
             "failure persists, the batch counts as failing with that class (never as out of memory)."
         ),
     )
-    confirmations: int = Field(
-        1,
+    confirmations: int | None = Field(
+        None,
         ge=0,
         le=5,
         description=(
-            "Extra runs of the final maximum before it is reported, each in a fresh process and stepping until its "
-            "peak is steady (search.steady_steps). If one fails, the edge is flaky and the answer moves down to the "
-            "largest batch that fit every time it ran. 0: none, steady or not: the maximum is the batch that fit "
-            "one trial of search.steps steps (result.max_confirmed false)."
+            "Extra runs of the maximum after its first fit, each in a fresh process and stepping until its peak is "
+            "steady (search.steady_steps). If one fails, the edge is flaky and the answer moves down to the largest "
+            "batch that fit every time it ran. null: 0 for the batch search, whose deciding trial (the batch right "
+            "below the smallest failure) already stepped until steady and cleared the spread (search.edge_spread: "
+            "how far a fresh process may move; a maximum whose only fit was a shorter trial still runs once more, "
+            "until steady); 1 for the token search's binding batch and the evaluation batch, which keep their "
+            "confirmation. 0: none beyond that (result.max_confirmed false)."
         ),
     )
+
+    def confirmations_for(self, search: Literal["batch", "tokens", "eval"]) -> int:
+        """search.confirmations as applied: the spec's, else 0 for the batch search (its deciding trial is the
+        proof), 1 for the token and evaluation searches."""
+        if self.confirmations is not None:
+            return self.confirmations
+        return 0 if search == "batch" else 1
     strategy: Literal["guided", "doubling"] = Field(
         "guided",
         description=(
@@ -606,10 +618,14 @@ class RecommendationSpec(SpecSection):
             "Steps the recommended batch runs in a fresh process before it is reported, reading the peak after "
             "each step: memory that grows over steps (fragmentation, a cache that fills, a leak) shows there. "
             "A batch that fails, or whose peak still rises above the headroom line, moves the recommendation "
-            "down (up to 3 soaks). Default: 20 on CUDA; 6 on the CPU backend, where a step takes seconds to "
-            "minutes and the allocator settles within two steps, so 6 show a trend over the last four. 0: no "
-            "soak and no trial for the recommendation: the batch advised from the fitting trials, at or below the "
-            "maximum (result.recommendation.soaked false)."
+            "down (up to 3 soaks). null (the default): a soak only where it adds evidence: none when the "
+            "recommended batch is below a maximum whose deciding trial stepped until its peak was steady and the "
+            "line, plus the growth that trial showed over steps, keeps it within the headroom (memory rises with "
+            "the batch, so the maximum's steady run already proves it; result.recommendation.proven_by_trial "
+            "names that trial); otherwise a soak of 20 steps on CUDA, 6 on the CPU backend (where a step takes "
+            "seconds to minutes and the allocator settles within two steps, so 6 show a trend over the last "
+            "four). A number: always soak that many steps. 0: no soak and no trial for the recommendation: the "
+            "batch advised from the fitting trials, at or below the maximum (result.recommendation.soaked false)."
         ),
     )
 

@@ -132,6 +132,6 @@ def every_purpose():
 def every_purpose_spec() -> dict:
     """From 12 the guided search never runs the recommended 20; a short soak runs it (soak_steps 0 runs no trial
     for the recommendation since issue 34; the soak's own tests are test_orchestration_soak.py)."""
-    spec = hog_spec(start_batch_size=12)
+    spec = hog_spec(start_batch_size=12, confirmations=1)  # a confirmation asked: every purpose runs
     spec["recommendation"] |= {"headroom": 0.1, "multiple_of": 4, "soak_steps": 3}
     return spec

@@ -71,7 +71,9 @@ def test_edge_is_adjacent_and_every_reported_batch_was_run(edge):
     assert (maximum, "fits") in outcomes
     assert (failing, "out_of_memory") in outcomes
     assert not any(t.outcome is Outcome.FITS and t.batch_size > maximum for t in result.trials)
-    assert [t.purpose for t in edge.at(maximum)].count("confirmation") == 1  # confirmed once
+    # Issue 35: each proof once. The maximum ran once, as the batch right below a failure, stepping until steady.
+    (deciding,) = edge.at(maximum)
+    assert deciding.purpose == "search" and deciding.steady_rule is not None
     recommended = result.recommended_batch_size
     assert recommended is not None and recommended <= maximum
     assert recommended % 4 == 0  # recommendation.multiple_of
@@ -79,7 +81,7 @@ def test_edge_is_adjacent_and_every_reported_batch_was_run(edge):
     assert not any(t.purpose == "recommendation_check" for t in result.trials) and not result.recommendation.soaked
     ran = [t for t in result.trials if t.batch_size == recommended]
     assert result.recommendation.measured_peak_bytes == (ran[0].budget_peak_bytes if ran else None)
-    assert result.max_confirmed
+    assert result.max_steady and not result.max_confirmed
     # It stays the headroom below the capacity, which is the predicted peak at the first failing batch.
     predicted = HOG_FIXED + HOG_PER_SAMPLE * recommended
     assert predicted <= result.recommendation.target_peak_bytes
@@ -143,7 +145,8 @@ def test_dataset_size_caps_the_search_and_the_cap_is_tested():
     assert result.stop_reason.value == "capped" and result.limited_by == "dataset_size"
     assert result.max_batch_size == 3
     assert max(t.batch_size for t in result.trials) == 3
-    assert [t.outcome.value for t in probed.at(3)] == ["fits", "fits"]  # the cap itself is confirmed
+    # The cap itself decides the answer: it steps until steady, once.
+    assert [(t.outcome.value, t.steady_rule is not None) for t in probed.at(3)] == [("fits", True)]
 
 
 def test_max_batch_size_below_the_dataset_size_is_the_cap_that_limits():
@@ -310,8 +313,8 @@ def test_every_fitting_trial_reports_its_throughput(probed):
     for t in fitting:  # batch / median of the timed steps (the first is warm-up)
         timed = statistics.median(t.step_seconds[1:])
         assert t.samples_per_second == pytest.approx(t.batch_size / timed, rel=1e-2)
-        # (slowest - fastest) / median; the steady confirmation's three timed steps have the faster as median
-        median = 0.95 if t.purpose == "confirmation" else 1.0
+        # (slowest - fastest) / median; a steady trial's timed steps have the faster as median
+        median = 0.95 if t.steady_rule is not None else 1.0
         assert t.step_seconds_spread == pytest.approx(0.1 / median, abs=1e-3)
     curve = result.throughput
     assert {p.batch_size for p in curve.points} == {t.batch_size for t in fitting}
@@ -405,17 +408,24 @@ def test_run_format_table_prints_the_table_and_auto_prints_json_into_a_pipe(tmp_
 # --------------------------------------------------------------------------- search.confirmations: 0 (issue 34)
 
 
-def test_confirmations_0_runs_no_confirmation_and_the_result_says_the_maximum_was_not_confirmed():
-    """Issue 34: 'search.confirmations: 0 does not remove the confirmation': with search.steady_steps on (the
-    default), a steady confirmation was due whatever was asked (search.history.Limits.confirmations_due).
-    0 now means none: every trial is the search's, and result.max_confirmed says the maximum ran once.
-    The default (1) still confirms, until steady, and says so."""
-    unconfirmed = probe(hog_spec(start_batch_size=12, confirmations=0), hog_device())
-    result = unconfirmed.result
+def test_each_proof_runs_once_and_confirmations_ask_for_more():
+    """Issue 35: 'each proof once'. The trial that decides the maximum (the batch right below the smallest failure)
+    steps until steady, and its fit is the proof: by default (search.confirmations null: 0 for the batch search)
+    nothing runs the maximum again, and the result says it is steady, not confirmed. confirmations: 1 runs it once
+    more, until steady. steady_steps: 0 turns the steady rule off: every trial is short (issue 34's 'none')."""
+    once = probe(hog_spec(start_batch_size=12), hog_device())
+    result = once.result
     assert (result.max_batch_size, result.first_failing_batch_size) == (HOG_MAX, HOG_MAX + 1)
-    assert {t.purpose for t in result.trials} == {"search"}, unconfirmed.sequence()
-    assert len(unconfirmed.at(HOG_MAX)) == 1 and not result.max_confirmed
-    assert all(call.request.steady is None for call in unconfirmed.executor.calls)  # nothing stepped until steady
-    confirmed = probe(hog_spec(start_batch_size=12), hog_device())
+    assert "confirmation" not in {t.purpose for t in result.trials}, once.sequence()
+    (deciding,) = once.at(HOG_MAX)
+    assert deciding.steady_rule is not None and result.max_steady and not result.max_confirmed
+    # Only trials that would be the maximum if they fit step until steady.
+    assert all(t.batch_size + 1 == t_fail for t in result.trials if t.steady_rule is not None
+               for t_fail in [min(u.batch_size for u in result.trials
+                                  if u.outcome is not Outcome.FITS and u.batch_size > t.batch_size)])
+    confirmed = probe(hog_spec(start_batch_size=12, confirmations=1), hog_device())
     (again,) = [t for t in confirmed.at(HOG_MAX) if t.purpose == "confirmation"]
-    assert again.steady_rule is not None and confirmed.result.max_confirmed
+    assert again.steady_rule is not None and confirmed.result.max_confirmed and confirmed.result.max_steady
+    short = probe(hog_spec(start_batch_size=12, confirmations=0, steady_steps=0), hog_device())
+    assert all(call.request.steady is None for call in short.executor.calls)  # nothing stepped until steady
+    assert len(short.at(HOG_MAX)) == 1 and not short.result.max_steady and not short.result.max_confirmed

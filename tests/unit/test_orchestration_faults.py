@@ -129,7 +129,9 @@ def test_a_persistent_crash_is_run_once_plus_the_retries(retries):
 
 def test_a_hang_is_killed_at_the_timeout():
     executor = TimeoutRecorder(linear(GiB, 32 * MiB, faults=fault_at(8, timed_out(12.4))))
-    probed = probe(faulty_spec("hang", start=8, timeout=12, retries=0), executor)
+    # cap None: batch 8 is a search trial, not the one that would decide the maximum (that one steps until
+    # steady, and its timeout stretches with its steps, as TrialRunner.timeout says).
+    probed = probe(faulty_spec("hang", start=8, cap=None, timeout=12, retries=0), executor)
     result = probed.result
     assert probed.exit_code == 4
     assert result.stop_reason.value == "timed_out"
@@ -170,7 +172,7 @@ def test_a_bug_in_the_model_stops_at_once_with_exit_4():
 
 def test_an_error_on_a_later_attempt_still_stops_the_search():
     # 8 fits, then raises when it is confirmed: an error is never a verdict on memory.
-    probed = probe(faulty_spec(cap=9), device(fault_at(8, error(), attempt=2)))
+    probed = probe(faulty_spec(cap=9, confirmations=1), device(fault_at(8, error(), attempt=2)))
     assert probed.trials[-1].outcome is Outcome.ERROR
     assert probed.result.stop_reason.value == "error" and probed.exit_code == 4
 
@@ -273,14 +275,16 @@ def test_a_batch_that_crashed_once_bounds_the_answer_even_if_larger_ones_would_f
     probed = probe(faulty_spec(start=4, cap=None),
                    ScriptedExecutor(linear(GiB, 64 * MiB, faults=fault_at(13, crashed(), attempt=1))))
     result = probed.result
-    assert [(t.purpose, t.outcome.value) for t in probed.at(13)] == [("search", "crashed"), ("retry", "fits")]
+    # (13 is reached by the long-run search below 16, whose steady fit was marginal: the same verdict rules apply
+    # there, issue 35: a crash and then a fit is flaky, never a fit.)
+    assert [t.outcome.value for t in probed.at(13)] == ["crashed", "fits"]
     assert result.max_batch_size == 12 and result.first_failing_batch_size == 13
     assert result.first_failing_outcome is Outcome.CRASHED
     crashed_then_fit = sorted(b for b in range(13, 17)
                               if [t.outcome.value for t in probed.at(b)] == ["crashed", "fits"])
     assert 13 in crashed_then_fit and result.flaky_batch_sizes == crashed_then_fit and result.edge_flaky is True
     assert all(probed.at(b)[0].outcome is Outcome.CRASHED for b in {t.batch_size for t in result.trials} if b >= 13)
-    assert [t.outcome.value for t in probed.at(12)] == ["fits", "fits"]
+    assert all(t.outcome is Outcome.FITS for t in probed.at(12)) and any(t.steady_rule for t in probed.at(12))
 
 
 def test_a_start_batch_that_crashed_once_and_then_fit_is_no_answer():

@@ -48,18 +48,19 @@ class Device:
         with_step = (self.capacity - self.base - self.step_bytes) // self.per_sample
         return with_step if with_step >= self.step_at else self.step_at - 1
 
-    def __call__(self, batch: int) -> Observation:
+    def __call__(self, batch: int, deciding: bool = False) -> Observation:
+        """One trial; ``deciding`` (with Limits.steady): it steps until steady, which the observation says."""
         self.asked.append(batch)
         attempt = self.asked.count(batch)
         if (batch, attempt) in self.faults:
-            return Observation(batch, self.faults[(batch, attempt)])
+            return Observation(batch, self.faults[(batch, attempt)], steady=deciding)
         if self.true_peak(batch) > self.capacity:
-            return Observation(batch, Outcome.OUT_OF_MEMORY)
+            return Observation(batch, Outcome.OUT_OF_MEMORY, steady=deciding)
         if not self.readings:
-            return Observation(batch, Outcome.FITS)
+            return Observation(batch, Outcome.FITS, steady=deciding)
         reading = self.true_peak(batch) + (self.random.randint(-self.noise, self.noise) if self.noise else 0)
         base = int(self.base * (1 + self.random.uniform(0, self.base_error)))
-        return Observation(batch, Outcome.FITS, max(1, reading), base)
+        return Observation(batch, Outcome.FITS, max(1, reading), base, steady=deciding)
 
 
 def search(device: Device, start=2, cap=None, confirmations=1, step=guided_step):

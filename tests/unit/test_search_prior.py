@@ -4,7 +4,9 @@ The device is tests/unit/test_search_guided.py's synthetic one (a line with
 noise, an optional step, faults by attempt). The prior is the device's own line
 with its slope and intercept off by up to ±50 % either way: the answer must be
 the exact edge found without a prior, a batch that fit every time it ran, and
-faults may only lower it.
+faults may only lower it. The searches run as the product runs them (``Limits.steady``,
+no confirmation): the trial that would be the maximum if it fit steps until steady,
+and its fit is the proof.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def _prior(device: Device, slope_error: float, intercept_error: float = 0.0) -> 
 
 
 def _search(device: Device, prior: Prior | None, **limits):
-    limits = Limits(start=2, capacity=device.capacity, prior=prior, **limits)
+    limits = Limits(start=2, capacity=device.capacity, prior=prior, **{"steady": True, "confirmations": 0, **limits})
     return run_search(device, limits)
 
 
@@ -49,16 +51,37 @@ def test_a_prior_off_by_up_to_half_finds_the_same_exact_edge(true_max, slope_err
     found = _search(device, _prior(device, slope_error, intercept_error))
     assert (found.max_fitting, found.first_failing) == (without.max_fitting, without.first_failing)
     assert found.max_fitting == device.true_max and found.stop is StopReason.EDGE_FOUND
-    # The answer ran, and fit, every time (twice: the confirmation).
+    # The answer fit every time it ran, and one of its runs stepped until steady: once, or after a short fit
+    # (a bisection's), never a third time.
     runs = [o for o in found.history if o.batch_size == found.max_fitting]
-    assert len(runs) == 2 and all(o.outcome is Outcome.FITS for o in runs)
+    assert all(o.outcome is Outcome.FITS for o in runs) and any(o.steady for o in runs) and len(runs) <= 2
+    # Only a trial that would be the maximum if it fit steps until steady: right below a failure, or the maximum.
+    assert all(o.batch_size + 1 == found.first_failing or o.batch_size == found.max_fitting or
+               o.outcome is not Outcome.FITS for o in found.history if o.steady)
 
 
-def test_an_exact_prior_needs_three_trials_and_the_confirmation():
+def test_an_exact_prior_needs_two_trials_and_no_second_process():
+    """Issue 35: one above the predicted edge (fails: the cheapest trial), then the edge itself, stepping until
+    steady: its fit proves the maximum, so nothing runs it again."""
     device = _device(136)
     found = _search(device, _prior(device, 0.0))
-    assert found.max_fitting == 136
-    assert [o.batch_size for o in found.history] == [108, 137, 136, 136]
+    assert found.max_fitting == 136 and found.first_failing == 137
+    assert [(o.batch_size, o.steady) for o in found.history] == [(137, False), (136, True)]
+
+
+def test_an_exact_prior_with_a_confirmation_asked_runs_the_maximum_once_more():
+    device = _device(136)
+    found = _search(device, _prior(device, 0.0), confirmations=1)
+    assert [(o.batch_size, o.steady) for o in found.history] == [(137, False), (136, True), (136, True)]
+
+
+def test_a_maximum_whose_only_fit_was_short_runs_once_more_until_steady():
+    """Without a prior the bisection's fits are short; the maximum's proof is one steady run after them."""
+    device = _device(40)
+    found = _search(device, None)
+    at_max = [o for o in found.history if o.batch_size == 40]
+    assert found.max_fitting == 40 and any(o.steady for o in at_max) and len(at_max) <= 2
+    assert sum(o.steady for o in found.history if o.outcome is Outcome.FITS) == 1
 
 
 def test_without_a_capacity_or_a_prior_the_search_is_todays():
@@ -74,11 +97,13 @@ def test_without_a_capacity_or_a_prior_the_search_is_todays():
 
 def test_a_high_prior_steps_down_until_something_fits():
     device = _device(40)
-    prior = _prior(device, -0.5)  # predicts ~80: the first trial (64) fails
+    prior = _prior(device, -0.5)  # predicts about 80: the first trial (one above) fails, then the edge
     found = _search(device, prior)
     tried = [o.batch_size for o in found.history]
-    assert tried[0] == first_batch(Limits(start=2, capacity=device.capacity, prior=prior)) == 64
-    assert tried[1] == int(64 * DESCENT)  # 48 fails too
+    edge = prior_edge(Limits(start=2, capacity=device.capacity, prior=prior))
+    assert tried[0] == first_batch(Limits(start=2, capacity=device.capacity, prior=prior)) == edge + 1
+    assert tried[1] == edge and found.history[1].steady  # it would decide the maximum if it fit
+    assert tried[2] == int(edge * DESCENT)  # fails too
     assert found.max_fitting == 40 and found.first_failing == 41
 
 
@@ -107,7 +132,7 @@ def test_flat_readings_never_send_the_search_past_what_the_prior_allows():
             return observation
 
     device = Flat(900 * MiB, 3 * MiB, 900 * MiB + 3 * MiB * 200 + MiB)
-    prior = Prior(device.base, device.per_sample)
+    prior = Prior(device.base, 2 * device.per_sample)  # predicts 100: the first trial fits, and reads flat
     found = run_search(device, Limits(start=2, capacity=device.capacity, prior=prior))
     assert found.max_fitting == 200
     edge = prior_edge(Limits(start=2, capacity=device.capacity, prior=prior))
@@ -120,22 +145,22 @@ def test_flat_readings_never_send_the_search_past_what_the_prior_allows():
     assert max(before_failure) <= 2 * edge
 
 
-def test_a_crash_at_the_first_trial_only_lowers_the_answer():
-    device = _device(100, faults={(80, 1): Outcome.CRASHED, (80, 2): Outcome.CRASHED})
+def test_a_crash_at_the_predicted_edge_only_lowers_the_answer():
+    device = _device(100, faults={(100, 1): Outcome.CRASHED, (100, 2): Outcome.CRASHED})
     found = _search(device, _prior(device, 0.0))
-    assert found.history[0].batch_size == 80 and found.history[1].batch_size == 80  # retried once
-    assert found.max_fitting == 79 and found.first_failing == 80
+    assert [o.batch_size for o in found.history[:3]] == [101, 100, 100]  # the edge retried once
+    assert found.max_fitting == 99 and found.first_failing == 100
     assert found.first_failing_outcome is Outcome.CRASHED
 
 
 def test_a_flaky_batch_is_never_the_answer():
     device = _device(136, faults={(136, 2): Outcome.OUT_OF_MEMORY})  # its confirmation fails
-    found = _search(device, _prior(device, 0.0))
+    found = _search(device, _prior(device, 0.0), confirmations=1)
     assert found.max_fitting == 135 and 136 in found.flaky
 
 
-def test_the_first_batch_is_below_the_prior_edge_and_above_the_start():
+def test_the_first_batch_is_one_above_the_prior_edge_and_at_least_the_start():
     limits = Limits(start=2, capacity=1000, prior=Prior(0, 10))
-    assert prior_edge(limits) == 100 and first_batch(limits) == 80
+    assert prior_edge(limits) == 100 and first_batch(limits) == 101
     assert first_batch(Limits(start=4, capacity=1000, prior=Prior(990, 10))) == 4  # edge 1: the start
-    assert plan_next([], Limits(start=2, capacity=1000, prior=Prior(0, 10))) == 80
+    assert plan_next([], Limits(start=2, capacity=1000, prior=Prior(0, 10))) == 101

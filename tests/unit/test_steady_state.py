@@ -110,14 +110,16 @@ def test_memory_that_never_stops_growing_is_reported_as_such_with_no_maximum():
     assert min(t.batch_size for t in result.trials if t.purpose == "long_run") == result.first_failing_batch_size
 
 
-def test_a_steady_device_costs_one_confirmation_of_a_few_more_steps_and_the_edge_is_unchanged():
+def test_a_steady_device_costs_a_few_more_steps_of_one_trial_and_the_edge_is_unchanged():
+    """Issue 35: the trial that decides the maximum steps until steady (the window and one), no second process."""
     probed = probe(hog_spec(), ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE)))
     result = probed.result
     assert (result.max_batch_size, result.first_failing_batch_size) == (HOG_MAX, HOG_MAX + 1)
     assert result.short_max_batch_size is None
-    (confirmation,) = [t for t in result.trials if t.purpose == "confirmation"]
-    assert len(confirmation.step_seconds) == steady.WINDOW_STEPS + 1
-    assert not [t for t in result.trials if t.purpose == "long_run"]
+    (deciding,) = [t for t in result.trials if t.steady_rule is not None]
+    assert deciding.batch_size == HOG_MAX and len(deciding.step_seconds) == steady.WINDOW_STEPS + 1
+    assert all(len(t.step_seconds) <= 2 for t in result.trials if t is not deciding)  # search.steps, or fewer
+    assert not [t for t in result.trials if t.purpose in ("long_run", "confirmation")]
 
 
 def test_steady_steps_0_keeps_every_trial_short():

@@ -58,8 +58,13 @@ def test_the_probe_answers_in_tokens_and_recommends_at_the_binding_length(cost):
     # every request carried its length, and every trial is tagged with the length it ran
     assert {call.request.spec.input.shape[0] for call in probed.executor.calls} == set(LENGTHS)
     assert [t.length for t in probed.trials] == [c.request.spec.input.shape[0] for c in probed.executor.calls]
+    # The recommendation's proof is at the binding length: its soak, or (issue 35) the binding batch's steady
+    # confirmation, at a larger batch of the same length.
     soaks = [t for t in probed.trials if t.purpose == "soak"]
-    assert soaks and all(t.length == tokens.binding_length for t in soaks)
+    proof = probed.result.recommendation.proven_by_trial
+    assert all(t.length == tokens.binding_length for t in soaks)
+    assert soaks or (proof is not None and probed.trials[proof - 1].length == tokens.binding_length
+                     and probed.trials[proof - 1].steady_rule is not None)
     assert tokens.recommended_tokens == tokens.binding_length * probed.result.recommended_batch_size
     assert tokens.trials == len([t for t in probed.trials if t.purpose in ("search", "confirmation")])
     exported = dict(result_variables(probed.result))
@@ -76,9 +81,9 @@ def test_the_recommendation_reads_only_the_binding_lengths_trials(cost):
     binding = probed.result.tokens.binding_length
     assert binding == (min(LENGTHS) if cost is overhead else max(LENGTHS))
     model = probed.result.recommendation.memory_model
-    # With the shortest binding, one trial fit at it (its confirmation): too few for a line, and none is drawn
-    # through the longer lengths' trials (whose slope is another length's).
-    assert (model is None) if cost is overhead else (model.per_sample_bytes == cost(binding))
+    # With the shortest binding, one batch fit at it: its line runs from that trial's base reading to its peak
+    # (issue 35), and none is drawn through the longer lengths' trials (whose slope is another length's).
+    assert (model.points == 1) if cost is overhead else (model.per_sample_bytes == cost(binding))
 
 
 def test_samples_is_still_the_default():
