@@ -199,11 +199,13 @@ def _trace(torch, spec: Spec, python_path: list[str], device, batch_size: int) -
     from isoprobe.child.workload import build_model
 
     live = _live_mode(torch)
+    made = _real_batches(torch, spec, python_path)  # outside the fake mode: the maker's data is real
     with FakeTensorMode(allow_non_fake_inputs=False), _plain_apply(torch), _copies_in_mode(torch), live:
         with torch.device(device), _no_init(torch):
             model = build_model(spec, python_path)
         step = Step(spec, model, device, python_path)
-        batch = step.batch(batch_size)
+        batch = step.batch(batch_size, made=_fake_batch(torch, made, batch_size, device, step.float_dtype)
+                           if made is not None else None)
         for _ in range(2):
             step.run(batch)
         if spec.training.eval_pass:
@@ -220,6 +222,54 @@ def _trace(torch, spec: Spec, python_path: list[str], device, batch_size: int) -
         peak = live.peak
         del step, model, batch
     return _Trace(batch_size, peak, parameters, gradients, state, buffers)
+
+
+#: The batch sizes model.batch is run at for real, to tell which of its tensors grow with the batch.
+_PROBE_SIZES = (2, 3)
+
+
+def _real_batches(torch, spec: Spec, python_path: list[str]):
+    """model.batch run for real at 2 and 3 samples on the CPU, or None without a batch maker.
+
+    A maker builds its data for real: it reads files, draws from a seeded generator (``int(torch.randint(...,
+    generator=g))``) or collates a dataset's samples, none of which can run on fake tensors (a value read back
+    is data-dependent: the trace failed on every such maker). So it runs outside the fake mode at two small
+    sizes, and the trace gets the same structure at its own batch size (``_fake_batch``)."""
+    if spec.model.batch is None or spec.data is not None:
+        return None
+    from isoprobe.child.workload import import_callable
+
+    maker = import_callable(spec.model.batch, python_path)
+    return tuple(maker(size, torch.device("cpu")) for size in _PROBE_SIZES)
+
+
+def _fake_batch(torch, made, batch_size: int, device, float_dtype):
+    """The maker's (inputs, targets) at ``batch_size`` on fake tensors: a tensor whose first dimension was 2 and
+    3 at the two probe sizes gets ``batch_size`` there, every other tensor keeps its shape; other values stay."""
+    from torch.utils._pytree import tree_flatten, tree_unflatten
+
+    from isoprobe.child.workload import Batch, _cast_floats
+
+    small, larger = made
+    for pair in made:
+        if not (isinstance(pair, (tuple, list)) and len(pair) == 2):
+            raise TypeError(f"model.batch must return (inputs, targets), got {type(pair).__name__}")
+    leaves, structure = tree_flatten(tuple(small))
+    others, _ = tree_flatten(tuple(larger))
+    if len(others) != len(leaves):
+        raise TypeError("model.batch returned differently structured batches at 2 and 3 samples")
+    faked = []
+    for leaf, other in zip(leaves, others):
+        if not isinstance(leaf, torch.Tensor):
+            faked.append(leaf)
+            continue
+        grows = (leaf.dim() >= 1 and isinstance(other, torch.Tensor) and other.dim() == leaf.dim()
+                 and leaf.shape[0] == _PROBE_SIZES[0] and other.shape[0] == _PROBE_SIZES[1]
+                 and leaf.shape[1:] == other.shape[1:])
+        shape = (batch_size, *leaf.shape[1:]) if grows else tuple(leaf.shape)
+        faked.append(torch.empty(shape, dtype=leaf.dtype, device=device))
+    inputs, targets = tree_unflatten(faked, structure)
+    return Batch(_cast_floats(inputs, float_dtype), targets)
 
 
 def _storage_bytes(tensors) -> int:

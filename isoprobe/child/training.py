@@ -88,11 +88,14 @@ class Step:
             applied.compiled = True
         return model
 
-    def batch(self, batch_size: int, data_indices: list[int] | None = None) -> workload.Batch:
+    def batch(self, batch_size: int, data_indices: list[int] | None = None,
+              made: workload.Batch | None = None) -> workload.Batch:
+        """The trial's batch of ``batch_size`` (``made``: one built elsewhere, the estimate's fake stand-in for
+        model.batch's), with what the step asks of it (targets for a user step, channels_last)."""
         import torch
 
-        batch = workload.make_batch(self.spec, batch_size, self.device, self.python_path, self.float_dtype,
-                                    data_indices)
+        batch = made if made is not None else workload.make_batch(
+            self.spec, batch_size, self.device, self.python_path, self.float_dtype, data_indices)
         if self.user_step is not None and batch.targets is None and self.spec.data is None:
             batch.targets = workload.step_targets(self.spec, batch.inputs)  # the user's step gets a whole batch
         if self.training.channels_last:

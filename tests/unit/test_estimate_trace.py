@@ -64,6 +64,29 @@ class Cloned(nn.Module):
 
 def cloned():
     return Cloned()
+
+class Drawn(torch.utils.data.Dataset):
+    """A dataset as users write one: each sample drawn from a generator seeded by its index."""
+    def __len__(self):
+        return 1000
+    def __getitem__(self, index):
+        g = torch.Generator().manual_seed(index)
+        return torch.randn(16, generator=g), int(torch.randint(0, 4, (1,), generator=g))  # a value read back
+
+def drawn_batch(batch_size, device):
+    data = Drawn()
+    images, labels = torch.utils.data.default_collate([data[i] for i in range(batch_size)])
+    return (images.to(device), {"scale": torch.ones(1)}), labels.to(device)
+
+class Scaled(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = mlp()
+    def forward(self, x, extra):
+        return self.net(x * extra["scale"])
+
+def scaled():
+    return Scaled()
 '''
 
 
@@ -86,6 +109,22 @@ def test_an_mlp_traces_to_its_known_line(models):
     # gradients: the line's intercept holds at least the first two (no baseline on this call).
     assert 3 * parameters <= found.fixed_bytes <= 12 * parameters
     assert found.traced_batch_sizes == list(child_estimate.FIRST_BATCHES)
+
+
+def test_a_batch_maker_that_draws_real_data_is_traced_at_the_batch_sizes_the_line_needs(models):
+    """Issue 35: model.batch ran inside the fake mode, so a maker that reads a value back (a seeded dataset's
+    int label, a file) failed the trace ('DataDependentOutputException'), and the search started at the start
+    batch. The maker now runs for real at 2 and 3 samples; the tensors that grow with the batch are traced at
+    the trace's sizes, the others keep their shape (here a 1-element scale)."""
+    spec = _spec(str(models / "est_models.py") + ":scaled", models,
+                 model={"factory": str(models / "est_models.py") + ":scaled",
+                        "batch": str(models / "est_models.py") + ":drawn_batch"})
+    found = child_estimate.estimate(torch, spec, [str(models)], torch.device("cpu"), baseline_bytes=None)
+    assert found.note is None and found.per_sample_bytes is not None
+    plain = child_estimate.estimate(torch, _spec(str(models / "est_models.py") + ":mlp", models), [str(models)],
+                                    torch.device("cpu"), baseline_bytes=None)
+    # The same network on the same input size: the same cost per sample, within the scale's product.
+    assert plain.per_sample_bytes <= found.per_sample_bytes <= plain.per_sample_bytes + 2 * 16 * 4
 
 
 def test_deep_copies_and_initialisers_that_read_values_are_traced_and_the_copies_counted(models):
