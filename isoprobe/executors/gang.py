@@ -33,7 +33,7 @@ from isoprobe.executors.child_process import wait_for_end
 from isoprobe.executors.fork_servers import SERVER_LOSSES
 from isoprobe.executors.local import Launch, LocalExecutor
 from isoprobe.executors.processes import signals_deferred
-from isoprobe.executors.rounds import ended_on_its_own
+from isoprobe.executors.rounds import earned_timeout, ended_on_its_own, steps_done
 from isoprobe.report.outcomes import Outcome
 from isoprobe.protocol.messages import RankAssignment, TrialRequest, TrialResult, last_of, read_events
 
@@ -133,7 +133,7 @@ class GangExecutor:
             for rank_request in rank_requests(request, str(store)):
                 launches.append(self.local.launch(rank_request, conditions, timeout=timeout,
                                                   name=f"{name}-rank{rank_request.rank.rank}"))
-            return _supervise(launches, timeout, conclude)
+            return _supervise(launches, timeout, conclude, request)
         except (KeyboardInterrupt, Terminated):
             if not concluded and len(launches) == (request.spec.distributed.world_size or 1) and all(
                     launch.delivered is not None for launch in launches):
@@ -147,8 +147,12 @@ class GangExecutor:
                 self.local.stop(launch)
 
 
-def _supervise(launches: list[Launch], timeout: float, conclude: Callable[[int | None], str | None]) -> str | None:
+def _supervise(launches: list[Launch], timeout: float, conclude: Callable[[int | None], str | None],
+               request: TrialRequest | None = None) -> str | None:
     """Wait for the gang's end, then ``conclude(the rank that failed first, or None)`` with signals held.
+
+    ``request``: the gang's; a stretched ``timeout`` is earned as the slowest rank completes steps
+    (``rounds.earned_timeout``), so a gang hung at its first step is stopped at search.trial_timeout.
 
     Every rank must have been delivered its request; one that was not (it died
     importing, or its import timed out) fails the gang at once.
@@ -157,13 +161,21 @@ def _supervise(launches: list[Launch], timeout: float, conclude: Callable[[int |
     if undelivered:
         with signals_deferred():
             return conclude(undelivered[0])
-    deadline = max(launch.delivered for launch in launches) + timeout
+    delivered = max(launch.delivered for launch in launches)
+
+    def earned() -> float:
+        if request is None:
+            return delivered + timeout
+        done = min(steps_done(read_events(launch.events_path)) for launch in launches)
+        return delivered + earned_timeout(request, timeout, done)
+
+    deadline = earned()
     while True:
         ended, failed = _look(launches)
         if ended:
             with signals_deferred():
                 return conclude(failed)
-        if time.monotonic() >= deadline:
+        if time.monotonic() >= deadline and (deadline := earned()) <= time.monotonic():
             with signals_deferred():  # the gang's time is up: what follows is its end, recorded whole
                 for launch in launches:  # the usual timeout rule, rank by rank: a verdict before the deadline stands
                     if launch.poll() is None:

@@ -54,6 +54,31 @@ INTERRUPTED_EXITS = (-signal.SIGINT, -signal.SIGTERM)
 Finished = Callable[[int, ChildRun], None]
 
 
+def earned_timeout(request, timeout: float, steps_done: int) -> float:
+    """The timeout a trial has earned so far: ``timeout`` stretched for a trial of more steps than the search's
+    (one that steps until steady, a soak) is given as the steps are done, never before.
+
+    Such a trial keeps ``search.trial_timeout`` until it completes a step, and each completed step earns it that
+    timeout's share of one of the search's steps, up to ``timeout``. Issue 35: the trial right below the smallest
+    failure now steps until steady the first time it runs, and with the whole stretch from its start a trial that
+    hung at its first step was killed after 15 trial timeouts (120 s for an 8 s one) instead of one. A trial that
+    keeps stepping is never stopped sooner than it was: a step earns at least what its share of the stretch was.
+    """
+    if getattr(request, "mode", None) != "trial":  # the environment check: its own bound
+        return timeout
+    base = request.spec.search.trial_timeout
+    if timeout <= base:
+        return timeout
+    return min(timeout, base + steps_done * base / request.spec.search.steps)
+
+
+def steps_done(events) -> int:
+    """How many steps a trial's events report as done (a gang's rank, or one child)."""
+    from isoprobe.protocol.messages import StepDone
+
+    return sum(isinstance(event, StepDone) for event in events)
+
+
 def ended_on_its_own(status: int | None) -> bool:
     """Whether a child's exit status (None: running) is an end of its own, not one the interrupt caused."""
     return status is not None and status not in INTERRUPTED_EXITS
@@ -103,7 +128,7 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
         if launches[i].delivered is None:
             end(i)  # never delivered (died or hung importing): its run says so
         else:
-            deadlines[i] = launches[i].delivered + timeout
+            deadlines[i] = launches[i].delivered + earned_timeout(request, timeout, 0)
 
     def end(i: int, interrupted: bool = False) -> None:
         """Stop, collect and report slot ``i`` (or launch it again, if the fork server lost it)."""
@@ -134,6 +159,11 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
                     end(i)
                 elif now >= deadlines[i]:
                     events = read_events(launch.events_path)
+                    request, _, timeout, _ = jobs[i]
+                    earned = launch.delivered + earned_timeout(request, timeout, steps_done(events))
+                    if earned > now and not graced[i]:  # it stepped on since: the time its steps earned
+                        deadlines[i] = earned
+                        continue
                     verdict = last_of(events, TrialResult) is not None or last_of(events, Inspected) is not None
                     if verdict and not graced[i]:  # on its way out: the usual grace
                         graced[i], deadlines[i] = True, now + VERDICT_EXIT_GRACE_SECONDS

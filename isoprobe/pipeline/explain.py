@@ -189,8 +189,9 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
             text += (f"; both in the long run (trials that step until the peak is steady): {found.short_max} fit "
                      f"{spec.search.steps} steps but its peak kept rising after them")
         if found.marginal:
-            text += (f"; {_batches(found.marginal)} fit the long run too, but with less free memory than a long "
-                     "run's peak moves between runs (the spread: see edge_margin), so not as the maximum")
+            text += (f"; {_batches(found.marginal)} fit too, but with less free memory than a long "
+                     "run's peak moves between runs and over steps (the spread: see edge_margin), so not as the "
+                     "maximum")
         return _with_recommendation(text, found, trials)
     if stop is StopReason.CAPPED:
         text = f"batch {max_fitting} fits; larger batches were not tried: {cap_reason(spec, capped_by, max_fitting)}"

@@ -203,8 +203,9 @@ def edge_margin(runner: TrialRunner, found: Found) -> EdgeMargin | None:
     if spread is None or found.max_fitting is None:
         return None
     capacity = runner.target.search_capacity
-    deciding = [t for t in runner.same_question() if t.steady_rule is not None and t.training_batch_size is None
-                and t.allocator == runner.allocator_label]
+    ran = [t for t in runner.same_question() if t.training_batch_size is None and t.purpose != "memory_check"
+           and t.allocator == runner.allocator_label]
+    deciding = [t for t in ran if t.steady_rule is not None]
 
     def free(trial) -> int | None:
         peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
@@ -213,8 +214,8 @@ def edge_margin(runner: TrialRunner, found: Found) -> EdgeMargin | None:
     at_max = [f for t in deciding if t.batch_size == found.max_fitting and t.outcome is Outcome.FITS
               and (f := free(t)) is not None]
     marginal = []
-    for batch in found.marginal:
-        runs = [t for t in deciding if t.batch_size == batch]
+    for batch in found.marginal:  # its runs: the steady ones, or the short one whose peak was already inside
+        runs = [t for t in deciding if t.batch_size == batch] or [t for t in ran if t.batch_size == batch]
         fitting = [f for t in runs if t.outcome is Outcome.FITS and (f := free(t)) is not None]
         marginal.append(MarginalBatch(batch_size=batch, runs=len(runs), fitted=len(fitting),
                                       free_bytes=min(fitting) if fitting else 0))

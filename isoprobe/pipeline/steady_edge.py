@@ -32,7 +32,9 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
     failed = conclusion.long_run_failure
     if rule is None or failed is None:
         raise ValueError("a long-run search needs a steady rule and a long-run failure")
-    deciding = next(t for t in reversed(runner.trials) if t.batch_size == failed and t.steady_rule is not None)
+    # The trial that showed it: a steady one that failed or fit inside the spread, or a short one already inside it.
+    deciding = next(t for t in reversed(runner.trials) if t.batch_size == failed and t.training_batch_size is None
+                    and t.purpose != "memory_check" and (t.steady_rule is not None or runner.marginal(t)))
     line = memory_line(conclusion.history, limits)
     slope = line.slope if line else None
     ran: dict[int, bool] = {failed: False}

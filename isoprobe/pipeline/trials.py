@@ -280,18 +280,34 @@ class TrialRunner:
         return self.observation(trial)
 
     def observation(self, trial: Trial) -> Observation:
-        """What the search learns from ``trial``; a deciding trial that fit inside the spread is marginal
-        (``margin_of``), which the search treats as a long-run failure: the maximum is looked for below it."""
+        """What the search learns from ``trial``; a trial that fit inside the spread is marginal (``margin_of``),
+        which the search treats as a long-run failure: the maximum is looked for below it.
+
+        A short trial counts too (issue 35): its peak after search.steps steps is at most what the same batch
+        reaches in the long run, so if it already left no more than the spread free, a steady run of the batch
+        could only leave less, and proving that again in a second process (a steady run of 7 steps or more)
+        was the most expensive trial of a probe that ends below it anyway."""
         observation = observation_of(trial, self.spec.search.steps)
-        if observation.outcome is Outcome.FITS and trial.steady_rule is not None:
-            margin = self.margin_of(trial)
-            if margin is not None and not margin.clears:
-                self.reporter.note(
-                    f"batch {trial.batch_size} fit the long run, but its steady peak left {format_bytes(margin.free)} "
-                    f"free, within the spread of {format_bytes(margin.spread)} (how far a long run's peak moves "
-                    "between fresh processes and over steps): marginal, a coin toss in a long run, not the maximum")
-                observation = replace(observation, long_run=True)
+        if (margin := self.marginal(trial)) is not None:
+            if trial.steady_rule is not None:
+                how = f"fit the long run, but its steady peak left {format_bytes(margin.free)} free"
+            else:
+                how = (f"fit {len(trial.step_seconds)} steps, but its peak already left only "
+                       f"{format_bytes(margin.free)} free (a long run's only rises)")
+            self.reporter.note(
+                f"batch {trial.batch_size} {how}, within the spread of {format_bytes(margin.spread)} (how far "
+                "a long run's peak moves between fresh processes and over steps): marginal, a coin toss in a "
+                "long run, not the maximum")
+            observation = replace(observation, long_run=True)
         return observation
+
+    def marginal(self, trial: Trial) -> "Margin | None":
+        """The margin of a training trial that fit with no more than the spread free (marginal); None otherwise
+        (an evaluation trial's batch is another question: the spread rule does not apply to it)."""
+        if trial.outcome is not Outcome.FITS or trial.training_batch_size is not None:
+            return None
+        margin = self.margin_of(trial)
+        return margin if margin is not None and not margin.clears else None
 
     def spread(self) -> Spread | None:
         """The spread this probe applies (``search.margin``); None where no rule applies (no steady rule, or

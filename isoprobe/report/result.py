@@ -387,13 +387,15 @@ class Soak(_Strict):
 
 
 class MarginalBatch(_Strict):
-    """A batch above the maximum that fit the long run, but inside the spread: a coin toss, not the maximum."""
+    """A batch above the maximum that fit, but inside the spread: a coin toss in a long run, not the maximum."""
 
     batch_size: int
-    runs: int = Field(description="Trials of this batch that ran until steady (confirmation or long_run).")
+    runs: int = Field(description="Trials of this batch that ran until steady; where none did, its trials of "
+                                  "search.steps steps, whose peak already left no more than the spread free (a "
+                                  "long run's peak only rises, so none ran until steady).")
     fitted: int = Field(description="How many of those fit.")
-    free_bytes: int = Field(description="The least memory a fitting one's steady peak left free below "
-                                        "capacity_bytes: at most spread_bytes.")
+    free_bytes: int = Field(description="The least memory a fitting one's peak left free below capacity_bytes: at "
+                                        "most spread_bytes.")
 
 
 class EdgeMargin(_Strict):

@@ -50,7 +50,7 @@ def test_probe_from_a_script_never_imports_torch_and_shares_the_clis_cache(tmp_p
     seen = json.loads(done.stdout)
     assert seen["torch"] == [], "probe() imported torch in the caller's process"
     answered, maximum, factory, trials = seen["probed"]
-    assert answered and maximum == 4 and trials >= 2
+    assert answered and maximum == 4 and trials >= 1  # the estimate starts at the cap (4): one trial can prove it
     assert factory == f"{MODELS}:memory_hog"
     assert "isoprobe: trial " in done.stderr  # the probe's progress, on stderr as the CLI's
     assert seen["cache"][0] is False  # it probed (and stored its answer)

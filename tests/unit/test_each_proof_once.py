@@ -84,3 +84,24 @@ def test_one_fitting_batch_and_its_base_reading_give_the_recommendation_a_line()
     # 10 MiB a sample from 500 MiB: the target 800 MiB holds 30.
     assert anchored.batch_size == 30 and anchored.predicted_peak_bytes == 800 * MiB
     assert "base reading" in anchored.note
+
+
+def test_a_stretched_timeout_is_earned_step_by_step():
+    """The deciding trial runs until steady from its first run, so its timeout is stretched for up to 30 steps; a
+    trial that hangs at its first step must still be stopped at search.trial_timeout (issue 35: it waited 15 of
+    them, 120 s for an 8 s timeout, in tests/integration/test_faults.py)."""
+    from isoprobe.executors.rounds import earned_timeout
+    from isoprobe.protocol.messages import InspectRequest, TrialRequest
+    from isoprobe.spec.model import Spec
+
+    spec = Spec.model_validate({"model": {"torchvision": "resnet18"}, "input": {"shape": [3, 32, 32]},
+                                "target": {"classes": 10}, "search": {"steps": 2, "trial_timeout": 8}})
+    request = TrialRequest(spec=spec, batch_size=8, device="cpu")
+    stretched = 120.0  # TrialRunner.timeout for 30 steps of a search of 2
+    assert earned_timeout(request, stretched, 0) == 8      # hung before its first step: the trial timeout
+    assert earned_timeout(request, stretched, 1) == 12     # each step earns a search step's share (8 / 2)
+    assert earned_timeout(request, stretched, 10) == 48
+    assert earned_timeout(request, stretched, 29) == 120   # never more than the stretch
+    assert earned_timeout(request, 8, 0) == 8              # a short trial: its timeout as it is
+    inspect = InspectRequest(spec=spec)
+    assert earned_timeout(inspect, 30, 0) == 30

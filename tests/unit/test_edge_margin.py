@@ -49,14 +49,17 @@ def test_a_maximum_inside_the_spread_is_marginal_and_the_one_below_is_reported()
     probed = probe(hog_spec(), ScriptedExecutor(linear(TIGHT_FIXED, HOG_PER_SAMPLE)))
     result = probed.result
     assert probed.exit_code == 0 and result.stop_reason is StopReason.EDGE_FOUND
-    assert (result.max_batch_size, result.first_failing_batch_size) == (24, 26)
+    assert result.max_batch_size == 24 and result.first_failing_batch_size in (None, 26)
     edge = result.edge_margin
     assert edge.spread_bytes == margin.FLOOR_BYTES["cpu"] and edge.capacity_bytes == BUDGET
     assert edge.max_free_bytes == 36 * MiB > edge.spread_bytes
     (marginal,) = edge.marginal
     assert (marginal.batch_size, marginal.runs, marginal.fitted, marginal.free_bytes) == (25, 1, 1, 4 * MiB)
-    assert result.short_max_batch_size is None  # 25 held the long run; it is only too close to the cap
-    assert "batch 25 fit the long run too" in result.message
+    assert result.short_max_batch_size is None  # 25 is only too close to the cap
+    # Issue 35: its short trial already left 4 MiB, inside the 8 MiB spread; a long run's peak only rises, so no
+    # steady run of 25 was spent to show it again.
+    assert [t.steady_rule for t in result.trials if t.batch_size == 25] == [None]
+    assert "batch 25 fit too" in result.message
     # 24 is proven by a trial that ran until steady, like every maximum.
     (proof,) = [t for t in result.trials if t.batch_size == 24 and t.steady_rule is not None]
     assert proof.outcome is Outcome.FITS and proof.purpose == "long_run"
@@ -97,7 +100,9 @@ def test_the_jump_below_a_marginal_batch_follows_the_line_and_the_answer_is_exac
     spec = hog_spec(start_batch_size=20)
     result = probe(spec, ScriptedExecutor(linear(fixed, per_sample))).result
     assert result.max_batch_size == 21
-    assert result.first_failing_batch_size == 26
+    # 25's short trial already left 1 MiB (issue 35: marginal without a steady run), so nothing above it ran:
+    # no batch was seen to fail, and the marginal ones bound the maximum.
+    assert result.first_failing_batch_size in (None, 26)
     assert all(m.batch_size > 21 and m.free_bytes <= result.edge_margin.spread_bytes
                for m in result.edge_margin.marginal)
     assert result.edge_margin.max_free_bytes == 9 * MiB
