@@ -56,9 +56,8 @@ def test_a_maximum_inside_the_spread_is_marginal_and_the_one_below_is_reported()
     (marginal,) = edge.marginal
     assert (marginal.batch_size, marginal.runs, marginal.fitted, marginal.free_bytes) == (25, 1, 1, 4 * MiB)
     assert result.short_max_batch_size is None  # 25 is only too close to the cap
-    # Issue 35: its short trial already left 4 MiB, inside the 8 MiB spread; a long run's peak only rises, so no
-    # steady run of 25 was spent to show it again.
-    assert [t.steady_rule for t in result.trials if t.batch_size == 25] == [None]
+    # Issue 35: 25 ran once, as the trial right below the failure (26), stepping until steady.
+    assert len([t for t in result.trials if t.batch_size == 25]) == 1
     assert "batch 25 fit too" in result.message
     # 24 is proven by a trial that ran until steady, like every maximum.
     (proof,) = [t for t in result.trials if t.batch_size == 24 and t.steady_rule is not None]
@@ -100,9 +99,12 @@ def test_the_jump_below_a_marginal_batch_follows_the_line_and_the_answer_is_exac
     spec = hog_spec(start_batch_size=20)
     result = probe(spec, ScriptedExecutor(linear(fixed, per_sample))).result
     assert result.max_batch_size == 21
-    # 25's short trial already left 1 MiB (issue 35: marginal without a steady run), so nothing above it ran:
-    # no batch was seen to fail, and the marginal ones bound the maximum.
-    assert result.first_failing_batch_size in (None, 26)
+    # 22's short trial already left 7 MiB (issue 35: marginal without a steady run of its own: a long run's
+    # peak only rises), so nothing above it ran: no batch was seen to fail, and the marginal ones bound it.
+    assert result.first_failing_batch_size is None
+    marginal = {m.batch_size for m in result.edge_margin.marginal}
+    assert marginal == {22} and [t.steady_rule for t in result.trials if t.batch_size in marginal] == [None]
+    assert len(result.trials) == 3  # 20 and 22 short, 21 until steady
     assert all(m.batch_size > 21 and m.free_bytes <= result.edge_margin.spread_bytes
                for m in result.edge_margin.marginal)
     assert result.edge_margin.max_free_bytes == 9 * MiB
