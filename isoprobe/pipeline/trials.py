@@ -275,7 +275,8 @@ class TrialRunner:
             purpose = "confirmation"
         # A trial that decides the reported maximum steps until its peak is steady (isoprobe.report.steady).
         # An evaluation trial is one pass after the steps: nothing in it grows with more steps.
-        steady_rule = self.steady_rule if (deciding or purpose == "confirmation") and self.eval_after is None else None
+        steady_rule = self.deciding_rule() if (deciding or purpose == "confirmation") and self.eval_after is None \
+            else None
         trial = self.run(batch_size, purpose, rule=steady_rule)
         return self.observation(trial)
 
@@ -300,6 +301,16 @@ class TrialRunner:
                 "long run, not the maximum")
             observation = replace(observation, long_run=True)
         return observation
+
+    def deciding_rule(self) -> SteadyRule | None:
+        """The steady rule for a trial that decides the maximum, with the stop at the spread (``past_the_margin``):
+        a peak that reaches the capacity less the spread ends the trial, which is then marginal."""
+        if self.steady_rule is None:
+            return None
+        spread = self.spread()
+        if spread is None:
+            return self.steady_rule
+        return self.steady_rule.model_copy(update={"stop_at_bytes": max(0, self.target.search_capacity - spread.bytes)})
 
     def marginal(self, trial: Trial) -> "Margin | None":
         """The margin of a training trial that fit with no more than the spread free (marginal); None otherwise

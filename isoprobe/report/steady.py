@@ -47,6 +47,10 @@ class SteadyRule(BaseModel):
     max_steps: int = Field(ge=1, description="The cap: a peak still rising after this many steps is still_rising.")
     window: int = Field(WINDOW_STEPS, ge=1, description="Steps over which the peak must not rise.")
     tolerance_bytes: int = Field(TOLERANCE_BYTES, ge=0, description="A rise over the window up to this is steady.")
+    stop_at_bytes: int | None = Field(
+        None, ge=0, description="A running peak at or above this (the capacity less the spread, in the budget's "
+        "units) ends the trial after min_steps: it leaves no more than the spread free, so however long it runs it "
+        "cannot be the maximum (the parent judges it marginal). Null: no such stop.")
 
 
 def rule_for(search_steps: int, max_steps: int | None) -> SteadyRule | None:
@@ -73,6 +77,14 @@ def is_steady(peaks: list[int], rule: SteadyRule) -> bool:
     return risen is not None and risen <= rule.tolerance_bytes
 
 
+def past_the_margin(peaks: list[int], rule: SteadyRule) -> bool:
+    """Whether the running peak, after the minimum steps, already leaves no more than the spread free
+    (``SteadyRule.stop_at_bytes``): the trial has shown all it can (issue 35: a marginal deciding trial ran
+    7 steps, 28 s, to be ruled out by a peak it had reached at its third)."""
+    return (rule.stop_at_bytes is not None and len(peaks) >= rule.min_steps and bool(peaks)
+            and peaks[-1] >= rule.stop_at_bytes)
+
+
 def should_stop(peaks: list[int], rule: SteadyRule) -> bool:
-    """Whether the trial has stepped enough: steady, or at the cap."""
-    return len(peaks) >= rule.max_steps or is_steady(peaks, rule)
+    """Whether the trial has stepped enough: steady, at the cap, or already past the margin."""
+    return len(peaks) >= rule.max_steps or is_steady(peaks, rule) or past_the_margin(peaks, rule)

@@ -105,3 +105,15 @@ def test_a_stretched_timeout_is_earned_step_by_step():
     assert earned_timeout(request, 8, 0) == 8              # a short trial: its timeout as it is
     inspect = InspectRequest(spec=spec)
     assert earned_timeout(inspect, 30, 0) == 30
+
+
+def test_a_deciding_trial_whose_peak_reaches_the_margin_stops_there_and_is_marginal():
+    """Issue 35: the deciding trial of a batch that turns out marginal ran until steady (7 steps, 28 s on the
+    benchmark's convnet) to be ruled out by a peak it had reached at its third step."""
+    from isoprobe.report import steady
+
+    rule = steady.SteadyRule(min_steps=3, max_steps=30, stop_at_bytes=1000)
+    assert not steady.should_stop([990, 995], rule)          # before the minimum steps: on
+    assert steady.should_stop([990, 995, 1000], rule)        # at the margin after them: done
+    assert not steady.should_stop([990, 995, 999], rule)     # below it and still rising: on
+    assert not steady.should_stop([990, 995, 1000], rule.model_copy(update={"stop_at_bytes": None}))
