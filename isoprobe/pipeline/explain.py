@@ -172,8 +172,9 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
     # retry may have fit; the message is about the crash), else simply the last.
     last = next((t for t in reversed(trials) if t.outcome.value == stop.value), trials[-1] if trials else None)
     if stop is StopReason.EDGE_FOUND and first_failing is None:  # only marginal batches above the maximum
-        text = (f"batch {max_fitting} fits on {where}; {_batches(found.marginal)} fit the long run only inside "
-                "the spread (see edge_margin), and no larger batch was tried")
+        text = (f"batch {max_fitting} fits on {where}; {_batches(found.marginal)} fit only inside the spread "
+                "(their peaks left less free memory than a long run's peak moves between runs and over steps: see "
+                "edge_margin), and no larger batch was tried")
         return _with_recommendation(text, found, trials)
     if stop is StopReason.EDGE_FOUND:
         if found.first_failing_outcome is Outcome.OUT_OF_MEMORY:
