@@ -99,10 +99,12 @@ def plan_next(
             return limits.start  # a borrowed fit failed here (the direction was wrong): the classic start, as alone
         # Nothing fit yet. Without a prior the start failed: nothing fits. With one, the first trial (one above the
         # predicted edge) failed: the predicted edge next, which decides the maximum if it fits. If that failed too,
-        # the estimate was high: step down towards the start until a batch fits.
+        # the estimate was high: one below it (which decides the maximum if it fits: an estimate one sample high is
+        # the common miss), then a step down towards the start (DESCENT) until a batch fits.
         if limits.prior is None or upper <= limits.start:
             return None
-        if upper == first_batch(limits) and upper > limits.start:
+        failed = sum(1 for v in judged.values() if v.outcome not in (None, Outcome.FITS))
+        if failed <= 2 and upper > limits.start:  # the first trial, or it and the predicted edge, failed
             return upper - 1
         return max(limits.start, min(upper - 1, math.floor(upper * DESCENT)))
     if (upper is None and lower < limits.highest) or (upper is not None and upper - lower > 1):

@@ -103,7 +103,8 @@ def test_a_high_prior_steps_down_until_something_fits():
     edge = prior_edge(Limits(start=2, capacity=device.capacity, prior=prior))
     assert tried[0] == first_batch(Limits(start=2, capacity=device.capacity, prior=prior)) == edge + 1
     assert tried[1] == edge and found.history[1].steady  # it would decide the maximum if it fit
-    assert tried[2] == int(edge * DESCENT)  # fails too
+    # Then one below it (the common miss, an estimate one sample high), then a quarter down (DESCENT).
+    assert tried[2:4] == [edge - 1, int((edge - 1) * DESCENT)]
     assert found.max_fitting == 40 and found.first_failing == 41
 
 
