@@ -290,9 +290,10 @@ class TrialRunner:
         was the most expensive trial of a probe that ends below it anyway."""
         observation = observation_of(trial, self.spec.search.steps)
         if (margin := self.marginal(trial)) is not None:
-            if trial.steady_rule is not None:
+            peaks = trial.step_budget_peak_bytes or trial.step_peak_bytes
+            if trial.steady_rule is not None and steady.is_steady(peaks, trial.steady_rule):
                 how = f"fit the long run, but its steady peak left {format_bytes(margin.free)} free"
-            else:
+            else:  # a short trial, or a deciding one that stopped where its peak reached the margin
                 how = (f"fit {len(trial.step_seconds)} steps, but its peak already left only "
                        f"{format_bytes(margin.free)} free (a long run's only rises)")
             self.reporter.note(
