@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset, default_collate
+from torch.utils.data import DataLoader, Dataset
 
 #: The images' side in pixels, for every framing (the Hugging Face one through ``convnet_trainer.build_peers_trainer``):
 #: chosen so that the edge under peers.py's 1.25 GiB cap is a few tens of samples.
@@ -79,11 +79,12 @@ def build(width: int = 32) -> nn.Module:
 
 
 def batch(batch_size: int, device):
-    """``model.batch``: the first ``batch_size`` samples of ``Images(SAMPLES, SIZE)``, collated as a DataLoader
-    collates them: ``(images, labels)``."""
-    data = Images(SAMPLES, SIZE)
-    samples = default_collate([data[index] for index in range(batch_size)])
-    return samples["pixel_values"].to(device), samples["labels"].to(device)
+    """``model.batch``: ``(images, labels)`` as the plain loop's DataLoader collates them (float32
+    ``batch_size x 3 x SIZE x SIZE``, int64 ``batch_size``), which is all that memory depends on. Made by torch
+    operations alone, not read from ``Images``: isoprobe's estimate calls this on fake tensors, where reading a
+    sample (``int()`` of a tensor) cannot be traced and would leave the search without an estimate."""
+    return (torch.randn(batch_size, 3, SIZE, SIZE, device=device),
+            torch.randint(0, CLASSES, (batch_size,), device=device))
 
 
 def train_step(model, optimizer, batch, device) -> None:
