@@ -5,6 +5,7 @@ or ``InspectRequest``) and answers with typed events (``protocol``), so that
 the parent never imports torch and never guesses at what a child meant.
 
     main.py      the entry: lifeline, events channel, warm wait, dispatch, fast exit
+    preload.py   what a waiting child imports ahead of its request, and more when told (stdlib only)
     events.py    the events channel: one event, one JSON line, one write
     request.py   running one request (trial or check) in this process, and leaving fast
     server.py    the fork server: one fork (under its keeper) per trial

@@ -43,9 +43,11 @@ import time
 
 from isoprobe.child.events import Events
 from isoprobe.child.memory import import_own
+from isoprobe.child.preload import import_modules, preload_names, read_modules
 from isoprobe.child.request import cuda_initialized, run_request
 from isoprobe.child.source_only import compile_own_from_source
-from isoprobe.protocol.wiring import CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, PRELOAD_ENV, SERVE_ARGUMENT, WAIT_ARGUMENT
+from isoprobe.protocol.wiring import (CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, IMPORT_LINE, PRELOAD_ENV, SERVE_ARGUMENT,
+                                      WAIT_ARGUMENT)
 
 USAGE = (f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}] | {SERVE_ARGUMENT} FD   "
          f"(with ${EVENTS_ENV} naming the events file)")
@@ -65,9 +67,11 @@ def wait_for_request(events: Events, idle: bool) -> str | None:
     this child's verdict: the modules after it are skipped, and the trial meets
     the same failure in its own import, where it is classified as the trial's
     (``warm.modules`` lists what was imported). EOF on stdin means the parent no
-    longer needs this child: it exits quietly.
+    longer needs this child: it exits quietly. A line ``IMPORT_LINE`` + a file
+    naming modules, before the path: import those too, then report ``warm`` again.
     """
     niced = _lower_priority() if idle else None
+    wanted = len(preload_names())
     modules, seconds = import_preload()
     own = load_own()
     if niced is not None:
@@ -75,23 +79,30 @@ def wait_for_request(events: Events, idle: bool) -> str | None:
         # stopped instead of used must not die at idle priority (its exit could wait for minutes
         # behind a busy machine, and the parent with it).
         _restore_priority(niced)
+    complete = len(modules) == wanted
     events.emit(warm_event(modules, seconds, idle_priority=niced is not None, own_data_bytes=own.data))
-    line = sys.stdin.readline().strip()
-    return line or None
+    while True:
+        line = sys.stdin.readline().strip()
+        if not line.startswith(IMPORT_LINE):
+            return line or None
+        # Started before the environment check, this child learns the model's imports after it: it imports
+        # them as a child started with them in its preload would (after the rest, up to the first that fails),
+        # and reports warm again, so that no second process imports torch while the first trial waits.
+        started = time.perf_counter()
+        more = read_modules(line[len(IMPORT_LINE):])
+        imported = import_modules(more) if complete else []
+        complete = complete and len(imported) == len(more)
+        modules, seconds = modules + imported, seconds + time.perf_counter() - started
+        events.emit(warm_event(modules, seconds, idle_priority=False, own_data_bytes=own.data))
 
 
 def import_preload() -> tuple[list[str], float]:
     """Import the modules of ``PRELOAD_ENV`` (up to the first that fails; see ``wait_for_request``): the modules
     imported, and the seconds it took."""
     started = time.perf_counter()
-    modules = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
-    imported = []
-    for module in modules:
-        try:
-            __import__(module)
-        except Exception:  # noqa: BLE001 - see wait_for_request's docstring: the trial reports it
-            break
-        imported.append(module)
+    modules = preload_names()
+    os.environ.pop(PRELOAD_ENV, None)
+    imported = import_modules(modules)
     return imported, time.perf_counter() - started
 
 
@@ -162,12 +173,14 @@ def main(argv: list[str]) -> int:
     events = Events(os.environ.pop(EVENTS_ENV))
     events.write(started_line(os.getpid()))
     if serves:
+        wanted = len(preload_names())
         modules, seconds = import_preload()
         own = load_own("isoprobe.child.server")  # the server's code is in every fork too
         from isoprobe.child.server import serve
 
         # The server stays uncapped; each fork caps itself (memory.set_data_cap), then credits ``own`` (run_request).
-        return serve(int(argv[2]), events, warm_event(modules, seconds, idle_priority=False, own_data_bytes=own.data))
+        return serve(int(argv[2]), events, warm_event(modules, seconds, idle_priority=False, own_data_bytes=own.data),
+                     complete=len(modules) == wanted)
     request_path = argv[1]
     if waits:
         request_path = wait_for_request(events, idle=argv[2:] == [IDLE_ARGUMENT])

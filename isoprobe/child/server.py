@@ -36,12 +36,14 @@ import time
 import traceback
 
 from isoprobe.child.events import Events
+from isoprobe.child.preload import import_modules, read_modules
 from isoprobe.child.request import cuda_initialized, exit_now, run_request
 from isoprobe.child.memory import set_data_cap
 from isoprobe.system.keeper import Keeper, keep
 from pydantic import ValidationError
 
-from isoprobe.protocol.messages import Ended, ForkOrder, Forked, RequestReceived, Started, Warm
+from isoprobe.protocol.messages import (SERVER_ORDER, Ended, Extended, ForkOrder, Forked, ImportOrder,
+                                       RequestReceived, Started, Warm)
 
 _ORDER_BYTES = 65536
 #: How often a server with trials running looks for ended keepers (a gang's kill latency is not at stake:
@@ -49,9 +51,12 @@ _ORDER_BYTES = 65536
 _REAP_SECONDS = 0.02
 
 
-def serve(channel_fd: int, events: Events, warm: Warm) -> int:
+def serve(channel_fd: int, events: Events, warm: Warm, complete: bool = True) -> int:
     """Report ``warm`` (the imports are done: ``child.main``), then fork one keeper and trial per order until the
-    channel closes."""
+    channel closes; an ``ImportOrder`` (the model's modules, after the environment check) extends the imports.
+
+    ``complete``: every module of the preload was imported (after one that failed, none more is, as in a
+    spawned child, whose preload stops there too)."""
     if cuda_initialized():  # never: importing creates no context; checked, because a fork would inherit it
         sys.stderr.write("isoprobe fork server: CUDA was initialised by an import; refusing to fork trials\n")
         return 3
@@ -81,10 +86,27 @@ def serve(channel_fd: int, events: Events, warm: Warm) -> int:
         if not data:
             return 0  # the parent closed the channel: no more trials
         try:
-            order = ForkOrder.model_validate_json(data)
+            order = SERVER_ORDER.validate_json(data)
         except ValidationError as error:
             sys.stderr.write(f"isoprobe fork server: bad order: {error}\n")
             return 2
+        if isinstance(order, ImportOrder):
+            for fd in fds:
+                os.close(fd)
+            modules = read_modules(order.modules_file)
+            imported, more_threads, safe = import_more(modules, complete)
+            complete = complete and len(imported) == len(modules)
+            threads += more_threads
+            warm = warm.model_copy(update={"modules": [*warm.modules, *imported]})
+            if safe:
+                resident = resident_file_ranges()  # the new modules' pages too
+            if not _reply(channel, Extended(imported=len(imported), safe=safe)):
+                return 0
+            if not safe:
+                sys.stderr.write("isoprobe fork server: after importing the model's modules, CUDA was initialised or a "
+                                 "fork hangs or fails in a parallel torch operation: this probe spawns its trials\n")
+                return 4
+            continue
         if len(fds) != 1:
             sys.stderr.write("isoprobe fork server: an order came without its lifeline\n")
             return 2
@@ -118,7 +140,21 @@ def _report_ended(channel: socket.socket, running: set[int]) -> bool:
     return True
 
 
-def _reply(channel: socket.socket, reply: Forked | Ended) -> bool:
+def import_more(modules: list[str], complete: bool) -> tuple[list[str], int, bool]:
+    """An ``ImportOrder``: the modules imported (up to the first that fails; none after an earlier failure), the
+    threads their imports started (parked in each fork, as the preload's are), and whether forks are still safe.
+
+    The order is the one a server started with them in its preload would have imported them in: after the
+    rest of the preload. isoprobe's own modules came before them here (``child.main``); they are the
+    standard library's, pydantic's and isoprobe's, which a model's imports do not share.
+    """
+    before = len(os.listdir("/proc/self/task"))
+    imported = import_modules(modules) if complete else []
+    started = max(0, len(os.listdir("/proc/self/task")) - before)
+    return imported, started, not cuda_initialized() and forks_safely()
+
+
+def _reply(channel: socket.socket, reply: Forked | Ended | Extended) -> bool:
     """Send one reply; False if the parent's end is closed (it is going: nothing is left to tell it)."""
     try:
         channel.send(reply.model_dump_json().encode())

@@ -27,8 +27,8 @@ from isoprobe.errors import ProbeError
 from isoprobe.executors import Conditions
 from isoprobe.executors.forkserver import ForkedProcess
 from isoprobe.system.keeper import descendants
-from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, lift_idle_policy
-from isoprobe.protocol.messages import Inspected, Started, TrialResult, Warm, last_of, read_events
+from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, lift_idle_policy, write_atomically
+from isoprobe.protocol.messages import IMPORT_LINE, Inspected, Started, TrialResult, Warm, last_of, read_events
 
 #: How often the parent looks at a child's events while it imports (the cost of a look: one small read).
 _POLL_SECONDS = 0.01
@@ -49,6 +49,9 @@ class StartedChild:
     conditions: Conditions
     warm: bool
     forked: bool = False  # forked from the fork server (``warm`` too: it imported nothing itself)
+    #: How many ``warm`` reports mean it has imported all it was asked to: one more for each ``IMPORT_LINE``
+    #: it was sent (``extend_imports``).
+    warm_reports: int = 1
 
 
 def await_warm(child: StartedChild, timeout: float) -> bool | None:
@@ -61,7 +64,7 @@ def await_warm(child: StartedChild, timeout: float) -> bool | None:
     deadline = time.monotonic() + timeout
     while True:
         events = read_events(child.events_path)
-        if last_of(events, Warm) is not None:
+        if sum(isinstance(event, Warm) for event in events) >= child.warm_reports:
             return True
         if child.process.poll() is not None:
             return False
@@ -71,6 +74,28 @@ def await_warm(child: StartedChild, timeout: float) -> bool | None:
         if time.monotonic() >= deadline:
             return None
         time.sleep(_POLL_SECONDS)
+
+
+def modules_file(stem: Path, modules: tuple[str, ...]) -> Path:
+    """``modules``, one a line, in a file beside a child's others (``IMPORT_LINE``, ``ImportOrder`` name it)."""
+    path = stem.with_suffix(".imports")
+    write_atomically(path, "".join(f"{module}\n" for module in modules))
+    return path
+
+
+def extend_imports(child: StartedChild, conditions: Conditions, modules: Path) -> bool:
+    """Tell a waiting spawned child to import the modules the file ``modules`` names too (``IMPORT_LINE``), so that
+    it serves ``conditions``; False if it is gone. ``await_warm`` then waits for its next ``warm``."""
+    if child.forked or child.process.poll() is not None:
+        return False
+    try:
+        child.process.stdin.write(f"{IMPORT_LINE}{modules}\n".encode())
+        child.process.stdin.flush()
+    except (BrokenPipeError, OSError):
+        return False
+    child.conditions = conditions
+    child.warm_reports += 1
+    return True
 
 
 def deliver(child: StartedChild, request_path: Path) -> bool:

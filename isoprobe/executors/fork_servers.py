@@ -1,7 +1,9 @@
 """Which fork server forks a request, and when this probe stops forking: the local executor's fork servers.
 
 One server at a time, for the conditions it was started under (all but the
-CPU cap, which each fork sets for itself). The server is isoprobe's own
+CPU cap, which each fork sets for itself), or for conditions that only add
+modules to its preload, which it is told to import (``added_imports``: the
+model's imports, known once the environment check has run). The server is isoprobe's own
 machinery, so its failures are never a request's: a server that cannot start
 or whose forks would hang (``child.server.forks_safely``), and a fork that
 cannot set itself up, make this probe spawn under those conditions from then
@@ -21,7 +23,7 @@ from pathlib import Path
 from typing import Callable
 
 from isoprobe.executors import Conditions
-from isoprobe.executors.child_process import StartedChild, await_warm, stop_child
+from isoprobe.executors.child_process import StartedChild, await_warm, modules_file, stop_child
 from isoprobe.executors.forkserver import ServerChannel
 from isoprobe.executors.processes import import_timeout, signals_deferred
 from isoprobe.protocol.messages import ForkOrder
@@ -40,6 +42,7 @@ class _Server:
     started: StartedChild
     channel: ServerChannel
     key: Conditions  # the conditions it serves, but for the cap, which each fork sets for itself
+    extending: bool = False  # an ImportOrder was sent: its answer comes before the next fork
 
 
 class ForkServers:
@@ -59,11 +62,20 @@ class ForkServers:
         return conditions.backend in self.backends and replace(conditions, memory_limit=None) not in self._unforkable
 
     def server_for(self, conditions: Conditions) -> _Server:
-        """The fork server for ``conditions`` (all but the cap), started now if there is none; one at a time."""
+        """The fork server for ``conditions`` (all but the cap), started now if there is none; one at a time.
+
+        A server whose preload the new one only lengthens (the model's imports, known once the environment
+        check, itself forked from this server, has run) is told to import the rest (``ImportOrder``) rather
+        than replaced: a new server would import torch again while the first trial waited for it.
+        """
         key = replace(conditions, memory_limit=None)
         self.drop_lost()
         if self._server is not None and self._server.key != key:
-            self.stop()
+            more = added_imports(self._server.key, key)
+            if more and self._server.channel.extend(str(modules_file(self._next_files()[0], more))):
+                self._server.key, self._server.extending = key, True
+            else:
+                self.stop()
         if self._server is None:
             ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
             try:
@@ -81,7 +93,7 @@ class ForkServers:
         while self.forks(conditions):
             with signals_deferred():
                 server = self.server_for(conditions)
-            if not await_warm(server.started, import_timeout(timeout)):
+            if not await_warm(server.started, import_timeout(timeout)) or not self._extended(server, timeout):
                 # Died, hung importing, or found that its forks would hang: this probe spawns from now on under
                 # these conditions; a spawned child meets the same import, if that was the trouble, and reports
                 # it as the trial's.
@@ -103,6 +115,15 @@ class ForkServers:
                 os.close(lifeline_write)
                 self.drop_lost()  # it did not take the order: a fresh one, or none (then spawned)
         return None
+
+    @staticmethod
+    def _extended(server: _Server, timeout: float) -> bool:
+        """Wait for the answer to an ``ImportOrder`` sent to ``server``, if one is pending: whether it can fork."""
+        if not server.extending:
+            return True
+        reply = server.channel.extended(import_timeout(timeout))
+        server.extending = False
+        return reply is not None and reply.safe
 
     def unfit(self, child: StartedChild) -> None:
         """A fork that ended, or stayed silent, before its first report: stop it; its request did not fail.
@@ -137,3 +158,12 @@ class ForkServers:
         if server is not None:
             server.channel.close()
             stop_child(server.started)
+
+
+def added_imports(started: Conditions, wanted: Conditions) -> tuple[str, ...]:
+    """The modules a process started under ``started`` must import to be one started under ``wanted``: what
+    ``wanted``'s preload adds after ``started``'s, when that is all that differs (else none: it cannot become one)."""
+    same = replace(started, preload=()) == replace(wanted, preload=())
+    if not same or wanted.preload[:len(started.preload)] != started.preload:
+        return ()
+    return wanted.preload[len(started.preload):]

@@ -34,7 +34,7 @@ import time
 
 from pydantic import ValidationError
 
-from isoprobe.protocol.messages import SERVER_REPLY, Ended, ForkOrder, Forked
+from isoprobe.protocol.messages import SERVER_REPLY, Ended, Extended, ForkOrder, Forked, ImportOrder
 
 #: The return code a lost trial is given, so that whatever reads only the code sees a kill, never a clean exit.
 LOST_STATUS = int(signal.SIGKILL)  # a raw wait status: killed by SIGKILL
@@ -118,6 +118,36 @@ class ServerChannel:
                 return None
             return ForkedProcess(self, reply.pid)
 
+    def extend(self, modules_file: str) -> bool:
+        """Order the server to import the modules ``modules_file`` names too (``ImportOrder``); False if it did not
+        take the order (lost). Its answer is ``extended``'s to wait for, before the next fork."""
+        if self.lost:
+            return False
+        try:
+            self.channel.send(ImportOrder(modules_file=modules_file).model_dump_json().encode())
+        except OSError as error:
+            self._lose(f"the fork server's channel failed ({error.strerror or error})")
+            return False
+        return True
+
+    def extended(self, timeout: float) -> Extended | None:
+        """The server's answer to ``extend`` within ``timeout`` seconds (the imports' bound); None, and the server
+        lost, if it ended, wedged or answered something else meanwhile."""
+        deadline = time.monotonic() + timeout
+        while True:
+            reply = self._reply(deadline - time.monotonic())
+            if isinstance(reply, Ended):  # a trial that ended before the order: kept for its collect
+                self._ended[reply.pid] = reply.status
+                continue
+            if isinstance(reply, Extended):
+                return reply
+            if reply is None and not self.lost:
+                self._lose(f"the fork server did not finish importing the model's modules within {timeout:g} s "
+                           "(stopped or wedged)")
+            elif reply is not None:
+                self._lose("the fork server replied to an order nobody gave")
+            return None
+
     def collect(self, process: ForkedProcess, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for ``process``'s end; sets its ``returncode`` (and ``lost``) when known.
 
@@ -139,7 +169,7 @@ class ServerChannel:
             reply = self._reply(until - now, also=watch)
             if isinstance(reply, Ended):
                 self._ended[reply.pid] = reply.status
-            elif isinstance(reply, Forked):  # no order is waiting for one: the server is confused
+            elif isinstance(reply, (Forked, Extended)):  # no order is waiting for one: the server is confused
                 self._lose("the fork server replied to an order nobody gave")
             elif reply is None and time.monotonic() >= deadline:
                 break
@@ -151,7 +181,7 @@ class ServerChannel:
         if process.returncode is not None:
             process.close()
 
-    def _reply(self, timeout: float, also: list[int] = ()) -> Forked | Ended | None:
+    def _reply(self, timeout: float, also: list[int] = ()) -> Forked | Ended | Extended | None:
         """The next reply; None at the timeout, when one of ``also`` becomes readable, or once the server is lost."""
         if self.lost:
             return None

@@ -55,9 +55,10 @@ from pathlib import Path
 
 from isoprobe.executors import ChildRun, Conditions
 from isoprobe.system import keeper
-from isoprobe.executors.child_process import StartedChild, await_warm, deliver, stop_child
+from isoprobe.executors.child_process import (StartedChild, await_warm, deliver, extend_imports, modules_file,
+                                              stop_child)
 from isoprobe.executors.forkserver import ForkedProcess
-from isoprobe.executors.fork_servers import ForkServers
+from isoprobe.executors.fork_servers import ForkServers, added_imports
 from isoprobe.executors.processes import (
     child_environment,
     import_timeout,
@@ -113,7 +114,10 @@ class LocalExecutor:
     share the GPU and the running trial's measurement is undisturbed. When its
     turn comes it gets the request and only builds and trains: the import,
     seconds per trial, is off the critical path. The spare is started under the
-    conditions the probe announced (``prestart``); a request under other
+    conditions the probe announced (``prestart``); announced conditions that
+    only add modules to its preload (the model's imports, known after the
+    environment check) are imported by the waiting spare (``IMPORT_LINE``)
+    instead of a new one starting over; a request under other
     conditions (a memory check with a larger cap, the environment check) gets a
     child started on demand and leaves the spare for the next ordinary trial,
     and a spare that died while waiting is replaced by one started on demand,
@@ -150,7 +154,8 @@ class LocalExecutor:
         if not self.warm:
             return
         with signals_deferred():
-            if self._spare is not None and self._spare.conditions != conditions:
+            if self._spare is not None and self._spare.conditions != conditions and not self._extend(self._spare,
+                                                                                                       conditions):
                 spare, self._spare = self._spare, None
                 stop_child(spare)
             if self._spare is None:
@@ -267,6 +272,12 @@ class LocalExecutor:
         self._count += 1
         stem = self.workdir / f"child{self._count:03d}"
         return stem, stem.with_suffix(".events.jsonl"), stem.with_suffix(".stderr")
+
+    def _extend(self, spare: StartedChild, conditions: Conditions) -> bool:
+        """Make a spare one of ``conditions`` by telling it to import what they add to its preload (the model's
+        imports, once the environment check has run), if that is all they change; whether it now is."""
+        more = added_imports(spare.conditions, conditions)
+        return bool(more) and extend_imports(spare, conditions, modules_file(self._next_files()[0], more))
 
     def _take_spare(self, conditions: Conditions) -> StartedChild | None:
         spare = self._spare

@@ -428,6 +428,17 @@ def preload(spec: Spec, model_imports: tuple[str, ...] = ()) -> tuple[str, ...]:
     return named + tuple(m for m in model_imports if m not in named and m.partition(".")[0] not in named)
 
 
+def model_imports_note(spec: Spec, conditions: Conditions) -> str | None:
+    """What the first trial waits for beyond its own start, when the model's code imported installed modules that
+    the process started during the environment check had not (``conditions``: the trials'); None when nothing."""
+    added = conditions.preload[len(preload(spec)):]
+    if not added:
+        return None
+    shown = ", ".join(added[:3]) + (f" and {len(added) - 3} more" if len(added) > 3 else "")
+    return (f"the model's code imports {len(added)} installed module(s) beyond torch and the model library "
+            f"({shown}): every trial's process imports them before its request, and the first trial waits for that")
+
+
 def trial_conditions(spec: Spec, backend: str, memory_limit: int | None, allocator_label: str | None = None,
                      model_imports: tuple[str, ...] = ()) -> Conditions:
     """How every ordinary trial's process is started: the backend, the allocator, the CPU cap, the preload."""

@@ -28,6 +28,7 @@ from isoprobe.pipeline.environment import (
     allocator_info,
     inspect_environment,
     likely_backend,
+    model_imports_note,
     resolve_target,
     trial_conditions,
 )
@@ -114,8 +115,12 @@ def run_probe(
         tokens = None
         if spec.allocators and target.backend == "cuda":
             runner.allocator_label = spec.allocators[0]
+        if (waits := model_imports_note(spec, runner.conditions)) is not None:
+            reporter.note(waits)
         try:
-            executor.prestart(runner.conditions)  # the guess was wrong: a spare started for it is replaced
+            # The guess was wrong: a spare started for it is replaced. Or the check saw the model import more:
+            # the process started for it imports them too (executors.local), no new one imports torch again.
+            executor.prestart(runner.conditions)
         except (KeyboardInterrupt, Terminated) as stopped:
             # A signal held while the spare was replaced lands here, before the first trial: still one document.
             found = Found(stop_reason_of(stopped), None, None)

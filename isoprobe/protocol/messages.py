@@ -39,6 +39,7 @@ from isoprobe.protocol.wiring import (  # noqa: F401 - defined there (the child 
     CHILD_MODULE,
     EVENTS_ENV,
     IDLE_ARGUMENT,
+    IMPORT_LINE,
     LIFELINE_ENV,
     PRELOAD_ENV,
     SERVE_ARGUMENT,
@@ -421,6 +422,19 @@ class ForkOrder(_Message):
     memory_limit: int | None = Field(None, description="RLIMIT_DATA for the forked child (the CPU cap); None: none.")
 
 
+class ImportOrder(_Message):
+    """Parent to fork server: import these modules too (the model's, known after the environment check), then
+    prove again that a fork can run a parallel torch operation, before the next ``ForkOrder``.
+
+    So the trials' process imports what a server started with the longer preload would have, without
+    a second server importing torch again while the first trial waits (``executors.fork_servers``).
+    """
+
+    order: Literal["import"] = "import"
+    modules_file: str = Field(description="A file naming the modules, one a line: up to ``MAX_MODEL_IMPORTS`` of "
+                              "them, more than one message may hold.")
+
+
 class Forked(_Message):
     """Fork server to parent: the order's process (the keeper of the forked child) runs with this PID."""
 
@@ -436,5 +450,17 @@ class Ended(_Message):
     status: int
 
 
-ServerReply = Annotated[Union[Forked, Ended], Field(discriminator="reply")]
+class Extended(_Message):
+    """Fork server to parent, for an ``ImportOrder``: how many of the modules it imported (up to the first that
+    failed, as a spawned child's preload), and whether its forks are still safe (no CUDA context, the canary
+    fork ran)."""
+
+    reply: Literal["extended"] = "extended"
+    imported: int
+    safe: bool
+
+
+ServerReply = Annotated[Union[Forked, Ended, Extended], Field(discriminator="reply")]
 SERVER_REPLY = TypeAdapter(ServerReply)
+#: What the fork server reads from its channel: an order to import more, or one to fork (``ForkOrder``).
+SERVER_ORDER = TypeAdapter(Union[ImportOrder, ForkOrder])

@@ -23,6 +23,11 @@ EVENTS_ENV = "ISOPROBE_EVENTS"
 LIFELINE_ENV = "ISOPROBE_LIFELINE_FD"
 #: Environment variable listing (comma-separated) the modules a warm child imports before its request.
 PRELOAD_ENV = "ISOPROBE_PRELOAD"
+#: A line a waiting child (``WAIT_ARGUMENT``) reads on stdin before its request's path: import the modules the
+#: file after the prefix names (one a line) too, report ``warm`` again, and wait on. The parent never writes a
+#: request path so (its paths are absolute). How a spare started before the environment check takes on the
+#: model's imports (a file, not the names: a line of up to 1000 of them could fill the pipe).
+IMPORT_LINE = "import "
 #: How far a CPU trial may raise its own cap (RLIMIT_DATA) above the budget, to credit what isoprobe's own
 #: modules take in its process (``child.memory.credit_own``; measured 6.3 MiB after torch). The parent sets
 #: the hard limit this far above the budget and the child lowers it to its credited cap before any user code

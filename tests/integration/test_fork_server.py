@@ -260,3 +260,26 @@ def test_the_result_schema_documents_the_forked_field():
     schema = json.loads(run_cli("schema").stdout)
     text = json.dumps(schema)
     assert "fork server" in text
+
+
+@pytest.mark.parametrize("forked", [True, False], ids=["fork server", "warm spare"])
+def test_the_process_started_before_the_check_imports_the_models_modules_and_serves_the_first_trial(tmp_path, forked):
+    """Issue 35: the fork server (or warm spare) started beside the environment check is told to import the
+    modules the check saw the model's code import, not replaced by one that imports torch again while the
+    first trial waits (8.6 s measured on the Hugging Face path). Real processes: the server answers the
+    ``ImportOrder``, the spare reads its ``IMPORT_LINE``, and the trial runs in that process with them
+    imported (tests/unit/test_prestart_extends.py has the rules, without processes)."""
+    spec = Spec.model_validate(hog_spec())
+    guess = trial_conditions(spec, "cpu", BUDGET)
+    conditions = replace(guess, preload=(*guess.preload, "colorsys", "json"))
+    with LocalExecutor(tmp_path, warm=not forked, fork=("cpu",) if forked else ()) as executor:
+        executor.prestart(guess)
+        executor.prestart(conditions)
+        run = executor.run(_request(spec, 2), conditions, timeout=120, name="t")
+        started = sorted(tmp_path.glob("child*.stdout"))  # one for each process started (the parent opens it)
+    assert classify_exit(run).outcome.value == "fits" and run.warm and run.forked is forked
+    assert last_of(run.events, Warm).modules[-2:] == ["colorsys", "json"]
+    # Started: the server and the trial's fork; or the spare, which ran the trial, and the next trial's spare.
+    assert len(started) == 2, started
+    if forked:
+        assert last_of(_server_events(tmp_path), Warm).modules == list(guess.preload)  # its first report, unchanged

@@ -11,7 +11,7 @@ import pytest
 
 from isoprobe.child.server import resident_file_ranges
 from isoprobe.executors.forkserver import ServerChannel
-from isoprobe.protocol.messages import SERVER_REPLY, Ended, ForkOrder, Forked
+from isoprobe.protocol.messages import SERVER_ORDER, SERVER_REPLY, Ended, Extended, ForkOrder, Forked, ImportOrder
 
 
 @pytest.fixture
@@ -167,3 +167,41 @@ def test_waiting_for_a_forked_trial_has_no_for_ever(ends):
         process.wait(timeout=0.1)
     os.close(read)
     os.close(write)
+
+
+def test_an_import_order_is_answered_before_the_next_fork_and_an_end_meanwhile_is_kept(ends):
+    """The model's imports, after the environment check (``ImportOrder``): a trial's end that arrives before the
+    answer is kept for its collect, as during a fork order."""
+    channel, server = ends
+    server.send(Forked(pid=31).model_dump_json().encode())
+    read, write = os.pipe()
+    process = channel.fork(ORDER, read)
+    for fd in _take_order(server)[1]:
+        os.close(fd)
+    assert channel.extend("/scratch/child004.imports")
+    assert SERVER_ORDER.validate_json(server.recv(65536)) == ImportOrder(modules_file="/scratch/child004.imports")
+    server.send(Ended(pid=31, status=0).model_dump_json().encode())
+    server.send(Extended(imported=1, safe=True).model_dump_json().encode())
+    assert channel.extended(timeout=5) == Extended(imported=1, safe=True)
+    assert process.poll() == 0 and not channel.lost
+    os.close(read)
+    os.close(write)
+
+
+@pytest.mark.parametrize("end", ["silent", "eof", "forked"])
+def test_a_server_that_does_not_answer_an_import_order_is_lost_not_waited_for_ever(ends, end):
+    channel, server = ends
+    assert channel.extend("/scratch/child004.imports")
+    if end == "eof":
+        server.close()
+    elif end == "forked":
+        server.send(Forked(pid=5).model_dump_json().encode())  # an answer to an order nobody gave
+    assert channel.extended(timeout=0.05) is None and channel.lost
+    assert not channel.extend("/scratch/child004.imports")  # and no further order goes to it
+
+
+def test_the_server_tells_an_import_order_from_a_fork_order():
+    assert SERVER_ORDER.validate_json(ORDER.model_dump_json()) == ORDER
+    assert isinstance(SERVER_ORDER.validate_json(b'{"order": "import", "modules_file": "/m"}'), ImportOrder)
+    with pytest.raises(ValueError):
+        SERVER_ORDER.validate_json(b'{"order": "import", "modules_file": "/m", "request": "/r.json"}')
