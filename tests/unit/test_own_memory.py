@@ -37,6 +37,7 @@ def test_the_child_entry_imports_nothing_of_its_own_before_the_preload():
                     "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('isoprobe', 'pydantic'))))")
     assert set(loaded.split()) <= {"isoprobe", "isoprobe.child", "isoprobe.child.main", "isoprobe.child.memory",
                                    "isoprobe.child.events", "isoprobe.child.request", "isoprobe.child.source_only",
+                                   "isoprobe.child.preload",  # the preload's import itself: standard library only
                                    "isoprobe.protocol",
                                    "isoprobe.protocol.wiring"}, loaded
 
