@@ -53,6 +53,7 @@ from isoprobe.executors.processes import (
     stderr_tail,
     write_atomically,
 )
+from isoprobe.executors.rounds import earned_timeout, steps_done
 from isoprobe.executors.srun_plan import refusal, srun_command
 from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
 from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
@@ -193,7 +194,7 @@ class SrunGangExecutor:
             write_atomically(folder / f"rank{rank}.request.json", rank_request.model_dump_json())
         step = self._start(folder, world, conditions, cuda)
         try:
-            return self._supervise(step, timeout)
+            return self._supervise(step, timeout, request)
         finally:
             self._end(step)  # on an interrupt too: no step outlives the trial
 
@@ -224,7 +225,10 @@ class SrunGangExecutor:
                 os.close(lifeline_read)
         return _Step(folder, world, process, lifeline_write, began=time.monotonic())
 
-    def _supervise(self, step: _Step, timeout: float) -> ChildRun | str:
+    def _supervise(self, step: _Step, timeout: float, request: TrialRequest | None = None) -> ChildRun | str:
+        """Watch the step until it ends, its ranks' imports time out, or its time is up: a stretched ``timeout``
+        (a trial of more steps than the search's) is earned as the slowest rank completes steps, as a local
+        gang's is (``rounds.earned_timeout``)."""
         import_deadline = step.began + import_timeout(timeout)
         cancel_armed = False
         while True:
@@ -250,7 +254,9 @@ class SrunGangExecutor:
                 with signals_deferred():
                     slow = [rank for rank, e in enumerate(events) if last_of(e, Warm) is None]
                     return self._conclude(step, slow[0], timed_out=tuple(slow))
-            if step.delivered is not None and now >= step.delivered + timeout:
+            earned = timeout if request is None else earned_timeout(request, timeout,
+                                                                    min(steps_done(e) for e in events))
+            if step.delivered is not None and now >= step.delivered + earned:
                 with signals_deferred():
                     timed_out = tuple(rank for rank, (verdict, _, _) in enumerate(states) if verdict is None)
                     hung = laggard([len(e) for e in events], list(timed_out)) if timed_out else None
