@@ -86,12 +86,7 @@ def modules_file(stem: Path, modules: tuple[str, ...]) -> Path:
 def extend_imports(child: StartedChild, conditions: Conditions, modules: Path) -> bool:
     """Tell a waiting spawned child to import the modules the file ``modules`` names too (``IMPORT_LINE``), so that
     it serves ``conditions``; False if it is gone. ``await_warm`` then waits for its next ``warm``."""
-    if child.forked or child.process.poll() is not None:
-        return False
-    try:
-        child.process.stdin.write(f"{IMPORT_LINE}{modules}\n".encode())
-        child.process.stdin.flush()
-    except (BrokenPipeError, OSError):
+    if child.forked or not _tell(child, f"{IMPORT_LINE}{modules}", last=False):
         return False
     child.conditions = conditions
     child.warm_reports += 1
@@ -100,11 +95,19 @@ def extend_imports(child: StartedChild, conditions: Conditions, modules: Path) -
 
 def deliver(child: StartedChild, request_path: Path) -> bool:
     """Hand a waiting child its request; False if it is gone (its pipe is closed)."""
+    return _tell(child, str(request_path), last=True)
+
+
+def _tell(child: StartedChild, line: str, *, last: bool) -> bool:
+    """Write one line to a waiting child's stdin (``last``: then close it); False if it is gone."""
     if child.process.poll() is not None:
         return False
     try:
-        child.process.stdin.write(f"{request_path}\n".encode())
-        child.process.stdin.close()
+        child.process.stdin.write(f"{line}\n".encode())
+        if last:
+            child.process.stdin.close()
+        else:
+            child.process.stdin.flush()
     except (BrokenPipeError, OSError):
         return False
     return True

@@ -106,17 +106,21 @@ class ServerChannel:
         except OSError as error:
             self._lose(f"the fork server's channel failed ({error.strerror or error})")
             return None
-        deadline = time.monotonic() + FORK_REPLY_SECONDS
+        reply = self._answer(time.monotonic() + FORK_REPLY_SECONDS)
+        if not isinstance(reply, Forked):
+            self._lose(f"the fork server did not answer an order within {FORK_REPLY_SECONDS:g} s "
+                       "(stopped or wedged)")
+            return None
+        return ForkedProcess(self, reply.pid)
+
+    def _answer(self, deadline: float) -> Forked | Extended | None:
+        """The next reply that answers an order, by ``deadline``; a trial's end that comes first (another rank
+        of a gang, or a trial that ended before the order) is kept for its collect."""
         while True:
             reply = self._reply(deadline - time.monotonic())
-            if isinstance(reply, Ended):  # another trial of the gang ended meanwhile: kept for its collect
-                self._ended[reply.pid] = reply.status
-                continue
-            if not isinstance(reply, Forked):
-                self._lose(f"the fork server did not answer an order within {FORK_REPLY_SECONDS:g} s "
-                           "(stopped or wedged)")
-                return None
-            return ForkedProcess(self, reply.pid)
+            if not isinstance(reply, Ended):
+                return reply
+            self._ended[reply.pid] = reply.status
 
     def extend(self, modules_file: str) -> bool:
         """Order the server to import the modules ``modules_file`` names too (``ImportOrder``); False if it did not
@@ -133,20 +137,15 @@ class ServerChannel:
     def extended(self, timeout: float) -> Extended | None:
         """The server's answer to ``extend`` within ``timeout`` seconds (the imports' bound); None, and the server
         lost, if it ended, wedged or answered something else meanwhile."""
-        deadline = time.monotonic() + timeout
-        while True:
-            reply = self._reply(deadline - time.monotonic())
-            if isinstance(reply, Ended):  # a trial that ended before the order: kept for its collect
-                self._ended[reply.pid] = reply.status
-                continue
-            if isinstance(reply, Extended):
-                return reply
-            if reply is None and not self.lost:
-                self._lose(f"the fork server did not finish importing the model's modules within {timeout:g} s "
-                           "(stopped or wedged)")
-            elif reply is not None:
-                self._lose("the fork server replied to an order nobody gave")
-            return None
+        reply = self._answer(time.monotonic() + timeout)
+        if isinstance(reply, Extended):
+            return reply
+        if reply is None and not self.lost:
+            self._lose(f"the fork server did not finish importing the model's modules within {timeout:g} s "
+                       "(stopped or wedged)")
+        elif reply is not None:
+            self._lose("the fork server replied to an order nobody gave")
+        return None
 
     def collect(self, process: ForkedProcess, timeout: float) -> None:
         """Wait up to ``timeout`` seconds for ``process``'s end; sets its ``returncode`` (and ``lost``) when known.

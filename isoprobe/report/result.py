@@ -317,7 +317,8 @@ class MemoryBreakdown(_Strict):
         None, description="Tensors in the optimizer's state after its first step (Adam: two per parameter)."
     )
     activation_bytes_per_sample: float | None = Field(
-        None, description="Slope of the peak over the batch size, from the memory line: what one more sample costs."
+        None, description="Slope of the peak over the batch size, from the memory line: what one more sample costs "
+        "(with one batch measured, from its base reading to its peak: an upper bound)."
     )
     fixed_bytes: float | None = Field(
         None,

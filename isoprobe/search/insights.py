@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 
 from isoprobe.report.outcomes import Outcome
-from isoprobe.search.recommend import fit_line
+from isoprobe.search.recommend import line_with_anchor
 from isoprobe.report.result import MemoryBreakdown, Throughput, ThroughputPoint, Trial
 
 
@@ -79,7 +79,10 @@ def memory_breakdown(trials: list[Trial]) -> MemoryBreakdown | None:
     """
     fitting = [t for t in trials if t.outcome is Outcome.FITS and t.purpose != "memory_check"]
     points = [(t.batch_size, t.budget_peak_bytes or t.peak_bytes) for t in fitting if t.budget_peak_bytes or t.peak_bytes]
-    line = fit_line(points)
+    top = max((t for t in fitting if t.base_bytes and (t.budget_peak_bytes or t.peak_bytes)),
+              key=lambda t: (t.batch_size, t.index), default=None)
+    # One batch measured (an exact estimate's search): the line from its base reading, as the recommendation's.
+    line = line_with_anchor(points, (top.batch_size, top.base_bytes) if top else None)
     measured = max((t for t in fitting if t.sizes is not None), key=lambda t: t.batch_size, default=None)
     if measured is None and line is None:
         return None

@@ -52,6 +52,22 @@ def fit_line(points: list[tuple[int, int]]) -> Line | None:
     return Line(intercept=mean_p - slope * mean_b, slope=slope, points=n)
 
 
+def line_with_anchor(points: list[tuple[int, int]], anchor: tuple[int, int] | None) -> Line | None:
+    """``fit_line``, or with one batch measured the line from ``anchor`` (that batch and its base reading: the
+    memory it held without its batch) to its peak; None without either.
+
+    An exact estimate proves the edge with one fitting trial, so one point is common (issue 35). The base-anchored
+    slope is steeper than the activations alone where the peak holds something else too (an optimizer step's
+    scratch): what it predicts below the batch errs high, towards smaller batches, never larger ones."""
+    line = fit_line(points)
+    if line is not None or anchor is None or not points:
+        return line
+    batch, peak = max(points)
+    if anchor[0] != batch or peak <= anchor[1]:
+        return None
+    return Line(intercept=float(anchor[1]), slope=(peak - anchor[1]) / batch, points=1)
+
+
 def headroom_in_bytes(headroom: float | int, capacity: int) -> int:
     """A fraction of the capacity, or bytes as given."""
     return int(headroom * capacity) if isinstance(headroom, float) else int(headroom)
@@ -93,11 +109,7 @@ def advise(
     step's scratch), so the headroom errs towards a smaller batch, never a larger one.
     """
     usable = [(b, p) for b, p in fitting if b <= max_batch]
-    line = fit_line(usable)
-    if line is None and anchor is not None and usable:
-        batch_at, peak_at = max(usable)
-        if anchor[0] == batch_at and peak_at > anchor[1]:
-            line = Line(intercept=float(anchor[1]), slope=(peak_at - anchor[1]) / batch_at, points=1)
+    line = line_with_anchor(usable, anchor)
     reserve = headroom_in_bytes(headroom, capacity)
     target = capacity - reserve
     notes: list[str] = []
