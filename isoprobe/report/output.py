@@ -37,6 +37,10 @@ _PURPOSE_LABELS = {
 }
 
 
+#: A search trial that stepped until steady because a fit would make it the maximum (``search.decides``).
+_DECIDING = "  [decides the maximum: {steps} steps, peak {first} -> {last}]"
+
+
 def trial_line(trial: Trial) -> str:
     """``isoprobe: trial  3  batch     16  fits  peak 2.31 GiB  12.4 s``"""
     peak = format_bytes(trial.peak_bytes) if trial.outcome is Outcome.FITS else "-"
@@ -49,7 +53,10 @@ def trial_line(trial: Trial) -> str:
             reason = f"{who}: {reason}" if reason else who
         detail = f" ({reason})" if reason else ""
     peaks = trial.step_peak_bytes
-    purpose = _PURPOSE_LABELS[trial.purpose].format(
+    label = _PURPOSE_LABELS[trial.purpose]
+    if trial.purpose in ("search", "retry") and trial.steady_rule is not None and trial.outcome is Outcome.FITS:
+        label += _DECIDING  # the batch right below the smallest failure: its fit is the maximum's proof
+    purpose = label.format(
         steps=len(trial.step_seconds), first=format_bytes(peaks[0] if peaks else None),
         last=format_bytes(peaks[-1] if peaks else None))
     if trial.training_batch_size is not None:
@@ -65,10 +72,11 @@ def summary_lines(result: Result) -> list[str]:
     """The closing lines on stderr: the answer in words, and what to try if there is none."""
     lines = [f"isoprobe: {result.message}"]
     if result.recommendation is not None and result.recommended_batch_size is not None:
+        measured = result.recommendation.measured_peak_bytes
+        of = format_bytes(result.device.capacity_bytes if result.device else None)
         lines.append(
-            f"isoprobe: recommended {result.recommended_batch_size}: {result.recommendation.note}; "
-            f"measured peak {format_bytes(result.recommendation.measured_peak_bytes)} "
-            f"of {format_bytes(result.device.capacity_bytes if result.device else None)}"
+            f"isoprobe: recommended {result.recommended_batch_size}: {result.recommendation.note}"
+            + (f"; measured peak {format_bytes(measured)} of {of}" if measured is not None else f"; capacity {of}")
         )
     elif result.recommendation is not None and result.recommendation.soaks:
         lines.append(f"isoprobe: no recommendation: {result.recommendation.note}")

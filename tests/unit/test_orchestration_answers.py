@@ -429,3 +429,15 @@ def test_each_proof_runs_once_and_confirmations_ask_for_more():
     short = probe(hog_spec(start_batch_size=12, confirmations=0, steady_steps=0), hog_device())
     assert all(call.request.steady is None for call in short.executor.calls)  # nothing stepped until steady
     assert len(short.at(HOG_MAX)) == 1 and not short.result.max_steady and not short.result.max_confirmed
+
+
+def test_the_trial_that_decides_the_maximum_says_so_on_stderr():
+    """Issue 35: the deciding trial is a search trial that steps until steady; its line says so, as the
+    confirmation's did, and a recommendation with no trial of its own names no measured peak ('-' before)."""
+    probed = probe(hog_spec(start_batch_size=12), hog_device())
+    (line,) = [l for l in probed.lines if f"batch {HOG_MAX:>6}" in l and l.startswith("isoprobe: trial")]
+    assert "[decides the maximum: " in line and "steps, peak" in line
+    from isoprobe.report.output import summary_lines
+
+    (recommended,) = [l for l in summary_lines(probed.result) if l.startswith("isoprobe: recommended")]
+    assert probed.result.recommendation.measured_peak_bytes is None and "measured peak -" not in recommended
