@@ -12,7 +12,7 @@ headroom (recommendation.soak_steps null: a soak only where it adds evidence).
 
 from __future__ import annotations
 
-from isoprobe.search.insights import throughput
+from isoprobe.search.insights import base_anchor, throughput
 from isoprobe.pipeline.explain import none_survived, why_soak_failed
 from isoprobe.report.outcomes import Outcome
 from isoprobe.pipeline.environment import Target
@@ -53,7 +53,7 @@ def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int)
         target.search_capacity,
         spec.recommendation.headroom,
         spec.recommendation.multiple_of,
-        anchor=_anchor(under_budget, max_fitting),
+        anchor=base_anchor(under_budget, up_to=max_fitting),
     )
     model = advice.line
     recommendation = Recommendation(
@@ -76,16 +76,6 @@ def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int)
                                                                              recommendation)) is not None:
         return batch, proof
     return _soak(runner, batch, recommendation, model.slope if model else None)
-
-
-def _anchor(trials: list[Trial], max_fitting: int) -> tuple[int, int] | None:
-    """(batch, base reading) of the largest fitting trial at or below the maximum: the one-point line's anchor."""
-    fits = [t for t in trials if t.outcome is Outcome.FITS and t.batch_size <= max_fitting and t.base_bytes
-            and budget_peak(t)]
-    if not fits:
-        return None
-    top = max(fits, key=lambda t: (t.batch_size, t.index))
-    return top.batch_size, top.base_bytes
 
 
 def _maximum_proves(runner: TrialRunner, batch: int, max_fitting: int,

@@ -69,6 +69,15 @@ def throughput(trials: list[Trial], tolerance: float) -> Throughput | None:
     )
 
 
+def base_anchor(trials: list[Trial], up_to: int | None = None) -> tuple[int, int] | None:
+    """(batch, base reading) of the largest fitting trial (at most ``up_to``) that has both a peak and a base
+    reading: the anchor of a memory line through one measured batch (``recommend.line_with_anchor``)."""
+    fits = [t for t in trials if t.outcome is Outcome.FITS and t.base_bytes and (t.budget_peak_bytes or t.peak_bytes)
+            and (up_to is None or t.batch_size <= up_to)]
+    top = max(fits, key=lambda t: (t.batch_size, t.index), default=None)
+    return (top.batch_size, top.base_bytes) if top else None
+
+
 def memory_breakdown(trials: list[Trial]) -> MemoryBreakdown | None:
     """Parameters, gradients and optimizer state as the child measured them; activations from the line.
 
@@ -79,10 +88,8 @@ def memory_breakdown(trials: list[Trial]) -> MemoryBreakdown | None:
     """
     fitting = [t for t in trials if t.outcome is Outcome.FITS and t.purpose != "memory_check"]
     points = [(t.batch_size, t.budget_peak_bytes or t.peak_bytes) for t in fitting if t.budget_peak_bytes or t.peak_bytes]
-    top = max((t for t in fitting if t.base_bytes and (t.budget_peak_bytes or t.peak_bytes)),
-              key=lambda t: (t.batch_size, t.index), default=None)
     # One batch measured (an exact estimate's search): the line from its base reading, as the recommendation's.
-    line = line_with_anchor(points, (top.batch_size, top.base_bytes) if top else None)
+    line = line_with_anchor(points, base_anchor(fitting))
     measured = max((t for t in fitting if t.sizes is not None), key=lambda t: t.batch_size, default=None)
     if measured is None and line is None:
         return None
