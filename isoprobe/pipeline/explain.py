@@ -227,6 +227,13 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
             f"batch {last.batch_size} ran past the {spec.search.trial_timeout:g} s trial timeout",
             ["raise search.trial_timeout, or lower search.steps"],
         )
+    if stop is StopReason.STILL_RISING and first_failing is None and found.marginal:
+        # Down to batch 1 every batch fit, but inside the spread: not growth, too little room (issue 35).
+        return (
+            f"no batch leaves more than the spread free: {_batches(found.marginal)} fit, each with less free memory "
+            "than a long run's peak moves between runs and over steps (see edge_margin)",
+            ["raise the memory budget, or lower search.edge_spread if your runs vary less (0 turns the rule off)"],
+        )
     if stop is StopReason.STILL_RISING:
         return (
             f"no batch holds the long run: down to batch {first_failing}, every trial's peak kept rising until "

@@ -205,7 +205,7 @@ def run_probe(
 def edge_margin(runner: TrialRunner, found: Found) -> EdgeMargin | None:
     """The spread rule as this probe applied it: the maximum's free memory, and the marginal batches above it."""
     spread = runner.spread()
-    if spread is None or found.max_fitting is None:
+    if spread is None or (found.max_fitting is None and not found.marginal):
         return None
     capacity = runner.target.search_capacity
     ran = [t for t in runner.same_question() if t.training_batch_size is None and t.purpose != "memory_check"
