@@ -81,7 +81,7 @@ def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: l
         # The CPU backend's answer moves with the trials' intra-op threads (``cache.threads``).
         device = {"backend": "cpu", "requested": spec.device, "cpu": cpu_name(), "ram_bytes": ram_bytes(),
                   "threads": trial_threads(environ, spec.distributed.threads_per_rank)}
-    return {
+    material = {
         "key_version": KEY_VERSION,
         "isoprobe": __version__,
         "python": platform.python_version(),
@@ -90,6 +90,33 @@ def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: l
         "code": _code_digests(spec, Path(spec_path).resolve().parent),
         "device": device,
     }
+    if spec.command is not None:
+        material["command"] = command_material(spec, environ)
+    return material
+
+
+def command_material(spec: Spec, environ: Mapping[str, str]) -> dict:
+    """What a command's answer depends on beyond the spec (which holds the command and its folder): the values of
+    the variables ``command_env`` names, and the files its arguments name (the script, a config), hashed.
+
+    The modules and files the command's processes imported or read are the entry's sources, recorded by its
+    trials and checked when it is read (``cache.trust``), as for a factory's; the arguments' files are keyed
+    here too, so an edited script is a new probe even where no trial's process got as far as importing it."""
+    from isoprobe.spec.command import argv_for
+
+    folder = Path(spec.command_dir or ".")
+    files = {}
+    for word in argv_for(spec.command, spec.shell, None)[1:]:
+        candidate = word.partition("=")[2] if word.startswith("-") and "=" in word else word
+        if not candidate or candidate.startswith("-") or len(candidate) > 4096:
+            continue
+        path = folder / candidate
+        try:
+            if path.is_file():
+                files[candidate] = sha256_of(path) or "missing"
+        except (OSError, ValueError):
+            continue
+    return {"environment": {name: environ.get(name) for name in spec.command_env}, "files": files}
 
 
 def _keyed_spec(spec: Spec) -> dict:

@@ -29,6 +29,7 @@ from isoprobe.protocol.messages import (
     MESSAGE_CHARS,
     CudaDevice,
     DataScanning,
+    Estimate,
     Estimated,
     Facts,
     InspectProblem,
@@ -78,7 +79,7 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
             problems.append(_problem("allocator", exc))
             facts["cuda_available"] = False  # nothing below may touch the device
         facts["cuda_version"] = torch.version.cuda
-    if not problems:
+    if not problems and spec.command is None:  # a command builds its own model, in its own processes
         imported = set(sys.modules)
         problems += _check_buildable(torch, spec, request.python_path, facts, events)
         facts["model_imports"] = installed_packages_imported(imported)
@@ -88,7 +89,10 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
     # The user's modules the build imported and the files it read: a cached answer is stale once one changes.
     reads = files_read()
     events.emit(Inspected(facts=Facts(**facts), problems=problems, sources=imported_sources(), reads=reads))
-    if not problems:
+    if not problems and spec.command is not None:
+        events.emit(Estimated(estimate=Estimate(note="a command's step runs in its own script, which the trace "
+                                                     "cannot follow")))
+    elif not problems:
         # After the check's verdict: the trace runs the model's own step at real batch sizes (on fake tensors),
         # and whatever that does (a hang, an exit, a forged line) may cost the estimate, never the check.
         events.emit(Estimated(estimate=_estimate(torch, spec, request.python_path, facts)))

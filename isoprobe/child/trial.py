@@ -35,6 +35,10 @@ _TRACEBACK_LINES = 25
 
 
 def run_trial(request: TrialRequest, events: Events) -> None:
+    if request.spec.command is not None:  # the job's own command, supervised from here (child.command)
+        from isoprobe.child.command import run_command_trial
+
+        return run_command_trial(request, events)
     watch_reads()  # before the user's code runs (see cache_reads)
     progress = Progress()
     report: dict[str, Any] = {}

@@ -12,11 +12,31 @@ def named_overrides(args: argparse.Namespace) -> dict:
     return {"--device": args.device, "--memory-budget": args.memory_budget, "--max-batch-size": args.max_batch_size}
 
 
+#: What errors and the result name as the spec when ``isoprobe run -- COMMAND`` is given no spec file.
+COMMAND_LINE_SPEC = "<command line>"
+
+
 def load(args: argparse.Namespace):
-    """The spec with its overrides: every --set, left to right, then the named flags (which win for their field)."""
+    """The spec with its overrides: every --set, left to right, then the named flags (which win for their field).
+
+    ``isoprobe run [SPEC] -- COMMAND ...``: the command after ``--`` is the spec's ``command`` (replacing one the
+    file has); without a spec file, every other field is its default. ``args.spec`` is then the name errors use.
+    """
     from isoprobe.spec.load import check_references, load_spec
 
-    spec = load_spec(args.spec, named_overrides(args), sets=args.set)
+    command = getattr(args, "command_argv", None)
+    if command is not None and not command:
+        usage_error("nothing after '--': give the training command, e.g. -- python train.py --batch-size "
+                    "{batch_size}")
+    if args.spec is None:
+        if command is None:
+            usage_error("give a spec (isoprobe run SPEC.yaml) or the job's command after '--' (isoprobe run -- "
+                        "python train.py --batch-size {batch_size})")
+        args.spec = COMMAND_LINE_SPEC
+        spec = load_spec({"command": command}, named_overrides(args), sets=args.set)
+    else:
+        overrides = {**named_overrides(args), **({"command": command} if command is not None else {})}
+        spec = load_spec(args.spec, overrides, sets=args.set)
     check_references(spec, args.spec)
     return spec
 

@@ -17,6 +17,7 @@ imports the spec model but not the result model or the probe.
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import TYPE_CHECKING
 
 from isoprobe import __version__
@@ -50,9 +51,13 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"isoprobe {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    def with_overrides(sub: argparse.ArgumentParser) -> None:
+    def with_overrides(sub: argparse.ArgumentParser, spec_optional: bool = False) -> None:
         """The spec and the flags that change it: every subcommand that reads a spec takes them all."""
-        sub.add_argument("spec", help="path to the YAML spec")
+        if spec_optional:
+            sub.add_argument("spec", nargs="?", help="path to the YAML spec (optional after which '-- COMMAND ...' "
+                                                     "is given: then the defaults)")
+        else:
+            sub.add_argument("spec", help="path to the YAML spec")
         sub.add_argument("--device", help="override the spec's device: auto, cpu, cuda, cuda:N")
         sub.add_argument("--memory-budget", help="override memory_budget, e.g. 8GiB or '16 GB'")
         # Not type=int: the value is checked with the spec (named, and in hook mode answered with the fallback).
@@ -69,11 +74,15 @@ def _parser() -> argparse.ArgumentParser:
     run = commands.add_parser(
         "run",
         help="probe: find the largest batch that fits and print the result as JSON",
-        description="Probe the spec; one JSON document on stdout, progress on stderr.",
+        usage="isoprobe run [SPEC] [options] [-- COMMAND [ARGS...]]",
+        description="Probe the spec; one JSON document on stdout, progress on stderr. After '--', the job's own "
+                    "training command, run as it is in each trial with {batch_size} in its arguments replaced by "
+                    "the trial's batch (and ISOPROBE_BATCH_SIZE set): e.g. isoprobe run -- torchrun "
+                    "--nproc-per-node 2 train.py --batch-size {batch_size} (docs/command.md).",
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    with_overrides(run)
+    with_overrides(run, spec_optional=True)
     run.add_argument(
         "--format", choices=RUN_FORMATS, default="auto",
         help="stdout: json (the machine contract), table (for people), env (export lines for "
@@ -185,6 +194,15 @@ def _sweep_parser(commands) -> None:
                             "filesystem the nodes share (default ./isoprobe-sweeps)")
 
 
+def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
+    """``isoprobe run [SPEC] [options] -- COMMAND ...``: isoprobe's own arguments, and the command after the first
+    ``--`` (None without one). Split before argparse, which would otherwise read the command's flags as its own."""
+    if not argv or argv[0] != "run" or "--" not in argv:
+        return argv, None
+    at = argv.index("--")
+    return argv[:at], argv[at + 1:]
+
+
 def _batch_size(text: str) -> int:
     """argparse type for --fallback-batch-size: a whole number >= 1, refused in one short line otherwise."""
     stripped = text.strip()
@@ -226,7 +244,10 @@ def entry() -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    argv, command = split_command(argv)
     args = _parser().parse_args(argv)
+    args.command_argv = command
     # pydantic looks for plugins in every installed distribution's entry points when it builds its
     # first model: ~0.2 s with torch, transformers and timm installed, which would make a cache hit
     # (a pre-job hook's whole run) twice as slow (measured with benchmarks/cli_startup.py). isoprobe

@@ -140,7 +140,7 @@ def inspect_failure(run: ChildRun, spec: Spec) -> str:
     ``imported`` and ``model_built`` where a check reports them, and with
     spec.data ``data_scan`` (building the dataset, scanning its lengths, done).
     """
-    model = f"{spec.model.source}: {getattr(spec.model, spec.model.source)}"
+    model = spec.workload.replace(" ", ": ", 1)
     phase, importing = _inspect_phase(run.events, model)
     scan = _data_phase(run.events, spec, model)
     if scan is not None:
@@ -422,6 +422,8 @@ def preload(spec: Spec, model_imports: tuple[str, ...] = ()) -> tuple[str, ...]:
     model's code import) come last: a package first imported inside a fork left
     ~1.3 MiB more than in a fresh process, and cost a sample at the edge.
     """
+    if spec.command is not None:
+        return ()  # the trial's process only supervises the command, whose own processes import what they need
     library = spec.model.library
     trainer = ("transformers.trainer",) if spec.model.hf_trainer is not None else ()  # accelerate with it: seconds
     named = ("torch", "torch._dynamo") + ((library,) if library else ()) + trainer

@@ -72,6 +72,9 @@ def cap_reason(spec: Spec, capped_by: str | None, max_fitting: int | None) -> st
 
 def _save_memory(spec: Spec) -> list[str]:
     """What the spec could still turn on to need less memory: only the levers it does not use yet."""
+    if spec.command is not None:  # the script's own options: isoprobe's sections do not reach into it
+        return ["the script's own memory options, if it has them (mixed precision, gradient checkpointing, a "
+                "lighter optimizer, shorter inputs), or a smaller model"]
     training = spec.training
     levers = []
     if training.precision == "fp32":
@@ -221,6 +224,15 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
         return (
             f"batch {last.batch_size} crashed ({how}, last phase: {last.phase})",
             ["see trials[-1].stderr_tail; a SIGKILL can be the kernel's OOM killer"],
+        )
+    if stop is StopReason.TIMED_OUT and last is not None and spec.command is not None and not last.step_seconds:
+        return (
+            f"batch {last.batch_size}: no optimizer step seen within the {spec.search.trial_timeout:g} s trial "
+            "timeout",
+            ["the shim counts steps of torch.optim.Optimizer (and subclasses): a script whose optimizer is not one "
+             "(a hand-written update, another library's) shows no step; or its set-up takes longer than the "
+             "timeout: raise search.trial_timeout",
+             "see trials[-1].stderr_tail for what the command printed"],
         )
     if stop is StopReason.TIMED_OUT and last is not None:
         return (

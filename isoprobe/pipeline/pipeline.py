@@ -88,6 +88,7 @@ def run_probe(
     executor = executor if executor is not None else local_executor(spec)
     try:
         built = ("builds model.hf_trainer's Trainer once, without training it" if spec.model.hf_trainer is not None
+                 else "reads the devices; the command itself runs in each trial" if spec.command is not None
                  else "builds the model on the meta device")
         reporter.note(f"checking the environment (a child process imports torch and {built})")
         try:

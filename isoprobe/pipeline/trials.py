@@ -258,7 +258,9 @@ class TrialRunner:
         # An evaluation pass is asked of an evaluation trial, and of every hf_trainer trial (the Trainer's own).
         eval_pass = self.eval_after is not None or (self.spec.training.eval_pass and self.spec.model.hf_trainer is not None)
         return Asked(steps=steps or self.spec.search.steps, backend=self.target.backend, budget_bytes=budget,
-                     eval_pass=eval_pass, import_memory=self.target.import_memory, steady=rule)
+                     eval_pass=eval_pass, steady=rule,
+                     # A command's processes import what its script imports, not what the check's process did.
+                     import_memory=self.target.import_memory if self.spec.command is None else None)
 
     def observe(self, batch_size: int, deciding: bool = False) -> Observation:
         """The search's oracle. A batch seen before is a retry (after a crash or timeout) or a confirmation.

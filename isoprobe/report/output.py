@@ -142,10 +142,9 @@ def render_table(result: Result) -> str:
     """
     lines: list[str] = []
     device = result.device
-    model = result.spec.model
     where = (f"{device.backend} {device.name}, capacity {format_bytes(device.capacity_bytes)}"
              if device else "no device")
-    lines.append(f"isoprobe {result.isoprobe_version}: {model.source} {getattr(model, model.source)} on {where}")
+    lines.append(f"isoprobe {result.isoprobe_version}: {result.spec.workload} on {where}")
     lines.append(f"answer: {result.message}")
     if result.distributed is not None:
         info = result.distributed

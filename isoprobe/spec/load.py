@@ -174,7 +174,20 @@ def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
         sections["model"] = spec.model.model_copy(update=update)
     if data_update:
         sections["data"] = spec.data.model_copy(update=data_update)
+    if spec.command is not None:
+        sections["command_dir"] = _command_dir(spec.command_dir, base, source)
     return spec.model_copy(update=sections) if sections else spec
+
+
+def _command_dir(given: str | None, base: Path, source: str) -> str:
+    """The command's folder as an absolute path: ``command_dir`` against the spec's folder, else the current one
+    (resolved here, once, so that every trial and the cache key name the same folder)."""
+    folder = (base / given).resolve() if given is not None else Path.cwd().resolve()
+    if not folder.is_dir():
+        what = "no such folder" if not folder.exists() else "not a folder"
+        raise SpecError(source, [Problem("command_dir", f"{what}: {folder}",
+                                         "give the folder the command runs in, relative to the spec file")])
+    return str(folder)
 
 
 def _resolved_references(section, fields: tuple[str, ...], prefix: str, base: Path, source: str) -> dict[str, str]:
@@ -226,6 +239,8 @@ def check_references(spec: Spec, source: str) -> None:
     from isoprobe.spec.catalog import suggest, torchvision_model_names
 
     problems: list[Problem] = []
+    if spec.command is not None:
+        problems += command_program_problems(spec)
     for name in CALLABLE_FIELDS:
         problems += _factory_problems(getattr(spec.model, name), Path(source).parent, f"model.{name}")
     for name in DATA_CALLABLE_FIELDS if spec.data is not None else ():
@@ -246,6 +261,32 @@ def check_references(spec: Spec, source: str) -> None:
         problems.append(Problem("model.torchvision", f"torchvision has no model named {name!r}", fix))
     if problems:
         raise SpecError(source, problems)
+
+
+def command_program_problems(spec: Spec) -> list[Problem]:
+    """Does the command's program exist (on PATH, or as a path from ``command_dir``), and, for ``python FILE``,
+    its script? Checked before any trial: a typo there would otherwise be every trial's error."""
+    import shutil
+
+    from isoprobe.spec.command import argv_for
+
+    if spec.shell:
+        return []  # the shell resolves the line: its first word may be a variable, a builtin, a function
+    argv = argv_for(spec.command, False, 1)
+    program = argv[0]
+    folder = Path(spec.command_dir or ".")
+    found = (folder / program).is_file() if "/" in program else shutil.which(program) is not None
+    if not found:
+        where = f"in {folder}" if "/" in program else "on PATH"
+        return [Problem("command", f"no program {program!r} {where}",
+                        "give the program as the job runs it (python, torchrun, accelerate, a script's path)")]
+    if Path(program).name.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
+        script = folder / argv[1]
+        if not script.is_file():
+            return [Problem("command", f"no script {argv[1]!r} in {folder}",
+                            "paths in the command are relative to command_dir (default: the folder isoprobe runs "
+                            "in)")]
+    return []
 
 
 #: A Python file that a factory, batch or loss names: far larger than this is generated junk, not code.

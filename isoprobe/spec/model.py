@@ -82,6 +82,14 @@ def is_file_reference(target: str) -> bool:
     return target.endswith(".py") or "/" in target
 
 
+def one_source_message(given: list[str]) -> str:
+    """The one wording for a model section with no source or several (``ModelSpec``, ``Spec``)."""
+    return ("give exactly one of 'torchvision' (a model name), 'timm' (a model name), 'huggingface' "
+            "(a model type), 'factory' ('module:function'), 'hf_trainer' ('module:function' building a "
+            "transformers.Trainer) or 'lightning' ('module:LightningModuleClass'); "
+            f"got {', '.join(given) or 'none'}")
+
+
 class ModelSpec(SpecSection):
     """Which network to train. Give exactly one of ``torchvision``, ``timm``, ``huggingface``, ``factory``,
     ``hf_trainer`` (a whole training setup: the user's own Trainer) and ``lightning`` (the user's LightningModule)."""
@@ -193,15 +201,11 @@ class ModelSpec(SpecSection):
     )
 
     @model_validator(mode="after")
-    def _exactly_one_source(self) -> "ModelSpec":
+    def _at_most_one_source(self) -> "ModelSpec":
+        # None at all is the spec's to judge (``Spec``): a spec with a ``command`` has no model section.
         given = [name for name in MODEL_SOURCES if getattr(self, name) is not None]
-        if len(given) != 1:
-            raise ValueError(
-                "give exactly one of 'torchvision' (a model name), 'timm' (a model name), 'huggingface' "
-                "(a model type), 'factory' ('module:function'), 'hf_trainer' ('module:function' building a "
-                "transformers.Trainer) or 'lightning' ('module:LightningModuleClass'); "
-                f"got {', '.join(given) or 'none'}"
-            )
+        if len(given) > 1:
+            raise ValueError(one_source_message(given))
         if self.lightning is None and (self.datamodule is not None or self.datamodule_kwargs):
             raise ValueError("datamodule: a LightningDataModule goes with model.lightning (a LightningModule)")
         if self.datamodule is None and self.datamodule_kwargs:
@@ -217,9 +221,9 @@ class ModelSpec(SpecSection):
         return self
 
     @property
-    def source(self) -> str:
-        """Which of MODEL_SOURCES this spec names."""
-        return next(name for name in MODEL_SOURCES if getattr(self, name) is not None)
+    def source(self) -> str | None:
+        """Which of MODEL_SOURCES this spec names; None for a spec whose trials run a ``command``."""
+        return next((name for name in MODEL_SOURCES if getattr(self, name) is not None), None)
 
     @property
     def library(self) -> str | None:
@@ -647,9 +651,39 @@ class PlanSpec(SpecSection):
 
 
 class Spec(SpecSection):
-    """A training setup to probe."""
+    """A training setup to probe: a model isoprobe trains (``model`` and the sections that describe its step), or
+    the job's own training command (``command``), run as it is."""
 
-    model: ModelSpec
+    model: ModelSpec = Field(
+        default_factory=ModelSpec, description="The network isoprobe trains. Give it, or command (not both).")
+    command: list[Annotated[str, Field(min_length=1)]] | Annotated[str, Field(min_length=1)] | None = Field(
+        None,
+        description=(
+            "The job's own training command, run as it is in each trial (docs/command.md): an argv list, or a "
+            "string split into words as a shell would (no shell runs it unless shell is true). '{batch_size}' "
+            "anywhere in an argument becomes the trial's batch size, e.g. 'torchrun --nproc-per-node 2 train.py "
+            "--batch-size {batch_size}'. Each trial ends the command's whole process tree once it has run enough "
+            "optimizer steps; it runs in isoprobe's working directory. Replaces model, input, target, data, "
+            "optimizer and lightning."
+        ),
+    )
+    shell: bool = Field(False, description="With command given as one string: run it with /bin/sh -c (pipes, "
+                                           "variables, &&) instead of splitting it into words.")
+    batch_from: Literal["argument", "env"] = Field(
+        "argument",
+        description="Where the command takes its batch size from: 'argument' (the default: '{batch_size}' must be "
+                    "in its arguments) or 'env' (the script reads ISOPROBE_BATCH_SIZE, which every trial sets).",
+    )
+    command_dir: str | None = Field(
+        None, min_length=1,
+        description="The folder the command runs in, relative to the spec file. Unset: the folder isoprobe runs in "
+                    "(as a job script's next line would). Part of the cache key.",
+    )
+    command_env: list[Annotated[str, Field(min_length=1)]] = Field(
+        default_factory=list, max_length=256,
+        description="Environment variables the command's behaviour depends on (e.g. [CONFIG, NCCL_ALGO]): their "
+                    "values are part of the cache key, so changing one probes again.",
+    )
     input: InputSpec | None = Field(
         None, description="One sample of the input; required unless model.batch or data makes the batches."
     )
@@ -707,8 +741,25 @@ class Spec(SpecSection):
         None, description="With model.lightning: the Trainer's arguments that change memory (defaults: Lightning's)."
     )
 
+    @property
+    def workload(self) -> str:
+        """What the trials run, for a person: 'torchvision resnet50', or 'command python train.py ...'."""
+        if self.command is not None:
+            from isoprobe.spec.command import shown_command
+
+            return f"command {shown_command(self.command, self.shell)}"
+        return f"{self.model.source} {getattr(self.model, self.model.source)}"
+
     @model_validator(mode="after")
     def _sections_fit_together(self) -> "Spec":
+        if self.command is not None:
+            _command_fits(self)
+            return self
+        if self.model.source is None and "model" not in self.model_fields_set:
+            raise ValueError("model: this section is required (the network to train), unless command gives the "
+                             "job's own training command")
+        if self.model.source is None:
+            raise ValueError(f"model: {one_source_message([])}")
         if self.search.unit == "tokens":
             _tokens_fit(self)
         if self.distributed.gang and self.search.parallel != 1:
@@ -765,6 +816,33 @@ class Spec(SpecSection):
             raise ValueError("target.task: huggingface models take language_modeling or classification here")
         return self
 
+
+
+def _command_fits(spec: Spec) -> None:
+    """With a command the script builds its model, data, loss and optimizer itself, and launches its own ranks:
+    every section that would describe them again is named, not ignored."""
+    from isoprobe.spec.command import NOT_FOR_COMMANDS, command_problems
+
+    command_problems(spec.command, spec.shell, spec.batch_from, spec.command_env)
+    defaults = {"model": ModelSpec(), "optimizer": OptimizerSpec()}
+    given = [name for name in NOT_FOR_COMMANDS
+             if (getattr(spec, name) != defaults[name] if name in defaults else getattr(spec, name) is not None)]
+    if given:
+        names = ", ".join(given)
+        raise ValueError(f"{given[0]}: a command builds its own model, data and optimizer, so {names} would be "
+                         f"ignored: remove {'it' if len(given) == 1 else 'them'} (the trial runs your script as it is)")
+    changed = [f"training.{name}" for name in TrainingSpec.model_fields
+               if getattr(spec.training, name) != TrainingSpec.model_fields[name].default]
+    if changed:
+        raise ValueError(f"{changed[0]}: the command's own code sets how a step runs (precision, compile, "
+                         "checkpointing...); remove the training section and set it in the script's arguments")
+    if spec.distributed.strategy != "none":
+        raise ValueError(f"distributed.strategy: a command starts its own ranks (torchrun, accelerate launch...); "
+                         f"remove distributed.strategy {spec.distributed.strategy}: each rank the command starts is "
+                         "measured, and the budget is per rank")
+    if spec.search.unit == "tokens":
+        raise ValueError("search.unit: tokens sets isoprobe's own input length; a command's batches are the "
+                         "script's: use unit samples")
 
 
 def _tokens_fit(spec: Spec) -> None:

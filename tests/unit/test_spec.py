@@ -184,7 +184,9 @@ def test_several_problems_are_reported_in_one_error(tmp_path):
 
 def test_missing_required_sections_are_reported_by_name(tmp_path):
     problems = problems_of(write(tmp_path, "device: cpu\n"))
-    assert [(p.field, p.message) for p in problems] == [("model", "this field is required")]
+    assert [(p.field, p.message) for p in problems] == [
+        ("model", "this section is required (the network to train), unless command gives the job's own training "
+                  "command")]
     # With a model, input is required unless model.batch makes the batches (and target unless model.loss).
     (no_input,) = problems_of(write(tmp_path, "model: {torchvision: resnet18}\ntarget: {classes: 10}\n"))
     assert no_input.field == "input" and "required" in no_input.message and "model.batch" in no_input.message

@@ -1,0 +1,386 @@
+"""A command trial: the job's own command at one batch size, supervised from this (torch-free) child process.
+
+The trial's child process (under the keeper, the lifeline, the timeout and the CPU cap every trial has) does
+not train here: it starts the user's command (``spec.command``, the batch in its arguments and in
+``ISOPROBE_BATCH_SIZE``) in a session of its own, with the shim's folder first on PYTHONPATH, and reads what
+the shim writes from inside every Python process of the command's tree (``protocol.command``). It then does
+what ``child.step_report.StepHook`` does for isoprobe's own loop:
+
+- each process's optimizer steps are its steps; a process that stepped is a *rank*. When a rank says how many
+  there are (``WORLD_SIZE``: torchrun, accelerate launch, DeepSpeed), the trial waits for all of them; a step of
+  the trial is done when every rank has done it, and its readings are the worst rank's (the budget is per rank);
+- after each, the trial stops when it has run the request's steps, or, with a steady rule, when every rank is
+  steady or at the rule's cap (``report.steady``), and writes the same ``StepDone`` events, so the parent
+  judges them as any trial's;
+- the ranks wait at a *gate* after each step until this supervisor has judged it, so no rank runs a step the
+  verdict does not know of; when the trial has run enough, the whole tree is killed between two steps;
+- the verdict is classified, never guessed (``verdict``): an allocation failure that reached the top of any rank
+  is out of memory (that rank named, the others killed at once); another exception is the script's error; a
+  command that ends with status 0 before the steps asked ended on its own, which is an error that says so.
+
+The cap (CPU backend) is the budget itself on every process of the command (``RLIMIT_DATA`` set before exec,
+inherited by torchrun's ranks and DataLoader workers): a plain process's cap, as the independent runs of
+``benchmarks/command_truth.py`` set it. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from isoprobe.child.memory import data_cap
+from isoprobe.protocol.command import (GATE_FILE, SHIM_CUDA_BUDGET_ENV, SHIM_DIR_ENV, SHIM_FOLDER, ShimException,
+                                       ShimFiles, ShimHello, ShimStep, parse_lines)
+from isoprobe.protocol.messages import (MESSAGE_CHARS, Imported, MemoryReading, ModelBuilt, StepDone, TrialRequest,
+                                        TrialResult)
+from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV
+from isoprobe.report import steady
+from isoprobe.report.outcomes import Outcome, classify_exception
+from isoprobe.report.result import ErrorInfo
+from isoprobe.spec.command import BATCH_ENV, argv_for
+from isoprobe.system.files import sha256_of
+from isoprobe.system.keeper import descendants
+
+if TYPE_CHECKING:
+    from isoprobe.child.events import Events
+
+#: How often the supervisor reads the shim's files and the command's state.
+_POLL_SECONDS = 0.01
+#: Kept of the command's stderr for a verdict's evidence.
+_STDERR_TAIL_CHARS = 6000
+_TRACEBACK_LINES = 30
+#: What an allocation failure looks like in a process's last words when no exception line came (C++ code,
+#: a rank whose excepthook the script replaced): the allocators' own wording, as ``outcomes`` lists it.
+_OOM_STDERR_MARKERS = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory", "torch.OutOfMemoryError",
+                       "MemoryError", "OutOfMemoryError")
+#: Variables of isoprobe's own children that the user's command must not inherit.
+_OWN_VARIABLES = (EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV)
+
+
+@dataclass
+class _Process:
+    """What one process of the command's tree has reported."""
+
+    pid: int
+    hello: ShimHello | None = None
+    steps: list[ShimStep] = field(default_factory=list)
+    exception: ShimException | None = None
+    offset: int = 0
+
+    @property
+    def budget_peaks(self) -> list[int]:
+        return [s.budget_peak_bytes if s.budget_peak_bytes is not None else (s.peak_bytes or 0) for s in self.steps]
+
+    @property
+    def name(self) -> str:
+        rank = self.hello.rank if self.hello is not None else None
+        return f"rank {rank} (pid {self.pid})" if rank is not None else f"pid {self.pid}"
+
+
+@dataclass
+class _Tree:
+    """Everything the shim wrote so far, by process."""
+
+    folder: Path
+    processes: dict[int, _Process] = field(default_factory=dict)
+    modules: set[str] = field(default_factory=set)
+    reads: set[str] = field(default_factory=set)
+
+    def read(self) -> None:
+        for path in self.folder.glob("p*.jsonl"):
+            try:
+                pid = int(path.stem[1:])
+            except ValueError:
+                continue
+            process = self.processes.setdefault(pid, _Process(pid))
+            try:
+                with open(path, "rb") as handle:
+                    handle.seek(process.offset)
+                    data = handle.read()
+            except OSError:
+                continue
+            complete = data.rfind(b"\n") + 1
+            process.offset += complete
+            for line in parse_lines(data[:complete]):
+                if isinstance(line, ShimHello):
+                    process.hello = line
+                elif isinstance(line, ShimStep):
+                    process.steps.append(line)
+                elif isinstance(line, ShimException) and process.exception is None:
+                    process.exception = line
+                elif isinstance(line, ShimFiles):
+                    self.modules.update(line.modules)
+                    self.reads.update(line.reads)
+
+    def ranks(self) -> list[_Process]:
+        """The processes that stepped, rank order (a rank number first, then by PID)."""
+        stepping = [p for p in self.processes.values() if p.steps]
+        return sorted(stepping, key=lambda p: (p.hello.rank if p.hello and p.hello.rank is not None else 1 << 30,
+                                               p.pid))
+
+    def expected_ranks(self) -> int:
+        """How many ranks a step must hear from: the largest WORLD_SIZE a stepping process reported, else how many
+        stepped (one, for a plain script)."""
+        sizes = [p.hello.world_size for p in self.processes.values()
+                 if p.steps and p.hello is not None and p.hello.world_size]
+        return max([len(self.ranks()), *sizes])
+
+    def failure(self) -> _Process | None:
+        """The first process whose exception reached its top (by time)."""
+        failed = [p for p in self.processes.values() if p.exception is not None]
+        return min(failed, key=lambda p: p.exception.t) if failed else None
+
+
+def run_command_trial(request: TrialRequest, events: "Events") -> None:
+    """Run the command at the request's batch, judge its steps, end its tree, and write one ``TrialResult``."""
+    spec = request.spec
+    folder = Path(tempfile.mkdtemp(prefix="command-", dir=_scratch_folder()))
+    tree = _Tree(folder)
+    _open_gate(folder, _first_allowance(request))  # before the start: no rank may read a missing gate as 0 late
+    stderr_path = folder / "stderr"
+    process = _start(request, folder, stderr_path)
+    judged = 0  # the trial's steps judged so far (every rank had done them)
+    allowed = _first_allowance(request)
+    peaks_by_rank: dict[int, list[int]] = {}
+    step_seconds: list[float] = []
+    verdict: tuple[Outcome, ErrorInfo | None, str] | None = None
+    imported = False
+    try:
+        while verdict is None:
+            ended = process.poll()
+            tree.read()
+            failed = tree.failure()
+            if failed is not None:
+                verdict = _exception_verdict(failed, judged)
+                break
+            if not imported and any(p.hello is not None for p in tree.processes.values()):
+                imported = True  # torch's optimizers exist in the command: what a trial's 'imported' phase says
+                events.emit(Imported(memory=MemoryReading()))
+            ranks = tree.ranks()
+            expected = tree.expected_ranks()
+            while ranks and len(ranks) >= expected and min(len(p.steps) for p in ranks) > judged:
+                judged += 1
+                readings = [p.steps[judged - 1] for p in ranks]
+                if judged == 1:  # the model exists once an optimizer has stepped: what a trial's phases say
+                    first = readings[0]
+                    events.emit(ModelBuilt(memory=MemoryReading(peak_rss=first.peak_bytes, rss=first.held_bytes)))
+                step_seconds.append(max(r.seconds for r in readings))
+                worst = max(readings, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
+                events.emit(StepDone(step=judged, seconds=step_seconds[-1], peak_bytes=worst.peak_bytes,
+                                     held_bytes=max((r.held_bytes or 0) for r in readings) or None,
+                                     budget_peak_bytes=worst.budget_peak_bytes))
+                for p in ranks:
+                    peaks_by_rank[p.pid] = p.budget_peaks[:judged]
+                if _enough(request, judged, list(peaks_by_rank.values())):
+                    verdict = (Outcome.FITS, None, "done")
+                    break
+                if judged + 1 > allowed:
+                    allowed = judged + 1
+                    _open_gate(folder, allowed)
+            if verdict is not None or ended is None:
+                if verdict is None:
+                    time.sleep(_POLL_SECONDS)
+                continue
+            tree.read()  # the last lines of a command that has ended
+            failed = tree.failure()
+            verdict = (_exception_verdict(failed, judged) if failed is not None
+                       else _exit_verdict(ended, judged, request, stderr_path))
+    finally:
+        _end_tree(process)
+    outcome, error, phase = verdict
+    _copy_stderr_tail(stderr_path)
+    ranks = tree.ranks()
+    report = _readings(ranks, judged) if outcome is Outcome.FITS else _failure_readings(ranks)
+    if error is not None and outcome is Outcome.ERROR:
+        sys.stderr.write(error.traceback_tail)
+    events.emit(TrialResult(outcome=outcome, phase=phase, step_seconds=step_seconds, error=error,
+                            sources=_sources(tree.modules), reads=_reads(tree.reads, tree.modules), **report))
+
+
+def _scratch_folder() -> str:
+    """The trial's files go beside the child's own: its working directory is the executor's scratch folder,
+    removed with the probe."""
+    return os.getcwd()
+
+
+def _first_allowance(request: TrialRequest) -> int:
+    """Steps every rank may run before its first wait: the request's, since none of them can end the trial early
+    (a steady rule judges from the request's steps on)."""
+    return request.steps or request.spec.search.steps
+
+
+def _enough(request: TrialRequest, judged: int, peaks_by_rank: list[list[int]]) -> bool:
+    """As ``StepHook.after_step``: the request's steps, or with a steady rule every rank steady (or at the cap)."""
+    rule = request.steady
+    if rule is None:
+        return judged >= (request.steps or request.spec.search.steps)
+    return all(steady.should_stop(peaks, rule) for peaks in peaks_by_rank)
+
+
+def _open_gate(folder: Path, allowed: int) -> None:
+    """Let every rank finish ``allowed`` steps (written whole: a rank never reads half a number)."""
+    temporary = folder / f".{GATE_FILE}.{allowed}"
+    temporary.write_text(str(allowed))
+    os.replace(temporary, folder / GATE_FILE)
+
+
+def _command_environment(request: TrialRequest, folder: Path) -> dict[str, str]:
+    """This child's environment (the backend's variables: the malloc threshold, no GPU on the CPU backend, the
+    allocator setting) for the command, less isoprobe's own wiring, plus the batch and the shim."""
+    env = {k: v for k, v in os.environ.items() if k not in _OWN_VARIABLES}
+    package_root = str(Path(__file__).resolve().parents[2])
+    user_path = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != package_root]
+    env["PYTHONPATH"] = os.pathsep.join([str(SHIM_FOLDER), *user_path])
+    env[SHIM_DIR_ENV] = str(folder)
+    env[BATCH_ENV] = str(request.batch_size)
+    if request.device.startswith("cuda") and request.memory_budget_bytes is not None:
+        env[SHIM_CUDA_BUDGET_ENV] = str(request.memory_budget_bytes)
+    return env
+
+
+def _start(request: TrialRequest, folder: Path, stderr_path: Path) -> subprocess.Popen:
+    spec = request.spec
+    budget = data_cap() if not request.device.startswith("cuda") else None
+
+    def prepare() -> None:
+        # The cap of the command is the budget itself: the credit for isoprobe's own modules was this process's.
+        if budget is not None:
+            resource.setrlimit(resource.RLIMIT_DATA, (budget, budget))
+
+    with open(folder / "stdout", "wb") as out, open(stderr_path, "wb") as err:
+        return subprocess.Popen(argv_for(spec.command, spec.shell, request.batch_size), cwd=spec.command_dir,
+                                env=_command_environment(request, folder), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=err, start_new_session=True, preexec_fn=prepare)
+
+
+def _end_tree(process: subprocess.Popen) -> None:
+    """Kill the command's session and every process below this one, a few sweeps for late forks; reap the command.
+    Whatever left this tree (a daemon that double-forked) is below the keeper, which kills it when this child ends."""
+    for _ in range(5):
+        pids = [pid for pid, state in descendants(os.getpid()) if state not in ("Z", "X")]
+        try:
+            os.killpg(process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not pids:
+            break
+        time.sleep(0.02)
+    try:
+        process.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        pass
+
+
+def _exception_verdict(failed: _Process, judged: int) -> tuple[Outcome, ErrorInfo, str]:
+    exception = failed.exception
+    outcome = classify_exception(exception.types, exception.message)
+    tail = "\n".join(exception.traceback.splitlines()[-_TRACEBACK_LINES:]) + "\n"
+    where = f"in {failed.name} of the command" + (f" (thread {exception.thread})" if exception.thread else "")
+    message = f"{exception.message} [{where}, after {exception.steps} optimizer step(s)]"
+    error = ErrorInfo(type=exception.type.removeprefix("builtins."), message=message[:MESSAGE_CHARS],
+                      traceback_tail=tail)
+    return outcome, error, f"step {judged + 1}" if judged or exception.steps else "started"
+
+
+def _exit_verdict(status: int, judged: int, request: TrialRequest, stderr_path: Path
+                  ) -> tuple[Outcome, ErrorInfo, str]:
+    """The command ended before the trial had run enough, and no exception line says why."""
+    asked = request.steps or request.spec.search.steps
+    tail = _tail(stderr_path)
+    phase = f"step {judged + 1}" if judged else "started"
+    if status == 0:
+        if judged == 0:
+            message = ("the command exited with status 0 without an optimizer step that isoprobe could see: its "
+                       "optimizer may not be a torch.optim.Optimizer, or it ran no training (check the command)")
+        else:
+            message = (f"the command ended on its own (status 0) after {judged} optimizer step(s), before the "
+                       f"{asked} a trial needs: a max-steps setting of its own, or too little data for that many "
+                       "batches at this size; let it run longer (the trial ends it)")
+        return Outcome.ERROR, ErrorInfo(type="CommandEnded", message=message, traceback_tail=tail), phase
+    how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
+    if any(marker in tail for marker in _OOM_STDERR_MARKERS):
+        message = f"the command {how} after {judged} optimizer step(s), and its stderr shows an allocation failure"
+        return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message,
+                                                traceback_tail=tail), phase
+    message = f"the command {how} after {judged} optimizer step(s) (its stderr's last lines follow)"
+    return Outcome.ERROR, ErrorInfo(type="CommandFailed", message=message, traceback_tail=tail), phase
+
+
+def _tail(path: Path) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - _STDERR_TAIL_CHARS))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-_TRACEBACK_LINES:]) + "\n"
+
+
+def _copy_stderr_tail(path: Path) -> None:
+    """The command's last words into this child's stderr, where the parent reads a trial's evidence."""
+    tail = _tail(path)
+    if tail.strip():
+        sys.stderr.write(tail)
+        sys.stderr.flush()
+
+
+def _readings(ranks: list[_Process], judged: int) -> dict:
+    """The trial's peaks: the worst rank's at the last judged step (each rank's budget is its own)."""
+    last = [p.steps[judged - 1] for p in ranks if len(p.steps) >= judged]
+    if not last:
+        return {}
+    worst = max(last, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
+    return {"peak_bytes": worst.peak_bytes, "budget_peak_bytes": worst.budget_peak_bytes}
+
+
+def _failure_readings(ranks: list[_Process]) -> dict:
+    steps = [p.steps[-1] for p in ranks if p.steps]
+    if not steps:
+        return {}
+    return {"peak_bytes": max((s.peak_bytes or 0) for s in steps) or None}
+
+
+def _sources(modules: set[str]) -> dict[str, str]:
+    """The user's module files the command's processes ran, hashed (as ``child.sources`` does for a trial)."""
+    from isoprobe.child.sources import environment_roots
+
+    roots = environment_roots()
+    found = {}
+    for path in sorted(modules):
+        if path.startswith(roots):
+            continue
+        try:
+            digest = sha256_of(path)
+        except (OSError, ValueError):
+            continue
+        if digest is not None:
+            found[path] = digest
+    return found
+
+
+def _reads(reads: set[str], modules: set[str]) -> list[str]:
+    from isoprobe.child.sources import environment_roots
+
+    roots = environment_roots()
+    found = []
+    for path in sorted(reads - modules):
+        if path.startswith(roots) or path.endswith((".pyc", ".so")):
+            continue
+        if os.path.isfile(path):
+            found.append(path)
+    return found

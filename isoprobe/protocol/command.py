@@ -1,0 +1,92 @@
+"""The lines a command trial's shim writes from inside the user's processes, typed for the supervisor that reads them.
+
+The shim (``isoprobe/child/shim/_isoprobe_shim.py``) runs in the process being measured, so it imports nothing
+of isoprobe's (pydantic alone would add megabytes to the very peak it reports) and writes these lines with
+``json``. Its reader, the trial's supervisor (``isoprobe.child.command``), validates each one against these
+models: a line that is cut short or does not match is dropped, never guessed at, as the events of isoprobe's own
+children are (``protocol.messages``). ``tests/unit/test_command_shim.py`` checks that what the shim writes is
+what these models take.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+#: The shim's folder: put first on PYTHONPATH of the command, so that its ``sitecustomize`` runs in every process.
+SHIM_FOLDER = Path(__file__).resolve().parents[1] / "child" / "shim"
+#: The variable naming the trial's folder (the shim's ``DIR_ENV``): its lines and the gate are there.
+SHIM_DIR_ENV = "ISOPROBE_SHIM_DIR"
+#: CUDA: the per-rank budget in bytes (the shim's ``CUDA_BUDGET_ENV``).
+SHIM_CUDA_BUDGET_ENV = "ISOPROBE_SHIM_CUDA_BUDGET"
+#: The file in the trial's folder whose number says how many optimizer steps each process may finish.
+GATE_FILE = "gate"
+
+
+class _Line(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    pid: int
+
+
+class ShimHello(_Line):
+    """A process imported torch's optimizers: the shim's hooks are in, and this is who it is."""
+
+    kind: Literal["hello"]
+    ppid: int
+    rank: int | None = Field(None, description="RANK, as torchrun, accelerate launch and DeepSpeed set it.")
+    local_rank: int | None = None
+    world_size: int | None = Field(None, description="WORLD_SIZE: how many ranks the launcher starts.")
+    argv: list[str]
+    t: float
+
+
+class ShimStep(_Line):
+    """One optimizer step of one process, with the readings ``protocol.messages.StepDone`` carries."""
+
+    kind: Literal["step"]
+    step: int = Field(ge=1)
+    seconds: float = Field(ge=0)
+    peak_bytes: int | None = None
+    held_bytes: int | None = None
+    budget_peak_bytes: int | None = None
+    device: str
+    t: float
+
+
+class ShimFiles(_Line):
+    """Module files and files read by the process, outside the installed environment, not reported before."""
+
+    kind: Literal["files"]
+    modules: list[str]
+    reads: list[str]
+
+
+class ShimException(_Line):
+    """An exception that reached the top of the process (or of one of its threads)."""
+
+    kind: Literal["exception"]
+    types: list[str] = Field(description="The exception's class and its bases, by name (``classify_exception``).")
+    type: str
+    message: str
+    traceback: str
+    thread: str | None
+    steps: int = Field(ge=0, description="Optimizer steps the process had finished.")
+    t: float
+
+
+ShimLine = Annotated[Union[ShimHello, ShimStep, ShimFiles, ShimException], Field(discriminator="kind")]
+_LINE = TypeAdapter(ShimLine)
+
+
+def parse_lines(data: bytes) -> list:
+    """The complete, valid lines of one process's file (the part after the last newline is still being written)."""
+    lines = []
+    for raw in data.split(b"\n")[:-1]:
+        try:
+            lines.append(_LINE.validate_json(raw))
+        except (ValidationError, ValueError, RecursionError):
+            continue
+    return lines
