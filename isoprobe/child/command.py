@@ -159,7 +159,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
             tree.read()
             failed = tree.failure()
             if failed is not None:
-                verdict = _exception_verdict(failed, judged)
+                verdict = _exception_verdict(failed, judged, _exit_status_of(process, failed))
                 break
             if not imported and any(p.hello is not None for p in tree.processes.values()):
                 imported = True  # torch's optimizers exist in the command: what a trial's 'imported' phase says
@@ -191,7 +191,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                 continue
             tree.read()  # the last lines of a command that has ended
             failed = tree.failure()
-            verdict = (_exception_verdict(failed, judged) if failed is not None
+            verdict = (_exception_verdict(failed, judged, _exit_status_of(process, failed)) if failed is not None
                        else _exit_verdict(ended, judged, request, stderr_path))
     finally:
         _end_tree(process)
@@ -284,11 +284,28 @@ def _end_tree(process: subprocess.Popen) -> None:
         pass
 
 
-def _exception_verdict(failed: _Process, judged: int) -> tuple[Outcome, ErrorInfo, str]:
+#: How long the command's own process gets to exit after its exception was seen, for its exit status.
+_EXIT_WAIT_SECONDS = 2.0
+
+
+def _exit_status_of(process: subprocess.Popen, failed: _Process) -> int | None:
+    """The command's exit status when the process that failed is the command itself (a rank's failure is judged
+    at once: the launcher's own exit comes later, after its other ranks)."""
+    if failed.pid != process.pid:
+        return None
+    try:
+        return process.wait(timeout=_EXIT_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def _exception_verdict(failed: _Process, judged: int, status: int | None = None) -> tuple[Outcome, ErrorInfo, str]:
     exception = failed.exception
     outcome = classify_exception(exception.types, exception.message)
     tail = "\n".join(exception.traceback.splitlines()[-_TRACEBACK_LINES:]) + "\n"
     where = f"in {failed.name} of the command" + (f" (thread {exception.thread})" if exception.thread else "")
+    if status is not None:
+        where += f", exit status {status}"
     message = f"{exception.message} [{where}, after {exception.steps} optimizer step(s)]"
     error = ErrorInfo(type=exception.type.removeprefix("builtins."), message=message[:MESSAGE_CHARS],
                       traceback_tail=tail)

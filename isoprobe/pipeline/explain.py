@@ -210,6 +210,10 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
     if stop is StopReason.ERROR and last is not None:
         error = last.error
         detail = f"{error.type}: {error.message.splitlines()[0] if error.message else ''}" if error else "an error"
+        if spec.command is not None:
+            return (f"batch {last.batch_size}: the command failed with {detail} — the script's error, not a memory "
+                    "verdict", ["fix what trials[-1].error.traceback_tail shows (the command's own last lines), then "
+                                "run again"])
         return (
             f"batch {last.batch_size} raised {detail} — an error in the model or spec, not a memory verdict",
             ["fix the error shown in trials[-1].error.traceback_tail, then run again"],

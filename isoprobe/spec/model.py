@@ -843,6 +843,10 @@ def _command_fits(spec: Spec) -> None:
     if spec.search.unit == "tokens":
         raise ValueError("search.unit: tokens sets isoprobe's own input length; a command's batches are the "
                          "script's: use unit samples")
+    if spec.search.parallel != 1:
+        raise ValueError(f"search.parallel: {spec.search.parallel} runs several trials at once; a command's trial is "
+                         "its whole process tree (a launcher's ranks, its workers), whose devices the command picks "
+                         "itself: set it to 1")
 
 
 def _tokens_fit(spec: Spec) -> None:

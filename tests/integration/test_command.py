@@ -1,0 +1,154 @@
+"""The job's own command, probed as it is (issue 36): real scripts under ``isoprobe run -- COMMAND``, CPU backend.
+
+Why each test exists is in its docstring. The scripts (tests/commands/) import nothing of isoprobe; the truth for
+the five training scripts comes from the scripts themselves (their own max-steps flag, fresh processes under the
+same cap, ``benchmarks/command_truth.py``), never from isoprobe's trials. "Nothing left" is checked by a scan of
+every process on the machine for the trial folders' variable: a process of a command trial carries
+``ISOPROBE_SHIM_DIR`` (its trial's folder, under this test's own TMPDIR) whatever session it put itself in.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.integration
+
+COMMANDS = REPO / "tests" / "commands"
+sys.path.insert(0, str(REPO / "benchmarks"))
+import command_truth  # noqa: E402  - the independent truth: imports nothing of isoprobe
+
+
+def left_behind(marker: str) -> list[tuple[int, str]]:
+    """Processes (pid, command line) whose environment holds ``marker`` (a trial folder under this test's TMPDIR)."""
+    found = []
+    needle = marker.encode()
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                environ = handle.read()
+            with open(f"/proc/{name}/cmdline", "rb") as handle:
+                command = handle.read().replace(b"\0", b" ").decode(errors="replace")
+            with open(f"/proc/{name}/stat", "rb") as handle:
+                state = handle.read().rsplit(b")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if needle in environ and state not in (b"Z", b"X"):
+            found.append((int(name), command))
+    return found
+
+
+def probe(tmp_path: Path, command: list[str], *options: str, timeout: float = 600):
+    """``isoprobe run [options] -- COMMAND`` with this test's own TMPDIR (the trial folders' marker) and no cache."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir(exist_ok=True)
+    done = run_cli("run", "--no-cache", "--format", "json", *options, "--", *command, timeout=timeout, cwd=REPO,
+                   env={"TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"})
+    return done, str(scratch)
+
+
+def test_a_script_that_raises_before_its_first_step_is_its_error_with_its_traceback(tmp_path):
+    """The script's own bug is exit 4 with its exception, its traceback's last lines and its exit status, after
+    one trial (an error is not a memory verdict: no other batch is tried)."""
+    done, scratch = probe(tmp_path, [sys.executable, str(COMMANDS / "raises_before_step.py"), "--batch-size",
+                                     "{batch_size}"], "--memory-budget", "1GiB")
+    assert done.returncode == 4, done.stderr[-2000:]
+    result = done.json
+    [trial] = result["trials"]
+    assert trial["outcome"] == "error" and trial["error"]["type"] == "ValueError"
+    assert "exit status 1" in trial["error"]["message"] and "after 0 optimizer step(s)" in trial["error"]["message"]
+    assert "raise ValueError" in trial["error"]["traceback_tail"]
+    assert "the command failed with ValueError" in result["message"]
+    assert left_behind(scratch) == []
+
+
+def test_a_script_that_ends_on_its_own_before_the_steps_asked_is_an_error_not_a_fit(tmp_path):
+    """Exit 0 after one optimizer step of the three a trial needs: unknown is never 'fits'."""
+    done, scratch = probe(tmp_path, [sys.executable, str(COMMANDS / "exits_early.py"), "--batch-size",
+                                     "{batch_size}", "--max-steps", "30"], "--memory-budget", "1GiB")
+    assert done.returncode == 4, done.stderr[-2000:]
+    [trial] = done.json["trials"]
+    assert trial["outcome"] == "error" and trial["error"]["type"] == "CommandEnded"
+    assert "ended on its own (status 0) after 1 optimizer step(s)" in trial["error"]["message"]
+    assert done.json["max_batch_size"] is None
+    assert left_behind(scratch) == []
+
+
+def test_a_script_whose_optimizer_the_shim_cannot_see_times_out_and_says_so(tmp_path):
+    """A hand-written update (no torch.optim.Optimizer) shows no step: timed out, and the message names the cause."""
+    done, scratch = probe(tmp_path, [sys.executable, str(COMMANDS / "never_steps.py"), "--batch-size",
+                                     "{batch_size}"], "--memory-budget", "1GiB", "--set", "search.trial_timeout=15",
+                          "--set", "search.retries=0")
+    assert done.returncode == 4, done.stderr[-2000:]
+    result = done.json
+    assert [t["outcome"] for t in result["trials"]] == ["timed_out"]
+    assert "no optimizer step seen" in result["message"]
+    assert any("torch.optim.Optimizer" in hint for hint in result["suggestions"])
+    assert left_behind(scratch) == []
+
+
+def test_dataloader_workers_and_a_daemon_in_its_own_session_are_gone_after_every_trial(tmp_path):
+    """The script starts two DataLoader workers and a `sleep 600` in a session of its own: after the probe none of
+    them (nor anything else of any trial) is left, found by a scan of every process, not by the trial's group."""
+    done, scratch = probe(tmp_path, [sys.executable, str(COMMANDS / "leaves_daemon.py"), "--batch-size",
+                                     "{batch_size}"], "--memory-budget", "1536MiB",
+                          "--set", "search.max_batch_size=4", "--set", "search.steady_steps=0")
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.json["max_batch_size"] == 4 and len(done.json["trials"]) >= 2
+    assert left_behind(scratch) == []
+
+
+def test_isoprobe_killed_mid_trial_under_torchrun_leaves_nothing(tmp_path):
+    """SIGKILL to isoprobe while torchrun's two ranks train: the lifeline ends the keeper's whole tree (the agent,
+    both ranks, their workers), with nobody left to ask it to."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    command = [sys.executable, "-m", "isoprobe", "run", "--no-cache", "--format", "json", "--memory-budget", "1GiB",
+               "--", str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
+               str(COMMANDS / "ddp_train.py"), "--batch-size", "{batch_size}"]
+    env = {**os.environ, "TMPDIR": str(scratch), "OMP_NUM_THREADS": "1", "ISOPROBE_CACHE_DIR": str(tmp_path / "c")}
+    isoprobe = subprocess.Popen(command, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not list(scratch.rglob("p*.jsonl")):
+            time.sleep(0.2)  # a rank's shim has written: torchrun and its ranks are running
+        assert list(scratch.rglob("p*.jsonl")), "no rank of torchrun reported within 120 s"
+        assert len(left_behind(str(scratch))) >= 3  # the agent and two ranks at least
+        isoprobe.kill()
+        isoprobe.wait(timeout=30)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and left_behind(str(scratch)):
+            time.sleep(0.2)
+        assert left_behind(str(scratch)) == []
+    finally:
+        if isoprobe.poll() is None:
+            isoprobe.kill()
+            isoprobe.wait()
+
+
+def test_an_edited_script_is_probed_again_and_an_unchanged_one_comes_from_the_cache(tmp_path):
+    """The cache holds a command's answer while its script is unchanged; an edit (one comment) is a new probe."""
+    script = tmp_path / "train.py"
+    script.write_text((COMMANDS / "plain_loop.py").read_text())
+    cache = tmp_path / "cache"
+    options = ["run", "--format", "json", "--memory-budget", "1536MiB", "--set", "search.max_batch_size=2",
+               "--set", "search.steady_steps=0", "--", sys.executable, "train.py", "--batch-size", "{batch_size}"]
+    first = run_cli(*options, cwd=tmp_path, cache_dir=cache)
+    assert first.returncode == 0 and first.json["trials"], first.stderr[-2000:]
+    assert str(script.resolve()) in first.json["sources"]  # the trials' processes ran it: the entry's source
+    again = run_cli(*options, cwd=tmp_path, cache_dir=cache)
+    assert again.returncode == 0 and again.json["cache"]["hit"] is True
+    script.write_text(script.read_text() + "\n# tuned the learning rate\n")
+    edited = run_cli(*options, cwd=tmp_path, cache_dir=cache)
+    assert edited.returncode == 0 and edited.json["cache"]["hit"] is False and edited.json["trials"]

@@ -1,0 +1,129 @@
+"""The shim inside the user's processes, and the supervisor's reading of it (issue 36).
+
+Why: the shim runs in every Python process a command trial starts, so it must be invisible where it has nothing
+to do (no trial variable, no torch), run the ``sitecustomize`` it hides, and write lines the supervisor takes; the
+supervisor must judge a gang by every rank and classify an ending it did not ask for, never guess. The processes
+here are plain Python without torch (fast); tests/integration/test_command.py runs real training scripts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from isoprobe.child import command as supervisor
+from isoprobe.protocol.command import SHIM_DIR_ENV, SHIM_FOLDER, ShimException, ShimHello, ShimStep, parse_lines
+from isoprobe.protocol.messages import TrialRequest
+from isoprobe.report.outcomes import Outcome
+from isoprobe.spec.model import Spec
+
+
+def run_python(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
+
+
+def shim_env(tmp_path: Path, trial: Path | None, *more_path: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", SHIM_DIR_ENV)}
+    env["PYTHONPATH"] = os.pathsep.join([str(SHIM_FOLDER), *more_path])
+    if trial is not None:
+        env[SHIM_DIR_ENV] = str(trial)
+    return env
+
+
+def test_the_sitecustomize_it_hides_still_runs(tmp_path):
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "sitecustomize.py").write_text("import os\nos.environ['THEIRS_RAN'] = 'yes'\n")
+    done = run_python("import os, sys; print(os.environ.get('THEIRS_RAN'), sys.modules['sitecustomize'].__file__)",
+                      shim_env(tmp_path, tmp_path, str(theirs)), tmp_path)
+    ran, file = done.stdout.split()
+    assert done.returncode == 0 and ran == "yes" and file == str(theirs / "sitecustomize.py"), done.stderr
+
+
+def test_without_the_trial_variable_the_shim_does_nothing(tmp_path):
+    done = run_python("import sys; print(any(type(f).__name__ == '_OptimizerFinder' for f in sys.meta_path))",
+                      shim_env(tmp_path, None), tmp_path)
+    assert done.stdout.strip() == "False" and not list(tmp_path.glob("p*.jsonl"))
+
+
+def test_an_exception_at_the_top_is_written_as_the_supervisor_reads_it(tmp_path):
+    done = run_python("raise MemoryError('no room for the batch')", shim_env(tmp_path, tmp_path), tmp_path)
+    assert done.returncode == 1 and "MemoryError" in done.stderr  # the user's own traceback still shows
+    [file] = tmp_path.glob("p*.jsonl")
+    [line] = parse_lines(file.read_bytes())
+    assert isinstance(line, ShimException) and "MemoryError" in line.types and line.steps == 0
+    assert "no room for the batch" in line.traceback
+
+
+def test_a_line_that_does_not_match_is_dropped_not_guessed():
+    good = {"kind": "step", "pid": 1, "step": 1, "seconds": 0.1, "device": "cpu", "t": 1.0}
+    data = b"\n".join(json.dumps(x).encode() for x in (good, {**good, "extra": 1}, {**good, "step": 0})) + b"\n{"
+    assert [type(x) for x in parse_lines(data)] == [ShimStep]
+
+
+def write_lines(folder: Path, pid: int, *lines: dict) -> None:
+    with open(folder / f"p{pid}.jsonl", "a") as handle:
+        for line in lines:
+            handle.write(json.dumps({"pid": pid, **line}) + "\n")
+
+
+def hello(rank=None, world=None):
+    return {"kind": "hello", "ppid": 1, "rank": rank, "local_rank": rank, "world_size": world, "argv": [], "t": 1.0}
+
+
+def step(number, peak):
+    return {"kind": "step", "step": number, "seconds": 0.5, "peak_bytes": peak, "held_bytes": peak // 2,
+            "budget_peak_bytes": peak, "device": "cpu", "t": 1.0 + number}
+
+
+def test_a_gang_step_waits_for_every_rank_the_launcher_started(tmp_path):
+    tree = supervisor._Tree(tmp_path)
+    write_lines(tmp_path, 10, hello())  # torchrun's agent: imports torch, never steps
+    write_lines(tmp_path, 11, hello(0, 2), step(1, 100), step(2, 110))
+    tree.read()
+    assert [p.pid for p in tree.ranks()] == [11] and tree.expected_ranks() == 2  # rank 1 has not stepped yet
+    write_lines(tmp_path, 12, hello(1, 2), step(1, 120))
+    tree.read()
+    ranks = tree.ranks()
+    assert [p.pid for p in ranks] == [11, 12] and tree.expected_ranks() == 2
+    assert min(len(p.steps) for p in ranks) == 1
+
+
+def test_the_first_rank_to_fail_is_named_and_its_exception_decides(tmp_path):
+    tree = supervisor._Tree(tmp_path)
+    write_lines(tmp_path, 11, hello(0, 2), step(1, 100),
+                {"kind": "exception", "types": ["RuntimeError", "Exception"], "type": "builtins.RuntimeError",
+                 "message": "Connection closed by peer", "traceback": "...", "thread": None, "steps": 1, "t": 9.0})
+    write_lines(tmp_path, 12, hello(1, 2), step(1, 100),
+                {"kind": "exception", "types": ["OutOfMemoryError", "RuntimeError", "Exception"],
+                 "type": "torch.OutOfMemoryError", "message": "DefaultCPUAllocator: can't allocate memory",
+                 "traceback": "Traceback...\n", "thread": None, "steps": 1, "t": 5.0})
+    tree.read()
+    failed = tree.failure()
+    outcome, error, phase = supervisor._exception_verdict(failed, judged=1)
+    assert outcome is Outcome.OUT_OF_MEMORY and "rank 1 (pid 12)" in error.message and phase == "step 2"
+
+
+def request(steps=3):
+    spec = Spec.model_validate({"command": "python t.py {batch_size}", "command_dir": "/tmp"})
+    return TrialRequest(spec=spec, batch_size=4, device="cpu", steps=steps)
+
+
+@pytest.mark.parametrize("status, judged, stderr, outcome, words", [
+    (0, 1, "", Outcome.ERROR, "ended on its own (status 0) after 1 optimizer step(s), before the 3"),
+    (0, 0, "", Outcome.ERROR, "without an optimizer step that isoprobe could see"),
+    (1, 2, "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried", Outcome.OUT_OF_MEMORY,
+     "allocation failure"),
+    (-9, 0, "", Outcome.ERROR, "killed by SIGKILL"),
+    (2, 0, "usage: t.py [-h]\nt.py: error: unrecognized arguments: --bad", Outcome.ERROR, "exited with status 2"),
+])
+def test_an_ending_nobody_asked_for_is_classified_from_what_it_left(tmp_path, status, judged, stderr, outcome, words):
+    (tmp_path / "stderr").write_text(stderr)
+    got, error, _ = supervisor._exit_verdict(status, judged, request(), tmp_path / "stderr")
+    assert got is outcome and words in error.message
+    assert stderr.splitlines()[-1:] == error.traceback_tail.splitlines()[-1:] if stderr else True
