@@ -5,8 +5,8 @@ the docs wrong. Each check is one parameter named ``FILE:LINE`` (the block's, or
 line), so a failure says where to look. The conventions a docs page follows:
 
 - Every fence names its language, one of ``LANGUAGES``: a block without one would be checked by nothing.
-- ``yaml``: a spec (it has ``model:``) is validated as a file, as ``isoprobe validate`` does; a
-  fragment (no ``model:``) is deep-merged into specs/small-cnn.yaml and the result validated. A
+- ``yaml``: a spec (it has ``model:`` or ``command:``) is validated as a file, as ``isoprobe validate`` does; a
+  fragment (neither) is deep-merged into specs/small-cnn.yaml and the result validated. A
   YAML block that is deliberately no spec is marked on the line before its fence:
   ``<!-- not a spec: WHY -->`` (or written as ``text``).
 - ``bash``/``sh``/``console``: every ``isoprobe`` command (also inside ``$(...)``, after ``VAR=``
@@ -41,7 +41,7 @@ import pytest
 import yaml
 
 from conftest import REPO, cli, run_cli
-from isoprobe.cli.main import _parser  # the parser `isoprobe` itself uses: a flag the docs show must exist there
+from isoprobe.cli.main import _parser, split_command  # the parser `isoprobe` itself uses: a flag the docs show must exist there
 
 PAGES = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 LANGUAGES = {"yaml", "bash", "sh", "console", "python", "text"}
@@ -216,8 +216,9 @@ def test_every_command_shown_parses(command: Command):
     # The docs must name flags in full: argparse would take --log for a flag renamed --log-file.
     for each in [parser, *next(a for a in parser._actions if a.dest == "command").choices.values()]:
         each.allow_abbrev = False
+    own, _ = split_command(list(command.argv))  # after '--' comes the user's command, not isoprobe's flags
     try:
-        parser.parse_args(list(command.argv))
+        parser.parse_args(own)
     except SystemExit as exit:
         assert exit.code == 0, f"{command.where}: `isoprobe {shlex.join(command.argv)}` is refused by the parser"
 
@@ -266,6 +267,11 @@ def _merged(base: dict, fragment: dict) -> dict:
 YAML_BLOCKS = [block for block in BLOCKS if block.language == "yaml"]
 
 
+def _whole(data: dict) -> bool:
+    """A whole spec names what the trials run: a model, or the job's own command."""
+    return "model" in data or "command" in data
+
+
 @pytest.mark.parametrize("block", _by_where(YAML_BLOCKS))
 def test_every_yaml_block_is_a_valid_spec_or_fragment(block: Block, tmp_path):
     """A spec as `isoprobe validate` reads it; a fragment merged into a small spec first."""
@@ -273,7 +279,7 @@ def test_every_yaml_block_is_a_valid_spec_or_fragment(block: Block, tmp_path):
         return
     data = yaml.safe_load(block.text)
     assert isinstance(data, dict), f"{block.where}: a YAML block that is not a mapping (mark it <!-- not a spec: why -->)"
-    spec = data if "model" in data else _merged(yaml.safe_load(BASE_SPEC.read_text()), data)
+    spec = data if _whole(data) else _merged(yaml.safe_load(BASE_SPEC.read_text()), data)
     for source in (REPO / "specs").glob("*.py"):  # a spec's factory paths resolve beside it, as in specs/
         (tmp_path / source.name).symlink_to(source)
     path = tmp_path / "docs-block.yaml"
@@ -359,8 +365,8 @@ def test_the_docs_hold_enough_blocks_of_each_kind():
     """So that a parsing slip (a fence the reader misses, a marker on everything) cannot pass unseen."""
     yaml_checked = [block for block in YAML_BLOCKS if block.marker != "not a spec"]
     counts = {
-        "spec": sum("model" in yaml.safe_load(block.text) for block in yaml_checked),
-        "fragment": sum("model" not in yaml.safe_load(block.text) for block in yaml_checked),
+        "spec": sum(_whole(yaml.safe_load(block.text)) for block in yaml_checked),
+        "fragment": sum(not _whole(yaml.safe_load(block.text)) for block in yaml_checked),
         "not a spec": len(YAML_BLOCKS) - len(yaml_checked),
         "command": len(COMMANDS),
         "run": sum(command.output is not None for command in COMMANDS),

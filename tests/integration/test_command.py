@@ -102,7 +102,7 @@ def test_dataloader_workers_and_a_daemon_in_its_own_session_are_gone_after_every
     """The script starts two DataLoader workers and a `sleep 600` in a session of its own: after the probe none of
     them (nor anything else of any trial) is left, found by a scan of every process, not by the trial's group."""
     done, scratch = probe(tmp_path, [sys.executable, str(COMMANDS / "leaves_daemon.py"), "--batch-size",
-                                     "{batch_size}"], "--memory-budget", "1536MiB",
+                                     "{batch_size}", "--max-steps", "1000"], "--memory-budget", "1536MiB",
                           "--set", "search.max_batch_size=4", "--set", "search.steady_steps=0")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.json["max_batch_size"] == 4 and len(done.json["trials"]) >= 2

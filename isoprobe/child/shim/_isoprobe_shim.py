@@ -100,8 +100,12 @@ def _register(module):
         sys.stderr.write(f"isoprobe shim: cannot hook torch's optimizers ({type(exc).__name__}: {exc})\n")
         return
     _state["last"] = time.perf_counter()
-    _write({"kind": "hello", "pid": os.getpid(), "ppid": os.getppid(), "rank": _int_env("RANK"),
-            "local_rank": _int_env("LOCAL_RANK"), "world_size": _int_env("WORLD_SIZE"),
+    # RANK / WORLD_SIZE as torchrun, accelerate launch and DeepSpeed set them; else a Slurm step's task numbers.
+    rank, world = _int_env("RANK"), _int_env("WORLD_SIZE")
+    if rank is None and (_int_env("SLURM_STEP_NUM_TASKS") or 1) > 1:
+        rank, world = _int_env("SLURM_PROCID"), _int_env("SLURM_STEP_NUM_TASKS")
+    _write({"kind": "hello", "pid": os.getpid(), "ppid": os.getppid(), "rank": rank,
+            "local_rank": _int_env("LOCAL_RANK"), "world_size": world,
             "argv": [str(a)[:200] for a in sys.argv[:20]], "t": time.time()})
 
 
