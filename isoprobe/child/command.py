@@ -54,6 +54,8 @@ if TYPE_CHECKING:
 
 #: How often the supervisor reads the shim's files and the command's state.
 _POLL_SECONDS = 0.01
+#: How often it samples each rank's data segment between those reads (``_Sampler``).
+_SAMPLE_SECONDS = 0.001
 #: Kept of the command's stderr for a verdict's evidence.
 _STDERR_TAIL_CHARS = 6000
 _TRACEBACK_LINES = 30
@@ -94,7 +96,9 @@ class _Tree:
     modules: set[str] = field(default_factory=set)
     reads: set[str] = field(default_factory=set)
 
-    def read(self) -> None:
+    def read(self, sampler: "_Sampler | None" = None) -> None:
+        """Take the new complete lines of every process's file; with ``sampler`` (CPU), a step's budget peak is the
+        most its process's data segment was sampled at until now (the step's line is written at its end)."""
         for path in self.folder.glob("p*.jsonl"):
             try:
                 pid = int(path.stem[1:])
@@ -113,6 +117,9 @@ class _Tree:
                 if isinstance(line, ShimHello):
                     process.hello = line
                 elif isinstance(line, ShimStep):
+                    if sampler is not None:
+                        sampler.sample([pid])  # the last reading before the step is taken as done
+                        line = line.model_copy(update={"budget_peak_bytes": sampler.peak(pid, line.budget_peak_bytes)})
                     process.steps.append(line)
                 elif isinstance(line, ShimException) and process.exception is None:
                     process.exception = line
@@ -139,6 +146,43 @@ class _Tree:
         return min(failed, key=lambda p: p.exception.t) if failed else None
 
 
+class _Sampler:
+    """The most each rank's data segment held, sampled from outside the rank (CPU backend).
+
+    Why sampled: Linux keeps no high-water mark of the data segment (what RLIMIT_DATA caps), and the one
+    isoprobe's own trials estimate it from (VmPeak) counts the address space a new malloc arena reserves and
+    the cap never does; a script's threads map such arenas, which put that estimate at the cap at every batch.
+    Read from /proc/PID/statm (one short line; its data field is the data segment and the stack) every
+    millisecond by this process, so the rank itself runs nothing for it. A spike shorter than the interval can
+    be missed; the peak a step holds while its activations live is not.
+    """
+
+    def __init__(self) -> None:
+        self.most: dict[int, int] = {}
+        self.page = os.sysconf("SC_PAGE_SIZE")
+        self.gone: set[int] = set()
+
+    def sample(self, pids) -> None:
+        for pid in pids:
+            if pid in self.gone:
+                continue
+            try:
+                with open(f"/proc/{pid}/statm", "rb") as handle:
+                    data = int(handle.read().split()[5]) * self.page
+            except (OSError, ValueError, IndexError):
+                self.gone.add(pid)
+                continue
+            if data > self.most.get(pid, 0):
+                self.most[pid] = data
+
+    def peak(self, pid: int, reported: int | None) -> int | None:
+        """A step's budget peak: the most sampled so far, or what the shim read at the step's end if more."""
+        sampled = self.most.get(pid)
+        if sampled is None:
+            return reported
+        return max(sampled, reported or 0)
+
+
 def run_command_trial(request: TrialRequest, events: "Events") -> None:
     """Run the command at the request's batch, judge its steps, end its tree, and write one ``TrialResult``."""
     spec = request.spec
@@ -153,10 +197,11 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
     step_seconds: list[float] = []
     verdict: tuple[Outcome, ErrorInfo | None, str] | None = None
     imported = False
+    sampler = _Sampler() if not request.device.startswith("cuda") else None
     try:
         while verdict is None:
             ended = process.poll()
-            tree.read()
+            tree.read(sampler)
             failed = tree.failure()
             if failed is not None:
                 verdict = _exception_verdict(failed, judged, _exit_status_of(process, failed))
@@ -187,9 +232,9 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                     _open_gate(folder, allowed)
             if verdict is not None or ended is None:
                 if verdict is None:
-                    time.sleep(_POLL_SECONDS)
+                    _sample_for(_POLL_SECONDS, sampler, tree)
                 continue
-            tree.read()  # the last lines of a command that has ended
+            tree.read(sampler)  # the last lines of a command that has ended
             failed = tree.failure()
             verdict = (_exception_verdict(failed, judged, _exit_status_of(process, failed)) if failed is not None
                        else _exit_verdict(ended, judged, request, stderr_path))
@@ -203,6 +248,21 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
         sys.stderr.write(error.traceback_tail)
     events.emit(TrialResult(outcome=outcome, phase=phase, step_seconds=step_seconds, error=error,
                             sources=_sources(tree.modules), reads=_reads(tree.reads, tree.modules), **report))
+
+
+def _sample_for(seconds: float, sampler: _Sampler | None, tree: _Tree) -> None:
+    """Wait ``seconds``, sampling the data segment of every process that imported torch's optimizers meanwhile."""
+    if sampler is None:
+        time.sleep(seconds)
+        return
+    pids = [pid for pid, p in tree.processes.items() if p.hello is not None]
+    deadline = time.monotonic() + seconds
+    while True:
+        sampler.sample(pids)
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return
+        time.sleep(min(_SAMPLE_SECONDS, left))
 
 
 def _scratch_folder() -> str:

@@ -159,19 +159,15 @@ def _memory():
         peak = torch.cuda.max_memory_reserved(device)
         return {"peak_bytes": peak, "held_bytes": torch.cuda.memory_allocated(device), "budget_peak_bytes": peak,
                 "device": f"cuda:{device}"}
-    status = _status("VmHWM", "VmRSS", "VmData", "VmPeak", "VmSize")
-    budget_peak = None
-    if None not in (status["VmPeak"], status["VmSize"], status["VmData"]):
-        # The data segment's peak (what RLIMIT_DATA counts): VmPeak less the address space that is not data,
-        # at most the cap, plus the writable shared mappings the cap does not hold (isoprobe.child.memory).
-        peak_data = status["VmPeak"] - (status["VmSize"] - status["VmData"])
-        import resource
-
-        soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
-        if soft != resource.RLIM_INFINITY:
-            peak_data = min(peak_data, soft)
-        budget_peak = peak_data + _shared_writable()
-    return {"peak_bytes": status["VmHWM"], "held_bytes": status["VmRSS"], "budget_peak_bytes": budget_peak,
+    status = _status("VmHWM", "VmRSS", "VmData")
+    # The data segment now (what RLIMIT_DATA counts); the supervisor raises it to the most it sampled of this
+    # process's data segment during the step (isoprobe.child.command). Not VmPeak, from which isoprobe's own
+    # trials estimate the data peak: a malloc arena that a new thread maps reserves address space the cap never
+    # counts, and a script's threads (gloo's, a DataLoader's) lifted that estimate to the cap at every batch
+    # (measured: a torchrun rank read its whole 896 MiB budget at batch 1). Not the writable shared mappings
+    # either: a command's cap is what `ulimit -d` caps, and a DataLoader's workers hand their batches over in
+    # shared memory that it does not count (the resident peak, which does, is still checked).
+    return {"peak_bytes": status["VmHWM"], "held_bytes": status["VmRSS"], "budget_peak_bytes": status["VmData"],
             "device": "cpu"}
 
 
@@ -186,20 +182,6 @@ def _status(*keys):
     except (OSError, ValueError):
         pass
     return values
-
-
-def _shared_writable():
-    total = 0
-    try:
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                fields = line.split(maxsplit=2)
-                if len(fields) >= 2 and len(fields[1]) == 4 and fields[1][1] == "w" and fields[1][3] == "s":
-                    start, _, end = fields[0].partition("-")
-                    total += int(end, 16) - int(start, 16)
-    except (OSError, ValueError):
-        pass
-    return total
 
 
 def _environment_roots():
