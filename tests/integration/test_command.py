@@ -167,6 +167,10 @@ FIVE = [
                               "{max_steps}"], "896MiB", 8),
     ("lightning-cli", [sys.executable, str(COMMANDS / "lightning_cli.py"), "fit", "--data.batch_size", "{batch_size}",
                        "--trainer.max_steps", "{max_steps}"], "1088MiB", 24),
+    ("hf-trainer-hfargumentparser", [sys.executable, str(COMMANDS / "hf_trainer_script.py"),
+                                     "--per_device_train_batch_size", "{batch_size}", "--max_steps", "{max_steps}",
+                                     "--output_dir", "/tmp/isoprobe-test-hf-out", "--report_to", "none",
+                                     "--save_strategy", "no", "--use_cpu", "--disable_tqdm", "true"], "1152MiB", 8),
 ]
 #: What a trial's command asks for steps: more than any trial runs (the trial ends the command, not the script).
 LONG_RUN = "100000"

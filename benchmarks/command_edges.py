@@ -1,0 +1,126 @@
+"""isoprobe on the five real training scripts of tests/commands, beside the scripts' own edges (issue 36).
+
+For each script: ``isoprobe run -- COMMAND`` (CPU backend, one thread, no cache, no soak) under the budget its
+truth was measured at, then a scan of every process for anything of its trials left behind. The scripts' own
+edges come from ``benchmarks/command_truth.py`` runs without isoprobe (docs/results/command-truth/*.json), read
+here, not recomputed. Prints one markdown table; ``--json FILE`` keeps every number.
+
+    python benchmarks/command_edges.py --json docs/results/command-edges.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+COMMANDS = REPO / "tests" / "commands"
+TRUTH = REPO / "docs" / "results" / "command-truth"
+TORCHRUN = str(Path(sys.executable).parent / "torchrun")
+ACCELERATE = str(Path(sys.executable).parent / "accelerate")
+
+#: (name, truth file stem, budget, search start, the command as a job runs it, without a step limit of its own).
+CASES = [
+    ("plain argparse + DataLoader(2 workers)", "plain_loop", "1GiB", 32,
+     [sys.executable, str(COMMANDS / "plain_loop.py"), "--batch-size", "{batch_size}", "--max-steps", "100000"]),
+    ("torchrun DDP, 2 ranks", "ddp_train", "896MiB", 8,
+     [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(COMMANDS / "ddp_train.py"), "--batch-size",
+      "{batch_size}", "--max-steps", "100000"]),
+    ("LightningCLI fit", "lightning_cli", "1088MiB", 24,
+     [sys.executable, str(COMMANDS / "lightning_cli.py"), "fit", "--data.batch_size", "{batch_size}",
+      "--trainer.max_steps", "100000"]),
+    ("HF Trainer (HfArgumentParser)", "hf_trainer_script", "1152MiB", 8,
+     [sys.executable, str(COMMANDS / "hf_trainer_script.py"), "--per_device_train_batch_size", "{batch_size}",
+      "--max_steps", "100000", "--output_dir", "/tmp/isoprobe-bench-hf-out", "--report_to", "none",
+      "--save_strategy", "no", "--use_cpu", "--disable_tqdm", "true"]),
+    ("accelerate launch", "accelerate_script", None, 8,
+     [ACCELERATE, "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
+      "--dynamo_backend", "no", "--cpu", str(COMMANDS / "accelerate_script.py"), "--batch-size", "{batch_size}",
+      "--max-steps", "100000"]),
+]
+
+
+def left_behind(marker: str) -> int:
+    """Processes whose environment holds ``marker`` (the trials' TMPDIR): what the probe left running."""
+    count = 0
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as handle:
+                if marker.encode() in handle.read():
+                    count += 1
+        except OSError:
+            continue
+    return count
+
+
+def truth_of(stem: str) -> dict:
+    path = TRUTH / f"{stem}.json"
+    if not path.exists():
+        return {}
+    data = json.loads(path.read_text())
+    return {"budget": data.get("budget_bytes"), **{f"edge_{e['steps']}": e["edge"] for e in data.get("edges", [])},
+            **{f"status_{e['steps']}": e["status"] for e in data.get("edges", [])}}
+
+
+def probe(command: list[str], budget: str, start: int) -> dict:
+    with tempfile.TemporaryDirectory(prefix="isoprobe-bench-") as scratch:
+        env = {**os.environ, "TMPDIR": scratch, "OMP_NUM_THREADS": "1"}
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        began = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "isoprobe", "run", "--no-cache", "--format", "json",
+                               "--memory-budget", budget, "--set", f"search.start_batch_size={start}",
+                               "--set", "recommendation.soak_steps=0", "--", *command],
+                              capture_output=True, text=True, env=env, cwd=REPO)
+        wall = time.perf_counter() - began
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        left = left_behind(scratch)
+    result = json.loads(done.stdout) if done.stdout.strip() else {}
+    marginal = [m["batch_size"] for m in (result.get("edge_margin") or {}).get("marginal", [])]
+    answer = result.get("max_batch_size")
+    return {"returncode": done.returncode, "answer": answer, "marginal": marginal,
+            "edge": max([b for b in [answer, *marginal] if b is not None], default=None),
+            "first_failing": result.get("first_failing_batch_size"), "trials": len(result.get("trials", [])),
+            "wall_s": round(wall, 1),
+            "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
+            "left": left, "message": result.get("message"), "stderr_tail": done.stderr[-1500:]}
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", nargs="*", help="case truth stems to run (default: all)")
+    parser.add_argument("--json", help="write every number here")
+    args = parser.parse_args(argv)
+    rows = []
+    for name, stem, budget, start, command in CASES:
+        if args.only and stem not in args.only:
+            continue
+        truth = truth_of(stem)
+        budget = budget or (f"{truth['budget'] // (1 << 20)}MiB" if truth.get("budget") else None)
+        if budget is None:
+            print(f"{name}: no measured truth (docs/results/command-truth/{stem}.json): skipped", file=sys.stderr)
+            continue
+        print(f"{name}: probing under {budget} ...", file=sys.stderr)
+        rows.append({"name": name, "stem": stem, "budget": budget, "truth": truth, **probe(command, budget, start)})
+    print("| script | budget | isoprobe answer | marginal (fit, inside the spread) | first failing | script's own edge, 5 steps | 30 steps | trials | wall s | CPU s | processes left |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for row in rows:
+        truth = row["truth"]
+        print(f"| {row['name']} | {row['budget']} | {row['answer']} | {row['marginal'] or '-'} | {row['first_failing']} "
+              f"| {truth.get('edge_5')} | {truth.get('edge_30')} | {row['trials']} | {row['wall_s']} | {row['cpu_s']} "
+              f"| {row['left']} |")
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
