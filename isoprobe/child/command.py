@@ -247,7 +247,8 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
     if error is not None and outcome is Outcome.ERROR:
         sys.stderr.write(error.traceback_tail)
     events.emit(TrialResult(outcome=outcome, phase=phase, step_seconds=step_seconds, error=error,
-                            sources=_sources(tree.modules), reads=_reads(tree.reads, tree.modules), **report))
+                            sources=_sources(tree.modules), reads=_reads(tree.reads, tree.modules),
+                            command_ranks=len(ranks) or None, **report))
 
 
 def _sample_for(seconds: float, sampler: _Sampler | None, tree: _Tree) -> None:

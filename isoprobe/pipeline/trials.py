@@ -89,6 +89,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         signal=end.signal_name,
         stderr_tail=run.stderr_tail if keep_stderr and run.stderr_tail else None,
         reclassified=end.evidence,
+        command_ranks=result.command_ranks if result else None,
     )
 
 
@@ -336,7 +337,12 @@ class TrialRunner:
                     runs.setdefault(t.batch_size, []).append(peaks)
         return spread_for(self.target.backend, self.target.search_capacity,
                           [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread,
-                          gang=self.spec.distributed.gang)
+                          gang=self.spec.distributed.gang or self.command_gang())
+
+    def command_gang(self) -> bool:
+        """A command whose trials ran several ranks (torchrun's): its maximum is the worst of ranks that each move
+        on their own, as a gang's of isoprobe's own is."""
+        return any((t.command_ranks or 0) > 1 for t in self.trials)
 
     def margin_of(self, trial: Trial) -> "Margin | None":
         """How much a deciding trial's steady peak left free below the capacity, against the spread."""
