@@ -40,7 +40,7 @@ CASES = [
      [sys.executable, str(COMMANDS / "hf_trainer_script.py"), "--per_device_train_batch_size", "{batch_size}",
       "--max_steps", "100000", "--output_dir", "/tmp/isoprobe-bench-hf-out", "--report_to", "none",
       "--save_strategy", "no", "--use_cpu", "--disable_tqdm", "true"]),
-    ("accelerate launch", "accelerate_script", None, 8,
+    ("accelerate launch", "accelerate_script", "1GiB", 8,
      [ACCELERATE, "launch", "--num_processes", "1", "--num_machines", "1", "--mixed_precision", "no",
       "--dynamo_backend", "no", "--cpu", str(COMMANDS / "accelerate_script.py"), "--batch-size", "{batch_size}",
       "--max-steps", "100000"]),

@@ -171,6 +171,10 @@ FIVE = [
                                      "--per_device_train_batch_size", "{batch_size}", "--max_steps", "{max_steps}",
                                      "--output_dir", "/tmp/isoprobe-test-hf-out", "--report_to", "none",
                                      "--save_strategy", "no", "--use_cpu", "--disable_tqdm", "true"], "1152MiB", 8),
+    ("accelerate-launch", [str(Path(sys.executable).parent / "accelerate"), "launch", "--num_processes", "1",
+                           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--cpu",
+                           str(COMMANDS / "accelerate_script.py"), "--batch-size", "{batch_size}", "--max-steps",
+                           "{max_steps}"], "1GiB", 8),
 ]
 #: What a trial's command asks for steps: more than any trial runs (the trial ends the command, not the script).
 LONG_RUN = "100000"
