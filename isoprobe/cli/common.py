@@ -33,7 +33,7 @@ def load(args: argparse.Namespace):
             usage_error("give a spec (isoprobe run SPEC.yaml) or the job's command after '--' (isoprobe run -- "
                         "python train.py --batch-size {batch_size})")
         args.spec = COMMAND_LINE_SPEC
-        spec = load_spec({"command": command}, named_overrides(args), sets=args.set)
+        spec = load_spec({"command": command}, named_overrides(args), sets=args.set, name=COMMAND_LINE_SPEC)
     else:
         overrides = {**named_overrides(args), **({"command": command} if command is not None else {})}
         spec = load_spec(args.spec, overrides, sets=args.set)

@@ -40,6 +40,7 @@ def load_spec(
     overrides: Mapping[str, Any] | Sequence[Override] | None = None,
     *,
     sets: Sequence[str] = (),
+    name: str | None = None,
 ) -> Spec:
     """Read, override, validate and resolve a spec; raise one ``SpecError`` with every problem.
 
@@ -52,11 +53,12 @@ def load_spec(
     of ``OVERRIDABLE`` (``--memory-budget``), to a value taken as it is (``None``:
     not given), or is a list of ``Override``. The sets apply first, then the
     overrides: a named flag wins over a ``--set`` of its field. See ``isoprobe.spec.overrides``.
+    ``name``: what errors call a spec given as data (default ``DATA_SPEC_NAME``).
     """
     if isinstance(spec, Spec):
         spec = spec.model_dump(mode="json", exclude_unset=True)
     if isinstance(spec, Mapping):
-        path = Path.cwd() / DATA_SPEC_NAME
+        path = Path(name) if name else Path.cwd() / DATA_SPEC_NAME  # a name: relative paths still from here
         raw, problems = plain_copy(dict(spec))  # a copy (the overrides below must not change the caller's dict)
         if problems:
             raise SpecError(str(path), problems)
