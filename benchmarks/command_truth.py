@@ -32,7 +32,9 @@ Each run is classified:
 
 The edge is found by bisection between ``--low`` (must survive) and ``--high`` (must run out), both
 checked first. A batch survives only if all ``--runs`` runs do. After the bisection, ``--confirm M``
-runs the edge and the batch above it M more times each; a disagreement is reported (exit code 4).
+runs the edge and the batch above it M more times each; a disagreement is reported (exit code 4),
+and an edge that runs out in one of them steps down to the batch below (confirmed the same way), so
+the edge printed is a batch none of whose runs ran out.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ class Run:
     left_after_kill: int = 0
     escaped_session: int = 0
     reason: str = ""
+    oom_lines: list[str] = field(default_factory=list)
     tail: str = ""
 
 
@@ -171,7 +174,8 @@ def classify(returncode: int | None, timed_out: bool, stdout: str, stderr: str, 
     return "survived", "exit 0" + (f", steps_run={counts}" if counts else " (no steps_run line)")
 
 
-def run_once(template: list[str], batch: int, steps: int, budget: int, timeout: float, workdir: Path) -> Run:
+def run_once(template: list[str], batch: int, steps: int, budget: int, timeout: float, workdir: Path,
+             keep: Path | None = None) -> Run:
     argv = [a.replace("{batch_size}", str(batch)).replace("{max_steps}", str(steps)) for a in template]
     env = dict(os.environ, **ENV)
 
@@ -198,24 +202,34 @@ def run_once(template: list[str], batch: int, steps: int, budget: int, timeout: 
     outcome, reason = classify(returncode, timed_out, stdout, stderr, steps)
     times = [float(t) for t in STEP_TIME.findall(stdout) if t != "nan"]
     tail = "" if outcome == "survived" else "\n".join((stderr or stdout).strip().splitlines()[-25:])
+    # Where it ran out: under torchrun the last lines are the launcher's summary, not the rank's error.
+    oom_lines = [] if outcome != "oom" else [
+        line.strip()[:300] for line in (stderr + "\n" + stdout).splitlines() if OOM_PATTERNS.search(line)][:6]
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        for path in (out_path, err_path):
+            (keep / path.name).write_bytes(path.read_bytes())
     return Run(batch, steps, outcome, returncode, round(wall, 2), [int(n) for n in STEPS_RUN.findall(stdout)],
-               times, left, escaped, reason, tail)
+               times, left, escaped, reason, oom_lines, tail)
 
 
 class Probe:
-    def __init__(self, template, budget, timeout, workdir, log) -> None:
+    def __init__(self, template, budget, timeout, workdir, log, keep=None) -> None:
         self.template, self.budget, self.timeout, self.workdir, self.log = template, budget, timeout, workdir, log
+        self.keep = keep
         self.runs: list[Run] = []
 
     def batch(self, batch: int, steps: int, runs: int) -> str:
         """'survived' if all ``runs`` runs survived, 'oom' if none errored and one ran out, else 'error'."""
         outcomes = []
         for _ in range(runs):
-            r = run_once(self.template, batch, steps, self.budget, self.timeout, self.workdir)
+            r = run_once(self.template, batch, steps, self.budget, self.timeout, self.workdir, self.keep)
             self.runs.append(r)
             self.log(f"  batch {batch:4d} steps {steps:3d}: {r.outcome:8s} {r.wall_s:6.1f} s"
                      f"  step {(sum(r.step_time_s) / len(r.step_time_s)) if r.step_time_s else float('nan'):.3f} s"
                      f"  left {r.left_after_kill} escaped {r.escaped_session}  ({r.reason})")
+            for line in r.oom_lines[:2]:
+                self.log(f"    at: {line}")
             if r.outcome == "error":
                 self.log("    tail:\n" + "\n".join("    | " + line for line in r.tail.splitlines()))
                 return "error"
@@ -239,14 +253,31 @@ def find_edge(probe: Probe, steps: int, low: int, high: int, runs: int, confirm:
             result["status"] = f"error at batch {mid}"
             return result
         low, high = (mid, high) if got == "survived" else (low, mid)
-    result["edge"] = low
-    for b, want in ((low, "survived"), (low + 1, "oom")):
+    # Confirmation: the batch above must run out every time; the edge must survive every time, else
+    # the edge steps down (a batch survives only if all its runs do) and the new edge is confirmed too.
+    for _ in range(confirm):
+        got = probe.batch(low + 1, steps, 1)
+        if got != "oom":
+            result["disagreements"].append({"batch": low + 1, "expected": "oom", "got": got})
+    edge = low
+    while edge >= 1:
+        failed = None
         for _ in range(confirm):
-            got = probe.batch(b, steps, 1)
-            if got != want:
-                result["disagreements"].append({"batch": b, "expected": want, "got": got})
+            got = probe.batch(edge, steps, 1)
+            if got != "survived":
+                failed = got
+                result["disagreements"].append({"batch": edge, "expected": "survived", "got": got})
+                break
+        if failed is None:
+            break
+        if failed == "error":
+            result["status"] = f"error at batch {edge}"
+            return result
+        edge -= 1
+    result["edge"] = edge if edge >= 1 else None
     if result["disagreements"]:
-        result["status"] = "runs disagree near the edge"
+        result["status"] = "runs disagree near the edge: " + ", ".join(
+            f"{d['batch']} {d['got']}" for d in result["disagreements"])
     return result
 
 
@@ -261,6 +292,7 @@ def main(argv=None) -> int:
     p.add_argument("--confirm", type=int, default=0, help="extra runs of the edge and edge+1 after the search")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per run")
     p.add_argument("--json", type=Path, help="write the runs and edges here")
+    p.add_argument("--keep-logs", type=Path, help="copy every run's stdout and stderr into this folder")
     p.add_argument("command", nargs=argparse.REMAINDER, help="-- CMD ARGS... with {batch_size} and {max_steps}")
     args = p.parse_args(argv)
     template = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -283,7 +315,7 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     edges = []
     with tempfile.TemporaryDirectory(prefix="command_truth_") as tmp:
-        probe = Probe(template, args.budget, args.timeout, Path(tmp), log)
+        probe = Probe(template, args.budget, args.timeout, Path(tmp), log, args.keep_logs)
         for steps in args.steps:
             log(f"steps {steps}:")
             edges.append(find_edge(probe, steps, args.low, args.high, args.runs, args.confirm))
