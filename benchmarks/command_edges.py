@@ -30,10 +30,10 @@ ACCELERATE = str(Path(sys.executable).parent / "accelerate")
 CASES = [
     ("plain argparse + DataLoader(2 workers)", "plain_loop", "1GiB", 32,
      [sys.executable, str(COMMANDS / "plain_loop.py"), "--batch-size", "{batch_size}", "--max-steps", "100000"]),
-    ("torchrun DDP, 2 ranks", "ddp_train", "896MiB", 8,
+    ("torchrun DDP, 2 ranks", "ddp_train", "894MiB", 8,
      [TORCHRUN, "--standalone", "--nproc-per-node", "2", str(COMMANDS / "ddp_train.py"), "--batch-size",
       "{batch_size}", "--max-steps", "100000"]),
-    ("LightningCLI fit", "lightning_cli", "1088MiB", 24,
+    ("LightningCLI fit", "lightning_cli", "1085MiB", 24,
      [sys.executable, str(COMMANDS / "lightning_cli.py"), "fit", "--data.batch_size", "{batch_size}",
       "--trainer.max_steps", "100000"]),
     ("HF Trainer (HfArgumentParser)", "hf_trainer_script", "1152MiB", 8,

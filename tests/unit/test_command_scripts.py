@@ -72,6 +72,7 @@ def test_imports_nothing_of_isoprobe(path):
     assert ast.get_docstring(ast.parse(source)), f"{path.name} has no module docstring"
 
 
+@pytest.mark.integration  # each imports torch (and Lightning or transformers) in a fresh process: ~5 s
 @pytest.mark.parametrize("name", sorted(SCRIPTS))
 def test_help_works_and_names_the_flags(name):
     before, flags = SCRIPTS[name]
