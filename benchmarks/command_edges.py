@@ -71,14 +71,14 @@ def truth_of(stem: str) -> dict:
             **{f"status_{e['steps']}": e["status"] for e in data.get("edges", [])}}
 
 
-def probe(command: list[str], budget: str, start: int) -> dict:
+def probe(command: list[str], budget: str, start: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="isoprobe-bench-") as scratch:
         env = {**os.environ, "TMPDIR": scratch, "OMP_NUM_THREADS": "1"}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
         began = time.perf_counter()
         done = subprocess.run([sys.executable, "-m", "isoprobe", "run", "--no-cache", "--format", "json",
                                "--memory-budget", budget, "--set", f"search.start_batch_size={start}",
-                               "--set", "recommendation.soak_steps=0", "--", *command],
+                               "--set", "recommendation.soak_steps=0", *extra, "--", *command],
                               capture_output=True, text=True, env=env, cwd=REPO)
         wall = time.perf_counter() - began
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -98,6 +98,8 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", nargs="*", help="case truth stems to run (default: all)")
     parser.add_argument("--json", help="write every number here")
+    parser.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="passed to isoprobe run, e.g. --set search.edge_spread=0 (the raw steady edge)")
     args = parser.parse_args(argv)
     rows = []
     for name, stem, budget, start, command in CASES:
@@ -109,7 +111,9 @@ def main(argv=None) -> int:
             print(f"{name}: no measured truth (docs/results/command-truth/{stem}.json): skipped", file=sys.stderr)
             continue
         print(f"{name}: probing under {budget} ...", file=sys.stderr)
-        rows.append({"name": name, "stem": stem, "budget": budget, "truth": truth, **probe(command, budget, start)})
+        extra = [word for text in args.set for word in ("--set", text)]
+        rows.append({"name": name, "stem": stem, "budget": budget, "truth": truth,
+                     **probe(command, budget, start, extra)})
     print("| script | budget | isoprobe answer | marginal (fit, inside the spread) | first failing | script's own edge, 5 steps | 30 steps | trials | wall s | CPU s | processes left |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
