@@ -46,9 +46,14 @@ def test_the_sitecustomize_it_hides_still_runs(tmp_path):
 
 
 def test_without_the_trial_variable_the_shim_does_nothing(tmp_path):
-    done = run_python("import sys; print(any(type(f).__name__ == '_OptimizerFinder' for f in sys.meta_path))",
-                      shim_env(tmp_path, None), tmp_path)
-    assert done.stdout.strip() == "False" and not list(tmp_path.glob("p*.jsonl"))
+    check = ("import sys; print(any(type(f).__name__ == '_IsoprobeOptimizerFinder' for f in sys.meta_path), "
+             "'_isoprobe_shim' in sys.modules)")
+    done = run_python(check, shim_env(tmp_path, None), tmp_path)
+    assert done.stdout.split() == ["False", "False"] and not list(tmp_path.glob("p*.jsonl"))
+    # In a trial: the finder waits in front of the import system, and the shim's module is not loaded until torch
+    # imports its optimizers (what it loads at start-up changes the heap the trial measures).
+    trial = run_python(check, shim_env(tmp_path, tmp_path), tmp_path)
+    assert trial.stdout.split() == ["True", "False"], trial.stderr
 
 
 def test_an_exception_at_the_top_is_written_as_the_supervisor_reads_it(tmp_path):

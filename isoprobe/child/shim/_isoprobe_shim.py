@@ -1,12 +1,11 @@
 """Inside the user's own processes: count optimizer steps, read memory after each, and report them.
 
-Loaded by this folder's ``sitecustomize`` in every Python process a command trial starts (the script,
-torchrun's agent and ranks, DataLoader workers, a launcher's children). It does nothing unless
-``ISOPROBE_SHIM_DIR`` is set, and nothing that costs a process which never imports torch: it waits, as a
-``sys.meta_path`` finder, for ``torch.optim.optimizer`` to be imported, then registers torch's global optimizer
+Loaded by this folder's ``sitecustomize`` in a Python process of a command trial (the script, torchrun's ranks,
+a launcher's children) only when torch imports its optimizer module, or when an exception reaches the top of
+the process: a process that never imports torch loads nothing of it. Then it registers torch's global optimizer
 step hooks (``register_optimizer_step_pre_hook`` / ``..._post_hook``), which see every optimizer step of every
 ``torch.optim.Optimizer`` in the process, whatever loop calls it (the user's, Lightning's, the Trainer's,
-accelerate's), and steps aside.
+Accelerate's).
 
 After each optimizer step it appends one JSON line to its own file in the trial's folder (its step, time and
 memory readings, in the units of isoprobe's own trials) and then waits at the *gate* until the trial's
@@ -19,83 +18,68 @@ Standard library only, and small: it lives in the process that is being measured
 ``isoprobe.protocol.command``'s models (checked there, in the supervisor), written here with ``json`` alone.
 """
 
-import json
 import os
 import sys
-import threading
-import time
+
+# What the functions below import, they import when they first run: after torch has imported those modules
+# anyway, so that the shim adds as little as it can to the heap it measures (see sitecustomize).
 
 #: The trial's folder: this process's lines go to ``p<pid>.jsonl`` in it, and the supervisor's gate is ``gate``.
 DIR_ENV = "ISOPROBE_SHIM_DIR"
 #: CUDA: the per-rank budget in bytes, applied as the memory fraction at the first optimizer step.
 CUDA_BUDGET_ENV = "ISOPROBE_SHIM_CUDA_BUDGET"
-#: The module whose import means torch's optimizers (and their global hooks) exist.
-OPTIMIZER_MODULE = "torch.optim.optimizer"
 _GATE_POLL_SECONDS = 0.002
 _MESSAGE_CHARS = 2000
 _TRACEBACK_CHARS = 8000
 _SYSTEM_FOLDERS = ("/proc/", "/sys/", "/dev/", "/run/")
 
 _state = {"dir": None, "fd": None, "pid": None, "steps": 0, "last": None, "budget_set": False,
-          "reported": set(), "reads": set(), "roots": (), "modules_seen": set()}
-_lock = threading.Lock()
+          "reported": set(), "reads": set(), "roots": (), "modules_done": 0, "lock": None}
 
 
-def install():
-    """Start watching for torch's optimizers and for an exception at the top, if this process is in a trial."""
+def hooked_spec(name, path):
+    """The spec of torch's optimizer module, whose loading then registers the step hooks (``sitecustomize``'s
+    finder calls this when torch imports it), if this process is in a trial."""
     folder = os.environ.get(DIR_ENV)
-    if not folder:
-        return
+    finder = next(f for f in sys.meta_path if getattr(f, "__name__", "") == "PathFinder")
+    spec = finder.find_spec(name, path)
+    if not folder or spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+        return spec
     _state["dir"] = folder
+    run_module = spec.loader.exec_module
+
+    def exec_module(module):
+        run_module(module)
+        _register(module)
+
+    spec.loader.exec_module = exec_module  # this file's own loader object: nothing else shares it
+    return spec
+
+
+def _watch_threads_and_reads():
+    """Once torch is in: exceptions that end a thread, and the files the process opens from now on."""
+    import threading
+
+    _state["lock"] = threading.Lock()
     _state["roots"] = _environment_roots()
-    sys.meta_path.insert(0, _OptimizerFinder())
-    previous = sys.excepthook
-
-    def excepthook(kind, value, trace):
-        _report_exception(kind, value, trace, None)
-        previous(kind, value, trace)
-
-    sys.excepthook = excepthook
     previous_thread_hook = threading.excepthook
 
     def thread_hook(args):
         if args.exc_type is not None and not issubclass(args.exc_type, SystemExit):
-            _report_exception(args.exc_type, args.exc_value, args.exc_traceback, getattr(args.thread, "name", None))
+            report_exception(args.exc_type, args.exc_value, args.exc_traceback, getattr(args.thread, "name", None))
         previous_thread_hook(args)
 
     threading.excepthook = thread_hook
     sys.addaudithook(_audit)
 
 
-class _OptimizerFinder:
-    """Waits for ``torch.optim.optimizer``; once torch has run it, registers the hooks. Finds nothing itself."""
-
-    def find_spec(self, name, path=None, target=None):
-        if name != OPTIMIZER_MODULE:
-            return None
-        try:
-            sys.meta_path.remove(self)  # step aside first: the lookup below must not come back here
-        except ValueError:
-            pass
-        import importlib.machinery
-
-        spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
-            return spec
-        run_module = spec.loader.exec_module
-
-        def exec_module(module):
-            run_module(module)
-            _register(module)
-
-        spec.loader.exec_module = exec_module  # this file's own loader object: nothing else shares it
-        return spec
-
-
 def _register(module):
+    import time
+
     try:
         module.register_optimizer_step_pre_hook(_before_step)
         module.register_optimizer_step_post_hook(_after_step)
+        _watch_threads_and_reads()
     except Exception as exc:  # a torch without global hooks: the trial sees no step and says why
         sys.stderr.write(f"isoprobe shim: cannot hook torch's optimizers ({type(exc).__name__}: {exc})\n")
         return
@@ -122,7 +106,9 @@ def _before_step(optimizer, args, kwargs):
 
 
 def _after_step(optimizer, args, kwargs):
-    with _lock:
+    import time
+
+    with _state["lock"]:
         _state["steps"] += 1
         step = _state["steps"]
         now = time.perf_counter()
@@ -138,6 +124,8 @@ def _after_step(optimizer, args, kwargs):
 def _wait_at_gate(step):
     """Hold this process after ``step`` until the supervisor allows more steps than that (it may never: then the
     supervisor ends the process here, between two steps, with its readings written)."""
+    import time
+
     path = os.path.join(_state["dir"], "gate")
     while True:
         try:
@@ -207,25 +195,27 @@ def _audit(event, args):
             return
         reads = ("r" in mode or "+" in mode) if isinstance(mode, str) else (flags & os.O_ACCMODE) != os.O_WRONLY
         if reads and len(_state["reads"]) < 10000:
-            _state["reads"].add(os.path.abspath(os.fsdecode(os.fspath(path))))
+            path = os.path.abspath(os.fsdecode(os.fspath(path)))
+            if _outside(path):  # the installed environment's files (every import) are not kept
+                _state["reads"].add(path)
     except Exception:
         pass
 
 
 def _report_files():
     """The user's module files and files read, outside the installed environment, that were not reported yet."""
+    import itertools
+
     modules = set()
-    seen = _state["modules_seen"]
-    for name, module in list(sys.modules.items()):
-        if name in seen:
-            continue  # each module once: a step's cost stays a few reads, not a walk of every module's file
-        seen.add(name)
+    names = len(sys.modules)
+    for name, module in itertools.islice(list(sys.modules.items()), _state["modules_done"], None):
         try:
             file = getattr(module, "__file__", None) if module is not None else None
         except Exception:
             continue
         if isinstance(file, str) and file and not file.startswith(_state["roots"]):
             modules.add(os.path.realpath(file))
+    _state["modules_done"] = names  # each module once: a step's cost stays the few imported since the last
     reads = {os.path.realpath(path) for path in list(_state["reads"])}
     new_modules = sorted(p for p in modules if _outside(p) and p not in _state["reported"])
     new_reads = sorted(p for p in reads if _outside(p) and p not in _state["reported"] and "__pycache__" not in p
@@ -235,8 +225,13 @@ def _report_files():
         _write({"kind": "files", "pid": os.getpid(), "modules": new_modules[:2000], "reads": new_reads[:2000]})
 
 
-def _report_exception(kind, value, trace, thread):
+def report_exception(kind, value, trace, thread):
+    """Write an exception that reached the top of the process (or of a thread), whenever it came."""
     try:
+        _state["dir"] = _state["dir"] or os.environ.get(DIR_ENV)
+        if not _state["dir"]:
+            return
+        import time
         import traceback
 
         names = [cls.__name__ for cls in getattr(kind, "__mro__", (kind,))]
@@ -252,6 +247,8 @@ def _report_exception(kind, value, trace, thread):
 def _write(line):
     """One JSON line, one ``write`` on an O_APPEND descriptor of this process's own file (a fork gets its own)."""
     try:
+        import json
+
         pid = os.getpid()
         if _state["pid"] != pid:
             _state["pid"] = pid
