@@ -337,12 +337,11 @@ class TrialRunner:
                     runs.setdefault(t.batch_size, []).append(peaks)
         return spread_for(self.target.backend, self.target.search_capacity,
                           [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread,
-                          gang=self.spec.distributed.gang or self.command_gang())
-
-    def command_gang(self) -> bool:
-        """A command whose trials ran several ranks (torchrun's): its maximum is the worst of ranks that each move
-        on their own, as a gang's of isoprobe's own is."""
-        return any((t.command_ranks or 0) > 1 for t in self.trials)
+                          # A command's ranks (torchrun's) get a process's floor, not a gang's: the doubled floor
+                          # answers isoprobe's own gangs' FSDP2 spread and their forked ranks' offset (docs/
+                          # steady-state.md); a launcher's ranks are spawned, and a torchrun DDP script's edge
+                          # survived 8 of 8 own runs with 2.0 MiB free where the doubled floor cost 4 samples.
+                          gang=self.spec.distributed.gang)
 
     def margin_of(self, trial: Trial) -> "Margin | None":
         """How much a deciding trial's steady peak left free below the capacity, against the spread."""

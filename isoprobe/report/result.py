@@ -246,7 +246,7 @@ class Trial(_Strict):
     command_ranks: int | None = Field(
         None, description="A command trial (spec.command): how many of the command's processes made optimizer steps "
         "(its ranks: torchrun's, accelerate launch's). Each had the budget; the readings above are the worst "
-        "rank's, and with more than one the spread is a gang's (search.margin). Null: not a command trial.")
+        "rank's. Null: not a command trial.")
     gang_stop_seconds: float | None = Field(
         None, description="Seconds from seeing failed_rank's failure to every rank's processes being gone."
     )
