@@ -46,8 +46,7 @@ from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome, classify_exception
 from isoprobe.report.result import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, argv_for
-from isoprobe.system.files import sha256_of
-from isoprobe.system.keeper import descendants
+from isoprobe.system.keeper import sigkill_below
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events
@@ -325,20 +324,11 @@ def _start(request: TrialRequest, folder: Path, stderr_path: Path) -> subprocess
 def _end_tree(process: subprocess.Popen) -> None:
     """Kill the command's session and every process below this one, a few sweeps for late forks; reap the command.
     Whatever left this tree (a daemon that double-forked) is below the keeper, which kills it when this child ends."""
-    for _ in range(5):
-        pids = [pid for pid, state in descendants(os.getpid()) if state not in ("Z", "X")]
-        try:
-            os.killpg(process.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if not pids:
-            break
-        time.sleep(0.02)
+    try:
+        os.killpg(process.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    sigkill_below(os.getpid(), sweeps=5, pause=0.02)
     try:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
@@ -435,20 +425,10 @@ def _failure_readings(ranks: list[_Process]) -> dict:
 
 def _sources(modules: set[str]) -> dict[str, str]:
     """The user's module files the command's processes ran, hashed (as ``child.sources`` does for a trial)."""
-    from isoprobe.child.sources import environment_roots
+    from isoprobe.child.sources import environment_roots, file_digests
 
     roots = environment_roots()
-    found = {}
-    for path in sorted(modules):
-        if path.startswith(roots):
-            continue
-        try:
-            digest = sha256_of(path)
-        except (OSError, ValueError):
-            continue
-        if digest is not None:
-            found[path] = digest
-    return found
+    return file_digests(path for path in sorted(modules) if not path.startswith(roots))
 
 
 def _reads(reads: set[str], modules: set[str]) -> list[str]:

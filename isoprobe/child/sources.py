@@ -80,21 +80,31 @@ def imported_sources(modules: Mapping[str, object] | None = None, roots: tuple[s
             installed[top] = file is not None and not outside(os.path.realpath(file))
         return installed[top]
 
-    sources: dict[str, str] = {}
+    paths = []
     for name, module in modules.items():
         file = _module_file(module)
         if file is None:
             continue
         path = os.path.realpath(file)
-        if path in sources or not outside(path) or ("." in name and top_level_installed(name)):
+        if outside(path) and not ("." in name and top_level_installed(name)):
+            paths.append(path)
+    return file_digests(paths)
+
+
+def file_digests(paths) -> dict[str, str]:
+    """Path -> SHA-256 of each readable regular file among ``paths``, sorted; one that cannot be read is left out
+    (the entry then simply does not depend on it). Shared with a command trial's supervisor (``child.command``)."""
+    digests: dict[str, str] = {}
+    for path in paths:
+        if path in digests:
             continue
         try:
             digest = sha256_of(path)
         except (OSError, ValueError):
             continue
         if digest is not None:
-            sources[path] = digest
-    return dict(sorted(sources.items()))
+            digests[path] = digest
+    return dict(sorted(digests.items()))
 
 
 #: At most this many modules go into a warm child's preload from what the model's code imported.

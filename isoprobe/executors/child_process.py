@@ -17,7 +17,6 @@ a process is prepared before it runs (its environment, its cap, its deadlines),
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import time
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from pathlib import Path
 from isoprobe.errors import ProbeError
 from isoprobe.executors import Conditions
 from isoprobe.executors.forkserver import ForkedProcess
-from isoprobe.system.keeper import descendants
+from isoprobe.system.keeper import sigkill_below
 from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, lift_idle_policy, write_atomically
 from isoprobe.protocol.messages import IMPORT_LINE, Inspected, Started, TrialResult, Warm, last_of, read_events
 
@@ -172,13 +171,4 @@ def _ended_within(child: StartedChild, seconds: float) -> bool:
 
 def _kill_tree(keeper_pid: int) -> None:
     """SIGKILL a keeper and everything below it (found in /proc by ancestry), a few sweeps for late forks."""
-    for _ in range(3):
-        pids = [pid for pid, state in descendants(keeper_pid) if state not in ("Z", "X")]
-        for pid in [keeper_pid, *pids]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if not pids:
-            return
-        time.sleep(0.05)
+    sigkill_below(keeper_pid, also=(keeper_pid,))

@@ -124,6 +124,22 @@ def descendants(root: int) -> list[tuple[int, str]]:
     return found
 
 
+def sigkill_below(root: int, *, also: tuple[int, ...] = (), sweeps: int = 3, pause: float = 0.05) -> None:
+    """SIGKILL ``also`` and every live process below ``root`` (by ancestry, whatever its session), a few sweeps
+    for processes forked meanwhile; returns once a sweep finds none below ``root``. For a caller that cannot
+    reap them all itself (the parent's last resort on a keeper, a command trial's supervisor on its command)."""
+    for _ in range(sweeps):
+        pids = [pid for pid, state in descendants(root) if state not in ("Z", "X")]
+        for pid in [*also, *pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if not pids:
+            return
+        time.sleep(pause)
+
+
 class Keeper:
     """One child, its lifeline, and the statuses reaped so far."""
 
