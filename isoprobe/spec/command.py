@@ -51,7 +51,7 @@ def uses_placeholder(command: str | Sequence[str]) -> bool:
     return any(PLACEHOLDER in word for word in words)
 
 
-def shown_command(command: str | Sequence[str], shell: bool = False, limit: int = 160) -> str:
+def shown_command(command: str | Sequence[str], limit: int = 160) -> str:
     """The command for a person: one line, quoted as a shell would need it, shortened past ``limit``."""
     text = command if isinstance(command, str) else shlex.join(list(command))
     return text if len(text) <= limit else f"{text[:limit - 3]}..."

@@ -747,7 +747,7 @@ class Spec(SpecSection):
         if self.command is not None:
             from isoprobe.spec.command import shown_command
 
-            return f"command {shown_command(self.command, self.shell)}"
+            return f"command {shown_command(self.command)}"
         return f"{self.model.source} {getattr(self.model, self.model.source)}"
 
     @model_validator(mode="after")

@@ -205,3 +205,28 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     assert trains.outcome == "survived", (result["max_batch_size"], trains.reason, trains.tail)
     above = command_truth.run_once(template, failing + 1, 30, cap, 300, truth)
     assert above.outcome == "oom", (failing + 1, above.reason, above.tail)
+
+
+def test_a_shell_line_reading_the_batch_from_the_environment_gets_each_trials_batch(tmp_path):
+    """``shell: true`` runs the line with /bin/sh (the variable is expanded there: without a shell the script
+    would get the text '$ISOPROBE_BATCH_SIZE' and refuse it) and ``batch_from: env`` needs no placeholder: the
+    script, which only reads its argument, records each batch it was started with."""
+    script = tmp_path / "train.py"
+    script.write_text(
+        "import argparse, sys, torch\n"
+        "p = argparse.ArgumentParser(); p.add_argument('--batch-size', type=int, required=True)\n"
+        "batch = p.parse_args().batch_size\n"
+        "open(sys.argv[0] + '.batches', 'a').write(f'{batch}\\n')\n"
+        "model = torch.nn.Linear(64, 8); optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "while True:\n"
+        "    model(torch.randn(batch, 64)).sum().backward(); optimizer.step(); optimizer.zero_grad()\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text("command: 'python train.py --batch-size \"$ISOPROBE_BATCH_SIZE\"'\nshell: true\nbatch_from: env\n"
+                    "memory_budget: 1GiB\nsearch: {start_batch_size: 3, max_batch_size: 6, steady_steps: 0}\n"
+                    "recommendation: {soak_steps: 0}\n")
+    done = run_cli("run", str(spec), "--no-cache", "--format", "json", cwd=tmp_path,
+                   env={"OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    tried = [t["batch_size"] for t in done.json["trials"]]
+    assert done.json["max_batch_size"] == 6 and tried[0] == 3
+    assert (tmp_path / "train.py.batches").read_text().split() == [str(b) for b in tried]
