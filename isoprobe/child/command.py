@@ -335,8 +335,10 @@ def _end_tree(process: subprocess.Popen) -> None:
         pass
 
 
-#: How long the command's own process gets to exit after its exception was seen, for its exit status.
-_EXIT_WAIT_SECONDS = 2.0
+#: How long the command's own process gets to exit after its exception was seen, for its exit status. Generous:
+#: a process that imported torch takes a while to finalize on a loaded machine (2 s was too short on CI's two
+#: busy cores), and the wait only ever delays a verdict that ends the search anyway.
+_EXIT_WAIT_SECONDS = 10.0
 
 
 def _exit_status_of(process: subprocess.Popen, failed: _Process) -> int | None:
@@ -413,7 +415,8 @@ def _readings(ranks: list[_Process], judged: int) -> dict:
     if not last:
         return {}
     worst = max(last, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
-    return {"peak_bytes": worst.peak_bytes, "budget_peak_bytes": worst.budget_peak_bytes}
+    return {"peak_bytes": worst.peak_bytes, "budget_peak_bytes": worst.budget_peak_bytes,
+            "file_resident_bytes": worst.file_resident_bytes}
 
 
 def _failure_readings(ranks: list[_Process]) -> dict:

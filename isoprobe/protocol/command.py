@@ -52,6 +52,8 @@ class ShimStep(_Line):
     peak_bytes: int | None = None
     held_bytes: int | None = None
     budget_peak_bytes: int | None = None
+    file_resident_bytes: int | None = Field(None, description="CPU: RssFile after the step, as "
+                                            "protocol.messages.TrialResult.file_resident_bytes.")
     device: str
     t: float
 

@@ -18,7 +18,8 @@ import pytest
 
 from isoprobe.child import command as supervisor
 from isoprobe.protocol.command import SHIM_DIR_ENV, SHIM_FOLDER, ShimException, ShimHello, ShimStep, parse_lines
-from isoprobe.protocol.messages import TrialRequest
+from isoprobe.pipeline.plausibility import Asked, over_budget
+from isoprobe.protocol.messages import TrialRequest, TrialResult
 from isoprobe.report.outcomes import Outcome
 from isoprobe.spec.model import Spec
 
@@ -112,6 +113,25 @@ def test_the_first_rank_to_fail_is_named_and_its_exception_decides(tmp_path):
     failed = tree.failure()
     outcome, error, phase = supervisor._exception_verdict(failed, judged=1)
     assert outcome is Outcome.OUT_OF_MEMORY and "rank 1 (pid 12)" in error.message and phase == "step 2"
+
+
+def test_the_worst_ranks_mapped_file_pages_go_with_its_readings_and_the_resident_check_leaves_them_out(tmp_path):
+    """On CI (a fresh install: every library page in the page cache, and the kernel maps a faulting page's cached
+    neighbours too) a torchrun rank's resident peak was 937 MiB under an 894 MiB budget at batch 8, far below the
+    edge: without its mapped files' pages, as isoprobe's own trials are judged, it is well inside."""
+    mib = 1 << 20
+    tree = supervisor._Tree(tmp_path)
+    write_lines(tmp_path, 11, hello(0, 2), {**step(1, 700 * mib), "peak_bytes": 930 * mib,
+                                            "file_resident_bytes": 200 * mib})
+    write_lines(tmp_path, 12, hello(1, 2), {**step(1, 710 * mib), "peak_bytes": 937 * mib,
+                                            "file_resident_bytes": 210 * mib})
+    tree.read()
+    readings = supervisor._readings(tree.ranks(), 1)
+    assert readings == {"peak_bytes": 937 * mib, "budget_peak_bytes": 710 * mib, "file_resident_bytes": 210 * mib}
+    asked = Asked(steps=1, backend="cpu", budget_bytes=894 * mib)
+    assert over_budget(TrialResult(outcome=Outcome.FITS, phase="done", **readings), asked) is None
+    unknown_files = TrialResult(outcome=Outcome.FITS, phase="done", **{**readings, "file_resident_bytes": None})
+    assert "resident peak" in over_budget(unknown_files, asked)
 
 
 def request(steps=3):

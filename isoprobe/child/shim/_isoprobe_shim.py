@@ -147,16 +147,19 @@ def _memory():
         peak = torch.cuda.max_memory_reserved(device)
         return {"peak_bytes": peak, "held_bytes": torch.cuda.memory_allocated(device), "budget_peak_bytes": peak,
                 "device": f"cuda:{device}"}
-    status = _status("VmHWM", "VmRSS", "VmData")
+    status = _status("VmHWM", "VmRSS", "VmData", "RssFile")
     # The data segment now (what RLIMIT_DATA counts); the supervisor raises it to the most it sampled of this
     # process's data segment during the step (isoprobe.child.command). Not VmPeak, from which isoprobe's own
     # trials estimate the data peak: a malloc arena that a new thread maps reserves address space the cap never
     # counts, and a script's threads (gloo's, a DataLoader's) lifted that estimate to the cap at every batch
     # (measured: a torchrun rank read its whole 896 MiB budget at batch 1). Not the writable shared mappings
     # either: a command's cap is what `ulimit -d` caps, and a DataLoader's workers hand their batches over in
-    # shared memory that it does not count (the resident peak, which does, is still checked).
+    # shared memory that it does not count (the resident peak, which does, is still checked). The mapped files'
+    # resident pages (RssFile) go with it, to be left out of that check as for isoprobe's own trials: how many of
+    # the libraries' pages are resident depends on the page cache (a fresh install's are all cached, and the
+    # kernel maps a faulting page's cached neighbours too), not on the batch.
     return {"peak_bytes": status["VmHWM"], "held_bytes": status["VmRSS"], "budget_peak_bytes": status["VmData"],
-            "device": "cpu"}
+            "file_resident_bytes": status["RssFile"], "device": "cpu"}
 
 
 def _status(*keys):
