@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -49,19 +51,27 @@ def left_behind(marker: str) -> list[tuple[int, str]]:
     return found
 
 
-def probe(tmp_path: Path, command: list[str], *options: str, timeout: float = 600):
-    """``isoprobe run [options] -- COMMAND`` with this test's own TMPDIR (the trial folders' marker) and no cache."""
-    scratch = tmp_path / "tmp"
-    scratch.mkdir(exist_ok=True)
-    done = run_cli("run", "--no-cache", "--format", "json", *options, "--", *command, timeout=timeout, cwd=REPO,
+@pytest.fixture
+def scratch():
+    """This test's own TMPDIR (the trial folders' marker for ``left_behind``), short on purpose: a DataLoader
+    worker hands its batches over through a Unix socket under TMPDIR (multiprocessing's resource sharer), whose
+    path may not exceed 107 bytes; under pytest-xdist's deeper tmp_path that limit was passed, the worker's
+    feeder thread died (OSError: AF_UNIX path too long) and the script waited for its batch forever."""
+    folder = Path(tempfile.mkdtemp(prefix="ip-cmd-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def probe(scratch: Path, command: list[str], *options: str, timeout: float = 600):
+    """``isoprobe run [options] -- COMMAND`` with TMPDIR ``scratch`` and no cache."""
+    return run_cli("run", "--no-cache", "--format", "json", *options, "--", *command, timeout=timeout, cwd=REPO,
                    env={"TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"})
-    return done, str(scratch)
 
 
-def test_a_script_that_raises_before_its_first_step_is_its_error_with_its_traceback(tmp_path):
+def test_a_script_that_raises_before_its_first_step_is_its_error_with_its_traceback(scratch):
     """The script's own bug is exit 4 with its exception, its traceback's last lines and its exit status, after
     one trial (an error is not a memory verdict: no other batch is tried)."""
-    done, scratch = probe(tmp_path, [sys.executable, str(COMMANDS / "raises_before_step.py"), "--batch-size",
+    done = probe(scratch, [sys.executable, str(COMMANDS / "raises_before_step.py"), "--batch-size",
                                      "{batch_size}"], "--memory-budget", "1GiB")
     assert done.returncode == 4, done.stderr[-2000:]
     result = done.json
@@ -70,24 +80,24 @@ def test_a_script_that_raises_before_its_first_step_is_its_error_with_its_traceb
     assert "exit status 1" in trial["error"]["message"] and "after 0 optimizer step(s)" in trial["error"]["message"]
     assert "raise ValueError" in trial["error"]["traceback_tail"]
     assert "the command failed with ValueError" in result["message"]
-    assert left_behind(scratch) == []
+    assert left_behind(str(scratch)) == []
 
 
-def test_a_script_that_ends_on_its_own_before_the_steps_asked_is_an_error_not_a_fit(tmp_path):
+def test_a_script_that_ends_on_its_own_before_the_steps_asked_is_an_error_not_a_fit(scratch):
     """Exit 0 after one optimizer step of the three a trial needs: unknown is never 'fits'."""
-    done, scratch = probe(tmp_path, [sys.executable, str(COMMANDS / "exits_early.py"), "--batch-size",
+    done = probe(scratch, [sys.executable, str(COMMANDS / "exits_early.py"), "--batch-size",
                                      "{batch_size}", "--max-steps", "30"], "--memory-budget", "1GiB")
     assert done.returncode == 4, done.stderr[-2000:]
     [trial] = done.json["trials"]
     assert trial["outcome"] == "error" and trial["error"]["type"] == "CommandEnded"
     assert "ended on its own (status 0) after 1 optimizer step(s)" in trial["error"]["message"]
     assert done.json["max_batch_size"] is None
-    assert left_behind(scratch) == []
+    assert left_behind(str(scratch)) == []
 
 
-def test_a_script_whose_optimizer_the_shim_cannot_see_times_out_and_says_so(tmp_path):
+def test_a_script_whose_optimizer_the_shim_cannot_see_times_out_and_says_so(scratch):
     """A hand-written update (no torch.optim.Optimizer) shows no step: timed out, and the message names the cause."""
-    done, scratch = probe(tmp_path, [sys.executable, str(COMMANDS / "never_steps.py"), "--batch-size",
+    done = probe(scratch, [sys.executable, str(COMMANDS / "never_steps.py"), "--batch-size",
                                      "{batch_size}"], "--memory-budget", "1GiB", "--set", "search.trial_timeout=15",
                           "--set", "search.retries=0")
     assert done.returncode == 4, done.stderr[-2000:]
@@ -95,25 +105,23 @@ def test_a_script_whose_optimizer_the_shim_cannot_see_times_out_and_says_so(tmp_
     assert [t["outcome"] for t in result["trials"]] == ["timed_out"]
     assert "no optimizer step seen" in result["message"]
     assert any("torch.optim.Optimizer" in hint for hint in result["suggestions"])
-    assert left_behind(scratch) == []
+    assert left_behind(str(scratch)) == []
 
 
-def test_dataloader_workers_and_a_daemon_in_its_own_session_are_gone_after_every_trial(tmp_path):
+def test_dataloader_workers_and_a_daemon_in_its_own_session_are_gone_after_every_trial(scratch):
     """The script starts two DataLoader workers and a `sleep 600` in a session of its own: after the probe none of
     them (nor anything else of any trial) is left, found by a scan of every process, not by the trial's group."""
-    done, scratch = probe(tmp_path, [sys.executable, str(COMMANDS / "leaves_daemon.py"), "--batch-size",
+    done = probe(scratch, [sys.executable, str(COMMANDS / "leaves_daemon.py"), "--batch-size",
                                      "{batch_size}", "--max-steps", "1000"], "--memory-budget", "1536MiB",
                           "--set", "search.max_batch_size=4", "--set", "search.steady_steps=0")
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.json["max_batch_size"] == 4 and len(done.json["trials"]) >= 2
-    assert left_behind(scratch) == []
+    assert left_behind(str(scratch)) == []
 
 
-def test_isoprobe_killed_mid_trial_under_torchrun_leaves_nothing(tmp_path):
+def test_isoprobe_killed_mid_trial_under_torchrun_leaves_nothing(tmp_path, scratch):
     """SIGKILL to isoprobe while torchrun's two ranks train: the lifeline ends the keeper's whole tree (the agent,
     both ranks, their workers), with nobody left to ask it to."""
-    scratch = tmp_path / "tmp"
-    scratch.mkdir()
     command = [sys.executable, "-m", "isoprobe", "run", "--no-cache", "--format", "json", "--memory-budget", "1GiB",
                "--", str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2",
                str(COMMANDS / "ddp_train.py"), "--batch-size", "{batch_size}"]
@@ -181,7 +189,8 @@ LONG_RUN = "100000"
 
 
 @pytest.mark.parametrize("template, budget, start", [case[1:] for case in FIVE], ids=[case[0] for case in FIVE])
-def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tmp_path, template, budget, start):
+def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tmp_path, scratch, template, budget,
+                                                                             start):
     """Checked against the script itself, in fresh processes under the same cap without isoprobe
     (benchmarks/command_truth.py): the maximum isoprobe answers trains 30 steps, and the batch above the first
     one isoprobe saw fail runs out (an answer too high fails the first, a search that stopped far below the
@@ -190,14 +199,14 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     in others (measured: torchrun DDP's 15 under 896 MiB survived 30 steps in 1 of 3 runs); so they are
     reported, and asserted on by nothing that one run decides."""
     command = [LONG_RUN if word == "{max_steps}" else word for word in template]
-    done, scratch = probe(tmp_path, command, "--memory-budget", budget, "--set", f"search.start_batch_size={start}",
+    done = probe(scratch, command, "--memory-budget", budget, "--set", f"search.start_batch_size={start}",
                           "--set", "recommendation.soak_steps=0")
     assert done.returncode == 0, done.stderr[-3000:]
     result = done.json
     marginal = [m["batch_size"] for m in (result["edge_margin"] or {}).get("marginal", [])]
     failing = result["first_failing_batch_size"]
     assert all(result["max_batch_size"] < b < failing for b in marginal), (result["message"], marginal)
-    assert left_behind(scratch) == []
+    assert left_behind(str(scratch)) == []
     cap = command_truth.parse_size(budget)
     truth = tmp_path / "truth"
     truth.mkdir()
