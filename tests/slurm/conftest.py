@@ -438,3 +438,197 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+# ----------------------------------------------------------------------------------------- two nodes on one machine
+
+#: The two-node cluster's node names: each node daemon runs in a UTS namespace of its own with that hostname, so
+#: the stock slurmd takes that node's line of slurm.conf (../shared/notes/slurm.md, "Several nodes on one machine").
+NODES = ("n1", "n2")
+TWO_NODE_PARTITION = "nodes"
+#: CPUs each node declares: two, so that a gang of four ranks has two tasks on each node (the machine has two
+#: cores in all: the nodes share them, as two nodes' ranks would share nothing on a real cluster but time).
+NODE_CPUS = 2
+
+
+class TwoNodeCluster(SlurmCluster):
+    """slurmctld and two slurmd daemons (n1, n2) on this machine, every cross-node path real: a step's tasks on n2
+    are children of n2's slurmd and slurmstepd, see hostname n2, and are ended by Slurm there.
+
+    n2 can also be given a private folder: ``private`` (a path) is mounted over with an empty tmpfs in n2's own
+    mount namespace, so what a process on n1 writes there is invisible to n2's processes, as a node-local TMPDIR
+    is on a real cluster. The filesystem is otherwise the machine's, which every node sees.
+    """
+
+    def __init__(self, root: Path, nodes: tuple[str, ...] = NODES):
+        super().__init__(root)
+        self.nodes = list(nodes)
+        self.node = self.nodes[0]  # where a batch script runs
+        self.partition = TWO_NODE_PARTITION
+        self.private = root / "node-local"  # n2 sees its own empty tmpfs here
+
+    def write_config(self) -> None:
+        for folder in ("state", "spool", "log", "jobs", "taskprolog.d", "node-local"):
+            (self.root / folder).mkdir(parents=True, exist_ok=True)
+        host = socket.gethostname().split(".")[0]
+        mem_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2**20
+        r = self.root
+        self.task_prolog_path.write_text(
+            "#!/bin/sh\n"
+            f"hook='{self.task_prolog_hook}'\n"
+            'if [ -x "$hook" ]; then exec "$hook"; fi\n'
+            "exit 0\n"
+        )
+        self.task_prolog_path.chmod(0o755)
+        lines = [
+            "ClusterName=isoprobe-two",
+            f"SlurmctldHost={host}(127.0.0.1)",
+            f"SlurmctldPort={_free_port()}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/none",
+            "CredType=cred/none",
+            f"StateSaveLocation={r}/state",
+            f"SlurmdSpoolDir={r}/spool/%n",
+            f"SlurmctldPidFile={r}/slurmctld.pid",
+            f"SlurmdPidFile={r}/slurmd.%n.pid",
+            f"SlurmctldLogFile={r}/log/slurmctld.log",
+            f"SlurmdLogFile={r}/log/slurmd.%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SchedulerParameters=batch_sched_delay=0",
+            "MpiDefault=none",
+            "MailProg=/bin/true",
+            "ReturnToService=2",
+            "KillWait=2",
+            "InactiveLimit=0",
+            "MinJobAge=600",
+            # A node whose slurmd stopped answering is DOWN after this many seconds (default 300).
+            "SlurmdTimeout=10",
+            f"TaskProlog={self.task_prolog_path}",
+            *(f"NodeName={node} NodeHostname={node} NodeAddr=127.0.0.1 Port={_free_port()} CPUs={NODE_CPUS} "
+              f"RealMemory={int(mem_mib * 0.4)} State=UNKNOWN" for node in self.nodes),
+            f"PartitionName={self.partition} Nodes={','.join(self.nodes)} Default=YES MaxTime=INFINITE State=UP",
+        ]
+        self.conf.write_text("\n".join(lines) + "\n")
+
+    def start(self) -> None:
+        exe = _which("slurmctld")
+        self._spawn("slurmctld", [exe, "-D", "-f", str(self.conf), "-i"])
+        for node in self.nodes:
+            self.start_node(node)
+
+    def start_node(self, node: str) -> None:
+        """slurmd of ``node`` in a UTS namespace whose hostname is the node's (and, for the last node, a mount
+        namespace with its private folder)."""
+        (self.root / "spool" / node).mkdir(parents=True, exist_ok=True)
+        setup = f"hostname {node}"
+        namespaces = ["-u"]
+        if node == self.nodes[-1]:
+            namespaces += ["-m", "--propagation", "private"]
+            setup += f" && mount -t tmpfs -o size=64m isoprobe-node-local '{self.private}'"
+        self._spawn(f"slurmd-{node}", ["unshare", *namespaces, "sh", "-c", f'{setup} && exec "$0" "$@"',
+                                       _which("slurmd"), "-D", "-f", str(self.conf)])
+
+    def stop_node(self, node: str) -> None:
+        """SIGKILL ``node``'s slurmd (its running steps' slurmstepds stay, as when a node daemon crashes)."""
+        proc = self.procs.pop(f"slurmd-{node}")
+        proc.kill()
+        proc.wait(timeout=10)
+
+    def _spawn(self, name: str, args: list[str]) -> None:
+        with open(self.logs / f"{name}.stderr", "wb") as err:
+            self.procs[name] = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,
+                                                env=self.env, cwd=self.root, start_new_session=True,
+                                                preexec_fn=_die_with_parent)
+
+    def node_states(self) -> dict[str, str]:
+        done = self.command("sinfo", "-h", "-N", "-o", "%N %T", check=False, timeout=10)
+        return dict(line.split()[:2] for line in done.stdout.splitlines() if len(line.split()) >= 2)
+
+    def wait_idle(self, timeout: float, nodes: list[str] | None = None) -> str | None:
+        deadline = time.monotonic() + timeout
+        states: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            for name, proc in self.procs.items():
+                if proc.poll() is not None:
+                    return f"{name} exited with {proc.returncode}:\n{self.daemon_logs(name)}"
+            states = self.node_states()
+            if all(states.get(node) == "idle" for node in (nodes or self.nodes)):
+                return None
+            time.sleep(0.1)
+        return f"nodes not idle after {timeout} s (sinfo: {states})\n" + "\n".join(
+            self.daemon_logs(name) for name in self.procs)
+
+    def daemon_logs(self, name: str) -> str:
+        log = name.replace("slurmd-", "slurmd.")
+        return f"--- {log}.log\n{_tail(self.logs / f'{log}.log')}\n--- {name} stderr\n{_tail(self.logs / f'{name}.stderr')}"
+
+    def _job_logs(self, job_id: str) -> str:
+        return (f"--- {job_id}.out\n{self.output(job_id)}\n--- {job_id}.err\n{self.output(job_id, 'err')}\n"
+                + "\n".join(self.daemon_logs(f"slurmd-{node}") for node in self.nodes))
+
+    def stop(self) -> None:
+        if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
+            left = self.command("squeue", "-h", "-o", "%i", check=False, timeout=10).stdout.split()
+            if left:
+                self.command("scancel", *left, check=False, timeout=10)
+                self.settle(timeout=5)
+        for name in sorted(self.procs, key=lambda n: n == "slurmctld"):  # the nodes first, the controller last
+            proc = self.procs[name]
+            if proc.poll() is not None:
+                continue
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(timeout=10)
+        for pid in self.steps_alive():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 3
+        while any(_alive(pid) for pid in self.steps_alive()) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+
+def bring_up_two_nodes(root: Path) -> tuple[TwoNodeCluster | None, str | None, float]:
+    """As ``bring_up``, for the two-node cluster (``unshare`` from util-linux is needed too)."""
+    began = time.monotonic()
+    missing = [name for name in (*DAEMONS, *CLIENTS, "unshare") if _which(name) is None]
+    if missing:
+        return None, f"not installed: {', '.join(missing)}", 0.0
+    if os.geteuid() != 0:
+        return None, "slurmd must run as root, and the nodes' namespaces need it too", 0.0
+    cluster = TwoNodeCluster(root)
+    try:
+        cluster.write_config()
+        cluster.start()
+        why = cluster.wait_idle(BRING_UP_TIMEOUT)
+    except BaseException:
+        cluster.stop()
+        raise
+    if why is not None:
+        cluster.stop()
+        return None, why, time.monotonic() - began
+    return cluster, None, time.monotonic() - began
+
+
+@pytest.fixture(scope="session")
+def two_node_cluster(tmp_path_factory):
+    """A running cluster of two nodes, n1 and n2 (NODE_CPUS each); stopped at the end."""
+    cluster, why, seconds = bring_up_two_nodes(tmp_path_factory.mktemp("slurm2"))
+    if cluster is None:
+        unavailable(why)
+    cluster.bring_up_seconds = seconds
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

@@ -16,67 +16,16 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import signal
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from conftest import FAULTS, MODELS, REPO, marked_processes, wait_for
+from conftest import MODELS, marked_processes, wait_for
+
+from .jobs import fault_spec, job_script, step_ids, write_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
-
-PYTHON = sys.executable
-
-
-def _fault_spec(fault: str, *, start: int, at: int, ranks: list[int], timeout: float, **more) -> dict:
-    """tests/faults.py:faulty as a DDP gang of two run as steps: ``ranks`` commit ``fault`` from batch ``at`` on."""
-    return {
-        "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": fault, "at": at, "ranks": ranks, **more}},
-        "input": {"shape": [16]},
-        "target": {"classes": 4},
-        "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": start, "max_batch_size": at, "steps": 2, "trial_timeout": timeout,
-                   "estimate": False, "confirmations": 0, "retries": 0},
-        "device": "cpu",
-        "memory_budget": "1.5GiB",
-        "recommendation": {"soak_steps": 0},
-        "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "srun"},
-    }
-
-
-def _write(folder: Path, spec: dict, name: str) -> Path:
-    path = folder / f"{name}.yaml"
-    path.write_text(json.dumps(spec))  # JSON is YAML
-    return path
-
-
-def _job_script(spec: Path, out: Path, *, marker: str = "", pidfile: Path | None = None,
-                extra: str = "") -> str:
-    """A batch script that runs this tree's isoprobe on ``spec``, JSON to ``out``.
-
-    With ``pidfile``: isoprobe runs in the background (its pid written there) and the batch shell stays
-    alive after it, so that what ends a step when isoprobe dies is isoprobe's own machinery, not the end
-    of the batch step (which would kill every process of the job, srun included).
-    """
-    q = shlex.quote
-    lines = [f"export PYTHONPATH={q(str(REPO))}", "export ISOPROBE_CACHE_DIR=\"$PWD/cache-$SLURM_JOB_ID\"",
-             f"cd {q(str(out.parent))}"]
-    command = f"{q(PYTHON)} -m isoprobe run {q(str(spec))} --no-cache --format json {extra}> {q(str(out))}"
-    if pidfile is not None:  # the marker on isoprobe (and what it starts) only, not on the batch shell's sleep
-        lines += [(f"{marker} " if marker else "") + f"{command} &", f"echo $! > {q(str(pidfile))}", "wait",
-                  "sleep 300"]
-    else:
-        lines += ([f"export {marker}"] if marker else []) + [f"exec {command}"]
-    return "\n".join(lines) + "\n"
-
-
-def _steps(cluster, job_id: str) -> list[str]:
-    """The job's steps ``squeue -s`` lists now, other than its batch step."""
-    listed = cluster.command("squeue", "-h", "-s", "-j", job_id, "-o", "%i", check=False).stdout.split()
-    return [step for step in listed if not step.endswith(".batch") and step.startswith(f"{job_id}.")]
 
 
 def _run(cluster, script: str, timeout: float = 240):
@@ -104,7 +53,7 @@ def test_a_steps_edge_is_the_local_gangs_for_the_same_world_size(slurm_cluster, 
         "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "local"},
     }
     local_out = folder / "edge-local.json"
-    job = _run(slurm_cluster, _job_script(_write(folder, spec, "edge-local"), local_out))
+    job = _run(slurm_cluster, job_script(write_spec(folder, spec, "edge-local"), local_out))
     assert job.state == "COMPLETED", job.describe()
     local = json.loads(local_out.read_text())
     edge, failing = local["max_batch_size"], local["first_failing_batch_size"]
@@ -114,7 +63,7 @@ def test_a_steps_edge_is_the_local_gangs_for_the_same_world_size(slurm_cluster, 
     spec["distributed"]["launcher"] = "srun"
     spec["search"].update(start_batch_size=edge, max_batch_size=edge + 1, estimate=False)
     srun_out = folder / "edge-srun.json"
-    job = _run(slurm_cluster, _job_script(_write(folder, spec, "edge-srun"), srun_out))
+    job = _run(slurm_cluster, job_script(write_spec(folder, spec, "edge-srun"), srun_out))
     assert job.state == "COMPLETED", job.describe()
     stepped = json.loads(srun_out.read_text())
     assert (stepped["max_batch_size"], stepped["first_failing_batch_size"]) == (edge, failing), stepped["trials"]
@@ -128,14 +77,14 @@ def test_a_steps_edge_is_the_local_gangs_for_the_same_world_size(slurm_cluster, 
                      and t["outcome"] == "fits" for r in t["ranks"])
     srun_peak = max(r["budget_peak_bytes"] for r in at_edge[0]["ranks"])
     assert abs(srun_peak - local_peak) < 8 * 2**20, (srun_peak, local_peak)
-    assert _steps(slurm_cluster, job.job_id) == []
+    assert step_ids(slurm_cluster, job.job_id) == []
 
 
 def test_a_rank_out_of_memory_ends_the_step_at_once_and_is_named_with_its_node(slurm_cluster, folder):
     """Rank 1 alone runs out of memory at batch 4 (a real allocation under its cap); rank 0 waits in DDP's
     all-reduce. The step ends within seconds, not at the 120 s timeout, and the trial is rank 1's, on its node."""
     out = folder / "oom.json"
-    job = _run(slurm_cluster, _job_script(_write(folder, _fault_spec("alloc", start=3, at=4, ranks=[1], timeout=120),
+    job = _run(slurm_cluster, job_script(write_spec(folder, fault_spec("alloc", start=3, at=4, ranks=[1], timeout=120),
                                                  "oom"), out))
     assert job.state == "COMPLETED", job.describe()
     result = json.loads(out.read_text())
@@ -151,7 +100,7 @@ def test_a_rank_out_of_memory_ends_the_step_at_once_and_is_named_with_its_node(s
 def test_a_hung_rank_ends_the_step_at_the_trial_timeout_and_leaves_nothing(slurm_cluster, folder):
     marker = f"ISOPROBE_TEST_MARKER=srun-hang-{os.getpid()}-{time.monotonic_ns()}"
     out = folder / "hang.json"
-    job = _run(slurm_cluster, _job_script(_write(folder, _fault_spec("hang", start=3, at=4, ranks=[1], timeout=10),
+    job = _run(slurm_cluster, job_script(write_spec(folder, fault_spec("hang", start=3, at=4, ranks=[1], timeout=10),
                                                  "hang"), out, marker=marker))
     assert job.state == "COMPLETED", job.describe()
     result = json.loads(out.read_text())
@@ -159,21 +108,21 @@ def test_a_hung_rank_ends_the_step_at_the_trial_timeout_and_leaves_nothing(slurm
     assert hung["outcome"] == "timed_out" and 10 <= hung["seconds"] < 20, hung
     assert hung["failed_rank"] == 1, hung["ranks"]  # it never finished its forward pass; rank 0 did
     assert result["max_batch_size"] == 3 and result["first_failing_outcome"] == "timed_out"
-    assert _steps(slurm_cluster, job.job_id) == []
+    assert step_ids(slurm_cluster, job.job_id) == []
     assert not marked_processes(*marker.split("=", 1))
 
 
 def test_slurm_refusing_the_step_is_no_outcome_of_the_batch(slurm_cluster, folder):
     """Three ranks in an allocation of two tasks: srun refuses the step twice; exit 4 with Slurm's words."""
-    spec = _fault_spec("alloc", start=2, at=4, ranks=[1], timeout=60)
+    spec = fault_spec("alloc", start=2, at=4, ranks=[1], timeout=60)
     spec["distributed"]["world_size"] = 3
     out = folder / "refused.json"
-    job = _run(slurm_cluster, _job_script(_write(folder, spec, "refused"), out))
+    job = _run(slurm_cluster, job_script(write_spec(folder, spec, "refused"), out))
     assert job.state == "FAILED" and job.exit_code == "4:0", job.describe()
     assert "Slurm refused the job step" in job.stderr and "That is the allocation, not the batch" in job.stderr
     assert "More processors requested than permitted" in job.stderr  # Slurm's own words, passed on
     assert job.stderr.count("isoprobe: trial") == 0  # no trial was counted
-    assert _steps(slurm_cluster, job.job_id) == []
+    assert step_ids(slurm_cluster, job.job_id) == []
 
 
 def test_isoprobe_killed_mid_step_leaves_no_step_and_no_process(slurm_cluster, folder):
@@ -182,18 +131,18 @@ def test_isoprobe_killed_mid_step_leaves_no_step_and_no_process(slurm_cluster, f
     state.mkdir()
     marker = f"ISOPROBE_TEST_MARKER=srun-kill-{os.getpid()}-{time.monotonic_ns()}"
     pidfile = folder / "kill.pid"
-    spec = _write(folder, _fault_spec("hang", start=2, at=2, ranks=[0, 1], timeout=300, state_dir=str(state)), "kill")
-    job_id = slurm_cluster.submit(_job_script(spec, folder / "kill.json", marker=marker, pidfile=pidfile), ntasks=2)
+    spec = write_spec(folder, fault_spec("hang", start=2, at=2, ranks=[0, 1], timeout=300, state_dir=str(state)), "kill")
+    job_id = slurm_cluster.submit(job_script(spec, folder / "kill.json", marker=marker, pidfile=pidfile), ntasks=2)
     try:
         assert wait_for(lambda: len(list(state.glob("committed-*"))) >= 2, 150), slurm_cluster.output(job_id, "err")
-        steps = _steps(slurm_cluster, job_id)
+        steps = step_ids(slurm_cluster, job_id)
         assert len(steps) == 1, steps
         assert len(marked_processes(*marker.split("=", 1))) >= 3  # isoprobe, srun, the ranks
         os.kill(int(pidfile.read_text()), signal.SIGKILL)
         killed = time.monotonic()
-        gone = wait_for(lambda: not _steps(slurm_cluster, job_id) and not marked_processes(*marker.split("=", 1)), 15)
+        gone = wait_for(lambda: not step_ids(slurm_cluster, job_id) and not marked_processes(*marker.split("=", 1)), 15)
         latency = time.monotonic() - killed
-        assert gone, (_steps(slurm_cluster, job_id), marked_processes(*marker.split("=", 1)))
+        assert gone, (step_ids(slurm_cluster, job_id), marked_processes(*marker.split("=", 1)))
         print(f"isoprobe SIGKILLed: no step and no process after {latency:.2f} s")
         assert slurm_cluster.job_info(job_id).get("JobState") == "RUNNING"  # the job outlived isoprobe: not its end
     finally:

@@ -1,0 +1,64 @@
+"""What the Slurm tier's gang tests submit: fault specs run as srun steps, and the batch scripts that run isoprobe
+on them (one node or two)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from conftest import FAULTS, REPO
+
+PYTHON = sys.executable
+
+
+def fault_spec(fault: str, *, start: int, at: int, ranks: list[int], timeout: float, **more) -> dict:
+    """tests/faults.py:faulty as a DDP gang of two run as steps: ``ranks`` commit ``fault`` from batch ``at`` on."""
+    return {
+        "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": fault, "at": at, "ranks": ranks, **more}},
+        "input": {"shape": [16]},
+        "target": {"classes": 4},
+        "optimizer": {"name": "sgd"},
+        "search": {"start_batch_size": start, "max_batch_size": at, "steps": 2, "trial_timeout": timeout,
+                   "estimate": False, "confirmations": 0, "retries": 0},
+        "device": "cpu",
+        "memory_budget": "1.5GiB",
+        "recommendation": {"soak_steps": 0},
+        "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "srun"},
+    }
+
+
+def write_spec(folder: Path, spec: dict, name: str) -> Path:
+    path = folder / f"{name}.yaml"
+    path.write_text(json.dumps(spec))  # JSON is YAML
+    return path
+
+
+def job_script(spec: Path, out: Path, *, marker: str = "", pidfile: Path | None = None,
+               status: Path | None = None, extra: str = "") -> str:
+    """A batch script that runs this tree's isoprobe on ``spec``, JSON to ``out``.
+
+    With ``pidfile``: isoprobe runs in the background (its pid written there) and the batch shell stays
+    alive after it, so that what ends a step when isoprobe dies is isoprobe's own machinery, not the end
+    of the batch step (which would kill every process of the job, srun included); with ``status`` too, its exit
+    status is written there. Job control is on (``set -m``): a non-interactive shell starts a background command
+    with SIGINT ignored, and a user's Ctrl-C must reach isoprobe as it does in a terminal.
+    """
+    q = shlex.quote
+    lines = [f"export PYTHONPATH={q(str(REPO))}", "export ISOPROBE_CACHE_DIR=\"$PWD/cache-$SLURM_JOB_ID\"",
+             f"cd {q(str(out.parent))}"]
+    command = f"{q(PYTHON)} -m isoprobe run {q(str(spec))} --no-cache --format json {extra}> {q(str(out))}"
+    if pidfile is not None:  # the marker on isoprobe (and what it starts) only, not on the batch shell's sleep
+        waited = f"wait $!; echo $? > {q(str(status))}" if status is not None else "wait"
+        lines += ["set -m", (f"{marker} " if marker else "") + f"{command} &", f"echo $! > {q(str(pidfile))}", waited,
+                  "sleep 300"]
+    else:
+        lines += ([f"export {marker}"] if marker else []) + [f"exec {command}"]
+    return "\n".join(lines) + "\n"
+
+
+def step_ids(cluster, job_id: str) -> list[str]:
+    """The job's steps ``squeue -s`` lists now, other than its batch step."""
+    listed = cluster.command("squeue", "-h", "-s", "-j", job_id, "-o", "%i", check=False).stdout.split()
+    return [step for step in listed if not step.endswith(".batch") and step.startswith(f"{job_id}.")]

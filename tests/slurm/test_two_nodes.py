@@ -1,0 +1,145 @@
+"""Gangs across two real nodes (issue 37), on the two-node cluster of conftest.py (n1 and n2, each slurmd in a UTS
+namespace of its own; n2 also in a mount namespace with one private folder).
+
+Each test runs isoprobe inside a batch job of two nodes, as a user's job script does, with
+``distributed.launcher: srun``: every trial is one job step whose ranks are tasks of n1 and of n2, started by
+each node's own slurmd and slurmstepd, seeing their node's hostname. The batch script itself runs on n1.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+
+import pytest
+
+from conftest import MODELS, marked_processes, wait_for
+
+from .jobs import fault_spec, job_script, step_ids, write_spec
+
+pytestmark = [pytest.mark.slurm, pytest.mark.integration]
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory, two_node_cluster):
+    return tmp_path_factory.mktemp("two-nodes")
+
+
+def run_on_two_nodes(cluster, script: str, per_node: int = 1, timeout: float = 240, **options):
+    return cluster.run(script, timeout=timeout, nodes=2, ntasks_per_node=per_node, **options)
+
+
+def test_a_step_of_the_cluster_spans_both_nodes(two_node_cluster):
+    job = run_on_two_nodes(two_node_cluster, "srun bash -c 'echo $(hostname) $SLURM_NODEID $SLURM_PROCID'")
+    assert job.state == "COMPLETED", job.describe()
+    assert sorted(job.stdout.split("\n")[:-1]) == ["n1 0 0", "n2 1 1"], job.describe()
+
+
+def test_a_rank_out_of_memory_on_the_second_node_is_named_with_its_rank_and_node(two_node_cluster, folder):
+    """Rank 1, on n2, runs out of memory at batch 4 (a real allocation under its cap); rank 0 on n1 waits in DDP's
+    all-reduce. The step ends within seconds and the trial is rank 1's, on n2; the batch below fitted on both."""
+    out = folder / "oom.json"
+    spec = write_spec(folder, fault_spec("alloc", start=3, at=4, ranks=[1], timeout=120), "oom")
+    job = run_on_two_nodes(two_node_cluster, job_script(spec, out))
+    assert job.state == "COMPLETED", job.describe()
+    result = json.loads(out.read_text())
+    assert (result["max_batch_size"], result["first_failing_batch_size"]) == (3, 4), result["trials"]
+    assert result["distributed"]["nodes"] == ["n1", "n2"]
+    fitted = [t for t in result["trials"] if t["batch_size"] == 3]
+    assert fitted and all([rank["node"] for rank in t["ranks"]] == ["n1", "n2"] for t in fitted), fitted
+    [failing] = [t for t in result["trials"] if t["batch_size"] == 4]
+    assert failing["outcome"] == "out_of_memory" and failing["failed_rank"] == 1, failing
+    assert failing["ranks"][1]["outcome"] == "out_of_memory" and failing["ranks"][1]["node"] == "n2"
+    assert failing["ranks"][0]["stopped_by_gang"] and failing["ranks"][0]["node"] == "n1"
+    assert failing["seconds"] < 30 and failing["gang_stop_seconds"] < 10, failing
+    assert "rank 1 on n2" in job.stderr
+    assert step_ids(two_node_cluster, job.job_id) == []
+
+
+def test_a_rank_that_hangs_on_the_second_node_is_timed_out_and_leaves_nothing_on_either(two_node_cluster, folder):
+    marker = f"ISOPROBE_TEST_MARKER=two-node-hang-{os.getpid()}-{time.monotonic_ns()}"
+    out = folder / "hang.json"
+    spec = write_spec(folder, fault_spec("hang", start=3, at=4, ranks=[1], timeout=10), "hang")
+    job = run_on_two_nodes(two_node_cluster, job_script(spec, out, marker=marker))
+    assert job.state == "COMPLETED", job.describe()
+    result = json.loads(out.read_text())
+    [hung] = [t for t in result["trials"] if t["batch_size"] == 4]
+    assert hung["outcome"] == "timed_out" and 10 <= hung["seconds"] < 20, hung
+    assert hung["failed_rank"] == 1 and hung["ranks"][1]["node"] == "n2", hung["ranks"]
+    assert result["max_batch_size"] == 3 and result["first_failing_outcome"] == "timed_out"
+    assert step_ids(two_node_cluster, job.job_id) == []
+    assert not marked_processes(*marker.split("=", 1))
+
+
+#: What each signal to isoprobe mid-step must end as: its exit status (cli.main's exit codes; SIGKILL's is the
+#: shell's 128 + 9, nothing of isoprobe's runs).
+SIGNALS = {signal.SIGKILL: 137, signal.SIGTERM: 143, signal.SIGINT: 130}
+
+
+@pytest.mark.parametrize("signum", list(SIGNALS), ids=[s.name for s in SIGNALS])
+def test_isoprobe_signalled_mid_step_leaves_no_step_and_no_process_on_either_node(two_node_cluster, folder, signum):
+    """Both ranks hang in a step across n1 and n2; isoprobe gets the signal. SIGKILL, which it cannot catch: srun's
+    keeper cancels the step; SIGTERM and SIGINT: isoprobe ends the step itself and prints the trials so far.
+    Either way no step is left in ``squeue -s`` and no process of the probe on either node (found by an
+    environment marker every rank inherits), and the job itself outlives isoprobe."""
+    name = signum.name.lower()
+    state = folder / f"{name}-state"
+    state.mkdir()
+    marker = f"ISOPROBE_TEST_MARKER=two-node-{name}-{os.getpid()}-{time.monotonic_ns()}"
+    pidfile, status = folder / f"{name}.pid", folder / f"{name}.status"
+    spec = write_spec(folder, fault_spec("hang", start=2, at=2, ranks=[0, 1], timeout=300, state_dir=str(state)),
+                      name)
+    script = job_script(spec, folder / f"{name}.json", marker=marker, pidfile=pidfile, status=status)
+    job_id = two_node_cluster.submit(script, nodes=2, ntasks_per_node=1)
+    try:
+        assert wait_for(lambda: len(list(state.glob("committed-*"))) >= 2, 150), two_node_cluster.output(job_id, "err")
+        assert len(step_ids(two_node_cluster, job_id)) == 1
+        assert len(marked_processes(*marker.split("=", 1))) >= 3  # isoprobe, srun, the ranks
+        os.kill(int(pidfile.read_text()), signum)
+        signalled = time.monotonic()
+        gone = wait_for(lambda: not step_ids(two_node_cluster, job_id) and not marked_processes(*marker.split("=", 1)),
+                        20)
+        latency = time.monotonic() - signalled
+        assert gone, (step_ids(two_node_cluster, job_id), marked_processes(*marker.split("=", 1)))
+        assert wait_for(status.exists, 10) and status.read_text().strip() == str(SIGNALS[signum])
+        print(f"isoprobe {signum.name}: no step and no process on either node after {latency:.2f} s")
+        assert two_node_cluster.job_info(job_id).get("JobState") == "RUNNING"  # the job outlived isoprobe
+    finally:
+        two_node_cluster.command("scancel", job_id, check=False)
+        two_node_cluster.wait(job_id, timeout=60)
+
+
+def test_a_gangs_edge_across_two_nodes_is_the_local_gangs(two_node_cluster, folder):
+    """The local gang (both ranks on n1) finds the per-rank edge of a real memory model under a real cap; steps with
+    rank 1 on n2 agree: the edge fits across the nodes and the next batch runs out of memory."""
+    spec = {
+        "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 262144, "depth": 4}},
+        "input": {"shape": [262144]},
+        "target": {"classes": 10},
+        "optimizer": {"name": "sgd"},
+        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": 120, "confirmations": 0, "steady_steps": 0},
+        "device": "cpu",
+        "memory_budget": "1100MiB",
+        "recommendation": {"soak_steps": 0},
+        "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "local"},
+    }
+    local_out = folder / "edge-local.json"
+    job = run_on_two_nodes(two_node_cluster, job_script(write_spec(folder, spec, "edge-local"), local_out))
+    assert job.state == "COMPLETED", job.describe()
+    local = json.loads(local_out.read_text())
+    edge, failing = local["max_batch_size"], local["first_failing_batch_size"]
+    assert edge and failing == edge + 1, local["message"]
+
+    spec["distributed"]["launcher"] = "srun"
+    spec["search"].update(start_batch_size=edge, max_batch_size=edge + 1, estimate=False)
+    srun_out = folder / "edge-srun.json"
+    job = run_on_two_nodes(two_node_cluster, job_script(write_spec(folder, spec, "edge-srun"), srun_out))
+    assert job.state == "COMPLETED", job.describe()
+    stepped = json.loads(srun_out.read_text())
+    assert (stepped["max_batch_size"], stepped["first_failing_batch_size"]) == (edge, failing), stepped["trials"]
+    assert stepped["distributed"]["nodes"] == ["n1", "n2"]
+    at_edge = [t for t in stepped["trials"] if t["batch_size"] == edge and t["outcome"] == "fits"]
+    assert at_edge and all([rank["node"] for rank in t["ranks"]] == ["n1", "n2"] for t in at_edge), at_edge
+    assert step_ids(two_node_cluster, job.job_id) == []
