@@ -396,3 +396,28 @@ def tiny_tmpdir():
     finally:
         subprocess.run(["umount", "-l", str(folder)], check=False)
         folder.rmdir()
+
+
+def refused_by_stand_in_srun(tmp_path: Path, srun_body: str):
+    """The ProbeError a real ``SrunGangExecutor`` raises for one gang trial whose srun is a stand-in shell script
+    (``srun_body``: what Slurm 22.05's srun says and does), where the machine has no Slurm."""
+    from isoprobe.errors import ProbeError
+    from isoprobe.executors import Conditions
+    from isoprobe.executors.local import LocalExecutor
+    from isoprobe.executors.srun_gang import SrunGangExecutor
+    from isoprobe.protocol.messages import TrialRequest
+    from isoprobe.spec.model import Spec
+
+    slurm = tmp_path / "bin"
+    slurm.mkdir()
+    for name, body in (("srun", srun_body), ("scancel", "exit 0"), ("squeue", "exit 0")):
+        (slurm / name).write_text(f"#!/bin/sh\n{body}\n")
+        (slurm / name).chmod(0o755)
+    raw = hog_spec()
+    raw["distributed"] = {"strategy": "ddp", "world_size": 2, "launcher": "srun"}
+    executor = SrunGangExecutor(LocalExecutor(warm=False), nodes=1, srun=str(slurm / "srun"),
+                                scancel=str(slurm / "scancel"), squeue=str(slurm / "squeue"))
+    with executor, pytest.raises(ProbeError) as refused:
+        executor.run(TrialRequest(spec=Spec.model_validate(raw), batch_size=2, device="cpu"),
+                     Conditions(backend="cpu"), timeout=30, name="refused")
+    return refused.value

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, cli, run_cli
+from conftest import REPO, cli, refused_by_stand_in_srun, run_cli
 
 
 def test_parent_modules_never_import_torch():
@@ -310,33 +310,6 @@ def test_every_command_that_cannot_do_its_job_says_why_with_its_documented_code(
     assert said in " ".join(run.stderr.split()), run.stderr
 
 
-def _refused_twice_by_slurm(tmp_path: Path):
-    """The ProbeError SrunGangExecutor raises when Slurm refuses a trial's step twice: a real executor, a stand-in
-    srun (this machine has no Slurm) that says what Slurm 22.05's srun says and exits 1."""
-    from isoprobe.executors import Conditions
-    from isoprobe.executors.local import LocalExecutor
-    from isoprobe.executors.srun_gang import SrunGangExecutor
-    from isoprobe.errors import ProbeError
-    from isoprobe.protocol.messages import TrialRequest
-    from isoprobe.spec.model import Spec
-
-    from conftest import hog_spec
-
-    slurm = tmp_path / "bin"
-    slurm.mkdir()
-    for name, body in (("srun", f"echo '{SLURM_SAYS}' >&2\nexit 1"), ("scancel", "exit 0"), ("squeue", "exit 0")):
-        (slurm / name).write_text(f"#!/bin/sh\n{body}\n")
-        (slurm / name).chmod(0o755)
-    raw = hog_spec()
-    raw["distributed"] = {"strategy": "ddp", "world_size": 2, "launcher": "srun"}
-    executor = SrunGangExecutor(LocalExecutor(warm=False), nodes=1, srun=str(slurm / "srun"),
-                                scancel=str(slurm / "scancel"), squeue=str(slurm / "squeue"))
-    with executor, pytest.raises(ProbeError) as refused:
-        executor.run(TrialRequest(spec=Spec.model_validate(raw), batch_size=2, device="cpu"),
-                     Conditions(backend="cpu"), timeout=30, name="refused")
-    return refused.value
-
-
 SLURM_SAYS = "srun: error: Unable to create step for job 77: Requested node configuration is not available"
 
 
@@ -345,7 +318,7 @@ def test_slurms_refusal_is_said_once(monkeypatch, tmp_path, hook):
     """Issue 34: 'srun's refusal printed twice' (three times: in the message, then the evidence, one line per
     refusal). The evidence under a ProbeError's message now leaves out what the message says and a line that
     repeats the one before (errors.ProbeError.unsaid_evidence): on stderr, and in hook mode's log."""
-    refused = _refused_twice_by_slurm(tmp_path)
+    refused = refused_by_stand_in_srun(tmp_path, f"echo '{SLURM_SAYS}' >&2\nexit 1")
     assert SLURM_SAYS in refused.message and refused.evidence.count(SLURM_SAYS) == 2  # what the executor raises
 
     def raise_it(args, log):

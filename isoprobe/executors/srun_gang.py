@@ -54,7 +54,7 @@ from isoprobe.executors.processes import (
     write_atomically,
 )
 from isoprobe.executors.rounds import earned_timeout, steps_done
-from isoprobe.executors.srun_plan import refusal, srun_command
+from isoprobe.executors.srun_plan import advice, loss, node_failed, refusal, srun_command
 from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
 from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
 from isoprobe.system import keeper
@@ -65,6 +65,13 @@ POLL_SECONDS = 0.02
 REFUSALS_TOLERATED = 1
 #: How long srun gets to end on its own once its ranks have ended, or after ``scancel``, before it is killed.
 SRUN_END_SECONDS = 10.0
+#: How long srun may take to start the step's first rank (a wrapper that writes its task file first thing). Slurm
+#: starts a step's tasks in well under a second; srun that still waits is waiting for what the allocation no longer
+#: has (measured on Slurm 22.05: in a job that had lost a node, a step of the job's first size waited silently).
+STEP_START_SECONDS = 120.0
+#: How long a step Slurm lost right at its launch may take to show its id (a rank on a healthy node writes it), so
+#: that it can be cancelled through Slurm rather than left to srun, which waits on.
+LOST_STEP_ID_SECONDS = 3.0
 #: How long ``squeue -s`` may keep listing a step that was ended before isoprobe says so.
 STEP_GONE_SECONDS = 15.0
 #: The commands srun's keeper runs if isoprobe dies mid-step (``keeper.run_on_stop``): ``scancel`` of the step.
@@ -82,6 +89,8 @@ class _Step:
     lifeline_write: int
     began: float
     delivered: float | None = None
+    stderr_size: int = 0
+    loss_words: str | None = None
 
     def files(self, rank: int) -> dict[str, Path]:
         stem = self.folder / f"rank{rank}"
@@ -110,6 +119,18 @@ class _Step:
 
     def srun_stderr(self) -> str:
         return stderr_tail(self.folder / "srun.stderr")
+
+    def lost(self) -> str | None:
+        """Slurm's words if it lost the step (a node failed, a task could not be launched), else None. Read again
+        only when srun's stderr has grown: this runs at every poll."""
+        try:
+            size = (self.folder / "srun.stderr").stat().st_size
+        except OSError:
+            return None
+        if size != self.stderr_size:
+            self.stderr_size = size
+            self.loss_words = loss(self.srun_stderr())
+        return self.loss_words
 
 
 def step_states(events: list[list], exits: list[int | None], srun_ended: bool) -> list[tuple]:
@@ -167,13 +188,18 @@ class SrunGangExecutor:
                     finished(replace(run, lost_before=tuple(refused)))
                 return
             refused.append(run)
+            world = request.spec.distributed.world_size
+            if node_failed(run):  # Slurm took the node out of the job: no step of this size can run again in it
+                raise ProbeError(
+                    f"Slurm lost the job step of a trial (batch {request.batch_size}, {world} ranks): {run}. That is "
+                    f"the allocation, not the batch, so the probe stops without an answer. "
+                    f"{advice(run, str(self.local.workdir))}", evidence=run)
             if len(refused) > REFUSALS_TOLERATED:
-                world = request.spec.distributed.world_size
+                before = f" (before that: {refused[0]})" if refused[0] != refused[-1] else ""
                 raise ProbeError(
                     f"Slurm refused the job step of a trial (batch {request.batch_size}, {world} ranks) "
-                    f"{len(refused)} times: {refused[-1]}. That is the allocation, not the "
-                    "batch, so the probe stops without an answer. Ask for the ranks the job has (SLURM_NTASKS), "
-                    "check the nodes with sinfo, or set distributed.launcher: local",
+                    f"{len(refused)} times: {refused[-1]}{before}. That is the allocation, not the "
+                    f"batch, so the probe stops without an answer. {advice(' '.join(refused), str(self.local.workdir))}",
                     evidence="\n".join(refused))
 
     # --- one step ----------------------------------------------------------------------------------------
@@ -236,6 +262,8 @@ class SrunGangExecutor:
                 self._arm_cancel(step, step_id)
                 cancel_armed = True
             srun_ended = step.process.poll() is not None
+            if (lost := step.lost()) is not None:
+                return self._refused(step, lost)
             events = [read_events(step.files(rank)["events.jsonl"]) for rank in range(step.world)]
             if step.delivered is None and all(last_of(e, Warm) is not None for e in events):
                 step.delivered = time.monotonic()  # every rank imported: the trial's time starts, as a local gang's
@@ -248,6 +276,8 @@ class SrunGangExecutor:
             if ended:
                 with signals_deferred():
                     return self._conclude(step, failed, timed_out=())
+            if step.step_id() is None and now >= step.began + STEP_START_SECONDS:
+                return self._refused(step, f"Slurm started no rank of the step within {STEP_START_SECONDS:g} s")
             if step.delivered is None and now >= import_deadline:
                 if step.step_id() is None:
                     return self._refused(step, f"no rank started within {import_timeout(timeout):g} s")
@@ -272,14 +302,19 @@ class SrunGangExecutor:
                                                                  [scancel, step_id]]))
 
     def _refused(self, step: _Step, why: str | None = None) -> str:
-        """Why Slurm ran no rank of the step: srun's own line when it said one."""
-        self._end(step)
+        """Why Slurm ran no rank of the step, or lost it (``why``): srun's own line when it said one."""
+        if why is not None:  # the step's id comes from a rank that started: give a healthy node's rank a moment
+            deadline = time.monotonic() + LOST_STEP_ID_SECONDS
+            while step.step_id() is None and step.process.poll() is None and time.monotonic() < deadline:
+                time.sleep(POLL_SECONDS)
+        self._end(step, lost=why is not None)
         said = refusal(step.srun_stderr())
         tail = step.srun_stderr().strip().splitlines()[-1:] or ["srun said nothing"]
         return said or why or f"srun ended (exit {step.process.returncode}) before any rank started: {tail[0]}"
 
-    def _conclude(self, step: _Step, failed: int | None, *, timed_out: tuple[int, ...]) -> ChildRun:
-        """End the step, collect every rank, and make the gang's run as the local gang makes it.
+    def _conclude(self, step: _Step, failed: int | None, *, timed_out: tuple[int, ...]) -> ChildRun | str:
+        """End the step, collect every rank, and make the gang's run as the local gang makes it; or (a str) Slurm's
+        words where the step was lost to Slurm (``srun_plan.loss``), whatever its ranks show.
 
         A failed rank that wrote its verdict is on its way out: it gets ``VERDICT_EXIT_GRACE_SECONDS`` to end on
         its own (its exit then recorded, as a local rank's), before the step is killed under it.
@@ -290,6 +325,8 @@ class SrunGangExecutor:
             while step.exit_code(failed) is None and step.process.poll() is None and time.monotonic() < grace:
                 time.sleep(POLL_SECONDS / 4)
         stop_seconds = self._end(step)
+        if (lost := step.lost()) is not None:  # a rank killed with a step Slurm lost: not the batch's outcome
+            return lost
         seconds = time.monotonic() - (step.delivered if step.delivered is not None else step.began)
         runs = tuple(self._collect(step, rank, seconds, rank in timed_out) for rank in range(step.world))
         deciding = runs[failed] if failed is not None else runs[0]
@@ -307,7 +344,7 @@ class SrunGangExecutor:
                         verdict_at_timeout=timed_out and last_of(events, TrialResult) is not None,
                         node=task.get("node"))
 
-    def _end(self, step: _Step) -> float:
+    def _end(self, step: _Step, lost: bool = False) -> float:
         """Make sure the step is over on every node: srun's own end, else ``scancel``, else srun killed. Seconds taken.
 
         Safe to call twice. Waits for srun to end (it ends when every task has),
@@ -316,12 +353,21 @@ class SrunGangExecutor:
         began = time.monotonic()
         step_id = step.step_id()
         if step.process.poll() is None and step_id is not None:
-            subprocess.run([self.scancel, "--signal=KILL", step_id], stdin=subprocess.DEVNULL,
-                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30, check=False)
+            self._scancel("--signal=KILL", step_id)
+            if lost:  # srun waits on after Slurm lost the step (a task never launched): cancel the step itself
+                self._scancel(step_id)
         try:
             step.process.wait(timeout=SRUN_END_SECONDS)
         except subprocess.TimeoutExpired:
-            pass
+            if step_id is not None:
+                # The KILL signal can miss a task that was still being launched (measured: a step Slurm lost at
+                # launch, cancelled at once, kept its other rank and srun 25 s): cancel the step itself, which
+                # slurmctld ends on every node.
+                self._scancel(step_id)
+                try:
+                    step.process.wait(timeout=SRUN_END_SECONDS)
+                except subprocess.TimeoutExpired:
+                    pass
         if step.lifeline_write >= 0:  # srun's keeper kills srun (and slurmstepd then the tasks) if still there
             os.close(step.lifeline_write)
             step.lifeline_write = -1
@@ -334,14 +380,22 @@ class SrunGangExecutor:
             self._wait_step_gone(step_id)
         return round(time.monotonic() - began, 4)
 
+    def _scancel(self, *args: str) -> None:
+        subprocess.run([self.scancel, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=30, check=False)
+
     def _wait_step_gone(self, step_id: str) -> None:
         job = step_id.split(".")[0]
-        deadline = time.monotonic() + STEP_GONE_SECONDS
-        while time.monotonic() < deadline:
+        began = time.monotonic()
+        cancelled = False
+        while time.monotonic() < began + STEP_GONE_SECONDS:
             listed = subprocess.run([self.squeue, "-h", "-s", "-j", job, "-o", "%i"], stdin=subprocess.DEVNULL,
                                     capture_output=True, text=True, timeout=30, check=False)
             if listed.returncode != 0 or step_id not in listed.stdout.split():
                 return
+            if not cancelled and time.monotonic() > began + 2:  # srun is gone and the step is still there
+                self._scancel(step_id)
+                cancelled = True
             time.sleep(0.1)
         raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --signal=KILL, srun killed) but "
                          f"squeue -s still lists it {STEP_GONE_SECONDS:g} s later; the probe stops rather than "

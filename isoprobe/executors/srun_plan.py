@@ -140,6 +140,15 @@ def srun_command(*, world_size: int, nodes: int | None, step_dir: str, python: s
     return argv + entry
 
 
+#: Lines of srun's stderr that mean Slurm lost a step it had started: a node failed or was set down under it, or a
+#: task could not be launched on its node. What the ranks then show (killed, never started) is Slurm's doing, not
+#: the batch's, so the step counts as refused. Measured on the two-node test cluster (Slurm 22.05): a node set DOWN
+#: mid-step prints "srun: error: Node failure on n2" and kills the other node's ranks; a step whose output file a
+#: node cannot create (a trial folder that node does not see) prints "srun: error: task 1 launch failed: Slurmd
+#: could not connect IO", and srun then waits with the other ranks alive until it is cancelled.
+LOSSES = ("Node failure on", "launch failed")
+
+
 def refusal(srun_stderr: str) -> str | None:
     """The line of srun's stderr that says Slurm refused the step, or None (the step ran, or no such line)."""
     for line in srun_stderr.splitlines():
@@ -154,3 +163,30 @@ def _count(value: str | None) -> int | None:
         return None
     number = int(value)
     return number if number > 0 else None
+
+
+def loss(srun_stderr: str) -> str | None:
+    """The line of srun's stderr that says Slurm lost a step it had started (``LOSSES``), or None."""
+    for line in srun_stderr.splitlines():
+        if any(marker in line for marker in LOSSES):
+            return line.strip()
+    return None
+
+
+def node_failed(words: str) -> bool:
+    """Whether Slurm's ``words`` say a node of the allocation failed: it is then out of the job for good (slurmctld
+    "Removing failed node n2 from JobId=..."), so asking for the step again cannot help."""
+    return "Node failure" in words
+
+
+def advice(words: str, trial_folders: str) -> str:
+    """What to do about a step Slurm refused or lost, from Slurm's ``words``; ``trial_folders``: where the trials'
+    folders are (under TMPDIR)."""
+    if node_failed(words):
+        return ("A node of the allocation failed or was set down while a trial ran (sinfo lists it): resubmit the job "
+                "on healthy nodes")
+    if "could not connect IO" in words or "launch failed" in words:
+        return (f"A rank could not be started on its node. The trial folders are under TMPDIR ({trial_folders}), "
+                "and every rank opens its files there: TMPDIR must be a folder every node of the allocation sees (a "
+                "shared filesystem, not a node-local /tmp): export TMPDIR=/a/shared/folder before isoprobe")
+    return "Ask for the ranks the job has (SLURM_NTASKS), check the nodes with sinfo, or set distributed.launcher: local"

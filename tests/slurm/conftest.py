@@ -537,12 +537,6 @@ class TwoNodeCluster(SlurmCluster):
         self._spawn(f"slurmd-{node}", ["unshare", *namespaces, "sh", "-c", f'{setup} && exec "$0" "$@"',
                                        _which("slurmd"), "-D", "-f", str(self.conf)])
 
-    def stop_node(self, node: str) -> None:
-        """SIGKILL ``node``'s slurmd (its running steps' slurmstepds stay, as when a node daemon crashes)."""
-        proc = self.procs.pop(f"slurmd-{node}")
-        proc.kill()
-        proc.wait(timeout=10)
-
     def _spawn(self, name: str, args: list[str]) -> None:
         with open(self.logs / f"{name}.stderr", "wb") as err:
             self.procs[name] = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT,

@@ -143,3 +143,53 @@ def test_a_gangs_edge_across_two_nodes_is_the_local_gangs(two_node_cluster, fold
     at_edge = [t for t in stepped["trials"] if t["batch_size"] == edge and t["outcome"] == "fits"]
     assert at_edge and all([rank["node"] for rank in t["ranks"]] == ["n1", "n2"] for t in at_edge), at_edge
     assert step_ids(two_node_cluster, job.job_id) == []
+
+
+def test_a_trial_folder_the_second_node_cannot_see_is_a_clear_error_naming_tmpdir(two_node_cluster, folder):
+    """TMPDIR is a folder n2 sees as its own empty tmpfs (a node-local /tmp on a real cluster): rank 1 cannot read
+    its request. That is the setup, not the batch: exit 4 within seconds, with a message naming TMPDIR, no trial
+    counted and no step left. (Slurm 22.05's srun says "task 1 launch failed: Slurmd could not connect IO", and then
+    waits with rank 0 alive: without isoprobe's reading of it, that was a hang to the import timeout.)"""
+    out = folder / "private.json"
+    spec = write_spec(folder, fault_spec("alloc", start=2, at=4, ranks=[1], timeout=120), "private")
+    script = f"export TMPDIR={two_node_cluster.private}\n" + job_script(spec, out)
+    job = run_on_two_nodes(two_node_cluster, script)
+    assert job.state == "FAILED" and job.exit_code == "4:0", job.describe()
+    said = " ".join(job.stderr.split())
+    assert "launch failed" in said and "TMPDIR must be a folder every node" in said, job.stderr
+    assert str(two_node_cluster.private) in said, job.stderr
+    assert job.stderr.count("isoprobe: trial") == 0, job.stderr  # no trial was counted
+    assert job.seconds < 60, job.seconds
+    assert step_ids(two_node_cluster, job.job_id) == []
+
+
+def test_a_node_that_goes_down_mid_probe_stops_it_with_slurms_words_never_an_outcome(two_node_cluster, folder):
+    """n2 is set DOWN while both ranks hang in a step: Slurm takes n2 out of the job (``--no-kill``: the job goes on
+    without it) and kills the step on both nodes; isoprobe stops at once with exit 4 and Slurm's own words, the batch
+    gets no outcome (measured before: "crashed (rank 0 on n1: SIGKILL)", and a second step that waited silently for
+    the node), and nothing of the probe is left on either node."""
+    state = folder / "down-state"
+    state.mkdir()
+    marker = f"ISOPROBE_TEST_MARKER=two-node-down-{os.getpid()}-{time.monotonic_ns()}"
+    out, status, pidfile = folder / "down.json", folder / "down.status", folder / "down.pid"
+    spec = write_spec(folder, fault_spec("hang", start=2, at=2, ranks=[0, 1], timeout=300, state_dir=str(state)),
+                      "down")
+    job_id = two_node_cluster.submit(job_script(spec, out, marker=marker, pidfile=pidfile, status=status),
+                                     nodes=2, ntasks_per_node=1, no_kill=True)
+    try:
+        assert wait_for(lambda: len(list(state.glob("committed-*"))) >= 2, 150), two_node_cluster.output(job_id, "err")
+        two_node_cluster.command("scontrol", "update", "NodeName=n2", "State=DOWN", "Reason=isoprobe-test")
+        downed = time.monotonic()
+        assert wait_for(status.exists, 30), two_node_cluster.output(job_id, "err")
+        stopped = time.monotonic() - downed
+        err = two_node_cluster.output(job_id, "err")
+        assert status.read_text().strip() == "4", err
+        assert err.count("isoprobe: trial") == 0 and out.read_text() == "", err  # no trial, no answer
+        assert "Slurm lost the job step" in err and "Node failure on n2" in err, err
+        assert wait_for(lambda: not marked_processes(*marker.split("=", 1)), 20), marked_processes(*marker.split("=", 1))
+        print(f"node down: isoprobe stopped {stopped:.2f} s after")
+    finally:
+        two_node_cluster.command("scancel", job_id, check=False)
+        two_node_cluster.wait(job_id, timeout=60)
+        two_node_cluster.command("scontrol", "update", "NodeName=n2", "State=RESUME", check=False)
+        assert two_node_cluster.wait_idle(60) is None

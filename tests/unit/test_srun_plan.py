@@ -15,12 +15,14 @@ from isoprobe.child.srun_rank import one_gpu, rank_files
 from isoprobe.executors import ChildRun
 from isoprobe.executors.gang import first_failure
 from isoprobe.executors.ranks import resolve_launcher, resolve_world_size, with_world_size
-from isoprobe.executors.srun_plan import Allocation, LauncherError, choose_launcher, refusal, srun_command
+from isoprobe.executors.srun_plan import (Allocation, LauncherError, advice, choose_launcher, loss, refusal,
+                                         srun_command)
 from isoprobe.pipeline.trials import trial_from_run
 from isoprobe.protocol.messages import TrialResult
 from isoprobe.report.outcomes import Outcome
 from isoprobe.spec.model import Spec
 
+from conftest import refused_by_stand_in_srun
 from scripted_probe import GiB, hog_spec
 
 RAM = 24 * GiB
@@ -132,6 +134,42 @@ def test_the_srun_command_on_cuda_binds_one_gpu_a_task_and_never_more_nodes_than
 ])
 def test_slurms_refusals_are_told_from_a_ranks_end(stderr, refused):
     assert (refusal(stderr) is not None) is refused
+
+
+#: srun's words, measured on the two-node test cluster (Slurm 22.05), for a step it lost after starting it.
+NODE_FAILURE = "srun: error: Node failure on n2\nsrun: error: n1: task 0: Killed\n"
+LAUNCH_FAILURE = "srun: error: task 1 launch failed: Slurmd could not connect IO\nsrun: forcing job termination\n"
+
+
+@pytest.mark.parametrize("stderr, lost", [
+    (NODE_FAILURE, "srun: error: Node failure on n2"),
+    (LAUNCH_FAILURE, "srun: error: task 1 launch failed: Slurmd could not connect IO"),
+    ("srun: error: isonode: task 1: Killed\nsrun: launch/slurm: _step_signal: Terminating StepId=7.2\n", None),
+    ("srun: error: n2: task 1: Out Of Memory\n", None),
+])
+def test_a_step_slurm_lost_is_told_from_a_rank_that_failed(stderr, lost):
+    """A node that failed under the step, or a task that could not be launched, is Slurm's doing, whatever the ranks
+    show then (killed, never started); a rank killed or out of memory on its own is the batch's."""
+    assert loss(stderr) == lost
+
+
+@pytest.mark.parametrize("body, says, advised, tries", [
+    (f"printf '{NODE_FAILURE}' >&2\nexit 137", "Node failure on n2", "failed or was set down", 1),
+    (f"printf '{LAUNCH_FAILURE}' >&2\nexit 1", "could not connect IO", "TMPDIR must be a folder every node", 2),
+])
+def test_a_step_slurm_lost_stops_the_probe_with_slurms_words_and_what_to_do(tmp_path, body, says, advised, tries):
+    """Through a real executor (a stand-in srun): not a trial's outcome but exit 4's ProbeError with Slurm's line and
+    the advice for it. A failed node is out of the job for good, so the step is not asked for again; a launch
+    failure is asked for once more, and names TMPDIR and where the trial folders are."""
+    calls = tmp_path / "srun.calls"
+    error = refused_by_stand_in_srun(tmp_path, f"echo called >> '{calls}'\n{body}")
+    assert says in error.message and advised in error.message, error.message
+    assert "That is the allocation, not the batch" in error.message
+    assert len(calls.read_text().split()) == tries
+
+
+def test_advice_for_a_plain_refusal_is_the_allocations():
+    assert "SLURM_NTASKS" in advice("srun: error: Unable to create step for job 7: More processors requested", "/t")
 
 
 # --------------------------------------------------------------------------- one rank
