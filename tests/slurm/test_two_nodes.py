@@ -111,22 +111,26 @@ def test_isoprobe_signalled_mid_step_leaves_no_step_and_no_process_on_either_nod
         two_node_cluster.wait(job_id, timeout=60)
 
 
-def test_a_gangs_edge_across_two_nodes_is_the_local_gangs(two_node_cluster, folder):
-    """The local gang (both ranks on n1) finds the per-rank edge of a real memory model under a real cap; steps with
-    rank 1 on n2 agree: the edge fits across the nodes and the next batch runs out of memory."""
+@pytest.mark.parametrize("per_node", [1, 2], ids=["2-ranks", "4-ranks"])
+def test_a_gangs_edge_across_two_nodes_is_the_local_gangs(two_node_cluster, folder, per_node):
+    """The local gang (every rank on n1) finds the per-rank edge of a real memory model under a real cap; steps with
+    half the ranks on n2 agree: the edge fits across the nodes and the next batch runs out of memory. With two
+    ranks a node, each node's ranks are its local ranks 0 and 1 (SLURM_LOCALID), as on a real cluster."""
+    world = 2 * per_node
     spec = {
         "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 262144, "depth": 4}},
         "input": {"shape": [262144]},
         "target": {"classes": 10},
         "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": 120, "confirmations": 0, "steady_steps": 0},
+        "search": {"start_batch_size": 2, "steps": 2, "trial_timeout": 180, "confirmations": 0, "steady_steps": 0},
         "device": "cpu",
         "memory_budget": "1100MiB",
         "recommendation": {"soak_steps": 0},
-        "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "local"},
+        "distributed": {"strategy": "ddp", "world_size": world, "launcher": "local"},
     }
-    local_out = folder / "edge-local.json"
-    job = run_on_two_nodes(two_node_cluster, job_script(write_spec(folder, spec, "edge-local"), local_out))
+    local_out = folder / f"edge-local-{world}.json"
+    job = run_on_two_nodes(two_node_cluster, job_script(write_spec(folder, spec, f"edge-local-{world}"), local_out),
+                           per_node=per_node, timeout=420)
     assert job.state == "COMPLETED", job.describe()
     local = json.loads(local_out.read_text())
     edge, failing = local["max_batch_size"], local["first_failing_batch_size"]
@@ -134,14 +138,16 @@ def test_a_gangs_edge_across_two_nodes_is_the_local_gangs(two_node_cluster, fold
 
     spec["distributed"]["launcher"] = "srun"
     spec["search"].update(start_batch_size=edge, max_batch_size=edge + 1, estimate=False)
-    srun_out = folder / "edge-srun.json"
-    job = run_on_two_nodes(two_node_cluster, job_script(write_spec(folder, spec, "edge-srun"), srun_out))
+    srun_out = folder / f"edge-srun-{world}.json"
+    job = run_on_two_nodes(two_node_cluster, job_script(write_spec(folder, spec, f"edge-srun-{world}"), srun_out),
+                           per_node=per_node, timeout=420)
     assert job.state == "COMPLETED", job.describe()
     stepped = json.loads(srun_out.read_text())
     assert (stepped["max_batch_size"], stepped["first_failing_batch_size"]) == (edge, failing), stepped["trials"]
-    assert stepped["distributed"]["nodes"] == ["n1", "n2"]
+    assert stepped["distributed"]["nodes"] == ["n1", "n2"] and stepped["distributed"]["world_size"] == world
     at_edge = [t for t in stepped["trials"] if t["batch_size"] == edge and t["outcome"] == "fits"]
-    assert at_edge and all([rank["node"] for rank in t["ranks"]] == ["n1", "n2"] for t in at_edge), at_edge
+    placed = ["n1"] * per_node + ["n2"] * per_node
+    assert at_edge and all([rank["node"] for rank in t["ranks"]] == placed for t in at_edge), at_edge
     assert step_ids(two_node_cluster, job.job_id) == []
 
 
