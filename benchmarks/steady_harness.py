@@ -2,6 +2,7 @@
 
     python benchmarks/steady_harness.py specs/gru-lm.yaml --strategy fsdp --batch 58 60 --steps 30
     python benchmarks/steady_harness.py specs/gru-lm.yaml --strategy none --batch 60 --steps 30 --json
+    srun python benchmarks/steady_harness.py --slurm-task SPEC --batch 60 --memory-budget 1GiB --folder SHARED
 
 Why it exists: a trial proves a batch with a few steps, and a real job runs
 thousands. This runs the spec's model as a plain loop (zero_grad, forward, loss,
@@ -281,10 +282,44 @@ def load_spec(path: Path) -> dict:
         return yaml.safe_load(file)
 
 
+def run_slurm_task(spec_path: Path, strategy: str, batch: int, steps: int, cap: int, folder: Path) -> int:
+    """One rank of a gang that Slurm started (``srun python steady_harness.py --slurm-task ...``, one task a rank,
+    on any node): its rank and world from SLURM_PROCID and SLURM_NTASKS, the ranks meeting in a FileStore in
+    ``folder`` (on a filesystem every node sees), each rank a fresh process under the cap as ``run_batch`` starts
+    it. Exit 0: this rank ran every step; 3: it ran out of memory (its report says at which step)."""
+    rank, world = int(os.environ["SLURM_PROCID"]), int(os.environ["SLURM_NTASKS"])
+    config = {"rank": rank, "world_size": world, "store": str(folder / "store"), "spec": load_spec(spec_path),
+              "spec_dir": str(spec_path.parent), "strategy": strategy, "batch": batch, "steps": steps, "cap": cap,
+              "report": str(folder / f"rank{rank}.jsonl")}
+    env = dict(os.environ, MALLOC_MMAP_THRESHOLD_=MALLOC_MMAP_THRESHOLD, CUDA_VISIBLE_DEVICES="", OMP_NUM_THREADS="1")
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
+
+    done = subprocess.run([sys.executable, __file__, "--rank-config", json.dumps(config)], env=env, preexec_fn=limit)
+    records = [json.loads(line) for line in Path(config["report"]).read_text().splitlines() if line]
+    steps_run = sum(1 for record in records if record["event"] == "step")
+    oom = next((record["step"] for record in records if record["event"] == "oom"), None)
+    print(f"rank {rank} on {os.uname().nodename}: batch {batch}, {steps_run} of {steps} steps"
+          + (f", out of memory at step {oom}" if oom else ""), flush=True)
+    return done.returncode
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["--rank-config"]:
         return run_rank(json.loads(argv[1]))
+    if argv[:1] == ["--slurm-task"]:
+        task = argparse.ArgumentParser(prog="steady_harness.py --slurm-task")
+        task.add_argument("spec", type=Path)
+        task.add_argument("--strategy", choices=("ddp", "zero1", "fsdp"), default="ddp")
+        task.add_argument("--batch", type=int, required=True)
+        task.add_argument("--steps", type=int, default=30)
+        task.add_argument("--memory-budget", required=True, help="per rank")
+        task.add_argument("--folder", type=Path, required=True, help="for the ranks' store and reports; shared")
+        given = task.parse_args(argv[1:])
+        return run_slurm_task(given.spec, given.strategy, given.batch, given.steps, parse_bytes(given.memory_budget),
+                              given.folder)
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", type=Path)
     parser.add_argument("--strategy", choices=("none", "ddp", "zero1", "fsdp"), default="none")

@@ -10,14 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
 import time
+from pathlib import Path
 
 import pytest
 
-from conftest import MODELS, marked_processes, wait_for
+from conftest import MODELS, REPO, marked_processes, wait_for
 
-from .jobs import fault_spec, job_script, step_ids, write_spec
+from .jobs import PYTHON, fault_spec, job_script, step_ids, write_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -199,3 +201,78 @@ def test_a_node_that_goes_down_mid_probe_stops_it_with_slurms_words_never_an_out
         two_node_cluster.wait(job_id, timeout=60)
         two_node_cluster.command("scontrol", "update", "NodeName=n2", "State=RESUME", check=False)
         assert two_node_cluster.wait_idle(60) is None
+
+
+HARNESS = REPO / "benchmarks" / "steady_harness.py"
+
+
+def _hook_job(spec: Path, folder: Path, *batches: str) -> str:
+    """A user's job script: the pre-job hook (isoprobe's answer into the shell), then the real training as one
+    srun step across the job's nodes at each of ``batches`` (shell expressions), 30 steps, by a loop that imports
+    nothing of isoprobe (benchmarks/steady_harness.py). Prints what the hook exported, its seconds, and each
+    training's exit status (``train_BATCH=STATUS``)."""
+    q = shlex.quote
+    lines = [
+        f"export PYTHONPATH={q(str(REPO))} ISOPROBE_CACHE_DIR={q(str(folder / 'hook-cache'))}",
+        f"cd {q(str(folder))}",
+        "began=$(date +%s.%N)",
+        f'eval "$({q(PYTHON)} -m isoprobe run {q(str(spec))} --format env)"',
+        "ended=$(date +%s.%N)",
+        'echo "probe_seconds=$(echo "$ended - $began" | bc) max=$ISOPROBE_MAX_BATCH_SIZE'
+        ' batch=$ISOPROBE_BATCH_SIZE hit=$ISOPROBE_CACHE_HIT"',
+    ]
+    for batch in batches:
+        lines += [
+            f"BATCH={batch}",
+            'mkdir -p "run-$SLURM_JOB_ID-$BATCH"',
+            f'srun --kill-on-bad-exit=1 {q(PYTHON)} {q(str(HARNESS))} --slurm-task {q(str(spec))} --batch "$BATCH" '
+            f'--steps 30 --memory-budget 1100MiB --folder "run-$SLURM_JOB_ID-$BATCH"',
+            'echo "train_$BATCH=$?"',
+        ]
+    return "\n".join(lines) + "\n"
+
+
+def _said(stdout: str) -> dict[str, str]:
+    return dict(word.split("=", 1) for line in stdout.splitlines() for word in line.split() if "=" in word)
+
+
+def test_the_pre_job_hook_across_two_nodes_trains_at_its_answer_and_runs_out_where_isoprobe_saw_it(two_node_cluster,
+                                                                                                 folder):
+    """A job of two nodes evaluates ``isoprobe run spec --format env`` (a DDP gang whose launcher, auto, steps across
+    the allocation), then trains for real with one rank on each node, 30 steps, at $ISOPROBE_BATCH_SIZE and at
+    $ISOPROBE_MAX_BATCH_SIZE: both succeed. A second job of the same shape reads the answer from the cache in under
+    a second and trains at the first batch isoprobe saw fail: a rank runs out of memory.
+
+    Not at $ISOPROBE_MAX_BATCH_SIZE + 1: the maximum clears the spread (search.edge_spread), and the batches
+    between it and the first failure fitted with less free memory than a long run's peak moves. Measured here
+    (memory_hog, 1100 MiB a rank): maximum 27, 28 and 30 marginal, 31 out of memory; 28 trained 30 steps across the
+    nodes, and 30, the maximum with ``edge_spread: 0``, ran out of memory on n2 within 30 steps."""
+    spec = write_spec(folder, {
+        "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 262144, "depth": 4}},
+        "input": {"shape": [262144]},
+        "target": {"classes": 10},
+        "optimizer": {"name": "sgd"},
+        "device": "cpu",
+        "memory_budget": "1100MiB",
+        "distributed": {"strategy": "ddp", "world_size": 2},
+    }, "hook")
+    first = run_on_two_nodes(two_node_cluster, _hook_job(spec, folder, '"$ISOPROBE_BATCH_SIZE"',
+                                                         '"$ISOPROBE_MAX_BATCH_SIZE"'), timeout=600)
+    assert first.state == "COMPLETED", first.describe()
+    said = _said(first.stdout)
+    assert said["hit"] == "0", first.describe()
+    assert "every trial one Slurm job step" in first.stderr  # the probe's own trials stepped across the nodes too
+    for batch in (said["batch"], said["max"]):  # the recommendation, and the maximum itself
+        assert said[f"train_{batch}"] == "0", first.describe()
+        for rank, node in ((0, "n1"), (1, "n2")):
+            assert f"rank {rank} on {node}: batch {batch}, 30 of 30 steps\n" in first.stdout, first.describe()
+
+    [cached] = (folder / "hook-cache").rglob("*.json")
+    failing = json.loads(cached.read_text())["first_failing_batch_size"]
+    second = run_on_two_nodes(two_node_cluster, _hook_job(spec, folder, str(failing)), timeout=300)
+    again = _said(second.stdout)
+    assert again["hit"] == "1" and again["max"] == said["max"], second.describe()
+    assert float(again["probe_seconds"]) < 1.0, again
+    assert again[f"train_{failing}"] != "0" and "out of memory at step" in second.stdout, second.describe()
+    print(f"hook: max {said['max']}, batch {said['batch']}, first failing {failing}; probe {said['probe_seconds']} "
+          f"s, cached {again['probe_seconds']} s; {[l for l in second.stdout.splitlines() if l.startswith('rank')]}")
