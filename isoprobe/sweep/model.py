@@ -46,6 +46,8 @@ class SweepRow(_Strict):
     cached: bool = Field(False, description="True when the row was answered from the cache: no trial ran for it in this sweep.")
     cache_path: str | None = Field(None, description="The cache entry holding the full result (isoprobe show PATH renders it).")
     job_id: str | None = Field(None, description="The Slurm array task that probed it (ARRAYJOB_TASK); null locally or cached.")
+    node: str | None = Field(None, description="The node that Slurm array task ran on (SLURMD_NODENAME); null locally or "
+                             "cached.")
     error: str | None = Field(
         None, description="Why the row has no answer: the probe's message, a spec problem, or how the task ended."
     )
@@ -87,12 +89,12 @@ def failed_row(spec: str, target: str, reason: str, job_id: str | None = None) -
 
 def render_sweep_table(report: SweepReport) -> str:
     """The rows as aligned columns, then one line for the sweep (what ran, what came from the cache)."""
-    header = ("spec", "target", "max", "recommended", "trials", "seconds", "cache", "result / error")
+    header = ("spec", "target", "node", "max", "recommended", "trials", "seconds", "cache", "result / error")
     lines = [header]
     for row in report.rows:
         outcome = " ".join((row.error or row.cache_path or row.stop_reason or "").split())  # one line per row
         lines.append((
-            row.spec, row.target, _shown(row.max_batch_size), _shown(row.recommended_batch_size), _shown(row.trials),
+            row.spec, row.target, _shown(row.node), _shown(row.max_batch_size), _shown(row.recommended_batch_size), _shown(row.trials),
             "-" if row.seconds is None else f"{row.seconds:.1f}", "hit" if row.cached else ("-" if row.error else "new"),
             outcome if len(outcome) <= 120 else outcome[:117] + "...",
         ))

@@ -60,6 +60,8 @@ def run_item(item: SweepItem) -> str:
                 write_record(item, spec, result.cache.key)
             except OSError as exc:  # the answer is in the cache; only the next sweep's shortcut is lost
                 say(f"isoprobe: could not record the sweep's entry: {exc.strerror or exc}")
+    if item.target != "local":  # where on the cluster it ran, for people reading the report
+        row = row.model_copy(update={"node": os.environ.get("SLURMD_NODENAME")})
     text = row.model_dump_json()
     if item.rows_dir is not None:
         write_row(Path(item.rows_dir), item.index, text)

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from conftest import FAULTS, REPO
@@ -62,3 +64,34 @@ def step_ids(cluster, job_id: str) -> list[str]:
     """The job's steps ``squeue -s`` lists now, other than its batch step."""
     listed = cluster.command("squeue", "-h", "-s", "-j", job_id, "-o", "%i", check=False).stdout.split()
     return [step for step in listed if not step.endswith(".batch") and step.startswith(f"{job_id}.")]
+
+
+def faulty(fault: str, at: int, edge: int, timeout: float = 60) -> dict:
+    return {
+        "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": fault, "at": at, "edge": edge}},
+        "input": {"shape": [16]},
+        "target": {"classes": 4},
+        "optimizer": {"name": "sgd"},
+        "search": {"start_batch_size": 2, "max_batch_size": 16, "steps": 2, "confirmations": 0,
+                   "trial_timeout": timeout},
+        "device": "cpu",
+        "memory_budget": "2GiB",
+        "recommendation": {"soak_steps": 0, "headroom": 0.0},
+    }
+
+
+def sweep(cluster, folder: Path, cache: str, *specs: str, popen: bool = False, timeout: float = 240,
+          cpus_per_task: int = 1):
+    """Run ``isoprobe sweep --executor slurm`` in ``folder``: (exit code, report, stderr, seconds), or the Popen.
+    ``cpus_per_task``: what each array task asks for (a whole node's CPUs put each task on a node of its own)."""
+    env = {**cluster.env, "ISOPROBE_CACHE_DIR": str(folder / cache)}
+    command = [sys.executable, "-m", "isoprobe", "sweep", *specs, "--executor", "slurm",
+               "--partition", cluster.partition, "--cpus-per-task", str(cpus_per_task), "--time", "10",
+               "--array-parallelism", "2", "--folder", str(folder / "jobs"), "--format", "json"]
+    if popen:
+        return subprocess.Popen(command, env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    began = time.monotonic()
+    done = subprocess.run(command, env=env, cwd=folder, capture_output=True, text=True, timeout=timeout)
+    seconds = time.monotonic() - began
+    report = json.loads(done.stdout) if done.stdout.strip() else None
+    return done.returncode, report, done.stderr, seconds

@@ -9,34 +9,17 @@ SLURM_CONF; its report is read from stdout (--format json).
 from __future__ import annotations
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
-from conftest import FAULTS
+from .jobs import faulty, sweep
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 EDGES = {"edge5.yaml": 5, "edge9.yaml": 9, "edge13.yaml": 13}
-
-
-def faulty(fault: str, at: int, edge: int, timeout: float = 60) -> dict:
-    return {
-        "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": fault, "at": at, "edge": edge}},
-        "input": {"shape": [16]},
-        "target": {"classes": 4},
-        "optimizer": {"name": "sgd"},
-        "search": {"start_batch_size": 2, "max_batch_size": 16, "steps": 2, "confirmations": 0,
-                   "trial_timeout": timeout},
-        "device": "cpu",
-        "memory_budget": "2GiB",
-        "recommendation": {"soak_steps": 0, "headroom": 0.0},
-    }
 
 
 @pytest.fixture(scope="module")
@@ -47,21 +30,6 @@ def sweep_dir(tmp_path_factory, slurm_cluster):
     (folder / "broken.yaml").write_text(json.dumps(faulty("raise", at=2, edge=8)))
     (folder / "hangs.yaml").write_text(json.dumps(faulty("hang", at=2, edge=8, timeout=300)))
     return folder
-
-
-def sweep(cluster, folder: Path, cache: str, *specs: str, popen: bool = False, timeout: float = 240):
-    """Run ``isoprobe sweep --executor slurm`` in ``folder``: (exit code, report, stderr, seconds), or the Popen."""
-    env = {**cluster.env, "ISOPROBE_CACHE_DIR": str(folder / cache)}
-    command = [sys.executable, "-m", "isoprobe", "sweep", *specs, "--executor", "slurm",
-               "--partition", cluster.partition, "--cpus-per-task", "1", "--time", "10",
-               "--array-parallelism", "2", "--folder", str(folder / "jobs"), "--format", "json"]
-    if popen:
-        return subprocess.Popen(command, env=env, cwd=folder, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    began = time.monotonic()
-    done = subprocess.run(command, env=env, cwd=folder, capture_output=True, text=True, timeout=timeout)
-    seconds = time.monotonic() - began
-    report = json.loads(done.stdout) if done.stdout.strip() else None
-    return done.returncode, report, done.stderr, seconds
 
 
 def job_ids(cluster) -> set[str]:

@@ -19,7 +19,8 @@ import pytest
 
 from conftest import MODELS, REPO, marked_processes, wait_for
 
-from .jobs import PYTHON, fault_spec, job_script, step_ids, write_spec
+from .conftest import NODE_CPUS
+from .jobs import PYTHON, fault_spec, faulty, job_script, step_ids, sweep, write_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -276,3 +277,20 @@ def test_the_pre_job_hook_across_two_nodes_trains_at_its_answer_and_runs_out_whe
     assert again[f"train_{failing}"] != "0" and "out of memory at step" in second.stdout, second.describe()
     print(f"hook: max {said['max']}, batch {said['batch']}, first failing {failing}; probe {said['probe_seconds']} "
           f"s, cached {again['probe_seconds']} s; {[l for l in second.stdout.splitlines() if l.startswith('rank')]}")
+
+
+def test_a_sweep_over_the_cluster_lands_its_array_tasks_on_both_nodes_in_one_report(two_node_cluster, folder):
+    """``isoprobe sweep --executor slurm``: one job array whose tasks each ask for a whole node's CPUs, so Slurm puts
+    them on n1 and n2 at once; one report, every row answered with its spec's edge and the node it ran on."""
+    edges = {"edge5.yaml": 5, "edge9.yaml": 9}
+    sweep_dir = folder / "sweep"
+    sweep_dir.mkdir()
+    for name, edge in edges.items():
+        (sweep_dir / name).write_text(json.dumps(faulty("raise", at=99, edge=edge)))
+    code, report, stderr, seconds = sweep(two_node_cluster, sweep_dir, "cache", *edges, cpus_per_task=NODE_CPUS)
+    two_node_cluster.settle()
+    assert code == 0, stderr
+    assert report["submitted"] == 2 and len(report["array_jobs"]) == 1
+    assert [(row["spec"], row["max_batch_size"]) for row in report["rows"]] == list(edges.items()), report["rows"]
+    assert sorted(row["node"] for row in report["rows"]) == ["n1", "n2"], report["rows"]
+    print(f"sweep over two nodes: {seconds:.1f} s")

@@ -89,15 +89,16 @@ def slurm_sweep(specs: dict, names, tmp_path, submitter, monkeypatch, *, refresh
 def test_the_report_is_strict_and_its_table_has_one_line_per_row():
     rows = [SweepRow(spec="a.yaml", target="partition=a100", answered=True, max_batch_size=24,
                      recommended_batch_size=16, stop_reason="edge_found", trials=7, seconds=81.5,
-                     cache_path="/c/k.json", job_id="12_0"),
+                     cache_path="/c/k.json", job_id="12_0", node="gpu07"),
             failed_row("b.yaml", "partition=a100", "bad spec: b.yaml: search.steps: too small\n    fix: at least 2")]
     report = SweepReport(executor="slurm", rows=rows, submitted=2, array_jobs=["12"], seconds=90.0)
     assert SweepReport.model_validate_json(report.model_dump_json()) == report
     with pytest.raises(ValidationError):
         SweepRow.model_validate({**rows[0].model_dump(), "surprise": 1})
     lines = render_sweep_table(report).splitlines()
-    assert len(lines) == 4 and lines[0].split()[:3] == ["spec", "target", "max"]
-    assert lines[1].split()[:6] == ["a.yaml", "partition=a100", "24", "16", "7", "81.5"] and "/c/k.json" in lines[1]
+    assert len(lines) == 4 and lines[0].split()[:4] == ["spec", "target", "node", "max"]
+    assert lines[1].split()[:7] == ["a.yaml", "partition=a100", "gpu07", "24", "16", "7", "81.5"]
+    assert "/c/k.json" in lines[1]
     assert "bad spec" in lines[2] and "fix: at least 2" in lines[2]  # a multi-line error stays on its row
     assert lines[3].startswith("1/2 answered, 0 from the cache, 2 probed in 12")
     assert not report.all_answered
