@@ -26,8 +26,11 @@ inherited by torchrun's ranks and DataLoader workers): a plain process's cap, as
 from __future__ import annotations
 
 import os
+import re
 import resource
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -46,7 +49,7 @@ from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome, classify_exception
 from isoprobe.report.result import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, argv_for
-from isoprobe.system.keeper import sigkill_below
+from isoprobe.system.keeper import descendants, sigkill_below
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events
@@ -323,7 +326,12 @@ def _start(request: TrialRequest, folder: Path, stderr_path: Path) -> subprocess
 
 def _end_tree(process: subprocess.Popen) -> None:
     """Kill the command's session and every process below this one, a few sweeps for late forks; reap the command.
-    Whatever left this tree (a daemon that double-forked) is below the keeper, which kills it when this child ends."""
+    Whatever left this tree (a daemon that double-forked) is below the keeper, which kills it when this child ends.
+    A Slurm job step that the command's ``srun`` started is ended through Slurm: its tasks run under each node's
+    slurmstepd, not below this process, and outlive a killed srun (measured on the two-node test cluster: the
+    step of ``isoprobe run -- srun python train.py`` kept running after its trial, and the next trial's srun
+    waited for its CPUs until it gave up)."""
+    steps = _steps_started_by(_srun_processes(os.getpid()))
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -333,6 +341,68 @@ def _end_tree(process: subprocess.Popen) -> None:
         process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         pass
+    if steps:
+        _cancel_steps(steps)
+
+
+#: How long a cancelled step of the command's may stay in ``squeue -s`` before the trial goes on without waiting.
+_STEP_GONE_SECONDS = 15.0
+
+
+def _srun_processes(root: int) -> set[int]:
+    """The PIDs of the srun processes below ``root`` (by ancestry)."""
+    found = set()
+    for pid, state in descendants(root):
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as handle:
+                if handle.read().strip() == b"srun" and state not in ("Z", "X"):
+                    found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
+def _steps_started_by(sruns: set[int]) -> list[str]:
+    """The job steps whose srun is one of ``sruns`` on this host (``scontrol show step``'s ``SrunHost:Pid``)."""
+    scontrol = shutil.which("scontrol")
+    if not sruns or scontrol is None:
+        return []
+    try:
+        listed = subprocess.run([scontrol, "show", "step", "-o"], stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=10, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return []
+    return steps_of_sruns(listed.stdout, sruns, socket.gethostname())
+
+
+def steps_of_sruns(listing: str, sruns: set[int], host: str) -> list[str]:
+    """From ``scontrol show step -o``'s lines, the steps whose srun ran on ``host`` as one of ``sruns`` (pure)."""
+    found = []
+    for line in listing.splitlines():
+        fields = dict(re.findall(r"(\S+?)=(\S*)", line))
+        step, srun = fields.get("StepId"), fields.get("SrunHost:Pid", "")
+        srun_host, _, pid = srun.rpartition(":")
+        if step and pid.isdigit() and int(pid) in sruns and srun_host.split(".")[0] == host.split(".")[0]:
+            found.append(step)
+    return found
+
+
+def _cancel_steps(steps: list[str]) -> None:
+    """End ``steps`` through slurmctld (their tasks SIGKILLed, then the steps cancelled) and wait, a while, until
+    ``squeue -s`` no longer lists them: the next trial's srun needs their CPUs."""
+    scancel, squeue = shutil.which("scancel"), shutil.which("squeue")
+    if scancel is None:
+        return
+    for args in (["--signal=KILL", *steps], steps):
+        subprocess.run([scancel, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=30, check=False)
+    deadline = time.monotonic() + _STEP_GONE_SECONDS
+    while squeue is not None and time.monotonic() < deadline:
+        listed = subprocess.run([squeue, "-h", "-s", "-o", "%i"], stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=30, check=False)
+        if listed.returncode != 0 or not set(steps) & set(listed.stdout.split()):
+            return
+        time.sleep(0.1)
 
 
 #: How long the command's own process gets to exit after its exception was seen, for its exit status. Generous:

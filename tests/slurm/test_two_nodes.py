@@ -294,3 +294,30 @@ def test_a_sweep_over_the_cluster_lands_its_array_tasks_on_both_nodes_in_one_rep
     assert [(row["spec"], row["max_batch_size"]) for row in report["rows"]] == list(edges.items()), report["rows"]
     assert sorted(row["node"] for row in report["rows"]) == ["n1", "n2"], report["rows"]
     print(f"sweep over two nodes: {seconds:.1f} s")
+
+
+def test_a_command_that_runs_srun_across_the_nodes_leaves_no_step_after_each_trial(two_node_cluster, folder):
+    """``isoprobe run -- srun python train.py`` in a job of two nodes: each trial's command starts a step with a
+    task on n1 and one on n2. Killing srun does not end a step (its tasks run under each node's slurmstepd), so
+    the trial ends it through Slurm: the next trial's srun gets the CPUs, and after the probe no step and no
+    process of it is left. Measured before: the first trial's step ran on, and the second trial's srun waited
+    294 s for its CPUs, then failed ("the command exited with status 1 after 0 optimizer step(s)")."""
+    marker = f"ISOPROBE_TEST_MARKER=two-node-command-{os.getpid()}-{time.monotonic_ns()}"
+    out = folder / "command-srun.json"
+    q = shlex.quote
+    script = "\n".join([
+        f"export PYTHONPATH={q(str(REPO))} OMP_NUM_THREADS=1 {marker}",
+        f"cd {q(str(folder))}",
+        f"{q(PYTHON)} -m isoprobe run --no-cache --format json --memory-budget 1GiB --set search.start_batch_size=8 "
+        "--set search.max_batch_size=9 --set search.steady_steps=0 --set recommendation.soak_steps=0 -- srun "
+        f"{q(PYTHON)} {q(str(REPO / 'tests' / 'commands' / 'plain_loop.py'))} --batch-size {{batch_size}} "
+        f"--max-steps 100000 > {q(str(out))}",
+    ]) + "\n"
+    job = run_on_two_nodes(two_node_cluster, script, timeout=300)
+    assert job.state == "COMPLETED", job.describe()
+    result = json.loads(out.read_text())
+    assert [(t["batch_size"], t["outcome"], t["command_ranks"]) for t in result["trials"]] == [(8, "fits", 2),
+                                                                                               (9, "fits", 2)]
+    assert all(t["seconds"] < 60 for t in result["trials"]), result["trials"]
+    assert step_ids(two_node_cluster, job.job_id) == []
+    assert not marked_processes(*marker.split("=", 1))

@@ -152,3 +152,18 @@ def test_an_ending_nobody_asked_for_is_classified_from_what_it_left(tmp_path, st
     got, error, _ = supervisor._exit_verdict(status, judged, request(), tmp_path / "stderr")
     assert got is outcome and words in error.message
     assert stderr.splitlines()[-1:] == error.traceback_tail.splitlines()[-1:] if stderr else True
+
+
+def test_the_steps_a_commands_srun_started_are_found_by_srun_host_and_pid():
+    """``isoprobe run -- srun python train.py``: the step's tasks run under each node's slurmstepd and outlive a
+    killed srun, so the trial ends the step through Slurm; it is found by the srun that started it, on this host
+    (``scontrol show step -o``'s SrunHost:Pid, as Slurm 22.05 prints it), never a step of anyone else's."""
+    listing = (
+        "StepId=2.0 UserId=0 StartTime=2026-11-27T04:34:05 State=RUNNING NodeList=n[1-2] Tasks=2 Name=python "
+        "SrunHost:Pid=n1:28763\n"
+        "StepId=2.1 UserId=0 State=RUNNING NodeList=n1 Tasks=1 Name=sleep SrunHost:Pid=n1:999\n"
+        "StepId=3.0 UserId=0 State=RUNNING NodeList=n2 Tasks=1 Name=python SrunHost:Pid=n2.cluster:28763\n"
+        "StepId=2.batch UserId=0 State=RUNNING NodeList=n1 Tasks=1 Name=batch\n")
+    assert supervisor.steps_of_sruns(listing, {28763, 4}, "n1") == ["2.0"]
+    assert supervisor.steps_of_sruns(listing, {28763}, "n2.cluster") == ["3.0"]
+    assert supervisor.steps_of_sruns(listing, set(), "n1") == []
