@@ -387,9 +387,9 @@ class SlurmCluster:
             if left:
                 self.command("scancel", *left, check=False, timeout=10)
                 self.settle(timeout=5)
-        for name in reversed(DAEMONS):
-            proc = self.procs.get(name)
-            if proc is None or proc.poll() is not None:
+        for name in sorted(self.procs, key=lambda n: n == "slurmctld"):  # the node daemons first, the controller last
+            proc = self.procs[name]
+            if proc.poll() is not None:
                 continue
             proc.send_signal(signal.SIGTERM)
             try:
@@ -405,15 +405,17 @@ class SlurmCluster:
             time.sleep(0.05)
 
 
-def bring_up(root: Path) -> tuple[SlurmCluster | None, str | None, float]:
-    """Start a cluster in ``root``: (cluster, None, seconds) or (None, reason, seconds)."""
+def bring_up(root: Path, kind: type[SlurmCluster] | None = None, needs: tuple[str, ...] = ()
+             ) -> tuple[SlurmCluster | None, str | None, float]:
+    """Start a cluster of ``kind`` (SlurmCluster by default) in ``root``: (cluster, None, seconds) or (None, reason,
+    seconds). ``needs``: programs it needs beyond Slurm's."""
     began = time.monotonic()
-    missing = [name for name in (*DAEMONS, *CLIENTS) if _which(name) is None]
+    missing = [name for name in (*DAEMONS, *CLIENTS, *needs) if _which(name) is None]
     if missing:
         return None, f"not installed: {', '.join(missing)} (apt-get install slurmctld slurmd slurm-client)", 0.0
     if os.geteuid() != 0:
         return None, "slurmd must run as root to start jobs; these tests need root", 0.0
-    cluster = SlurmCluster(root)
+    cluster = (kind or SlurmCluster)(root)
     try:
         cluster.write_config()
         cluster.start()
@@ -427,10 +429,9 @@ def bring_up(root: Path) -> tuple[SlurmCluster | None, str | None, float]:
     return cluster, None, time.monotonic() - began
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster(tmp_path_factory):
-    """A running single-node cluster (node 'isonode', 2 fake GPUs when mknod works); stopped at the end."""
-    cluster, why, seconds = bring_up(tmp_path_factory.mktemp("slurm"))
+def running(root: Path, kind: type[SlurmCluster] | None = None, needs: tuple[str, ...] = ()):
+    """A session fixture's body: the cluster up (or the tier skipped or failed, with the reason), stopped after."""
+    cluster, why, seconds = bring_up(root, kind, needs)
     if cluster is None:
         unavailable(why)
     cluster.bring_up_seconds = seconds
@@ -438,6 +439,12 @@ def slurm_cluster(tmp_path_factory):
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster(tmp_path_factory):
+    """A running single-node cluster (node 'isonode', 2 fake GPUs when mknod works); stopped at the end."""
+    yield from running(tmp_path_factory.mktemp("slurm"))
 
 
 # ----------------------------------------------------------------------------------------- two nodes on one machine
@@ -569,60 +576,9 @@ class TwoNodeCluster(SlurmCluster):
         return (f"--- {job_id}.out\n{self.output(job_id)}\n--- {job_id}.err\n{self.output(job_id, 'err')}\n"
                 + "\n".join(self.daemon_logs(f"slurmd-{node}") for node in self.nodes))
 
-    def stop(self) -> None:
-        if self.procs.get("slurmctld") and self.procs["slurmctld"].poll() is None:
-            left = self.command("squeue", "-h", "-o", "%i", check=False, timeout=10).stdout.split()
-            if left:
-                self.command("scancel", *left, check=False, timeout=10)
-                self.settle(timeout=5)
-        for name in sorted(self.procs, key=lambda n: n == "slurmctld"):  # the nodes first, the controller last
-            proc = self.procs[name]
-            if proc.poll() is not None:
-                continue
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait(timeout=10)
-        for pid in self.steps_alive():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        deadline = time.monotonic() + 3
-        while any(_alive(pid) for pid in self.steps_alive()) and time.monotonic() < deadline:
-            time.sleep(0.05)
-
-
-def bring_up_two_nodes(root: Path) -> tuple[TwoNodeCluster | None, str | None, float]:
-    """As ``bring_up``, for the two-node cluster (``unshare`` from util-linux is needed too)."""
-    began = time.monotonic()
-    missing = [name for name in (*DAEMONS, *CLIENTS, "unshare") if _which(name) is None]
-    if missing:
-        return None, f"not installed: {', '.join(missing)}", 0.0
-    if os.geteuid() != 0:
-        return None, "slurmd must run as root, and the nodes' namespaces need it too", 0.0
-    cluster = TwoNodeCluster(root)
-    try:
-        cluster.write_config()
-        cluster.start()
-        why = cluster.wait_idle(BRING_UP_TIMEOUT)
-    except BaseException:
-        cluster.stop()
-        raise
-    if why is not None:
-        cluster.stop()
-        return None, why, time.monotonic() - began
-    return cluster, None, time.monotonic() - began
-
 
 @pytest.fixture(scope="session")
 def two_node_cluster(tmp_path_factory):
-    """A running cluster of two nodes, n1 and n2 (NODE_CPUS each); stopped at the end."""
-    cluster, why, seconds = bring_up_two_nodes(tmp_path_factory.mktemp("slurm2"))
-    if cluster is None:
-        unavailable(why)
-    cluster.bring_up_seconds = seconds
-    try:
-        yield cluster
-    finally:
-        cluster.stop()
+    """A running cluster of two nodes, n1 and n2 (NODE_CPUS each); stopped at the end (``unshare`` from util-linux
+    is needed too, for the nodes' namespaces)."""
+    yield from running(tmp_path_factory.mktemp("slurm2"), TwoNodeCluster, needs=("unshare",))
