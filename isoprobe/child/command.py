@@ -345,8 +345,11 @@ def _end_tree(process: subprocess.Popen) -> None:
         _cancel_steps(steps)
 
 
-#: How long a cancelled step of the command's may stay in ``squeue -s`` before the trial goes on without waiting.
-_STEP_GONE_SECONDS = 15.0
+#: How long a cancelled step of the command's may stay in ``squeue -s`` before the trial goes on without waiting
+#: (as ``executors.srun_gang.STEP_GONE_SECONDS``: a loaded machine can hold up Slurm's end of a killed step).
+_STEP_GONE_SECONDS = 60.0
+#: How often that wait asks Slurm again to kill and cancel the steps still listed.
+_STEP_RECANCEL_SECONDS = 5.0
 
 
 def _srun_processes(root: int) -> set[int]:
@@ -393,15 +396,23 @@ def _cancel_steps(steps: list[str]) -> None:
     scancel, squeue = shutil.which("scancel"), shutil.which("squeue")
     if scancel is None:
         return
-    for args in (["--signal=KILL", *steps], steps):
-        subprocess.run([scancel, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=30, check=False)
+    def cancel(left: list[str]) -> None:
+        for args in (["--signal=KILL", *left], left):
+            subprocess.run([scancel, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=30, check=False)
+
+    cancel(steps)
     deadline = time.monotonic() + _STEP_GONE_SECONDS
+    next_cancel = time.monotonic() + _STEP_RECANCEL_SECONDS
     while squeue is not None and time.monotonic() < deadline:
         listed = subprocess.run([squeue, "-h", "-s", "-o", "%i"], stdin=subprocess.DEVNULL, capture_output=True,
                                 text=True, timeout=30, check=False)
-        if listed.returncode != 0 or not set(steps) & set(listed.stdout.split()):
+        left = sorted(set(steps) & set(listed.stdout.split()))
+        if listed.returncode != 0 or not left:
             return
+        if time.monotonic() > next_cancel:
+            cancel(left)
+            next_cancel = time.monotonic() + _STEP_RECANCEL_SECONDS
         time.sleep(0.1)
 
 

@@ -72,8 +72,13 @@ STEP_START_SECONDS = 120.0
 #: How long a step Slurm lost right at its launch may take to show its id (a rank on a healthy node writes it), so
 #: that it can be cancelled through Slurm rather than left to srun, which waits on.
 LOST_STEP_ID_SECONDS = 3.0
-#: How long ``squeue -s`` may keep listing a step that was ended before isoprobe says so.
-STEP_GONE_SECONDS = 15.0
+#: How long ``squeue -s`` may keep listing a step that was ended before isoprobe says so. Generous: its tasks were
+#: killed, and what is left is Slurm's own bookkeeping, which a loaded machine can hold up (seen on CI's two busy
+#: cores: a two-node step still listed 15 s after its end, gone a few seconds later). The wait only delays the next
+#: trial, whose srun would wait for the step's CPUs anyway; the probe still never starts a step beside it.
+STEP_GONE_SECONDS = 60.0
+#: How often the wait for a listed step asks Slurm again to kill its tasks and cancel it.
+STEP_RECANCEL_SECONDS = 5.0
 #: The commands srun's keeper runs if isoprobe dies mid-step (``keeper.run_on_stop``): ``scancel`` of the step.
 ON_STOP_FILE = "on-stop.json"
 _RANK_ENTRY = str(Path(__file__).resolve().parents[1] / "child" / "srun_rank.py")
@@ -152,10 +157,10 @@ class SrunGangExecutor:
     """Gang trials as Slurm job steps; the environment check and other requests run locally (``local``)."""
 
     def __init__(self, local: LocalExecutor, *, nodes: int | None, srun: str = "srun", scancel: str = "scancel",
-                 squeue: str = "squeue"):
+                 squeue: str = "squeue", scontrol: str = "scontrol"):
         self.local = local
         self.nodes = nodes
-        self.srun, self.scancel, self.squeue = srun, scancel, squeue
+        self.srun, self.scancel, self.squeue, self.scontrol = srun, scancel, squeue, scontrol
 
     def __enter__(self) -> "SrunGangExecutor":
         return self
@@ -387,16 +392,27 @@ class SrunGangExecutor:
     def _wait_step_gone(self, step_id: str) -> None:
         job = step_id.split(".")[0]
         began = time.monotonic()
-        cancelled = False
+        next_cancel = began + min(2.0, STEP_RECANCEL_SECONDS)  # _end has just asked: a moment before asking again
         while time.monotonic() < began + STEP_GONE_SECONDS:
             listed = subprocess.run([self.squeue, "-h", "-s", "-j", job, "-o", "%i"], stdin=subprocess.DEVNULL,
                                     capture_output=True, text=True, timeout=30, check=False)
             if listed.returncode != 0 or step_id not in listed.stdout.split():
                 return
-            if not cancelled and time.monotonic() > began + 2:  # srun is gone and the step is still there
+            if time.monotonic() > next_cancel:  # srun is gone and the step is still there
+                self._scancel("--signal=KILL", step_id)
                 self._scancel(step_id)
-                cancelled = True
+                next_cancel = time.monotonic() + STEP_RECANCEL_SECONDS
             time.sleep(0.1)
-        raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --signal=KILL, srun killed) but "
-                         f"squeue -s still lists it {STEP_GONE_SECONDS:g} s later; the probe stops rather than "
-                         "start another step beside it")
+        raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --signal=KILL, then scancel of the "
+                         f"step, srun gone) but squeue -s still lists it {STEP_GONE_SECONDS:g} s later; the probe "
+                         f"stops rather than start another step beside it. What Slurm says of it: "
+                         f"{self._step_record(step_id)}")
+
+    def _step_record(self, step_id: str) -> str:
+        """``scontrol show step`` of a step that will not go away (its state and nodes), for the error."""
+        try:
+            shown = subprocess.run([self.scontrol, "show", "step", "-o", step_id], stdin=subprocess.DEVNULL,
+                                   capture_output=True, text=True, timeout=10, check=False)
+        except (OSError, subprocess.TimeoutExpired) as error:
+            return f"scontrol failed ({error})"
+        return (shown.stdout or shown.stderr).strip() or "scontrol said nothing"

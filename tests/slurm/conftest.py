@@ -574,7 +574,7 @@ class TwoNodeCluster(SlurmCluster):
 
     def _job_logs(self, job_id: str) -> str:
         return (f"--- {job_id}.out\n{self.output(job_id)}\n--- {job_id}.err\n{self.output(job_id, 'err')}\n"
-                + "\n".join(self.daemon_logs(f"slurmd-{node}") for node in self.nodes))
+                + "\n".join(self.daemon_logs(name) for name in ("slurmctld", *(f"slurmd-{n}" for n in self.nodes))))
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,14 @@ def folder(tmp_path_factory, two_node_cluster):
     return tmp_path_factory.mktemp("two-nodes")
 
 
+@pytest.fixture(autouse=True)
+def idle_nodes(two_node_cluster):
+    """Each test starts on two idle nodes: one that a test before it left busy (a step Slurm has not let go of, a
+    node not back) fails here, with the daemons' logs, rather than as a wrong node or a wait in the next test."""
+    why = two_node_cluster.wait_idle(90)
+    assert why is None, why
+
+
 def run_on_two_nodes(cluster, script: str, per_node: int = 1, timeout: float = 240, **options):
     return cluster.run(script, timeout=timeout, nodes=2, ntasks_per_node=per_node, **options)
 

@@ -238,3 +238,46 @@ def replace_node(run: ChildRun, node: str) -> ChildRun:
     from dataclasses import replace
 
     return replace(run, node=node)
+
+
+def _stand_in_slurm(tmp_path, squeue_body: str):
+    """Stand-ins for scancel (each call appended to ``scancel.log``), squeue (``squeue_body``) and scontrol."""
+    from isoprobe.executors.local import LocalExecutor
+    from isoprobe.executors.srun_gang import SrunGangExecutor
+
+    slurm = tmp_path / "bin"
+    slurm.mkdir()
+    bodies = {"scancel": f'echo "$*" >> {tmp_path}/scancel.log', "squeue": squeue_body,
+              "scontrol": 'echo "StepId=$4 State=COMPLETING NodeList=n1,n2"'}
+    for name, body in bodies.items():
+        (slurm / name).write_text(f"#!/bin/sh\n{body}\n")
+        (slurm / name).chmod(0o755)
+    return SrunGangExecutor(LocalExecutor(warm=False), nodes=2, **{name: str(slurm / name) for name in bodies})
+
+
+def test_a_step_slurm_is_slow_to_drop_is_cancelled_again_and_waited_for(tmp_path, monkeypatch):
+    """A step still listed after its end (its tasks killed, Slurm's bookkeeping held up on a loaded machine) is
+    killed and cancelled again, and the trial goes on once ``squeue -s`` drops it: the listing here lasts until
+    the second request."""
+    from isoprobe.executors import srun_gang
+
+    monkeypatch.setattr(srun_gang, "STEP_RECANCEL_SECONDS", 0.2)
+    executor = _stand_in_slurm(tmp_path, f'[ -s {tmp_path}/scancel.log ] || echo 7.3')
+    executor._wait_step_gone("7.3")
+    assert (tmp_path / "scancel.log").read_text().splitlines() == ["--signal=KILL 7.3", "7.3"]
+
+
+def test_a_step_slurm_never_drops_stops_the_probe_with_what_slurm_says_of_it(tmp_path, monkeypatch):
+    """Never a step beside one still listed: after STEP_GONE_SECONDS the probe stops, quoting scontrol's record."""
+    from isoprobe.errors import ProbeError
+    from isoprobe.executors import srun_gang
+
+    monkeypatch.setattr(srun_gang, "STEP_RECANCEL_SECONDS", 0.2)
+    monkeypatch.setattr(srun_gang, "STEP_GONE_SECONDS", 1.0)
+    executor = _stand_in_slurm(tmp_path, "echo 7.3")
+    with pytest.raises(ProbeError) as stopped:
+        executor._wait_step_gone("7.3")
+    assert "squeue -s still lists it 1 s later" in str(stopped.value)
+    assert "StepId=7.3 State=COMPLETING NodeList=n1,n2" in str(stopped.value)
+    asked = (tmp_path / "scancel.log").read_text().splitlines()
+    assert len(asked) >= 4 and set(asked) == {"--signal=KILL 7.3", "7.3"}, asked
