@@ -337,11 +337,9 @@ class TrialRunner:
                     runs.setdefault(t.batch_size, []).append(peaks)
         return spread_for(self.target.backend, self.target.search_capacity,
                           [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread,
-                          # A command's ranks (torchrun's) get a process's floor, not a gang's: the doubled floor
-                          # answers isoprobe's own gangs' FSDP2 spread and their forked ranks' offset (docs/
-                          # steady-state.md); a launcher's ranks are spawned, and a torchrun DDP script's edge
-                          # survived 8 of 8 own runs with 2.0 MiB free where the doubled floor cost 4 samples.
-                          gang=self.spec.distributed.gang)
+                          # A command's ranks (torchrun's) get a process's floor (its spec's strategy is none):
+                          # a torchrun DDP script's edge survived 8 of 8 own runs with 2.0 MiB free.
+                          strategy=self.spec.distributed.strategy)
 
     def margin_of(self, trial: Trial) -> "Margin | None":
         """How much a deciding trial's steady peak left free below the capacity, against the spread."""

@@ -33,10 +33,15 @@ MIB = 1 << 20
 FLOOR_BYTES = {"cpu": 8 * MIB, "cuda": 40 * MIB}
 #: The part of each backend's floor that grows with the capacity.
 FLOOR_FRACTION = {"cpu": 0.004, "cuda": 0.002}
-#: A gang's floor is this many times a process's: its maximum is the worst of its ranks', each of which moves
-#: on its own, and on the CPU backend an FSDP2 gang's deciding trial read up to 10 MiB less than independent
-#: plain ranks at the same batch (docs/steady-state.md, "The spread").
+#: An FSDP gang's floor is this many times a process's: on the CPU backend an FSDP2 gang's deciding trial read
+#: 5 to 10 MiB less than independent plain ranks at the same batch, and its maximum is the worst of its ranks'
+#: (docs/steady-state.md, "The spread"). DDP and ZeRO-1 gangs take a process's floor: their trials read what
+#: independent ranks read, within 0.8 MiB (DDP, 2 ranks) and within the spread (ZeRO-1), and their maxima under a
+#: process's floor survived every independent long run (ZeRO-1 38 with 10.7 MiB free: 10 of 10; DDP across two
+#: nodes 28 with 15 MiB free and 29 with 7 MiB: 3 of 3 each), where the doubled floor cost them a batch.
 GANG_FACTOR = 2
+#: The strategies whose gangs get GANG_FACTOR (``distributed.strategy``).
+WIDER_FLOOR_STRATEGIES = frozenset({"fsdp"})
 
 
 @dataclass(frozen=True)
@@ -51,10 +56,10 @@ class Spread:
         return max(self.floor_bytes, self.observed_bytes or 0)
 
 
-def floor_bytes(backend: str, capacity: int, gang: bool = False) -> int:
-    """The backend's floor for a capacity (per process, or per rank of a ``gang``)."""
+def floor_bytes(backend: str, capacity: int, strategy: str = "none") -> int:
+    """The backend's floor for a capacity, per process or per rank of a gang of ``strategy``."""
     single = max(FLOOR_BYTES.get(backend, FLOOR_BYTES["cuda"]), int(FLOOR_FRACTION.get(backend, 0.0) * capacity))
-    return single * GANG_FACTOR if gang else single
+    return single * GANG_FACTOR if strategy in WIDER_FLOOR_STRATEGIES else single
 
 
 def observed_bytes(runs: list[list[int]]) -> int | None:
@@ -74,10 +79,11 @@ def observed_bytes(runs: list[list[int]]) -> int | None:
 
 
 def spread_for(backend: str, capacity: int, same_batch_runs: list[list[list[int]]] = (),
-               override: int | None = None, gang: bool = False) -> Spread:
+               override: int | None = None, strategy: str = "none") -> Spread:
     """The spread for a probe on ``backend``: ``same_batch_runs`` holds, per batch that ran more than once,
-    each run's per-step peaks; ``override`` (search.edge_spread as bytes) replaces the floor."""
-    floor = floor_bytes(backend, capacity, gang) if override is None else override
+    each run's per-step peaks; ``override`` (search.edge_spread as bytes) replaces the floor; ``strategy``: the
+    gang's (``distributed.strategy``), "none" for one process or a command's own ranks."""
+    floor = floor_bytes(backend, capacity, strategy) if override is None else override
     observed = [gap for runs in same_batch_runs if (gap := observed_bytes(runs)) is not None]
     return Spread(floor, max(observed) if observed else None)
 
