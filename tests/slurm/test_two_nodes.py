@@ -254,8 +254,8 @@ def test_the_pre_job_hook_across_two_nodes_trains_at_its_answer_and_runs_out_whe
 
     Not at $ISOPROBE_MAX_BATCH_SIZE + 1: the maximum clears the spread (search.edge_spread), and the batches
     between it and the first failure fitted with less free memory than a long run's peak moves. Measured here
-    (memory_hog, 1100 MiB a rank): maximum 27, 28 and 30 marginal, 31 out of memory; 28 trained 30 steps across the
-    nodes, and 30, the maximum with ``edge_spread: 0``, ran out of memory on n2 within 30 steps."""
+    (memory_hog, 1100 MiB a rank): maximum 28, 29 and 30 marginal, 31 out of memory; independent 30-step runs
+    across the nodes survived at 28 and 29 3 of 3, at 30 (the maximum with ``edge_spread: 0``) 1 of 4."""
     spec = write_spec(folder, {
         "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 262144, "depth": 4}},
         "input": {"shape": [262144]},
