@@ -26,11 +26,9 @@ inherited by torchrun's ranks and DataLoader workers): a plain process's cap, as
 from __future__ import annotations
 
 import os
-import re
 import resource
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,7 +47,7 @@ from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome, classify_exception
 from isoprobe.report.result import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, argv_for
-from isoprobe.system.keeper import descendants, sigkill_below
+from isoprobe.system.keeper import cancel_slurm_steps, sigkill_below, slurm_steps_of, srun_processes
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events
@@ -331,7 +329,7 @@ def _end_tree(process: subprocess.Popen) -> None:
     slurmstepd, not below this process, and outlive a killed srun (measured on the two-node test cluster: the
     step of ``isoprobe run -- srun python train.py`` kept running after its trial, and the next trial's srun
     waited for its CPUs until it gave up)."""
-    steps = _steps_started_by(_srun_processes(os.getpid()))
+    steps = slurm_steps_of(srun_processes(os.getpid()))
     try:
         os.killpg(process.pid, signal.SIGKILL)
     except (ProcessLookupError, PermissionError):
@@ -352,56 +350,11 @@ _STEP_GONE_SECONDS = 60.0
 _STEP_RECANCEL_SECONDS = 5.0
 
 
-def _srun_processes(root: int) -> set[int]:
-    """The PIDs of the srun processes below ``root`` (by ancestry)."""
-    found = set()
-    for pid, state in descendants(root):
-        try:
-            with open(f"/proc/{pid}/comm", "rb") as handle:
-                if handle.read().strip() == b"srun" and state not in ("Z", "X"):
-                    found.add(pid)
-        except OSError:
-            continue
-    return found
-
-
-def _steps_started_by(sruns: set[int]) -> list[str]:
-    """The job steps whose srun is one of ``sruns`` on this host (``scontrol show step``'s ``SrunHost:Pid``)."""
-    scontrol = shutil.which("scontrol")
-    if not sruns or scontrol is None:
-        return []
-    try:
-        listed = subprocess.run([scontrol, "show", "step", "-o"], stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=10, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return []
-    return steps_of_sruns(listed.stdout, sruns, socket.gethostname())
-
-
-def steps_of_sruns(listing: str, sruns: set[int], host: str) -> list[str]:
-    """From ``scontrol show step -o``'s lines, the steps whose srun ran on ``host`` as one of ``sruns`` (pure)."""
-    found = []
-    for line in listing.splitlines():
-        fields = dict(re.findall(r"(\S+?)=(\S*)", line))
-        step, srun = fields.get("StepId"), fields.get("SrunHost:Pid", "")
-        srun_host, _, pid = srun.rpartition(":")
-        if step and pid.isdigit() and int(pid) in sruns and srun_host.split(".")[0] == host.split(".")[0]:
-            found.append(step)
-    return found
-
-
 def _cancel_steps(steps: list[str]) -> None:
-    """End ``steps`` through slurmctld (their tasks SIGKILLed, then the steps cancelled) and wait, a while, until
-    ``squeue -s`` no longer lists them: the next trial's srun needs their CPUs."""
-    scancel, squeue = shutil.which("scancel"), shutil.which("squeue")
-    if scancel is None:
-        return
-    def cancel(left: list[str]) -> None:
-        for args in (["--signal=KILL", *left], left):
-            subprocess.run([scancel, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=30, check=False)
-
-    cancel(steps)
+    """End ``steps`` through slurmctld (``keeper.cancel_slurm_steps``) and wait, a while, until ``squeue -s`` no
+    longer lists them, asking again every few seconds: the next trial's srun needs their CPUs."""
+    squeue = shutil.which("squeue")
+    cancel_slurm_steps(steps)
     deadline = time.monotonic() + _STEP_GONE_SECONDS
     next_cancel = time.monotonic() + _STEP_RECANCEL_SECONDS
     while squeue is not None and time.monotonic() < deadline:
@@ -411,22 +364,28 @@ def _cancel_steps(steps: list[str]) -> None:
         if listed.returncode != 0 or not left:
             return
         if time.monotonic() > next_cancel:
-            cancel(left)
+            cancel_slurm_steps(left)
             next_cancel = time.monotonic() + _STEP_RECANCEL_SECONDS
         time.sleep(0.1)
 
 
-#: How long the command's own process gets to exit after its exception was seen, for its exit status. Generous:
-#: a process that imported torch takes a while to finalize on a loaded machine (2 s was too short on CI's two
-#: busy cores), and the wait only ever delays a verdict that ends the search anyway.
-_EXIT_WAIT_SECONDS = 10.0
+#: How long the command's own process gets to exit after an exception that is the script's error (not out of
+#: memory) was seen, for its exit status. Generous: a process that imported torch takes 1.2 to 2 s to finalize
+#: after its exception on an idle machine here, and 10.4 s once (measured: the excepthook to the process's end,
+#: torch 2.14.1); 2 s and then 10 s were too short on CI's two busy cores. The wait only ever delays a verdict that
+#: ends the search anyway. An out-of-memory verdict does not wait: the search goes on, and the status adds nothing.
+_EXIT_WAIT_SECONDS = 30.0
 
 
 def _exit_status_of(process: subprocess.Popen, failed: _Process) -> int | None:
-    """The command's exit status when the process that failed is the command itself (a rank's failure is judged
-    at once: the launcher's own exit comes later, after its other ranks)."""
+    """The command's exit status when the process that failed is the command itself and its exception is the
+    script's error (a rank's failure is judged at once: the launcher's own exit comes later, after its other ranks;
+    an allocation failure is judged at once too: the search goes on, and the status adds nothing to it)."""
     if failed.pid != process.pid:
         return None
+    exception = failed.exception
+    if exception is not None and classify_exception(exception.types, exception.message) is Outcome.OUT_OF_MEMORY:
+        return process.poll()
     try:
         return process.wait(timeout=_EXIT_WAIT_SECONDS)
     except subprocess.TimeoutExpired:

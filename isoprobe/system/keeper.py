@@ -32,7 +32,9 @@ the executor reads (``isoprobe.system.oomkill``). So no cgroup is used.
 How the executor uses it (``command``): ``python -I -S keeper.py FD [--on-stop FILE] -- CHILD ARGV``.
 ``--on-stop``: commands the keeper runs when it is stopped while the child still
 runs, before it kills the tree, for what the child had started where the keeper
-cannot see (a Slurm job step's tasks: ``executors.srun_gang``).
+cannot see (a Slurm job step's tasks: ``executors.srun_gang``). For the same
+reason a keeper stopped while an ``srun`` runs in its tree (a probed command's)
+cancels that srun's job steps through Slurm first (``cancel_slurm_steps``).
 It imports the standard library only (no isoprobe, no pydantic, no torch, no
 site-packages), which keeps its start-up at about 10 ms. It starts the child with
 its own stdin, stdout, stderr and environment, in a session of its own, waits,
@@ -289,6 +291,76 @@ def run_on_stop(path: str | None) -> None:
             pass
 
 
+def srun_processes(root: int) -> set[int]:
+    """The live ``srun`` processes below ``root`` (by ancestry, whatever their session)."""
+    found = set()
+    for pid, state in descendants(root):
+        if state in ("Z", "X"):
+            continue
+        try:
+            with open(f"/proc/{pid}/comm", "rb") as handle:
+                if handle.read().strip() == b"srun":
+                    found.add(pid)
+        except OSError:
+            continue
+    return found
+
+
+def steps_of_sruns(listing: str, sruns: set[int], host: str) -> list[str]:
+    """From ``scontrol show step -o``'s lines, the steps whose srun ran on ``host`` as one of ``sruns`` (pure)."""
+    import re
+
+    found = []
+    for line in listing.splitlines():
+        fields = dict(re.findall(r"(\S+?)=(\S*)", line))
+        step, srun = fields.get("StepId"), fields.get("SrunHost:Pid", "")
+        srun_host, _, pid = srun.rpartition(":")
+        if step and pid.isdigit() and int(pid) in sruns and srun_host.split(".")[0] == host.split(".")[0]:
+            found.append(step)
+    return found
+
+
+def slurm_steps_of(sruns: set[int]) -> list[str]:
+    """The job steps whose srun is one of ``sruns`` on this host (``scontrol show step``'s ``SrunHost:Pid``);
+    none where Slurm's clients are missing or do not answer within ``ON_STOP_SECONDS``."""
+    if not sruns:
+        return []
+    import shutil
+    import socket
+    import subprocess
+
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return []
+    try:
+        listed = subprocess.run([scontrol, "show", "step", "-o"], stdin=subprocess.DEVNULL, capture_output=True,
+                                text=True, timeout=ON_STOP_SECONDS, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return steps_of_sruns(listed.stdout, sruns, socket.gethostname())
+
+
+def cancel_slurm_steps(steps: list[str]) -> None:
+    """Kill the tasks of ``steps`` on every node, then cancel the steps, through slurmctld; never raise.
+
+    Killing their srun does not end them: the tasks run under each node's slurmstepd (measured on Slurm 22.05:
+    a step whose srun was SIGKILLed kept its tasks running on both nodes)."""
+    if not steps:
+        return
+    import shutil
+    import subprocess
+
+    scancel = shutil.which("scancel")
+    if scancel is None:
+        return
+    for args in (["--signal=KILL", *steps], steps):
+        try:
+            subprocess.run([scancel, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                           stderr=subprocess.DEVNULL, timeout=ON_STOP_SECONDS, check=False)
+        except (OSError, subprocess.SubprocessError):
+            pass
+
+
 def main(argv: list[str]) -> None:
     on_stop = None
     if len(argv) >= 4 and argv[2] == ON_STOP_OPTION:
@@ -319,6 +391,9 @@ def keep(keeper: Keeper, on_stop: str | None = None) -> None:
     keeper.supervise()
     if keeper.child_status is None:  # stopped while the child runs: first what the tree's SIGKILL cannot reach
         run_on_stop(on_stop)
+        # A probed command that runs srun (``isoprobe run -- srun python train.py``) started job steps whose
+        # tasks no SIGKILL of this tree reaches: end them through Slurm, before their srun dies with the tree.
+        cancel_slurm_steps(slurm_steps_of(srun_processes(os.getpid())))
     keeper.kill_tree()
     exit_as(keeper.child_status if keeper.child_status is not None else signal.SIGKILL)
 

@@ -329,3 +329,42 @@ def test_a_command_that_runs_srun_across_the_nodes_leaves_no_step_after_each_tri
     assert all(t["seconds"] < 60 for t in result["trials"]), result["trials"]
     assert step_ids(two_node_cluster, job.job_id) == []
     assert not marked_processes(*marker.split("=", 1))
+
+
+def test_isoprobe_sigkilled_while_its_command_runs_srun_leaves_no_step_and_no_process(two_node_cluster, folder):
+    """``isoprobe run -- srun ...`` SIGKILLed mid-trial, when nothing of isoprobe's own can act: the trial's keeper
+    sees its lifeline close, finds the command's srun in its tree, has Slurm kill that step's tasks on n1 and n2
+    and cancel it (``keeper.cancel_slurm_steps``), then kills the tree. Before, the keeper killed srun alone and
+    the step's tasks ran on under both nodes' slurmstepd (docs/command.md named the gap)."""
+    marker = f"ISOPROBE_TEST_MARKER=two-node-command-kill-{os.getpid()}-{time.monotonic_ns()}"
+    pidfile, status = folder / "command-kill.pid", folder / "command-kill.status"
+    q = shlex.quote
+    script = "\n".join([
+        f"export PYTHONPATH={q(str(REPO))} OMP_NUM_THREADS=1",
+        f"cd {q(str(folder))}",
+        "set -m",
+        f"{marker} {q(PYTHON)} -m isoprobe run --no-cache --format json --memory-budget 1GiB "
+        "--set search.trial_timeout=300 -- srun sleep 300 {batch_size} > command-kill.json &",
+        f"echo $! > {q(str(pidfile))}",
+        f"wait $!; echo $? > {q(str(status))}",
+        "sleep 300",
+    ]) + "\n"
+    job_id = two_node_cluster.submit(script, nodes=2, ntasks_per_node=1)
+    try:
+        def tasks():  # the step's task on each node ('pid state command')
+            return [p for p in marked_processes(*marker.split("=", 1)) if p.split(" ", 2)[-1].startswith("sleep 300 ")]
+
+        assert wait_for(lambda: len(step_ids(two_node_cluster, job_id)) == 1 and len(tasks()) == 2, 120), (
+            two_node_cluster.output(job_id, "err"), marked_processes(*marker.split("=", 1)))
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
+        signalled = time.monotonic()
+        gone = wait_for(lambda: not step_ids(two_node_cluster, job_id) and not marked_processes(*marker.split("=", 1)),
+                        30)
+        latency = time.monotonic() - signalled
+        assert gone, (step_ids(two_node_cluster, job_id), marked_processes(*marker.split("=", 1)))
+        assert wait_for(status.exists, 10) and status.read_text().strip() == "137"
+        print(f"isoprobe SIGKILL mid-command: no step and no process on either node after {latency:.2f} s")
+        assert two_node_cluster.job_info(job_id).get("JobState") == "RUNNING"  # the job outlived isoprobe
+    finally:
+        two_node_cluster.command("scancel", job_id, check=False)
+        two_node_cluster.wait(job_id, timeout=60)

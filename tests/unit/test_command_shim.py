@@ -22,6 +22,7 @@ from isoprobe.pipeline.plausibility import Asked, over_budget
 from isoprobe.protocol.messages import TrialRequest, TrialResult
 from isoprobe.report.outcomes import Outcome
 from isoprobe.spec.model import Spec
+from isoprobe.system import keeper
 
 
 def run_python(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
@@ -164,6 +165,25 @@ def test_the_steps_a_commands_srun_started_are_found_by_srun_host_and_pid():
         "StepId=2.1 UserId=0 State=RUNNING NodeList=n1 Tasks=1 Name=sleep SrunHost:Pid=n1:999\n"
         "StepId=3.0 UserId=0 State=RUNNING NodeList=n2 Tasks=1 Name=python SrunHost:Pid=n2.cluster:28763\n"
         "StepId=2.batch UserId=0 State=RUNNING NodeList=n1 Tasks=1 Name=batch\n")
-    assert supervisor.steps_of_sruns(listing, {28763, 4}, "n1") == ["2.0"]
-    assert supervisor.steps_of_sruns(listing, {28763}, "n2.cluster") == ["3.0"]
-    assert supervisor.steps_of_sruns(listing, set(), "n1") == []
+    assert keeper.steps_of_sruns(listing, {28763, 4}, "n1") == ["2.0"]
+    assert keeper.steps_of_sruns(listing, {28763}, "n2.cluster") == ["3.0"]
+    assert keeper.steps_of_sruns(listing, set(), "n1") == []
+
+
+@pytest.mark.parametrize("types, waits", [(["ValueError", "Exception"], True),
+                                          (["OutOfMemoryError", "RuntimeError"], False)])
+def test_the_commands_exit_status_is_waited_for_after_its_error_but_not_after_out_of_memory(types, waits):
+    """A script's error ends the search, so its verdict waits (up to _EXIT_WAIT_SECONDS) for the exit status a
+    process that imported torch takes seconds to reach; an allocation failure is judged at once, as the search
+    goes on and the status adds nothing."""
+    import time
+
+    process = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.5); sys.exit(3)"])
+    failed = supervisor._Process(pid=process.pid, exception=ShimException(
+        kind="exception", pid=process.pid, types=types, type=types[0], message="m", traceback="", thread=None,
+        steps=0, t=0.0))
+    began = time.monotonic()
+    status = supervisor._exit_status_of(process, failed)
+    seconds = time.monotonic() - began
+    process.wait()
+    assert (status, seconds >= 0.4) == ((3, True) if waits else (None, False)), (status, seconds)

@@ -201,3 +201,45 @@ def test_a_stopped_keeper_runs_its_on_stop_commands_before_the_kill_and_a_finish
     os.close(lifeline)
     assert not (tmp_path / "finished").exists()
     assert keeper.command(7, ["x"], on_stop="/f")[4:] == ["7", "--on-stop", "/f", "--", "x"]
+
+
+def test_a_stopped_keeper_cancels_the_job_steps_an_srun_in_its_tree_started(tmp_path):
+    """``isoprobe run -- srun python train.py`` with isoprobe SIGKILLed mid-trial: the command's srun started a
+    job step whose tasks run under each node's slurmstepd, out of the keeper's reach, and outlive a killed srun.
+    The stopped keeper finds that srun in its tree, asks ``scontrol show step`` which step it started, and has
+    Slurm kill the step's tasks and cancel it, before it kills the tree. Stand-ins for srun (a process of that
+    name), scontrol (the listing Slurm 22.05 prints, with a step of another srun beside it) and scancel."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from isoprobe.system import keeper
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "srun": "sleep 60",  # no exec: the shell stays, named srun
+        "scontrol": (f"exec {sys.executable} -c \"import os\n"
+                     "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+                     "    try: comm = open('/proc/%s/comm' % pid).read().strip()\n"
+                     "    except OSError: continue\n"
+                     f"    if comm == 'srun': print('StepId=9.0 State=RUNNING SrunHost:Pid={socket.gethostname()}:%s' % pid)\n"
+                     "print('StepId=9.1 State=RUNNING SrunHost:Pid=elsewhere:1')\""),
+        "scancel": f'echo "$*" >> {tmp_path}/scancel.log',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    read, write = os.pipe()
+    process = subprocess.Popen(keeper.command(read, [sys.executable, "-c", "import subprocess; subprocess.run(['srun'])"]),
+                               pass_fds=(read,), env=env)
+    os.close(read)
+    deadline = time.monotonic() + 20
+    while not keeper.srun_processes(process.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert keeper.srun_processes(process.pid), "the stand-in srun never started"
+    os.close(write)  # as when isoprobe dies
+    assert process.wait(timeout=30) == -9
+    assert (tmp_path / "scancel.log").read_text().splitlines() == ["--signal=KILL 9.0", "9.0"]
