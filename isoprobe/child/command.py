@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import os
 import resource
-import shutil
 import signal
 import subprocess
 import sys
@@ -47,7 +46,8 @@ from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome, classify_exception
 from isoprobe.report.result import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, argv_for
-from isoprobe.system.keeper import cancel_slurm_steps, sigkill_below, slurm_steps_of, srun_processes
+from isoprobe.system.keeper import (cancel_slurm_steps, sigkill_below, slurm_steps_of, srun_processes,
+                                    wait_slurm_steps_gone)
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events
@@ -351,22 +351,11 @@ _STEP_RECANCEL_SECONDS = 5.0
 
 
 def _cancel_steps(steps: list[str]) -> None:
-    """End ``steps`` through slurmctld (``keeper.cancel_slurm_steps``) and wait, a while, until ``squeue -s`` no
-    longer lists them, asking again every few seconds: the next trial's srun needs their CPUs."""
-    squeue = shutil.which("squeue")
+    """End ``steps`` through slurmctld and wait, a while, until ``squeue -s`` no longer lists them: the next
+    trial's srun needs their CPUs (a step still listed then is left to Slurm: the trial goes on)."""
     cancel_slurm_steps(steps)
-    deadline = time.monotonic() + _STEP_GONE_SECONDS
-    next_cancel = time.monotonic() + _STEP_RECANCEL_SECONDS
-    while squeue is not None and time.monotonic() < deadline:
-        listed = subprocess.run([squeue, "-h", "-s", "-o", "%i"], stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=30, check=False)
-        left = sorted(set(steps) & set(listed.stdout.split()))
-        if listed.returncode != 0 or not left:
-            return
-        if time.monotonic() > next_cancel:
-            cancel_slurm_steps(left)
-            next_cancel = time.monotonic() + _STEP_RECANCEL_SECONDS
-        time.sleep(0.1)
+    wait_slurm_steps_gone(steps, _STEP_GONE_SECONDS, recancel_after=_STEP_RECANCEL_SECONDS,
+                          recancel_every=_STEP_RECANCEL_SECONDS)
 
 
 #: How long the command's own process gets to exit after an exception that is the script's error (not out of

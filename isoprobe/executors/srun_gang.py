@@ -58,6 +58,7 @@ from isoprobe.executors.srun_plan import advice, loss, node_failed, refusal, sru
 from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
 from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
 from isoprobe.system import keeper
+from isoprobe.system.keeper import wait_slurm_steps_gone
 
 #: How often the step's ranks are looked at (as the local gang's ``POLL_SECONDS``).
 POLL_SECONDS = 0.02
@@ -390,23 +391,13 @@ class SrunGangExecutor:
                        stderr=subprocess.DEVNULL, timeout=30, check=False)
 
     def _wait_step_gone(self, step_id: str) -> None:
-        job = step_id.split(".")[0]
-        began = time.monotonic()
-        next_cancel = began + min(2.0, STEP_RECANCEL_SECONDS)  # _end has just asked: a moment before asking again
-        while time.monotonic() < began + STEP_GONE_SECONDS:
-            listed = subprocess.run([self.squeue, "-h", "-s", "-j", job, "-o", "%i"], stdin=subprocess.DEVNULL,
-                                    capture_output=True, text=True, timeout=30, check=False)
-            if listed.returncode != 0 or step_id not in listed.stdout.split():
-                return
-            if time.monotonic() > next_cancel:  # srun is gone and the step is still there
-                self._scancel("--signal=KILL", step_id)
-                self._scancel(step_id)
-                next_cancel = time.monotonic() + STEP_RECANCEL_SECONDS
-            time.sleep(0.1)
-        raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --signal=KILL, then scancel of the "
-                         f"step, srun gone) but squeue -s still lists it {STEP_GONE_SECONDS:g} s later; the probe "
-                         f"stops rather than start another step beside it. What Slurm says of it: "
-                         f"{self._step_record(step_id)}")
+        if wait_slurm_steps_gone([step_id], STEP_GONE_SECONDS, recancel_after=min(2.0, STEP_RECANCEL_SECONDS),
+                                 recancel_every=STEP_RECANCEL_SECONDS, squeue=self.squeue, scancel=self.scancel,
+                                 job=step_id.split(".")[0]):
+            raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --signal=KILL, then scancel of "
+                             f"the step, srun gone) but squeue -s still lists it {STEP_GONE_SECONDS:g} s later; the "
+                             f"probe stops rather than start another step beside it. What Slurm says of it: "
+                             f"{self._step_record(step_id)}")
 
     def _step_record(self, step_id: str) -> str:
         """``scontrol show step`` of a step that will not go away (its state and nodes), for the error."""

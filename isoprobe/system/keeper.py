@@ -340,7 +340,7 @@ def slurm_steps_of(sruns: set[int]) -> list[str]:
     return steps_of_sruns(listed.stdout, sruns, socket.gethostname())
 
 
-def cancel_slurm_steps(steps: list[str]) -> None:
+def cancel_slurm_steps(steps: list[str], scancel: str = "scancel") -> None:
     """Kill the tasks of ``steps`` on every node, then cancel the steps, through slurmctld; never raise.
 
     Killing their srun does not end them: the tasks run under each node's slurmstepd (measured on Slurm 22.05:
@@ -350,15 +350,41 @@ def cancel_slurm_steps(steps: list[str]) -> None:
     import shutil
     import subprocess
 
-    scancel = shutil.which("scancel")
-    if scancel is None:
+    program = shutil.which(scancel)
+    if program is None:
         return
     for args in (["--signal=KILL", *steps], steps):
         try:
-            subprocess.run([scancel, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            subprocess.run([program, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=ON_STOP_SECONDS, check=False)
         except (OSError, subprocess.SubprocessError):
             pass
+
+
+def wait_slurm_steps_gone(steps: list[str], seconds: float, *, recancel_after: float, recancel_every: float,
+                          squeue: str = "squeue", scancel: str = "scancel", job: str | None = None) -> list[str]:
+    """Wait until ``squeue -s`` lists none of ``steps`` (ended already), asking Slurm again to kill and cancel those
+    still listed ``recancel_after`` seconds in and then every ``recancel_every``: a loaded machine can hold up
+    Slurm's end of a killed step. The steps still listed after ``seconds``; none once they are gone, or where
+    squeue is missing or fails (nothing more can be known)."""
+    import shutil
+    import subprocess
+
+    program = shutil.which(squeue)
+    began = time.monotonic()
+    next_cancel = began + recancel_after
+    left = list(steps)
+    while program is not None and time.monotonic() < began + seconds:
+        listed = subprocess.run([program, "-h", "-s", *(["-j", job] if job else []), "-o", "%i"],
+                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False)
+        left = [step for step in steps if step in listed.stdout.split()]
+        if listed.returncode != 0 or not left:
+            return []
+        if time.monotonic() > next_cancel:
+            cancel_slurm_steps(left, scancel)
+            next_cancel = time.monotonic() + recancel_every
+        time.sleep(0.1)
+    return [] if program is None else left
 
 
 def main(argv: list[str]) -> None:
