@@ -22,6 +22,11 @@ ENV PIP_NO_CACHE_DIR=1 \
     PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1
 
+# PIP_CONSTRAINT: a constraints file pip obeys (an ARG is in RUN's environment), for an image that must hold
+# the same torch as something else; the container test tier pins the host venv's torch and torchvision so
+# the image tests what the host's tests test (tests/container/build_image.sh). Empty: pip resolves freely.
+ARG PIP_CONSTRAINT=""
+
 # The project first, the specs after it: editing a spec does not reinstall torch.
 WORKDIR /opt/isoprobe
 COPY pyproject.toml README.md ./

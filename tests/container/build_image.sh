@@ -20,6 +20,9 @@ IMAGE="${1:-localhost/isoprobe:test}"
 BASE="${ISOPROBE_CONTAINER_BASE:-localhost/isoprobe-test-base:bookworm}"
 SUITE="$(. /etc/os-release && echo "${VERSION_CODENAME:-bookworm}")"
 PODMAN=(podman --runtime runc)
+work=""
+pinfile=""
+trap 'rm -rf ${work:+"$work"} ${pinfile:+"$pinfile"}' EXIT
 LIMITS=(--ulimit nofile=1024:1024 --ulimit nproc=1024:1024)
 
 # The Debian mirror of the machine's apt sources (deb822 .sources or one-line sources.list), else Debian's CDN.
@@ -35,7 +38,6 @@ mirror() {
 if ! "${PODMAN[@]}" image exists "$BASE"; then
     began=$SECONDS
     work="$(mktemp -d /var/tmp/isoprobe-base.XXXXXX)"
-    trap 'rm -rf "$work"' EXIT
     debootstrap --variant=minbase --include=python3,python3-venv "$SUITE" "$work/rootfs" "$(mirror)" >/dev/null
     tar -C "$work/rootfs" -c . | "${PODMAN[@]}" import - "$BASE-rootfs" >/dev/null
     rm -rf "$work/rootfs"
@@ -55,7 +57,29 @@ fi
 MOUNTS=()
 [ -d /etc/ssl/certs ] && MOUNTS+=(-v /etc/ssl/certs:/etc/ssl/certs:ro)
 [ -f /etc/pip.conf ] && MOUNTS+=(-v /etc/pip.conf:/etc/pip.conf:ro)
+
+# The image gets the torch and torchvision releases of the python on PATH (CI's venv, whose tests the other
+# tiers run), not whatever the index offers that day: a new torch release once made the image's CUDA
+# libraries outgrow a CI machine's disk mid-build while the host's tests ran on the older one.
+PINS=()
+pins="$(python - 2>/dev/null <<'EOF' || true
+from importlib.metadata import version
+for name in ("torch", "torchvision"):
+    print(f"{name}=={version(name).split('+')[0]}")
+EOF
+)"
+if [ -n "$pins" ]; then
+    pinfile="$(mktemp /var/tmp/isoprobe-pins.XXXXXX)"
+    echo "$pins" > "$pinfile"
+    MOUNTS+=(-v "$pinfile:/tmp/isoprobe-pins.txt:ro")
+    PINS=(--build-arg PIP_CONSTRAINT=/tmp/isoprobe-pins.txt)
+    echo "pinned to the host's $(echo "$pins" | paste -sd' ')"
+fi
+# The image's layer is written twice while it is committed (~12 GB for a 6 GB image): a build that runs out of
+# disk says so in podman's words, and this line says how much there was.
+graphroot="$("${PODMAN[@]}" info --format '{{.Store.GraphRoot}}')"
+echo "disk: $(df -h --output=avail "$graphroot" | tail -1 | tr -d ' ') free at $graphroot before the image build"
 began=$SECONDS
-"${PODMAN[@]}" build "${LIMITS[@]}" --network host "${MOUNTS[@]}" \
+"${PODMAN[@]}" build "${LIMITS[@]}" --network host "${MOUNTS[@]}" "${PINS[@]}" \
     --build-arg BASE_IMAGE="$BASE" -t "$IMAGE" -f Dockerfile .
 echo "image built in $((SECONDS - began))s: $IMAGE ($("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE") bytes)"
