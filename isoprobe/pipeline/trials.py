@@ -337,9 +337,9 @@ class TrialRunner:
                     runs.setdefault(t.batch_size, []).append(peaks)
         return spread_for(self.target.backend, self.target.search_capacity,
                           [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread,
-                          # A command's ranks (torchrun's) get a process's floor (its spec's strategy is none):
-                          # a torchrun DDP script's edge survived 8 of 8 own runs with 2.0 MiB free.
-                          strategy=self.spec.distributed.strategy)
+                          # A command's processes (torchrun's ranks too) get a command's floor: its reading is the
+                          # data segment the cap counts (search.margin.COMMAND_FLOOR_BYTES).
+                          strategy=self.spec.distributed.strategy, command=self.spec.command is not None)
 
     def margin_of(self, trial: Trial) -> "Margin | None":
         """How much a deciding trial's steady peak left free below the capacity, against the spread."""

@@ -42,6 +42,15 @@ FLOOR_FRACTION = {"cpu": 0.004, "cuda": 0.002}
 GANG_FACTOR = 2
 #: The strategies whose gangs get GANG_FACTOR (``distributed.strategy``).
 WIDER_FLOOR_STRATEGIES = frozenset({"fsdp"})
+#: A command trial's floor where it differs from isoprobe's own trials' (``command:``, docs/command.md). On the
+#: CPU backend its reading is the data segment itself, the very number ``RLIMIT_DATA`` caps, sampled through
+#: each step (isoprobe's own trials estimate it from VmPeak, whose floor covers that estimate too), and the
+#: scripts' own long runs at the edges a command trial reads (docs/results/command-truth.md) survived with 1.4 to
+#: 2.3 MiB free: torchrun DDP's 14 (1.4 MiB) and the plain loop's 50 (2.2 MiB) 30 steps in 8 of 8 runs; the
+#: Lightning script's 38 (2.3 MiB) in 7 of 8. Under 8 MiB each answered two batches below its edge. What is left
+#: is the sampling: a transient between two samples 1 ms apart. No fraction of the capacity: measured at 0.9 to
+#: 1.1 GiB only. On CUDA a command reads the caching allocator's reserved peak, as isoprobe's own trials do.
+COMMAND_FLOOR_BYTES = {"cpu": 1 * MIB}
 
 
 @dataclass(frozen=True)
@@ -56,8 +65,11 @@ class Spread:
         return max(self.floor_bytes, self.observed_bytes or 0)
 
 
-def floor_bytes(backend: str, capacity: int, strategy: str = "none") -> int:
-    """The backend's floor for a capacity, per process or per rank of a gang of ``strategy``."""
+def floor_bytes(backend: str, capacity: int, strategy: str = "none", command: bool = False) -> int:
+    """The backend's floor for a capacity, per process or per rank of a gang of ``strategy``; ``command``: for a
+    command trial's processes (``COMMAND_FLOOR_BYTES``)."""
+    if command and backend in COMMAND_FLOOR_BYTES:
+        return COMMAND_FLOOR_BYTES[backend]
     single = max(FLOOR_BYTES.get(backend, FLOOR_BYTES["cuda"]), int(FLOOR_FRACTION.get(backend, 0.0) * capacity))
     return single * GANG_FACTOR if strategy in WIDER_FLOOR_STRATEGIES else single
 
@@ -79,11 +91,12 @@ def observed_bytes(runs: list[list[int]]) -> int | None:
 
 
 def spread_for(backend: str, capacity: int, same_batch_runs: list[list[list[int]]] = (),
-               override: int | None = None, strategy: str = "none") -> Spread:
+               override: int | None = None, strategy: str = "none", command: bool = False) -> Spread:
     """The spread for a probe on ``backend``: ``same_batch_runs`` holds, per batch that ran more than once,
     each run's per-step peaks; ``override`` (search.edge_spread as bytes) replaces the floor; ``strategy``: the
-    gang's (``distributed.strategy``), "none" for one process or a command's own ranks."""
-    floor = floor_bytes(backend, capacity, strategy) if override is None else override
+    gang's (``distributed.strategy``), "none" for one process or a command's own ranks; ``command``: the
+    probe runs a command (``spec.command``)."""
+    floor = floor_bytes(backend, capacity, strategy, command) if override is None else override
     observed = [gap for runs in same_batch_runs if (gap := observed_bytes(runs)) is not None]
     return Spread(floor, max(observed) if observed else None)
 

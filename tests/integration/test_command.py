@@ -186,11 +186,17 @@ FIVE = [
 ]
 #: What a trial's command asks for steps: more than any trial runs (the trial ends the command, not the script).
 LONG_RUN = "100000"
+#: Scripts whose own long runs at their edge are a coin toss: how many 30-step runs at isoprobe's maximum are made, of
+#: which one must train. The Lightning script's need varies run to run by about one sample (4.9 MiB): under 1085 MiB
+#: its 38 (its 5-step edge, which isoprobe answers with a command's floor) trained 30 steps in 7 of 8 of its own runs,
+#: and 39 ran out in every run (docs/results/command-truth.md). One run of two failing is then 1 in 4; both, 1 in 64.
+RUNS_AT_THE_MAXIMUM = {"lightning-cli": 2}
 
 
-@pytest.mark.parametrize("template, budget, start", [case[1:] for case in FIVE], ids=[case[0] for case in FIVE])
+@pytest.mark.parametrize("template, budget, start, runs", [(*case[1:], RUNS_AT_THE_MAXIMUM.get(case[0], 1))
+                                                            for case in FIVE], ids=[case[0] for case in FIVE])
 def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tmp_path, scratch, template, budget,
-                                                                             start):
+                                                                             start, runs):
     """Checked against the script itself, in fresh processes under the same cap without isoprobe
     (benchmarks/command_truth.py): the maximum isoprobe answers trains 30 steps, and the batch above the first
     one isoprobe saw fail runs out (an answer too high fails the first, a search that stopped far below the
@@ -210,8 +216,11 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     cap = command_truth.parse_size(budget)
     truth = tmp_path / "truth"
     truth.mkdir()
-    trains = command_truth.run_once(template, result["max_batch_size"], 30, cap, 300, truth)
-    assert trains.outcome == "survived", (result["max_batch_size"], trains.reason, trains.tail)
+    for attempt in range(runs):
+        trains = command_truth.run_once(template, result["max_batch_size"], 30, cap, 300, truth)
+        if trains.outcome == "survived":
+            break
+    assert trains.outcome == "survived", (result["max_batch_size"], runs, trains.reason, trains.tail)
     above = command_truth.run_once(template, failing + 1, 30, cap, 300, truth)
     assert above.outcome == "oom", (failing + 1, above.reason, above.tail)
 

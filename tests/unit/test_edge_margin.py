@@ -154,3 +154,18 @@ def test_the_table_view_says_the_spread_and_the_marginal_batch():
 
     table = render_table(probe(hog_spec(), ScriptedExecutor(linear(TIGHT_FIXED, HOG_PER_SAMPLE))).result)
     assert "spread: 8.00 MiB" in table and "marginal 25: fit 1 of 1 long runs, 4.00 MiB free" in table
+
+
+def test_a_commands_floor_on_the_cpu_is_its_own_and_ignores_the_capacity_and_the_strategy():
+    """A command trial reads the data segment the cap counts, and the scripts' own runs at the edges it reads
+    survived with 1.4 to 2.3 MiB free: its CPU floor is COMMAND_FLOOR_BYTES, not a process's 8 MiB. On CUDA it reads
+    the allocator's reserved peak as isoprobe's own trials do, so it keeps their floor; edge_spread replaces both."""
+    for capacity in (BUDGET, 80 * 1024 * MiB):
+        for strategy in ("none", "ddp", "fsdp"):
+            assert margin.floor_bytes("cpu", capacity, strategy, command=True) == margin.COMMAND_FLOOR_BYTES["cpu"]
+    assert margin.COMMAND_FLOOR_BYTES["cpu"] < margin.floor_bytes("cpu", BUDGET)
+    assert margin.floor_bytes("cuda", BUDGET, command=True) == margin.floor_bytes("cuda", BUDGET)
+    assert margin.spread_for("cpu", BUDGET, command=True).bytes == 1 * MiB
+    assert margin.spread_for("cpu", BUDGET, override=16 * MiB, command=True).bytes == 16 * MiB
+    # What the probe saw itself still counts: two runs of one batch 3 MiB apart widen a command's spread to that.
+    assert margin.spread_for("cpu", BUDGET, [[[0, 10 * MiB], [0, 13 * MiB]]], command=True).bytes == 3 * MiB
