@@ -169,3 +169,20 @@ def test_a_commands_floor_on_the_cpu_is_its_own_and_ignores_the_capacity_and_the
     assert margin.spread_for("cpu", BUDGET, override=16 * MiB, command=True).bytes == 16 * MiB
     # What the probe saw itself still counts: two runs of one batch 3 MiB apart widen a command's spread to that.
     assert margin.spread_for("cpu", BUDGET, [[[0, 10 * MiB], [0, 13 * MiB]]], command=True).bytes == 3 * MiB
+
+
+def test_a_probed_command_applies_a_commands_floor_where_a_model_spec_applies_a_processs():
+    """The pipeline asks for a command's floor when the spec runs a command (``trials.TrialRunner.spread``): the
+    same scripted device, whose 25 fits 4 MiB below the cap, answers 24 for a model spec (inside 8 MiB) and 25
+    for a command (outside 1 MiB)."""
+    device = linear(TIGHT_FIXED, HOG_PER_SAMPLE)
+    own = probe(hog_spec(), ScriptedExecutor(device)).result
+    assert own.max_batch_size == 24 and own.edge_margin.spread_bytes == margin.FLOOR_BYTES["cpu"]
+    spec = hog_spec()
+    for section in ("model", "input", "target", "optimizer"):
+        spec.pop(section, None)
+    spec["command"] = ["python", "train.py", "--batch-size", "{batch_size}"]
+    spec["search"]["start_batch_size"] = 24
+    command = probe(spec, ScriptedExecutor(device)).result
+    assert command.edge_margin.spread_bytes == margin.COMMAND_FLOOR_BYTES["cpu"]
+    assert command.max_batch_size == 25 and command.edge_margin.marginal == []
