@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .podman_support import REPO, podman, run_args, unique, wait_for
+from .podman_support import LIMITS, REPO, podman, run_args, unique, wait_for
 
 pytestmark = pytest.mark.container
 
@@ -148,3 +148,16 @@ def _alive(pid: int) -> bool:
             return stat.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X")
     except OSError:
         return False
+
+
+def test_the_image_holds_the_torch_and_torchvision_the_other_tiers_test(container_image):
+    """build_image.sh pins the image to the releases of the python that runs these tests (the Dockerfile's
+    PIP_CONSTRAINT): without the pins the index's newest torch went in (2.15.0 against the host's 2.14.1, whose
+    CUDA libraries outgrew a CI machine's disk mid-build). Read from the installed metadata: nothing is imported."""
+    from importlib.metadata import version
+
+    script = "from importlib.metadata import version; print(version('torch'), version('torchvision'))"
+    done = podman("run", "--rm", *LIMITS, "--entrypoint", "python", container_image, "-c", script, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    host = [version(name).split("+")[0] for name in ("torch", "torchvision")]
+    assert [v.split("+")[0] for v in done.stdout.split()] == host, (done.stdout, host)
