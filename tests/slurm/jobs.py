@@ -31,6 +31,24 @@ def fault_spec(fault: str, *, start: int, at: int, ranks: list[int], timeout: fl
     }
 
 
+def budget_with_the_edge_inside(local: dict) -> int:
+    """A budget, in bytes, half a sample above the worst rank's peak at the edge the local gang found.
+
+    The local gang's edge fits its budget by however little the machine's baseline leaves (measured: 0.7 to
+    2.0 MiB free at 29 or 30 under 1100 MiB, with 6.9 MiB a sample), and a rank's reading moves by about a MiB
+    between fresh processes: a second probe under the same budget is a coin toss at the edge (CI once saw the
+    local gang's first failing batch fit as a step). Half a sample below this budget the local edge still fits
+    (it fit with less room) and the next batch still runs out (it ran out with more), by half a sample each
+    way, so a step probe under it must answer the local gang's edge unless the steps measure differently."""
+    fits = sorted((t["batch_size"], t["budget_peak_bytes"]) for t in local["trials"]
+                  if t["outcome"] == "fits" and t["budget_peak_bytes"])
+    assert len(fits) >= 2, f"the local gang fit fewer than two batches: {fits}"
+    (below, below_peak), (top, top_peak) = fits[-2], fits[-1]
+    assert top == local["max_batch_size"], fits
+    per_sample = (top_peak - below_peak) / (top - below)
+    return int(top_peak + per_sample / 2)
+
+
 def write_spec(folder: Path, spec: dict, name: str) -> Path:
     path = folder / f"{name}.yaml"
     path.write_text(json.dumps(spec))  # JSON is YAML

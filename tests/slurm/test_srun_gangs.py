@@ -23,7 +23,7 @@ import pytest
 
 from conftest import MODELS, marked_processes, wait_for
 
-from .jobs import fault_spec, job_script, step_ids, write_spec
+from .jobs import budget_with_the_edge_inside, fault_spec, job_script, step_ids, write_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -40,7 +40,11 @@ def folder(tmp_path_factory, slurm_cluster):
 
 def test_a_steps_edge_is_the_local_gangs_for_the_same_world_size(slurm_cluster, folder):
     """The local gang finds the per-rank edge of a real memory model under a real cap; fresh srun steps of two
-    ranks, started on either side of it, agree: the edge fits as a step and the next batch runs out of memory."""
+    ranks, started on either side of it, agree: the edge fits as a step and the next batch runs out of memory.
+
+    The steps run under a budget that puts the local edge half a sample inside it (jobs.budget_with_the_edge_inside):
+    under the first budget the local edge had a MiB or two to spare, and CI once saw its first failing batch fit
+    as a step."""
     spec = {
         "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 262144, "depth": 4}},
         "input": {"shape": [262144]},
@@ -60,6 +64,7 @@ def test_a_steps_edge_is_the_local_gangs_for_the_same_world_size(slurm_cluster, 
     assert edge and failing == edge + 1, local["message"]
     assert local["distributed"]["launcher"] == "local"
 
+    spec["memory_budget"] = budget_with_the_edge_inside(local)
     spec["distributed"]["launcher"] = "srun"
     spec["search"].update(start_batch_size=edge, max_batch_size=edge + 1, estimate=False)
     srun_out = folder / "edge-srun.json"

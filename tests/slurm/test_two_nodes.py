@@ -20,7 +20,7 @@ import pytest
 from conftest import MODELS, REPO, marked_processes, wait_for
 
 from .conftest import NODE_CPUS
-from .jobs import PYTHON, fault_spec, faulty, job_script, step_ids, sweep, write_spec
+from .jobs import PYTHON, budget_with_the_edge_inside, fault_spec, faulty, job_script, step_ids, sweep, write_spec
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -154,12 +154,7 @@ def test_a_gangs_edge_across_two_nodes_is_the_local_gangs(two_node_cluster, fold
     edge, failing = local["max_batch_size"], local["first_failing_batch_size"]
     assert edge and failing == edge + 1, local["message"]
 
-    fits = sorted((t["batch_size"], t["budget_peak_bytes"]) for t in local["trials"]
-                  if t["outcome"] == "fits" and t["budget_peak_bytes"])
-    (below, below_peak), (top, top_peak) = fits[-2], fits[-1]
-    assert top == edge, fits
-    per_sample = (top_peak - below_peak) / (top - below)
-    spec["memory_budget"] = int(top_peak + per_sample / 2)  # the worst rank's peak at the edge, half a sample below
+    spec["memory_budget"] = budget_with_the_edge_inside(local)
     spec["distributed"]["launcher"] = "srun"
     spec["search"].update(start_batch_size=edge, max_batch_size=edge + 1, estimate=False)
     srun_out = folder / f"edge-srun-{world}.json"
