@@ -43,6 +43,7 @@ from isoprobe.protocol.messages import (MESSAGE_CHARS, Imported, MemoryReading, 
                                         TrialResult)
 from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV
 from isoprobe.report import steady
+from isoprobe.report.steady import swing_bytes
 from isoprobe.report.outcomes import Outcome, classify_exception
 from isoprobe.report.result import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, argv_for
@@ -74,6 +75,7 @@ class _Process:
     pid: int
     hello: ShimHello | None = None
     steps: list[ShimStep] = field(default_factory=list)
+    own_peaks: list[int | None] = field(default_factory=list)  # per step, as report.steady.swing_bytes takes them
     exception: ShimException | None = None
     offset: int = 0
 
@@ -113,14 +115,21 @@ class _Tree:
                 continue
             complete = data.rfind(b"\n") + 1
             process.offset += complete
-            for line in parse_lines(data[:complete]):
+            lines = parse_lines(data[:complete])
+            # A step's own peak is known only when its line came alone: the samples since the line before it span
+            # just that step (two lines read at once share their samples, and neither step's own peak is known).
+            alone = sum(isinstance(line, ShimStep) for line in lines) == 1
+            for line in lines:
                 if isinstance(line, ShimHello):
                     process.hello = line
                 elif isinstance(line, ShimStep):
+                    own = None
                     if sampler is not None:
                         sampler.sample([pid])  # the last reading before the step is taken as done
                         line = line.model_copy(update={"budget_peak_bytes": sampler.peak(pid, line.budget_peak_bytes)})
+                        own = sampler.since_last_step(pid)
                     process.steps.append(line)
+                    process.own_peaks.append(own if alone else None)
                 elif isinstance(line, ShimException) and process.exception is None:
                     process.exception = line
                 elif isinstance(line, ShimFiles):
@@ -159,6 +168,7 @@ class _Sampler:
 
     def __init__(self) -> None:
         self.most: dict[int, int] = {}
+        self.since_step: dict[int, int] = {}  # the most since the step before, for report.steady.swing_bytes
         self.page = os.sysconf("SC_PAGE_SIZE")
         self.gone: set[int] = set()
 
@@ -174,6 +184,12 @@ class _Sampler:
                 continue
             if data > self.most.get(pid, 0):
                 self.most[pid] = data
+            if data > self.since_step.get(pid, 0):
+                self.since_step[pid] = data
+
+    def since_last_step(self, pid: int) -> int | None:
+        """The most sampled since the last call for ``pid`` (a step's own peak), and start again; None: no sample."""
+        return self.since_step.pop(pid, None)
 
     def peak(self, pid: int, reported: int | None) -> int | None:
         """A step's budget peak: the most sampled so far, or what the shim read at the step's end if more."""
@@ -445,14 +461,20 @@ def _readings(ranks: list[_Process], judged: int) -> dict:
         return {}
     worst = max(last, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
     return {"peak_bytes": worst.peak_bytes, "budget_peak_bytes": worst.budget_peak_bytes,
-            "file_resident_bytes": worst.file_resident_bytes}
+            "file_resident_bytes": worst.file_resident_bytes, "budget_swing_bytes": _swing(ranks, judged)}
 
 
 def _failure_readings(ranks: list[_Process]) -> dict:
     steps = [p.steps[-1] for p in ranks if p.steps]
     if not steps:
         return {}
-    return {"peak_bytes": max((s.peak_bytes or 0) for s in steps) or None}
+    return {"peak_bytes": max((s.peak_bytes or 0) for s in steps) or None, "budget_swing_bytes": _swing(ranks)}
+
+
+def _swing(ranks: list[_Process], judged: int | None = None) -> int | None:
+    """The largest swing of any rank's own step peaks (report.steady.swing_bytes), over its judged steps."""
+    swings = [swing for p in ranks if (swing := swing_bytes(p.own_peaks[:judged])) is not None]
+    return max(swings) if swings else None
 
 
 def _sources(modules: set[str]) -> dict[str, str]:

@@ -90,6 +90,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         stderr_tail=run.stderr_tail if keep_stderr and run.stderr_tail else None,
         reclassified=end.evidence,
         command_ranks=result.command_ranks if result else None,
+        budget_swing_bytes=result.budget_swing_bytes if result else None,
     )
 
 
@@ -330,16 +331,20 @@ class TrialRunner:
         if self.steady_rule is None or self.spec.search.edge_spread == 0:
             return None
         runs: dict[int, list[list[int]]] = {}
+        swings: list[int] = []
         for t in self.same_question():
             if t.purpose != "memory_check" and t.training_batch_size is None and t.allocator == self.allocator_label:
                 peaks = t.step_budget_peak_bytes or t.step_peak_bytes
                 if peaks:
                     runs.setdefault(t.batch_size, []).append(peaks)
+                if t.budget_swing_bytes is not None:
+                    swings.append(t.budget_swing_bytes)
         return spread_for(self.target.backend, self.target.search_capacity,
                           [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread,
                           # A command's processes (torchrun's ranks too) get a command's floor: its reading is the
                           # data segment the cap counts (search.margin.COMMAND_FLOOR_BYTES).
-                          strategy=self.spec.distributed.strategy, command=self.spec.command is not None)
+                          strategy=self.spec.distributed.strategy, command=self.spec.command is not None,
+                          swings=swings)
 
     def margin_of(self, trial: Trial) -> "Margin | None":
         """How much a deciding trial's steady peak left free below the capacity, against the spread."""

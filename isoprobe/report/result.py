@@ -183,6 +183,12 @@ class Trial(_Strict):
         description="The peak so far after each completed step in budget_peak_bytes's units: what the steady rule "
                     "judges (a trial with steady_rule ran until it held still over the window, or to the cap).",
     )
+    budget_swing_bytes: int | None = Field(
+        None, description="A command trial on the CPU backend: the most one step's own peak (the data segment "
+                          "sampled between the end of the step before and the end of this one) rose above a later "
+                          "step's, in the worst rank (report.steady.swing_bytes). The same batch needing that much "
+                          "more at one step than at another can need it again at any step of a long run, so it "
+                          "widens the spread (edge_margin.observed_bytes). Null: not measured.")
     steady_rule: SteadyRule | None = Field(
         None, description="Set for a trial that decides the maximum (confirmation, long_run): it kept stepping "
                           "until its peak was steady or the cap; its outcome is still_rising where it never was.",
@@ -413,7 +419,8 @@ class EdgeMargin(_Strict):
     floor_bytes: int = Field(description="The backend's measured floor for this capacity, or search.edge_spread.")
     observed_bytes: int | None = Field(
         None, description="The most two fresh runs of one batch in this probe differed in their peak after the same "
-                          "step; null where no batch ran twice.")
+                          "step, or one step's peak rose above a later one's within a trial (trials' "
+                          "budget_swing_bytes), whichever is more; null where neither was seen.")
     max_free_bytes: int | None = Field(
         None, description="What the maximum's deciding trial left free at its steady peak (more than spread_bytes).")
     marginal: list[MarginalBatch] = Field(

@@ -88,3 +88,22 @@ def past_the_margin(peaks: list[int], rule: SteadyRule) -> bool:
 def should_stop(peaks: list[int], rule: SteadyRule) -> bool:
     """Whether the trial has stepped enough: steady, at the cap, or already past the margin."""
     return len(peaks) >= rule.max_steps or is_steady(peaks, rule) or past_the_margin(peaks, rule)
+
+
+def swing_bytes(own_peaks: list[int | None]) -> int | None:
+    """The most one step's own peak rose above the lowest own peak of a later step, in one process.
+
+    ``own_peaks``: each step's own peak (the most the process held between the end of the step before and the
+    end of this one; None where it is not known). The first step is left out: the optimizer's state appears
+    in it, so its peak is lower for a reason that does not come back. A step that stays higher for good is
+    growth, which the steady rule judges; one that comes back down is the swing. None with fewer than two
+    known steps after the first.
+    """
+    known = [p for p in own_peaks[1:] if p is not None]
+    if len(known) < 2:
+        return None
+    swing, lowest_after = 0, known[-1]
+    for peak in reversed(known[:-1]):
+        swing = max(swing, peak - lowest_after)
+        lowest_after = min(lowest_after, peak)
+    return swing

@@ -16,7 +16,12 @@ The spread is the larger of
   trial's, across fresh processes and up to 30 steps, with the models of docs/steady-state.md, as a
   fixed part plus a fraction of the capacity (fragmentation grows with the heap a step builds); and
 - what this probe itself saw (``observed_bytes``): where one batch ran in two fresh processes (a search
-  trial and its confirmation), the most their peaks after the same step differed.
+  trial and its confirmation), the most their peaks after the same step differed; and where one process's
+  own peak in one step rose above a later step's (``report.steady.swing_bytes``, a command trial's on the
+  CPU backend), by
+  how much: the same batch, the same process, needing that much more at one step than at another, which a
+  long run can need again at any step (the Lightning script of docs/results/command-truth.md held one more
+  input batch, 4 MiB, for a few steps in about half its runs, at a random step).
 """
 
 from __future__ import annotations
@@ -91,13 +96,15 @@ def observed_bytes(runs: list[list[int]]) -> int | None:
 
 
 def spread_for(backend: str, capacity: int, same_batch_runs: list[list[list[int]]] = (),
-               override: int | None = None, strategy: str = "none", command: bool = False) -> Spread:
+               override: int | None = None, strategy: str = "none", command: bool = False,
+               swings: list[int] = ()) -> Spread:
     """The spread for a probe on ``backend``: ``same_batch_runs`` holds, per batch that ran more than once,
     each run's per-step peaks; ``override`` (search.edge_spread as bytes) replaces the floor; ``strategy``: the
     gang's (``distributed.strategy``), "none" for one process or a command's own ranks; ``command``: the
-    probe runs a command (``spec.command``)."""
+    probe runs a command (``spec.command``); ``swings``: the trials' ``budget_swing_bytes``."""
     floor = floor_bytes(backend, capacity, strategy, command) if override is None else override
     observed = [gap for runs in same_batch_runs if (gap := observed_bytes(runs)) is not None]
+    observed += [swing for swing in swings if swing is not None]
     return Spread(floor, max(observed) if observed else None)
 
 

@@ -116,6 +116,43 @@ def test_the_first_rank_to_fail_is_named_and_its_exception_decides(tmp_path):
     assert outcome is Outcome.OUT_OF_MEMORY and "rank 1 (pid 12)" in error.message and phase == "step 2"
 
 
+class _ScriptedSampler(supervisor._Sampler):
+    """The supervisor's sampler with the readings it would take from /proc given beforehand: ``since[pid]``, the
+    most each process's data segment held since its step line before."""
+
+    def __init__(self, since: list[int]) -> None:
+        super().__init__()
+        self.next = list(since)
+
+    def sample(self, pids) -> None:
+        for pid in pids:
+            if self.next:
+                data = self.next.pop(0)
+                self.most[pid] = max(self.most.get(pid, 0), data)
+                self.since_step[pid] = max(self.since_step.get(pid, 0), data)
+
+
+def test_a_steps_own_peak_is_what_was_sampled_since_the_step_before_and_a_swing_comes_back_down(tmp_path):
+    """The Lightning script's shape: one step needed 4 MiB more than the steps after it. Each step's line read on
+    its own takes the samples since the line before (its own peak); the running peak keeps rising as before, and
+    the trial's swing is the 4 MiB. Two lines read at once share their samples, so neither's own peak is known."""
+    mib = 1 << 20
+    tree = supervisor._Tree(tmp_path)
+    sampler = _ScriptedSampler([1078 * mib, 1082 * mib, 1086 * mib, 1082 * mib, 1082 * mib, 1082 * mib])
+    write_lines(tmp_path, 11, hello())
+    for number in range(1, 6):
+        write_lines(tmp_path, 11, step(number, 900 * mib))
+        tree.read(sampler)
+    [rank] = tree.ranks()
+    assert rank.own_peaks == [1078 * mib, 1082 * mib, 1086 * mib, 1082 * mib, 1082 * mib]
+    assert rank.budget_peaks == [1078 * mib, 1082 * mib, 1086 * mib, 1086 * mib, 1086 * mib]  # running, as before
+    assert supervisor._readings([rank], 5)["budget_swing_bytes"] == 4 * mib
+    assert supervisor._readings([rank], 3)["budget_swing_bytes"] == 0  # judged steps only: no later step was lower
+    write_lines(tmp_path, 11, step(6, 900 * mib), step(7, 900 * mib))
+    tree.read(sampler)
+    assert rank.own_peaks[5:] == [None, None]
+
+
 def test_the_worst_ranks_mapped_file_pages_go_with_its_readings_and_the_resident_check_leaves_them_out(tmp_path):
     """On CI (a fresh install: every library page in the page cache, and the kernel maps a faulting page's cached
     neighbours too) a torchrun rank's resident peak was 937 MiB under an 894 MiB budget at batch 8, far below the
@@ -128,7 +165,8 @@ def test_the_worst_ranks_mapped_file_pages_go_with_its_readings_and_the_resident
                                             "file_resident_bytes": 210 * mib})
     tree.read()
     readings = supervisor._readings(tree.ranks(), 1)
-    assert readings == {"peak_bytes": 937 * mib, "budget_peak_bytes": 710 * mib, "file_resident_bytes": 210 * mib}
+    assert readings == {"peak_bytes": 937 * mib, "budget_peak_bytes": 710 * mib, "file_resident_bytes": 210 * mib,
+                        "budget_swing_bytes": None}
     asked = Asked(steps=1, backend="cpu", budget_bytes=894 * mib)
     assert over_budget(TrialResult(outcome=Outcome.FITS, phase="done", **readings), asked) is None
     unknown_files = TrialResult(outcome=Outcome.FITS, phase="done", **{**readings, "file_resident_bytes": None})

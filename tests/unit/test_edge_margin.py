@@ -7,8 +7,11 @@ scripted devices through the real search, classification and result; and the pur
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from isoprobe.executors.scripted import Call, ScriptedExecutor, fits, linear, out_of_memory
 from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.report.steady import swing_bytes
 from isoprobe.search import margin
 
 from scripted_probe import HOG_PER_SAMPLE, MiB, hog_spec, probe
@@ -186,3 +189,46 @@ def test_a_probed_command_applies_a_commands_floor_where_a_model_spec_applies_a_
     command = probe(spec, ScriptedExecutor(device)).result
     assert command.edge_margin.spread_bytes == margin.COMMAND_FLOOR_BYTES["cpu"]
     assert command.max_batch_size == 25 and command.edge_margin.marginal == []
+
+
+def test_a_swing_is_a_steps_own_peak_above_a_later_steps_and_the_first_step_is_left_out():
+    """report.steady.swing_bytes: how much more one step of a process needed than a later step of the same process.
+    The first step is left out (the optimizer's state appears in it), a rise that stays is growth (the steady
+    rule's), and a step whose own peak is unknown (None: its line came with another's) counts for nothing."""
+    assert swing_bytes([]) is None and swing_bytes([5, 10]) is None  # one known step after the first
+    assert swing_bytes([1, 10, 10, 10]) == 0  # steady
+    assert swing_bytes([1, 10, 11, 12]) == 0  # growth, not a swing
+    assert swing_bytes([100, 10, 10]) == 0  # the first step's peak counts for nothing
+    # The Lightning script's own run under no cap: one more input batch held for two steps, then let go.
+    assert swing_bytes([1078, 1082, 1086, 1086, 1082, 1082]) == 4
+    assert swing_bytes([0, 10, 14, 12, 13, 11]) == 3  # the largest drop to any later step
+    assert swing_bytes([0, 10, None, 14, None, 11]) == 3
+    # A swing widens the spread over the floor as two runs of one batch do; a smaller one leaves the floor.
+    assert margin.spread_for("cpu", BUDGET, command=True, swings=[4 * MiB]).bytes == 4 * MiB
+    assert margin.spread_for("cpu", BUDGET, command=True, swings=[MiB // 2]).bytes == margin.COMMAND_FLOOR_BYTES["cpu"]
+    assert margin.spread_for("cpu", BUDGET, command=True, swings=[MiB // 2]).observed_bytes == MiB // 2
+
+
+def test_a_swing_one_trial_saw_makes_a_commands_edge_with_less_free_marginal():
+    """A command whose trials report a swing of 5 MiB (one step needed 5 MiB more than a later one, in one
+    process): its 25, 4 MiB below the cap, clears the command's floor of 1 MiB but not the swing, so it is marginal
+    and 24 (36 MiB free) is the maximum; the result says what widened the spread."""
+    device = linear(TIGHT_FIXED, HOG_PER_SAMPLE)
+
+    def swinging(call: Call):
+        run = device(call)
+        *events, result = run.events
+        if result.outcome is Outcome.FITS:
+            result = result.model_copy(update={"budget_swing_bytes": 5 * MiB})
+        return replace(run, events=[*events, result])
+
+    spec = hog_spec()
+    for section in ("model", "input", "target", "optimizer"):
+        spec.pop(section, None)
+    spec["command"] = ["python", "train.py", "--batch-size", "{batch_size}"]
+    spec["search"]["start_batch_size"] = 24
+    result = probe(spec, ScriptedExecutor(swinging)).result
+    assert result.max_batch_size == 24, result.message
+    assert [m.batch_size for m in result.edge_margin.marginal] == [25]
+    assert result.edge_margin.observed_bytes == 5 * MiB and result.edge_margin.spread_bytes == 5 * MiB
+    assert all(t.budget_swing_bytes == 5 * MiB for t in result.trials if t.outcome is Outcome.FITS)
