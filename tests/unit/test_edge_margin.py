@@ -20,6 +20,8 @@ BUDGET = 1536 * MiB
 #: memory_hog's device with 12 MiB more fixed: batch 25 peaks 1532 MiB, 4 MiB below the cap (inside the CPU
 #: floor of 8 MiB), 24 peaks 1500 MiB (36 MiB free), 26 runs out of memory.
 TIGHT_FIXED = BUDGET - 4 * MiB - 25 * HOG_PER_SAMPLE
+#: The same with batch 25 at 7 MiB below the cap: inside a process's floor (8 MiB), outside a command's (6 MiB).
+COMMAND_FIXED = BUDGET - 7 * MiB - 25 * HOG_PER_SAMPLE
 
 
 # --------------------------------------------------------------------------- the arithmetic
@@ -160,25 +162,26 @@ def test_the_table_view_says_the_spread_and_the_marginal_batch():
 
 
 def test_a_commands_floor_on_the_cpu_is_its_own_and_ignores_the_capacity_and_the_strategy():
-    """A command trial reads the data segment the cap counts, and the scripts' own runs at the edges it reads
-    survived with 1.4 to 2.3 MiB free: its CPU floor is COMMAND_FLOOR_BYTES, not a process's 8 MiB. On CUDA it reads
-    the allocator's reserved peak as isoprobe's own trials do, so it keeps their floor; edge_spread replaces both."""
+    """A command trial reads the data segment the cap counts, so what its floor covers is only what one run cannot
+    show of another (the heap's hold measured on the Lightning script): COMMAND_FLOOR_BYTES, not a process's 8 MiB.
+    On CUDA it reads the allocator's reserved peak as isoprobe's own trials do, so it keeps their floor;
+    edge_spread replaces both."""
     for capacity in (BUDGET, 80 * 1024 * MiB):
         for strategy in ("none", "ddp", "fsdp"):
             assert margin.floor_bytes("cpu", capacity, strategy, command=True) == margin.COMMAND_FLOOR_BYTES["cpu"]
     assert margin.COMMAND_FLOOR_BYTES["cpu"] < margin.floor_bytes("cpu", BUDGET)
     assert margin.floor_bytes("cuda", BUDGET, command=True) == margin.floor_bytes("cuda", BUDGET)
-    assert margin.spread_for("cpu", BUDGET, command=True).bytes == 1 * MiB
+    assert margin.spread_for("cpu", BUDGET, command=True).bytes == 6 * MiB
     assert margin.spread_for("cpu", BUDGET, override=16 * MiB, command=True).bytes == 16 * MiB
-    # What the probe saw itself still counts: two runs of one batch 3 MiB apart widen a command's spread to that.
-    assert margin.spread_for("cpu", BUDGET, [[[0, 10 * MiB], [0, 13 * MiB]]], command=True).bytes == 3 * MiB
+    # What the probe saw itself still counts: two runs of one batch 7 MiB apart widen a command's spread to that.
+    assert margin.spread_for("cpu", BUDGET, [[[0, 10 * MiB], [0, 17 * MiB]]], command=True).bytes == 7 * MiB
 
 
 def test_a_probed_command_applies_a_commands_floor_where_a_model_spec_applies_a_processs():
     """The pipeline asks for a command's floor when the spec runs a command (``trials.TrialRunner.spread``): the
-    same scripted device, whose 25 fits 4 MiB below the cap, answers 24 for a model spec (inside 8 MiB) and 25
-    for a command (outside 1 MiB)."""
-    device = linear(TIGHT_FIXED, HOG_PER_SAMPLE)
+    same scripted device, whose 25 fits 7 MiB below the cap, answers 24 for a model spec (inside 8 MiB) and 25
+    for a command (outside 6 MiB)."""
+    device = linear(COMMAND_FIXED, HOG_PER_SAMPLE)
     own = probe(hog_spec(), ScriptedExecutor(device)).result
     assert own.max_batch_size == 24 and own.edge_margin.spread_bytes == margin.FLOOR_BYTES["cpu"]
     spec = hog_spec()
@@ -204,22 +207,22 @@ def test_a_swing_is_a_steps_own_peak_above_a_later_steps_and_the_first_step_is_l
     assert swing_bytes([0, 10, 14, 12, 13, 11]) == 3  # the largest drop to any later step
     assert swing_bytes([0, 10, None, 14, None, 11]) == 3
     # A swing widens the spread over the floor as two runs of one batch do; a smaller one leaves the floor.
-    assert margin.spread_for("cpu", BUDGET, command=True, swings=[4 * MiB]).bytes == 4 * MiB
+    assert margin.spread_for("cpu", BUDGET, command=True, swings=[9 * MiB]).bytes == 9 * MiB
     assert margin.spread_for("cpu", BUDGET, command=True, swings=[MiB // 2]).bytes == margin.COMMAND_FLOOR_BYTES["cpu"]
     assert margin.spread_for("cpu", BUDGET, command=True, swings=[MiB // 2]).observed_bytes == MiB // 2
 
 
 def test_a_swing_one_trial_saw_makes_a_commands_edge_with_less_free_marginal():
-    """A command whose trials report a swing of 5 MiB (one step needed 5 MiB more than a later one, in one
-    process): its 25, 4 MiB below the cap, clears the command's floor of 1 MiB but not the swing, so it is marginal
-    and 24 (36 MiB free) is the maximum; the result says what widened the spread."""
-    device = linear(TIGHT_FIXED, HOG_PER_SAMPLE)
+    """A command whose trials report a swing of 9 MiB (one step needed 9 MiB more than a later one, in one
+    process): its 25, 7 MiB below the cap, clears the command's floor of 6 MiB but not the swing, so it is marginal
+    and 24 (39 MiB free) is the maximum; the result says what widened the spread."""
+    device = linear(COMMAND_FIXED, HOG_PER_SAMPLE)
 
     def swinging(call: Call):
         run = device(call)
         *events, result = run.events
         if result.outcome is Outcome.FITS:
-            result = result.model_copy(update={"budget_swing_bytes": 5 * MiB})
+            result = result.model_copy(update={"budget_swing_bytes": 9 * MiB})
         return replace(run, events=[*events, result])
 
     spec = hog_spec()
@@ -230,5 +233,5 @@ def test_a_swing_one_trial_saw_makes_a_commands_edge_with_less_free_marginal():
     result = probe(spec, ScriptedExecutor(swinging)).result
     assert result.max_batch_size == 24, result.message
     assert [m.batch_size for m in result.edge_margin.marginal] == [25]
-    assert result.edge_margin.observed_bytes == 5 * MiB and result.edge_margin.spread_bytes == 5 * MiB
-    assert all(t.budget_swing_bytes == 5 * MiB for t in result.trials if t.outcome is Outcome.FITS)
+    assert result.edge_margin.observed_bytes == 9 * MiB and result.edge_margin.spread_bytes == 9 * MiB
+    assert all(t.budget_swing_bytes == 9 * MiB for t in result.trials if t.outcome is Outcome.FITS)
