@@ -177,6 +177,16 @@ def test_a_commands_floor_on_the_cpu_is_its_own_and_ignores_the_capacity_and_the
     assert margin.spread_for("cpu", BUDGET, [[[0, 10 * MiB], [0, 17 * MiB]]], command=True).bytes == 7 * MiB
 
 
+def command_spec() -> dict:
+    """hog_spec as a command (``command:`` in place of the model's sections), its search started at 24."""
+    spec = hog_spec()
+    for section in ("model", "input", "target", "optimizer"):
+        spec.pop(section, None)
+    spec["command"] = ["python", "train.py", "--batch-size", "{batch_size}"]
+    spec["search"]["start_batch_size"] = 24
+    return spec
+
+
 def test_a_probed_command_applies_a_commands_floor_where_a_model_spec_applies_a_processs():
     """The pipeline asks for a command's floor when the spec runs a command (``trials.TrialRunner.spread``): the
     same scripted device, whose 25 fits 7 MiB below the cap, answers 24 for a model spec (inside 8 MiB) and 25
@@ -184,12 +194,7 @@ def test_a_probed_command_applies_a_commands_floor_where_a_model_spec_applies_a_
     device = linear(COMMAND_FIXED, HOG_PER_SAMPLE)
     own = probe(hog_spec(), ScriptedExecutor(device)).result
     assert own.max_batch_size == 24 and own.edge_margin.spread_bytes == margin.FLOOR_BYTES["cpu"]
-    spec = hog_spec()
-    for section in ("model", "input", "target", "optimizer"):
-        spec.pop(section, None)
-    spec["command"] = ["python", "train.py", "--batch-size", "{batch_size}"]
-    spec["search"]["start_batch_size"] = 24
-    command = probe(spec, ScriptedExecutor(device)).result
+    command = probe(command_spec(), ScriptedExecutor(device)).result
     assert command.edge_margin.spread_bytes == margin.COMMAND_FLOOR_BYTES["cpu"]
     assert command.max_batch_size == 25 and command.edge_margin.marginal == []
 
@@ -225,12 +230,7 @@ def test_a_swing_one_trial_saw_makes_a_commands_edge_with_less_free_marginal():
             result = result.model_copy(update={"budget_swing_bytes": 9 * MiB})
         return replace(run, events=[*events, result])
 
-    spec = hog_spec()
-    for section in ("model", "input", "target", "optimizer"):
-        spec.pop(section, None)
-    spec["command"] = ["python", "train.py", "--batch-size", "{batch_size}"]
-    spec["search"]["start_batch_size"] = 24
-    result = probe(spec, ScriptedExecutor(swinging)).result
+    result = probe(command_spec(), ScriptedExecutor(swinging)).result
     assert result.max_batch_size == 24, result.message
     assert [m.batch_size for m in result.edge_margin.marginal] == [25]
     assert result.edge_margin.observed_bytes == 9 * MiB and result.edge_margin.spread_bytes == 9 * MiB
