@@ -43,7 +43,6 @@ from isoprobe.protocol.messages import (MESSAGE_CHARS, Imported, MemoryReading, 
                                         TrialResult)
 from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV
 from isoprobe.report import steady
-from isoprobe.report.steady import swing_bytes
 from isoprobe.report.outcomes import Outcome, classify_exception
 from isoprobe.report.result import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, argv_for
@@ -473,7 +472,7 @@ def _failure_readings(ranks: list[_Process]) -> dict:
 
 def _swing(ranks: list[_Process], judged: int | None = None) -> int | None:
     """The largest swing of any rank's own step peaks (report.steady.swing_bytes), over its judged steps."""
-    swings = [swing for p in ranks if (swing := swing_bytes(p.own_peaks[:judged])) is not None]
+    swings = [swing for p in ranks if (swing := steady.swing_bytes(p.own_peaks[:judged])) is not None]
     return max(swings) if swings else None
 
 

@@ -18,10 +18,9 @@ The spread is the larger of
 - what this probe itself saw (``observed_bytes``): where one batch ran in two fresh processes (a search
   trial and its confirmation), the most their peaks after the same step differed; and where one process's
   own peak in one step rose above a later step's (``report.steady.swing_bytes``, a command trial's on the
-  CPU backend), by
-  how much: the same batch, the same process, needing that much more at one step than at another, which a
-  long run can need again at any step (the Lightning script of docs/results/command-truth.md held one more
-  input batch, 4 MiB, for a few steps in about half its runs, at a random step).
+  CPU backend), by how much: the same batch, the same process, needing that much more at one step than at
+  another, which a long run can need again at any step (the Lightning script of
+  docs/results/command-truth.md held one more input batch, 4 MiB, for a few steps in 2 of 5 runs).
 """
 
 from __future__ import annotations
@@ -110,7 +109,7 @@ def spread_for(backend: str, capacity: int, same_batch_runs: list[list[list[int]
     probe runs a command (``spec.command``); ``swings``: the trials' ``budget_swing_bytes``."""
     floor = floor_bytes(backend, capacity, strategy, command) if override is None else override
     observed = [gap for runs in same_batch_runs if (gap := observed_bytes(runs)) is not None]
-    observed += [swing for swing in swings if swing is not None]
+    observed += swings
     return Spread(floor, max(observed) if observed else None)
 
 

@@ -186,6 +186,8 @@ FIVE = [
 ]
 #: What a trial's command asks for steps: more than any trial runs (the trial ends the command, not the script).
 LONG_RUN = "100000"
+
+
 @pytest.mark.parametrize("template, budget, start", [case[1:] for case in FIVE], ids=[case[0] for case in FIVE])
 def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tmp_path, scratch, template, budget,
                                                                              start):

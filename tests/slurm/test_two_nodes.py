@@ -128,12 +128,8 @@ def test_a_gangs_edge_across_two_nodes_is_the_local_gangs(two_node_cluster, fold
     half the ranks on n2 agree: the edge fits across the nodes and the next batch runs out of memory. With two
     ranks a node, each node's ranks are its local ranks 0 and 1 (SLURM_LOCALID), as on a real cluster.
 
-    The steps run under a budget moved so that the edge sits half a sample inside it: the local edge fits the
-    budget by however little the machine's baseline leaves (measured here: 0.7 to 2.0 MiB free at 30 under
-    1100 MiB, with 6.9 MiB a sample), and a rank's reading moves by about a MiB between fresh processes, so
-    at the first budget the comparison was a coin toss (one failure in about six runs). Half a sample below
-    the budget the local edge still fits (it fit with less) and the next batch still runs out (it ran out
-    with more), by 3.5 MiB each way."""
+    The steps run under a budget that puts the local edge half a sample inside it (jobs.budget_with_the_edge_inside):
+    under the first budget the comparison was a coin toss (one failure in about six runs)."""
     world = 2 * per_node
     spec = {
         "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 262144, "depth": 4}},
