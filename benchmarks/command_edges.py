@@ -77,6 +77,10 @@ def truth_of(stem: str) -> dict:
             **{f"status_{e['steps']}": e["status"] for e in data.get("edges", [])}}
 
 
+def _mib(value: int | None) -> float | None:
+    return None if value is None else round(value / (1 << 20), 2)
+
+
 def probe(command: list[str], budget: str, start: int, extra: list[str]) -> dict:
     with tempfile.TemporaryDirectory(prefix="isoprobe-bench-") as scratch:
         env = {**os.environ, "TMPDIR": scratch, "OMP_NUM_THREADS": "1"}
@@ -90,9 +94,17 @@ def probe(command: list[str], budget: str, start: int, extra: list[str]) -> dict
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         left = left_behind(scratch)
     result = json.loads(done.stdout) if done.stdout.strip() else {}
-    marginal = [m["batch_size"] for m in (result.get("edge_margin") or {}).get("marginal", [])]
+    margin = result.get("edge_margin") or {}
+    marginal = [m["batch_size"] for m in margin.get("marginal", [])]
     answer = result.get("max_batch_size")
+    fitting = [t for t in result.get("trials", []) if t["outcome"] == "fits"]
+    churns = [t["heap_churn_bytes"] for t in fitting if t.get("heap_churn_bytes") is not None]
+    capacity = margin.get("capacity_bytes")  # per rank: the budget each process of the command had
+    at_answer = [t.get("budget_peak_bytes") for t in fitting if t["batch_size"] == answer and t.get("budget_peak_bytes")]
     return {"returncode": done.returncode, "answer": answer, "marginal": marginal,
+            "floor_mib": _mib(margin.get("floor_bytes")), "spread_mib": _mib(margin.get("spread_bytes")),
+            "heap_churn_mib": _mib(max(churns)) if churns else None,
+            "free_at_answer_mib": _mib(capacity - max(at_answer)) if capacity and at_answer else None,
             "edge": max([b for b in [answer, *marginal] if b is not None], default=None),
             "first_failing": result.get("first_failing_batch_size"), "trials": len(result.get("trials", [])),
             "wall_s": round(wall, 1),
@@ -120,11 +132,12 @@ def main(argv=None) -> int:
         extra = [word for text in args.set for word in ("--set", text)]
         rows.append({"name": name, "stem": stem, "budget": budget, "truth": truth,
                      **probe(command, budget, start, extra)})
-    print("| script | budget | isoprobe answer | marginal (fit, inside the spread) | first failing | script's own edge, 5 steps | 30 steps | trials | wall s | CPU s | processes left |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("| script | budget | isoprobe answer | free at it, MiB | heap churn, MiB | floor, MiB | marginal (fit, inside the spread) | first failing | script's own edge, 5 steps | 30 steps | trials | wall s | CPU s | processes left |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for row in rows:
         truth = row["truth"]
-        print(f"| {row['name']} | {row['budget']} | {row['answer']} | {row['marginal'] or '-'} | {row['first_failing']} "
+        print(f"| {row['name']} | {row['budget']} | {row['answer']} | {row['free_at_answer_mib']} | {row['heap_churn_mib']} "
+              f"| {row['floor_mib']} | {row['marginal'] or '-'} | {row['first_failing']} "
               f"| {truth.get('edge_5')} | {truth.get('edge_30')} | {row['trials']} | {row['wall_s']} | {row['cpu_s']} "
               f"| {row['left']} |")
     if args.json:

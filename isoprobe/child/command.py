@@ -56,6 +56,12 @@ if TYPE_CHECKING:
 _POLL_SECONDS = 0.01
 #: How often it samples each rank's data segment between those reads (``_Sampler``).
 _SAMPLE_SECONDS = 0.001
+#: The brk heap is read every this many samples (4 ms): /proc/PID/maps costs about 45 us a read against statm's
+#: 10, and what it must see (a batch's small blocks, alive through a step of a tenth of a second or more) lasts.
+_HEAP_EVERY = 4
+#: The head of /proc/PID/maps read for the ``[heap]`` line: the interpreter's own mappings and the heap come
+#: first (about 700 bytes in a venv's python with torch imported); the rest (tens of KiB of libraries) is skipped.
+_MAPS_HEAD_BYTES = 4096
 #: Kept of the command's stderr for a verdict's evidence.
 _STDERR_TAIL_CHARS = 6000
 _TRACEBACK_LINES = 30
@@ -75,6 +81,7 @@ class _Process:
     hello: ShimHello | None = None
     steps: list[ShimStep] = field(default_factory=list)
     own_peaks: list[int | None] = field(default_factory=list)  # per step, as report.steady.swing_bytes takes them
+    heap_churns: list[int | None] = field(default_factory=list)  # per step: the heap's range within it (_Sampler)
     exception: ShimException | None = None
     offset: int = 0
 
@@ -122,13 +129,15 @@ class _Tree:
                 if isinstance(line, ShimHello):
                     process.hello = line
                 elif isinstance(line, ShimStep):
-                    own = None
+                    own = churn = None
                     if sampler is not None:
                         sampler.sample([pid])  # the last reading before the step is taken as done
                         line = line.model_copy(update={"budget_peak_bytes": sampler.peak(pid, line.budget_peak_bytes)})
                         own = sampler.since_last_step(pid)
+                        churn = sampler.heap_churn_since_last_step(pid)
                     process.steps.append(line)
                     process.own_peaks.append(own if alone else None)
+                    process.heap_churns.append(churn if alone else None)
                 elif isinstance(line, ShimException) and process.exception is None:
                     process.exception = line
                 elif isinstance(line, ShimFiles):
@@ -168,10 +177,14 @@ class _Sampler:
     def __init__(self) -> None:
         self.most: dict[int, int] = {}
         self.since_step: dict[int, int] = {}  # the most since the step before, for report.steady.swing_bytes
+        self.heap_since_step: dict[int, tuple[int, int]] = {}  # the heap's least and most since the step before
         self.page = os.sysconf("SC_PAGE_SIZE")
         self.gone: set[int] = set()
+        self.rounds = 0
 
     def sample(self, pids) -> None:
+        self.rounds += 1
+        heap_round = self.rounds % _HEAP_EVERY == 0
         for pid in pids:
             if pid in self.gone:
                 continue
@@ -185,10 +198,32 @@ class _Sampler:
                 self.most[pid] = data
             if data > self.since_step.get(pid, 0):
                 self.since_step[pid] = data
+            if heap_round:
+                self.sample_heap(pid)
+
+    def read_heap(self, pid: int) -> int | None:
+        return heap_bytes(pid)
+
+    def sample_heap(self, pid: int) -> None:
+        heap = self.read_heap(pid)
+        if heap is not None:
+            low, high = self.heap_since_step.get(pid, (heap, heap))
+            self.heap_since_step[pid] = (min(low, heap), max(high, heap))
 
     def since_last_step(self, pid: int) -> int | None:
         """The most sampled since the last call for ``pid`` (a step's own peak), and start again; None: no sample."""
         return self.since_step.pop(pid, None)
+
+    def heap_churn_since_last_step(self, pid: int) -> int | None:
+        """How far the heap grew and shrank since the last call for ``pid`` (most minus least: a step's own churn);
+        the next step's range starts from this reading. None: the heap could not be read."""
+        heap = self.read_heap(pid)
+        span = self.heap_since_step.pop(pid, None)
+        if heap is None:
+            return None
+        low, high = span or (heap, heap)
+        self.heap_since_step[pid] = (heap, heap)
+        return max(high, heap) - min(low, heap)
 
     def peak(self, pid: int, reported: int | None) -> int | None:
         """A step's budget peak: the most sampled so far, or what the shim read at the step's end if more."""
@@ -196,6 +231,25 @@ class _Sampler:
         if sampled is None:
             return reported
         return max(sampled, reported or 0)
+
+
+def heap_bytes(pid: int) -> int | None:
+    """The size of a process's brk heap (glibc's main arena, where blocks under the mmap threshold live), from
+    ``[heap]`` in the head of /proc/PID/maps; None: no heap there, or the process is gone."""
+    try:
+        with open(f"/proc/{pid}/maps", "rb") as handle:
+            head = handle.read(_MAPS_HEAD_BYTES)
+    except OSError:
+        return None
+    at = head.find(b" [heap]\n")
+    if at < 0:
+        return None
+    line = head[head.rfind(b"\n", 0, at) + 1:at]
+    try:
+        low, high = line.split(b" ", 1)[0].split(b"-")
+        return int(high, 16) - int(low, 16)
+    except ValueError:
+        return None
 
 
 def run_command_trial(request: TrialRequest, events: "Events") -> None:
@@ -460,7 +514,8 @@ def _readings(ranks: list[_Process], judged: int) -> dict:
         return {}
     worst = max(last, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
     return {"peak_bytes": worst.peak_bytes, "budget_peak_bytes": worst.budget_peak_bytes,
-            "file_resident_bytes": worst.file_resident_bytes, "budget_swing_bytes": _swing(ranks, judged)}
+            "file_resident_bytes": worst.file_resident_bytes, "budget_swing_bytes": _swing(ranks, judged),
+            "heap_churn_bytes": _heap_churn(ranks, judged)}
 
 
 def _failure_readings(ranks: list[_Process]) -> dict:
@@ -474,6 +529,13 @@ def _swing(ranks: list[_Process], judged: int | None = None) -> int | None:
     """The largest swing of any rank's own step peaks (report.steady.swing_bytes), over its judged steps."""
     swings = [swing for p in ranks if (swing := steady.swing_bytes(p.own_peaks[:judged])) is not None]
     return max(swings) if swings else None
+
+
+def _heap_churn(ranks: list[_Process], judged: int) -> int | None:
+    """The most any rank's heap grew and shrank within one judged step after the first (the first builds what
+    every later step reuses: its growth is not churn); None: no such step was read alone."""
+    churns = [c for p in ranks for c in p.heap_churns[1:judged] if c is not None]
+    return max(churns) if churns else None
 
 
 def _sources(modules: set[str]) -> dict[str, str]:

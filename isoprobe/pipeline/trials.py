@@ -91,6 +91,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         reclassified=end.evidence,
         command_ranks=result.command_ranks if result else None,
         budget_swing_bytes=result.budget_swing_bytes if result else None,
+        heap_churn_bytes=result.heap_churn_bytes if result else None,
     )
 
 
@@ -332,6 +333,7 @@ class TrialRunner:
             return None
         runs: dict[int, list[list[int]]] = {}
         swings: list[int] = []
+        churns: list[int] = []  # fitting trials' only: a trial that ran out at twice the batch churned twice as much
         for t in self.same_question():
             if t.purpose != "memory_check" and t.training_batch_size is None and t.allocator == self.allocator_label:
                 peaks = t.step_budget_peak_bytes or t.step_peak_bytes
@@ -339,12 +341,14 @@ class TrialRunner:
                     runs.setdefault(t.batch_size, []).append(peaks)
                 if t.budget_swing_bytes is not None:
                     swings.append(t.budget_swing_bytes)
+                if t.heap_churn_bytes is not None and t.outcome is Outcome.FITS:
+                    churns.append(t.heap_churn_bytes)
         return spread_for(self.target.backend, self.target.search_capacity,
                           [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread,
                           # A command's processes (torchrun's ranks too) get a command's floor: its reading is the
                           # data segment the cap counts (search.margin.COMMAND_FLOOR_BYTES).
                           strategy=self.spec.distributed.strategy, command=self.spec.command is not None,
-                          swings=swings)
+                          swings=swings, heap_churns=churns)
 
     def margin_of(self, trial: Trial) -> "Margin | None":
         """How much a deciding trial's steady peak left free below the capacity, against the spread."""

@@ -258,6 +258,8 @@ class TrialResult(_Event):
         None, description="A command trial (spec.command): how many of the command's processes made optimizer steps.")
     budget_swing_bytes: int | None = Field(
         None, description="A command trial on the CPU backend: report.result.Trial.budget_swing_bytes.")
+    heap_churn_bytes: int | None = Field(
+        None, description="A command trial on the CPU backend: report.result.Trial.heap_churn_bytes.")
     threads: int | None = Field(
         None, description="torch.get_num_threads() in the trial, after its imports: the cache keeps a CPU answer "
         "only if every trial ran the intra-op threads its key holds (``cache.threads``). None: torch not imported.")

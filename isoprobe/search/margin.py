@@ -60,7 +60,16 @@ WIDER_FLOOR_STRATEGIES = frozenset({"fsdp"})
 #: trial cannot tell those apart, so the floor is the hold. A larger hold a probe sees widens the spread
 #: (``report.steady.swing_bytes``). No fraction of the capacity: measured at 0.9 to 1.1 GiB only. On CUDA a command
 #: reads the caching allocator's reserved peak, as isoprobe's own trials do.
+#:
+#: That hold is bounded by what the script's heap churns within a step (``report.result.Trial.heap_churn_bytes``):
+#: only blocks freed within a step can be held into the next. So where the probe's fitting trials measured the
+#: churn, the floor is the most of it plus ``COMMAND_TRANSIENT_BYTES``, and this constant is the floor only
+#: where no trial could (measured with benchmarks/command_heap_churn.py at each script's edge: Lightning 4.08 MiB,
+#: torchrun DDP ranks 1.50 and 1.62, HF Trainer 1.79, Accelerate 1.18, the plain loop 0.00, whose DataLoader
+#: workers build its batches in other processes).
 COMMAND_FLOOR_BYTES = {"cpu": 6 * MIB}
+#: Above a command's measured heap churn: a transient between two samples 1 ms apart (see COMMAND_FLOOR_BYTES).
+COMMAND_TRANSIENT_BYTES = 1 * MIB
 
 
 @dataclass(frozen=True)
@@ -75,10 +84,14 @@ class Spread:
         return max(self.floor_bytes, self.observed_bytes or 0)
 
 
-def floor_bytes(backend: str, capacity: int, strategy: str = "none", command: bool = False) -> int:
+def floor_bytes(backend: str, capacity: int, strategy: str = "none", command: bool = False,
+                heap_churns: list[int] = ()) -> int:
     """The backend's floor for a capacity, per process or per rank of a gang of ``strategy``; ``command``: for a
-    command trial's processes (``COMMAND_FLOOR_BYTES``)."""
+    command trial's processes: the most heap churn its fitting trials measured (``heap_churns``) plus
+    ``COMMAND_TRANSIENT_BYTES``, else ``COMMAND_FLOOR_BYTES``."""
     if command and backend in COMMAND_FLOOR_BYTES:
+        if heap_churns:
+            return max(heap_churns) + COMMAND_TRANSIENT_BYTES
         return COMMAND_FLOOR_BYTES[backend]
     single = max(FLOOR_BYTES.get(backend, FLOOR_BYTES["cuda"]), int(FLOOR_FRACTION.get(backend, 0.0) * capacity))
     return single * GANG_FACTOR if strategy in WIDER_FLOOR_STRATEGIES else single
@@ -102,12 +115,13 @@ def observed_bytes(runs: list[list[int]]) -> int | None:
 
 def spread_for(backend: str, capacity: int, same_batch_runs: list[list[list[int]]] = (),
                override: int | None = None, strategy: str = "none", command: bool = False,
-               swings: list[int] = ()) -> Spread:
+               swings: list[int] = (), heap_churns: list[int] = ()) -> Spread:
     """The spread for a probe on ``backend``: ``same_batch_runs`` holds, per batch that ran more than once,
     each run's per-step peaks; ``override`` (search.edge_spread as bytes) replaces the floor; ``strategy``: the
     gang's (``distributed.strategy``), "none" for one process or a command's own ranks; ``command``: the
-    probe runs a command (``spec.command``); ``swings``: the trials' ``budget_swing_bytes``."""
-    floor = floor_bytes(backend, capacity, strategy, command) if override is None else override
+    probe runs a command (``spec.command``); ``swings``: the trials' ``budget_swing_bytes``; ``heap_churns``:
+    the fitting trials' ``heap_churn_bytes`` (a command's floor)."""
+    floor = floor_bytes(backend, capacity, strategy, command, heap_churns) if override is None else override
     observed = [gap for runs in same_batch_runs if (gap := observed_bytes(runs)) is not None]
     observed += swings
     return Spread(floor, max(observed) if observed else None)

@@ -120,9 +120,13 @@ class _ScriptedSampler(supervisor._Sampler):
     """The supervisor's sampler with the readings it would take from /proc given beforehand: ``since[pid]``, the
     most each process's data segment held since its step line before."""
 
-    def __init__(self, since: list[int]) -> None:
+    def __init__(self, since: list[int], heaps: list[int | None] = ()) -> None:
         super().__init__()
         self.next = list(since)
+        self.heaps = list(heaps)
+
+    def read_heap(self, pid: int) -> int | None:
+        return self.heaps.pop(0) if self.heaps else None
 
     def sample(self, pids) -> None:
         for pid in pids:
@@ -153,6 +157,54 @@ def test_a_steps_own_peak_is_what_was_sampled_since_the_step_before_and_a_swing_
     assert rank.own_peaks[5:] == [None, None]
 
 
+def test_a_steps_heap_churn_is_the_range_its_heap_was_read_in_and_the_first_step_is_left_out(tmp_path):
+    """The Lightning script's shape: each step builds its input batch (4 MiB of small blocks) on the brk heap and
+    frees it. The heap is read at each step's line and between (here one reading between lines, as _HEAP_EVERY
+    samples would take several); a step's churn is the range since the step before, starting from that step's
+    last reading. The first step's growth (what later steps reuse) is not churn; two lines read at once, unknown."""
+    mib = 1 << 20
+    tree = supervisor._Tree(tmp_path)
+    sampler = _ScriptedSampler([])
+    write_lines(tmp_path, 11, hello())
+    heaps = [(None, 50 * mib), (54 * mib, 50 * mib), (54 * mib, 51 * mib), (51 * mib, 51 * mib)]
+    for number, (between, at_line) in enumerate(heaps, start=1):
+        if between is not None:
+            sampler.heaps.append(between)
+            sampler.sample_heap(11)
+        write_lines(tmp_path, 11, step(number, 900 * mib))
+        sampler.heaps.append(at_line)
+        tree.read(sampler)
+    [rank] = tree.ranks()
+    assert rank.heap_churns == [0, 4 * mib, 4 * mib, 0]
+    assert supervisor._readings([rank], 4)["heap_churn_bytes"] == 4 * mib
+    assert supervisor._readings([rank], 1)["heap_churn_bytes"] is None  # the first step only
+    write_lines(tmp_path, 11, step(5, 900 * mib), step(6, 900 * mib))
+    tree.read(sampler)
+    assert rank.heap_churns[4:] == [None, None]
+
+
+def test_the_heap_is_read_from_the_head_of_the_maps_of_a_live_process_and_is_none_for_no_process():
+    import subprocess
+    import sys
+
+    # A fresh interpreter (this one's heap has room to spare): it says when it is up, and when it holds 50 MB of
+    # small blocks, which come from the brk heap.
+    grow = ("import sys; print(flush=True); sys.stdin.readline(); held = [bytearray(1000) for _ in range(50000)]; "
+            "print(flush=True); sys.stdin.readline()")
+    with subprocess.Popen([sys.executable, "-c", grow], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          text=True) as child:
+        child.stdout.readline()
+        before = supervisor.heap_bytes(child.pid)
+        child.stdin.write("\n")
+        child.stdin.flush()
+        child.stdout.readline()
+        after = supervisor.heap_bytes(child.pid)
+        child.stdin.write("\n")
+        child.stdin.flush()
+    assert before is not None and after >= before + 40 * 10**6, (before, after)
+    assert supervisor.heap_bytes(2**22 + 1) is None  # above the kernel's largest pid_max: never a process
+
+
 def test_the_worst_ranks_mapped_file_pages_go_with_its_readings_and_the_resident_check_leaves_them_out(tmp_path):
     """On CI (a fresh install: every library page in the page cache, and the kernel maps a faulting page's cached
     neighbours too) a torchrun rank's resident peak was 937 MiB under an 894 MiB budget at batch 8, far below the
@@ -166,7 +218,7 @@ def test_the_worst_ranks_mapped_file_pages_go_with_its_readings_and_the_resident
     tree.read()
     readings = supervisor._readings(tree.ranks(), 1)
     assert readings == {"peak_bytes": 937 * mib, "budget_peak_bytes": 710 * mib, "file_resident_bytes": 210 * mib,
-                        "budget_swing_bytes": None}
+                        "budget_swing_bytes": None, "heap_churn_bytes": None}
     asked = Asked(steps=1, backend="cpu", budget_bytes=894 * mib)
     assert over_budget(TrialResult(outcome=Outcome.FITS, phase="done", **readings), asked) is None
     unknown_files = TrialResult(outcome=Outcome.FITS, phase="done", **{**readings, "file_resident_bytes": None})

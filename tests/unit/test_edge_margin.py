@@ -235,3 +235,49 @@ def test_a_swing_one_trial_saw_makes_a_commands_edge_with_less_free_marginal():
     assert [m.batch_size for m in result.edge_margin.marginal] == [25]
     assert result.edge_margin.observed_bytes == 9 * MiB and result.edge_margin.spread_bytes == 9 * MiB
     assert all(t.budget_swing_bytes == 9 * MiB for t in result.trials if t.outcome is Outcome.FITS)
+
+
+def test_a_commands_floor_is_the_heap_churn_its_fitting_trials_measured_plus_a_transient():
+    """Only blocks freed within a step can be held into the next, so a command's floor is the most its heap churned
+    in a step (``Trial.heap_churn_bytes``) plus COMMAND_TRANSIENT_BYTES; without a measurement, COMMAND_FLOOR_BYTES.
+    CUDA keeps a process's floor and edge_spread still replaces the floor."""
+    churns = [MiB // 2, 4 * MiB + MiB // 10]
+    assert margin.floor_bytes("cpu", BUDGET, command=True, heap_churns=churns) == 5 * MiB + MiB // 10
+    assert margin.floor_bytes("cpu", BUDGET, command=True, heap_churns=[0]) == margin.COMMAND_TRANSIENT_BYTES
+    assert margin.floor_bytes("cpu", BUDGET, command=True, heap_churns=[]) == margin.COMMAND_FLOOR_BYTES["cpu"]
+    assert margin.floor_bytes("cpu", BUDGET, heap_churns=[0]) == margin.FLOOR_BYTES["cpu"]  # not a command
+    assert margin.floor_bytes("cuda", BUDGET, command=True, heap_churns=[0]) == margin.floor_bytes("cuda", BUDGET)
+    assert margin.spread_for("cpu", BUDGET, command=True, heap_churns=[0], override=9 * MiB).bytes == 9 * MiB
+    # A swing larger than the floor still widens the spread.
+    assert margin.spread_for("cpu", BUDGET, command=True, heap_churns=[0], swings=[3 * MiB]).bytes == 3 * MiB
+
+
+#: memory_hog's device with batch 25 at 3 MiB below the cap: outside a command's floor when its heap churns
+#: 1 MiB (2 MiB), inside it when it churns 4 MiB (5 MiB) or was not measured (6 MiB).
+CHURN_FIXED = BUDGET - 3 * MiB - 25 * HOG_PER_SAMPLE
+
+
+def churning(fitting: int | None, failing: int | None):
+    """CHURN_FIXED's device, its fitting trials reporting ``fitting`` bytes of heap churn and its failing ones
+    ``failing`` (a real failing trial reports none: this checks the pipeline does not use it either)."""
+    device = linear(CHURN_FIXED, HOG_PER_SAMPLE)
+
+    def run(call: Call):
+        done = device(call)
+        *events, result = done.events
+        churn = fitting if result.outcome is Outcome.FITS else failing
+        return replace(done, events=[*events, result.model_copy(update={"heap_churn_bytes": churn})])
+    return run
+
+
+def test_a_command_whose_heap_churns_little_gets_its_edge_and_one_that_churns_a_batch_does_not():
+    quiet = probe(command_spec(), ScriptedExecutor(churning(MiB, 64 * MiB))).result
+    assert quiet.max_batch_size == 25, quiet.message
+    assert quiet.edge_margin.floor_bytes == 2 * MiB and quiet.edge_margin.marginal == []
+    churned = probe(command_spec(), ScriptedExecutor(churning(4 * MiB, None))).result
+    assert churned.max_batch_size == 24 and [m.batch_size for m in churned.edge_margin.marginal] == [25]
+    assert churned.edge_margin.floor_bytes == 5 * MiB
+    unmeasured = probe(command_spec(), ScriptedExecutor(churning(None, None))).result
+    assert unmeasured.max_batch_size == 24
+    assert unmeasured.edge_margin.floor_bytes == margin.COMMAND_FLOOR_BYTES["cpu"]
+    assert all(t.heap_churn_bytes == MiB for t in quiet.trials if t.outcome is Outcome.FITS)
