@@ -102,6 +102,9 @@ def probe(command: list[str], budget: str, start: int, extra: list[str]) -> dict
     capacity = margin.get("capacity_bytes")  # per rank: the budget each process of the command had
     at_answer = [t.get("budget_peak_bytes") for t in fitting if t["batch_size"] == answer and t.get("budget_peak_bytes")]
     return {"returncode": done.returncode, "answer": answer, "marginal": marginal,
+            "marginal_free_mib": [_mib(m["free_bytes"]) for m in margin.get("marginal", [])],
+            "fitting": [(t["batch_size"], t["purpose"], _mib(t.get("budget_peak_bytes")), _mib(t.get("heap_churn_bytes")))
+                        for t in fitting],
             "floor_mib": _mib(margin.get("floor_bytes")), "spread_mib": _mib(margin.get("spread_bytes")),
             "heap_churn_mib": _mib(max(churns)) if churns else None,
             "free_at_answer_mib": _mib(capacity - max(at_answer)) if capacity and at_answer else None,

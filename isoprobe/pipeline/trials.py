@@ -348,7 +348,9 @@ class TrialRunner:
                           # A command's processes (torchrun's ranks too) get a command's floor: its reading is the
                           # data segment the cap counts (search.margin.COMMAND_FLOOR_BYTES).
                           strategy=self.spec.distributed.strategy, command=self.spec.command is not None,
-                          swings=swings, heap_churns=churns)
+                          # A swing stands in for the heap's hold only where no trial measured the churn that
+                          # bounds it (search.margin.COMMAND_FLOOR_BYTES): a swing is already in the trial's peak.
+                          swings=[] if churns else swings, heap_churns=churns)
 
     def margin_of(self, trial: Trial) -> "Margin | None":
         """How much a deciding trial's steady peak left free below the capacity, against the spread."""

@@ -20,7 +20,10 @@ The spread is the larger of
   own peak in one step rose above a later step's (``report.steady.swing_bytes``, a command trial's on the
   CPU backend), by how much: the same batch, the same process, needing that much more at one step than at
   another, which a long run can need again at any step (the Lightning script of
-  docs/results/command-truth.md held one more input batch, 4 MiB, for a few steps in 2 of 5 runs).
+  docs/results/command-truth.md held one more input batch, 4 MiB, for a few steps in 2 of 5 runs). A swing
+  counts only where no trial measured the command's heap churn: the churn bounds that hold in any run (the
+  command's floor), and a swing the trial saw is already in its peak (the torchrun DDP script's trial at 14
+  swung 3.9 MiB with no heap churn at all: not a hold, and its 14 trained in 12 of 12 of its own runs).
 """
 
 from __future__ import annotations

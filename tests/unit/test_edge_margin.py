@@ -257,16 +257,17 @@ def test_a_commands_floor_is_the_heap_churn_its_fitting_trials_measured_plus_a_t
 CHURN_FIXED = BUDGET - 3 * MiB - 25 * HOG_PER_SAMPLE
 
 
-def churning(fitting: int | None, failing: int | None):
-    """CHURN_FIXED's device, its fitting trials reporting ``fitting`` bytes of heap churn and its failing ones
-    ``failing`` (a real failing trial reports none: this checks the pipeline does not use it either)."""
+def churning(fitting: int | None, failing: int | None, swing: int | None = None):
+    """CHURN_FIXED's device, its fitting trials reporting ``fitting`` bytes of heap churn (and ``swing``) and its
+    failing ones ``failing`` (a real failing trial reports none: this checks the pipeline does not use it either)."""
     device = linear(CHURN_FIXED, HOG_PER_SAMPLE)
 
     def run(call: Call):
         done = device(call)
         *events, result = done.events
-        churn = fitting if result.outcome is Outcome.FITS else failing
-        return replace(done, events=[*events, result.model_copy(update={"heap_churn_bytes": churn})])
+        fits = result.outcome is Outcome.FITS
+        update = {"heap_churn_bytes": fitting if fits else failing, "budget_swing_bytes": swing if fits else None}
+        return replace(done, events=[*events, result.model_copy(update=update)])
     return run
 
 
@@ -281,3 +282,16 @@ def test_a_command_whose_heap_churns_little_gets_its_edge_and_one_that_churns_a_
     assert unmeasured.max_batch_size == 24
     assert unmeasured.edge_margin.floor_bytes == margin.COMMAND_FLOOR_BYTES["cpu"]
     assert all(t.heap_churn_bytes == MiB for t in quiet.trials if t.outcome is Outcome.FITS)
+
+
+def test_a_swing_widens_a_commands_spread_only_where_no_trial_measured_the_heap_churn():
+    """A swing (one step's own peak above a later step's) is already in the trial's running peak; it stood in for
+    the heap's hold in another run, which the measured churn bounds. With the churn measured (1 MiB: floor 2 MiB)
+    a 4 MiB swing leaves 25 (3 MiB free) the maximum; without it the swing makes 25 marginal, as before. Measured
+    on the torchrun DDP script: a trial at its edge swung 3.9 MiB with no heap churn at all."""
+    measured = probe(command_spec(), ScriptedExecutor(churning(MiB, None, swing=4 * MiB))).result
+    assert measured.max_batch_size == 25 and measured.edge_margin.spread_bytes == 2 * MiB, measured.message
+    assert (measured.edge_margin.observed_bytes or 0) < 4 * MiB  # the swing is not what the probe observed
+    unmeasured = probe(command_spec(), ScriptedExecutor(churning(None, None, swing=4 * MiB))).result
+    assert unmeasured.max_batch_size == 24 and unmeasured.edge_margin.spread_bytes == margin.COMMAND_FLOOR_BYTES["cpu"]
+    assert unmeasured.edge_margin.observed_bytes == 4 * MiB
