@@ -11,7 +11,8 @@ process the heap's range (max - min) over the steps at the run's peak level.
 
 Measured 2026-11-27 (the closing note of that day): Lightning 4.08 MiB; torchrun DDP 1.50 and 1.62 (its two
 ranks); HF Trainer 1.79; Accelerate 1.18; the plain loop 0.00 (its DataLoader workers build the batches).
-Not yet used by isoprobe.
+isoprobe now measures the churn within each step of every command trial (Trial.heap_churn_bytes) and sets a
+command's floor from it (search/margin.py).
 """
 
 import os

@@ -56,20 +56,16 @@ WIDER_FLOOR_STRATEGIES = frozenset({"fsdp"})
 #: steps in some runs and not in others, by address-space layout (docs/results/command-truth.md). Measured on
 #: the Lightning script: one input batch, 4.05 MiB at 38, held for two to four steps in 2 of 5 runs (ASLR on;
 #: with ASLR off and one hash seed, 5 of 5 runs peaked alike); so its 38 under 1085 MiB, 2.25 MiB free at its
-#: steady peak, trained 30 steps in 4 of 7 of its own runs (7 of 8 another day, 0 of 2 on CI) while 37, 7.2 MiB
-#: free, trained in 12 of 12. The floor is that hold rounded up to a whole MiB and one more for a transient
-#: between two samples 1 ms apart. A 1 MiB floor answered the scripts' 5-step edges (plain loop 50, torchrun DDP
-#: 14 with 1.4 to 2.3 MiB free, which held in their own runs), and the Lightning script's 38, which did not: one
-#: trial cannot tell those apart, so the floor is the hold. A larger hold a probe sees widens the spread
-#: (``report.steady.swing_bytes``). No fraction of the capacity: measured at 0.9 to 1.1 GiB only. On CUDA a command
-#: reads the caching allocator's reserved peak, as isoprobe's own trials do.
+#: steady peak, trained 30 steps in 4 of 7 of its own runs (0 of 2 on CI) while 37, 7.2 MiB free, trained in
+#: 12 of 12. A 1 MiB floor answered that 38.
 #:
-#: That hold is bounded by what the script's heap churns within a step (``report.result.Trial.heap_churn_bytes``):
-#: only blocks freed within a step can be held into the next. So where the probe's fitting trials measured the
-#: churn, the floor is the most of it plus ``COMMAND_TRANSIENT_BYTES``, and this constant is the floor only
-#: where no trial could (measured with benchmarks/command_heap_churn.py at each script's edge: Lightning 4.08 MiB,
-#: torchrun DDP ranks 1.50 and 1.62, HF Trainer 1.79, Accelerate 1.18, the plain loop 0.00, whose DataLoader
-#: workers build its batches in other processes).
+#: The hold is bounded by what the command's heap churns within a step (``report.result.Trial.heap_churn_bytes``):
+#: only blocks a step frees can be held into the next. So where the probe's fitting trials measured the churn,
+#: the floor is the most of it plus ``COMMAND_TRANSIENT_BYTES`` (Lightning 3.8 to 4.0 MiB: floor 5, answer 37;
+#: the plain loop and the Accelerate script 0, HF 0.4 to 0.5: their own edges), and this constant, the hold
+#: rounded up plus the transient, is the floor only where no trial could measure it. No fraction of the
+#: capacity: measured at 0.9 to 1.1 GiB only. On CUDA a command reads the caching allocator's reserved peak, as
+#: isoprobe's own trials do, and keeps their floor.
 COMMAND_FLOOR_BYTES = {"cpu": 6 * MIB}
 #: Above a command's measured heap churn: a transient between two samples 1 ms apart (see COMMAND_FLOOR_BYTES).
 COMMAND_TRANSIENT_BYTES = 1 * MIB
