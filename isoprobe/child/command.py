@@ -171,7 +171,9 @@ class _Sampler:
     the cap never does; a script's threads map such arenas, which put that estimate at the cap at every batch.
     Read from /proc/PID/statm (one short line; its data field is the data segment and the stack) every
     millisecond by this process, so the rank itself runs nothing for it. A spike shorter than the interval can
-    be missed; the peak a step holds while its activations live is not.
+    be missed; the peak a step holds while its activations live is not. Every ``_HEAP_EVERY`` samples it also
+    reads the brk heap's size (``heap_bytes``): how far that moves within a step bounds what glibc can hold of
+    it into the next step in another run's layout (a command's floor, ``search.margin``).
     """
 
     def __init__(self) -> None:
@@ -202,6 +204,7 @@ class _Sampler:
                 self.sample_heap(pid)
 
     def read_heap(self, pid: int) -> int | None:
+        """The heap's size now (the seam a test scripts)."""
         return heap_bytes(pid)
 
     def sample_heap(self, pid: int) -> None:

@@ -188,7 +188,8 @@ class Trial(_Strict):
                           "sampled between the end of the step before and the end of this one) rose above a later "
                           "step's, in the worst rank (report.steady.swing_bytes). The same batch needing that much "
                           "more at one step than at another can need it again at any step of a long run, so it "
-                          "widens the spread (edge_margin.observed_bytes). Null: not measured.")
+                          "widens the spread (edge_margin.observed_bytes) where no trial measured heap_churn_bytes, "
+                          "which bounds such a hold. Null: not measured.")
     heap_churn_bytes: int | None = Field(
         None, description="A fitting command trial on the CPU backend: the most any of the command's processes "
                           "grew and shrank glibc's brk heap within one step after the first ([heap] in "
