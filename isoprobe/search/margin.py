@@ -67,7 +67,11 @@ WIDER_FLOOR_STRATEGIES = frozenset({"fsdp"})
 #: capacity: measured at 0.9 to 1.1 GiB only. On CUDA a command reads the caching allocator's reserved peak, as
 #: isoprobe's own trials do, and keeps their floor.
 COMMAND_FLOOR_BYTES = {"cpu": 6 * MIB}
-#: Above a command's measured heap churn: a transient between two samples 1 ms apart (see COMMAND_FLOOR_BYTES).
+#: Above a command's measured heap churn: what one reading cannot show of another beyond the heap's hold. A
+#: transient between two samples 1 ms apart is small (the Accelerate script's own 24 trains under 1 GiB with
+#: 0.19 MiB to spare of its sampled peak); a rank's reading moving between fresh processes is not: the torchrun
+#: DDP script's 14 read 0.53 to 1.53 MiB free in three probes, and with 2 MiB less cap it trained in 2 of 3 of
+#: its own runs (docs/measurements.md).
 COMMAND_TRANSIENT_BYTES = 1 * MIB
 
 
