@@ -208,6 +208,10 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     failing = result["first_failing_batch_size"]
     assert all(result["max_batch_size"] < b < failing for b in marginal), (result["message"], marginal)
     assert left_behind(str(scratch)) == []
+    # The floor came from this script's own heap (search.margin.floor_bytes), read in its fitting trials.
+    churns = [t["heap_churn_bytes"] for t in result["trials"]
+              if t["outcome"] == "fits" and t["heap_churn_bytes"] is not None]
+    assert churns and result["edge_margin"]["floor_bytes"] == max(churns) + 2**20, (churns, result["edge_margin"])
     cap = command_truth.parse_size(budget)
     truth = tmp_path / "truth"
     truth.mkdir()
