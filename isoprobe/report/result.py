@@ -425,8 +425,8 @@ class EdgeMargin(_Strict):
         description="How far a long run's peak may move between fresh processes and over steps: the larger of "
                     "floor_bytes and observed_bytes. A deciding trial fits as the maximum only with more free.")
     floor_bytes: int = Field(description="The backend's measured floor for this capacity (a command's on the CPU: "
-                                         "the most heap churn its fitting trials measured plus 1 MiB, "
-                                         "Trial.heap_churn_bytes), or search.edge_spread.")
+                                         "from its trials' heap churn, Trial.heap_churn_bytes), or "
+                                         "search.edge_spread.")
     observed_bytes: int | None = Field(
         None, description="The most two fresh runs of one batch in this probe differed in their peak after the same "
                           "step, or one step's peak rose above a later one's within a trial (trials' "

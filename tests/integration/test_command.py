@@ -22,6 +22,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cli
+from isoprobe.search import margin
 
 pytestmark = pytest.mark.integration
 
@@ -211,7 +212,8 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     # The floor came from this script's own heap (search.margin.floor_bytes), read in its fitting trials.
     churns = [t["heap_churn_bytes"] for t in result["trials"]
               if t["outcome"] == "fits" and t["heap_churn_bytes"] is not None]
-    assert churns and result["edge_margin"]["floor_bytes"] == max(churns) + 2**20, (churns, result["edge_margin"])
+    assert churns and result["edge_margin"]["floor_bytes"] == max(churns) + margin.COMMAND_TRANSIENT_BYTES, \
+        (churns, result["edge_margin"])
     cap = command_truth.parse_size(budget)
     truth = tmp_path / "truth"
     truth.mkdir()
