@@ -15,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child.memory import budget_peak, cpu_memory, data_cap, shared_writable_bytes
+from isoprobe.child.memory import budget_peak, cpu_memory, data_cap, heap_churn, shared_writable_bytes
 from isoprobe.protocol.messages import StepDone, TrialRequest
 from isoprobe.report import steady
 
@@ -77,8 +77,9 @@ def step_memory(torch: Any, device: Any) -> dict[str, int | None]:
         peak = torch.cuda.max_memory_reserved(device)
         return {"peak_bytes": peak, "held_bytes": torch.cuda.memory_allocated(device), "budget_peak_bytes": peak}
     memory = cpu_memory()
-    return {"peak_bytes": memory.peak_rss, "held_bytes": memory.rss,
-            "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared_writable_bytes())}
+    readings = {"peak_bytes": memory.peak_rss, "held_bytes": memory.rss,
+                "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared_writable_bytes())}
+    return readings | {"heap_churn_bytes": heap_churn()}  # read last: its few KiB of buffer are in no peak above
 
 
 def gang_agrees(torch: Any, device: Any, request: TrialRequest, mine: bool) -> bool:

@@ -91,8 +91,17 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         reclassified=end.evidence,
         command_ranks=result.command_ranks if result else None,
         budget_swing_bytes=result.budget_swing_bytes if result else None,
-        heap_churn_bytes=result.heap_churn_bytes if result else None,
+        heap_churn_bytes=(result.heap_churn_bytes if result and result.heap_churn_bytes is not None
+                          else steps_heap_churn(step_events)),
     )
+
+
+def steps_heap_churn(step_events: list[StepDone]) -> int | None:
+    """An own trial's heap churn (``report.result.Trial.heap_churn_bytes``): the most its steps after the first
+    read (``StepDone.heap_churn_bytes``); the first builds what the run keeps (the optimizer's state). None with
+    fewer than two steps read."""
+    churns = [e.heap_churn_bytes for e in step_events[1:] if e.heap_churn_bytes is not None]
+    return max(churns) if churns else None
 
 
 def lost_run(run: ChildRun, batch_size: int) -> str:
@@ -127,9 +136,10 @@ def _gang_trial(run: ChildRun, index: int, batch_size: int, purpose: str, asked:
                   node=run.ranks[rank].node)
         for rank, trial in enumerate(per_rank)
     ]
+    churns = [trial.heap_churn_bytes for trial in per_rank if trial.heap_churn_bytes is not None]
     return per_rank[deciding].model_copy(update={
         "ranks": ranks, "failed_rank": run.failed_rank, "gang_stop_seconds": run.gang_stop_seconds,
-        "seconds": round(run.seconds, 3),
+        "seconds": round(run.seconds, 3), "heap_churn_bytes": max(churns) if churns else None,
     })
 
 
@@ -310,10 +320,12 @@ class TrialRunner:
 
     def deciding_rule(self) -> SteadyRule | None:
         """The steady rule for a trial that decides the maximum, with the stop at the spread (``past_the_margin``):
-        a peak that reaches the capacity less the spread ends the trial, which is then marginal."""
+        a peak that reaches the capacity less the spread ends the trial, which is then marginal. The least spread
+        the probe can have after this trial: its own heap churn, read as it runs, may lower a floor no trial has
+        measured yet, and a trial stopped short must never turn out to clear it."""
         if self.steady_rule is None:
             return None
-        spread = self.spread()
+        spread = self.spread(least=True)
         if spread is None:
             return self.steady_rule
         return self.steady_rule.model_copy(update={"stop_at_bytes": max(0, self.target.search_capacity - spread.bytes)})
@@ -326,9 +338,10 @@ class TrialRunner:
         margin = self.margin_of(trial)
         return margin if margin is not None and not margin.clears else None
 
-    def spread(self) -> Spread | None:
+    def spread(self, least: bool = False) -> Spread | None:
         """The spread this probe applies (``search.margin``); None where no rule applies (no steady rule, or
-        search.edge_spread 0)."""
+        search.edge_spread 0). ``least``: the least it can be once one more trial has fit, for a trial that
+        has not measured its own heap churn yet (``deciding_rule``)."""
         if self.steady_rule is None or self.spec.search.edge_spread == 0:
             return None
         runs: dict[int, list[list[int]]] = {}
@@ -349,8 +362,9 @@ class TrialRunner:
                           # data segment the cap counts (search.margin.COMMAND_FLOOR_BYTES).
                           strategy=self.spec.distributed.strategy, command=self.spec.command is not None,
                           # A swing stands in for the heap's hold only where no trial measured the churn that
-                          # bounds it (search.margin.COMMAND_FLOOR_BYTES): a swing is already in the trial's peak.
-                          swings=[] if churns else swings, heap_churns=churns)
+                          # bounds it (search.margin.CHURN_MARGIN_BYTES): a swing is already in the trial's peak. The
+                          # least spread leaves swings out: the next trial may measure the churn and drop them.
+                          swings=[] if churns or least else swings, heap_churns=churns, least=least)
 
     def margin_of(self, trial: Trial) -> "Margin | None":
         """How much a deciding trial's steady peak left free below the capacity, against the spread."""

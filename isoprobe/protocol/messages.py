@@ -210,6 +210,11 @@ class StepDone(_Event):
         None, description="The peak so far in TrialResult.budget_peak_bytes's units (CPU: the data segment the cap "
                           "counts; CUDA: the same as peak_bytes): what a steady rule judges."
     )
+    heap_churn_bytes: int | None = Field(
+        None, description="CPU: how far glibc's heaps reached above what they hold right after the step "
+                          "(child.memory.heap_churn); the trial's report.result.Trial.heap_churn_bytes is read "
+                          "from these. Null: not read (CUDA, or no glibc)."
+    )
 
 
 class Forwarded(_Event):

@@ -191,12 +191,15 @@ class Trial(_Strict):
                           "widens the spread (edge_margin.observed_bytes) where no trial measured heap_churn_bytes, "
                           "which bounds such a hold. Null: not measured.")
     heap_churn_bytes: int | None = Field(
-        None, description="A fitting command trial on the CPU backend: the most any of the command's processes "
-                          "grew and shrank glibc's brk heap within one step after the first ([heap] in "
-                          "/proc/PID/maps, read every 4 ms). Blocks freed within a step can stay held into the next "
-                          "one in some address-space layouts and not in others, so a run can need up to this much "
-                          "more than the trial read: the command's floor (edge_margin.floor_bytes) is the most of it "
-                          "in the probe's fitting trials plus 1 MiB. Null: not measured.")
+        None, description="CPU backend: the most glibc's heaps grew and gave back within one step after the first, "
+                          "in the trial's process (a gang's: its worst rank; a command's: any of its processes). "
+                          "Blocks freed within a step can stay held into the next one in some address-space layouts "
+                          "and not in others, so another run can need up to this much more than the trial read: the "
+                          "floor of one process or of a command (edge_margin.floor_bytes) is the most of it in the "
+                          "probe's fitting trials plus 1 MiB. Read by isoprobe's own trials after each step from "
+                          "malloc_info (the heaps' most less what they hold then: never below the step's own), by a "
+                          "command's trial from [heap] in /proc/PID/maps every 4 ms. Null: not measured (CUDA, a "
+                          "single step, no glibc).")
     steady_rule: SteadyRule | None = Field(
         None, description="Set for a trial that decides the maximum (confirmation, long_run): it kept stepping "
                           "until its peak was steady or the cap; its outcome is still_rising where it never was.",
@@ -424,9 +427,9 @@ class EdgeMargin(_Strict):
     spread_bytes: int = Field(
         description="How far a long run's peak may move between fresh processes and over steps: the larger of "
                     "floor_bytes and observed_bytes. A deciding trial fits as the maximum only with more free.")
-    floor_bytes: int = Field(description="The backend's measured floor for this capacity (a command's on the CPU: "
-                                         "from its trials' heap churn, Trial.heap_churn_bytes), or "
-                                         "search.edge_spread.")
+    floor_bytes: int = Field(description="The backend's measured floor for this capacity (on the CPU, for one "
+                                         "process or a command: from its trials' heap churn, "
+                                         "Trial.heap_churn_bytes), or search.edge_spread.")
     observed_bytes: int | None = Field(
         None, description="The most two fresh runs of one batch in this probe differed in their peak after the same "
                           "step, or one step's peak rose above a later one's within a trial (trials' "

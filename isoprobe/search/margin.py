@@ -12,9 +12,11 @@ such (``report.result.EdgeMargin``), never as the maximum. docs/steady-state.md 
 
 The spread is the larger of
 
-- the backend's floor (``floor_bytes``): the most a long run's peak was measured to move above a steady
-  trial's, across fresh processes and up to 30 steps, with the models of docs/steady-state.md, as a
-  fixed part plus a fraction of the capacity (fragmentation grows with the heap a step builds); and
+- the floor (``floor_bytes``): on the CPU backend, for one process or a command, what the probe's own fitting
+  trials measured of the cause, the heap a step grows and gives back (what another run's layout can hold into
+  the next step), plus a MiB; otherwise the most a long run's peak was measured to move above a steady trial's,
+  across fresh processes and up to 30 steps, with the models of docs/steady-state.md, as a fixed part plus a
+  fraction of the capacity; and
 - what this probe itself saw (``observed_bytes``): where one batch ran in two fresh processes (a search
   trial and its confirmation), the most their peaks after the same step differed; and where one process's
   own peak in one step rose above a later step's (``report.steady.swing_bytes``, a command trial's on the
@@ -49,30 +51,37 @@ FLOOR_FRACTION = {"cpu": 0.004, "cuda": 0.002}
 GANG_FACTOR = 2
 #: The strategies whose gangs get GANG_FACTOR (``distributed.strategy``).
 WIDER_FLOOR_STRATEGIES = frozenset({"fsdp"})
-#: A command trial's floor where it differs from isoprobe's own trials' (``command:``, docs/command.md). On the
-#: CPU backend its reading is the data segment itself, the very number ``RLIMIT_DATA`` caps, sampled through
-#: each step (isoprobe's own trials estimate it from VmPeak, whose floor covers that estimate too), so its floor
-#: covers only what one run's reading cannot show of another run: glibc's heap holding freed blocks for a few
-#: steps in some runs and not in others, by address-space layout (docs/results/command-truth.md). Measured on
-#: the Lightning script: one input batch, 4.05 MiB at 38, held for two to four steps in 2 of 5 runs (ASLR on;
-#: with ASLR off and one hash seed, 5 of 5 runs peaked alike); so its 38 under 1085 MiB, 2.25 MiB free at its
-#: steady peak, trained 30 steps in 4 of 7 of its own runs (0 of 2 on CI) while 37, 7.2 MiB free, trained in
-#: 12 of 12. A 1 MiB floor answered that 38.
-#:
-#: The hold is bounded by what the command's heap churns within a step (``report.result.Trial.heap_churn_bytes``):
-#: only blocks a step frees can be held into the next. So where the probe's fitting trials measured the churn,
-#: the floor is the most of it plus ``COMMAND_TRANSIENT_BYTES`` (Lightning 3.8 to 4.0 MiB: floor 5, answer 37;
-#: the plain loop and the Accelerate script 0, HF 0.4 to 0.5: their own edges), and this constant, the hold
-#: rounded up plus the transient, is the floor only where no trial could measure it. No fraction of the
-#: capacity: measured at 0.9 to 1.1 GiB only. On CUDA a command reads the caching allocator's reserved peak, as
-#: isoprobe's own trials do, and keeps their floor.
+#: The strategies that make a trial a gang of isoprobe's own ranks: they keep the fixed floor.
+GANG_STRATEGIES = frozenset({"ddp", "zero1", "fsdp"})
+#: Where no trial measured the heap churn (below), a command trial's floor on the CPU backend (``command:``,
+#: docs/command.md): its reading is the data segment itself, the very number ``RLIMIT_DATA`` caps, sampled through
+#: each step, so its floor covers only what one run's reading cannot show of another run: glibc's heap holding
+#: freed blocks for a few steps in some runs and not in others, by address-space layout
+#: (docs/results/command-truth.md). Measured on the Lightning script: one input batch, 4.05 MiB at 38, held for
+#: two to four steps in 2 of 5 runs (ASLR on; with ASLR off and one hash seed, 5 of 5 runs peaked alike); so its
+#: 38 under 1085 MiB, 2.25 MiB free at its steady peak, trained 30 steps in 4 of 7 of its own runs (0 of 2 on CI)
+#: while 37, 7.2 MiB free, trained in 12 of 12. This is that hold rounded up, plus the transient. On CUDA a command
+#: reads the caching allocator's reserved peak, as isoprobe's own trials do, and keeps their floor.
 COMMAND_FLOOR_BYTES = {"cpu": 6 * MIB}
-#: Above a command's measured heap churn: what one reading cannot show of another beyond the heap's hold. A
-#: transient between two samples 1 ms apart is small (the Accelerate script's own 24 trains under 1 GiB with
-#: 0.19 MiB to spare of its sampled peak); a rank's reading moving between fresh processes is not: the torchrun
-#: DDP script's 14 read 0.53 to 1.53 MiB free in three probes, and with 2 MiB less cap it trained in 2 of 3 of
-#: its own runs (docs/measurements.md).
-COMMAND_TRANSIENT_BYTES = 1 * MIB
+#: On the CPU backend the hold is bounded by what the process's heaps churn within a step
+#: (``report.result.Trial.heap_churn_bytes``): only blocks a step frees can be held into the next, and blocks of
+#: 128 KiB and more (every tensor of any size: the trials' ``MALLOC_MMAP_THRESHOLD_``) are mmapped and given back
+#: exactly. So where the probe's fitting trials measured the churn, the floor of one process (or of a command's
+#: processes) is the most of it plus ``CHURN_MARGIN_BYTES``, whatever the capacity. Measured: the Lightning
+#: script 3.8 to 4.0 MiB (floor 5, answer 37, its strict edge), the command scripts' others 0 to 0.5;
+#: isoprobe's own trials (``child.memory.heap_churn``, 2026-11-27): the held-out convnet on 112-pixel images
+#: 0.18 to 0.27 MiB (its samples are mmapped; its plain loop's 34, 2.7 MiB free under 1280 MiB, survived 8 of 8
+#: independent runs of 30 steps, its Trainer's 30, 3.1 MiB free, 6 of 6), in a Trainer on 64-pixel images 4.22 MiB (91 samples of 48 KiB a step: the coin tosses
+#: of docs/steady-state.md were that convnet's), specs/gru-lm.yaml 6.73 MiB at 40 (its spread across runs, 4.4
+#: to 6.3 MiB, is inside it). A gang's ranks keep the fixed floor below (FSDP's offset is not the heap's).
+#: ``FLOOR_BYTES`` stays the floor of a process no trial measured (one step only, not glibc, CUDA).
+CHURN_MARGIN_BYTES = 1 * MIB
+#: What ``CHURN_MARGIN_BYTES`` covers beyond the heap's hold: a reading moving between fresh processes. The
+#: torchrun DDP script's 14 read 0.53 to 1.53 MiB free in three probes, and with 2 MiB less cap it trained in 2 of
+#: 3 of its own runs (docs/measurements.md); a command's transient between two samples 1 ms apart is smaller (the
+#: Accelerate script's own 24 trains under 1 GiB with 0.19 MiB to spare of its sampled peak). isoprobe's own
+#: trials read VmPeak, which has no sampling gap, and moved by 0.1 MiB between fresh processes (the convnet's 34:
+#: 2.64 and 2.74 MiB free).
 
 
 @dataclass(frozen=True)
@@ -89,15 +98,27 @@ class Spread:
 
 def floor_bytes(backend: str, capacity: int, strategy: str = "none", command: bool = False,
                 heap_churns: list[int] = ()) -> int:
-    """The backend's floor for a capacity, per process or per rank of a gang of ``strategy``; ``command``: for a
-    command trial's processes: the most heap churn its fitting trials measured (``heap_churns``) plus
-    ``COMMAND_TRANSIENT_BYTES``, else ``COMMAND_FLOOR_BYTES``."""
+    """The backend's floor for a capacity, per process or per rank of a gang of ``strategy``. On the CPU backend,
+    for one process or a command's processes whose fitting trials measured their heap churn (``heap_churns``): the
+    most of it plus ``CHURN_MARGIN_BYTES``; a command's without it, ``COMMAND_FLOOR_BYTES``."""
+    if backend == "cpu" and heap_churns and (command or strategy not in GANG_STRATEGIES):
+        return max(heap_churns) + CHURN_MARGIN_BYTES
     if command and backend in COMMAND_FLOOR_BYTES:
-        if heap_churns:
-            return max(heap_churns) + COMMAND_TRANSIENT_BYTES
         return COMMAND_FLOOR_BYTES[backend]
     single = max(FLOOR_BYTES.get(backend, FLOOR_BYTES["cuda"]), int(FLOOR_FRACTION.get(backend, 0.0) * capacity))
     return single * GANG_FACTOR if strategy in WIDER_FLOOR_STRATEGIES else single
+
+
+def least_floor_bytes(backend: str, capacity: int, strategy: str = "none", command: bool = False,
+                      heap_churns: list[int] = (), override: int | None = None) -> int:
+    """The least floor the probe can have once one more trial has fit: what a trial's stop at the margin
+    (``report.steady.past_the_margin``) may use before that trial has measured its own heap churn. A floor from
+    the churn only grows with more trials; where none measured it yet, the next one may read none at all."""
+    if override is not None:
+        return override
+    if backend == "cpu" and (command or strategy not in GANG_STRATEGIES):
+        return max(heap_churns, default=0) + CHURN_MARGIN_BYTES
+    return floor_bytes(backend, capacity, strategy, command, heap_churns)
 
 
 def observed_bytes(runs: list[list[int]]) -> int | None:
@@ -118,13 +139,16 @@ def observed_bytes(runs: list[list[int]]) -> int | None:
 
 def spread_for(backend: str, capacity: int, same_batch_runs: list[list[list[int]]] = (),
                override: int | None = None, strategy: str = "none", command: bool = False,
-               swings: list[int] = (), heap_churns: list[int] = ()) -> Spread:
+               swings: list[int] = (), heap_churns: list[int] = (), least: bool = False) -> Spread:
     """The spread for a probe on ``backend``: ``same_batch_runs`` holds, per batch that ran more than once,
     each run's per-step peaks; ``override`` (search.edge_spread as bytes) replaces the floor; ``strategy``: the
     gang's (``distributed.strategy``), "none" for one process or a command's own ranks; ``command``: the
     probe runs a command (``spec.command``); ``swings``: the trials' ``budget_swing_bytes``; ``heap_churns``:
-    the fitting trials' ``heap_churn_bytes`` (a command's floor)."""
+    the fitting trials' ``heap_churn_bytes`` (the floor of one process or a command's, on the CPU backend);
+    ``least``: the least spread the probe can have after one more trial (``least_floor_bytes``)."""
     floor = floor_bytes(backend, capacity, strategy, command, heap_churns) if override is None else override
+    if least:
+        floor = least_floor_bytes(backend, capacity, strategy, command, heap_churns, override)
     observed = [gap for runs in same_batch_runs if (gap := observed_bytes(runs)) is not None]
     observed += swings
     return Spread(floor, max(observed) if observed else None)

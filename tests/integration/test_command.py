@@ -212,7 +212,7 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     # The floor came from this script's own heap (search.margin.floor_bytes), read in its fitting trials.
     churns = [t["heap_churn_bytes"] for t in result["trials"]
               if t["outcome"] == "fits" and t["heap_churn_bytes"] is not None]
-    assert churns and result["edge_margin"]["floor_bytes"] == max(churns) + margin.COMMAND_TRANSIENT_BYTES, \
+    assert churns and result["edge_margin"]["floor_bytes"] == max(churns) + margin.CHURN_MARGIN_BYTES, \
         (churns, result["edge_margin"])
     cap = command_truth.parse_size(budget)
     truth = tmp_path / "truth"

@@ -10,7 +10,10 @@ from __future__ import annotations
 from dataclasses import replace
 
 from isoprobe.executors.scripted import Call, ScriptedExecutor, fits, linear, out_of_memory
+from isoprobe.pipeline.trials import steps_heap_churn
+from isoprobe.protocol.messages import StepDone
 from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.report import steady
 from isoprobe.report.steady import swing_bytes
 from isoprobe.search import margin
 
@@ -239,13 +242,18 @@ def test_a_swing_one_trial_saw_makes_a_commands_edge_with_less_free_marginal():
 
 def test_a_commands_floor_is_the_heap_churn_its_fitting_trials_measured_plus_a_transient():
     """Only blocks freed within a step can be held into the next, so a command's floor is the most its heap churned
-    in a step (``Trial.heap_churn_bytes``) plus COMMAND_TRANSIENT_BYTES; without a measurement, COMMAND_FLOOR_BYTES.
+    in a step (``Trial.heap_churn_bytes``) plus CHURN_MARGIN_BYTES; without a measurement, COMMAND_FLOOR_BYTES.
     CUDA keeps a process's floor and edge_spread still replaces the floor."""
     churns = [MiB // 2, 4 * MiB + MiB // 10]
     assert margin.floor_bytes("cpu", BUDGET, command=True, heap_churns=churns) == 5 * MiB + MiB // 10
-    assert margin.floor_bytes("cpu", BUDGET, command=True, heap_churns=[0]) == margin.COMMAND_TRANSIENT_BYTES
+    assert margin.floor_bytes("cpu", BUDGET, command=True, heap_churns=[0]) == margin.CHURN_MARGIN_BYTES
     assert margin.floor_bytes("cpu", BUDGET, command=True, heap_churns=[]) == margin.COMMAND_FLOOR_BYTES["cpu"]
-    assert margin.floor_bytes("cpu", BUDGET, heap_churns=[0]) == margin.FLOOR_BYTES["cpu"]  # not a command
+    # isoprobe's own trials: one process takes its measured churn too; a gang's ranks keep the fixed floor.
+    assert margin.floor_bytes("cpu", BUDGET, heap_churns=churns) == 5 * MiB + MiB // 10
+    assert margin.floor_bytes("cpu", BUDGET, heap_churns=[]) == margin.FLOOR_BYTES["cpu"]
+    for strategy in ("ddp", "zero1", "fsdp"):
+        assert margin.floor_bytes("cpu", BUDGET, strategy, heap_churns=[0]) == margin.floor_bytes("cpu", BUDGET,
+                                                                                                   strategy)
     assert margin.floor_bytes("cuda", BUDGET, command=True, heap_churns=[0]) == margin.floor_bytes("cuda", BUDGET)
     assert margin.spread_for("cpu", BUDGET, command=True, heap_churns=[0], override=9 * MiB).bytes == 9 * MiB
     # A swing larger than the floor still widens the spread.
@@ -295,3 +303,65 @@ def test_a_swing_widens_a_commands_spread_only_where_no_trial_measured_the_heap_
     unmeasured = probe(command_spec(), ScriptedExecutor(churning(None, None, swing=4 * MiB))).result
     assert unmeasured.max_batch_size == 24 and unmeasured.edge_margin.spread_bytes == margin.COMMAND_FLOOR_BYTES["cpu"]
     assert unmeasured.edge_margin.observed_bytes == 4 * MiB
+
+
+# --------------------------------------------------------------------------- isoprobe's own trials' heap churn
+
+def churning_steps(churns: list[int | None]):
+    """CHURN_FIXED's device whose own trials read ``churns[k]`` of heap churn after step k+1 (StepDone), the last
+    one for every later step: the path a real child's readings take (``pipeline.trials.steps_heap_churn``)."""
+    device = linear(CHURN_FIXED, HOG_PER_SAMPLE)
+
+    def run(call: Call):
+        done = device(call)
+        events = [e.model_copy(update={"heap_churn_bytes": churns[min(e.step - 1, len(churns) - 1)]})
+                  if isinstance(e, StepDone) else e for e in done.events]
+        return replace(done, events=events)
+    return run
+
+
+def test_the_least_floor_is_what_one_more_fitting_trial_can_leave():
+    """A deciding trial's stop at the margin uses it: a floor from the churn only grows, and the next trial may read
+    none; where the churn does not set the floor (a gang, CUDA) it is the floor itself; edge_spread replaces it."""
+    assert margin.least_floor_bytes("cpu", BUDGET) == margin.CHURN_MARGIN_BYTES
+    assert margin.least_floor_bytes("cpu", BUDGET, heap_churns=[3 * MiB]) == 4 * MiB
+    assert margin.least_floor_bytes("cpu", BUDGET, command=True) == margin.CHURN_MARGIN_BYTES
+    assert margin.least_floor_bytes("cpu", BUDGET, "fsdp") == margin.floor_bytes("cpu", BUDGET, "fsdp")
+    assert margin.least_floor_bytes("cuda", BUDGET) == margin.floor_bytes("cuda", BUDGET)
+    assert margin.least_floor_bytes("cpu", BUDGET, override=9 * MiB) == 9 * MiB
+    assert margin.spread_for("cpu", BUDGET, heap_churns=[2 * MiB], least=True).bytes == 3 * MiB
+
+
+def test_an_own_trials_churn_is_the_most_its_steps_after_the_first_read():
+    steps = [StepDone(step=k + 1, seconds=0.1, heap_churn_bytes=c) for k, c in enumerate([9 * MiB, MiB, None, 2])]
+    assert steps_heap_churn(steps) == MiB  # the first step (building the optimizer's state) is left out
+    assert steps_heap_churn(steps[:1]) is None and steps_heap_churn([]) is None
+
+
+def test_a_model_whose_heap_churns_little_gets_its_edge_and_one_that_churns_a_batch_does_not():
+    """The same rule as a command's, for a model spec's one process: 25 peaks 3 MiB under the cap. Its steps churn
+    1 MiB after a first step of 9 MiB: floor 2 MiB, 25 is the maximum. 4 MiB a step: floor 5 MiB, 25 is marginal.
+    Not read (a single step, CUDA, no glibc): the process's fixed floor (8 MiB), 25 is marginal."""
+    quiet = probe(hog_spec(), ScriptedExecutor(churning_steps([9 * MiB, MiB]))).result
+    assert quiet.max_batch_size == 25, quiet.message
+    assert quiet.edge_margin.floor_bytes == 2 * MiB and quiet.edge_margin.marginal == []
+    assert all(t.heap_churn_bytes == MiB for t in quiet.trials if t.outcome is Outcome.FITS)
+    churned = probe(hog_spec(), ScriptedExecutor(churning_steps([0, 4 * MiB]))).result
+    assert churned.max_batch_size == 24 and [m.batch_size for m in churned.edge_margin.marginal] == [25]
+    assert churned.edge_margin.floor_bytes == 5 * MiB
+    unread = probe(hog_spec(), ScriptedExecutor(churning_steps([None]))).result
+    assert unread.max_batch_size == 24 and unread.edge_margin.floor_bytes == margin.FLOOR_BYTES["cpu"]
+
+
+def test_a_first_fit_that_decides_steps_until_steady_though_it_is_inside_the_fixed_floor():
+    """The search's first trial at the cap (25) decides: no trial has read the churn before it, so the fixed floor
+    (8 MiB) would stop it at the margin after search.steps, and its own churn (0: floor 1 MiB) would then let it
+    clear with 2 steps run, never shown steady. Its stop is at the least floor it can end with (1 MiB), so it
+    steps until its peak holds still, and the maximum it proves is steady."""
+    result = probe(hog_spec(start_batch_size=25, max_batch_size=25),
+                   ScriptedExecutor(churning_steps([0]))).result
+    (proof,) = result.trials
+    assert result.max_batch_size == 25 and result.edge_margin.floor_bytes == margin.CHURN_MARGIN_BYTES
+    assert proof.steady_rule.stop_at_bytes == BUDGET - margin.CHURN_MARGIN_BYTES
+    assert len(proof.step_budget_peak_bytes) > proof.steady_rule.window
+    assert steady.is_steady(proof.step_budget_peak_bytes, proof.steady_rule), proof.step_budget_peak_bytes
