@@ -24,7 +24,9 @@ from isoprobe.spec.model import Spec
 
 
 def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior | None = None,
-            borrowed: Borrowed | None = None, steady: bool = False) -> Limits:
+            borrowed: Borrowed | None = None, runner: TrialRunner | None = None) -> Limits:
+    steady = runner is not None and runner.steady_rule is not None
+    least = runner.spread(least=True) if steady else None
     return Limits(
         start=start or spec.search.start_batch_size,
         cap=data_cap(spec.search.cap, target.data, target.train_samples),
@@ -35,6 +37,7 @@ def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior |
         prior=prior if spec.search.strategy == "guided" else None,
         borrowed=borrowed,
         steady=steady,  # the runner's steady rule: the trial that would be the maximum steps until steady
+        margin=least.bytes if least is not None else 0,  # the first trial goes above what the spread lets through
     )
 
 
@@ -46,7 +49,7 @@ def _found(conclusion: Conclusion) -> Found:
 def edge_search(spec: Spec, target: Target, runner: TrialRunner, start: int | None) -> Found:
     """The edge search alone (no recommendation), from ``start`` or the spec's start batch."""
     step = guided_step if spec.search.strategy == "guided" else doubling_step
-    limits = _limits(spec, target, start, steady=runner.steady_rule is not None)
+    limits = _limits(spec, target, start, runner=runner)
     return _long_run(runner, limits, run_search(runner.observe, limits, [], step=step))
 
 
@@ -66,7 +69,7 @@ def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior:
     ``borrowed``: bounds another point of a frontier proved (``search.frontier``): they narrow where the
     search looks; the answer is still proven by this point's own trials.
     """
-    limits = _limits(spec, target, prior=prior, borrowed=borrowed, steady=runner.steady_rule is not None)
+    limits = _limits(spec, target, prior=prior, borrowed=borrowed, runner=runner)
     step = guided_step if spec.search.strategy == "guided" else doubling_step
     history: list[Observation] = []
     try:

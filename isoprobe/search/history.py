@@ -77,6 +77,9 @@ class Limits:
     confirmations: int = 1  # extra runs of the final maximum after the first fit (0: none); ``proofs_due``
     capacity: int | None = None  # memory the peaks are compared with (guided step); None: no prediction
     prior: Prior | None = None   # a line estimated before any trial (guided step, with a capacity); None: none
+    #: The least a maximum must leave free below the capacity (``search.margin.least_floor_bytes``): the prior's
+    #: edge is the largest batch predicted to leave more (``steps.prior_edge``). 0: none.
+    margin: int = 0
     borrowed: Borrowed | None = None  # bounds another frontier point proved (search.frontier); None: none
     #: The trial that would decide the maximum steps until its peak is steady (the product's steady rule): the
     #: oracle is told which trials those are (``run_search``), and the maximum is a batch with a steady fit (a

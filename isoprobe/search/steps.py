@@ -102,10 +102,12 @@ PRIOR_SLOPE_RANGE = 2.0
 
 
 def prior_edge(limits: Limits) -> int | None:
-    """The largest batch the prior predicts within the capacity (None without a prior or a capacity)."""
+    """The largest batch the prior predicts to leave more than ``limits.margin`` free below the capacity (None
+    without a prior or a capacity): a batch predicted inside the margin could at best be marginal, so the first
+    trial (one above) goes there, where a failure is cheap."""
     if limits.prior is None or limits.capacity is None:
         return None
-    return math.floor((limits.capacity - limits.prior.intercept) / limits.prior.slope)
+    return math.floor((limits.capacity - limits.margin - limits.prior.intercept) / limits.prior.slope)
 
 
 def first_batch(limits: Limits) -> int:

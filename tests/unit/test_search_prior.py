@@ -165,3 +165,15 @@ def test_the_first_batch_is_one_above_the_prior_edge_and_at_least_the_start():
     assert prior_edge(limits) == 100 and first_batch(limits) == 101
     assert first_batch(Limits(start=4, capacity=1000, prior=Prior(990, 10))) == 4  # edge 1: the start
     assert plan_next([], Limits(start=2, capacity=1000, prior=Prior(0, 10))) == 101
+
+
+def test_the_prior_edge_leaves_the_margin_a_maximum_must_clear():
+    """A batch predicted to leave no more than the margin free could at best be marginal: the prior's edge is the
+    largest predicted to leave more, and the first trial (one above it) is the cheap failure. The held-out convnet:
+    812.08 MiB + 13.35 MiB a sample under 1280 MiB predicts 35 with 0.7 MiB free; with a 1 MiB margin the first
+    trial is 35, not 36 (35 and 36 both ran out of memory; 34 fits with 2.7 MiB free)."""
+    MiB = 1 << 20
+    convnet = Prior(812.08 * MiB, 13.35 * MiB)
+    assert first_batch(Limits(start=2, capacity=1280 * MiB, prior=convnet)) == 36
+    assert first_batch(Limits(start=2, capacity=1280 * MiB, prior=convnet, margin=MiB)) == 35
+    assert prior_edge(Limits(start=2, capacity=1000, prior=Prior(0, 10), margin=10)) == 99
