@@ -37,6 +37,7 @@ class StepHook:
     def __init__(self, torch: Any, device: Any, request: TrialRequest, events: Events, progress: Progress):
         self.torch, self.device, self.request, self.events, self.progress = torch, device, request, events, progress
         self.peaks: list[int] = []
+        self.churns: list[int | None] = []  # each step's heap churn (CPU): a quiet heap's window is shorter
         self._started: float | None = None
 
     @property
@@ -65,10 +66,11 @@ class StepHook:
         memory = step_memory(self.torch, self.device)
         self.events.emit(StepDone(step=index, seconds=self.progress.step_seconds[-1], **memory))
         self.peaks.append(memory["budget_peak_bytes"] or memory["peak_bytes"] or 0)
+        self.churns.append(memory.get("heap_churn_bytes"))
         rule = self.request.steady
         if rule is None:
             return index >= (self.request.steps or self.request.spec.search.steps)
-        return gang_agrees(self.torch, self.device, self.request, steady.should_stop(self.peaks, rule))
+        return gang_agrees(self.torch, self.device, self.request, steady.should_stop(self.peaks, rule, self.churns))
 
 
 def step_memory(torch: Any, device: Any) -> dict[str, int | None]:

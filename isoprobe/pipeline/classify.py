@@ -70,13 +70,15 @@ def still_rising(events: list, asked: Asked) -> str | None:
     rule = asked.steady
     if rule is None:
         return None
-    peaks = [e.budget_peak_bytes if e.budget_peak_bytes is not None else (e.peak_bytes or 0)
-             for e in events if isinstance(e, StepDone)]
-    if steady.is_steady(peaks, rule) or steady.past_the_margin(peaks, rule):
+    steps = [e for e in events if isinstance(e, StepDone)]
+    peaks = [e.budget_peak_bytes if e.budget_peak_bytes is not None else (e.peak_bytes or 0) for e in steps]
+    churns = [e.heap_churn_bytes for e in steps]
+    if steady.is_steady(peaks, rule, churns) or steady.past_the_margin(peaks, rule):
         return None  # past the margin: it fits as far as it ran, and the parent judges it marginal
-    risen = steady.rise(peaks, rule.window)
+    window = steady.window_for(churns, rule)
+    risen = steady.rise(peaks, window)
     return (f"its peak was still rising after {len(peaks)} steps (the cap is {rule.max_steps}): "
-            f"{format_bytes(risen or 0)} over the last {rule.window}, to {format_bytes(peaks[-1] if peaks else 0)}; "
+            f"{format_bytes(risen or 0)} over the last {window}, to {format_bytes(peaks[-1] if peaks else 0)}; "
             "a longer run would need more memory")
 
 

@@ -161,7 +161,10 @@ class TrialRunner:
         self.conditions = trial_conditions(spec, target.backend, target.info.memory_budget_bytes,
                                            model_imports=target.model_imports)
         #: How long a trial that decides the maximum steps (None: search.steady_steps is 0, every trial is short).
-        self.steady_rule = steady.rule_for(spec.search.steps, spec.search.steady_steps)
+        # A quiet heap's shorter window where its trials read their heap churn: one process of isoprobe's own on the
+        # CPU backend (a gang's ranks and a command keep the window: their growth was measured to pause).
+        quiet = target.backend == "cpu" and spec.command is None and spec.distributed.strategy == "none"
+        self.steady_rule = steady.rule_for(spec.search.steps, spec.search.steady_steps, quiet=quiet)
 
     def at_length(self, spec: Spec, length: int) -> None:
         """From now on trials run ``spec`` (whose input.shape[0] is ``length``) and are tagged with the length."""
@@ -306,7 +309,9 @@ class TrialRunner:
         observation = observation_of(trial, self.spec.search.steps)
         if (margin := self.marginal(trial)) is not None:
             peaks = trial.step_budget_peak_bytes or trial.step_peak_bytes
-            if trial.steady_rule is not None and steady.is_steady(peaks, trial.steady_rule):
+            # The steps' churns as far as the trial keeps them: its most after the first step (heap_churn_bytes).
+            churns = [None] + [trial.heap_churn_bytes] * (len(peaks) - 1)
+            if trial.steady_rule is not None and steady.is_steady(peaks, trial.steady_rule, churns):
                 how = f"fit the long run, but its steady peak left {format_bytes(margin.free)} free"
             else:  # a short trial, or a deciding one that stopped where its peak reached the margin
                 how = (f"fit {len(trial.step_seconds)} steps, but its peak already left only "

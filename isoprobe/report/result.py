@@ -196,10 +196,10 @@ class Trial(_Strict):
                           "Blocks freed within a step can stay held into the next one in some address-space layouts "
                           "and not in others, so another run can need up to this much more than the trial read: the "
                           "floor of one process or of a command (edge_margin.floor_bytes) is the most of it in the "
-                          "probe's fitting trials plus 1 MiB. Read by isoprobe's own trials after each step from "
-                          "malloc_info (the heaps' most less what they hold then: never below the step's own), by a "
-                          "command's trial from [heap] in /proc/PID/maps every 4 ms. Null: not measured (CUDA, a "
-                          "single step, no glibc).")
+                          "probe's fitting trials plus 1.5 MiB (a command's: 1 MiB; search.margin). Read by isoprobe's "
+                          "own trials after each step from malloc_info (the heaps' most less what they hold then: "
+                          "never below the step's own), by a command's trial from [heap] in /proc/PID/maps every "
+                          "4 ms. Null: not measured (CUDA, a single step, no glibc).")
     steady_rule: SteadyRule | None = Field(
         None, description="Set for a trial that decides the maximum (confirmation, long_run): it kept stepping "
                           "until its peak was steady or the cap; its outcome is still_rising where it never was.",

@@ -33,6 +33,16 @@ TOLERANCE_BYTES = 256 << 10
 #: later rises of 1 to 10 MiB after 6 to 12 still steps were seen too (docs/steady-state.md, "Creep"): no
 #: window rules them out, and a longer one makes every deciding trial long; the 30-step harness checks.
 WINDOW_STEPS = 5
+#: Steps the peak must hold still in a process whose heap is quiet: read after every step but the first, its churn
+#: (``StepDone.heap_churn_bytes``) never above ``QUIET_CHURN_BYTES``. The pauses ``WINDOW_STEPS`` waits out are the
+#: heap's: its growth comes as fragmentation of blocks under the mmap threshold (docs/steady-state.md: FSDP2's and
+#: ZeRO-1's ranks kept 30 to 90 MiB free inside their heaps), and a heap that grows and gives back at most a MiB a
+#: step has no such jumps beyond what the spread's margin covers (``search.margin.CHURN_MARGIN_BYTES``). Measured:
+#: the held-out convnet's plain loop, its Lightning module and its Trainer (heap churn 0.2 MiB) peaked at step 3
+#: within 0.1 MiB of step 30 (docs/steady-state.md, "A quiet heap").
+QUIET_WINDOW_STEPS = 3
+#: The most heap churn a step may read for the quiet window: the spread's margin above a measured churn.
+QUIET_CHURN_BYTES = 1 << 20
 #: The most steps a deciding trial runs (``search.steady_steps`` overrides it). The measured growth stopped
 #: by step 12 at the latest; 30 steps is the long run the issue's table checked.
 DEFAULT_MAX_STEPS = 30
@@ -51,15 +61,37 @@ class SteadyRule(BaseModel):
         None, ge=0, description="A running peak at or above this (the capacity less the spread, in the budget's "
         "units) ends the trial after min_steps: it leaves no more than the spread free, so however long it runs it "
         "cannot be the maximum (the parent judges it marginal). Null: no such stop.")
+    quiet_window: int | None = Field(
+        None, ge=1, description="Steps the peak must hold still instead of window where the trial's heap is quiet: "
+        "its heap churn read after every step but the first and never above quiet_churn_bytes (QUIET_WINDOW_STEPS, "
+        "one process of isoprobe's own on the CPU backend). Null: window, always.")
+    quiet_churn_bytes: int = Field(QUIET_CHURN_BYTES, ge=0, description="The most heap churn of a quiet step.")
 
 
-def rule_for(search_steps: int, max_steps: int | None) -> SteadyRule | None:
-    """The rule for a probe whose search runs ``search.steps`` steps; None when ``max_steps`` is 0 (off)."""
+def rule_for(search_steps: int, max_steps: int | None, quiet: bool = False) -> SteadyRule | None:
+    """The rule for a probe whose search runs ``search.steps`` steps; None when ``max_steps`` is 0 (off).
+    ``quiet``: its trials read their heap churn (one process of isoprobe's own on the CPU backend), so a quiet
+    heap holds still over ``QUIET_WINDOW_STEPS``."""
     cap = DEFAULT_MAX_STEPS if max_steps is None else max_steps
     if cap == 0:
         return None
     # A cap below the window's steps could never see a steady peak: it is raised to the least that can.
-    return SteadyRule(min_steps=search_steps, max_steps=max(cap, search_steps, WINDOW_STEPS + 1))
+    return SteadyRule(min_steps=search_steps, max_steps=max(cap, search_steps, WINDOW_STEPS + 1),
+                      quiet_window=QUIET_WINDOW_STEPS if quiet else None)
+
+
+def is_quiet(churns: list[int | None], rule: SteadyRule) -> bool:
+    """Whether a trial's heap was quiet over the steps it ran (``SteadyRule.quiet_window``): ``churns``, each step's
+    ``StepDone.heap_churn_bytes``, read after every step but the first (which builds what the run keeps) and none
+    above ``quiet_churn_bytes``."""
+    after_first = churns[1:]
+    return (rule.quiet_window is not None and bool(after_first)
+            and all(c is not None and c <= rule.quiet_churn_bytes for c in after_first))
+
+
+def window_for(churns: list[int | None], rule: SteadyRule) -> int:
+    """The steps the peak must hold still: ``quiet_window`` where the heap was quiet, else ``window``."""
+    return rule.quiet_window if is_quiet(churns, rule) else rule.window
 
 
 def rise(peaks: list[int], window: int) -> int | None:
@@ -69,11 +101,12 @@ def rise(peaks: list[int], window: int) -> int | None:
     return peaks[-1] - peaks[-1 - window]
 
 
-def is_steady(peaks: list[int], rule: SteadyRule) -> bool:
-    """After these per-step peaks: has the trial run its minimum and has its peak held for the window?"""
+def is_steady(peaks: list[int], rule: SteadyRule, churns: list[int | None] = ()) -> bool:
+    """After these per-step peaks (and heap churns, ``window_for``): has the trial run its minimum and has its peak
+    held for the window?"""
     if len(peaks) < rule.min_steps:
         return False
-    risen = rise(peaks, rule.window)
+    risen = rise(peaks, window_for(list(churns), rule))
     return risen is not None and risen <= rule.tolerance_bytes
 
 
@@ -85,9 +118,9 @@ def past_the_margin(peaks: list[int], rule: SteadyRule) -> bool:
             and peaks[-1] >= rule.stop_at_bytes)
 
 
-def should_stop(peaks: list[int], rule: SteadyRule) -> bool:
+def should_stop(peaks: list[int], rule: SteadyRule, churns: list[int | None] = ()) -> bool:
     """Whether the trial has stepped enough: steady, at the cap, or already past the margin."""
-    return len(peaks) >= rule.max_steps or is_steady(peaks, rule) or past_the_margin(peaks, rule)
+    return len(peaks) >= rule.max_steps or is_steady(peaks, rule, churns) or past_the_margin(peaks, rule)
 
 
 def swing_bytes(own_peaks: list[int | None]) -> int | None:

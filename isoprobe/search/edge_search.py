@@ -65,7 +65,7 @@ from typing import Callable
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.search.frontier import bracket
 from isoprobe.search.history import Limits, Observation, bounds, proofs_due, verdicts
-from isoprobe.search.steps import DESCENT, Step, first_batch, guided_step
+from isoprobe.search.steps import DESCENT, Step, first_batch, guided_step, probes_the_edge
 
 
 def plan_next(
@@ -135,7 +135,10 @@ def decides(history: list[Observation] | tuple[Observation, ...], limits: Limits
     if lower is not None and batch <= lower:
         return True
     ceiling = limits.highest if upper is None else upper - 1
-    return batch >= ceiling
+    # Before anything failed, the guided step's check right above the predicted edge: a fit there is most likely
+    # the edge (a line a sample low), and a short fit would have to run again, in a second process, once the batch
+    # above it failed. A failure there costs nothing more; a fit that is not the edge, the window's extra steps.
+    return batch >= ceiling or (upper is None and probes_the_edge(history, limits, batch))
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,20 @@ def _line(history: tuple[Observation, ...] | list[Observation], limits: Limits) 
     return prior_line(history, limits) if limits.prior is not None else memory_line(history, limits)
 
 
+def probes_the_edge(history: tuple[Observation, ...] | list[Observation], limits: Limits, batch: int) -> bool:
+    """Whether ``batch`` is the guided step's check right above the edge a measured memory line predicts (``e + 1``,
+    with ``e`` the largest batch predicted to leave more than ``limits.margin`` free): expected to fail, and when it
+    fits instead, most likely the edge itself (the line was a sample low), so the trial that fits there should be
+    its proof (``edge_search.decides``). Only for a line through two measured batches and no prior: simulated over
+    2,000 searches of tests/unit/test_search_prior.py's device, it then halved the maxima run twice (0.21 to 0.04 a
+    search) for 0.21 fits that stepped on without being the edge; a prior's line, off by 5 to 50 %, misses by many
+    samples on that device, and its probes cost 0.7 to 0.9 such fits for 0.14 to 0.09 reruns saved."""
+    if limits.prior is not None:
+        return False
+    line = _line(tuple(history), limits)
+    return line is not None and line.batches > 1 and batch == line.largest_within(limits.capacity - limits.margin) + 1
+
+
 def _misses(history: tuple[Observation, ...], limits: Limits) -> int:
     """How many of the latest new batches in a row the line mispredicted, signed.
 
@@ -264,7 +278,7 @@ def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, up
     if upper is not None and abs(misses) >= 2 and _bracket_stalled(history, limits):
         return doubling_step(history, limits, lower, upper)
     top = limits.highest if upper is None else upper - 1
-    edge = line.largest_within(limits.capacity)
+    edge = line.largest_within(limits.capacity - limits.margin)
     if line.batches == 1 and limits.prior is None:
         if upper is not None:
             return (lower + upper) // 2

@@ -248,8 +248,9 @@ def test_a_commands_floor_is_the_heap_churn_its_fitting_trials_measured_plus_a_t
     assert margin.floor_bytes("cpu", BUDGET, command=True, heap_churns=churns) == 5 * MiB + MiB // 10
     assert margin.floor_bytes("cpu", BUDGET, command=True, heap_churns=[0]) == margin.CHURN_MARGIN_BYTES
     assert margin.floor_bytes("cpu", BUDGET, command=True, heap_churns=[]) == margin.COMMAND_FLOOR_BYTES["cpu"]
-    # isoprobe's own trials: one process takes its measured churn too; a gang's ranks keep the fixed floor.
-    assert margin.floor_bytes("cpu", BUDGET, heap_churns=churns) == 5 * MiB + MiB // 10
+    # isoprobe's own trials: one process takes its measured churn too, with its own margin; a gang's ranks keep the
+    # fixed floor.
+    assert margin.floor_bytes("cpu", BUDGET, heap_churns=churns) == 4 * MiB + MiB // 10 + margin.OWN_CHURN_MARGIN_BYTES
     assert margin.floor_bytes("cpu", BUDGET, heap_churns=[]) == margin.FLOOR_BYTES["cpu"]
     for strategy in ("ddp", "zero1", "fsdp"):
         assert margin.floor_bytes("cpu", BUDGET, strategy, heap_churns=[0]) == margin.floor_bytes("cpu", BUDGET,
@@ -323,13 +324,13 @@ def churning_steps(churns: list[int | None]):
 def test_the_least_floor_is_what_one_more_fitting_trial_can_leave():
     """A deciding trial's stop at the margin uses it: a floor from the churn only grows, and the next trial may read
     none; where the churn does not set the floor (a gang, CUDA) it is the floor itself; edge_spread replaces it."""
-    assert margin.least_floor_bytes("cpu", BUDGET) == margin.CHURN_MARGIN_BYTES
-    assert margin.least_floor_bytes("cpu", BUDGET, heap_churns=[3 * MiB]) == 4 * MiB
+    assert margin.least_floor_bytes("cpu", BUDGET) == margin.OWN_CHURN_MARGIN_BYTES == MiB + MiB // 2
+    assert margin.least_floor_bytes("cpu", BUDGET, heap_churns=[3 * MiB]) == 4 * MiB + MiB // 2
     assert margin.least_floor_bytes("cpu", BUDGET, command=True) == margin.CHURN_MARGIN_BYTES
     assert margin.least_floor_bytes("cpu", BUDGET, "fsdp") == margin.floor_bytes("cpu", BUDGET, "fsdp")
     assert margin.least_floor_bytes("cuda", BUDGET) == margin.floor_bytes("cuda", BUDGET)
     assert margin.least_floor_bytes("cpu", BUDGET, override=9 * MiB) == 9 * MiB
-    assert margin.spread_for("cpu", BUDGET, heap_churns=[2 * MiB], least=True).bytes == 3 * MiB
+    assert margin.spread_for("cpu", BUDGET, heap_churns=[2 * MiB], least=True).bytes == 3 * MiB + MiB // 2
 
 
 def test_an_own_trials_churn_is_the_most_its_steps_after_the_first_read():
@@ -339,29 +340,30 @@ def test_an_own_trials_churn_is_the_most_its_steps_after_the_first_read():
 
 
 def test_a_model_whose_heap_churns_little_gets_its_edge_and_one_that_churns_a_batch_does_not():
-    """The same rule as a command's, for a model spec's one process: 25 peaks 3 MiB under the cap. Its steps churn
-    1 MiB after a first step of 9 MiB: floor 2 MiB, 25 is the maximum. 4 MiB a step: floor 5 MiB, 25 is marginal.
-    Not read (a single step, CUDA, no glibc): the process's fixed floor (8 MiB), 25 is marginal."""
-    quiet = probe(hog_spec(), ScriptedExecutor(churning_steps([9 * MiB, MiB]))).result
+    """The same rule as a command's, for a model spec's one process (its margin: 1.5 MiB): 25 peaks 3 MiB under
+    the cap. Its steps churn half a MiB after a first step of 9 MiB: floor 2 MiB, 25 is the maximum. 4 MiB a step:
+    floor 5.5 MiB, 25 is marginal. Not read (a single step, CUDA, no glibc): the process's fixed floor (8 MiB), 25 is
+    marginal."""
+    quiet = probe(hog_spec(), ScriptedExecutor(churning_steps([9 * MiB, MiB // 2]))).result
     assert quiet.max_batch_size == 25, quiet.message
     assert quiet.edge_margin.floor_bytes == 2 * MiB and quiet.edge_margin.marginal == []
-    assert all(t.heap_churn_bytes == MiB for t in quiet.trials if t.outcome is Outcome.FITS)
+    assert all(t.heap_churn_bytes == MiB // 2 for t in quiet.trials if t.outcome is Outcome.FITS)
     churned = probe(hog_spec(), ScriptedExecutor(churning_steps([0, 4 * MiB]))).result
     assert churned.max_batch_size == 24 and [m.batch_size for m in churned.edge_margin.marginal] == [25]
-    assert churned.edge_margin.floor_bytes == 5 * MiB
+    assert churned.edge_margin.floor_bytes == 5 * MiB + MiB // 2
     unread = probe(hog_spec(), ScriptedExecutor(churning_steps([None]))).result
     assert unread.max_batch_size == 24 and unread.edge_margin.floor_bytes == margin.FLOOR_BYTES["cpu"]
 
 
 def test_a_first_fit_that_decides_steps_until_steady_though_it_is_inside_the_fixed_floor():
     """The search's first trial at the cap (25) decides: no trial has read the churn before it, so the fixed floor
-    (8 MiB) would stop it at the margin after search.steps, and its own churn (0: floor 1 MiB) would then let it
-    clear with 2 steps run, never shown steady. Its stop is at the least floor it can end with (1 MiB), so it
+    (8 MiB) would stop it at the margin after search.steps, and its own churn (0: floor 1.5 MiB) would then let it
+    clear with 2 steps run, never shown steady. Its stop is at the least floor it can end with (1.5 MiB), so it
     steps until its peak holds still, and the maximum it proves is steady."""
     result = probe(hog_spec(start_batch_size=25, max_batch_size=25),
                    ScriptedExecutor(churning_steps([0]))).result
     (proof,) = result.trials
-    assert result.max_batch_size == 25 and result.edge_margin.floor_bytes == margin.CHURN_MARGIN_BYTES
-    assert proof.steady_rule.stop_at_bytes == BUDGET - margin.CHURN_MARGIN_BYTES
+    assert result.max_batch_size == 25 and result.edge_margin.floor_bytes == margin.OWN_CHURN_MARGIN_BYTES
+    assert proof.steady_rule.stop_at_bytes == BUDGET - margin.OWN_CHURN_MARGIN_BYTES
     assert len(proof.step_budget_peak_bytes) > proof.steady_rule.window
     assert steady.is_steady(proof.step_budget_peak_bytes, proof.steady_rule), proof.step_budget_peak_bytes

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from isoprobe.report.outcomes import Outcome
 from isoprobe.search.edge_search import StopReason, plan_next, run_search
 from isoprobe.search.history import Limits, Observation, Prior
-from isoprobe.search.steps import DESCENT, first_batch, prior_edge
+from isoprobe.search.steps import DESCENT, first_batch, prior_edge, probes_the_edge
 from tests.unit.test_search_guided import Device
 
 MiB = 1024**2
@@ -177,3 +177,23 @@ def test_the_prior_edge_leaves_the_margin_a_maximum_must_clear():
     assert first_batch(Limits(start=2, capacity=1280 * MiB, prior=convnet)) == 36
     assert first_batch(Limits(start=2, capacity=1280 * MiB, prior=convnet, margin=MiB)) == 35
     assert prior_edge(Limits(start=2, capacity=1000, prior=Prior(0, 10), margin=10)) == 99
+
+
+def test_the_check_above_a_measured_lines_edge_that_fits_is_the_maximums_proof_without_a_second_process():
+    """The Hugging Face framing's path (docs/results/peers-after.md): no prior; the line through 2 and 14 predicts
+    29, so the guided step checks 30, expected to fail. It fits (small batches peak a little below the line the edge
+    lies on), and 31 fails. The check stepped until steady, so its fit is the maximum's proof: three trials after
+    the start and no second process for 30 (before: a short fit at 30, then 30 again, until steady)."""
+    peaks = {2: 1023, 14: 1145, 30: 1300}  # MiB; base 1000 each; 31 runs out of memory under 1305
+
+    def device(batch: int, deciding: bool = False) -> Observation:
+        if batch not in peaks:
+            return Observation(batch, Outcome.OUT_OF_MEMORY, steady=deciding)
+        return Observation(batch, Outcome.FITS, peaks[batch] * MiB, 1000 * MiB, steady=deciding)
+    found = run_search(device, Limits(start=2, capacity=1305 * MiB, steady=True, confirmations=0))
+    assert [(o.batch_size, o.outcome, o.steady) for o in found.history] == [
+        (2, Outcome.FITS, False), (14, Outcome.FITS, False), (30, Outcome.FITS, True),
+        (31, Outcome.OUT_OF_MEMORY, True)]
+    assert (found.max_fitting, found.first_failing) == (30, 31)
+    # With a prior no check above its edge steps on: the prior's line misses by many samples (see probes_the_edge).
+    assert not probes_the_edge([], Limits(start=2, capacity=1000, prior=Prior(0, 10)), 101)

@@ -89,10 +89,12 @@ def test_memory_that_grows_for_ten_steps_then_stops_gets_the_edge_of_its_steady_
     # (steady.past_the_margin: it cannot be the maximum however long it runs): marginal, then.
     assert result.first_failing_batch_size == steady_edge + 1 or \
         steady_edge + 1 in [m.batch_size for m in result.edge_margin.marginal]
-    # The short trials' edge (25) already left less than the spread free after its 2 steps (issue 35: marginal
-    # without a steady run of its own); below it, the long run decides, and 24 and 23 fail it.
-    assert HOG_MAX in [m.batch_size for m in result.edge_margin.marginal]
-    assert "inside the spread" in result.message and "batch 22 fits" in result.message
+    # The short trials' edge (25) is the check right above the line's edge, so it steps on as the edge's proof
+    # would, and runs out at step 3: the long run decides below it, and 24 and 23 fail it. 23 stops at the margin
+    # of the least spread the probe could end with (1.5 MiB: its trials read no heap churn, so the floor ends at
+    # 8 MiB), and is marginal.
+    assert result.short_max_batch_size == HOG_MAX and 23 in [m.batch_size for m in result.edge_margin.marginal]
+    assert "batch 22 fits" in result.message and f"{HOG_MAX} fit 2 steps but its peak kept rising" in result.message
     deciding = [t for t in result.trials if t.purpose in ("confirmation", "long_run")]
     assert deciding and all(t.steady_rule is not None for t in deciding)
     (proof,) = [t for t in deciding if t.batch_size == steady_edge]
@@ -117,12 +119,13 @@ def test_memory_that_never_stops_growing_is_reported_as_such_with_no_maximum():
 
 
 def test_a_steady_device_costs_a_few_more_steps_of_one_trial_and_the_edge_is_unchanged():
-    """Issue 35: the trial that decides the maximum steps until steady (the window and one), no second process."""
+    """Issue 35: the trial that decides the maximum steps until steady (the window and one), no second process.
+    The check right above the line's edge (26) is asked to step on too, and runs out at once."""
     probed = probe(hog_spec(), ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE)))
     result = probed.result
     assert (result.max_batch_size, result.first_failing_batch_size) == (HOG_MAX, HOG_MAX + 1)
     assert result.short_max_batch_size is None
-    (deciding,) = [t for t in result.trials if t.steady_rule is not None]
+    (deciding,) = [t for t in result.trials if t.steady_rule is not None and t.outcome is Outcome.FITS]
     assert deciding.batch_size == HOG_MAX and len(deciding.step_seconds) == steady.WINDOW_STEPS + 1
     assert all(len(t.step_seconds) <= 2 for t in result.trials if t is not deciding)  # search.steps, or fewer
     assert not [t for t in result.trials if t.purpose in ("long_run", "confirmation")]
@@ -181,3 +184,53 @@ def test_the_search_confirms_with_a_steady_trial_and_stops_at_a_long_run_failure
     # search goes on (the next maximum's steady confirmation).
     flaky = history[:3] + [Observation(3, Outcome.OUT_OF_MEMORY)]
     assert verdicts(flaky, limits)[3].flaky and plan_next(flaky, limits) == 2
+
+
+# --------------------------------------------------------------------------- a quiet heap's window
+
+QUIET = steady.SteadyRule(min_steps=3, max_steps=30, quiet_window=steady.QUIET_WINDOW_STEPS)
+
+
+def test_a_quiet_heap_is_steady_after_the_shorter_window_and_any_loud_or_unread_step_keeps_the_long_one():
+    """The window waits out the heap's growth pauses; a process whose heap churned at most a MiB in every step after
+    the first has none (docs/steady-state.md, "A quiet heap"). Step 1 builds what the run keeps: its churn is not
+    judged."""
+    flat = [90 * MiB] + [100 * MiB] * 4  # step 2 reaches the peak, steps 3 to 5 hold it: the quiet window
+    quiet = [50 * MiB] + [MiB // 4] * 4
+    assert steady.is_steady(flat, QUIET, quiet) and steady.should_stop(flat, QUIET, quiet)
+    assert not steady.is_steady(flat[:-1], QUIET, quiet[:-1])  # steps 3 and 4 only: not yet
+    assert not steady.is_steady(flat, QUIET)  # no churn read: the window of 5
+    assert not steady.is_steady(flat, QUIET, quiet[:-1] + [steady.QUIET_CHURN_BYTES + 1])  # one loud step
+    assert not steady.is_steady(flat, QUIET, quiet[:-1] + [None])  # one step unread
+    assert not steady.is_steady(flat, RULE, quiet)  # a rule without the quiet window (a gang, a command)
+    assert steady.window_for(quiet, QUIET) == 3 and steady.window_for(quiet, RULE) == steady.WINDOW_STEPS
+    rising = [90 * MiB, 100 * MiB, 100 * MiB, 100 * MiB, 101 * MiB]
+    assert not steady.is_steady(rising, QUIET, quiet)  # the peak must still hold still over the window
+
+
+def test_only_one_process_of_isoprobes_own_on_the_cpu_gets_the_quiet_window():
+    assert steady.rule_for(3, None, quiet=True).quiet_window == steady.QUIET_WINDOW_STEPS
+    assert steady.rule_for(3, None).quiet_window is None
+    plain = probe(hog_spec(), ScriptedExecutor(linear(HOG_FIXED, HOG_PER_SAMPLE))).result
+    assert {t.steady_rule.quiet_window for t in plain.trials if t.steady_rule} == {steady.QUIET_WINDOW_STEPS}
+    ddp = hog_spec()
+    ddp["distributed"] = {"strategy": "ddp", "world_size": 2}
+    device = linear(HOG_FIXED, HOG_PER_SAMPLE)
+    ranks = probe(ddp, ScriptedExecutor(lambda call: gang(device(call), device(call)))).result
+    assert {t.steady_rule.quiet_window for t in ranks.trials if t.steady_rule} == {None}
+
+
+def test_the_parent_judges_the_quiet_window_from_the_steps_churns_as_the_child_did():
+    """A deciding trial that stopped after 5 steps fits where its steps read a quiet heap, and is still_rising where
+    one of them did not: the child's stop is checked, never taken on trust."""
+    from isoprobe.pipeline.classify import still_rising
+    from isoprobe.protocol.messages import StepDone
+
+    asked = Asked(steps=3, backend="cpu", steady=QUIET)
+    peaks = [90 * MiB] + [100 * MiB] * 4
+
+    def events(churns):
+        return [StepDone(step=k + 1, seconds=1.0, budget_peak_bytes=p, heap_churn_bytes=c)
+                for k, (p, c) in enumerate(zip(peaks, churns))]
+    assert still_rising(events([50 * MiB] + [0] * 4), asked) is None
+    assert "over the last 5" in still_rising(events([50 * MiB, 0, 0, 2 * MiB, 0]), asked)
