@@ -3,6 +3,8 @@
     python benchmarks/long_run_survival.py specs/gru-lm.yaml --strategy fsdp --batch 57 58 --runs 10 --steps 30
     python benchmarks/long_run_survival.py --hf-trainer benchmarks/heldout/convnet_trainer.py:build_trainer \
         --memory-budget 1280MiB --batch 31 32 --runs 10 --steps 30
+    python benchmarks/long_run_survival.py --loop benchmarks/heldout/convnet.py:train \
+        --memory-budget 1280MiB --batch 34 --runs 8 --steps 30
 
 Why it exists (issue 34): near the edge the same batch fits in one fresh process and runs out of memory in
 the next (heap fragmentation on the CPU), so one run proves nothing about the next. This runs each batch
@@ -14,7 +16,10 @@ the next (heap fragmentation on the CPU), so one run proves nothing about the ne
   steady rule (``report/steady.py``'s window and tolerance, written again here) would have stopped that
   run, and how far those steady peaks lie apart from run to run;
 - a Hugging Face Trainer built by ``FILE.py:FUNCTION`` (``hf_trainer_edge.run_plain``: ``trainer.train()``
-  with ``max_steps``), which tells survived or out of memory.
+  with ``max_steps``), which tells survived or out of memory;
+- a user's own loop, ``--loop FILE.py:FUNCTION`` called as ``FUNCTION(batch, steps)`` in a fresh interpreter
+  (``benchmarks/heldout/convnet.py:train``: the plain loop of benchmarks/peers.py, a DataLoader and its step),
+  which tells survived or out of memory.
 
 Every process runs under the cap of isoprobe's CPU trials (``RLIMIT_DATA`` before exec, the malloc
 setting, no CUDA), at ``OMP_NUM_THREADS=1`` unless ``--threads`` says otherwise. Prints a table on stdout;
@@ -26,6 +31,8 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -71,10 +78,44 @@ def one_trainer(options, batch: int) -> dict:
             "seconds": round(time.monotonic() - started, 1)}
 
 
+#: The user's loop at one batch, nothing of isoprobe imported: exit 3 on an allocation failure.
+LOOP = r"""
+import importlib.util, json, sys
+config = json.loads(sys.argv[1])
+spec = importlib.util.spec_from_file_location("user_loop", config["path"])
+loop = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(loop)
+try:
+    getattr(loop, config["function"])(config["batch"], config["steps"])
+except (MemoryError, RuntimeError) as error:
+    if isinstance(error, MemoryError) or "can't allocate memory" in str(error):
+        sys.exit(3)
+    raise
+"""
+
+
+def one_loop(options, batch: int) -> dict:
+    from hf_trainer_edge import environment
+
+    path, function = options.loop.rsplit(":", 1)
+    cap = parse_bytes(options.memory_budget)
+    started = time.monotonic()
+    config = {"path": str(Path(path).resolve()), "function": function, "batch": batch, "steps": options.steps}
+    run = subprocess.run([sys.executable, "-c", LOOP, json.dumps(config)], capture_output=True, text=True,
+                         env=environment() | {"OMP_NUM_THREADS": options.threads}, cwd=str(Path(path).parent),
+                         preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_DATA, (cap, cap)),
+                         timeout=options.timeout)
+    if run.returncode not in (0, 3):
+        raise RuntimeError(f"batch {batch}: the loop failed (exit {run.returncode}):\n{run.stderr[-2000:]}")
+    return {"batch": batch, "survived": run.returncode == 0, "oom_step": None,
+            "seconds": round(time.monotonic() - started, 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", type=Path, nargs="?")
     parser.add_argument("--hf-trainer", help="FILE.py:FUNCTION returning a transformers.Trainer (instead of a spec)")
+    parser.add_argument("--loop", help="FILE.py:FUNCTION, called as FUNCTION(batch, steps) (instead of a spec)")
     parser.add_argument("--kwargs", default="{}")
     parser.add_argument("--strategy", choices=("none", "ddp", "zero1", "fsdp"), default="none")
     parser.add_argument("--world-size", type=int, default=2)
@@ -86,8 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=900.0)
     parser.add_argument("--json", type=Path, help="append every run's record to this file (JSON lines)")
     options = parser.parse_args(argv)
-    if (options.spec is None) == (options.hf_trainer is None):
-        parser.error("give a spec or --hf-trainer, not both")
+    if sum(x is not None for x in (options.spec, options.hf_trainer, options.loop)) != 1:
+        parser.error("give one of a spec, --hf-trainer or --loop")
+    if options.loop and not options.memory_budget:
+        parser.error("--loop needs --memory-budget")
     if options.hf_trainer:
         options.hf_trainer = str(Path(options.hf_trainer.rsplit(":", 1)[0]).resolve()) + ":" + \
             options.hf_trainer.rsplit(":", 1)[1]
@@ -98,7 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     runs: dict[int, list[dict]] = {b: [] for b in options.batch}
     for index in range(options.runs):  # alternate the batches, so load changes hit each alike
         for batch in options.batch:
-            record = one_trainer(options, batch) if options.hf_trainer else one_plain(options, spec, batch)
+            record = (one_trainer(options, batch) if options.hf_trainer else one_loop(options, batch) if options.loop
+                      else one_plain(options, spec, batch))
             record["run"] = index + 1
             runs[batch].append(record)
             if options.json:

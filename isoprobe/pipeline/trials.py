@@ -308,10 +308,7 @@ class TrialRunner:
         was the most expensive trial of a probe that ends below it anyway."""
         observation = observation_of(trial, self.spec.search.steps)
         if (margin := self.marginal(trial)) is not None:
-            peaks = trial.step_budget_peak_bytes or trial.step_peak_bytes
-            # The steps' churns as far as the trial keeps them: its most after the first step (heap_churn_bytes).
-            churns = [None] + [trial.heap_churn_bytes] * (len(peaks) - 1)
-            if trial.steady_rule is not None and steady.is_steady(peaks, trial.steady_rule, churns):
+            if held_still(trial):
                 how = f"fit the long run, but its steady peak left {format_bytes(margin.free)} free"
             else:  # a short trial, or a deciding one that stopped where its peak reached the margin
                 how = (f"fit {len(trial.step_seconds)} steps, but its peak already left only "
@@ -388,6 +385,15 @@ class Margin:
     free: int
     spread: int
     clears: bool
+
+
+def held_still(trial: Trial) -> bool:
+    """Whether a trial stepped until its peak held still by its steady rule (not one stopped at the margin, nor a
+    short one). Its steps' heap churns as the trial keeps them: the most after the first (``heap_churn_bytes``)."""
+    if trial.steady_rule is None:
+        return False
+    peaks = trial.step_budget_peak_bytes or trial.step_peak_bytes
+    return steady.is_steady(peaks, trial.steady_rule, [None] + [trial.heap_churn_bytes] * (len(peaks) - 1))
 
 
 def observation_of(trial: Trial, short_steps: int) -> Observation:
