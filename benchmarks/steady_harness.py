@@ -102,7 +102,8 @@ def _load_factory(spec: dict, spec_dir: Path):
         return getattr(module, function)(**(model.get("kwargs") or {}))
     import torchvision
 
-    return torchvision.models.get_model(model["name"], **(model.get("kwargs") or {}))
+    # The spec's model.torchvision (model.name is its older spelling).
+    return torchvision.models.get_model(model.get("torchvision") or model["name"], **(model.get("kwargs") or {}))
 
 
 def _blocks(model) -> list:
