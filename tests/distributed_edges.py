@@ -165,10 +165,16 @@ def check_long_run(strategy: str, found: dict, checked: tuple) -> None:
 
 
 def edge_pair(result: dict) -> int:
-    """The first failing batch above the maximum; every batch between them is marginal (issue 34's spread rule:
-    it fit the long run, but closer to the capacity than a long run's peak moves)."""
+    """The first batch above the maximum that must fail a long run: the first failing batch, every batch between
+    them marginal (issue 34's spread rule: it fit the long run, but closer to the capacity than a long run's peak
+    moves). Where the batch right above the maximum was the search's check above its line's edge and fit only
+    inside the spread, nothing larger was tried (issue 35: no trial spent above an answer already exact), and it
+    is the batch above the marginal ones."""
     maximum, failing = result["max_batch_size"], result["first_failing_batch_size"]
     marginal = [m["batch_size"] for m in (result["edge_margin"] or {}).get("marginal", [])]
-    assert failing is not None and failing > maximum, result["message"]
+    if failing is None:
+        assert marginal and "no larger batch was tried" in result["message"], result["message"]
+        failing = max(marginal) + 1
+    assert failing > maximum, result["message"]
     assert list(range(maximum + 1, failing)) == [b for b in marginal if b < failing], (result["message"], marginal)
     return failing

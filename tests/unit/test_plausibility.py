@@ -284,3 +284,17 @@ def test_a_probe_over_shared_memory_answers_the_private_edge():
     assert result.max_batch_size == expected.max_batch_size and result.first_failing_batch_size == 9
     over = [t for t in result.trials if t.outcome is Outcome.OUT_OF_MEMORY]
     assert over and all("above the 1.50 GiB" in t.reclassified for t in over)
+
+
+def test_a_reading_a_little_under_the_import_baseline_is_noise_and_far_under_it_is_impossible():
+    """A tiny model's trial peaks within a few hundred KiB of what importing torch took, and the VmPeak estimate can
+    read under it by as much (plausibility.IMPORT_SLACK_BYTES); a MiB and more below is no reading at all."""
+    from isoprobe.pipeline.plausibility import IMPORT_SLACK_BYTES
+
+    times = [0.01, 0.01]
+    for below, rejected in ((40 << 10, False), (IMPORT_SLACK_BYTES + 4096, True)):
+        peak = IMPORTED_MEMORY.data - below
+        events = [Started(pid=7), Imported(memory=IMPORTED_MEMORY), ModelBuilt(memory=IMPORTED_MEMORY),
+                  *steps(times), verdict(step_seconds=times, peak=IMPORTED_MEMORY.rss, budget_peak=peak)]
+        end = judged(events)
+        assert (end.outcome is Outcome.CRASHED) is rejected, end.evidence
