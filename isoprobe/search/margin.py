@@ -73,7 +73,7 @@ COMMAND_FLOOR_BYTES = {"cpu": 6 * MIB}
 #: 0.18 to 0.27 MiB (its samples are mmapped; its plain loop's 34, 2.7 MiB free under 1280 MiB, survived 8 of 8
 #: independent runs of 30 steps, its Trainer's 30, 3.1 MiB free, 6 of 6), in a Trainer on 64-pixel images
 #: 4.22 MiB (91 samples of 48 KiB a step: the coin tosses of docs/steady-state.md were that convnet's),
-#: specs/gru-lm.yaml 6.73 MiB at 40 (its spread across runs, 4.4 to 6.3 MiB, is inside it). A gang's ranks keep
+#: specs/gru-lm.yaml 3.6 to 6.73 MiB at 40 (its 40 survived 10 of 10 independent 30-step runs). A gang's ranks keep
 #: the fixed floor (FSDP's offset is not the heap's), and ``FLOOR_BYTES`` stays the floor of a process no trial
 #: measured (one step only, not glibc, CUDA).
 #:
