@@ -248,3 +248,27 @@ def test_a_batch_the_search_already_ran_until_steady_is_not_run_again_below_a_ma
     (proof,) = [t for t in result.trials if t.batch_size == 24]
     assert proof.outcome is Outcome.FITS and proof.steady_rule is not None and proof.purpose == "search"
     assert result.max_steady
+
+
+def test_the_childs_step_hook_stops_a_quiet_heap_after_the_shorter_window(monkeypatch):
+    """The child applies the quiet window itself (``child.step_report.StepHook``): with a flat peak from step 2 and a
+    quiet heap it stops after step 5, with a loud one after step 7. A child that ignored ``quiet_window`` would
+    step on to 7 in both (the parent's re-judgement accepts either, so only this sees it)."""
+    from types import SimpleNamespace
+
+    from isoprobe.child import step_report
+
+    def steps_until_stop(churn: int) -> int:
+        peaks = iter([90 * MiB] + [100 * MiB] * 29)
+        monkeypatch.setattr(step_report, "step_memory", lambda torch, device: {
+            "peak_bytes": 0, "held_bytes": 0, "budget_peak_bytes": next(peaks), "heap_churn_bytes": churn})
+        request = _request().model_copy(update={"steady": QUIET})
+        hook = step_report.StepHook(None, SimpleNamespace(type="cpu"), request, SimpleNamespace(emit=lambda e: None),
+                                    step_report.Progress())
+        for step in range(1, 31):
+            hook.begin()
+            if hook.after_step():
+                return step
+        return 30
+    assert steps_until_stop(MiB // 4) == 1 + steady.QUIET_WINDOW_STEPS + 1
+    assert steps_until_stop(2 * MiB) == 1 + steady.WINDOW_STEPS + 1
