@@ -108,12 +108,18 @@ def floor_bytes(backend: str, capacity: int, strategy: str = "none", command: bo
     """The backend's floor for a capacity, per process or per rank of a gang of ``strategy``. On the CPU backend,
     for one process or a command's processes whose fitting trials measured their heap churn (``heap_churns``): the
     most of it plus ``churn_margin``; a command's without it, ``COMMAND_FLOOR_BYTES``."""
-    if backend == "cpu" and heap_churns and (command or strategy not in GANG_STRATEGIES):
+    if heap_churns and churn_sets_floor(backend, strategy, command):
         return max(heap_churns) + churn_margin(command)
     if command and backend in COMMAND_FLOOR_BYTES:
         return COMMAND_FLOOR_BYTES[backend]
     single = max(FLOOR_BYTES.get(backend, FLOOR_BYTES["cuda"]), int(FLOOR_FRACTION.get(backend, 0.0) * capacity))
     return single * GANG_FACTOR if strategy in WIDER_FLOOR_STRATEGIES else single
+
+
+def churn_sets_floor(backend: str, strategy: str, command: bool) -> bool:
+    """Whether a measured heap churn sets the floor: on the CPU backend, for one process or a command's processes
+    (a gang's ranks keep the fixed floor)."""
+    return backend == "cpu" and (command or strategy not in GANG_STRATEGIES)
 
 
 def churn_margin(command: bool) -> int:
@@ -128,7 +134,7 @@ def least_floor_bytes(backend: str, capacity: int, strategy: str = "none", comma
     the churn only grows with more trials; where none measured it yet, the next one may read none at all."""
     if override is not None:
         return override
-    if backend == "cpu" and (command or strategy not in GANG_STRATEGIES):
+    if churn_sets_floor(backend, strategy, command):
         return max(heap_churns, default=0) + churn_margin(command)
     return floor_bytes(backend, capacity, strategy, command, heap_churns)
 
