@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -149,3 +150,29 @@ def test_the_executor_lifts_an_idle_child_to_normal_before_stopping_it():
         child.kill()
         child.wait()
     lift_idle_policy(child.pid)  # a process that is gone: nothing to do, no error
+
+
+def _autogroup_nice(pid: int | str) -> int:
+    return int(Path(f"/proc/{pid}/autogroup").read_text().split()[-1])
+
+
+@pytest.mark.skipif(not _may_leave_idle_policy() or not Path("/proc/self/autogroup").exists(),
+                    reason="needs scheduler autogroups, and root or RLIMIT_NICE to leave SCHED_IDLE")
+@pytest.mark.parametrize("own_session", [True, False], ids=["own-session", "shared-session"])
+def test_an_idle_child_lowers_its_sessions_autogroup_only_when_the_session_is_its_own(own_session):
+    """SCHED_IDLE orders threads within one autogroup, and each session is one: a spare (a keeper's setsid) or a Slurm
+    rank (its wrapper's setsid) importing ahead lowers its session's autogroup to nice 19 too, and lifting the child
+    gives the group its 0 back. A child in a session it shares (here the test's own) leaves the group alone."""
+    code = ("import time; from isoprobe.child.main import _lower_priority; _lower_priority(); "
+            "print(open('/proc/self/autogroup').read().split()[-1], flush=True); time.sleep(60)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             start_new_session=own_session)
+    try:
+        assert child.stdout.readline() == ("19\n" if own_session else f"{_autogroup_nice('self')}\n")
+        assert _policies(child.pid) == {os.SCHED_IDLE}
+        lift_idle_policy(child.pid)
+        assert _policies(child.pid) == {os.SCHED_OTHER}
+        assert _autogroup_nice(child.pid) == (0 if own_session else _autogroup_nice("self"))
+    finally:
+        child.kill()
+        child.wait()
