@@ -17,6 +17,13 @@ Slurm is the process a local rank is:
   runs, fed its request's path on stdin, so it reports ``warm`` when its imports
   are done, exactly as a local rank does; the parent's timeout runs from there.
 
+Started ahead (``srun_rank.py --ahead STEP_DIR ...``: the next trial's step,
+started while the current one runs, ``executors.srun_gang``), the child
+imports at idle priority (``--idle``, as a local spare) and the wrapper waits
+for one line on its stdin, which srun forwards from isoprobe to every rank
+when the requests are written; end of file instead means the step is not
+needed, and the child is told so (its stdin closed) and ends quietly.
+
 It forks rather than execs, to write the child's wait status to
 ``rankN.exit`` when it ends: the parent, on another node, cannot wait for it,
 and needs to tell a rank that ended from one still running (the gang's rule,
@@ -37,8 +44,13 @@ import os
 import resource
 import signal
 import sys
+import time
 
 PR_SET_PDEATHSIG = 1
+#: As ``protocol.wiring.AHEAD_ARGUMENT`` (a unit test holds them equal): this wrapper loads wiring after its task file.
+AHEAD_ARGUMENT = "--ahead"
+#: How often a child whose turn came is lifted from idle priority until it reports ``warm`` (``lift_until_warm``).
+LIFT_SECONDS = 0.02
 
 
 def load_wiring():
@@ -76,9 +88,60 @@ def write_atomically(path: str, text: str) -> None:
     os.replace(temporary, path)
 
 
+def wait_for_turn(stdin) -> bool:
+    """Started ahead: block until isoprobe says the requests are written (a line), or that the step is not needed
+    (end of file, also what a dead isoprobe's closed pipe gives). True: the trial is this step's."""
+    try:
+        return bool(stdin.readline())
+    except (OSError, ValueError):
+        return False
+
+
+def load_keeper():
+    """``system.keeper`` (stdlib only) loaded from its file, as ``load_wiring``: its ``lift_idle_policy``."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "system", "keeper.py")
+    spec = importlib.util.spec_from_file_location("isoprobe_srun_keeper", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def warm_reported(events_path: str) -> bool:
+    try:
+        with open(events_path, encoding="utf-8") as handle:
+            lines = handle.read().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        try:
+            if json.loads(line).get("event") == "warm":
+                return True
+        except (ValueError, AttributeError):
+            continue
+    return False
+
+
+def lift_until_warm(pid: int, events_path: str) -> int | None:
+    """The trial is due and the child may still import at idle priority: it is on the trial's path now. Lift it (its
+    threads' policy, its session's autogroup) until it reports ``warm``, again at every look, because the child
+    lowers its priority itself once its imports start, which may be after its turn came (as a local spare's, in
+    ``executors.child_process.await_warm``). The child's wait status if it ended meanwhile (reaped here), else None."""
+    lift = load_keeper().lift_idle_policy
+    while not warm_reported(events_path):
+        lift(pid)
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        time.sleep(LIFT_SECONDS)
+    return None
+
+
 def main(argv: list[str]) -> None:
+    ahead = argv[1:2] == [AHEAD_ARGUMENT]
+    if ahead:
+        argv = argv[:1] + argv[2:]
     if len(argv) not in (2, 4) or not all(value.isdigit() for value in argv[2:]):
-        os.write(2, b"usage: srun_rank.py STEP_DIR [SOFT_DATA_LIMIT HARD_DATA_LIMIT]  (run by srun)\n")
+        os.write(2, b"usage: srun_rank.py [--ahead] STEP_DIR [SOFT_DATA_LIMIT HARD_DATA_LIMIT]  (run by srun)\n")
         os._exit(2)
     step_dir = argv[1]
     rank = int(os.environ["SLURM_PROCID"])
@@ -108,20 +171,31 @@ def main(argv: list[str]) -> None:
             os.dup2(read_end, 0)
             os.close(read_end)
             os.close(write_end)
+            # A session of its own, as a local child's (its keeper's setsid): Slurm's task session also holds the
+            # step daemon's launcher process, and the child's priority while it imports ahead is set per session
+            # (its scheduler autogroup, ``child.main._lower_autogroup``). Slurm still ends it: by its process tree
+            # (proctrack), and by the death signal below when this wrapper dies.
+            os.setsid()
             ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != wrapper:
                 os._exit(127)
-            os.execve(sys.executable, [sys.executable, "-m", wiring.CHILD_MODULE, wiring.WAIT_ARGUMENT], env)
+            idle = [wiring.IDLE_ARGUMENT] if ahead else []
+            os.execve(sys.executable, [sys.executable, "-m", wiring.CHILD_MODULE, wiring.WAIT_ARGUMENT, *idle], env)
         except BaseException as error:  # noqa: BLE001 - the forked copy must never run on as the wrapper
             os.write(2, f"isoprobe srun rank: cannot start the child: {error}\n".encode())
         os._exit(127)
     os.close(read_end)
-    os.write(write_end, f"{files['request.json']}\n".encode())
-    os.close(write_end)
-    while True:
+    turn = not ahead or wait_for_turn(sys.stdin)
+    if turn:
+        try:
+            os.write(write_end, f"{files['request.json']}\n".encode())
+        except OSError:  # the child ended while it waited: its end is recorded below, as any other
+            pass
+    os.close(write_end)  # without a line first: the child reads end of file and ends quietly
+    status = lift_until_warm(pid, files["events.jsonl"]) if ahead and turn else None
+    while status is None:
         try:
             _, status = os.waitpid(pid, 0)
-            break
         except InterruptedError:
             continue
     write_atomically(files["exit"], str(os.waitstatus_to_exitcode(status)))

@@ -22,6 +22,20 @@ A step that Slurm refuses (more tasks than the allocation has, a node down) runs
 no rank: that is no outcome of the batch's. It is run once more, and refused
 again it stops the probe with Slurm's own words (``ProbeError``, exit 4).
 
+Ahead (``search.warm_start``, on by default). A step's ranks import Python
+and torch cold, seconds a trial (measured on the two-node test cluster: 3.2
+to 3.7 s of a 4 to 9 s trial), where a local rank is forked warm. So while a
+trial runs, the next trial's step is already started beside it (``srun
+--overlap``): its ranks import at idle priority, touch no device, and wait
+for one line that srun forwards to each of them once their requests are
+written (``child.srun_rank --ahead``). The next trial then starts with its
+ranks warm; its timeout runs from when they have their requests, as any
+trial's. A step started ahead is only ever used under the conditions it was
+started with (the ranks, the cap, the preload, the device); one that ended
+or was lost while it waited is ended and replaced by a step started on
+demand, and one that was never needed is ended when the probe ends (its
+ranks read end of file and exit; then ``_end``, as any step's end).
+
 Requirement: the trial folder (under ``TMPDIR``) must be on a filesystem every
 node of the allocation sees: the ranks read their requests and write their
 events, their ends and the store there.
@@ -82,12 +96,22 @@ STEP_GONE_SECONDS = 60.0
 STEP_RECANCEL_SECONDS = 5.0
 #: The commands srun's keeper runs if isoprobe dies mid-step (``keeper.run_on_stop``): ``scancel`` of the step.
 ON_STOP_FILE = "on-stop.json"
+#: What a step's folder says of the trial it ran (its name and batch): a step started ahead is named before its
+#: trial is known (``aheadNNN.step``), so a reader (benchmarks/step_trial_time.py) finds the trial here.
+TRIAL_FILE = "trial.json"
+#: Steps started ahead that may end or be lost while they wait before the probe stops starting them: each such step
+#: is replaced by one started on demand, and a Slurm that refuses ``--overlap`` would otherwise cost a step a trial.
+AHEAD_FAILURES_TOLERATED = 1
 _RANK_ENTRY = str(Path(__file__).resolve().parents[1] / "child" / "srun_rank.py")
 
 
 @dataclass
 class _Step:
-    """One trial's step while it runs: srun under its keeper, and the step's folder."""
+    """One trial's step while it runs: srun under its keeper, and the step's folder.
+
+    ``turn``: for a step started ahead, the pipe to srun's stdin, which srun
+    forwards to every rank (a line: the requests are written; end of file:
+    not needed); ``key``: what it was started for (``_ahead_key``)."""
 
     folder: Path
     world: int
@@ -97,6 +121,9 @@ class _Step:
     delivered: float | None = None
     stderr_size: int = 0
     loss_words: str | None = None
+    turn: object | None = None
+    key: tuple | None = None
+    armed: bool = False  # its scancel written for srun's keeper (``_arm_cancel``)
 
     def files(self, rank: int) -> dict[str, Path]:
         stem = self.folder / f"rank{rank}"
@@ -139,6 +166,20 @@ class _Step:
         return self.loss_words
 
 
+def _ahead_key(world: int, conditions: Conditions, cuda: bool) -> tuple:
+    """What a step started ahead must have been started for to run a trial: its ranks, their conditions, the device."""
+    return (world, conditions, cuda)
+
+
+def _close_turn(step: _Step) -> None:
+    if step.turn is not None:
+        try:
+            step.turn.close()
+        except OSError:
+            pass
+        step.turn = None
+
+
 def step_states(events: list[list], exits: list[int | None], srun_ended: bool) -> list[tuple]:
     """Each rank's (verdict, ended, exit code) for ``gang.first_failure``, from what the step's ranks left.
 
@@ -158,10 +199,14 @@ class SrunGangExecutor:
     """Gang trials as Slurm job steps; the environment check and other requests run locally (``local``)."""
 
     def __init__(self, local: LocalExecutor, *, nodes: int | None, srun: str = "srun", scancel: str = "scancel",
-                 squeue: str = "squeue", scontrol: str = "scontrol"):
+                 squeue: str = "squeue", scontrol: str = "scontrol", ahead: bool = False):
         self.local = local
         self.nodes = nodes
         self.srun, self.scancel, self.squeue, self.scontrol = srun, scancel, squeue, scontrol
+        self.ahead = ahead  # start each next trial's step while the current one runs (search.warm_start)
+        self._ahead: _Step | None = None
+        self._ahead_count = 0
+        self._ahead_failures = 0
 
     def __enter__(self) -> "SrunGangExecutor":
         return self
@@ -173,7 +218,11 @@ class SrunGangExecutor:
         """Nothing to start ahead: every step's ranks are fresh processes that Slurm starts."""
 
     def close(self) -> None:
-        self.local.close()
+        """End the step started ahead, if any (nothing outlives the probe), then the local executor's processes."""
+        try:
+            self._drop_ahead()
+        finally:
+            self.local.close()
 
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
         return run_through_reporting(self, request, conditions, timeout=timeout, name=name)
@@ -213,9 +262,12 @@ class SrunGangExecutor:
     def _run_step(self, request: TrialRequest, conditions: Conditions, timeout: float, name: str) -> ChildRun | str:
         """One step to its end: the gang's run, or (a str) why Slurm did not run it."""
         world = request.spec.distributed.world_size or 1
-        folder = self.local.workdir / f"{name}.step"
-        folder.mkdir()
         cuda = request.device.startswith("cuda")
+        key = _ahead_key(world, conditions, cuda)
+        step = self._take_ahead(key)
+        folder = step.folder if step is not None else self.local.workdir / f"{name}.step"
+        if step is None:
+            folder.mkdir()
         store = folder / "store"
         for rank in range(world):
             rank_request = request.model_copy(update={
@@ -224,13 +276,64 @@ class SrunGangExecutor:
                                        backend="nccl" if cuda else "gloo"),
             })
             write_atomically(folder / f"rank{rank}.request.json", rank_request.model_dump_json())
-        step = self._start(folder, world, conditions, cuda)
+        write_atomically(folder / TRIAL_FILE, json.dumps({"trial": name, "batch_size": request.batch_size}))
         try:
+            if step is None:
+                step = self._start(folder, world, conditions, cuda)
+            else:
+                self._give_turn(step)
+            if self.ahead:
+                self._start_ahead(key, conditions)
             return self._supervise(step, timeout, request)
         finally:
-            self._end(step)  # on an interrupt too: no step outlives the trial
+            if step is not None:
+                self._end(step)  # on an interrupt too: no step outlives the trial
 
-    def _start(self, folder: Path, world: int, conditions: Conditions, cuda: bool) -> _Step:
+    # --- the next trial's step, started ahead ---------------------------------------------------------------
+
+    def _start_ahead(self, key: tuple, conditions: Conditions) -> None:
+        """Start the next trial's step beside the running one: its ranks import, then wait for their turn."""
+        if self._ahead is not None or self._ahead_failures > AHEAD_FAILURES_TOLERATED:
+            return
+        self._ahead_count += 1
+        folder = self.local.workdir / f"ahead{self._ahead_count:03d}.step"
+        folder.mkdir()
+        world, _, cuda = key
+        self._ahead = self._start(folder, world, conditions, cuda, ahead=True)
+        self._ahead.key = key
+
+    def _take_ahead(self, key: tuple) -> _Step | None:
+        """The step started ahead, if it was started for ``key`` and still waits; else None (and it is ended)."""
+        step, self._ahead = self._ahead, None
+        if step is None:
+            return None
+        if step.key == key and step.process.poll() is None and step.lost() is None:
+            step.began, step.delivered = time.monotonic(), None  # the trial's time starts now, as a fresh step's
+            return step
+        if step.key == key:  # ended or lost while it waited (not the batch's: no request had reached it)
+            self._ahead_failures += 1
+        with signals_deferred():
+            self._end(step, lost=step.lost() is not None)
+        return None
+
+    def _give_turn(self, step: _Step) -> None:
+        """Tell a step started ahead that its requests are written: one line, forwarded by srun to every rank."""
+        try:
+            step.turn.write(b"go\n")
+            step.turn.flush()
+        except OSError:  # srun ended meanwhile: the supervision finds the step over, or refused
+            pass
+        finally:
+            _close_turn(step)
+
+    def _drop_ahead(self) -> None:
+        """End the step started ahead that no trial needs (the probe ends, or it ends in error)."""
+        step, self._ahead = self._ahead, None
+        if step is not None:
+            with signals_deferred():
+                self._end(step, lost=step.lost() is not None)
+
+    def _start(self, folder: Path, world: int, conditions: Conditions, cuda: bool, ahead: bool = False) -> _Step:
         env = child_environment(os.environ, backend=conditions.backend, allocator=conditions.allocator,
                                 events_path=folder / "unused.events", threads=conditions.threads)
         if conditions.preload:
@@ -238,7 +341,7 @@ class SrunGangExecutor:
         limits = None if conditions.memory_limit is None else (conditions.memory_limit,
                                                                conditions.memory_limit + OWN_ALLOWANCE_BYTES)
         argv = srun_command(world_size=world, nodes=self.nodes, step_dir=str(folder), python=sys.executable,
-                            rank_entry=_RANK_ENTRY, data_limits=limits, cuda=cuda)
+                            rank_entry=_RANK_ENTRY, data_limits=limits, cuda=cuda, ahead=ahead)
         argv[0] = shutil.which(self.srun) or ""  # the keeper execs it as it is: no PATH search there
         if not argv[0]:
             raise ProbeError(f"distributed.launcher srun: there is no {self.srun} on PATH here; run isoprobe where "
@@ -247,7 +350,7 @@ class SrunGangExecutor:
         with signals_deferred(), open(folder / "srun.stdout", "wb") as out, open(folder / "srun.stderr", "wb") as err:
             try:
                 process = subprocess.Popen(keeper.command(lifeline_read, argv, on_stop=str(folder / ON_STOP_FILE)),
-                                           stdin=subprocess.DEVNULL, stdout=out,
+                                           stdin=subprocess.PIPE if ahead else subprocess.DEVNULL, stdout=out,
                                            stderr=err, env=env, cwd=folder, start_new_session=True,
                                            pass_fds=(lifeline_read,), preexec_fn=prepare_child(None, os.getpid()))
             except BaseException:
@@ -255,18 +358,18 @@ class SrunGangExecutor:
                 raise
             finally:
                 os.close(lifeline_read)
-        return _Step(folder, world, process, lifeline_write, began=time.monotonic())
+        return _Step(folder, world, process, lifeline_write, began=time.monotonic(),
+                     turn=process.stdin if ahead else None)
 
     def _supervise(self, step: _Step, timeout: float, request: TrialRequest | None = None) -> ChildRun | str:
         """Watch the step until it ends, its ranks' imports time out, or its time is up: a stretched ``timeout``
         (a trial of more steps than the search's) is earned as the slowest rank completes steps, as a local
         gang's is (``rounds.earned_timeout``)."""
         import_deadline = step.began + import_timeout(timeout)
-        cancel_armed = False
         while True:
-            if not cancel_armed and (step_id := step.step_id()) is not None:
-                self._arm_cancel(step, step_id)
-                cancel_armed = True
+            for watched in (step, self._ahead):  # the step started ahead too, as soon as Slurm names it
+                if watched is not None and not watched.armed and (step_id := watched.step_id()) is not None:
+                    self._arm_cancel(watched, step_id)
             srun_ended = step.process.poll() is not None
             if (lost := step.lost()) is not None:
                 return self._refused(step, lost)
@@ -306,6 +409,7 @@ class SrunGangExecutor:
         scancel = shutil.which(self.scancel) or self.scancel
         write_atomically(step.folder / ON_STOP_FILE, json.dumps([[scancel, "--signal=KILL", step_id],
                                                                  [scancel, step_id]]))
+        step.armed = True
 
     def _refused(self, step: _Step, why: str | None = None) -> str:
         """Why Slurm ran no rank of the step, or lost it (``why``): srun's own line when it said one."""
@@ -357,6 +461,7 @@ class SrunGangExecutor:
         then, where the step is still listed by ``squeue -s``, until it is not.
         """
         began = time.monotonic()
+        _close_turn(step)  # a step started ahead and never given its turn: its ranks read end of file
         step_id = step.step_id()
         if step.process.poll() is None and step_id is not None:
             self._scancel("--signal=KILL", step_id)

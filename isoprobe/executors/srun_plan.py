@@ -18,6 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Mapping
 
+from isoprobe.protocol.wiring import AHEAD_ARGUMENT
+
 #: The step's name in ``squeue -s``: what a person sees beside their own steps.
 STEP_NAME = "isoprobe-trial"
 
@@ -115,7 +117,7 @@ def choose_launcher(asked: str, allocation: Allocation, wanted_ranks: int, node_
 
 
 def srun_command(*, world_size: int, nodes: int | None, step_dir: str, python: str, rank_entry: str,
-                 data_limits: tuple[int, int] | None, cuda: bool) -> list[str]:
+                 data_limits: tuple[int, int] | None, cuda: bool, ahead: bool = False) -> list[str]:
     """The one ``srun`` that runs a trial's ranks, each through ``child.srun_rank`` (its cap, its files, its GPU).
 
     ``--kill-on-bad-exit=1``: a rank that ends badly (a crash, a kill) ends the
@@ -126,15 +128,25 @@ def srun_command(*, world_size: int, nodes: int | None, step_dir: str, python: s
     CUDA: one GPU a rank (``--gpus-per-task=1``), bound by Slurm. The ranks
     inherit srun's environment (``--export=ALL``), which the executor made as a
     local child's (``processes.child_environment``).
+
+    ``ahead``: the step of the next trial, started while the current one runs
+    (``search.warm_start``). ``--overlap`` lets it start beside the running
+    step on the same CPUs and GPUs (its ranks only import, at idle priority,
+    and touch no device until their turn); ``--input=all`` forwards srun's
+    stdin to every rank, which is how the ranks learn that their requests are
+    written: one line, through Slurm's own connection to each node, rather
+    than a file polled on a shared filesystem whose lookups a node may cache.
     """
     argv = ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", f"--job-name={STEP_NAME}",
-            "--wait=0", "--export=ALL", "--input=none",
+            "--wait=0", "--export=ALL", "--input=all" if ahead else "--input=none",
             f"--output={step_dir}/rank%t.stdout", f"--error={step_dir}/rank%t.stderr"]
+    if ahead:
+        argv.append("--overlap")
     if nodes is not None:
         argv.append(f"--nodes={max(1, min(nodes, world_size))}")
     if cuda:
         argv.append("--gpus-per-task=1")
-    entry = [python, "-I", "-S", rank_entry, step_dir]
+    entry = [python, "-I", "-S", rank_entry] + ([AHEAD_ARGUMENT] if ahead else []) + [step_dir]
     if data_limits is not None:  # RLIMIT_DATA's soft and hard limits, as processes.prepare_child sets them
         entry += [str(data_limits[0]), str(data_limits[1])]
     return argv + entry

@@ -59,7 +59,8 @@ def local_executor(spec: Spec) -> Executor:
         from isoprobe.executors.srun_gang import SrunGangExecutor
         from isoprobe.executors.srun_plan import Allocation
 
-        return SrunGangExecutor(LocalExecutor(warm=False), nodes=Allocation.from_environment(os.environ).nodes)
+        return SrunGangExecutor(LocalExecutor(warm=False), nodes=Allocation.from_environment(os.environ).nodes,
+                                ahead=spec.search.warm_start)
     from isoprobe.executors.gang import GangExecutor
 
     return GangExecutor(local)

@@ -17,6 +17,9 @@ WAIT_ARGUMENT = "--wait"
 IDLE_ARGUMENT = "--idle"
 #: The child's argument that makes it the probe's fork server (``child.server``), then the channel's descriptor.
 SERVE_ARGUMENT = "--serve"
+#: The Slurm rank wrapper's (``child.srun_rank``) flag for a step started ahead of its trial: start the child at idle
+#: priority, then wait for one line on stdin (srun forwards it to every rank) before handing it its request.
+AHEAD_ARGUMENT = "--ahead"
 #: Environment variable naming the file the child appends its events to.
 EVENTS_ENV = "ISOPROBE_EVENTS"
 #: Environment variable naming the child's end of the lifeline pipe (see executors.local).
