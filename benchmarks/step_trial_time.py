@@ -5,17 +5,25 @@
 
 Runs ``isoprobe run SPEC --no-cache`` (the spec's ``distributed.launcher`` srun, or auto in a job of
 several nodes) with a fresh TMPDIR of its own, and watches that folder every 5 ms from this process: each
-trial's step folder (``trialNNN-bB.step``: isoprobe writes the ranks' requests there, then starts srun), each
-rank's ``task.json`` (srun_rank writes it first thing, before the child imports anything), the ranks' events
-(every event carries its wall-clock time: ``warm`` when the child's imports are done, ``result`` its verdict)
-and srun's own process (found in /proc by the step's folder on its command line). Per trial:
+step folder (``trialNNN-bB.step``, made when the trial is due; or ``aheadNNN.step``, a step started while
+the trial before it ran, ``search.warm_start``), the trial it ran (``trial.json``, written with the ranks'
+requests; a folder without it ran the trial its name says, requests written before srun), each rank's
+``task.json`` (srun_rank writes it first thing, before the child imports anything), the ranks' events
+(every event carries its wall-clock time: ``warm`` when the child's imports are done, ``result`` its
+verdict) and srun's own process (found in /proc by the step's folder on its command line). Per trial,
+from the moment its requests are written (the trial is due):
 
-- **launch**: step folder made -> the first rank's task.json (srun, slurmctld's step, slurmstepd, the wrapper);
-- **import**: the last rank's task.json -> the last rank's ``warm`` (python, torch, isoprobe's child, cold);
-- **run**: the last ``warm`` -> the first ``result`` (build the model, the steps, the verdict);
+- **wait**: requests written -> every rank warm (srun, slurmctld's step, slurmstepd, the wrapper, python,
+  torch and isoprobe's child imported), or 0 where the ranks were warm before;
+- of which **launch** (requests -> the first rank's task.json) and **import** (the last task.json -> the last
+  ``warm``), where they happened after the requests;
+- **run**: ranks warm (or requests written, if later) -> the first ``result`` (build, the steps, the verdict;
+  ``steps``: the optimizer steps the slowest rank reported);
 - **end**: the first ``result`` -> srun gone (the gang's other ranks stopped, the step ended);
-- **next**: srun gone -> the next step folder, or isoprobe's exit (the step leaving ``squeue -s``,
-  the trial's classification, the search's next batch, the next requests written).
+- **next**: srun gone -> the next trial's requests, or isoprobe's exit (the step leaving ``squeue -s``, the
+  trial's classification, the search's next batch);
+- **ahead**: for a step started ahead, the seconds of its launch and imports done before its trial was due
+  (off the trial's path).
 
 It imports nothing of isoprobe, and reads only files and /proc.
 """
@@ -44,6 +52,7 @@ class Watcher(threading.Thread):
         self.root = root
         self.seen: dict[str, float] = {}
         self.events: dict[str, list[dict]] = {}
+        self.trials: dict[str, dict] = {}  # step folder -> its trial.json (name, batch)
         self.srun_alive: dict[str, float] = {}  # step folder -> last time srun was seen running for it
         self.stop = threading.Event()
 
@@ -57,6 +66,13 @@ class Watcher(threading.Thread):
         now = time.time()
         for step in self.root.glob("isoprobe-*/*.step"):
             self.seen.setdefault(str(step), now)
+            trial = step / "trial.json"
+            if str(trial) not in self.seen and trial.exists():
+                try:
+                    self.trials[str(step)] = json.loads(trial.read_text())
+                    self.seen[str(trial)] = now
+                except ValueError:
+                    pass
             for path in step.glob("rank*"):
                 if path.name.endswith((".task.json", ".exit")):
                     self.seen.setdefault(str(path), now)
@@ -86,29 +102,51 @@ class Watcher(threading.Thread):
                         self.srun_alive[word.decode()] = now
 
 
-def phases(watcher: Watcher, ended: float) -> list[dict]:
-    steps = sorted((t, path) for path, t in watcher.seen.items() if path.endswith(".step"))
+def phases(watcher: Watcher, ended: float) -> tuple[list[dict], int]:
+    """One row per trial, in the order the trials were due; and the number of steps started ahead and never used."""
+    steps = []
+    for path, made in watcher.seen.items():
+        if not path.endswith(".step"):
+            continue
+        named = STEP.match(Path(path).name)
+        if path in watcher.trials:
+            due = watcher.seen[path + "/trial.json"]
+            trial = watcher.trials[path]
+            index, batch = int(re.sub(r"\D", "", trial["trial"].split("-")[0]) or 0), trial["batch_size"]
+        elif named:  # requests written before srun: due when the folder was made
+            due, index, batch = made, int(named.group(1)), int(named.group(2))
+        else:
+            continue  # started ahead, never used
+        steps.append((due, made, path, index, batch))
+    steps.sort()
+    unused = sum(1 for path in watcher.seen if path.endswith(".step")) - len(steps)
     rows = []
-    for index, (made, step) in enumerate(steps):
-        following = steps[index + 1][0] if index + 1 < len(steps) else ended
+    for position, (due, made, step, index, batch) in enumerate(steps):
+        following = steps[position + 1][0] if position + 1 < len(steps) else ended
         tasks = [t for path, t in watcher.seen.items() if path.startswith(step + "/") and path.endswith("task.json")]
-        warm, result = [], []
+        warm, result, counts = [], [], []
         for path, events in watcher.events.items():
             if path.startswith(step + "/"):
-                warm += [e["t"] for e in events if e.get("event") == "warm"]
+                warm += [e["t"] for e in events if e.get("event") == "warm"][:1]
                 result += [e["t"] for e in events if e.get("event") == "result"]
+                counts.append(sum(1 for e in events if e.get("event") == "step"))
+        ready = max(warm) if warm and tasks and len(warm) == len(tasks) else None
         gone = watcher.srun_alive.get(step)
-        match = STEP.match(Path(step).name)
-        row = {"trial": int(match.group(1)) if match else None, "batch": int(match.group(2)) if match else None,
-               "step_folder": Path(step).name, "ranks": len(tasks)}
-        row["launch"] = round(min(tasks) - made, 2) if tasks else None
-        row["import"] = round(max(warm) - max(tasks), 2) if warm and tasks and len(warm) == len(tasks) else None
-        row["run"] = round(min(result) - max(warm), 2) if result and warm else None
+        row = {"trial": index, "batch": batch, "step_folder": Path(step).name, "ranks": len(tasks),
+               "steps": min(counts, default=0)}
+        row["wait"] = round(max(0.0, ready - due), 2) if ready else None
+        row["launch"] = round(max(0.0, min(tasks) - due), 2) if tasks else None
+        row["import"] = round(max(0.0, ready - max(due, max(tasks))), 2) if ready else None
+        row["run"] = round(min(result) - max(due, ready), 2) if result and ready else None
         row["end"] = round(gone - min(result), 2) if gone and result else None
         row["next"] = round(following - gone, 2) if gone else None
-        row["total"] = round(following - made, 2)
+        row["ahead"] = round(min(ready, due) - made, 2) if ready and made < due - 0.01 else 0.0
+        row["total"] = round(following - due, 2)
         rows.append(row)
-    return rows
+    return rows, unused
+
+
+PHASES = ("wait", "launch", "import", "run", "end", "next", "ahead")
 
 
 def main() -> int:
@@ -126,24 +164,24 @@ def main() -> int:
         ended = time.time()
         watcher.stop.set()
         watcher.join()
-    rows = phases(watcher, ended)
+    rows, unused = phases(watcher, ended)
     first = min((t for p, t in watcher.seen.items() if p.endswith(".step")), default=ended)
     summary = {"returncode": done.returncode, "wall_s": round(ended - began, 2),
-               "before_first_step_s": round(first - began, 2), "trials": rows}
-    for phase in ("launch", "import", "run", "end", "next"):
+               "before_first_step_s": round(first - began, 2), "unused_ahead_steps": unused, "trials": rows}
+    for phase in PHASES:
         summary[f"{phase}_s"] = round(sum(r[phase] or 0 for r in rows), 2)
     if options.json:
         print(json.dumps(summary, indent=2))
         return 0
     print(f"isoprobe exit {done.returncode}, {summary['wall_s']} s, of which {summary['before_first_step_s']} s before "
           "the first step (start-up, environment check)")
-    print(f"{'trial':>5} {'batch':>5} {'ranks':>5} {'launch':>7} {'import':>7} {'run':>7} {'end':>7} {'next':>7} "
-          f"{'total':>7}")
+    print(f"{'trial':>5} {'batch':>5} {'ranks':>5} {'steps':>5} " + " ".join(f"{k:>7}" for k in (*PHASES, "total")))
     for r in rows:
-        cells = [r[k] if r[k] is not None else "-" for k in ("launch", "import", "run", "end", "next", "total")]
-        print(f"{r['trial']!s:>5} {r['batch']!s:>5} {r['ranks']:>5} " + " ".join(f"{c!s:>7}" for c in cells))
-    print("sum: " + ", ".join(f"{phase} {summary[phase + '_s']} s" for phase in ("launch", "import", "run", "end",
-                                                                              "next")))
+        cells = [r[k] if r[k] is not None else "-" for k in (*PHASES, "total")]
+        print(f"{r['trial']!s:>5} {r['batch']!s:>5} {r['ranks']:>5} {r['steps']:>5} "
+              + " ".join(f"{c!s:>7}" for c in cells))
+    print("sum: " + ", ".join(f"{phase} {summary[phase + '_s']} s" for phase in PHASES)
+          + f"; steps started ahead and not used: {unused}")
     if done.returncode not in (0, 3):
         print(done.stderr[-2000:], file=sys.stderr)
     return 0
