@@ -28,8 +28,9 @@ to 3.7 s of a 4 to 9 s trial), where a local rank is forked warm. So while a
 trial runs, the next trial's step is already started beside it (``srun
 --overlap``): its ranks import at idle priority, touch no device, and wait
 for one line that srun forwards to each of them once their requests are
-written (``child.srun_rank --ahead``). The next trial then starts with its
-ranks warm; its timeout runs from when they have their requests, as any
+written (``child.srun_rank --ahead``). The first trial's step is started so
+while the environment check runs (``prestart``). The next trial then starts
+with its ranks warm; its timeout runs from when they have their requests, as any
 trial's. A step started ahead is only ever used under the conditions it was
 started with (the ranks, the cap, the preload, the device); one that ended
 or was lost while it waited is ended and replaced by a step started on
@@ -199,9 +200,10 @@ class SrunGangExecutor:
     """Gang trials as Slurm job steps; the environment check and other requests run locally (``local``)."""
 
     def __init__(self, local: LocalExecutor, *, nodes: int | None, srun: str = "srun", scancel: str = "scancel",
-                 squeue: str = "squeue", scontrol: str = "scontrol", ahead: bool = False):
+                 squeue: str = "squeue", scontrol: str = "scontrol", ahead: bool = False, world: int | None = None):
         self.local = local
         self.nodes = nodes
+        self.world = world  # the gang's ranks, where known before the first trial (``prestart``)
         self.srun, self.scancel, self.squeue, self.scontrol = srun, scancel, squeue, scontrol
         self.ahead = ahead  # start each next trial's step while the current one runs (search.warm_start)
         self._ahead: _Step | None = None
@@ -215,7 +217,14 @@ class SrunGangExecutor:
         self.close()
 
     def prestart(self, conditions: Conditions) -> None:
-        """Nothing to start ahead: every step's ranks are fresh processes that Slurm starts."""
+        """The next trials run under ``conditions``: start their first step ahead (its ranks import while the
+        environment check runs, in isoprobe's own process tree on this node), or replace one started for others."""
+        if not self.ahead or not self.world:
+            return
+        key = _ahead_key(self.world, conditions, conditions.backend == "cuda")
+        if self._ahead is not None and self._ahead.key != key:
+            self._drop_ahead()
+        self._start_ahead(key, conditions)
 
     def close(self) -> None:
         """End the step started ahead, if any (nothing outlives the probe), then the local executor's processes."""
@@ -299,8 +308,9 @@ class SrunGangExecutor:
         folder = self.local.workdir / f"ahead{self._ahead_count:03d}.step"
         folder.mkdir()
         world, _, cuda = key
-        self._ahead = self._start(folder, world, conditions, cuda, ahead=True)
-        self._ahead.key = key
+        with signals_deferred():  # an interrupt lands once the step is recorded, where close() finds it
+            self._ahead = self._start(folder, world, conditions, cuda, ahead=True)
+            self._ahead.key = key
 
     def _take_ahead(self, key: tuple) -> _Step | None:
         """The step started ahead, if it was started for ``key`` and still waits; else None (and it is ended)."""

@@ -86,7 +86,7 @@ def executor(tmp_path, monkeypatch):
     workdir = tmp_path / "work"
     workdir.mkdir()
     with SrunGangExecutor(LocalExecutor(workdir, warm=False), nodes=2, srun=str(slurm / "srun"),
-                          scancel=str(slurm / "scancel"), squeue=str(slurm / "squeue"), ahead=True) as gang:
+                          scancel=str(slurm / "scancel"), squeue=str(slurm / "squeue"), ahead=True, world=2) as gang:
         yield gang
     marker = os.environ["ISOPROBE_TEST_MARKER"]
     assert wait_for(lambda: not marked_processes("ISOPROBE_TEST_MARKER", marker), 20), \
@@ -148,3 +148,15 @@ def test_a_step_started_ahead_under_other_conditions_is_ended_and_not_used(execu
     assert (executor.local.workdir / "trial002-b3.step" / "trial.json").exists()
     assert not (executor.local.workdir / "ahead001.step" / "trial.json").exists()  # never given a trial
     assert not (executor.local.workdir / "ahead001.step" / "rank0.request.json").exists()
+
+
+def test_the_first_trials_step_starts_when_the_probe_announces_its_conditions(executor, tmp_path):
+    """``prestart`` (the pipeline calls it before the environment check): the first trial's step is started then, and
+    the first trial runs in it; announced again under other conditions, it is replaced."""
+    executor.prestart(_conditions(3 * 2**30))
+    executor.prestart(_conditions())  # the check saw otherwise: the first step is ended, another started
+    assert _fits(executor.run(_request(2), _conditions(), timeout=60, name="trial001-b2"))
+    work = executor.local.workdir
+    assert not (work / "ahead001.step" / "trial.json").exists()
+    assert json.loads((work / "ahead002.step" / "trial.json").read_text())["trial"] == "trial001-b2"
+    assert not (work / "trial001-b2.step").exists()
