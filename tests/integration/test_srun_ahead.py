@@ -25,6 +25,8 @@ pytestmark = pytest.mark.integration
 STAND_IN_SRUN = r'''#!PYTHON
 import json, os, signal, subprocess, sys, threading, time
 args = sys.argv[1:]
+if "--overlap" in args and os.environ.get("STAND_IN_NO_OVERLAP"):
+    sys.exit("srun: unrecognized option '--overlap'")  # as a Slurm before 20.11 would
 entry = next(i for i, a in enumerate(args) if not a.startswith("--"))
 options, entry = args[:entry], args[entry:]
 tasks = int(next(a.split("=", 1)[1] for a in options if a.startswith("--ntasks=")))
@@ -160,3 +162,16 @@ def test_the_first_trials_step_starts_when_the_probe_announces_its_conditions(ex
     assert not (work / "ahead001.step" / "trial.json").exists()
     assert json.loads((work / "ahead002.step" / "trial.json").read_text())["trial"] == "trial001-b2"
     assert not (work / "trial001-b2.step").exists()
+
+
+def test_a_slurm_that_refuses_steps_ahead_costs_two_tries_then_none(executor, tmp_path, monkeypatch):
+    """A Slurm without --overlap (or a site that forbids it) refuses every step started ahead: each trial still gets
+    a step of its own and its answer; after two refused, no more are asked for."""
+    monkeypatch.setenv("STAND_IN_NO_OVERLAP", "1")
+    for trial, batch in enumerate((2, 3, 4, 5), start=1):
+        assert _fits(executor.run(_request(batch), _conditions(), timeout=60, name=f"trial{trial:03d}-b{batch}"))
+    work = executor.local.workdir
+    assert sorted(path.name for path in work.glob("*.step")) == [
+        "ahead001.step", "ahead002.step", "trial001-b2.step", "trial002-b3.step", "trial003-b4.step",
+        "trial004-b5.step"]
+    assert all((work / f"trial00{n}-b{n + 1}.step" / "trial.json").exists() for n in range(1, 5))
