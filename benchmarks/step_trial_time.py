@@ -1,7 +1,7 @@
 """Where a gang trial's time goes when it runs as a Slurm job step, per phase, seen from outside isoprobe.
 
     # inside an allocation (sbatch -N2 --ntasks-per-node=1 ...), with this checkout on PYTHONPATH:
-    python benchmarks/step_trial_time.py SPEC [--json]
+    python benchmarks/step_trial_time.py SPEC [--json] [--set distributed.steps_ahead=true]
 
 Runs ``isoprobe run SPEC --no-cache`` (the spec's ``distributed.launcher`` srun, or auto in a job of
 several nodes) with a fresh TMPDIR of its own, and watches that folder every 5 ms from this process: each
@@ -153,13 +153,16 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("spec", type=Path)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="passed on to isoprobe run (e.g. distributed.steps_ahead=true)")
     options = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="step-time-", dir=os.environ.get("STEP_TIME_DIR")) as folder:
         watcher = Watcher(Path(folder))
         watcher.start()
         began = time.time()
+        overrides = [word for pair in options.set for word in ("--set", pair)]
         done = subprocess.run([sys.executable, "-m", "isoprobe", "run", str(options.spec), "--no-cache",
-                               "--format", "json"], env={**os.environ, "TMPDIR": folder}, capture_output=True,
+                               "--format", "json", *overrides], env={**os.environ, "TMPDIR": folder}, capture_output=True,
                               text=True)
         ended = time.time()
         watcher.stop.set()

@@ -120,10 +120,12 @@ def command_material(spec: Spec, environ: Mapping[str, str]) -> dict:
 
 
 def _keyed_spec(spec: Spec) -> dict:
-    """The spec as the key holds it: all of it but ``distributed.launcher``, which says how the ranks were started,
-    not what they ran (a local gang of 8 and an 8-rank Slurm step answer the same question)."""
+    """The spec as the key holds it: all of it but ``distributed.launcher`` and ``distributed.steps_ahead``, which
+    say how the ranks were started, not what they ran (a local gang of 8 and an 8-rank Slurm step answer the same
+    question)."""
     dumped = spec.model_dump(mode="json")
     dumped.get("distributed", {}).pop("launcher", None)
+    dumped.get("distributed", {}).pop("steps_ahead", None)
     return dumped
 
 

@@ -60,6 +60,17 @@ class DistributedSpec(SpecSection):
             "the same however they were started."
         ),
     )
+    steps_ahead: bool = Field(
+        False,
+        description=(
+            "launcher srun: start each trial's job step before the trial is due (the first during the environment "
+            "check, each next one beside the running trial, srun --overlap), its ranks importing at idle priority "
+            "until their requests are written: the imports (seconds a trial) leave the trial's path where the "
+            "nodes have CPU to spare (docs/slurm.md). Off by default: on the two-node test cluster a rank of such "
+            "a step, killed by Slurm when its peer ran out of memory, once took over 60 s to end, and Slurm "
+            "drained its node (UnkillableStepTimeout); the cause is not found yet. Not in the cache key."
+        ),
+    )
     threads_per_rank: int | None = Field(
         None,
         ge=1,
@@ -100,6 +111,9 @@ class DistributedSpec(SpecSection):
                 raise ValueError("world_size: needs a strategy (ddp, zero1 or fsdp); with strategy none it is 1")
             if self.launcher != "auto":
                 raise ValueError("launcher: needs a strategy (ddp, zero1 or fsdp); one process is never a job step")
+            if self.steps_ahead:
+                raise ValueError("steps_ahead: needs a strategy (ddp, zero1 or fsdp) and launcher srun; one process "
+                                 "is never a job step")
             if self.threads_per_rank is not None:
                 raise ValueError("threads_per_rank: needs a strategy (ddp, zero1 or fsdp); one process uses "
                                  "OMP_NUM_THREADS as it finds it")

@@ -520,8 +520,7 @@ class SearchSpec(SpecSection):
             "Start the next trial's process while the current one runs: it imports torch at idle priority "
             "(never touching the GPU), so that it only builds and trains when its turn comes. Saves the import, "
             "seconds per trial; false: each trial's process is started when the trial is due (same imports, "
-            "same timeout; only slower). Gangs stepped by srun: the next trial's job step is started beside the "
-            "running one (srun --overlap), its ranks importing at idle priority until their requests are written."
+            "same timeout; only slower). Gangs stepped by srun: see distributed.steps_ahead."
         ),
     )
 

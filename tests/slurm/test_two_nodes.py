@@ -91,9 +91,8 @@ SIGNALS = {signal.SIGKILL: 137, signal.SIGTERM: 143, signal.SIGINT: 130}
 
 @pytest.mark.parametrize("signum", list(SIGNALS), ids=[s.name for s in SIGNALS])
 def test_isoprobe_signalled_mid_step_leaves_no_step_and_no_process_on_either_node(two_node_cluster, folder, signum):
-    """Both ranks hang in a step across n1 and n2, and the next trial's step waits beside it (started ahead); isoprobe
-    gets the signal. SIGKILL, which it cannot catch: each srun's keeper cancels its step; SIGTERM and SIGINT: isoprobe
-    ends both steps itself and prints the trials so far.
+    """Both ranks hang in a step across n1 and n2; isoprobe gets the signal. SIGKILL, which it cannot catch: srun's
+    keeper cancels the step; SIGTERM and SIGINT: isoprobe ends the step itself and prints the trials so far.
     Either way no step is left in ``squeue -s`` and no process of the probe on either node (found by an
     environment marker every rank inherits), and the job itself outlives isoprobe."""
     name = signum.name.lower()
@@ -107,8 +106,7 @@ def test_isoprobe_signalled_mid_step_leaves_no_step_and_no_process_on_either_nod
     job_id = two_node_cluster.submit(script, nodes=2, ntasks_per_node=1)
     try:
         assert wait_for(lambda: len(list(state.glob("committed-*"))) >= 2, 150), two_node_cluster.output(job_id, "err")
-        # The trial's step, and the next trial's, started beside it (search.warm_start): both must go.
-        assert wait_for(lambda: len(step_ids(two_node_cluster, job_id)) == 2, 30), step_ids(two_node_cluster, job_id)
+        assert len(step_ids(two_node_cluster, job_id)) == 1
         assert len(marked_processes(*marker.split("=", 1))) >= 3  # isoprobe, srun, the ranks
         os.kill(int(pidfile.read_text()), signum)
         signalled = time.monotonic()

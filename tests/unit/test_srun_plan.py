@@ -103,6 +103,29 @@ def test_a_launcher_needs_a_strategy():
         Spec.model_validate({**hog_spec(), "distributed": {"launcher": "srun"}})
 
 
+def test_steps_ahead_are_opt_in_need_a_strategy_and_stay_out_of_the_cache_key():
+    """How the steps were started is not what they ran: the same key with steps started ahead or not."""
+    from isoprobe.executors.srun_gang import SrunGangExecutor
+    from isoprobe.pipeline.pipeline import local_executor
+
+    with pytest.raises(ValueError, match="steps_ahead: needs a strategy"):
+        Spec.model_validate({**hog_spec(), "distributed": {"steps_ahead": True}})
+    raw = {**hog_spec(), "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "srun"}}
+    plain = key_material(Spec.model_validate(raw), "spec.yaml", {}, None)
+    raw["distributed"]["steps_ahead"] = True
+    assert key_material(Spec.model_validate(raw), "spec.yaml", {}, None) == plain
+    assert "steps_ahead" not in plain["spec"]["distributed"]
+    executors = {ahead: local_executor(Spec.model_validate({**raw, "distributed": {**raw["distributed"],
+                                                                                    "steps_ahead": ahead}}))
+                 for ahead in (False, True)}
+    try:
+        assert all(isinstance(e, SrunGangExecutor) for e in executors.values())
+        assert (executors[False].ahead, executors[True].ahead, executors[True].world) == (False, True, 2)
+    finally:
+        for executor in executors.values():
+            executor.close()
+
+
 # --------------------------------------------------------------------------- the step's command
 
 
