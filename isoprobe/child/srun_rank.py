@@ -171,11 +171,13 @@ def main(argv: list[str]) -> None:
             os.dup2(read_end, 0)
             os.close(read_end)
             os.close(write_end)
-            # A session of its own, as a local child's (its keeper's setsid): Slurm's task session also holds the
-            # step daemon's launcher process, and the child's priority while it imports ahead is set per session
-            # (its scheduler autogroup, ``child.main._lower_autogroup``). Slurm still ends it: by its process tree
-            # (proctrack), and by the death signal below when this wrapper dies.
-            os.setsid()
+            if ahead:
+                # A session of its own, as a local child's (its keeper's setsid): Slurm's task session also holds
+                # the step daemon's launcher process, and the child's priority while it imports ahead is set per
+                # session (its scheduler autogroup, ``child.main._lower_autogroup``). Slurm still ends it: by its
+                # process tree (proctrack), and by the death signal below when this wrapper dies. A step started
+                # when due keeps the child in the task's session, as before steps ahead existed.
+                os.setsid()
             ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
             if os.getppid() != wrapper:
                 os._exit(127)
