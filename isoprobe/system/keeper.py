@@ -70,6 +70,10 @@ CANNOT_START = 127
 ON_STOP_OPTION = "--on-stop"
 #: How long each on-stop command may take before the keeper gives up on it and kills the tree anyway.
 ON_STOP_SECONDS = 10.0
+#: How long a stopped keeper waits for the Slurm steps it cancelled to leave ``squeue -s``, asking again every
+#: ``ON_STOP_RECANCEL_SECONDS``, before it kills its tree anyway (their srun then dies with it).
+ON_STOP_STEPS_GONE_SECONDS = 20.0
+ON_STOP_RECANCEL_SECONDS = 0.5
 
 
 def command(lifeline_fd: int, child_argv: list[str], on_stop: str | None = None) -> list[str]:
@@ -451,8 +455,17 @@ def keep(keeper: Keeper, on_stop: str | None = None) -> None:
         run_on_stop(on_stop)
         # A probed command that runs srun (``isoprobe run -- srun python train.py``) started job steps whose
         # tasks no SIGKILL of this tree reaches: end them through Slurm, before their srun dies with the tree.
-        cancel_slurm_steps(slurm_steps_of(srun_processes(os.getpid())))
+        steps = slurm_steps_of(srun_processes(os.getpid()))
+        cancel_slurm_steps(steps)
+    else:
+        steps = []
     keeper.kill_tree()
+    # A task that slurmstepd was still launching misses the kill, and the cancel can miss it too (measured on the
+    # two-node test cluster: 1 run in 6 of isoprobe SIGKILLed right as its command's srun started the step, whose
+    # tasks then ran on): with srun gone, ask again until squeue -s drops the steps, for a bounded while.
+    if steps:
+        wait_slurm_steps_gone(steps, ON_STOP_STEPS_GONE_SECONDS, recancel_after=ON_STOP_RECANCEL_SECONDS,
+                              recancel_every=ON_STOP_RECANCEL_SECONDS)
     exit_as(keeper.child_status if keeper.child_status is not None else signal.SIGKILL)
 
 

@@ -372,7 +372,8 @@ def test_isoprobe_sigkilled_while_its_command_runs_srun_leaves_no_step_and_no_pr
     job_id = two_node_cluster.submit(script, nodes=2, ntasks_per_node=1)
     try:
         def tasks():  # the step's task on each node ('pid state command')
-            return [p for p in marked_processes(*marker.split("=", 1)) if Path(p.split()[2]).name == "sleep"]
+            return [p for p in marked_processes(*marker.split("=", 1))
+                    if len(p.split()) > 2 and Path(p.split()[2]).name == "sleep"]
 
         assert wait_for(lambda: len(step_ids(two_node_cluster, job_id)) == 1 and len(tasks()) == 2, 120), (
             two_node_cluster.output(job_id, "err"), marked_processes(*marker.split("=", 1)))
