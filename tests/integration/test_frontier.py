@@ -35,10 +35,16 @@ pytestmark = pytest.mark.integration
 
 LM_HEAD = REPO / "benchmarks" / "edge_specs" / "lm-head.yaml"
 LENGTHS = [48, 64, 96]
+BUDGET = 912 * 2**20
 #: Small and fast: 912 MiB leaves about 80 MiB above importing torch, 7 samples at 96 tokens, 15 at 48;
 #: one short search trial a batch (no steady confirmation, no soak), so the trials are what the search asks.
 SETS = ["memory_budget=912MiB", "search.strategy=doubling", "search.estimate=false", "search.confirmations=0",
         "search.steady_steps=0", "recommendation.soak_steps=0"]
+#: Where an edge fits within this of the budget, two fresh processes may disagree on it: the same trial reads up to
+#: 0.25 MiB apart between processes, and the machine moves every reading (2026-11-27, a fresh machine of the same
+#: kind: 64 tokens' 10 read 904.35 and 904.58 MiB, 4.3 MiB above the 900.1 of the day before, which put 11 within
+#: 0.3 MiB of 912 MiB: the frontier answered 10 and the single probe 11).
+COIN_TOSS_BYTES = 1 * 2**20
 SEARCH_PURPOSES = ("search", "retry", "confirmation")
 
 
@@ -94,11 +100,17 @@ def test_a_frontier_matches_single_probes_and_saves_what_its_bounds_imply(tmp_pa
     for length in LENGTHS:
         point, alone = points[length], singles[length]
         edge = alone["max_batch_size"]
-        assert point["max_batch_size"] == edge, (length, point["result"]["trials"], alone["trials"])
+        if point["max_batch_size"] != edge:  # only where the larger answer fit within a reading's movement
+            larger = max((point["result"], alone), key=lambda r: r["max_batch_size"])
+            top = max((t for t in larger["trials"] if t["outcome"] == "fits"), key=lambda t: t["batch_size"])
+            assert abs(point["max_batch_size"] - edge) == 1, (length, point["result"]["trials"], alone["trials"])
+            assert top["budget_peak_bytes"] > BUDGET - COIN_TOSS_BYTES, (length, top, point["result"]["trials"],
+                                                                        alone["trials"])
         assert point["result"]["cache"]["key"] == alone["cache"]["key"]  # the same cached probe as `isoprobe run`
         borrowed = point["borrowed"] and Borrowed(point["borrowed"]["fits"], point["borrowed"]["fails"])
         assert search_trials(alone) == classic_trials(edge, None), alone["trials"]
-        assert search_trials(point["result"]) == classic_trials(edge, borrowed), point["result"]["trials"]
+        assert search_trials(point["result"]) == classic_trials(point["max_batch_size"], borrowed), \
+            point["result"]["trials"]
         frontier_total += search_trials(point["result"])
         alone_total += search_trials(alone)
     assert frontier_total < alone_total
