@@ -53,14 +53,14 @@ AHEAD_ARGUMENT = "--ahead"
 LIFT_SECONDS = 0.02
 
 
-def load_wiring():
-    """``protocol.wiring`` (stdlib only) loaded from its file: importing it as ``isoprobe.protocol.wiring`` would run
-    the package's ``__init__``, which imports pydantic, and this wrapper runs isolated, before the rank's cap."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "protocol", "wiring.py")
-    spec = importlib.util.spec_from_file_location("isoprobe_srun_wiring", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def load_own(package: str, module: str):
+    """``isoprobe.PACKAGE.MODULE`` (a stdlib-only module) loaded from its file: importing it by name would run the
+    package's ``__init__``, which may import pydantic, and this wrapper runs isolated, before the rank's cap."""
+    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package, f"{module}.py")
+    spec = importlib.util.spec_from_file_location(f"isoprobe_srun_{module}", path)
+    loaded = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(loaded)
+    return loaded
 
 
 def rank_files(step_dir: str, rank: int) -> dict[str, str]:
@@ -97,15 +97,6 @@ def wait_for_turn(stdin) -> bool:
         return False
 
 
-def load_keeper():
-    """``system.keeper`` (stdlib only) loaded from its file, as ``load_wiring``: its ``lift_idle_policy``."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "system", "keeper.py")
-    spec = importlib.util.spec_from_file_location("isoprobe_srun_keeper", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def warm_reported(events_path: str) -> bool:
     try:
         with open(events_path, encoding="utf-8") as handle:
@@ -126,7 +117,7 @@ def lift_until_warm(pid: int, events_path: str) -> int | None:
     threads' policy, its session's autogroup) until it reports ``warm``, again at every look, because the child
     lowers its priority itself once its imports start, which may be after its turn came (as a local spare's, in
     ``executors.child_process.await_warm``). The child's wait status if it ended meanwhile (reaped here), else None."""
-    lift = load_keeper().lift_idle_policy
+    lift = load_own("system", "keeper").lift_idle_policy
     while not warm_reported(events_path):
         lift(pid)
         done, status = os.waitpid(pid, os.WNOHANG)
@@ -151,7 +142,7 @@ def main(argv: list[str]) -> None:
         "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename,
         "job_id": os.environ.get("SLURM_JOB_ID"), "step_id": os.environ.get("SLURM_STEP_ID"),
         "local_rank": local_rank, "pid": os.getpid()}))
-    wiring = load_wiring()
+    wiring = load_own("protocol", "wiring")
     env = dict(os.environ)
     env[wiring.EVENTS_ENV] = files["events.jsonl"]
     gpu = one_gpu(env.get("CUDA_VISIBLE_DEVICES"), local_rank)
