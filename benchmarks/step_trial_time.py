@@ -6,7 +6,7 @@
 Runs ``isoprobe run SPEC --no-cache`` (the spec's ``distributed.launcher`` srun, or auto in a job of
 several nodes) with a fresh TMPDIR of its own, and watches that folder every 5 ms from this process: each
 step folder (``trialNNN-bB.step``, made when the trial is due; or ``aheadNNN.step``, a step started while
-the trial before it ran, ``search.warm_start``), the trial it ran (``trial.json``, written with the ranks'
+the trial before it ran, ``distributed.steps_ahead``), the trial it ran (``trial.json``, written with the ranks'
 requests; a folder without it ran the trial its name says, requests written before srun), each rank's
 ``task.json`` (srun_rank writes it first thing, before the child imports anything), the ranks' events
 (every event carries its wall-clock time: ``warm`` when the child's imports are done, ``result`` its

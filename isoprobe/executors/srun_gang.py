@@ -22,9 +22,10 @@ A step that Slurm refuses (more tasks than the allocation has, a node down) runs
 no rank: that is no outcome of the batch's. It is run once more, and refused
 again it stops the probe with Slurm's own words (``ProbeError``, exit 4).
 
-Ahead (``search.warm_start``, on by default). A step's ranks import Python
-and torch cold, seconds a trial (measured on the two-node test cluster: 3.2
-to 3.7 s of a 4 to 9 s trial), where a local rank is forked warm. So while a
+Ahead (``distributed.steps_ahead``, off by default: docs/slurm.md says why).
+A step's ranks import Python and torch cold, seconds a trial (measured on the
+two-node test cluster: 2.4 to 2.6 s of a 3 to 15 s trial), where a local rank
+is forked warm. So while a
 trial runs, the next trial's step is already started beside it (``srun
 --overlap``): its ranks import at idle priority, touch no device, and wait
 for one line that srun forwards to each of them once their requests are
@@ -205,7 +206,7 @@ class SrunGangExecutor:
         self.nodes = nodes
         self.world = world  # the gang's ranks, where known before the first trial (``prestart``)
         self.srun, self.scancel, self.squeue, self.scontrol = srun, scancel, squeue, scontrol
-        self.ahead = ahead  # start each next trial's step while the current one runs (search.warm_start)
+        self.ahead = ahead  # start each next trial's step while the current one runs (distributed.steps_ahead)
         self._ahead: _Step | None = None
         self._ahead_count = 0
         self._ahead_failures = 0

@@ -130,7 +130,7 @@ def srun_command(*, world_size: int, nodes: int | None, step_dir: str, python: s
     local child's (``processes.child_environment``).
 
     ``ahead``: the step of the next trial, started while the current one runs
-    (``search.warm_start``). ``--overlap`` lets it start beside the running
+    (``distributed.steps_ahead``). ``--overlap`` lets it start beside the running
     step on the same CPUs and GPUs (its ranks only import, at idle priority,
     and touch no device until their turn); ``--input=all`` forwards srun's
     stdin to every rank, which is how the ranks learn that their requests are
