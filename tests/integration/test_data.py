@@ -34,6 +34,15 @@ import text_data  # noqa: E402
 pytestmark = pytest.mark.integration
 
 VOCABULARY = 8000
+#: How close to the budget the plain process's edge batch may need before isoprobe's answer may be one below it.
+#: Measured on this project's machine, 2026-11-27 (CI answered 28 the day before): the 29 longest need 1279.15 MiB
+#: of the 1280 in the plain process (its cap bisected to 0.25 MiB) and 30 need 1294.8; isoprobe's trial at 29 needs
+#: 1280.25 to 1280.5 (fits at 1280.5 in 2 of 2, at 1280.25 in 1 of 2, runs out at 1280 in 3 of 3). Right before the
+#: first step both processes hold the same data segment to within 0.9 MiB (isoprobe's less its credited 6.6 to 6.9
+#: MiB of modules: 811.0 and 811.9 against 811.0); the rest is its heap's movement over two steps. An answer of 28
+#: there is as right as 29: that batch fits by less than a process's movement. 15.7 MiB a sample, so 2 MiB never
+#: excuses a whole batch.
+COIN_TOSS_BYTES = 2 * 1024 * 1024
 
 
 def _spec(tmp_path, dataset: str, kwargs: dict) -> str:
@@ -69,7 +78,9 @@ def test_the_worst_batch_edge_is_the_plain_one_and_below_the_mean_lengths(tmp_pa
     spec = load_spec(path)
     trials = [(t["batch_size"], t["outcome"]) for t in run.json["trials"]]
     assert worst_batch_fits(spec, maximum, spec.memory_budget), (maximum, trials)
-    assert not worst_batch_fits(spec, maximum + 1, spec.memory_budget), (maximum, trials)
+    if worst_batch_fits(spec, maximum + 1, spec.memory_budget):
+        # One short only where the plain process's next batch fits by less than a process's movement (a coin toss).
+        assert not worst_batch_fits(spec, maximum + 1, spec.memory_budget - COIN_TOSS_BYTES), (maximum, trials)
     lengths = text_data.text_dataset(**kwargs).lengths  # the test's own count, not the result's
     worst = run.json["data"]["worst_batch"]
     assert worst["longest_length"] == max(lengths)
