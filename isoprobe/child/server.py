@@ -278,11 +278,6 @@ def resident_file_ranges() -> array:
     return runs
 
 
-def resident_runs(runs: array) -> list[tuple[int, int]]:
-    """``resident_file_ranges``' flat array as (address, length) pairs (for reading it, not for keeping)."""
-    return list(zip(runs[::2], runs[1::2]))
-
-
 def populate(runs: array) -> None:
     """Map ``runs`` into this process's page tables (see ``resident_file_ranges``); a failure only costs fidelity."""
     if not runs:
@@ -291,8 +286,8 @@ def populate(runs: array) -> None:
 
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
-    for position in range(0, len(runs), 2):
-        address, length = runs[position], runs[position + 1]
+    flat = iter(runs)
+    for address, length in zip(flat, flat):
         if libc.madvise(address, length, _MADV_POPULATE_READ) != 0:
             for page in range(address, address + length, _PAGE):  # before Linux 5.14: touch each page
                 ctypes.string_at(page, 1)

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from isoprobe.child.server import resident_file_ranges, resident_runs
+from isoprobe.child.server import resident_file_ranges
 from isoprobe.executors.forkserver import ServerChannel
 from isoprobe.protocol.messages import SERVER_ORDER, SERVER_REPLY, Ended, Extended, ForkOrder, Forked, ImportOrder
 
@@ -94,7 +94,8 @@ def test_the_replies_are_typed_and_strict():
 
 
 def test_resident_file_ranges_are_page_aligned_runs_inside_file_mappings():
-    runs = resident_runs(resident_file_ranges())
+    flat = iter(resident_file_ranges())
+    runs = list(zip(flat, flat))
     assert runs, "this interpreter has resident library pages"
     page = os.sysconf("SC_PAGE_SIZE")
     assert all(address % page == 0 and length > 0 and length % page == 0 for address, length in runs)
