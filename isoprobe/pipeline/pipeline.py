@@ -60,7 +60,7 @@ def local_executor(spec: Spec) -> Executor:
         from isoprobe.executors.srun_plan import Allocation
 
         return SrunGangExecutor(LocalExecutor(warm=False), nodes=Allocation.from_environment(os.environ).nodes,
-                                ahead=spec.distributed.steps_ahead and spec.search.warm_start,
+                                ahead=spec.distributed.steps_ahead,
                                 world=spec.distributed.world_size)
     from isoprobe.executors.gang import GangExecutor
 

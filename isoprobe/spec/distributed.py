@@ -63,7 +63,7 @@ class DistributedSpec(SpecSection):
     steps_ahead: bool = Field(
         False,
         description=(
-            "launcher srun: start each trial's job step before the trial is due (the first during the environment "
+            "launcher srun (or auto where it picks srun): start each trial's job step before the trial is due (the first during the environment "
             "check, each next one beside the running trial, srun --overlap), its ranks importing at idle priority "
             "until their requests are written: the imports (seconds a trial) leave the trial's path where the "
             "nodes have CPU to spare (docs/slurm.md). Off by default: on the two-node test cluster a rank of such "
@@ -117,6 +117,9 @@ class DistributedSpec(SpecSection):
             if self.threads_per_rank is not None:
                 raise ValueError("threads_per_rank: needs a strategy (ddp, zero1 or fsdp); one process uses "
                                  "OMP_NUM_THREADS as it finds it")
+        if self.steps_ahead and self.launcher == "local":
+            raise ValueError("steps_ahead: starts Slurm job steps ahead, and launcher local starts none (its ranks are "
+                             "forked warm already); remove steps_ahead or set launcher: srun")
         given = [name for name in _DDP_OPTIONS + _FSDP_OPTIONS if getattr(self, name) is not None]
         for name in given:
             owner = ("ddp", "zero1") if name in _DDP_OPTIONS else ("fsdp",)

@@ -110,6 +110,9 @@ def test_steps_ahead_are_opt_in_need_a_strategy_and_stay_out_of_the_cache_key():
 
     with pytest.raises(ValueError, match="steps_ahead: needs a strategy"):
         Spec.model_validate({**hog_spec(), "distributed": {"steps_ahead": True}})
+    with pytest.raises(ValueError, match="launcher local starts none"):
+        Spec.model_validate({**hog_spec(), "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "local",
+                                                           "steps_ahead": True}})
     raw = {**hog_spec(), "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "srun"}}
     plain = key_material(Spec.model_validate(raw), "spec.yaml", {}, None)
     raw["distributed"]["steps_ahead"] = True
@@ -118,9 +121,13 @@ def test_steps_ahead_are_opt_in_need_a_strategy_and_stay_out_of_the_cache_key():
     executors = {ahead: local_executor(Spec.model_validate({**raw, "distributed": {**raw["distributed"],
                                                                                     "steps_ahead": ahead}}))
                  for ahead in (False, True)}
+    # Asked for by name, steps ahead do not hang on search.warm_start (a local spare's switch).
+    executors["cold"] = local_executor(Spec.model_validate({**raw, "search": {**raw.get("search", {}),
+                                                                              "warm_start": False}}))
     try:
         assert all(isinstance(e, SrunGangExecutor) for e in executors.values())
         assert (executors[False].ahead, executors[True].ahead, executors[True].world) == (False, True, 2)
+        assert executors["cold"].ahead
     finally:
         for executor in executors.values():
             executor.close()
