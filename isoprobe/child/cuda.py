@@ -10,10 +10,25 @@ Child-side only (it is handed ``torch``; the parent never imports it). Why each 
   the first cuBLAS call is the last layer, at the activations' peak: that memory would be taken
   at the worst moment and reported as a library error ("CUBLAS_STATUS_NOT_INITIALIZED"). Taken
   here, in the trial's dtype, it is held before the peak and counted.
-- **The budget is a card's reported total memory.** ``set_per_process_memory_fraction`` limits
-  the caching allocator only; the context, the library handles and the loaded kernels lie
-  outside it. On the smaller card they take memory too, so what the process holds outside the
-  allocator after the warm-up is taken off the budget before the fraction is computed.
+- **The budget is what the process may use on the card, context included** (a smaller card's
+  reported total). ``set_per_process_memory_fraction`` limits the caching allocator only; the
+  context, the library handles and the loaded kernels lie outside it. On the smaller card they take
+  memory too, so what the process holds outside the allocator after the warm-up is taken off the
+  budget before the fraction is computed.
+- **Every reading is in the budget's units** (``card_reading``): the allocator's need plus what lies
+  outside it, read again at every step. Memory outside the allocator keeps coming after the
+  warm-up (kernels loaded lazily, torch's default ``CUDA_MODULE_LOADING=LAZY``; Triton's cubins under
+  ``compile``; NCCL's buffers, connected per algorithm on first use; library handles for a new
+  stream): a reading taken once would miss it, and the fraction set from the warm-up's figure lets
+  the allocator fill what that memory then takes. A reading above the budget is over it
+  (``pipeline.plausibility.over_budget``): the smaller card would have run out.
+- **The allocator's need, not its reserved peak** (``allocator_need``). Near the cap the caching
+  allocator frees its unused cached segments and retries (``num_alloc_retries``), so its reserved
+  peak reaches the cap for a batch that fits every time: that peak measures the cap, not the
+  batch. The allocated peak plus the most its used segments held free inside them
+  (``inactive_split_bytes``, the fragmentation a retry cannot give back) is what the batch needs,
+  and it does not move with the retries. Under ``backend:cudaMallocAsync`` the fraction caps bytes
+  in use, so the need is the allocated peak, in steps and at the end alike.
 """
 
 from __future__ import annotations
@@ -108,30 +123,73 @@ def allocator_backend(torch) -> str:
         return "native"
 
 
-def readings(torch, device, sizes) -> dict[str, Any]:
-    """The trial's CUDA readings after its steps (``TrialResult`` fields), ``sizes`` completed.
+def allocator_need(reserved_peak: int, allocated_peak: int, split_peak: int | None, asynchronous: bool) -> int:
+    """Pure: the bytes the allocator needed for the trial, in the units its cap counts (see the module's docstring).
 
-    ``budget_peak_bytes`` is what the budget limits: with the native allocator the fraction
-    caps reserved bytes, so the reserved peak; with ``backend:cudaMallocAsync`` it caps bytes
-    in use, and ``max_memory_reserved`` is the pool's high-water mark, so the allocated peak.
+    Native: the allocated peak plus the peak of free space inside used segments (``inactive_split_bytes``), never
+    above the reserved peak (which holds both); without that statistic, the reserved peak. cudaMallocAsync: the
+    allocated peak (the fraction caps bytes in use there; its reserved peak is the pool's high-water mark).
     """
+    if asynchronous:
+        return allocated_peak
+    if split_peak is None:
+        return reserved_peak
+    return min(reserved_peak, allocated_peak + split_peak)
+
+
+def card_reading(torch, device) -> dict[str, int]:
+    """The trial's readings now, in the budget's units: ``budget_peak_bytes`` (the allocator's need so far plus
+    what lies outside it now), with the parts it is made of. Read after every step and at the end: one function,
+    so the steps and the verdict compare the same thing whichever allocator runs."""
     free, total = torch.cuda.mem_get_info(device)
     reserved = torch.cuda.memory_reserved(device)
-    peak_reserved = torch.cuda.max_memory_reserved(device)
-    peak_allocated = torch.cuda.max_memory_allocated(device)
-    sizes = sizes.model_copy(update={
-        "cuda_context_bytes": outside_allocator_bytes(free, total, reserved),
-        "reserved_unallocated_bytes": max(0, peak_reserved - peak_allocated),
-    })
+    reserved_peak = torch.cuda.max_memory_reserved(device)
+    allocated_peak = torch.cuda.max_memory_allocated(device)
+    stats = _stats(torch, device)
     asynchronous = allocator_backend(torch) == "cudaMallocAsync"
+    need = allocator_need(reserved_peak, allocated_peak, stats.get("inactive_split_bytes.all.peak"), asynchronous)
+    outside = outside_allocator_bytes(free, total, reserved)
+    return {"reserved_peak": reserved_peak, "allocated_peak": allocated_peak, "need": need, "outside": outside,
+            "budget_peak_bytes": need + outside, "retries": int(stats.get("num_alloc_retries", 0)),
+            "held": torch.cuda.memory_allocated(device)}
+
+
+def _stats(torch, device) -> dict:
+    try:
+        return dict(torch.cuda.memory_stats(device))
+    except Exception:  # an allocator without statistics: the reserved peak stands for the need
+        return {}
+
+
+def step_readings(torch, device) -> dict[str, int]:
+    """After a step (``protocol.StepDone`` fields): the reserved peak so far, what is held now, and the budget's
+    reading (``card_reading``)."""
+    reading = card_reading(torch, device)
+    return {"peak_bytes": reading["reserved_peak"], "held_bytes": reading["held"],
+            "budget_peak_bytes": reading["budget_peak_bytes"]}
+
+
+def readings(torch, device, sizes, step_budget_peak: int | None = None) -> dict[str, Any]:
+    """The trial's CUDA readings after its steps (``TrialResult`` fields), ``sizes`` completed.
+
+    ``budget_peak_bytes`` is in the budget's units (``card_reading``): never below what a step already read
+    (``step_budget_peak``), since memory outside the allocator can be read lower at the end than at a step.
+    """
+    reading = card_reading(torch, device)
+    budget_peak = max(reading["budget_peak_bytes"], step_budget_peak or 0)
+    sizes = sizes.model_copy(update={
+        "cuda_context_bytes": reading["outside"],
+        "reserved_unallocated_bytes": max(0, reading["reserved_peak"] - reading["allocated_peak"]),
+    })
     return {
         "sizes": sizes,
-        "peak_allocated_bytes": peak_allocated,
-        "peak_bytes": peak_reserved,
-        "budget_peak_bytes": peak_allocated if asynchronous else peak_reserved,
-        # Weights, gradients and optimizer state, with the batch's activations freed. In allocated
-        # bytes, a little below the reserved line's intercept: a conservative anchor for the search.
-        "base_bytes": torch.cuda.memory_allocated(device),
+        "peak_allocated_bytes": reading["allocated_peak"],
+        "peak_bytes": reading["reserved_peak"],
+        "budget_peak_bytes": budget_peak,
+        "alloc_retries": reading["retries"],
+        # Weights, gradients and optimizer state, with the batch's activations freed, plus what lies outside the
+        # allocator: the budget's units, a little below the line's intercept (allocated, not reserved).
+        "base_bytes": reading["held"] + reading["outside"],
     }
 
 
@@ -139,7 +197,9 @@ def memory_at_failure(torch, device) -> dict[str, int] | None:
     """The card as the failure left it (``result.CudaMemoryAtFailure`` fields), or None if CUDA cannot say.
 
     Read before the failed step's tensors are collected: the evidence for an ambiguous library
-    error when there is no budget to re-run under (``pipeline.trials``).
+    error when there is no budget to re-run under (``pipeline.trials``). The allocator's cache
+    (reserved, not allocated) is free to a library that asks the allocator, which releases it and
+    retries: ``report.outcomes.free_at_failure`` counts it as free.
     """
     try:
         free, total = torch.cuda.mem_get_info(device)

@@ -45,8 +45,9 @@ def framework_runner(source: str) -> Callable[..., dict[str, Any]] | None:
     return getattr(importlib.import_module(module), function)
 
 
-def final_readings(torch: Any, device: Any, sizes: Sizes | None = None) -> dict[str, Any]:
-    """The peak readings a trial reports with its verdict (``TrialResult`` fields), as ``child.trial`` reads them."""
+def final_readings(torch: Any, device: Any, sizes: Sizes | None = None, step_peaks: list[int] = ()) -> dict[str, Any]:
+    """The peak readings a trial reports with its verdict (``TrialResult`` fields), as ``child.trial`` reads them;
+    ``step_peaks``: the steps' budget readings (on CUDA the verdict's is never below them)."""
     if device.type == "cuda":
-        return child_cuda.readings(torch, device, sizes or Sizes())
+        return child_cuda.readings(torch, device, sizes or Sizes(), max(step_peaks, default=None))
     return cpu_readings()

@@ -74,7 +74,7 @@ def run_trainer(request: TrialRequest, events: Events, progress: Progress, torch
     if not stepper.stopped:  # max_steps is the hook's most, so only a loop that ran out of batches ends first
         raise RuntimeError(f"the Trainer stopped after {hook.steps_done} optimizer step(s), before the trial's "
                            f"{request.steps or spec.search.steps}: its train dataloader ran out of batches")
-    report.update(final_readings(torch, device))
+    report.update(final_readings(torch, device, step_peaks=hook.peaks))
     return report
 
 

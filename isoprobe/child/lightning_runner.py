@@ -301,4 +301,4 @@ def run(request: TrialRequest, events: Events, progress: Progress, torch: Any, d
         raise RuntimeError("trainer.fit ran no optimizer step: train_dataloader() gave no batch at this batch "
                            "size (drop_last with fewer samples than the batch?)")
     del trainer, module, datamodule
-    return final_readings(torch, device)
+    return final_readings(torch, device, step_peaks=hook.peaks)

@@ -139,7 +139,7 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
         # The first step compiles (forward and backward graphs); the later ones show what a step costs.
         later = sorted(progress.step_seconds[1:])
         report["compile_seconds"] = max(0.0, progress.step_seconds[0] - later[len(later) // 2])
-    report.update(final_readings(torch, device, step.sizes))
+    report.update(final_readings(torch, device, step.sizes, hook.peaks))
     progress.phase = "done"
     return report
 

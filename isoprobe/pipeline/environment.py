@@ -54,8 +54,8 @@ class Target:
     backend: Literal["cpu", "cuda"]
     device: str
     info: DeviceInfo
-    #: CUDA: the memory free when the environment was checked (other processes and a context already
-    #: taken out); what the allocator's reserved peak can actually reach.
+    #: CUDA: the memory free when the environment was checked (other processes and the check's context taken
+    #: out). Shown, not predicted against: a trial's reading counts the whole card's use (``search_capacity``).
     free_bytes: int | None = None
     #: CPU: the environment check's readings after its imports, which are every trial's (``preload``, in
     #: ``inspect_conditions`` and ``trial_conditions`` alike): a trial's peak below them cannot be true
@@ -71,10 +71,15 @@ class Target:
 
     @property
     def search_capacity(self) -> int:
-        """The memory the search's line predicts against: the capacity, or less where less is free."""
-        if self.free_bytes is None:
-            return self.info.capacity_bytes
-        return min(self.info.capacity_bytes, self.free_bytes)
+        """The memory the search's line predicts against and the margin is read from: the capacity.
+
+        On CUDA that is the budget, or the card's total without one: a trial's reading (``budget_peak_bytes``) is
+        what is in use on the card at its peak, its context and libraries included (and other processes', which
+        take memory from it as much), so it is compared with the whole of what the process may use. Compared with
+        the free memory instead, as it once was, the context and libraries were counted twice where no budget was
+        set; and with a budget, a reading of the allocator alone never came closer to the budget than the memory
+        outside it (300-600 MiB), so no batch was ever marginal (issue 45)."""
+        return self.info.capacity_bytes
 
 
 def inspect_conditions(spec: Spec) -> Conditions:

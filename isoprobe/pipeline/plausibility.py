@@ -11,10 +11,14 @@ does is refuse a verdict that cannot be true, in two ways:
   was asked (no model built before the verdict, not exactly the asked steps,
   step times that are not the steps', more than one verdict), or its memory
   is below what importing torch alone took. Unknown is never 'fits'.
-- **over budget** (``out_of_memory``): on the CPU backend, the trial's own
-  peak is above its budget. RLIMIT_DATA does not count shared memory
+- **over budget** (``out_of_memory``): the trial's own peak is above its
+  budget. On the CPU backend RLIMIT_DATA does not count shared memory
   (MAP_SHARED mappings, shared-memory tensors), so a model can go past the
-  cap without an allocation ever failing; the peak still shows it.
+  cap without an allocation ever failing; the peak still shows it. On CUDA
+  the fraction caps the allocator alone, from the memory outside it measured
+  after the warm-up; what loads outside it later (lazily loaded kernels,
+  NCCL's buffers, Triton's cubins) can put the process past the budget with
+  no allocation failing; its reading, context included, shows it.
 
 Pure: a list of protocol events and an ``Asked`` in, a reason (or None) out,
 so every rule is a unit test over literal runs.
@@ -80,7 +84,7 @@ def implausible(events: list, asked: Asked) -> str | None:
 
 
 def over_budget(result: TrialResult, asked: Asked) -> str | None:
-    """Why a CPU trial's 'fits' used more memory than its budget; None if it did not.
+    """Why a trial's 'fits' used more memory than its budget; None if it did not (``cuda_over_budget`` on CUDA).
 
     Two readings, each compared in its own units: ``budget_peak_bytes`` (the
     data segment plus the shared mappings still there at the end, the budget's
@@ -94,8 +98,10 @@ def over_budget(result: TrialResult, asked: Asked) -> str | None:
     over a 1.5 GiB budget its data segment kept well under, for a 'fits' that
     was real. Shared memory (RssShmem) stays in.
     """
-    if result.outcome is not Outcome.FITS or asked.backend != "cpu" or asked.budget_bytes is None:
+    if result.outcome is not Outcome.FITS or asked.budget_bytes is None:
         return None
+    if asked.backend == "cuda":
+        return cuda_over_budget(result, asked.budget_bytes)
     budget = asked.budget_bytes
     over = []
     if result.budget_peak_bytes is not None and result.budget_peak_bytes > budget:
@@ -107,6 +113,17 @@ def over_budget(result: TrialResult, asked: Asked) -> str | None:
         return None
     return (f"the trial ran its steps, but {' and '.join(over)}, above the {_size(budget)} budget, which the "
             f"cap did not stop (it does not count shared memory): it would not fit in {format_bytes(budget)}")
+
+
+def cuda_over_budget(result: TrialResult, budget: int) -> str | None:
+    """Why a CUDA trial's 'fits' held more of the card than its budget, context included; None if it did not."""
+    if result.budget_peak_bytes is None or result.budget_peak_bytes <= budget:
+        return None
+    outside = result.sizes.cuda_context_bytes if result.sizes is not None else None
+    parts = f" (outside the allocator: {_size(outside)})" if outside is not None else ""
+    return (f"the trial ran its steps, but the process held {_size(result.budget_peak_bytes)} of the card at its "
+            f"peak{parts}, above the {_size(budget)} budget: memory outside the allocator grew after the fraction "
+            f"was set (lazily loaded kernels, NCCL, compiled kernels), so it would not fit in {format_bytes(budget)}")
 
 
 #: How far below the import baseline a CPU trial's budget peak may read and still be a reading, not a broken one.

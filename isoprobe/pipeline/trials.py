@@ -17,7 +17,7 @@ from isoprobe.errors import ProbeError
 from isoprobe.executors import ChildRun, Executor
 from isoprobe.executors.rounds import run_round
 from isoprobe.search.insights import step_throughput
-from isoprobe.report.outcomes import Outcome, card_was_full, maybe_allocation_failure
+from isoprobe.report.outcomes import Outcome, card_was_full, free_at_failure, maybe_allocation_failure
 from isoprobe.report.output import Reporter
 from isoprobe.pipeline.classify import classify_exit
 from isoprobe.pipeline.environment import Target, trial_conditions
@@ -69,6 +69,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         peak_allocated_bytes=result.peak_allocated_bytes if result else None,
         budget_peak_bytes=result.budget_peak_bytes if result else None,
         base_bytes=result.base_bytes if result else None,
+        alloc_retries=result.alloc_retries if result else None,
         step_seconds=[round(s, 4) for s in steps],
         step_peak_bytes=[e.peak_bytes for e in step_events if e.peak_bytes is not None],
         step_held_bytes=[e.held_bytes for e in step_events if e.held_bytes is not None],
@@ -200,11 +201,12 @@ class TrialRunner:
                     f"{headline} under the {format_bytes(budget)} budget, but batch {batch_size} fit with "
                     f"{format_bytes(larger) if larger else 'no cap'} (trial {check.index}): an allocation failure"))
         elif self.target.backend == "cuda" and (memory := trial.error.cuda_memory) is not None:
-            if card_was_full(memory.free_bytes, memory.total_bytes):
+            free = free_at_failure(memory.free_bytes, memory.reserved_bytes, memory.allocated_bytes)
+            if card_was_full(free, memory.total_bytes):
                 trial = self._reclassify(trial, (
-                    f"{headline} with {format_bytes(memory.free_bytes)} of {format_bytes(memory.total_bytes)} free "
-                    f"on the card (this process had {format_bytes(memory.reserved_bytes)} reserved): a library "
-                    "could not get its memory, an allocation failure"))
+                    f"{headline} with {format_bytes(free)} of {format_bytes(memory.total_bytes)} free on the card, "
+                    f"the allocator's cache counted as free (this process had {format_bytes(memory.allocated_bytes)} "
+                    "allocated): a library could not get its memory, an allocation failure"))
         return trial
 
     def _reclassify(self, trial: Trial, reason: str) -> Trial:

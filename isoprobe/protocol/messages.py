@@ -208,7 +208,7 @@ class StepDone(_Event):
     )
     budget_peak_bytes: int | None = Field(
         None, description="The peak so far in TrialResult.budget_peak_bytes's units (CPU: the data segment the cap "
-                          "counts; CUDA: the same as peak_bytes): what a steady rule judges."
+                          "counts; CUDA: the allocator's need plus the memory outside it): what a steady rule judges."
     )
     heap_churn_bytes: int | None = Field(
         None, description="CPU: how far glibc's heaps reached above what they hold right after the step "
@@ -246,6 +246,7 @@ class TrialResult(_Event):
     peak_allocated_bytes: int | None = None
     budget_peak_bytes: int | None = None
     base_bytes: int | None = None
+    alloc_retries: int | None = Field(None, description="CUDA: report.result.Trial.alloc_retries.")
     file_resident_bytes: int | None = Field(
         None, description="CPU: resident pages of mapped files at the end (RssFile: the libraries' code, mostly). "
         "How many of them are resident depends on the page cache, not on the trial, so the resident over-budget "

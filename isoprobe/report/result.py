@@ -152,9 +152,21 @@ class Trial(_Strict):
     budget_peak_bytes: int | None = Field(
         None,
         description=(
-            "Peak of the memory the budget counts, which the search's memory line is fitted to. CUDA: the same as "
-            "peak_bytes. CPU: the data segment that RLIMIT_DATA caps, estimated as VmPeak minus the address space "
-            "that is not data."
+            "Peak of the memory the budget counts, which the search's memory line is fitted to and the margin is "
+            "read from. CUDA: what the process holds on the card, context included: the allocator's need (the "
+            "allocated peak plus the free space its used segments held, never above the reserved peak; under "
+            "cudaMallocAsync the allocated peak), which does not move with the allocator's free-and-retry near its "
+            "cap, plus the memory outside the allocator (context, libraries, lazily loaded kernels, NCCL), read "
+            "after every step. CPU: the data segment that RLIMIT_DATA caps, estimated as VmPeak minus the address "
+            "space that is not data."
+        ),
+    )
+    alloc_retries: int | None = Field(
+        None,
+        description=(
+            "CUDA, native allocator: how often an allocation found the cap or the card full, freed the allocator's "
+            "cached segments and retried (torch.cuda.memory_stats' num_alloc_retries). Above 0 the reserved peak "
+            "(peak_bytes) reached the cap whatever the batch needed, which is why budget_peak_bytes does not use it."
         ),
     )
     base_bytes: int | None = Field(

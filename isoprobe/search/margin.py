@@ -3,12 +3,13 @@ that a reported maximum clears the capacity by more than it.
 
 Pure (no processes, no clock). Near the edge the same batch fits in one fresh process and runs out of
 memory in the next: on the CPU backend glibc's heap fragments differently from run to run and keeps
-creeping by a few MiB long after a window of steps has held still; on CUDA the caching allocator's
-segments and NCCL's buffers can do the same. One steady trial is one draw: a batch whose steady peak
-sits within that spread of the capacity fitted by luck as often as not (issue 34 measured 1 to 2 runs
-in 3 surviving 30 steps at such maxima). So a deciding trial that fits counts towards the maximum only
-when ``capacity - steady peak > spread``; one that fits inside the spread is *marginal*: reported as
-such (``report.result.EdgeMargin``), never as the maximum. docs/steady-state.md has the measurements.
+creeping by a few MiB long after a window of steps has held still; on CUDA the libraries' workspaces, the
+free space inside the caching allocator's segments and NCCL's buffers can do the same. One steady trial is
+one draw: a batch whose steady peak sits within that spread of the capacity fitted by luck as often as not
+(issue 34 measured 1 to 2 runs in 3 surviving 30 steps at such maxima). So a deciding trial that fits
+counts towards the maximum only when ``capacity - steady peak > spread``; one that fits inside the spread
+is *marginal*: reported as such (``report.result.EdgeMargin``), never as the maximum.
+docs/steady-state.md has the measurements.
 
 The spread is the larger of
 
@@ -36,9 +37,15 @@ from dataclasses import dataclass
 MIB = 1 << 20
 
 #: The fixed part of each backend's floor. CPU: measured (docs/steady-state.md, "The spread"). CUDA: not
-#: measured (no GPU was lent); read from c10/cuda/CUDACachingAllocator.cpp: the reserved peak moves in whole
-#: segments, 2 MiB for small blocks and 20 MiB for requests of 1 to 10 MiB, so one extra large segment in a
-#: later step or another process is 20 MiB; two of them are the floor until a GPU measures it.
+#: measured (no GPU was lent). It once rested on the reserved peak moving in whole segments (2 MiB for small
+#: blocks, 20 MiB for requests of 1 to 10 MiB: two of those); that premise fails for a request above 10 MiB,
+#: which gets a segment of its own of any size (c10/cuda/CUDACachingAllocator.cpp, ``get_allocation_size``), and
+#: the reserved peak also reaches the cap whenever the allocator frees its cache and retries. The reading the
+#: margin uses now (``child.cuda.allocator_need``: the allocated peak plus the free space inside used segments,
+#: plus the memory outside the allocator) moves in blocks of 512 bytes, not segments: what it can move between
+#: fresh processes is the libraries' choices (a cuDNN or cuBLAS workspace of another size, kernels loaded lazily
+#: by another path) and where the free space inside segments falls. 40 MiB covers a workspace or a module's
+#: kernels of that order; a probe's own confirmations widen it (``observed_bytes``) until a GPU measures it.
 FLOOR_BYTES = {"cpu": 8 * MIB, "cuda": 40 * MIB}
 #: The part of each backend's floor that grows with the capacity.
 FLOOR_FRACTION = {"cpu": 0.004, "cuda": 0.002}
