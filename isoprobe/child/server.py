@@ -58,8 +58,10 @@ def serve(channel_fd: int, events: Events, warm: Warm, complete: bool = True) ->
 
     ``complete``: every module of the preload was imported (after one that failed, none more is, as in a
     spawned child, whose preload stops there too)."""
-    if cuda_initialized():  # never: importing creates no context; checked, because a fork would inherit it
-        sys.stderr.write("isoprobe fork server: CUDA was initialised by an import; refusing to fork trials\n")
+    if cuda_initialized():  # an import ran torch.cuda.is_available() (cuInit) or made a context: forks would fail
+        sys.stderr.write("isoprobe fork server: CUDA's driver was initialised by an import (torch.cuda.is_available() "
+                         "or a context); its forks would fail with 'initialization error': this probe spawns its "
+                         "trials\n")
         return 3
     # The threads the imports started (measured: one, waiting on a futex), counted before the first fork: a
     # library's fork handler stops it (measured: none left after the canary), and its stack then waits in

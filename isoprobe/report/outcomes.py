@@ -65,6 +65,11 @@ _ALLOCATOR_MESSAGES = (
     "cudnn_status_alloc_failed",                           # "cuDNN error: " + the status (cuDNN 8's name)
     "cudnn_status_internal_error_host_allocation_failed",  # libcudnn_graph.so.9 (cuDNN 9's names)
     "cudnn_status_internal_error_device_allocation_failed",
+    # NCCL's own cudaMalloc failing (its buffers, connected per algorithm on first use, outside the allocator):
+    # NCCL's CUDACHECK writes "Cuda failure %d '%s'" with cudaErrorMemoryAllocation (2) and its string, and torch
+    # raises it as a DistBackendError (a RuntimeError) under "ncclUnhandledCudaError: Call to CUDA function failed."
+    "cuda failure 2 'out of memory'",
+    "cuda failure 'out of memory'",                        # NCCL releases whose CUDACHECK leaves the number out
 )
 
 #: An OSError with this errno is the kernel refusing memory: mmap, fork, or brk under the CPU cap
@@ -128,8 +133,17 @@ FULL_CARD_FREE_FRACTION = 0.05
 
 
 def card_was_full(free_bytes: int, total_bytes: int) -> bool:
-    """True when a CUDA card had so little free at a failure that a library could not get its memory."""
+    """True when a CUDA card had so little free at a failure that a library could not get its memory
+    (``free_bytes``: what a library could have had, ``free_at_failure``)."""
     return free_bytes < max(FULL_CARD_FREE_BYTES, FULL_CARD_FREE_FRACTION * total_bytes)
+
+
+def free_at_failure(free_bytes: int, reserved_bytes: int, allocated_bytes: int) -> int:
+    """What a library could have had at a failure: the card's free memory plus the allocator's cache (reserved,
+    not allocated). cuBLAS's workspace and cuDNN's come from torch's allocator, which frees its cache and retries
+    before it fails; read without the cache, a card whose cache filled it (any large batch without a budget)
+    looked full, and a cuDNN "unable to find an engine" or a 32-bit index limit there read as out of memory."""
+    return free_bytes + max(0, reserved_bytes - allocated_bytes)
 
 
 def maybe_allocation_failure(message: str) -> bool:
