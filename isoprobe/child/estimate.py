@@ -85,7 +85,8 @@ def estimate(torch, spec: Spec, python_path: list[str], device, baseline_bytes: 
              time_limit: float = TIME_LIMIT_SECONDS) -> Estimate:
     """The estimate for ``spec``'s step on ``device``; a failed trace is an Estimate with its reason, never raised.
 
-    ``baseline_bytes`` (the CPU backend's import baseline, in the budget's units) is added to the fixed part.
+    ``baseline_bytes`` (in the budget's units: the CPU backend's import baseline, or what is in use on the card
+    before the model exists) is added to the fixed part.
     """
     started = time.perf_counter()
     try:
@@ -118,7 +119,7 @@ def _estimate(torch, spec, python_path, device, baseline_bytes, started) -> Esti
     fixed, slope = line
     last = traces[-1]
     baseline = baseline_bytes or 0
-    runtime = runtime_bytes(torch, spec) if baseline_bytes is not None else None
+    runtime = runtime_bytes(torch, spec) if baseline_bytes is not None and device.type == "cpu" else None
     return Estimate(
         fixed_bytes=int(round(fixed)) + baseline + (runtime or 0),
         per_sample_bytes=slope,

@@ -102,7 +102,9 @@ def _estimate(torch, spec: Spec, python_path: list[str], facts: dict[str, Any]):
     """The traced memory estimate (``child.estimate``), bounded to a quarter of the check's own timeout.
 
     On the CPU backend the trials' budget counts the data segment from the process's start, so the import
-    baseline measured above (same preload as a trial) is added; on CUDA the allocator starts empty.
+    baseline measured above (same preload as a trial) is added. On CUDA a trial's reading is what is in use on
+    the card, its context included (``child.cuda.card_reading``): what this process's context and any other
+    process hold on the card now is added (the libraries a trial warms up come on top: the first trial shows).
     """
     from isoprobe.child import estimate
     from isoprobe.protocol.messages import Estimate
@@ -113,7 +115,11 @@ def _estimate(torch, spec: Spec, python_path: list[str], facts: dict[str, Any]):
     if reason is not None:
         return Estimate(note=reason)
     device = _trial_device(torch, spec, facts)
-    baseline = facts["memory_after_import"].data if device.type == "cpu" else None
+    if device.type == "cpu":
+        baseline = facts["memory_after_import"].data
+    else:
+        free, total = torch.cuda.mem_get_info(device)
+        baseline = total - free
     limit = min(estimate.TIME_LIMIT_SECONDS, spec.search.trial_timeout / 4)
     return estimate.estimate(torch, spec, python_path, device, baseline, time_limit=limit)
 

@@ -94,7 +94,7 @@ def render_report(report: EstimateReport) -> str:
         rows += [("parameters", format_bytes(e.parameter_bytes)), ("gradients", format_bytes(e.gradient_bytes)),
                  ("optimizer state", format_bytes(e.optimizer_state_bytes)), ("buffers", format_bytes(e.buffer_bytes))]
         if e.baseline_bytes is not None:
-            rows.append(("import baseline", format_bytes(e.baseline_bytes)))
+            rows.append(("baseline (imports, or the card's context)", format_bytes(e.baseline_bytes)))
         if e.runtime_bytes is not None:
             rows.append(("runtime (threads, arenas)", format_bytes(e.runtime_bytes)))
         rows += [("fixed part", format_bytes(e.fixed_bytes)),

@@ -303,8 +303,9 @@ class Estimate(_Message):
     gradient_bytes: int | None = None
     optimizer_state_bytes: int | None = None
     buffer_bytes: int | None = None
-    baseline_bytes: int | None = Field(None, description="CPU: the import baseline (data segment) added to the "
-                                       "fixed part; None on CUDA.")
+    baseline_bytes: int | None = Field(None, description="What every trial holds before its model exists, added to "
+                                       "the fixed part: CPU, the import baseline (data segment); CUDA, what is in use "
+                                       "on the card after the check's context (others' memory included).")
     runtime_bytes: int | None = Field(None, description="CPU: what a real stand-in step added to the data segment "
                                       "beyond its tensors (thread pools, malloc arenas), in fixed_bytes.")
     seconds: float = Field(0.0, description="How long the estimate took in the environment check.")
