@@ -94,7 +94,8 @@ def render_report(report: EstimateReport) -> str:
         rows += [("parameters", format_bytes(e.parameter_bytes)), ("gradients", format_bytes(e.gradient_bytes)),
                  ("optimizer state", format_bytes(e.optimizer_state_bytes)), ("buffers", format_bytes(e.buffer_bytes))]
         if e.baseline_bytes is not None:
-            rows.append(("baseline (imports, or the card's context)", format_bytes(e.baseline_bytes)))
+            label = "import baseline" if report.device.backend == "cpu" else "in use on the card (context)"
+            rows.append((label, format_bytes(e.baseline_bytes)))
         if e.runtime_bytes is not None:
             rows.append(("runtime (threads, arenas)", format_bytes(e.runtime_bytes)))
         rows += [("fixed part", format_bytes(e.fixed_bytes)),
