@@ -204,3 +204,17 @@ def test_6_a_driver_initialised_by_is_available_is_seen(tmp_path, monkeypatch):
     assert cuda_initialized(str(maps))
     maps.write_text("7f0000000000-7f0000100000 r-xp 00000000 08:01 43 /opt/torch/lib/libcudart.so.13\n")
     assert not cuda_initialized(str(maps))
+
+
+def test_1_the_capacity_a_reading_is_compared_with_is_the_budget_or_the_whole_card():
+    """A reading counts the whole card's use, context included: the capacity it is compared with is the budget (or
+    the card's total), never the environment check's free memory, which had one context taken out already."""
+    from isoprobe.pipeline.environment import Target
+    from isoprobe.report.result import DeviceInfo
+
+    for budget in (16 * GiB, None):
+        info = DeviceInfo(backend="cuda", requested="cuda", name="NVIDIA H100", index=0, total_memory_bytes=80 * GiB,
+                          memory_budget_bytes=budget, budget_source="spec" if budget else None,
+                          capacity_bytes=budget or 80 * GiB)
+        target = Target("cuda", "cuda:0", info, free_bytes=80 * GiB - 520 * MiB)
+        assert target.search_capacity == (budget or 80 * GiB)
