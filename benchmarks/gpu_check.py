@@ -1,25 +1,29 @@
-"""The GPU check: every CUDA figure isoprobe claims, measured in one command on a machine with a GPU.
+"""The GPU check: isoprobe's CUDA answers against an independent plain loop, on the same card and budget.
 
-    python benchmarks/gpu_check.py [--output docs/gpu.md] [--skip-tier]
+    python benchmarks/gpu_check.py [--quick] [--output docs/gpu.md] [--skip-tier] [--raw-dir DIR]
 
-From a fresh checkout (``pip install -e '.[test]'`` done), it runs, each through isoprobe's real CLI
-or its child code, never a canned number:
+Run it first when a session is lent a GPU: one device call of at most 10 minutes (the run holds itself to
+9 minutes, ``--quick`` to 6; each part has its own limit and is skipped, with the reason, when too little
+time is left). In order:
 
-1. the GPU test tier (``pytest tests/gpu -m gpu --durations=0``);
-2. the classic articles' figures under budget emulation: ResNet50, fp32, Adam, 224x224: the maximum
-   lies in [8, 16) under 8 GiB and in [16, 32) under 11 GiB; MobileNetV3-large, fp16 mixed, under
-   16 GiB against the article's 515 (within 25 %);
-3. an allocator comparison (default vs expandable_segments:True) on a step whose shapes vary;
-4. the probe's wall time and trial count for ResNet50 on the whole card;
-5. trial start: cold spawn, warm spare, fork server (median seconds outside the steps);
-6. issue 20's experiments: (a) allocator parsing, (b) the first matmul and convolution on a nearly full
-   card through isoprobe's classifier, (c) fp16 GradScaler and Adam's state per step, (d) a 16 GiB budget
-   against a card with 16 GiB left free by a holder process, (e) an evaluation trial's timings and the
-   compute processes while a warm spare waits.
+1. the GPU test tier (``pytest tests/gpu -m gpu -v``), stopped at its limit;
+2. (a) ResNet50 fp32 Adam 224x224 under 8 GiB: ``isoprobe run --no-cache --format json`` gives the maximum M;
+   the plain loop (``gpu_check_parts/plain_loop.py``, no isoprobe import, fresh process, the budget taken as
+   a user's job would take it) trains M (must fit) and M+1 (should run out; if it trains, isoprobe was one
+   short, which is printed; if it trains in 2 of 2 runs where isoprobe called it out of memory: FAIL). The
+   articles' figures ([8, 16) under 8 GiB, [16, 32) under 11 GiB, MobileNetV3's 515) are printed beside as
+   what the in-process doubling recipe reaches, never judged;
+3. (d) the margin's readings of (a)'s deciding trial, and isoprobe's and the plain loop's readings side by side;
+4. (b) a command trial under 8 GiB: ``isoprobe run -- python plain_loop.py --batch-size {batch_size}`` (the
+   shim applies the budget), judged against the same plain loop;
+5. (c) a 2-rank DDP gang under 8 GiB a rank, where two GPUs are visible (isoprobe puts rank r on GPU r);
+6. with time left (not under --quick): ResNet50 under 11 GiB, MobileNetV3-large fp16-mixed under 16 GiB.
 
-It writes ``--output`` (docs/gpu.md) with the device, the versions and every figure. Exit codes: 0 every
-check passed; 1 a check failed (the file says which); 5 no CUDA GPU here (nothing measured, nothing
-written; ``NO_GPU_EXIT``).
+It writes ``--output`` (docs/gpu.md) after every part, so a run stopped early still leaves what it measured,
+and, with ``--raw-dir`` (default ``$OUT/gpu_check`` where ``$OUT`` is a folder), every result JSON and plain
+run line; where ``$OUT`` is a folder the page is also copied to ``$OUT/gpu.md``. Exit codes: 0 nothing failed;
+1 a check failed (the page names it); 5 no CUDA GPU here (nothing measured, nothing written; ``NO_GPU_EXIT``).
+The judging is in ``gpu_check_parts/judge.py`` (pure, tested in tests/unit/test_cuda_gpu_check.py).
 """
 
 from __future__ import annotations
@@ -27,36 +31,25 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
+import shutil
+import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from gpu_check_parts import judge  # noqa: E402
+from gpu_check_parts.judge import GiB, Part, Report, Verdict  # noqa: E402
+
 NO_GPU_EXIT = 5
-GiB = 1024**3
-MiB = 1024**2
-
-
-@dataclass
-class Report:
-    """Every figure, in the order measured; ``failed`` names the checks that did not pass."""
-
-    sections: list[tuple[str, list[str]]] = field(default_factory=list)
-    failed: list[str] = field(default_factory=list)
-
-    def add(self, title: str, lines: list[str]) -> None:
-        self.sections.append((title, lines))
-        print(f"\n## {title}\n" + "\n".join(lines), flush=True)
-
-    def check(self, name: str, passed: bool) -> str:
-        if not passed:
-            self.failed.append(name)
-        return "pass" if passed else "FAIL"
+PLAIN_LOOP = Path(__file__).resolve().parent / "gpu_check_parts" / "plain_loop.py"
 
 
 def gpu_present(environ=os.environ) -> bool:
@@ -73,312 +66,341 @@ def gpu_present(environ=os.environ) -> bool:
     return found.stdout.strip().endswith("True")
 
 
-def python(code: str, env: dict | None = None, timeout: int = 900) -> dict:
-    """Run ``code`` in a fresh interpreter (its own CUDA context); its last stdout line is JSON."""
-    run = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                         timeout=timeout, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-    if run.returncode != 0:
-        return {"error": run.stderr.strip().splitlines()[-1] if run.stderr.strip() else f"exit {run.returncode}"}
-    return json.loads(run.stdout.strip().splitlines()[-1])
+# --------------------------------------------------------------------------- processes
 
 
-def isoprobe_run(spec: dict, *args: str, env: dict | None = None) -> tuple[dict | None, float, str]:
-    """``isoprobe run`` on a spec, without the cache: (result or None, wall seconds, stderr tail)."""
+def run_group(argv: list[str], limit_s: float, env: dict | None = None, grace_s: float = 20) -> tuple:
+    """Run ``argv`` in a session of its own for at most ``limit_s``: (exit status or None if stopped at the limit,
+    stdout, stderr, seconds). At the limit: SIGTERM to its group (isoprobe prints the trials so far), then after
+    ``grace_s`` SIGKILL to the group."""
+    started = time.monotonic()
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        process = subprocess.Popen(argv, stdout=out, stderr=err, cwd=ROOT, start_new_session=True, text=True,
+                                   env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
+        try:
+            returncode = process.wait(timeout=max(1.0, limit_s))
+        except subprocess.TimeoutExpired:
+            returncode = None
+            _signal_group(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+            _signal_group(process.pid, signal.SIGKILL)
+            process.wait()
+        _signal_group(process.pid, signal.SIGKILL)  # anything of its session still left (it started the session)
+        out.seek(0)
+        err.seek(0)
+        return returncode, out.read(), err.read(), time.monotonic() - started
+
+
+def _signal_group(pid: int, sig: int) -> None:
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def python_json(code: str, limit_s: float = 60) -> dict:
+    """Run ``code`` in a fresh interpreter; its last stdout line is JSON."""
+    returncode, out, err, _ = run_group([sys.executable, "-c", textwrap.dedent(code)], limit_s)
+    try:
+        return json.loads(out.strip().splitlines()[-1])
+    except (IndexError, json.JSONDecodeError):
+        return {"error": (err.strip().splitlines() or [f"exit {returncode}"])[-1]}
+
+
+def shell_text(argv: list[str], limit_s: float = 20) -> str:
+    try:
+        return subprocess.run(argv, capture_output=True, text=True, timeout=limit_s).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"({argv[0]}: {exc})"
+
+
+# --------------------------------------------------------------------------- the context shared by the parts
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One plain-loop configuration: isoprobe's spec and the plain loop's flags describe the same training."""
+
+    model: str = "resnet50"
+    precision: str = "fp32"
+    budget_bytes: int = 8 * GiB
+    ranks: int = 1
+    image_size: int = 224
+    classes: int = 1000
+
+    def spec(self) -> dict:
+        spec = {"model": {"torchvision": self.model, "kwargs": {"num_classes": self.classes}},
+                "input": {"shape": [3, self.image_size, self.image_size]}, "target": {"classes": self.classes},
+                "optimizer": {"name": "adam", "kwargs": {"lr": 0.001}}, "training": {"precision": self.precision},
+                "device": "cuda", "memory_budget": self.budget_bytes, "recommendation": {"soak_steps": 0}}
+        if self.ranks > 1:
+            spec["distributed"] = {"strategy": "ddp", "world_size": self.ranks, "launcher": "local"}
+        return spec
+
+    def plain_args(self, batch: int | str, steps: int, budget: bool = True) -> list[str]:
+        return [sys.executable, str(PLAIN_LOOP), "--batch-size", str(batch), "--steps", str(steps),
+                "--model", self.model, "--image-size", str(self.image_size), "--classes", str(self.classes),
+                "--optimizer", "adam", "--precision", self.precision, "--ranks", str(self.ranks),
+                *(["--budget", str(self.budget_bytes)] if budget else [])]
+
+
+@dataclass
+class Context:
+    quick: bool
+    deadline: float
+    raw_dir: Path | None = None
+    gpus: int = 0
+    #: Workload -> batch -> [(fits, JSON line)]: the plain loop's runs, shared by the parts that judge it.
+    plain: dict = field(default_factory=dict)
+    results: dict = field(default_factory=dict)
+
+    def save(self, name: str, data) -> None:
+        if self.raw_dir is not None:
+            self.raw_dir.mkdir(parents=True, exist_ok=True)
+            (self.raw_dir / name).write_text(json.dumps(data, indent=1) if not isinstance(data, str) else data)
+
+    def runs(self, workload: Workload) -> dict[int, list]:
+        return self.plain.setdefault(workload, {})
+
+    def run_plain(self, workload: Workload, batch: int, limit_s: float) -> bool | None:
+        steps = judge.PLAIN_STEPS[self.quick]
+        returncode, out, err, seconds = run_group(workload.plain_args(batch, steps), limit_s, grace_s=5)
+        fits, line = judge.plain_outcome(returncode, out)
+        if returncode is None:
+            line = {**line, "outcome": f"stopped at its {limit_s:.0f} s limit"}
+        elif fits is None:
+            line = {**line, "error_tail": err.strip()[-600:]}
+        line["wall_seconds"] = round(seconds, 1)
+        self.runs(workload).setdefault(batch, []).append((fits, line))
+        print(f"gpu_check:   plain loop batch {batch} ({workload.model}, {workload.budget_bytes / GiB:g} GiB, "
+              f"{workload.ranks} rank(s)): {line.get('outcome')} in {seconds:.1f} s", flush=True)
+        self.save(f"plain-{workload.model}-{workload.budget_bytes // GiB}gib-r{workload.ranks}-b{batch}-"
+                  f"{len(self.runs(workload)[batch])}.json", line)
+        return fits
+
+
+def isoprobe_json(spec: dict, limit_s: float, command: list[str] | None = None) -> tuple:
+    """``isoprobe run`` on a spec without the cache: (result or None, seconds, stderr, exit status or None)."""
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "spec.json"  # YAML is a superset of JSON
         path.write_text(json.dumps(spec))
-        started = time.monotonic()
-        run = subprocess.run([sys.executable, "-m", "isoprobe", "run", str(path), "--no-cache", "--format", "json",
-                              *args], capture_output=True, text=True, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})})
-        seconds = time.monotonic() - started
+        argv = [sys.executable, "-m", "isoprobe", "run", str(path), "--no-cache", "--format", "json"]
+        returncode, out, err, seconds = run_group(argv + (["--", *command] if command else []), limit_s)
     try:
-        return json.loads(run.stdout), seconds, run.stderr[-2000:]
+        return json.loads(out), seconds, err, returncode
     except json.JSONDecodeError:
-        return None, seconds, run.stderr[-2000:]
+        return None, seconds, err, returncode
 
 
-def vision_spec(model: str, precision: str = "fp32", **extra) -> dict:
-    return {"model": {"torchvision": model}, "input": {"shape": [3, 224, 224]}, "target": {"classes": 1000},
-            "optimizer": {"name": "adam"}, "training": {"precision": precision}, "device": "cuda:0", **extra}
+def leftover_processes() -> list[str]:
+    apps = shell_text(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader"])
+    return [f"- note: processes still on the GPU before this part: {apps}"] if apps and "(" not in apps[:1] else []
 
 
-def device_facts() -> list[str]:
-    facts = python("""
-        import json, subprocess, torch
-        p = torch.cuda.get_device_properties(0)
-        smi = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                             capture_output=True, text=True).stdout.strip()
-        print(json.dumps({"name": p.name, "total": p.total_memory, "capability": f"{p.major}.{p.minor}",
-                          "torch": torch.__version__, "cuda": torch.version.cuda, "driver": smi,
-                          "cudnn": torch.backends.cudnn.version()}))
-    """)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT)
-    return [f"- device: {facts.get('name')} ({facts.get('total', 0) / GiB:.2f} GiB reported, compute capability "
-            f"{facts.get('capability')}), driver {facts.get('driver')}",
-            f"- torch {facts.get('torch')}, CUDA {facts.get('cuda')}, cuDNN {facts.get('cudnn')}, python "
-            f"{sys.version.split()[0]}, isoprobe commit {commit.stdout.strip() or '?'}",
-            f"- measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}"]
+# --------------------------------------------------------------------------- the parts
 
 
-def gpu_tier(report: Report) -> None:
-    run = subprocess.run([sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-n", "0", "-q",
-                          "-p", "no:cacheprovider", "--durations=0"], capture_output=True, text=True, cwd=ROOT)
-    tail = run.stdout.strip().splitlines()
-    durations = [line for line in tail if line[:1].isdigit() and "s " in line][:25]
-    summary = tail[-1] if tail else run.stderr[-500:]
-    verdict = report.check("GPU test tier", run.returncode == 0)
-    report.add("GPU test tier (experiment e: --durations=0)",
-               [f"`pytest tests/gpu -m gpu`: {summary} ({verdict})", "", "```", *durations, "```"])
-
-
-def reference_figures(report: Report) -> dict | None:
-    """The articles' figures; returns the whole-card-free 8 GiB ResNet50 result for the timing section."""
-    lines = ["| setup | budget | measured max | expected | verdict |", "|---|---|---|---|---|"]
-    cases = [("ResNet50 fp32 Adam 224²", vision_spec("resnet50"), "8GiB", (8, 16)),
-             ("ResNet50 fp32 Adam 224²", vision_spec("resnet50"), "11GiB", (16, 32)),
-             ("MobileNetV3-large fp16-mixed Adam 224²", vision_spec("mobilenet_v3_large", "fp16-mixed"), "16GiB",
-              (round(515 * 0.75), round(515 * 1.25) + 1))]
-    for name, spec, budget, (low, high) in cases:
-        result, seconds, stderr = isoprobe_run(spec, "--memory-budget", budget)
-        measured = result.get("max_batch_size") if result else None
-        passed = measured is not None and low <= measured < high
-        expected = f"[{low}, {high})" if "MobileNet" not in name else f"515 ± 25 % [{low}, {high})"
-        lines.append(f"| {name} | {budget} | {measured if measured is not None else 'none: ' + stderr[-200:]} "
-                     f"| {expected} | {report.check(f'{name} under {budget}', passed)} |")
-    report.add("Reference figures under budget emulation", lines)
-
-
-FRAGMENTING_STEP = '''
-import itertools
-
-import torch
-
-SIZES = (96, 224, 128, 192, 160)
-_calls = itertools.count()
-
-
-def train_step(model, optimizer, batch, device):
-    """Each step a different resolution: the blocks the allocator cached never fit the next step's tensors."""
-    inputs, targets = batch
-    size = SIZES[next(_calls) % len(SIZES)]
-    inputs = torch.nn.functional.interpolate(inputs, size=(size, size))
-    optimizer.zero_grad(set_to_none=True)
-    loss = torch.nn.functional.cross_entropy(model(inputs), targets)
-    loss.backward()
-    optimizer.step()
-'''
-
-
-def allocator_comparison(report: Report) -> None:
-    with tempfile.TemporaryDirectory() as folder:
-        step_file = Path(folder) / "fragmenting_step.py"
-        step_file.write_text(FRAGMENTING_STEP)
-        spec = vision_spec("resnet50", allocators=["default", "expandable_segments:True"],
-                           memory_budget="8GiB", search={"steps": 6})
-        spec["model"]["step"] = f"{step_file}:train_step"
-        result, seconds, stderr = isoprobe_run(spec)
-    comparison = (result or {}).get("allocator_comparison") or {}
-    lines = [f"ResNet50 with a step whose resolution varies (96..224) under 8 GiB, {seconds:.0f} s:", "",
-             "```", json.dumps(comparison, indent=1)[:3000] or stderr[-500:], "```"]
-    report.check("allocator comparison ran", bool(comparison))
-    report.add("Allocator comparison on a fragmenting workload", lines)
-
-
-def whole_card_probe(report: Report) -> None:
-    result, seconds, stderr = isoprobe_run(vision_spec("resnet50"))
-    if result is None:
-        report.check("ResNet50 whole-card probe", False)
-        report.add("ResNet50 on the whole card", [f"no result: {stderr[-500:]}"])
-        return
-    trials = result.get("trials", [])
-    report.check("ResNet50 whole-card probe answered", result.get("max_batch_size") is not None)
-    report.add("ResNet50 on the whole card", [
-        f"max {result.get('max_batch_size')}, first failing {result.get('first_failing_batch_size')}, "
-        f"recommended {result.get('recommended_batch_size')}; {len(trials)} trials in {seconds:.1f} s wall"])
-
-
-def start_times(report: Report) -> None:
-    """Median seconds of a trial outside its steps (process start, imports left, build), per way of starting."""
-    ways = {"cold spawn": {"warm_start": False, "fork_server": False},
-            "warm spare": {"warm_start": True, "fork_server": False},
-            "fork server": {"fork_server": True}}
-    lines = ["| start | trials | median seconds outside the steps | wall |", "|---|---|---|---|"]
-    for way, search in ways.items():
-        spec = {"model": {"torchvision": "resnet18", "kwargs": {"num_classes": 100}},
-                "input": {"shape": [3, 128, 128]}, "target": {"classes": 100}, "device": "cuda:0",
-                "memory_budget": "4GiB", "search": {"steps": 3, **search}}
-        result, seconds, stderr = isoprobe_run(spec)
-        overheads = [t["seconds"] - sum(t["step_seconds"]) for t in (result or {}).get("trials", [])
-                     if t.get("step_seconds")]
-        median = f"{statistics.median(overheads):.2f}" if overheads else f"none ({stderr[-150:]})"
-        lines.append(f"| {way} | {len(overheads)} | {median} | {seconds:.1f} s |")
-    report.add("Trial start: cold, warm, fork server (resnet18, 128², 4 GiB budget)", lines)
-
-
-def experiment_a(report: Report) -> None:
-    lines = []
-    expected = {"no_such_key:1": False, "expandable_segments:True": True, "expandable_segments:true": False}
-    for setting, accepted in expected.items():
-        found = python("""
-            import json, torch
-            try:
-                torch.cuda.init(); torch.empty(1, device="cuda")
-                print(json.dumps({"ok": True}))
-            except Exception as exc:
-                print(json.dumps({"ok": False, "error": f"{type(exc).__name__}: {exc}"[:300]}))
-        """, env={"PYTORCH_CUDA_ALLOC_CONF": setting})
-        verdict = report.check(f"(a) {setting}", found.get("ok") is accepted)
-        lines.append(f"- `{setting}`: {'accepted' if found.get('ok') else found.get('error')} ({verdict})")
-    report.add("(a) Allocator parsing at CUDA's initialisation", lines)
-
-
-def experiment_b(report: Report) -> None:
-    lines = []
-    for left in (8, 48, 200):
-        for op in ("matmul", "conv"):
-            found = python(f"""
-                import json, torch
-                from isoprobe.report.outcomes import card_was_full, classify_exception, maybe_allocation_failure
-                torch.cuda.init()
-                free, total = torch.cuda.mem_get_info()
-                hold = torch.empty(max(0, free - {left} * 1024**2), dtype=torch.uint8, device="cuda")
-                try:
-                    if {op!r} == "matmul":
-                        a = torch.randn(256, 256, device="cuda"); (a @ a).sum().item()
-                    else:
-                        x = torch.randn(4, 3, 64, 64, device="cuda", requires_grad=True)
-                        w = torch.randn(16, 3, 3, 3, device="cuda", requires_grad=True)
-                        torch.nn.functional.conv2d(x, w).sum().backward(); torch.cuda.synchronize()
-                    print(json.dumps({{"outcome": "ran"}}))
-                except Exception as exc:
-                    names = [c.__name__ for c in type(exc).__mro__]
-                    free_now, _ = torch.cuda.mem_get_info()
-                    print(json.dumps({{"outcome": classify_exception(names, str(exc)).value,
-                                      "ambiguous": maybe_allocation_failure(str(exc)),
-                                      "card_full": card_was_full(free_now, total),
-                                      "error": f"{{type(exc).__name__}}: {{str(exc).splitlines()[0][:160]}}"}}))
-            """)
-            unclassified = found.get("outcome") == "error" and not found.get("ambiguous")
-            verdict = report.check(f"(b) {op} with {left} MiB left", not unclassified)
-            lines.append(f"- {op}, {left} MiB left: {json.dumps(found)} ({verdict})")
-    report.add("(b) First matmul and convolution on a nearly full card, through isoprobe's classifier", lines)
-
-
-def experiment_c(report: Report) -> None:
-    found = python("""
+def part_facts(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
+    facts = python_json("""
         import json, torch, torchvision
-        model = torchvision.models.resnet18(num_classes=100).cuda()
-        optimizer = torch.optim.Adam(model.parameters())
-        scaler = torch.amp.GradScaler("cuda")
-        x = torch.randn(64, 3, 224, 224, device="cuda"); y = torch.randint(0, 100, (64,), device="cuda")
-        steps = []
-        for step in range(3):
-            torch.cuda.reset_peak_memory_stats()
-            optimizer.zero_grad(set_to_none=True)
-            with torch.autocast("cuda", dtype=torch.float16):
-                loss = torch.nn.functional.cross_entropy(model(x), y)
-            scaler.scale(loss).backward(); scaler.step(optimizer); scaler.update()
-            steps.append({"scale": scaler.get_scale(), "state": len(optimizer.state),
-                          "reserved_peak_mib": round(torch.cuda.max_memory_reserved() / 2**20)})
-        print(json.dumps(steps))
-    """)
-    report.add("(c) resnet18, fp16 autocast, Adam, 3 steps: scale, optimizer state, reserved peak",
-               ["```", json.dumps(found, indent=1), "```"])
+        p = torch.cuda.get_device_properties(0)
+        free, total = torch.cuda.mem_get_info(0)
+        print(json.dumps({"name": p.name, "total": total, "free": free, "capability": f"{p.major}.{p.minor}",
+                          "torch": torch.__version__, "torchvision": torchvision.__version__, "cuda": torch.version.cuda,
+                          "cudnn": torch.backends.cudnn.version(), "count": torch.cuda.device_count()}))
+    """, limit_s)
+    driver = shell_text(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"])
+    listing = shell_text(["nvidia-smi", "-L"])
+    ctx.gpus = judge.visible_gpu_count(listing, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    if not ctx.gpus and facts.get("count"):  # no nvidia-smi here: torch's count
+        ctx.gpus = int(facts["count"])
+    commit = shell_text(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"])
+    report.facts = [
+        f"- device: {facts.get('name')} ({(facts.get('total') or 0) / GiB:.2f} GiB reported, "
+        f"{(facts.get('free') or 0) / GiB:.2f} GiB free at the start, compute capability {facts.get('capability')}), "
+        f"driver {driver}",
+        f"- visible GPUs: {ctx.gpus} (`nvidia-smi -L`: {'; '.join(listing.splitlines()) or '-'}; "
+        f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r})",
+        f"- torch {facts.get('torch')}, torchvision {facts.get('torchvision')}, CUDA {facts.get('cuda')}, cuDNN "
+        f"{facts.get('cudnn')}, python {sys.version.split()[0]}, isoprobe commit {commit or '?'}",
+        f"- measured {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}" + (", --quick" if ctx.quick else "")]
+    if "error" in facts:
+        report.facts.append(f"- reading the device failed: {facts['error']}")
+    part.lines += report.facts
 
 
-def experiment_d(report: Report) -> None:
-    spec = vision_spec("resnet50", search={"steps": 3})
-    budgeted, seconds_budget, err_b = isoprobe_run(spec, "--memory-budget", "16GiB")
-    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-        import sys, torch
-        torch.cuda.init()
-        free, total = torch.cuda.mem_get_info()
-        hold = torch.empty(free - 16 * 1024**3, dtype=torch.uint8, device="cuda")
-        print(torch.cuda.mem_get_info()[0], flush=True)
-        sys.stdin.read()
-    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=ROOT)
-    try:
-        left = int(holder.stdout.readline().strip() or 0)
-        held, seconds_held, err_h = isoprobe_run(spec)
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=120)
-    a = (budgeted or {}).get("max_batch_size")
-    b = (held or {}).get("max_batch_size")
-    close = a is not None and b is not None and abs(a - b) <= max(1, round(0.03 * b))
-    report.add("(d) A 16 GiB budget against a card with 16 GiB left free", [
-        f"- `--memory-budget 16GiB` on the whole card: max {a} ({seconds_budget:.0f} s)",
-        f"- no budget, a holder process leaving {left / GiB:.2f} GiB free: max {b} ({seconds_held:.0f} s)",
-        f"- within 3 %: {report.check('(d) budget emulation matches a real 16 GiB', close)}"])
+def part_tier(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
+    returncode, out, err, seconds = run_group(
+        [sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-n", "0", "-v", "-p", "no:cacheprovider",
+         "--durations=15"], limit_s, grace_s=10)
+    ctx.save("tier.txt", out + "\n--- stderr\n" + err)
+    verdict, lines = judge.tier_summary(out, returncode, seconds, limit_s)
+    part.judge("GPU test tier", verdict)
+    part.lines += lines
 
 
-def experiment_e(report: Report) -> None:
-    spec = {"model": {"torchvision": "resnet50"}, "input": {"shape": [3, 224, 224]}, "target": {"classes": 1000},
-            "device": "cuda:0", "training": {"eval_pass": True}, "search": {"start_batch_size": 64,
-                                                                             "max_batch_size": 64}}
-    result, _, stderr = isoprobe_run(spec)
-    trial = next((t for t in (result or {}).get("trials", []) if t.get("eval_seconds")), None)
-    found = python("""
-        import json, subprocess, time
-        from pathlib import Path
-        from isoprobe.executors import Conditions
-        from isoprobe.executors.local import LocalExecutor
-        from isoprobe.protocol.messages import Started, Warm, last_of, read_events
-        import tempfile
-        with tempfile.TemporaryDirectory() as folder, LocalExecutor(Path(folder), warm=True) as executor:
-            executor.prestart(Conditions(backend="cuda", allocator=None, preload=("torch", "torch._dynamo")))
-            spare = executor._spare
-            deadline = time.monotonic() + 120
-            while last_of(read_events(spare.events_path), Warm) is None and time.monotonic() < deadline:
-                time.sleep(0.2)
-            pid = last_of(read_events(spare.events_path), Started).pid
-            apps = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
-                                  capture_output=True, text=True).stdout.split()
-        print(json.dumps({"spare_pid": pid, "compute_pids": apps}))
-    """)
-    spare_clean = "spare_pid" in found and str(found["spare_pid"]) not in found.get("compute_pids", [])
-    report.add("(e) Evaluation timings, and the GPU's compute processes while a warm spare waits", [
-        f"- resnet50 batch 64 with eval_pass: steps {trial['step_seconds'] if trial else stderr[-200:]} s, "
-        f"evaluation {trial['eval_seconds'] if trial else '-'} s",
-        f"- nvidia-smi --query-compute-apps=pid while the spare waits: {found} "
-        f"({report.check('(e) the waiting spare holds no context', spare_clean)})"])
+def edge_check(part: Part, ctx: Context, name: str, workload: Workload, limit_s: float,
+               command: list[str] | None = None, spec: dict | None = None, recipe: str | None = None) -> dict | None:
+    """isoprobe's answer for ``workload`` (its own trials, or ``command`` as a command trial) judged against the
+    plain loop (``judge.next_plain_batch``, ``judge.judge_edge``); returns isoprobe's result."""
+    part_end = time.monotonic() + limit_s
+    plain_limit = judge.PLAIN_LIMIT_S[ctx.quick]
+    part.lines += leftover_processes()
+    spec = spec if spec is not None else workload.spec()
+    result, seconds, err, returncode = isoprobe_json(spec, max(30.0, limit_s - 2 * plain_limit), command)
+    ctx.save(f"isoprobe-{part.key}.json", result if result is not None else {"stderr": err[-4000:]})
+    m = (result or {}).get("max_batch_size")
+    f = (result or {}).get("first_failing_batch_size")
+    stopped = "" if returncode is not None else " (stopped at its limit)"
+    part.lines.append(f"- isoprobe{' (command trial)' if command else ''}: max {m}, first failing {f}, recommended "
+                      f"{(result or {}).get('recommended_batch_size')}, stop reason "
+                      f"{(result or {}).get('stop_reason')}, exit {returncode}{stopped}, "
+                      f"{len((result or {}).get('trials') or [])} trials in {seconds:.0f} s")
+    if result is None or m is None:
+        tail = [line for line in err.strip().splitlines() if line.strip()][-12:]
+        part.lines += ["", "isoprobe's stderr, last lines:", "", "```text", *tail, "```", ""]
+    if result is not None and result.get("message"):
+        part.lines.append(f"- isoprobe says: {result['message']}")
+    part.lines += judge.trial_lines(result)
+    runs = ctx.runs(workload)
+    while True:
+        verdicts = {batch: [fits for fits, _ in lines] for batch, lines in runs.items()}
+        batch = judge.next_plain_batch(m, f, verdicts)
+        left = part_end - time.monotonic()
+        if batch is None or left < 15:
+            break
+        ctx.run_plain(workload, batch, min(plain_limit, left))
+    verdicts = {batch: [fits for fits, _ in lines] for batch, lines in runs.items()}
+    verdict = judge.judge_edge(m, f, verdicts)
+    if verdict.status == Verdict.NOT_JUDGED and m is not None and time.monotonic() >= part_end - 15:
+        verdict = Verdict(Verdict.NOT_JUDGED, verdict.reason + " (the part's time ran out)")
+    part.judge(name, verdict)
+    if recipe:
+        part.lines.append(f"- what the in-process doubling recipe reaches (the articles; never judged): {recipe}")
+    if m is not None:
+        part.lines += ["", *judge.readings_table(result, {b: [line for _, line in runs.get(b, [])]
+                                                          for b in (m, m + 1)}, [m, m + 1]), ""]
+        errors = [line for b in (m, m + 1) for fits, line in runs.get(b, []) if fits is None]
+        part.lines += [f"- plain run without a memory verdict at {line.get('batch_size')}: {line.get('outcome')} "
+                       f"{line.get('error', '')} {line.get('error_tail', '')[-300:]}" for line in errors]
+    return result
 
 
-def write(report: Report, facts: list[str], output: Path) -> None:
-    verdict = "every check passed" if not report.failed else f"FAILED: {', '.join(report.failed)}"
-    parts = ["# isoprobe on a GPU", "", "Written by `python benchmarks/gpu_check.py`; every figure below was "
-             "measured by that run, through isoprobe's CLI or its child code.", "", *facts, f"- verdict: {verdict}"]
-    for title, lines in report.sections:
-        parts += ["", f"## {title}", "", *lines]
-    output.write_text("\n".join(parts) + "\n")
+RESNET_8 = Workload()
+
+
+def part_resnet50_8gib(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
+    ctx.results["resnet50_8gib"] = edge_check(part, ctx, "ResNet50 under 8 GiB", RESNET_8, limit_s,
+                                              recipe=judge.RECIPE[("resnet50", 8)])
+
+
+def part_margin(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
+    result = ctx.results.get("resnet50_8gib")
+    part.lines += judge.margin_lines(result)
+
+
+def part_command_8gib(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
+    own = (ctx.results.get("resnet50_8gib") or {}).get("max_batch_size")
+    spec = {"device": "cuda", "memory_budget": RESNET_8.budget_bytes, "recommendation": {"soak_steps": 0},
+            "search": {"start_batch_size": own or 64, "trial_timeout": 120}}
+    command = RESNET_8.plain_args("{batch_size}", 100000, budget=False)
+    part.lines.append(f"- the command: `{' '.join(Path(a).name if '/' in a else a for a in command)}` (no --budget: "
+                      f"the shim applies the spec's {RESNET_8.budget_bytes / GiB:g} GiB), starting at isoprobe's own "
+                      f"maximum from (a), {own if own is not None else 'none: 64'}")
+    result = edge_check(part, ctx, "command trial under 8 GiB", RESNET_8, limit_s, command=command, spec=spec)
+    m = (result or {}).get("max_batch_size")
+    if m is not None and own is not None:
+        part.lines.append(f"- the command's maximum {m} against isoprobe's own trials' {own} (same workload, not "
+                          f"judged): {'the same' if m == own else f'{m - own:+d}'}")
+
+
+def part_ddp(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
+    if ctx.gpus < 2:
+        part.judge("2-rank DDP gang", Verdict(Verdict.SKIPPED, f"{ctx.gpus} GPU(s) visible: isoprobe runs each rank of a "
+                                                               "gang on its own GPU (rank r on visible GPU r), so a "
+                                                               "2-rank gang needs two; not faked on one"))
+        return
+    edge_check(part, ctx, "2-rank DDP gang under 8 GiB a rank", Workload(ranks=2), limit_s)
+
+
+def part_resnet50_11gib(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
+    edge_check(part, ctx, "ResNet50 under 11 GiB", Workload(budget_bytes=11 * GiB), limit_s,
+               recipe=judge.RECIPE[("resnet50", 11)])
+
+
+def part_mobilenet_16gib(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
+    edge_check(part, ctx, "MobileNetV3-large fp16-mixed under 16 GiB",
+               Workload(model="mobilenet_v3_large", precision="fp16-mixed", budget_bytes=16 * GiB), limit_s,
+               recipe=judge.RECIPE[("mobilenet_v3_large", 16)])
+
+
+PARTS = {"facts": part_facts, "tier": part_tier, "resnet50_8gib": part_resnet50_8gib, "margin": part_margin,
+         "command_8gib": part_command_8gib, "ddp": part_ddp, "resnet50_11gib": part_resnet50_11gib,
+         "mobilenet_16gib": part_mobilenet_16gib}
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def write(report: Report, output: Path) -> None:
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(judge.render(report))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "gpu.md")
-    parser.add_argument("--skip-tier", action="store_true", help="leave out the GPU test tier (it runs minutes)")
+    parser.add_argument("--quick", action="store_true", help="shorter limits and fewer steps; the optional parts "
+                                                             "left out (about 6 minutes)")
+    parser.add_argument("--skip-tier", action="store_true", help="leave out the GPU test tier")
+    out_env = os.environ.get("OUT")
+    default_raw = Path(out_env) / "gpu_check" if out_env and Path(out_env).is_dir() else None
+    parser.add_argument("--raw-dir", type=Path, default=default_raw,
+                        help="also write every result JSON and plain run line here (default: $OUT/gpu_check where "
+                             "$OUT is a folder)")
     args = parser.parse_args(argv)
+    started = time.monotonic()  # the device call's clock: asking torch for a GPU counts too
     if not gpu_present():
         print(f"gpu_check: no CUDA GPU visible here (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r});"
               f" nothing measured, {args.output} not written (exit {NO_GPU_EXIT})", file=sys.stderr)
         return NO_GPU_EXIT
-    report = Report()
-    facts = device_facts()
-    print("\n".join(facts), flush=True)
-    steps = [experiment_a, experiment_b, experiment_c, reference_figures, whole_card_probe, start_times,
-             allocator_comparison, experiment_d, experiment_e]
-    if not args.skip_tier:
-        steps.insert(0, gpu_tier)
-    for step in steps:
-        try:
-            step(report)
-        except Exception as exc:  # one broken measurement is a failed check, not a lost report
-            report.check(step.__name__, False)
-            report.add(step.__name__, [f"raised {type(exc).__name__}: {exc}"])
-    write(report, facts, args.output)
-    print(f"\ngpu_check: {args.output} written; " + ("every check passed" if not report.failed else
-                                                      f"{len(report.failed)} failed: {', '.join(report.failed)}"))
+    ctx = Context(quick=args.quick, deadline=started + judge.DEADLINE_S[args.quick], raw_dir=args.raw_dir)
+    report = Report(quick=args.quick)
+    for plan in judge.PLAN:
+        left = ctx.deadline - time.monotonic()
+        limit = judge.part_limit(plan, args.quick, left)
+        part = Part(plan.key, plan.title, limit)
+        report.parts.append(part)
+        print(f"\ngpu_check: {plan.title} (limit {'-' if limit is None else f'{limit:.0f} s'}, "
+              f"{left:.0f} s of the run left)", flush=True)
+        if plan.key == "tier" and args.skip_tier:
+            part.judge("GPU test tier", Verdict(Verdict.SKIPPED, "--skip-tier"))
+        elif limit is None:
+            why = "left out under --quick" if (plan.quick_s if args.quick else plan.full_s) <= 0 else \
+                f"{left:.0f} s of the run left, it needs {plan.min_s} s"
+            part.judge(plan.key, Verdict(Verdict.SKIPPED, why))
+        else:
+            begun = time.monotonic()
+            try:
+                PARTS[plan.key](part, ctx, report, limit)
+            except Exception as exc:  # a broken measurement is reported, not a lost run
+                part.judge(plan.key, Verdict(Verdict.FAIL, f"the check itself raised {type(exc).__name__}: {exc} "
+                                                           "(a bug in gpu_check.py, not necessarily isoprobe's)"))
+                part.lines += ["```text", *traceback.format_exc().strip().splitlines()[-8:], "```"]
+            part.seconds = time.monotonic() - begun
+        print("\n".join([str(v) for _, v in part.verdicts] + part.lines), flush=True)
+        report.seconds = time.monotonic() - started
+        write(report, args.output)
+    report.finished = True
+    report.seconds = time.monotonic() - started
+    write(report, args.output)
+    if out_env and Path(out_env).is_dir() and Path(out_env).resolve() not in args.output.resolve().parents:
+        shutil.copy(args.output, Path(out_env) / "gpu.md")
+    print(f"\ngpu_check: {args.output} written in {report.seconds:.0f} s; "
+          + ("nothing failed" if not report.failed else f"{len(report.failed)} failed: {', '.join(report.failed)}"))
     return 1 if report.failed else 0
 
 
