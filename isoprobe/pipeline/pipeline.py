@@ -206,8 +206,10 @@ def run_probe(
 
 
 def edge_margin(runner: TrialRunner, found: Found) -> EdgeMargin | None:
-    """The spread rule as this probe applied it: the maximum's free memory, and the marginal batches above it."""
-    spread = runner.spread()
+    """The spread rule as this probe applied it: the maximum's free memory, and the marginal batches above it (the
+    spread as read at the maximum, or at the first marginal batch where nothing fit)."""
+    at = found.max_fitting if found.max_fitting is not None else min(found.marginal, default=None)
+    spread = runner.spread(batch=at)
     if spread is None or (found.max_fitting is None and not found.marginal):
         return None
     capacity = runner.target.search_capacity

@@ -60,7 +60,7 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
     while (batch := long_run.next_long_run_batch(ran, jump)) is not None:
         attempts = []
         for _ in range(1 + _RETRIES):
-            trial = runner.run(batch, "long_run", rule=runner.deciding_rule())
+            trial = runner.run(batch, "long_run", rule=runner.deciding_rule(batch))
             attempts.append(trial)
             if trial.outcome not in (Outcome.CRASHED, Outcome.TIMED_OUT):
                 break

@@ -27,7 +27,7 @@ from isoprobe.protocol.messages import StepDone, TrialRequest
 from isoprobe.report import steady
 from isoprobe.report.result import RankTrial, Trial
 from isoprobe.search.history import Observation
-from isoprobe.search.margin import Spread, clears, spread_for
+from isoprobe.search.margin import Spread, clears, near, spread_for
 from isoprobe.spec.model import Spec
 from isoprobe.report.steady import SteadyRule
 from isoprobe.spec.units import format_bytes
@@ -295,7 +295,7 @@ class TrialRunner:
             purpose = "confirmation"
         # A trial that decides the reported maximum steps until its peak is steady (isoprobe.report.steady).
         # An evaluation trial is one pass after the steps: nothing in it grows with more steps.
-        steady_rule = self.deciding_rule() if (deciding or purpose == "confirmation") and self.eval_after is None \
+        steady_rule = self.deciding_rule(batch_size) if (deciding or purpose == "confirmation") and self.eval_after is None \
             else None
         trial = self.run(batch_size, purpose, rule=steady_rule)
         return self.observation(trial)
@@ -322,14 +322,15 @@ class TrialRunner:
             observation = replace(observation, long_run=True)
         return observation
 
-    def deciding_rule(self) -> SteadyRule | None:
+    def deciding_rule(self, batch: int | None = None) -> SteadyRule | None:
         """The steady rule for a trial that decides the maximum, with the stop at the spread (``past_the_margin``):
         a peak that reaches the capacity less the spread ends the trial, which is then marginal. The least spread
         the probe can have after this trial: its own heap churn, read as it runs, may lower a floor no trial has
-        measured yet, and a trial stopped short must never turn out to clear it."""
+        measured yet, and a trial stopped short must never turn out to clear it. ``batch``: the trial's (the floor
+        is read where it decides, ``search.margin.near``)."""
         if self.steady_rule is None:
             return None
-        spread = self.spread(least=True)
+        spread = self.spread(least=True, batch=batch)
         if spread is None:
             return self.steady_rule
         return self.steady_rule.model_copy(update={"stop_at_bytes": max(0, self.target.search_capacity - spread.bytes)})
@@ -342,24 +343,26 @@ class TrialRunner:
         margin = self.margin_of(trial)
         return margin if margin is not None and not margin.clears else None
 
-    def spread(self, least: bool = False) -> Spread | None:
+    def spread(self, least: bool = False, batch: int | None = None) -> Spread | None:
         """The spread this probe applies (``search.margin``); None where no rule applies (no steady rule, or
         search.edge_spread 0). ``least``: the least it can be once one more trial has fit, for a trial that
-        has not measured its own heap churn yet (``deciding_rule``)."""
+        has not measured its own heap churn yet (``deciding_rule``). ``batch``: the batch it judges; the heap
+        churns and swings of trials far below it do not count (``search.margin.near``); None: all of them."""
         if self.steady_rule is None or self.spec.search.edge_spread == 0:
             return None
         runs: dict[int, list[list[int]]] = {}
-        swings: list[int] = []
-        churns: list[int] = []  # fitting trials' only: a trial that ran out at twice the batch churned twice as much
+        swings: list[tuple[int, int]] = []
+        churns: list[tuple[int, int]] = []  # fitting trials' only: one that ran out at twice the batch churned twice
         for t in self.same_question():
             if t.purpose != "memory_check" and t.training_batch_size is None and t.allocator == self.allocator_label:
                 peaks = t.step_budget_peak_bytes or t.step_peak_bytes
                 if peaks:
                     runs.setdefault(t.batch_size, []).append(peaks)
                 if t.budget_swing_bytes is not None:
-                    swings.append(t.budget_swing_bytes)
+                    swings.append((t.batch_size, t.budget_swing_bytes))
                 if t.heap_churn_bytes is not None and t.outcome is Outcome.FITS:
-                    churns.append(t.heap_churn_bytes)
+                    churns.append((t.batch_size, t.heap_churn_bytes))
+        swings, churns = near(swings, batch), near(churns, batch)
         return spread_for(self.target.backend, self.target.search_capacity,
                           [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread,
                           # A command's processes (torchrun's ranks too) get a command's floor: its reading is the
@@ -371,8 +374,8 @@ class TrialRunner:
                           swings=[] if churns or least else swings, heap_churns=churns, least=least)
 
     def margin_of(self, trial: Trial) -> "Margin | None":
-        """How much a deciding trial's steady peak left free below the capacity, against the spread."""
-        spread = self.spread()
+        """How much a deciding trial's steady peak left free below the capacity, against the spread at its batch."""
+        spread = self.spread(batch=trial.batch_size)
         peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
         if spread is None or peak is None:
             return None

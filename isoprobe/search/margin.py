@@ -146,6 +146,26 @@ def least_floor_bytes(backend: str, capacity: int, strategy: str = "none", comma
     return floor_bytes(backend, capacity, strategy, command, heap_churns)
 
 
+#: A churn or swing read at a batch below this fraction of the batch it would judge does not set that batch's floor.
+NEAR_FRACTION = 0.5
+
+
+def near(readings: list[tuple[int, int]], batch: int | None) -> list[int]:
+    """The readings (``(batch, bytes)``: a trial's heap churn or swing) that may set the floor of ``batch``: those
+    read at half of it or more (``NEAR_FRACTION``); all of them where ``batch`` is None.
+
+    Why: a step's heap churn comes from blocks under the mmap threshold (128 KiB), which only a small batch's
+    tensors are (a batch of 2's activations), and at the edge the same tensors are mmapped and given back exactly.
+    The torchrun DDP script's trial at 2 churned 6.9-7.1 MiB, every trial from 4 to 30 churned 0.5-0.9 MiB, and
+    that one reading set an 8 MiB floor at 30, whose 6.7-7.5 MiB free then read as marginal, where the script's
+    own 30 trains every time (issue 46). A reading at half the batch or more still sees the heap's kind of churn
+    at the edge (a sequence model's per-step state), and never less of it than the edge: its tensors are smaller.
+    """
+    if batch is None:
+        return [value for _, value in readings]
+    return [value for at, value in readings if at >= NEAR_FRACTION * batch]
+
+
 def observed_bytes(runs: list[list[int]]) -> int | None:
     """The most two fresh runs of one batch differed in their running peak after the same step.
 

@@ -367,3 +367,38 @@ def test_a_first_fit_that_decides_steps_until_steady_though_it_is_inside_the_fix
     assert proof.steady_rule.stop_at_bytes == BUDGET - margin.OWN_CHURN_MARGIN_BYTES
     assert len(proof.step_budget_peak_bytes) > proof.steady_rule.window
     assert steady.is_steady(proof.step_budget_peak_bytes, proof.steady_rule), proof.step_budget_peak_bytes
+
+
+def churning_small(small_below: int, small: int, large: int):
+    """CHURN_FIXED's device, its fitting trials below ``small_below`` churning ``small`` bytes of heap (a small
+    batch's activations sit under the mmap threshold) and the others ``large``."""
+    device = linear(CHURN_FIXED, HOG_PER_SAMPLE)
+
+    def run(call: Call):
+        done = device(call)
+        *events, result = done.events
+        churn = (small if call.batch_size < small_below else large) if result.outcome is Outcome.FITS else None
+        return replace(done, events=[*events, result.model_copy(update={"heap_churn_bytes": churn})])
+    return run
+
+
+def test_a_churn_read_far_below_the_edge_does_not_set_the_floor_at_the_edge():
+    """issue 46: the torchrun DDP script's trial at 2 churned 7 MiB, every trial from 4 to 30 under 1 MiB, and that
+    one reading set an 8 MiB floor at 30 (its own edge, 7 MiB free). A churn counts where the batch it judges is at
+    most twice its own."""
+    spec = command_spec()
+    spec["search"]["start_batch_size"] = 2  # the search starts small and measures its way up, as that probe did
+    result = probe(spec, ScriptedExecutor(churning_small(12, 7 * MiB, MiB // 2))).result
+    small = [t.batch_size for t in result.trials if t.outcome is Outcome.FITS and t.batch_size < 12]
+    assert small, "the search must have run a small batch for this test to mean anything"
+    assert result.max_batch_size == 25, result.message
+    assert result.edge_margin.floor_bytes == MiB // 2 + margin.CHURN_MARGIN_BYTES and result.edge_margin.marginal == []
+    # The same churn read at half the edge or more still counts.
+    near = probe(spec, ScriptedExecutor(churning_small(26, 7 * MiB, MiB // 2))).result
+    assert near.max_batch_size == 24 and [m.batch_size for m in near.edge_margin.marginal] == [25]
+
+
+def test_near_keeps_the_readings_at_half_the_batch_or_more():
+    readings = [(2, 7 * MiB), (4, MiB), (15, 2 * MiB), (30, MiB)]
+    assert margin.near(readings, 30) == [2 * MiB, MiB]
+    assert margin.near(readings, None) == [7 * MiB, MiB, 2 * MiB, MiB]
