@@ -53,8 +53,11 @@ try:
     model.train()
     optimizer = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[
         config["optimizer"]](model.parameters(), **config["optimizer_kwargs"])
-    x = function(config["collate_fn"])([dataset[i] for i in longest])
-    for _ in range(config["steps"]):
+    collate = function(config["collate_fn"])
+    x = collate([dataset[i] for i in longest])
+    for step in range(config["steps"]):
+        if step and config["input_lifetime"] == "through_next_batch":
+            x = collate([dataset[i] for i in longest])  # a DataLoader loop's next batch, the previous still bound
         optimizer.zero_grad(set_to_none=True)
         outputs = model(x)
         logits = outputs[:, :-1, :].float()
@@ -82,7 +85,8 @@ def trial_config(spec, batch: int) -> dict:
     kwargs = dict(spec.optimizer.kwargs)
     return {"dataset": data.dataset, "dataset_kwargs": data.kwargs, "collate_fn": data.collate_fn,
             "factory": model.factory, "kwargs": model.kwargs, "optimizer": spec.optimizer.name,
-            "optimizer_kwargs": kwargs, "steps": spec.search.steps, "batch": batch}
+            "optimizer_kwargs": kwargs, "steps": spec.search.steps, "batch": batch,
+            "input_lifetime": spec.training.input_lifetime}
 
 
 def worst_batch_fits(spec, batch: int, budget: int, python: str = sys.executable) -> bool:

@@ -68,12 +68,19 @@ try:
     optimizer = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[
         config["optimizer"]](model.parameters(), **kwargs)
     shape = [config["batch"], *config["shape"]]
-    if config["dtype"] == "int64":
-        x = torch.randint(0, config["high"], shape)
-    else:
-        x = torch.randn(shape, dtype=getattr(torch, config["dtype"]))
+
+    def make():
+        if config["dtype"] == "int64":
+            return torch.randint(0, config["high"], shape)
+        return torch.randn(shape, dtype=getattr(torch, config["dtype"]))
+
+    x = make()
     y = x if config["task"] == "language_modeling" else None
-    for _ in range(config["steps"]):
+    for step in range(config["steps"]):
+        if step and config["input_lifetime"] == "through_next_batch":
+            # A DataLoader loop's next batch, built while the previous one is still bound.
+            x = make()
+            y = x if config["task"] == "language_modeling" else y
         optimizer.zero_grad(set_to_none=True)
         outputs = model(x)
         if config["task"] == "language_modeling":
@@ -139,7 +146,7 @@ def trial_config(spec, batch: int, eval_batch: int | None = None) -> dict:
         "optimizer": spec.optimizer.name, "optimizer_kwargs": spec.optimizer.kwargs,
         "shape": list(spec.input.shape), "dtype": spec.input.dtype, "high": spec.input.high,
         "task": task, "classes": spec.target.classes, "steps": spec.search.steps, "batch": batch,
-        "eval_batch": eval_batch, "eval_grad": training.eval_grad,
+        "eval_batch": eval_batch, "eval_grad": training.eval_grad, "input_lifetime": training.input_lifetime,
     }
 
 

@@ -116,7 +116,14 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
     batch = step.batch(request.batch_size, request.data_indices)
     real_steps = RealSteps(step, lambda: len(progress.step_seconds) + 1)
     hook = StepHook(torch, device, request, events, progress)
+    anew = spec.training.input_lifetime == "through_next_batch"
+    step.applied.input_lifetime = spec.training.input_lifetime
     while True:
+        if anew and progress.step_seconds:
+            # As `for x, y in loader: x = x.to(device)`: the next batch is collated and moved while the previous
+            # one is still bound (and the last output held, training.output_lifetime), then it replaces it. Its
+            # memory is in the next step's reading (a running peak); its time is the loader's, not the step's.
+            batch = step.batch(request.batch_size, request.data_indices)
         hook.begin()
         step.run(batch)
         if hook.after_step():

@@ -89,6 +89,8 @@ class Applied(_Strict):
             "ran instead of isoprobe's step (its code decides)."
         ),
     )
+    input_lifetime: Literal["through_next_batch", "one_batch"] | None = Field(
+        None, description="training.input_lifetime as the trial's own loop ran it (None: a framework's loop ran).")
 
 
 class Sizes(_Strict):

@@ -383,6 +383,17 @@ class TrainingSpec(SpecSection):
             "Ignored with model.step, whose code decides."
         ),
     )
+    input_lifetime: Literal["through_next_batch", "one_batch"] = Field(
+        "through_next_batch",
+        description=(
+            "The loop's shape, for isoprobe's own step (model sources whose loop is a framework's run that loop). "
+            "through_next_batch (default): every step gets a batch built anew (collated by data.collate_fn with "
+            "data:, then moved to the device) while the previous step's batch is still held, as in `for x, y in "
+            "loader: x = x.to(device); ...`, where the old batch lives until the new one is bound: the collate's "
+            "own memory and two batches at once, beside the weights, gradients and optimizer state. one_batch: "
+            "one batch built before the first step and reused, as a loop that never fetches another does."
+        ),
+    )
     eval_pass: bool = Field(
         False,
         description=(
