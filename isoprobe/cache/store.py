@@ -39,7 +39,8 @@ from pathlib import Path
 from isoprobe import __version__
 from isoprobe.system.files import KeyLock, read_bounded, sha256_of
 from isoprobe.cache.threads import trial_threads
-from isoprobe.system.hardware import cpu_name, ram_bytes
+from isoprobe.system import hardware
+from isoprobe.system.hardware import cpu_name, ram_bytes, unresolved_reason, visible_devices
 from isoprobe.spec.data import DATA_CALLABLE_FIELDS
 from isoprobe.spec.model import CALLABLE_FIELDS, Spec, is_file_reference
 
@@ -72,7 +73,7 @@ def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: l
             "backend": "cuda",
             "requested": spec.device,
             # The model, memory and driver, not the card: identical GPUs on other nodes share the answer.
-            "gpus": [{k: g[k] for k in ("name", "total_memory_bytes", "driver_version")} for g in gpus],
+            "gpus": [_keyed_gpu(g) for g in gpus],
             "allocator_environment": {
                 name: environ[name] for name in ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF") if name in environ
             },
@@ -119,6 +120,17 @@ def command_material(spec: Spec, environ: Mapping[str, str]) -> dict:
     return {"environment": {name: environ.get(name) for name in spec.command_env}, "files": files}
 
 
+def _keyed_gpu(gpu: dict) -> dict:
+    """One GPU's facts in the key. A MIG instance (``MIG-`` UUID, ``hardware.select_visible``) is keyed by its own
+    name (the profile's, where the driver gives one) and memory, and marked as one: a 1g.10gb slice never shares an
+    answer with a 3g.40gb one or with the whole card. Its UUID is not keyed, as no card's is: identical slices on
+    other GPUs and nodes give the same answer."""
+    facts = {k: gpu[k] for k in ("name", "total_memory_bytes", "driver_version")}
+    if str(gpu.get("uuid", "")).startswith("MIG-"):
+        facts["mig_instance"] = True
+    return facts
+
+
 def _keyed_spec(spec: Spec) -> dict:
     """The spec as the key holds it: all of it but ``distributed.launcher`` and ``distributed.steps_ahead``, which
     say how the ranks were started, not what they ran (a local gang of 8 and an 8-rank Slurm step answer the same
@@ -135,8 +147,10 @@ def uncacheable_gpu_probe(spec: Spec, gpus: list[dict] | None, environ: Mapping[
 
     The key holds the GPU's model, memory and driver (from NVML). Where NVML cannot name the
     trials' GPUs (no NVML library in a container, a UUID prefix CUDA accepts and NVML does not,
-    an old MIG identifier), ``key_material`` would make a CPU key for a GPU probe, and GPUs of
-    different sizes would share answers. A probe is a CUDA one when the spec asks for CUDA, or
+    an old MIG identifier), or cannot tell which GPU or MIG instance CUDA will pick (a number or no
+    list on a MIG node; a number on a node of mixed GPUs under CUDA's default order:
+    ``hardware.unresolved_reason``, whose reason is given), ``key_material`` would make a CPU key for a GPU
+    probe, and GPUs of different sizes would share answers. A probe is a CUDA one when the spec asks for CUDA, or
     asks for ``auto`` where a GPU is present and not hidden (``gpu_present``: the driver lists a
     GPU; read from the system when None).
     """
@@ -147,6 +161,11 @@ def uncacheable_gpu_probe(spec: Spec, gpus: list[dict] | None, environ: Mapping[
             return None  # every GPU hidden: the probe runs on the CPU backend
         if not (driver_lists_a_gpu() if gpu_present is None else gpu_present):
             return None
+    devices = hardware.nvml_devices()  # read only here, on a probe already refused a key: seldom
+    why = unresolved_reason(devices, visible_devices(environ)) if devices else None
+    if why is not None:
+        return (f"the cache is not used: the trials' GPU cannot be named from here, so its memory (the cache key's "
+                f"device facts) is unknown: {why}")
     return ("the cache is not used: the GPU's model, memory and driver (the cache key's device facts) could not "
             "be read through NVML, and without them GPUs of different sizes would share answers")
 

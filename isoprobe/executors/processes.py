@@ -69,9 +69,9 @@ def child_environment(
             value = slurm_cuda_visible(visible.entries or [], node_gpus())
             if value is not None:
                 env["CUDA_VISIBLE_DEVICES"] = value
-        # CUDA numbers GPUs fastest first by default, NVML (the cache key's facts) by PCI bus: the same order
-        # for both, unless the user chose one.
-        env.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+        # CUDA_DEVICE_ORDER stays the user's: a trial must number GPUs as the job it answers for does (CUDA's
+        # default is fastest first). The parent's NVML facts (PCI order) trust a number only where the two orders
+        # cannot name different kinds of GPU (hardware.unresolved_reason).
     # Caching off bypasses the memory fraction and the allocator's statistics that every reading comes from.
     env.pop("PYTORCH_NO_CUDA_MEMORY_CACHING", None)
     return env

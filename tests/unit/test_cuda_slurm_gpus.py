@@ -1,5 +1,6 @@
 """issue 20, defects 6 and 7 and the trial environment: Slurm's GPU numbers under device cgroups, the cache
-policy for a CUDA probe whose GPU NVML cannot name, CUDA_DEVICE_ORDER and PYTORCH_NO_CUDA_MEMORY_CACHING."""
+policy for a CUDA probe whose GPU NVML cannot name, CUDA_DEVICE_ORDER and PYTORCH_NO_CUDA_MEMORY_CACHING.
+(MIG and CUDA's device order as the parent tells them: tests/unit/test_cuda_visibility.py.)"""
 
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ def test_a_trial_in_a_cgroup_gets_the_jobs_gpus_not_none(monkeypatch, tmp_path):
     monkeypatch.setattr(processes, "node_gpus", lambda: CGROUP)
     env = child_environment({"SLURM_JOB_GPUS": "2,3"}, backend="cuda", allocator=None, events_path=tmp_path / "e")
     assert env["CUDA_VISIBLE_DEVICES"] == "GPU-cccccccc-0000,GPU-dddddddd-0000"
-    assert env["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"  # CUDA's indices are NVML's
+    assert "CUDA_DEVICE_ORDER" not in env  # the job's order, CUDA's default (issue 45, item 12)
     env = child_environment({"SLURM_JOB_GPUS": "2,3", "CUDA_DEVICE_ORDER": "FASTEST_FIRST"}, backend="cuda",
                             allocator=None, events_path=tmp_path / "e")
     assert env["CUDA_DEVICE_ORDER"] == "FASTEST_FIRST"  # the user's choice stands
