@@ -19,8 +19,12 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 SHIM_FOLDER = Path(__file__).resolve().parents[1] / "child" / "shim"
 #: The variable naming the trial's folder (the shim's ``DIR_ENV``): its lines and the gate are there.
 SHIM_DIR_ENV = "ISOPROBE_SHIM_DIR"
-#: CUDA: the per-rank budget in bytes (the shim's ``CUDA_BUDGET_ENV``).
+#: CUDA: the per-rank budget in bytes (the shim's ``CUDA_BUDGET_ENV``): what the process may hold of each card it
+#: uses, context included, as in isoprobe's own trials.
 SHIM_CUDA_BUDGET_ENV = "ISOPROBE_SHIM_CUDA_BUDGET"
+#: CUDA: the memory outside the allocator expected before the command runs, in bytes (the shim's
+#: ``CUDA_OUTSIDE_ENV``), taken off the fraction from CUDA's initialisation on.
+SHIM_CUDA_OUTSIDE_ENV = "ISOPROBE_SHIM_CUDA_OUTSIDE"
 #: The file in the trial's folder whose number says how many optimizer steps each process may finish.
 GATE_FILE = "gate"
 
@@ -51,9 +55,17 @@ class ShimStep(_Line):
     seconds: float = Field(ge=0)
     peak_bytes: int | None = None
     held_bytes: int | None = None
-    budget_peak_bytes: int | None = None
+    budget_peak_bytes: int | None = Field(None, description="The peak so far in the budget's units: CPU, the data "
+                                          "segment; CUDA, the allocator's need plus the memory outside it "
+                                          "(isoprobe.child.cuda.card_reading's arithmetic), of the worst device.")
     file_resident_bytes: int | None = Field(None, description="CPU: RssFile after the step, as "
                                             "protocol.messages.TrialResult.file_resident_bytes.")
+    peak_allocated_bytes: int | None = Field(None, description="CUDA: max_memory_allocated of that device.")
+    outside_bytes: int | None = Field(None, ge=0, description="CUDA: the memory outside the allocator after the "
+                                      "step (total - free - reserved): context, libraries, kernels, NCCL.")
+    alloc_retries: int | None = Field(None, ge=0, description="CUDA: num_alloc_retries of that device.")
+    script_memory_fraction: float | None = Field(None, ge=0, le=1, description="CUDA: the fraction the script "
+                                                 "set itself on that device, honoured as a fraction of the budget.")
     device: str
     t: float
 

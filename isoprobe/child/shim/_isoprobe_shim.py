@@ -26,15 +26,24 @@ import sys
 
 #: The trial's folder: this process's lines go to ``p<pid>.jsonl`` in it, and the supervisor's gate is ``gate``.
 DIR_ENV = "ISOPROBE_SHIM_DIR"
-#: CUDA: the per-rank budget in bytes, applied as the memory fraction at the first optimizer step.
+#: CUDA: the per-rank budget in bytes: what the process may hold of each card it uses, context and libraries
+#: included (what ``cudaMemGetInfo`` shows it holding), as isoprobe's own trials mean it (``child.cuda``).
 CUDA_BUDGET_ENV = "ISOPROBE_SHIM_CUDA_BUDGET"
+#: CUDA: the best figure for the memory outside the allocator known before the command runs (bytes), taken off
+#: the fraction from CUDA's lazy initialisation on; each step's own reading of it takes over once it is larger.
+CUDA_OUTSIDE_ENV = "ISOPROBE_SHIM_CUDA_OUTSIDE"
 _GATE_POLL_SECONDS = 0.002
 _MESSAGE_CHARS = 2000
 _TRACEBACK_CHARS = 8000
 _SYSTEM_FOLDERS = ("/proc/", "/sys/", "/dev/", "/run/")
 
-_state = {"dir": None, "fd": None, "pid": None, "steps": 0, "last": None, "budget_set": False,
-          "reported": set(), "reads": set(), "roots": (), "modules_done": 0, "lock": None}
+_state = {"dir": None, "fd": None, "pid": None, "steps": 0, "last": None, "reported": set(), "reads": set(),
+          "roots": (), "modules_done": 0, "lock": None,
+          # CUDA (see _install_cuda_budget): torch's own fraction setter, the budget, the memory outside the
+          # allocator per device (the estimate, then the most a step read), the script's own fractions per device,
+          # and each device's running peak in the budget's units.
+          "cuda": None, "set_fraction": None, "budget": None, "outside": {}, "outside_estimate": 0,
+          "script_fractions": {}, "budget_peaks": {}}
 
 
 def hooked_spec(name, path):
@@ -77,7 +86,6 @@ def _register(module):
     import time
 
     try:
-        module.register_optimizer_step_pre_hook(_before_step)
         module.register_optimizer_step_post_hook(_after_step)
         _watch_threads_and_reads()
     except Exception as exc:  # a torch without global hooks: the trial sees no step and says why
@@ -91,23 +99,185 @@ def _register(module):
     _write({"kind": "hello", "pid": os.getpid(), "ppid": os.getppid(), "rank": rank,
             "local_rank": _int_env("LOCAL_RANK"), "world_size": world,
             "argv": [str(a)[:200] for a in sys.argv[:20]], "t": time.time()})
+    try:
+        _install_cuda_budget(sys.modules.get("torch.cuda"))
+    except Exception as exc:  # the supervisor still judges every step's reading against the budget
+        sys.stderr.write(f"isoprobe shim: cannot apply the CUDA budget ({type(exc).__name__}: {exc})\n")
 
 
-def _before_step(optimizer, args, kwargs):
-    if _state["budget_set"]:
+# ----------------------------------------------------------------------------------------------- CUDA
+#
+# The budget means what it means in isoprobe's own trials (``isoprobe.child.cuda``): what the process may hold of
+# the card, its context and libraries included. So:
+#
+# - it is applied from before the first allocation: ``torch.cuda._lazy_call`` queues a call that CUDA's lazy
+#   initialisation runs right after ``torch._C._cuda_init()`` (torch/cuda/__init__.py, ``_lazy_init``), which every
+#   first CUDA tensor goes through, and which creates the caching allocator of every device
+#   (c10/cuda/CUDACachingAllocator.cpp, ``NativeCachingAllocator::init``) but no context. There, with the native
+#   allocator, the fraction is set on every device: ``DeviceCachingAllocator::setMemoryFraction`` caps against the
+#   device's ``totalGlobalMem`` read by ``cudaGetDeviceProperties`` in its constructor, which creates no context
+#   (the constructor itself applies ``PYTORCH_CUDA_ALLOC_CONF``'s ``per_process_memory_fraction`` that way).
+#   Under ``backend:cudaMallocAsync`` ``setMemoryFraction`` takes a ``CUDAGuard`` on the device, initialises its
+#   pool and asks ``cudaMemGetInfo`` (c10/cuda/CUDAMallocAsyncAllocator.cpp): a context on every device, so there
+#   the fraction is set only on the devices the process already uses, after a step; the supervisor's judging of
+#   every reading is the budget until then.
+# - the memory outside the allocator is taken off: the estimate the supervisor passes (CUDA_OUTSIDE_ENV), then
+#   what each step reads on the device, when more (lazily loaded kernels, NCCL's buffers come after the start);
+# - a script's own ``set_per_process_memory_fraction(f)`` is honoured on the emulated card, which is the budget:
+#   f of the budget (never above the budget less the outside memory), and ``get_per_process_memory_fraction``
+#   answers its f;
+# - only the devices the process uses are read and capped: a device whose allocator reserved memory
+#   (``max_memory_reserved(d) > 0``: ``THCPModule_memoryStats`` reads the allocator's counters, no CUDA call, and
+#   torch returns {} before CUDA is initialised), never ``current_device()``, which a DDP rank that placed its
+#   model with ``.to(f"cuda:{rank}")`` leaves at 0.
+
+
+def _install_cuda_budget(cuda):
+    """With a budget: cap every device's allocator at CUDA's lazy initialisation, and honour the script's own
+    fractions inside the budget (see above). Nothing without a budget or without torch.cuda."""
+    budget = _int_env(CUDA_BUDGET_ENV)
+    if budget is None or cuda is None or _state["cuda"] is not None:
         return
-    _state["budget_set"] = True
-    budget = os.environ.get(CUDA_BUDGET_ENV)
-    torch = sys.modules.get("torch")
-    if budget and torch is not None and torch.cuda.is_initialized():
-        device = torch.cuda.current_device()
-        total = torch.cuda.get_device_properties(device).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, int(budget) / total), device)
+    _state.update(cuda=cuda, budget=budget, set_fraction=cuda.set_per_process_memory_fraction,
+                  outside_estimate=max(0, _int_env(CUDA_OUTSIDE_ENV) or 0))
+    ask_fraction = cuda.get_per_process_memory_fraction
+
+    def set_per_process_memory_fraction(fraction, device=None):
+        if not isinstance(fraction, float) or not 0 <= fraction <= 1:
+            return _state["set_fraction"](fraction, device)  # torch's own error, as without the shim
+        index = _device_index(cuda, device)
+        _state["script_fractions"][index] = fraction
+        _cap(cuda, index)
+
+    def get_per_process_memory_fraction(device=None):
+        ask_fraction(device)  # torch's own checks and initialisation
+        return _state["script_fractions"].get(_device_index(cuda, device), 1.0)
+
+    set_per_process_memory_fraction.__doc__ = _state["set_fraction"].__doc__
+    get_per_process_memory_fraction.__doc__ = ask_fraction.__doc__
+    for owner in (cuda, getattr(cuda, "memory", None)):
+        if owner is not None and getattr(owner, "set_per_process_memory_fraction", None) is _state["set_fraction"]:
+            owner.set_per_process_memory_fraction = set_per_process_memory_fraction
+        if owner is not None and getattr(owner, "get_per_process_memory_fraction", None) is ask_fraction:
+            owner.get_per_process_memory_fraction = get_per_process_memory_fraction
+    cuda._lazy_call(_at_cuda_init)
+
+
+def _at_cuda_init():
+    """Run by CUDA's lazy initialisation, before any allocation: every device's cap (native allocator only)."""
+    cuda = _state["cuda"]
+    if _backend(cuda) != "native":
+        return
+    for index in range(cuda.device_count()):
+        _cap(cuda, index)
+
+
+def budget_fraction(budget, total, outside, script_fraction=None):
+    """The allocator's fraction of a card of ``total`` bytes, so that the allocator and the ``outside`` memory stay
+    within ``budget`` (``isoprobe.child.cuda.budget_fraction``), and a script's own fraction is of the budget."""
+    allowed = max(0, budget - max(0, outside))
+    if script_fraction is not None:
+        allowed = min(allowed, int(script_fraction * budget))
+    return min(1.0, allowed / total) if total > 0 else 1.0
+
+
+def _cap(cuda, index):
+    total = cuda.get_device_properties(index).total_memory
+    outside = max(_state["outside_estimate"], _state["outside"].get(index, 0))
+    fraction = budget_fraction(_state["budget"], total, outside, _state["script_fractions"].get(index))
+    _state["set_fraction"](float(fraction), index)
+
+
+def _device_index(cuda, device):
+    if device is None:
+        return cuda.current_device()
+    if isinstance(device, int):
+        return device
+    index = getattr(device, "index", None)
+    if isinstance(index, int):
+        return index
+    text = str(device)
+    return int(text.split(":", 1)[1]) if ":" in text else cuda.current_device()
+
+
+def _backend(cuda):
+    try:
+        return cuda.memory.get_allocator_backend()
+    except Exception:
+        return "native"
+
+
+def allocator_need(reserved_peak, allocated_peak, split_peak, asynchronous):
+    """``isoprobe.child.cuda.allocator_need``, here because the shim imports nothing of isoprobe: native, the
+    allocated peak plus the peak of free space inside used segments, never above the reserved peak (which does not
+    move with the allocator's free-and-retry near the cap); cudaMallocAsync, the allocated peak."""
+    if asynchronous:
+        return allocated_peak
+    if split_peak is None:
+        return reserved_peak
+    return min(reserved_peak, allocated_peak + split_peak)
+
+
+def cuda_reading(cuda, index):
+    """One device's readings now, in the budget's units (``isoprobe.child.cuda.card_reading``'s arithmetic):
+    ``budget_peak_bytes`` = the allocator's need so far + the memory outside it now (total - free - reserved)."""
+    free, total = cuda.mem_get_info(index)
+    reserved = cuda.memory_reserved(index)
+    reserved_peak = cuda.max_memory_reserved(index)
+    allocated_peak = cuda.max_memory_allocated(index)
+    try:
+        stats = dict(cuda.memory_stats(index))
+    except Exception:
+        stats = {}
+    need = allocator_need(reserved_peak, allocated_peak, stats.get("inactive_split_bytes.all.peak"),
+                          _backend(cuda) == "cudaMallocAsync")
+    outside = max(0, total - free - reserved)
+    return {"reserved_peak": reserved_peak, "allocated_peak": allocated_peak, "need": need, "outside": outside,
+            "budget_peak_bytes": need + outside, "retries": int(stats.get("num_alloc_retries", 0)),
+            "held": cuda.memory_allocated(index)}
+
+
+def _used_devices(cuda):
+    """The devices whose allocator reserved memory in this process (a context exists there): no other is asked."""
+    used = []
+    for index in range(cuda.device_count()):
+        try:
+            if cuda.max_memory_reserved(index) > 0:
+                used.append(index)
+        except Exception:
+            continue
+    return used
+
+
+def _cuda_memory(cuda):
+    """The step's readings of the worst device the process uses, or None when it uses none."""
+    worst = None
+    for index in _used_devices(cuda):
+        cuda.synchronize(index)
+        reading = cuda_reading(cuda, index)
+        peak = max(reading["budget_peak_bytes"], _state["budget_peaks"].get(index, 0))  # never below a step's
+        _state["budget_peaks"][index] = peak
+        if _state["budget"] is not None and reading["outside"] > _state["outside"].get(index, 0):
+            _state["outside"][index] = reading["outside"]
+            _cap(cuda, index)  # what came outside the allocator since is taken off its cap too
+        line = {"peak_bytes": reading["reserved_peak"], "held_bytes": reading["held"], "budget_peak_bytes": peak,
+                "peak_allocated_bytes": reading["allocated_peak"], "outside_bytes": reading["outside"],
+                "alloc_retries": reading["retries"], "device": f"cuda:{index}"}
+        if index in _state["script_fractions"]:
+            line["script_memory_fraction"] = _state["script_fractions"][index]
+        if worst is None or peak > worst["budget_peak_bytes"]:
+            worst = line
+    return worst
 
 
 def _after_step(optimizer, args, kwargs):
     import time
 
+    if _state["cuda"] is None and _state["steps"] == 0:  # torch.cuda was not imported before its optimizers
+        try:
+            _install_cuda_budget(sys.modules.get("torch.cuda"))
+        except Exception:
+            pass
     with _state["lock"]:
         _state["steps"] += 1
         step = _state["steps"]
@@ -141,12 +311,11 @@ def _wait_at_gate(step):
 def _memory():
     """The readings isoprobe's own trials report after a step (``protocol.messages.StepDone``'s fields)."""
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_available() and torch.cuda.is_initialized():
-        device = torch.cuda.current_device()
-        torch.cuda.synchronize(device)
-        peak = torch.cuda.max_memory_reserved(device)
-        return {"peak_bytes": peak, "held_bytes": torch.cuda.memory_allocated(device), "budget_peak_bytes": peak,
-                "device": f"cuda:{device}"}
+    cuda = getattr(torch, "cuda", None) if torch is not None else None
+    if cuda is not None and cuda.is_initialized():
+        reading = _cuda_memory(cuda)
+        if reading is not None:
+            return reading
     status = _status("VmHWM", "VmRSS", "VmData", "RssFile")
     # The data segment now (what RLIMIT_DATA counts); the supervisor raises it to the most it sampled of this
     # process's data segment during the step (isoprobe.child.command). Not VmPeak, from which isoprobe's own
