@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from isoprobe.child.memory import data_cap
-from isoprobe.protocol.command import (GATE_FILE, SHIM_CUDA_BUDGET_ENV, SHIM_DIR_ENV, SHIM_FOLDER, ShimException,
-                                       ShimFiles, ShimHello, ShimStep, parse_lines)
+from isoprobe.protocol.command import (GATE_FILE, SHIM_CUDA_BUDGET_ENV, SHIM_CUDA_OUTSIDE_ENV, SHIM_DIR_ENV,
+                                       SHIM_FOLDER, ShimException, ShimFiles, ShimHello, ShimStep, parse_lines)
 from isoprobe.protocol.messages import (MESSAGE_CHARS, Imported, MemoryReading, ModelBuilt, StepDone, TrialRequest,
                                         TrialResult)
 from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV
@@ -69,6 +69,10 @@ _TRACEBACK_LINES = 30
 #: a rank whose excepthook the script replaced): the allocators' own wording, as ``outcomes`` lists it.
 _OOM_STDERR_MARKERS = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory", "torch.OutOfMemoryError",
                        "MemoryError", "OutOfMemoryError")
+#: NCCL's own cudaMalloc failing (its buffers, outside the allocator), in lower case: NCCL's CUDACHECK writes
+#: "Cuda failure 2 'out of memory'" (cudaErrorMemoryAllocation), under "ncclUnhandledCudaError", which torch raises
+#: as a DistBackendError or, from its watchdog, prints before it aborts the rank (SIGABRT, no exception line).
+_NCCL_OOM_MARKERS = ("cuda failure 2 'out of memory'", "cuda failure 'out of memory'")
 #: Variables of isoprobe's own children that the user's command must not inherit.
 _OWN_VARIABLES = (EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV)
 
@@ -296,6 +300,10 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                                      budget_peak_bytes=worst.budget_peak_bytes))
                 for p in ranks:
                     peaks_by_rank[p.pid] = p.budget_peaks[:judged]
+                over = _over_budget(request, ranks, judged)
+                if over is not None:
+                    verdict = (Outcome.OUT_OF_MEMORY, over, f"step {judged}")
+                    break
                 if _enough(request, judged, list(peaks_by_rank.values())):
                     verdict = (Outcome.FITS, None, "done")
                     break
@@ -350,6 +358,35 @@ def _first_allowance(request: TrialRequest) -> int:
     return request.steps or request.spec.search.steps
 
 
+def _over_budget(request: TrialRequest, ranks: list[_Process], judged: int) -> ErrorInfo | None:
+    """CUDA: a rank whose reading after step ``judged`` passed the budget (the allocator's need plus the memory
+    outside it, as isoprobe's own trials read it) is out of memory: on a card of the budget's size it would have
+    run out. The shim's fraction is set from an estimate of the outside memory; this catches what came later (NCCL's
+    buffers, lazily loaded kernels) and an estimate that was low. None: within the budget (or the CPU backend,
+    whose cap the kernel enforces)."""
+    budget = request.memory_budget_bytes
+    if budget is None or not request.device.startswith("cuda"):
+        return None
+    for process in ranks:
+        step = process.steps[judged - 1]
+        if step.budget_peak_bytes is None or step.budget_peak_bytes <= budget:
+            continue
+        parts = ""
+        if step.outside_bytes is not None:
+            need = step.budget_peak_bytes - step.outside_bytes
+            parts = (f" (the allocator's need {_mib(need)} + {_mib(step.outside_bytes)} outside it: context, "
+                     "libraries, kernels, NCCL)")
+        message = (f"{process.name} of the command held {_mib(step.budget_peak_bytes)} of {step.device} after "
+                   f"optimizer step {judged}{parts}, above the {_mib(budget)} budget: it would not fit on a card "
+                   "of the budget's size")
+        return ErrorInfo(type="CommandOverBudget", message=message[:MESSAGE_CHARS], traceback_tail="")
+    return None
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
 def _enough(request: TrialRequest, judged: int, peaks_by_rank: list[list[int]]) -> bool:
     """As ``StepHook.after_step``: the request's steps, or with a steady rule every rank steady (or at the cap)."""
     rule = request.steady
@@ -376,6 +413,9 @@ def _command_environment(request: TrialRequest, folder: Path) -> dict[str, str]:
     env[BATCH_ENV] = str(request.batch_size)
     if request.device.startswith("cuda") and request.memory_budget_bytes is not None:
         env[SHIM_CUDA_BUDGET_ENV] = str(request.memory_budget_bytes)
+        outside = getattr(request, "cuda_outside_bytes", None)  # the environment check's figure, where passed
+        if outside:
+            env[SHIM_CUDA_OUTSIDE_ENV] = str(int(outside))
     return env
 
 
@@ -482,12 +522,20 @@ def _exit_verdict(status: int, judged: int, request: TrialRequest, stderr_path: 
                        "batches at this size; let it run longer (the trial ends it)")
         return Outcome.ERROR, ErrorInfo(type="CommandEnded", message=message, traceback_tail=tail), phase
     how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
-    if any(marker in tail for marker in _OOM_STDERR_MARKERS):
+    if _shows_allocation_failure(tail):
         message = f"the command {how} after {judged} optimizer step(s), and its stderr shows an allocation failure"
         return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message,
                                                 traceback_tail=tail), phase
     message = f"the command {how} after {judged} optimizer step(s) (its stderr's last lines follow)"
     return Outcome.ERROR, ErrorInfo(type="CommandFailed", message=message, traceback_tail=tail), phase
+
+
+def _shows_allocation_failure(text: str) -> bool:
+    """The command's stderr shows an allocation failure: an allocator's wording, or NCCL's failed cudaMalloc."""
+    lowered = text.lower()
+    return (any(marker in text for marker in _OOM_STDERR_MARKERS)
+            or any(marker in lowered for marker in _NCCL_OOM_MARKERS)
+            or ("ncclunhandledcudaerror" in lowered and "out of memory" in lowered))
 
 
 def _tail(path: Path) -> str:
@@ -516,16 +564,28 @@ def _readings(ranks: list[_Process], judged: int) -> dict:
     if not last:
         return {}
     worst = max(last, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
-    return {"peak_bytes": worst.peak_bytes, "budget_peak_bytes": worst.budget_peak_bytes,
-            "file_resident_bytes": worst.file_resident_bytes, "budget_swing_bytes": _swing(ranks, judged),
-            "heap_churn_bytes": _heap_churn(ranks, judged)}
+    readings = {"peak_bytes": worst.peak_bytes, "budget_peak_bytes": worst.budget_peak_bytes,
+                "file_resident_bytes": worst.file_resident_bytes, "budget_swing_bytes": _swing(ranks, judged),
+                "heap_churn_bytes": _heap_churn(ranks, judged)}
+    return readings | _cuda_readings(worst)
+
+
+def _cuda_readings(step: ShimStep) -> dict:
+    """CUDA: the worst rank's allocated peak and retries, in ``TrialResult``'s fields (none on the CPU backend)."""
+    if not step.device.startswith("cuda"):
+        return {}
+    return {"peak_allocated_bytes": step.peak_allocated_bytes, "alloc_retries": step.alloc_retries}
 
 
 def _failure_readings(ranks: list[_Process]) -> dict:
     steps = [p.steps[-1] for p in ranks if p.steps]
     if not steps:
         return {}
-    return {"peak_bytes": max((s.peak_bytes or 0) for s in steps) or None, "budget_swing_bytes": _swing(ranks)}
+    readings = {"peak_bytes": max((s.peak_bytes or 0) for s in steps) or None, "budget_swing_bytes": _swing(ranks)}
+    cuda = [s for s in steps if s.device.startswith("cuda") and s.budget_peak_bytes is not None]
+    if cuda:  # the reading that ended an over-budget trial, in the budget's units
+        readings["budget_peak_bytes"] = max(s.budget_peak_bytes for s in cuda)
+    return readings
 
 
 def _swing(ranks: list[_Process], judged: int | None = None) -> int | None:
