@@ -166,10 +166,13 @@ def _install_cuda_budget(cuda):
 def _at_cuda_init():
     """Run by CUDA's lazy initialisation, before any allocation: every device's cap (native allocator only)."""
     cuda = _state["cuda"]
-    if _backend(cuda) != "native":
-        return
-    for index in range(cuda.device_count()):
-        _cap(cuda, index)
+    try:
+        if _backend(cuda) != "native":
+            return
+        for index in range(cuda.device_count()):
+            _cap(cuda, index)
+    except Exception as exc:  # never into the script's first CUDA call: the supervisor still judges every reading
+        sys.stderr.write(f"isoprobe shim: cannot cap the CUDA allocator ({type(exc).__name__}: {exc})\n")
 
 
 def budget_fraction(budget, total, outside, script_fraction=None):
