@@ -1,8 +1,10 @@
 """Parallel trials on one node (``search.parallel``): how many slots, and a round of trials, one per slot.
 
 Slots are homogeneous, checked before the search: on CUDA a slot is a visible
-GPU, and every one must be the same model with the same memory (NVML's facts),
-so that a batch's verdict does not depend on the slot it ran in. On the CPU
+GPU from the spec's device on (``device: cuda:2`` with two slots is cuda:2 and
+cuda:3), and every one must be the target's model with the same memory and as
+much of it free (NVML's facts), so that a batch's verdict does not depend on the
+slot it ran in. On the CPU
 backend a slot is one memory budget (each child is capped by RLIMIT_DATA at the
 budget), and at most ``min(cores, 80 % of RAM // budget)`` run at once: the caps
 together stay within the machine (another trial's memory must not push one
@@ -30,9 +32,13 @@ from isoprobe.pipeline.data import request_indices
 from isoprobe.protocol.messages import TrialRequest
 from isoprobe.search.history import Observation
 from isoprobe.spec.model import Spec
+from isoprobe.spec.units import format_bytes
 
 #: The share of the machine's RAM the CPU slots' caps may add up to.
 CPU_RAM_SHARE = 0.8
+#: How much less free memory than the target's a slot's GPU may have (NVML's readings of idle GPUs differ by a
+#: few MiB; another process's CUDA context alone holds 250-600 MiB, so any process on a slot's GPU is seen).
+SLOT_FREE_TOLERANCE = 128 * 1024**2
 
 
 def cpu_slot_limit(budget: int, cores: int, ram: int) -> int:
@@ -41,28 +47,23 @@ def cpu_slot_limit(budget: int, cores: int, ram: int) -> int:
 
 
 def resolve_slots(spec: Spec, target: Target, say, gpus: list[dict] | None = None) -> list[str]:
-    """The device of each slot (``['cuda:0', 'cuda:1']``, ``['cpu', 'cpu']``); one slot when parallel is 1.
+    """The device of each slot (``['cuda:2', 'cuda:3']``, ``['cpu', 'cpu']``); one slot when parallel is 1.
 
-    A spec error when the GPUs are not all alike or fewer than asked for.
+    CUDA slots start at the spec's device (the target) and take the visible GPUs after it. ``gpus``: the visible
+    GPUs with NVML's facts, free memory included (``hardware.visible_gpus``); read here when None. A spec error
+    when the GPUs are fewer than asked for after the target, differ from it, have less free memory than it, or
+    cannot be named from here.
     """
     asked = spec.search.parallel
     if asked == 1 or spec.distributed.gang:
         return [target.device]
     if target.backend == "cuda":
+        why = None
         if gpus is None:
-            from isoprobe.system.hardware import nvml_gpus, visible_devices
+            from isoprobe.system.hardware import visible_devices, visible_gpus
 
-            gpus = nvml_gpus(visible_devices(os.environ))
-        visible = gpus or []
-        count = len(visible) if asked == "auto" else asked
-        if count > len(visible):
-            raise SpecError("search.parallel", [Problem("search.parallel", f"{count} slots asked, {len(visible)} GPUs "
-                                                        "visible (with their NVML facts)", "ask for at most that many")])
-        kinds = {(g.get("name"), g.get("total_memory_bytes")) for g in visible[:count]}
-        if len(kinds) > 1:
-            raise SpecError("search.parallel", [Problem("search.parallel", f"the slots' GPUs differ: {sorted(kinds)}",
-                                                        "make CUDA_VISIBLE_DEVICES name GPUs of one model and size")])
-        return [f"cuda:{i}" for i in range(count)]
+            gpus, why = visible_gpus(visible_devices(os.environ))
+        return cuda_slots(asked, target, gpus or [], why)
     from isoprobe.system.hardware import ram_bytes
 
     budget = target.info.memory_budget_bytes or DEFAULT_CPU_BUDGET
@@ -73,6 +74,51 @@ def resolve_slots(spec: Spec, target: Target, say, gpus: list[dict] | None = Non
         say(f"search.parallel {asked} lowered to {most}: CPU slots are at most min({cores} cores, "
             f"{CPU_RAM_SHARE:.0%} of RAM // the budget)")
     return ["cpu"] * count
+
+
+def cuda_slots(asked: int | str, target: Target, gpus: list[dict], why: str | None = None) -> list[str]:
+    """Pure: the CUDA slots for ``search.parallel`` = ``asked`` (a number or "auto"), from the target's GPU on.
+
+    Each slot's GPU must be the target's model and size (NVML's name and total), and have as much free memory
+    as the target's (NVML's readings, taken at once, ``SLOT_FREE_TOLERANCE`` apart at most), or, under a budget,
+    the budget free: a slot with another process's memory on it would run out sooner, and a batch's verdict
+    would depend on its slot. ``why``: why ``gpus`` is empty, if it is known.
+    """
+    first = target.info.index or 0
+    if not gpus:
+        raise SpecError("search.parallel", [Problem(
+            "search.parallel", f"{asked} slots asked, but the GPUs after {target.device} cannot be checked: "
+            + (why or "NVML lists none"), "set search.parallel: 1, or make the GPUs known (see the message)")])
+    available = len(gpus) - first
+    count = available if asked == "auto" else int(asked)
+    if count < 1 or count > available:
+        last = first + count - 1
+        raise SpecError("search.parallel", [Problem(
+            "search.parallel", f"{count} slots start at the spec's device {target.device} and need cuda:{first}.."
+            f"cuda:{last}, but {len(gpus)} GPUs are visible (cuda:0..cuda:{len(gpus) - 1})",
+            f"ask for at most {max(available, 1)} slots, or name an earlier device (device: cuda:"
+            f"{max(0, len(gpus) - count)}), or make CUDA_VISIBLE_DEVICES name more GPUs")])
+    slots = gpus[first:first + count]
+    kinds = {(g.get("name"), g.get("total_memory_bytes")) for g in slots}
+    if len(kinds) > 1:
+        raise SpecError("search.parallel", [Problem("search.parallel", f"the slots' GPUs differ: {sorted(kinds)}",
+                                                    "make CUDA_VISIBLE_DEVICES name GPUs of one model and size")])
+    free = [g.get("free_memory_bytes") for g in slots]
+    if any(f is None for f in free):
+        raise SpecError("search.parallel", [Problem(
+            "search.parallel", "NVML does not report the slots' free memory, so another process's memory on a slot "
+            "could not be seen", "set search.parallel: 1")])
+    budget = target.info.memory_budget_bytes
+    need = min(free[0], budget) if budget else free[0]
+    short = [(first + i, f) for i, f in enumerate(free) if f < need - SLOT_FREE_TOLERANCE]
+    if short:
+        listed = ", ".join(f"cuda:{index} has {format_bytes(f)} free" for index, f in short)
+        raise SpecError("search.parallel", [Problem(
+            "search.parallel", f"{listed}, the target {target.device} {format_bytes(free[0])}"
+            + (f" (the budget is {format_bytes(budget)})" if budget else "")
+            + ": another process holds memory there, and a trial in that slot would run out of memory sooner",
+            "free those GPUs, make CUDA_VISIBLE_DEVICES name idle ones, or set search.parallel: 1")])
+    return [f"cuda:{first + i}" for i in range(count)]
 
 
 def search(runner, limits, history: list[Observation], step):
