@@ -1,4 +1,4 @@
-"""issue 45, items 8, 11 and 12: which GPU (or MIG instance) a trial really uses, as the parent can tell it without CUDA.
+"""issue 45, items 8, 11 and 12: which GPU (or MIG instance) a trial uses, as the parent can tell it without CUDA.
 
 - MIG (item 8). With MIG enabled, CUDA enumerates MIG instances, named in CUDA_VISIBLE_DEVICES by their
   ``MIG-`` UUIDs; unset (or naming the parent GPU) CUDA picks an instance itself (NVIDIA's MIG user guide, "CUDA
