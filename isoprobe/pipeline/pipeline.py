@@ -303,11 +303,13 @@ def _describe_target(spec: Spec, target, reporter: Reporter) -> None:
         reporter.note(f"distributed: {spec.distributed.strategy}, every trial a gang of {world} rank(s) "
                       f"({'nccl, one GPU each' if target.backend == 'cuda' else 'gloo, the budget per rank'}); "
                       "batches are per rank")
-    reporter.note(
-        f"backend {target.backend} ({info.name}), capacity {format_bytes(info.capacity_bytes)}"
-        + (f", of which importing torch takes {format_bytes(info.import_baseline_bytes)}"
-           if info.import_baseline_bytes else "")
-    )
+    baseline = ""
+    if info.import_baseline_bytes and spec.command is None:
+        baseline = f", of which importing torch takes {format_bytes(info.import_baseline_bytes)}"
+    elif info.import_baseline_bytes:  # what the check's process measured is isoprobe's, not the command's
+        baseline = (f"; isoprobe's own check took {format_bytes(info.import_baseline_bytes)} after importing torch "
+                    "(the command's processes import what its script imports: their readings show it)")
+    reporter.note(f"backend {target.backend} ({info.name}), capacity {format_bytes(info.capacity_bytes)}{baseline}")
 
 
 def _stopped_before_trials(spec: Spec, spec_path: str, stopped: BaseException, environ: dict, started: float):

@@ -42,8 +42,11 @@ _DECIDING = "  [decides the maximum: {steps} steps, peak {first} -> {last}]"
 
 
 def trial_line(trial: Trial) -> str:
-    """``isoprobe: trial  3  batch     16  fits  peak 2.31 GiB  12.4 s``"""
-    peak = format_bytes(trial.peak_bytes) if trial.outcome is Outcome.FITS else "-"
+    """``isoprobe: trial  3  batch     16  fits  peak 2.31 GiB  12.4 s``: the peak is the reading the budget counts
+    (``budget_peak_bytes``: CPU, the data segment the cap holds; CUDA, the card's use, context included), the one
+    the margin is read from. The resident or reserved peak is in the table (``isoprobe show``)."""
+    shown = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
+    peak = format_bytes(shown) if trial.outcome is Outcome.FITS else "-"
     detail = ""
     if trial.outcome is not Outcome.FITS:
         reason = trial.signal or (trial.error.type if trial.error else None) or trial.phase
@@ -52,7 +55,7 @@ def trial_line(trial: Trial) -> str:
             who = f"rank {trial.failed_rank}" + (f" on {node}" if node else "")
             reason = f"{who}: {reason}" if reason else who
         detail = f" ({reason})" if reason else ""
-    peaks = trial.step_peak_bytes
+    peaks = trial.step_budget_peak_bytes or trial.step_peak_bytes
     label = _PURPOSE_LABELS[trial.purpose]
     if trial.purpose in ("search", "retry") and trial.steady_rule is not None and trial.outcome is Outcome.FITS:
         label += _DECIDING  # the batch right below the smallest failure: its fit is the maximum's proof

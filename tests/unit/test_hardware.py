@@ -105,16 +105,18 @@ def fake_nvml(monkeypatch):
 
 
 def test_nvml_lists_the_visible_gpus_in_cudas_order(fake_nvml):
-    gpus = nvml_gpus(visible_devices({"CUDA_VISIBLE_DEVICES": "2,GPU-aaa"}))
+    # A mixed node: a number names NVML's GPU only in PCI order, which the user's CUDA_DEVICE_ORDER sets (issue 45).
+    gpus = nvml_gpus(visible_devices({"CUDA_VISIBLE_DEVICES": "2,GPU-aaa", "CUDA_DEVICE_ORDER": "PCI_BUS_ID"}))
     assert [(g["nvml_index"], g["name"]) for g in gpus] == [(2, "NVIDIA H100 80GB HBM3"), (0, "NVIDIA A100-SXM4-80GB")]
     assert gpus[0]["driver_version"] == "550.54.15" and gpus[0]["total_memory_bytes"] == 80 * 1024**3
     assert fake_nvml.shut
 
 
 def test_nvml_stops_at_the_first_entry_that_names_no_gpu_as_cuda_does(fake_nvml):
-    assert [g["nvml_index"] for g in nvml_gpus(visible_devices({"CUDA_VISIBLE_DEVICES": "1,7,0"}))] == [1]
+    pci = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    assert [g["nvml_index"] for g in nvml_gpus(visible_devices({"CUDA_VISIBLE_DEVICES": "1,7,0", **pci}))] == [1]
     assert nvml_gpus(visible_devices({"CUDA_VISIBLE_DEVICES": ""})) == []
-    assert len(nvml_gpus(visible_devices({}))) == 3
+    assert len(nvml_gpus(visible_devices(pci))) == 3
 
 
 def test_without_a_driver_nvml_answers_none(monkeypatch):
