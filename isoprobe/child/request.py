@@ -15,20 +15,25 @@ from isoprobe.child.events import Events
 from isoprobe.child.memory import credit_own, import_own
 
 
-def cuda_initialized(maps_path: str = "/proc/self/maps") -> bool:
+def cuda_initialized() -> bool:
+    """Whether this process has a CUDA context (without creating one): torch's lazy initialisation ran."""
+    torch = sys.modules.get("torch")
+    return bool(torch is not None and torch.cuda.is_initialized())
+
+
+def driver_initialised(maps_path: str = "/proc/self/maps") -> bool:
     """Whether this process initialised CUDA's driver (without initialising it): a fork would inherit it.
 
     ``torch.cuda.is_initialized()`` says only whether torch's lazy initialisation ran. ``torch.cuda.is_available()``
     does not run it, but it calls ``cudaGetDeviceCount``, which loads the driver and runs ``cuInit`` (torch's own
-    comment in ``is_available``), and a fork of that process fails its first CUDA call with "CUDA error:
-    initialization error". Any preloaded module with a module-level ``"cuda" if torch.cuda.is_available()`` does
-    that. torch's libraries do not link the driver (``libcuda.so``: not among libtorch_cuda's or libc10_cuda's
-    NEEDED entries; the runtime loads it on its first call), so the driver mapped into this process is the sign.
+    comment in ``is_available``), and a fork of that process fails its first CUDA call ("CUDA error:
+    initialization error", or torch's "Cannot re-initialize CUDA in forked subprocess"). Any preloaded module with a
+    module-level ``"cuda" if torch.cuda.is_available()`` does that. torch's libraries do not link the driver
+    (``libcuda.so``: not among libtorch_cuda's or libc10_cuda's NEEDED entries; the runtime loads it on its first
+    call), so the driver mapped into this process is the sign. A process that only loaded the driver holds no
+    memory on a card (no context): a spawned spare may run its trial; a fork server must not fork.
     """
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return True
-    return driver_loaded(maps_path)
+    return cuda_initialized() or driver_loaded(maps_path)
 
 
 def driver_loaded(maps_path: str = "/proc/self/maps") -> bool:

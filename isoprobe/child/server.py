@@ -38,7 +38,7 @@ from array import array
 
 from isoprobe.child.events import Events
 from isoprobe.child.preload import import_modules, read_modules
-from isoprobe.child.request import cuda_initialized, exit_now, run_request
+from isoprobe.child.request import cuda_initialized, driver_initialised, exit_now, run_request
 from isoprobe.child.memory import set_data_cap
 from isoprobe.system.keeper import Keeper, keep
 from pydantic import ValidationError
@@ -58,7 +58,7 @@ def serve(channel_fd: int, events: Events, warm: Warm, complete: bool = True) ->
 
     ``complete``: every module of the preload was imported (after one that failed, none more is, as in a
     spawned child, whose preload stops there too)."""
-    if cuda_initialized():  # an import ran torch.cuda.is_available() (cuInit) or made a context: forks would fail
+    if driver_initialised():  # an import ran torch.cuda.is_available() (cuInit) or made a context: forks would fail
         sys.stderr.write("isoprobe fork server: CUDA's driver was initialised by an import (torch.cuda.is_available() "
                          "or a context); its forks would fail with 'initialization error': this probe spawns its "
                          "trials\n")
@@ -154,7 +154,7 @@ def import_more(modules: list[str], complete: bool) -> tuple[list[str], int, boo
     before = len(os.listdir("/proc/self/task"))
     imported = import_modules(modules) if complete else []
     started = max(0, len(os.listdir("/proc/self/task")) - before)
-    return imported, started, not cuda_initialized() and forks_safely()
+    return imported, started, not driver_initialised() and forks_safely()
 
 
 def _reply(channel: socket.socket, reply: Forked | Ended | Extended) -> bool:

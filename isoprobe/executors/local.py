@@ -75,6 +75,8 @@ from isoprobe.protocol.messages import (
     SERVE_ARGUMENT,
     WAIT_ARGUMENT,
     TrialRequest,
+    Warm,
+    last_of,
     read_events,
 )
 
@@ -215,6 +217,10 @@ class LocalExecutor:
                     with signals_deferred():
                         launch.child = self._spawn(conditions, spare=False)
                 ready = await_warm(launch.child, import_timeout(timeout))
+                if ready and launch.child.warm and self._made_a_context(launch.child):
+                    stop_child(launch.child)  # its context sat on the card beside the trial before: none again
+                    launch.child = None
+                    continue
                 if ready and deliver(launch.child, request_path):
                     launch.delivered = time.monotonic()
                     break
@@ -278,6 +284,23 @@ class LocalExecutor:
         imports, once the environment check has run), if that is all they change; whether it now is."""
         more = added_imports(spare.conditions, conditions)
         return bool(more) and extend_imports(spare, conditions, modules_file(self._next_files()[0], more))
+
+    def _made_a_context(self, spare: StartedChild) -> bool:
+        """Whether a CUDA spare's imports created a CUDA context (a preloaded module's ``torch.zeros(...,
+        device="cuda")``): that context took memory on the card while the trial before it ran, beside it, and
+        every later spare would again. Then this probe starts its trials cold from here on (``warm`` off), and
+        says so. What the trial beside it read counted that memory as its own (a CUDA reading is the card's use):
+        a reading too high, never a batch credited that did not fit."""
+        if spare.conditions.backend != "cuda":
+            return False
+        warm = last_of(read_events(spare.events_path), Warm)
+        if warm is None or not warm.cuda_initialized:
+            return False
+        self.warm = False
+        sys.stderr.write("isoprobe: a warm spare created a CUDA context while importing (a module of the model's "
+                         "makes CUDA tensors at import?): it held memory on the card beside the running trial, so "
+                         "trials start cold from now on\n")
+        return True
 
     def _take_spare(self, conditions: Conditions) -> StartedChild | None:
         spare = self._spare

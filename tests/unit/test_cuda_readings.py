@@ -19,7 +19,7 @@ from fake_cuda import (GiB, MiB, NCCL_OOM_MESSAGE, DistBackendError, FakeCard, F
                        OutOfMemoryError, fake_torch, segment_size)
 
 from isoprobe.child import cuda as child_cuda  # noqa: E402
-from isoprobe.child.request import cuda_initialized  # noqa: E402
+from isoprobe.child import request as child_request  # noqa: E402
 from isoprobe.pipeline.plausibility import Asked, over_budget  # noqa: E402
 from isoprobe.protocol.messages import TrialResult  # noqa: E402
 from isoprobe.report import outcomes  # noqa: E402
@@ -201,9 +201,9 @@ def test_6_a_driver_initialised_by_is_available_is_seen(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", fake_torch(cuda))
     cuda.is_available()
     assert not cuda.is_initialized() and cuda.driver_initialised  # what torch says, and what happened
-    assert cuda_initialized(str(maps))
+    assert child_request.driver_initialised(str(maps))
     maps.write_text("7f0000000000-7f0000100000 r-xp 00000000 08:01 43 /opt/torch/lib/libcudart.so.13\n")
-    assert not cuda_initialized(str(maps))
+    assert not child_request.driver_initialised(str(maps))
 
 
 def test_1_the_capacity_a_reading_is_compared_with_is_the_budget_or_the_whole_card():
