@@ -17,6 +17,8 @@ What it models, and where torch says so:
   (``num_alloc_retries``), and only then raises ``torch.OutOfMemoryError``: so near the cap the reserved peak
   reaches the cap for a batch that fits. Free space left inside a used segment is ``inactive_split_bytes``.
 - **cudaMallocAsync**: the fraction caps bytes *in use*; ``max_memory_reserved`` is the pool's high-water mark.
+- **Readings without a context**: the allocator's counters (``memory_reserved``, the peaks, ``memory_stats``) are
+  read without a CUDA call, so they create no context (a device never used reads zero); ``mem_get_info`` does.
 - **NCCL's out of memory**: ``torch.distributed.DistBackendError`` with NCCL's own text (``NCCL_OOM_MESSAGE``).
 
 Only what isoprobe calls is here; a call it does not model raises ``AttributeError``, which a test shows.
@@ -231,14 +233,24 @@ class FakeCuda:
     # ------------------------------------------------------------------ the allocator
 
     def set_per_process_memory_fraction(self, fraction: float, device=None) -> None:
+        """Native: caps against the device's properties (``totalGlobalMem``), no context; cudaMallocAsync's asks
+        ``cudaMemGetInfo`` under a device guard, which creates one."""
         if not isinstance(fraction, float) or not 0 <= fraction <= 1:
             raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
-        state = self._device(device)
+        state = self._device(device) if self.backend == "cudaMallocAsync" else self._counters(device)
         state.fraction = fraction
         self.calls.append(("fraction", fraction, self._index(device)))
 
     def get_per_process_memory_fraction(self, device=None) -> float:
-        return self._device(device).fraction
+        return self._counters(device).fraction
+
+    def _counters(self, device) -> _Device:
+        """The allocator's own counters for ``device``: read without any CUDA call, so without a context (a device
+        never used reads zero), as torch's memory statistics are."""
+        index = self._index(device)
+        if not 0 <= index < len(self.devices):
+            raise RuntimeError("CUDA error: invalid device ordinal")
+        return self.devices[index]
 
     def _cap(self, state: _Device) -> int:
         return int(state.fraction * state.card.total)
@@ -314,26 +326,28 @@ class FakeCuda:
         return max(0, state.card.total - self._card_used(state)), state.card.total
 
     def memory_reserved(self, device=None) -> int:
-        return self._device(device).reserved
+        return self._counters(device).reserved
 
     def memory_allocated(self, device=None) -> int:
-        return self._device(device).allocated
+        return self._counters(device).allocated
 
     def max_memory_reserved(self, device=None) -> int:
-        return self._device(device).peak_reserved
+        return self._counters(device).peak_reserved
 
     def max_memory_allocated(self, device=None) -> int:
-        return self._device(device).peak_allocated
+        return self._counters(device).peak_allocated
 
     def reset_peak_memory_stats(self, device=None) -> None:
-        state = self._device(device)
+        state = self._counters(device)
         state.peak_allocated = state.allocated
         state.peak_reserved = state.reserved
         state.peak_inactive_split = state.inactive_split
         state.retries = 0
 
     def memory_stats(self, device=None) -> dict[str, int]:
-        state = self._device(device)
+        state = self._counters(device)
+        if not state.initialised:
+            return {}  # torch's memory_stats before the device is in use
         stats = {"allocated_bytes.all.current": state.allocated, "allocated_bytes.all.peak": state.peak_allocated,
                  "reserved_bytes.all.current": state.reserved, "reserved_bytes.all.peak": state.peak_reserved,
                  "num_ooms": state.ooms}

@@ -413,7 +413,7 @@ def _command_environment(request: TrialRequest, folder: Path) -> dict[str, str]:
     env[BATCH_ENV] = str(request.batch_size)
     if request.device.startswith("cuda") and request.memory_budget_bytes is not None:
         env[SHIM_CUDA_BUDGET_ENV] = str(request.memory_budget_bytes)
-        outside = getattr(request, "cuda_outside_bytes", None)  # the environment check's figure, where passed
+        outside = request.cuda_outside_bytes  # the environment check's figure, where the parent had one
         if outside:
             env[SHIM_CUDA_OUTSIDE_ENV] = str(int(outside))
     return env

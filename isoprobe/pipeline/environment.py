@@ -81,6 +81,14 @@ class Target:
         outside it (300-600 MiB), so no batch was ever marginal (issue 45)."""
         return self.info.capacity_bytes
 
+    @property
+    def cuda_outside_bytes(self) -> int | None:
+        """CUDA: what the environment check saw in use on the trials' card outside an allocator (its context and
+        other processes' memory), the first figure a command's shim takes off its budget; None elsewhere."""
+        if self.backend != "cuda" or self.free_bytes is None:
+            return None
+        return max(0, self.info.total_memory_bytes - self.free_bytes)
+
 
 def inspect_conditions(spec: Spec) -> Conditions:
     """How the environment check's process is started: it imports what every trial imports before its request.

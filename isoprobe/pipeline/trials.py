@@ -229,6 +229,7 @@ class TrialRunner:
         request = TrialRequest(spec=self.spec, batch_size=self.eval_after if evaluation else batch_size,
                                eval_batch_size=batch_size if evaluation else None, device=self.target.device,
                                memory_budget_bytes=budget, python_path=self.python_path, steps=steps, steady=rule,
+                               cuda_outside_bytes=self.target.cuda_outside_bytes if self.spec.command else None,
                                # the longest samples first: any batch of the trial (training or evaluation) is a prefix
                                data_indices=request_indices(self.target.data, max(batch_size, self.eval_after or 0)))
         conditions = self.conditions

@@ -84,6 +84,10 @@ class TrialRequest(_Message):
     memory_budget_bytes: int | None = Field(
         None, description="CUDA: applied as the per-process memory fraction. CPU: the rlimit (set by the executor)."
     )
+    cuda_outside_bytes: int | None = Field(
+        None, ge=0, description="CUDA, a command trial: what the environment check saw in use on the card outside "
+        "an allocator (its context, other processes), taken off the budget where the command's shim caps the "
+        "allocator at CUDA's initialisation, before the command's own first step has measured it.")
     python_path: list[str] = Field(default_factory=list, description="Folders put in front of sys.path (the spec's).")
     steps: int | None = Field(
         None, ge=1, description="Training steps to run instead of search.steps (the recommendation's soak)."

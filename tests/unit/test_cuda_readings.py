@@ -76,6 +76,11 @@ def test_the_fake_models_what_the_issue_names():
     assert cuda.mem_get_info(DEVICE)[1] - cuda.mem_get_info(DEVICE)[0] == 564 * MiB + cuda.memory_reserved(DEVICE)
     with pytest.raises(AttributeError):
         cuda.caching_allocator_alloc(1)  # what isoprobe does not call is not modelled
+    two = FakeCuda(FakeCard(), FakeCard())
+    two.init()
+    assert two.memory_reserved(1) == 0 and two.memory_stats(1) == {} and not two.devices[1].initialised
+    two.mem_get_info(1)
+    assert two.devices[1].initialised  # cudaMemGetInfo makes a context on the device it asks about
 
 
 # ----------------------------------------------------------------------------------------------------- defects
@@ -218,3 +223,25 @@ def test_1_the_capacity_a_reading_is_compared_with_is_the_budget_or_the_whole_ca
                           capacity_bytes=budget or 80 * GiB)
         target = Target("cuda", "cuda:0", info, free_bytes=80 * GiB - 520 * MiB)
         assert target.search_capacity == (budget or 80 * GiB)
+
+
+def test_2_a_command_trial_carries_the_checks_outside_memory_to_its_shim():
+    """The command's shim caps the allocator at CUDA's initialisation, before the command's first step has measured
+    the memory outside it: the environment check's figure (its context, other processes) is taken off first."""
+    from pathlib import Path as _Path
+
+    from isoprobe.child.command import _command_environment
+    from isoprobe.pipeline.environment import Target
+    from isoprobe.protocol.command import SHIM_CUDA_OUTSIDE_ENV
+    from isoprobe.protocol.messages import TrialRequest
+    from isoprobe.spec.model import Spec
+    from isoprobe.report.result import DeviceInfo
+
+    info = DeviceInfo(backend="cuda", requested="cuda", name="NVIDIA H100", index=0, total_memory_bytes=80 * GiB,
+                      memory_budget_bytes=8 * GiB, budget_source="spec", capacity_bytes=8 * GiB)
+    assert Target("cuda", "cuda:0", info, free_bytes=80 * GiB - 520 * MiB).cuda_outside_bytes == 520 * MiB
+    assert Target("cuda", "cuda:0", info, free_bytes=None).cuda_outside_bytes is None
+    spec = Spec.model_validate({"command": ["python", "train.py", "{batch_size}"], "device": "cuda"})
+    request = TrialRequest(spec=spec, batch_size=4, device="cuda:0", memory_budget_bytes=8 * GiB,
+                           cuda_outside_bytes=520 * MiB)
+    assert _command_environment(request, _Path("/tmp"))[SHIM_CUDA_OUTSIDE_ENV] == str(520 * MiB)
