@@ -175,9 +175,16 @@ def classify(returncode: int | None, timed_out: bool, stdout: str, stderr: str, 
 
 
 def run_once(template: list[str], batch: int, steps: int, budget: int, timeout: float, workdir: Path,
-             keep: Path | None = None) -> Run:
+             keep: Path | None = None, exported: dict[str, str] | None = None) -> Run:
+    """One run; ``exported``: the variables a hook exported with the answer (``isoprobe ... --format env``), which
+    replace this harness's own malloc setting: the job as the hook leaves it, with nothing of the harness's added
+    but the thread count and the hidden GPUs."""
     argv = [a.replace("{batch_size}", str(batch)).replace("{max_steps}", str(steps)) for a in template]
-    env = dict(os.environ, **ENV)
+    if exported is None:
+        env = dict(os.environ, **ENV)
+    else:
+        env = {k: v for k, v in os.environ.items() if k != "MALLOC_MMAP_THRESHOLD_"}
+        env.update({k: v for k, v in ENV.items() if k != "MALLOC_MMAP_THRESHOLD_"}, **exported)
 
     def preexec() -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (budget, budget))

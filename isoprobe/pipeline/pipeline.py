@@ -17,6 +17,7 @@ from pathlib import Path
 from isoprobe import __version__
 from isoprobe.errors import Terminated
 from isoprobe.executors import Executor
+from isoprobe.executors.processes import memory_environment
 from isoprobe.search.insights import memory_breakdown, throughput
 from isoprobe.report.output import Reporter
 from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
@@ -37,7 +38,7 @@ from isoprobe.pipeline.explain import Found, explain, limited_by
 from isoprobe.pipeline.tokens import token_message, token_search_and_recommend
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.outcomes import Outcome
-from isoprobe.report.result import DistributedInfo, EdgeMargin, MarginalBatch, Result, StopReason
+from isoprobe.report.result import AllocatorInfo, DistributedInfo, EdgeMargin, MarginalBatch, Result, StopReason
 from isoprobe.search.history import Borrowed
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
@@ -171,6 +172,7 @@ def run_probe(
         spec=spec,
         device=target.info,
         allocator=allocator_info(spec, target.backend, environ),
+        job_environment=job_environment(target.backend, allocator_info(spec, target.backend, environ)),
         answered=stop in (StopReason.EDGE_FOUND, StopReason.CAPPED),
         max_batch_size=max_fitting,
         first_failing_batch_size=found.first_failing,
@@ -310,6 +312,14 @@ def _describe_target(spec: Spec, target, reporter: Reporter) -> None:
         baseline = (f"; isoprobe's own check took {format_bytes(info.import_baseline_bytes)} after importing torch "
                     "(the command's processes import what its script imports: their readings show it)")
     reporter.note(f"backend {target.backend} ({info.name}), capacity {format_bytes(info.capacity_bytes)}{baseline}")
+
+
+def job_environment(backend: str, allocator: AllocatorInfo) -> dict[str, str]:
+    """What the trials ran with that a job needs for the answer to hold (``Result.job_environment``)."""
+    env = memory_environment(backend)
+    if allocator.applies and allocator.value:
+        env["PYTORCH_CUDA_ALLOC_CONF"] = allocator.value
+    return env
 
 
 def _stopped_before_trials(spec: Spec, spec_path: str, stopped: BaseException, environ: dict, started: float):

@@ -182,6 +182,10 @@ def render_table(result: Result) -> str:
         )
     if result.recommended_batch_size is not None and result.recommendation is not None:
         lines += ["", f"recommended: {result.recommended_batch_size} ({result.recommendation.note})"]
+    if result.job_environment:
+        settings = " ".join(f"{name}={value}" for name, value in sorted(result.job_environment.items()))
+        lines += ["", f"holds with: {settings} (every trial ran with it: run the job with it too; --format env "
+                      "exports it)"]
     if result.eval_stop_reason is not None:
         lines += ["", f"evaluation: max {result.eval_max_batch_size}, first failing "
                       f"{result.eval_first_failing_batch_size} ({result.eval_stop_reason.value}; after training steps "

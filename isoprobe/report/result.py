@@ -653,6 +653,13 @@ class Result(_Strict):
     spec: Spec = Field(description="The spec as validated, command-line overrides applied.")
     device: DeviceInfo | None = None
     allocator: AllocatorInfo
+    job_environment: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables every trial ran with that change how much memory a step needs: the answer holds in "
+        "a job that runs with the same (--format env and taskprolog export them; the table shows them). CPU "
+        "backend: MALLOC_MMAP_THRESHOLD_=131072 (every tensor of 128 KiB or more mmapped and given back exactly; "
+        "left to glibc, 20-30 MB tensors land in the heap and fragment it). CUDA: the allocator setting the "
+        "trials ran with (PYTORCH_CUDA_ALLOC_CONF), where the spec or the environment set one.")
     answered: bool = Field(description="True when max_batch_size is a proven answer (exit code 0).")
     max_batch_size: int | None = Field(
         None, description="Largest batch that fit. Always a batch that was run successfully; null if none did. With "

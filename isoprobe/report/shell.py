@@ -56,7 +56,9 @@ def result_variables(result: Result) -> list[tuple[str, str]]:
         values += [("STRATEGY", result.distributed.strategy), ("PROBED_RANKS", result.distributed.world_size)]
     values.append(("BACKEND", result.device.backend if result.device else None))
     values.append(("CACHE_HIT", int(result.cache.hit) if result.cache else 0))
-    return [(PREFIX + name, str(value)) for name, value in values if value is not None]
+    variables = [(PREFIX + name, str(value)) for name, value in values if value is not None]
+    # The environment the answer holds in, under its own names: the job runs with what every trial ran with.
+    return variables + sorted(result.job_environment.items()) if result.answered else variables
 
 
 def fallback_variables(batch_size: int, reason: str) -> list[tuple[str, str]]:

@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import signal
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -209,18 +210,36 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     failing = result["first_failing_batch_size"]
     assert all(result["max_batch_size"] < b < failing for b in marginal), (result["message"], marginal)
     assert left_behind(str(scratch)) == []
-    # The floor came from this script's own heap (search.margin.floor_bytes), read in its fitting trials.
-    churns = [t["heap_churn_bytes"] for t in result["trials"]
-              if t["outcome"] == "fits" and t["heap_churn_bytes"] is not None]
+    # The floor came from this script's own heap (search.margin.floor_bytes), read in its fitting trials at half the
+    # maximum or more (search.margin.near: a tiny batch's churn is not the edge's).
+    churns = [t["heap_churn_bytes"] for t in result["trials"] if t["outcome"] == "fits"
+              and t["heap_churn_bytes"] is not None and t["batch_size"] >= result["max_batch_size"] / 2]
     assert churns and result["edge_margin"]["floor_bytes"] == max(churns) + margin.CHURN_MARGIN_BYTES, \
         (churns, result["edge_margin"])
+    # The user's job as the hook leaves it: the cap on every process and what --format env exported, nothing else.
+    saved = tmp_path / "result.json"
+    saved.write_text(json.dumps(result))
+    exported = exported_environment(run_cli("show", str(saved), "--format", "env").stdout)
+    assert exported["MALLOC_MMAP_THRESHOLD_"] == "131072" and exported["ISOPROBE_MAX_BATCH_SIZE"] == str(
+        result["max_batch_size"])
     cap = command_truth.parse_size(budget)
     truth = tmp_path / "truth"
     truth.mkdir()
-    trains = command_truth.run_once(template, result["max_batch_size"], 30, cap, 300, truth)
+    trains = command_truth.run_once(template, result["max_batch_size"], 30, cap, 300, truth, exported=exported)
     assert trains.outcome == "survived", (result["max_batch_size"], trains.reason, trains.tail)
-    above = command_truth.run_once(template, failing + 1, 30, cap, 300, truth)
+    above = command_truth.run_once(template, failing + 1, 30, cap, 300, truth, exported=exported)
     assert above.outcome == "oom", (failing + 1, above.reason, above.tail)
+
+
+def exported_environment(lines: str) -> dict[str, str]:
+    """What ``eval "$(isoprobe ... --format env)"`` exports, read as the shell reads it."""
+    exported = {}
+    for line in lines.splitlines():
+        words = shlex.split(line)
+        if words and words[0] == "export":
+            name, _, value = words[1].partition("=")
+            exported[name] = value
+    return exported
 
 
 def test_a_shell_line_reading_the_batch_from_the_environment_gets_each_trials_batch(tmp_path):

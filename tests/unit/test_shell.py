@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
@@ -57,3 +58,26 @@ def test_fallback_names_the_batch_and_says_it_is_a_fallback():
 def test_unknown_dialect_is_refused():
     with pytest.raises(ValueError):
         render([], [], "fish")
+
+
+def test_an_answer_exports_the_environment_its_trials_ran_in_and_no_answer_exports_none():
+    """issue 46: every CPU trial runs with glibc's mmap threshold fixed; a job without it fragments its heap and 4
+    of 5 held-out scripts ran out at their maxima. The answer carries it, under its own name."""
+    from isoprobe.report.result import Result
+    from isoprobe.report.shell import render, result_variables
+
+    saved = Result.model_validate_json((Path(__file__).resolve().parents[2] / "docs" / "results"
+                                        / "resnet50-cpu.json").read_text())
+    answered = saved.model_copy(update={"job_environment": {"MALLOC_MMAP_THRESHOLD_": "131072"}})
+    lines = render(result_variables(answered), [], "env").splitlines()
+    assert "export MALLOC_MMAP_THRESHOLD_=131072" in lines
+    assert "export MALLOC_MMAP_THRESHOLD_=131072" in render(result_variables(answered), [], "taskprolog").splitlines()
+    unanswered = answered.model_copy(update={"answered": False})
+    assert not [name for name, _ in result_variables(unanswered) if not name.startswith("ISOPROBE_")]
+
+
+def test_a_cpu_trial_and_the_answer_name_the_same_memory_environment():
+    from isoprobe.executors.processes import child_environment, memory_environment
+
+    env = child_environment({}, backend="cpu", allocator=None, events_path=Path("/tmp/e"))
+    assert memory_environment("cpu").items() <= env.items() and memory_environment("cuda") == {}
