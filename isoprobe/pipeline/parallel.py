@@ -163,7 +163,7 @@ def observe_round(runner, batches: list[int], devices: list[str], observed, deci
             else "confirmation")
         purposes.append(purpose)
         # it decides the maximum: until steady
-        rule = runner.deciding_rule() if purpose == "confirmation" or (deciding and deciding[slot]) else None
+        rule = runner.deciding_rule(batch) if purpose == "confirmation" or (deciding and deciding[slot]) else None
         rules.append(rule)
         request = TrialRequest(spec=runner.spec, batch_size=batch, device=devices[slot], memory_budget_bytes=budget,
                                python_path=runner.python_path, steady=rule,
