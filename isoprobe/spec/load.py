@@ -282,9 +282,13 @@ def command_program_problems(spec: Spec) -> list[Problem]:
         where = f"in {folder}" if "/" in program else "on PATH"
         return [Problem("command", f"no program {program!r} {where}",
                         "give the program as the job runs it (python, torchrun, accelerate, a script's path)")]
-    if Path(program).name.startswith("python") and len(argv) > 1 and argv[1].endswith(".py"):
+    if Path(program).name.startswith("python") and len(argv) > 1 and not argv[1].startswith("-"):
         script = folder / argv[1]
-        if not script.is_file():
+        if script.is_dir() and not (script / "__main__.py").is_file():
+            return [Problem("command", f"{argv[1]!r} in {folder} is a folder, not a script: python runs a folder "
+                            "only when it holds a __main__.py", "name the training script inside it "
+                            f"({argv[1].rstrip('/')}/train.py, say), or add its __main__.py")]
+        if argv[1].endswith(".py") and not script.exists():
             return [Problem("command", f"no script {argv[1]!r} in {folder}",
                             "paths in the command are relative to command_dir (default: the folder isoprobe runs "
                             "in)")]
