@@ -19,10 +19,16 @@ COMMAND_LINE_SPEC = "<command line>"
 def load(args: argparse.Namespace):
     """The spec with its overrides: every --set, left to right, then the named flags (which win for their field).
 
-    ``isoprobe run [SPEC] -- COMMAND ...``: the command after ``--`` is the spec's ``command`` (replacing one the
-    file has); without a spec file, every other field is its default. ``args.spec`` is then the name errors use.
+    ``isoprobe run [SPEC] -- COMMAND ...``: the command after ``--`` is the spec's ``command``; without a spec file,
+    every other field is its default. ``args.spec`` is then the name errors use. A spec file that gives a command
+    of its own and a command after ``--`` is a spec error naming both (issue 47): one silently replacing the other
+    probed a command the user did not mean, and a ``shell: true`` file met a list it could not take.
     """
+    from pathlib import Path
+
+    from isoprobe.errors import Problem, SpecError
     from isoprobe.spec.load import check_references, load_spec
+    from isoprobe.spec.yaml_file import read_spec_yaml
 
     command = getattr(args, "command_argv", None)
     if command is not None and not command:
@@ -35,6 +41,12 @@ def load(args: argparse.Namespace):
         args.spec = COMMAND_LINE_SPEC
         spec = load_spec({"command": command}, named_overrides(args), sets=args.set, name=COMMAND_LINE_SPEC)
     else:
+        if command is not None and "command" in (written := read_spec_yaml(Path(args.spec))):
+            shown = written["command"] if isinstance(written["command"], str) else " ".join(map(str, written["command"]))
+            raise SpecError(args.spec, [Problem(
+                "command", f"the spec gives a command ({shown[:120]!r}) and the command line gives another after "
+                f"'--' ({' '.join(command)[:120]!r})", "give the command in one place: remove command from the "
+                "spec, or drop what follows '--'")])
         overrides = {**named_overrides(args), **({"command": command} if command is not None else {})}
         spec = load_spec(args.spec, overrides, sets=args.set)
     check_references(spec, args.spec)

@@ -126,3 +126,20 @@ def test_the_key_holds_the_named_variables_and_the_files_the_arguments_name(tmp_
     moved = load_spec({"command": spec.command, "command_dir": str(tmp_path / ".."), "command_env": ["MY_CONFIG"]})
     assert cache_key(key_material(moved, "x", {}, None)) != cache_key(key_material(spec, "x", {}, None))
     assert os.path.isabs(spec.command_dir)
+
+
+@pytest.mark.parametrize("written", ["command: python train.py {batch_size}\n",
+                                     "command: python train.py {batch_size}\nshell: true\n",
+                                     "command: [python, train.py, '{batch_size}']\n"])
+def test_a_spec_with_a_command_and_a_command_after_dashes_is_refused_naming_both(tmp_path, capsys, written):
+    """issue 47: the command line silently replaced the spec's command (or, with shell: true, said 'give command as
+    a string'). One place only: exit 2, the spec and both commands named, nothing run."""
+    from isoprobe.cli.main import main
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    spec = tmp_path / "spec.yaml"
+    spec.write_text(written + "memory_budget: 1GiB\n")
+    code = main(["run", str(spec), "--no-cache", "--", "python", "other.py", "--bs", "{batch_size}"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "the spec gives a command" in err and "other.py" in err and "train.py" in err and "Traceback" not in err
