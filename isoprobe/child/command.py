@@ -512,6 +512,13 @@ def _exit_verdict(status: int, judged: int, request: TrialRequest, stderr_path: 
     asked = request.steps or request.spec.search.steps
     tail = _tail(stderr_path)
     phase = f"step {judged + 1}" if judged else "started"
+    if status == 0 and _shows_allocation_failure(tail):
+        # issue 47: a script that catches its own out-of-memory (a try/except around the step, a finder of its own)
+        # and exits 0 said "its optimizer may not be a torch.optim.Optimizer". It ran out at this batch.
+        message = (f"the command exited with status 0 after {judged} optimizer step(s), before the trial had run "
+                   "enough, and its stderr shows an allocation failure: it caught its own out-of-memory error at this "
+                   "batch (a try/except around the step, or a batch-size finder of its own) and ended")
+        return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message, traceback_tail=tail), phase
     if status == 0:
         if judged == 0:
             message = ("the command exited with status 0 without an optimizer step that isoprobe could see: its "

@@ -233,6 +233,11 @@ def request(steps=3):
 @pytest.mark.parametrize("status, judged, stderr, outcome, words", [
     (0, 1, "", Outcome.ERROR, "ended on its own (status 0) after 1 optimizer step(s), before the 3"),
     (0, 0, "", Outcome.ERROR, "without an optimizer step that isoprobe could see"),
+    # issue 47: a script that catches its MemoryError and exits 0 ran out of memory at this batch, not "no optimizer"
+    (0, 0, "caught: DefaultCPUAllocator: can't allocate memory: you tried to allocate 1 bytes", Outcome.OUT_OF_MEMORY,
+     "caught its own out-of-memory error"),
+    (0, 2, "Traceback ...\ntorch.OutOfMemoryError: CUDA out of memory. Tried to allocate", Outcome.OUT_OF_MEMORY,
+     "after 2 optimizer step(s)"),
     (1, 2, "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried", Outcome.OUT_OF_MEMORY,
      "allocation failure"),
     (-9, 0, "", Outcome.ERROR, "killed by SIGKILL"),
