@@ -229,14 +229,23 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
             f"batch {last.batch_size} crashed ({how}, last phase: {last.phase})",
             ["see trials[-1].stderr_tail; a SIGKILL can be the kernel's OOM killer"],
         )
-    if stop is StopReason.TIMED_OUT and last is not None and spec.command is not None and not last.step_seconds:
+    if stop is StopReason.TIMED_OUT and last is not None and spec.command is not None:
+        stepped = max(len(last.step_seconds), len(last.step_budget_peak_bytes), len(last.step_peak_bytes))
+        printed = ["see trials[-1].stderr_tail for what the command printed"] if (last.stderr_tail or "").strip() \
+            else ["the command printed nothing on stderr before the timeout"]
+        if stepped:  # steps were seen (some rank stepped): not a shim that saw nothing (issue 47)
+            return (
+                f"batch {last.batch_size} ran past the {spec.search.trial_timeout:g} s trial timeout after "
+                f"{stepped} optimizer step(s) were seen",
+                ["a step takes longer than the timeout allows, or a rank waits for another that never steps (a "
+                 "collective); raise search.trial_timeout, or lower search.steps", *printed],
+            )
         return (
             f"batch {last.batch_size}: no optimizer step seen within the {spec.search.trial_timeout:g} s trial "
             "timeout",
             ["the shim counts steps of torch.optim.Optimizer (and subclasses): a script whose optimizer is not one "
              "(a hand-written update, another library's) shows no step; or its set-up takes longer than the "
-             "timeout: raise search.trial_timeout",
-             "see trials[-1].stderr_tail for what the command printed"],
+             "timeout: raise search.trial_timeout", *printed],
         )
     if stop is StopReason.TIMED_OUT and last is not None:
         return (

@@ -282,6 +282,10 @@ def command_program_problems(spec: Spec) -> list[Problem]:
         where = f"in {folder}" if "/" in program else "on PATH"
         return [Problem("command", f"no program {program!r} {where}",
                         "give the program as the job runs it (python, torchrun, accelerate, a script's path)")]
+    if Path(program).name.startswith("python") and (ignored := _site_skipping_flags(argv[1:])):
+        return [Problem("command", f"python runs with {ignored}, which skips site or PYTHONPATH: isoprobe's start-up "
+                        "shim (how it sees the command's optimizer steps) would never load, and every trial would "
+                        "time out with no step seen", f"drop {ignored} from the command for the probe")]
     if Path(program).name.startswith("python") and len(argv) > 1 and not argv[1].startswith("-"):
         script = folder / argv[1]
         if script.is_dir() and not (script / "__main__.py").is_file():
@@ -293,6 +297,23 @@ def command_program_problems(spec: Spec) -> list[Problem]:
                             "paths in the command are relative to command_dir (default: the folder isoprobe runs "
                             "in)")]
     return []
+
+
+def _site_skipping_flags(arguments: list[str]) -> str | None:
+    """The first of python's own options that skip what the shim rides on: -I (isolated: no PYTHONPATH, no site
+    of the user's), -E (no PYTHON* variables), -S (no site). Read up to the script or -m/-c, as python does."""
+    for word in arguments:
+        if not word.startswith("-") or word in ("-m", "-c", "-"):
+            return None
+        if word.startswith("--"):
+            continue
+        letters = word[1:]
+        for letter in letters:
+            if letter in "IES":
+                return f"-{letter}"
+            if letter in "WXmc":  # options that take a value: the rest of this word is it
+                break
+    return None
 
 
 #: A Python file that a factory, batch or loss names: far larger than this is generated junk, not code.

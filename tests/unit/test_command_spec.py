@@ -143,3 +143,22 @@ def test_a_spec_with_a_command_and_a_command_after_dashes_is_refused_naming_both
     err = capsys.readouterr().err
     assert code == 2, err
     assert "the spec gives a command" in err and "other.py" in err and "train.py" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command, flag", [("python -I train.py {batch_size}", "-I"),
+                                           ("python -u -E train.py {batch_size}", "-E"),
+                                           ("python -BS train.py {batch_size}", "-S"),
+                                           ("python3 -I -m mytrain {batch_size}", "-I")])
+def test_a_python_that_skips_site_or_pythonpath_is_refused_before_any_trial(tmp_path, command, flag):
+    """issue 47: 'python -I' ignores PYTHONPATH, so the shim never loads and every trial timed out saying 'no
+    optimizer step seen' after the whole timeout."""
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    [(field, message)] = problems({"command": command, "command_dir": str(tmp_path)})
+    assert field == "command" and f"python runs with {flag}" in message
+
+
+def test_python_options_that_keep_site_are_fine(tmp_path):
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    for command in ("python -u train.py {batch_size}", "python -W ignore::UserWarning train.py {batch_size}",
+                    "python -X importtime train.py {batch_size}", "python train.py -I {batch_size}"):
+        check_references(load_spec({"command": command, "command_dir": str(tmp_path)}), str(tmp_path / "s.yaml"))
