@@ -131,17 +131,18 @@ def test_the_key_holds_the_named_variables_and_the_files_the_arguments_name(tmp_
 @pytest.mark.parametrize("written", ["command: python train.py {batch_size}\n",
                                      "command: python train.py {batch_size}\nshell: true\n",
                                      "command: [python, train.py, '{batch_size}']\n"])
-def test_a_spec_with_a_command_and_a_command_after_dashes_is_refused_naming_both(tmp_path, capsys, written):
+def test_a_spec_with_a_command_and_a_command_after_dashes_is_refused_naming_both(tmp_path, written):
     """issue 47: the command line silently replaced the spec's command (or, with shell: true, said 'give command as
-    a string'). One place only: exit 2, the spec and both commands named, nothing run."""
-    from isoprobe.cli.main import main
+    a string'). One place only: exit 2, the spec and both commands named, nothing run. In a process of its own:
+    the CLI installs its signal handling, which a test in this process must not inherit."""
+    from conftest import run_cli
 
     (tmp_path / "train.py").write_text("print('hi')\n")
     spec = tmp_path / "spec.yaml"
     spec.write_text(written + "memory_budget: 1GiB\n")
-    code = main(["run", str(spec), "--no-cache", "--", "python", "other.py", "--bs", "{batch_size}"])
-    err = capsys.readouterr().err
-    assert code == 2, err
+    done = run_cli("run", str(spec), "--no-cache", "--", "python", "other.py", "--bs", "{batch_size}", timeout=60)
+    err = done.stderr
+    assert done.returncode == 2, err
     assert "the spec gives a command" in err and "other.py" in err and "train.py" in err and "Traceback" not in err
 
 
