@@ -163,6 +163,7 @@ def run_probe(
         message += "; " + eval_summary(evaluation)
     if tokens is not None:
         message = token_message(tokens, message)
+    allocator = allocator_info(spec, target.backend, environ)
     return Result(
         isoprobe_version=__version__,
         python_version=platform.python_version(),
@@ -171,8 +172,8 @@ def run_probe(
         spec_path=spec_path,
         spec=spec,
         device=target.info,
-        allocator=allocator_info(spec, target.backend, environ),
-        job_environment=job_environment(target.backend, allocator_info(spec, target.backend, environ)),
+        allocator=allocator,
+        job_environment=job_environment(target.backend, allocator),
         answered=stop in (StopReason.EDGE_FOUND, StopReason.CAPPED),
         max_batch_size=max_fitting,
         first_failing_batch_size=found.first_failing,
