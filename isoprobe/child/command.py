@@ -45,7 +45,8 @@ from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome, classify_exception
 from isoprobe.report.result import ErrorInfo
-from isoprobe.spec.command import BATCH_ENV, argv_for
+from isoprobe.child.trained_batch import not_trained_message, trial_trained_at
+from isoprobe.spec.command import BATCH_ENV, PLACEHOLDER, argv_for
 from isoprobe.system.keeper import (cancel_slurm_steps, sigkill_below, slurm_steps_of, srun_processes,
                                     wait_slurm_steps_gone)
 
@@ -88,6 +89,12 @@ class _Process:
     heap_churns: list[int | None] = field(default_factory=list)  # per step: the heap's range within it (_Sampler)
     exception: ShimException | None = None
     offset: int = 0
+    ended: bool = False  # gone (or a zombie) without an exception line, while the command ran on
+
+    @property
+    def launched_rank(self) -> bool:
+        """One of several ranks a launcher declared (WORLD_SIZE > 1): its loss ends the gang, never shrinks it."""
+        return self.hello is not None and (self.hello.world_size or 1) > 1
 
     @property
     def budget_peaks(self) -> list[int]:
@@ -148,17 +155,24 @@ class _Tree:
                     self.modules.update(line.modules)
                     self.reads.update(line.reads)
 
+    def note_endings(self) -> None:
+        """Mark the stepping processes that have ended without an exception line (``_alive``)."""
+        for process in self.processes.values():
+            if process.steps and not process.ended and process.exception is None and not _alive(process.pid):
+                process.ended = True
+
     def ranks(self) -> list[_Process]:
-        """The processes that stepped, rank order (a rank number first, then by PID)."""
-        stepping = [p for p in self.processes.values() if p.steps]
+        """The processes that stepped, rank order (a rank number first, then by PID), less those that ended while
+        the command ran on and were no launcher's rank: a helper the script ran (a sanity check of two steps in a
+        subprocess) stepped and exited, and waiting for its further steps hung every trial (issue 47)."""
+        stepping = [p for p in self.processes.values() if p.steps and not (p.ended and not p.launched_rank)]
         return sorted(stepping, key=lambda p: (p.hello.rank if p.hello and p.hello.rank is not None else 1 << 30,
                                                p.pid))
 
     def expected_ranks(self) -> int:
         """How many ranks a step must hear from: the largest WORLD_SIZE a stepping process reported, else how many
         stepped (one, for a plain script)."""
-        sizes = [p.hello.world_size for p in self.processes.values()
-                 if p.steps and p.hello is not None and p.hello.world_size]
+        sizes = [p.hello.world_size for p in self.ranks() if p.hello is not None and p.hello.world_size]
         return max([len(self.ranks()), *sizes])
 
     def failure(self) -> _Process | None:
@@ -240,6 +254,16 @@ class _Sampler:
         return max(sampled, reported or 0)
 
 
+def _alive(pid: int) -> bool:
+    """The process exists and is not a zombie (its state in /proc/PID/stat, after the command's name)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as handle:
+            state = handle.read().rsplit(b")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in (b"Z", b"X")
+
+
 def heap_bytes(pid: int) -> int | None:
     """The size of a process's brk heap (glibc's main arena, where blocks under the mmap threshold live), from
     ``[heap]`` in the head of /proc/PID/maps; None: no heap there, or the process is gone."""
@@ -285,8 +309,11 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
             if not imported and any(p.hello is not None for p in tree.processes.values()):
                 imported = True  # torch's optimizers exist in the command: what a trial's 'imported' phase says
                 events.emit(Imported(memory=MemoryReading()))
+            tree.note_endings()
             ranks = tree.ranks()
             expected = tree.expected_ranks()
+            peaks_by_rank = {pid: peaks for pid, peaks in peaks_by_rank.items() if pid in tree.processes
+                             and tree.processes[pid] in ranks}
             while ranks and len(ranks) >= expected and min(len(p.steps) for p in ranks) > judged:
                 judged += 1
                 readings = [p.steps[judged - 1] for p in ranks]
@@ -320,6 +347,10 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                        else _exit_verdict(ended, judged, request, stderr_path))
     finally:
         _end_tree(process)
+    if verdict[0] in (Outcome.FITS, Outcome.OUT_OF_MEMORY) and judged:
+        refusal = _not_trained_at_batch(request, tree.ranks(), judged, tree.expected_ranks())
+        if refusal is not None:  # a verdict about another batch than the one asked is no verdict on it
+            verdict = (Outcome.ERROR, refusal, verdict[2])
     outcome, error, phase = verdict
     _copy_stderr_tail(stderr_path)
     ranks = tree.ranks()
@@ -381,6 +412,20 @@ def _over_budget(request: TrialRequest, ranks: list[_Process], judged: int) -> E
                    "of the budget's size")
         return ErrorInfo(type="CommandOverBudget", message=message[:MESSAGE_CHARS], traceback_tail="")
     return None
+
+
+def _not_trained_at_batch(request: TrialRequest, ranks: list[_Process], judged: int, world: int
+                          ) -> ErrorInfo | None:
+    """An error when none of the trial's judged steps, on any rank, trained at the batch asked
+    (``child.trained_batch``): the trial would credit a batch the script never ran. None: it did, or no forward
+    was seen to judge by."""
+    steps = [p.steps[k].forwards for p in ranks for k in range(min(judged, len(p.steps)))]
+    if trial_trained_at(request.batch_size, steps, world) is not False:
+        return None
+    placeholder = PLACEHOLDER if request.spec.batch_from == "argument" else f"${BATCH_ENV}"
+    shown = [step.forwards for step in ranks[0].steps[:judged]]
+    message = not_trained_message(request.batch_size, shown, f"{placeholder} = {request.batch_size}")
+    return ErrorInfo(type="CommandBatchNotTrained", message=message[:MESSAGE_CHARS], traceback_tail="")
 
 
 def _mib(n: int) -> str:

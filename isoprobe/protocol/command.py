@@ -66,6 +66,10 @@ class ShimStep(_Line):
     alloc_retries: int | None = Field(None, ge=0, description="CUDA: num_alloc_retries of that device.")
     script_memory_fraction: float | None = Field(None, ge=0, le=1, description="CUDA: the fraction the script "
                                                  "set itself on that device, honoured as a fraction of the budget.")
+    forwards: list[list[int]] = Field(default_factory=list, max_length=64, description="The input shapes of the "
+                                      "model's completed forwards since the step before (root module calls with "
+                                      "gradients on and trainable parameters; the last few): the batch this step "
+                                      "trained at, as isoprobe.child.trained_batch judges it.")
     device: str
     t: float
 

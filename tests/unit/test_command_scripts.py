@@ -32,6 +32,8 @@ SCRIPTS = {
     "exits_early.py": ([], ["--batch-size", "--max-steps"]),
     "never_steps.py": ([], ["--batch-size", "--max-steps"]),
     "leaves_daemon.py": ([], ["--batch-size", "--max-steps"]),
+    "not_its_batch.py": ([], ["--mode", "--batch-size", "--max-steps"]),
+    "sanity_check_first.py": ([], ["--batch-size", "--max-steps", "--sanity"]),
 }
 
 

@@ -1,0 +1,64 @@
+"""A command that does not train at the batch it is given is refused, not credited (issue 47, 'credited a batch
+the script did not train at'): real scripts under ``isoprobe run -- COMMAND``, CPU backend, 1 GiB.
+
+Why: a script that ignores ``{batch_size}`` answered "batch 16777216 fits", and scripts with their own finders
+(Accelerate's ``find_executable_batch_size``, a halving loop) answered batches they never trained at. Each case
+here is tests/commands/not_its_batch.py in one of its modes; the probe must stop at the first trial that shows it,
+exit 4 (an error, not an answer) and say what the script trained at instead.
+"""
+
+from __future__ import annotations
+
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli
+
+pytestmark = pytest.mark.integration
+
+SCRIPT = REPO / "tests" / "commands" / "not_its_batch.py"
+
+
+@pytest.fixture
+def scratch():
+    folder = Path(tempfile.mkdtemp(prefix="ip-batch-", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@pytest.mark.parametrize("mode, start, trained", [
+    ("fixed", None, "[24, 3, 64, 64]"),       # ignores the argument: the very first trial shows it
+    ("halving", "4096", ", 3, 64, 64]"),        # catches its out-of-memory error and halves
+    ("accelerate", "4096", ", 3, 64, 64]"),   # Accelerate's finder: 90 % steps, wherever they end
+])
+def test_a_command_that_trains_another_batch_is_refused_and_says_what_it_trained(scratch, mode, start, trained):
+    options = ["--set", f"search.start_batch_size={start}"] if start else []
+    done = run_cli("run", "--no-cache", "--format", "json", "--memory-budget", "1GiB", *options, "--",
+                   sys.executable, str(SCRIPT), "--mode", mode, "--batch-size", "{batch_size}", timeout=600,
+                   cwd=REPO, env={"TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 4, done.stderr[-3000:]
+    result = done.json
+    assert result["max_batch_size"] is None and result["recommended_batch_size"] is None
+    [trial] = result["trials"]
+    assert trial["outcome"] == "error" and trial["error"]["type"] == "CommandBatchNotTrained"
+    assert trained in trial["error"]["message"]
+    assert "does not train at the batch it is given" in result["message"]
+
+
+def test_a_helper_that_stepped_and_exited_before_training_is_not_waited_for(scratch):
+    """A script whose sanity check (two steps at batch 2, in a subprocess) ran before its training: the helper
+    stepped and exited, was counted as a rank forever, and every trial timed out ("no optimizer step seen", 20
+    minutes at the default timeout). Now the helper is no rank once it has ended, and the trials measure the
+    script's own steps (at their batch: the helper's batch 2 is no credit for another)."""
+    done = run_cli("run", "--no-cache", "--format", "json", "--memory-budget", "1GiB", "--set",
+                   "search.trial_timeout=60", "--set", "search.max_batch_size=16", "--",
+                   sys.executable, str(REPO / "tests" / "commands" / "sanity_check_first.py"), "--batch-size",
+                   "{batch_size}", timeout=600, cwd=REPO, env={"TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = done.json
+    assert result["max_batch_size"] == 16
+    assert all(t["outcome"] == "fits" for t in result["trials"])
