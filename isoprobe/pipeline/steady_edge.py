@@ -17,7 +17,7 @@ from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.pipeline.explain import Found
 from isoprobe.pipeline.trials import TrialRunner, held_still
 from isoprobe.search.edge_search import Conclusion
-from isoprobe.search.history import Limits
+from isoprobe.search.history import Limits, not_reproduced
 from isoprobe.search.margin import samples_to_clear
 from isoprobe.search.steps import memory_line
 
@@ -66,9 +66,10 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
                 break
         if trial.outcome is Outcome.ERROR:
             return Found(StopReason.ERROR, _largest(ran), None, None, tuple(sorted(flaky)), short_max=failed)
-        # As in the short search's verdicts: a batch fits only if every attempt fit. One that crashed and then
-        # fit is flaky, a failure with the crash's class (it once made a batch that crashed the answer).
-        fit_every_time = all(t.outcome is Outcome.FITS for t in attempts)
+        # As in the short search's verdicts: a batch fits only if every attempt fit, one crash or timeout that
+        # the retry did not reproduce aside (``history.not_reproduced``: a process that died once is no evidence).
+        fit_every_time = (all(t.outcome is Outcome.FITS for t in attempts)
+                          or not_reproduced([t.outcome for t in attempts]))
         if trial.outcome is Outcome.FITS and not fit_every_time:
             flaky.add(batch)
         ran[batch] = fit_every_time and not runner.observation(trial).long_run

@@ -42,7 +42,9 @@ every step is as it was.
 A batch may be tried more than once, so each batch gets one *verdict* from
 all its attempts:
 - it **fits** only if every attempt fit (a batch that sometimes fails is not
-  one to run overnight);
+  one to run overnight), but for one crash or timeout that a fresh run did not
+  reproduce: a process that died once says nothing about the batch
+  (``history.not_reproduced``);
 - any **error** (a non-memory exception: a bug) stops the search at once;
 - a **crash** or **timeout** is no verdict yet: the batch is tried again in a
   fresh process, up to ``retries`` times; if it persists, the batch *fails*

@@ -1,8 +1,8 @@
 """What the trials have shown: observations, the search's limits, and each batch's verdict.
 
 The rules of evidence the whole search stands on (``search.py`` explains them):
-a batch fits only if every attempt fit, a crash or timeout is retried before it
-counts, and only a failure lowers the upper bound. Pure: no processes, no clock.
+a batch fits only if every attempt fit (one crash or timeout that a fresh run did not reproduce
+aside), a crash or timeout is retried before it counts, and only a failure lowers the upper bound. Pure: no processes, no clock.
 """
 
 from __future__ import annotations
@@ -106,8 +106,10 @@ class Limits:
 
     @property
     def most_attempts(self) -> int:
-        """No batch is ever tried more often than this (with ``steady``, a short fit may precede its deciding run)."""
-        return 1 + max(self.retries, self.confirmations_due) + (1 if self.steady else 0)
+        """No batch is ever tried more often than this (with ``steady``, a short fit may precede its deciding run; one
+        crash or timeout that no run reproduced takes one more run: ``not_reproduced``)."""
+        unreproduced = 1 if self.retries or self.confirmations_due else 0
+        return 1 + max(self.retries, self.confirmations_due + unreproduced) + (1 if self.steady else 0)
 
 
 @dataclass(frozen=True)
@@ -149,10 +151,12 @@ def verdicts(history: list[Observation] | tuple[Observation, ...], limits: Limit
     for batch, outcomes in attempts.items():
         fits = outcomes.count(Outcome.FITS)
         failures = [o for o in outcomes if o is not Outcome.FITS]
-        # A long-run failure after short fits is growth, not flakiness; a crash or timeout next to a fit is.
-        flaky = 0 < fits < len(outcomes) and (batch not in long_run or any(
+        unreproduced = not_reproduced(outcomes)
+        # A long-run failure after short fits is growth, not flakiness; a crash or timeout next to a fit is, once
+        # a fresh run has reproduced it (one that no run reproduced is no evidence at all: ``not_reproduced``).
+        flaky = not unreproduced and 0 < fits < len(outcomes) and (batch not in long_run or any(
             o in (Outcome.CRASHED, Outcome.TIMED_OUT) for o in failures))
-        if not failures:
+        if not failures or unreproduced:
             outcome: Outcome | None = Outcome.FITS
         elif Outcome.ERROR in failures:
             outcome = Outcome.ERROR
@@ -166,6 +170,19 @@ def verdicts(history: list[Observation] | tuple[Observation, ...], limits: Limit
             outcome = failures[-1]
         judged[batch] = Verdict(batch, outcome, len(outcomes), fits, flaky, batch in long_run, steady.get(batch, 0))
     return judged
+
+
+def not_reproduced(outcomes: list[Outcome] | tuple[Outcome, ...]) -> bool:
+    """One crash or timeout among a batch's runs, and a fresh run that fit: the batch's verdict is its fits.
+
+    A crash says a process died, not why; the run after it, in a fresh process, is the batch's evidence. Counted as
+    a failure, one SIGKILL from outside (a node's hiccup, a rank killed once) capped a search at 31 where 58
+    holds. Only once: a second crash or timeout at the batch is reproduced, and the batch fails with its class (a
+    batch that sometimes dies is not one to run overnight); a memory verdict is never set aside. A maximum still
+    needs its confirmation runs to fit (``proofs_due`` counts fits only)."""
+    failures = [o for o in outcomes if o is not Outcome.FITS]
+    return len(failures) == 1 and failures[0] in (Outcome.CRASHED, Outcome.TIMED_OUT) and len(outcomes) > 1 \
+        and Outcome.FITS in outcomes
 
 
 def bounds(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> tuple[int | None, int | None]:

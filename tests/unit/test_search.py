@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import isoprobe.search.edge_search as search
 from isoprobe.report.outcomes import Outcome
 from isoprobe.search.edge_search import Conclusion, StopReason, conclude, plan_next, run_search
-from isoprobe.search.history import DEFAULT_CEILING, Limits, Observation, Verdict, bounds, verdicts
+from isoprobe.search.history import DEFAULT_CEILING, Limits, Observation, Verdict, bounds, not_reproduced, verdicts
 
 FITS = Outcome.FITS
 OOM = Outcome.OUT_OF_MEMORY
@@ -324,11 +324,18 @@ def check_flaky_run(oracle: Oracle, limits: Limits, conclusion: Conclusion) -> N
     assert conclusion.stop is not StopReason.ERROR
     assert plan_next(conclusion.history, limits) is None
 
+    def clean(a):  # fit every time, or every time but one crash or timeout that no run reproduced (issue 47)
+        return set(a) == {FITS} or not_reproduced(a)
+
     for batch, outcomes in attempts.items():
         earlier = outcomes[:-1]
         if all(o is FITS for o in earlier):
             # Repeated only to confirm a maximum (this includes batches tried once).
             assert len(outcomes) <= 1 + limits.confirmations
+        elif FITS in earlier:
+            # A fit and one crash or timeout not yet reproduced: run again only for a fit that confirms.
+            assert not_reproduced(earlier), (batch, outcomes)
+            assert len(outcomes) <= limits.most_attempts
         else:
             # Otherwise repeated only because it crashed or timed out, with no fit yet.
             assert all(o in NO_VERDICT for o in earlier), (batch, outcomes)
@@ -338,17 +345,18 @@ def check_flaky_run(oracle: Oracle, limits: Limits, conclusion: Conclusion) -> N
             assert len(outcomes) == 1 + limits.retries
             assert judged[batch].outcome is outcomes[-1]
 
-    # ``flaky`` is exactly the batches with both fitting and failing attempts.
-    assert set(conclusion.flaky) == {b for b, a in attempts.items() if FITS in a and set(a) != {FITS}}
+    # ``flaky`` is exactly the batches with both fitting and failing attempts, but for an unreproduced crash.
+    assert set(conclusion.flaky) == {b for b, a in attempts.items() if FITS in a and not clean(a)}
     assert list(conclusion.flaky) == sorted(conclusion.flaky)
 
     best = conclusion.max_fitting
     if best is not None:
         assert best <= threshold                         # never above the true maximum
-        assert attempts[best] == [FITS] * len(attempts[best])  # it fit every time it was tried
+        assert clean(attempts[best])                     # it fit every time it was tried (or one crash aside)
+        assert attempts[best][-1] is FITS
         assert best not in conclusion.flaky
         # It is the largest batch that fit every time (nothing larger was ever clean).
-        assert best == max(b for b, a in attempts.items() if set(a) == {FITS})
+        assert best == max(b for b, a in attempts.items() if clean(a))
     if conclusion.first_failing is not None:
         assert best is None or conclusion.first_failing > best
         verdict = judged[conclusion.first_failing]
@@ -357,7 +365,7 @@ def check_flaky_run(oracle: Oracle, limits: Limits, conclusion: Conclusion) -> N
         assert FITS not in attempts[conclusion.first_failing] or conclusion.first_failing in conclusion.flaky
 
     if conclusion.exact:
-        assert attempts[best] == [FITS] * (1 + limits.confirmations)
+        assert attempts[best].count(FITS) == 1 + limits.confirmations
         if conclusion.stop is StopReason.EDGE_FOUND:
             assert conclusion.first_failing == best + 1
         else:
@@ -467,44 +475,71 @@ def test_a_failed_confirmation_of_the_start_leaves_no_answer():
 
 
 def test_a_failed_confirmation_of_the_cap_bisects_below_it():
-    oracle = Oracle(10_000, faults={(100, 2): TIMED_OUT})
+    oracle = Oracle(10_000, faults={(100, 2): OOM})
     conclusion = run_search(oracle, Limits(start=2, cap=100))
-    # A confirmation that times out is not retried (the batch already fit once): 100 is flaky.
+    # A confirmation that runs out of memory is not retried (the batch already fit once): 100 is flaky.
     assert oracle.asked == [2, 4, 8, 16, 32, 64, 100, 100, 82, 91, 95, 97, 98, 99, 99]
     assert triple(conclusion) == (StopReason.EDGE_FOUND, 99, 100)
-    assert conclusion.first_failing_outcome is TIMED_OUT
+    assert conclusion.first_failing_outcome is OOM
     assert conclusion.flaky == (100,)
 
 
+def test_a_confirmation_of_the_cap_that_timed_out_once_is_run_again_and_its_fit_confirms():
+    # Issue 47: a timeout the next run did not reproduce is no evidence against the batch; the confirmation that
+    # counts is a fit (``proofs_due`` counts fits), so the cap is run a third time.
+    oracle = Oracle(10_000, faults={(100, 2): TIMED_OUT})
+    conclusion = run_search(oracle, Limits(start=2, cap=100))
+    assert oracle.asked == [2, 4, 8, 16, 32, 64, 100, 100, 100]
+    assert triple(conclusion) == (StopReason.CAPPED, 100, None)
+    assert conclusion.flaky == ()
+
+
 def test_a_second_confirmation_that_fails_also_moves_the_answer_down():
-    oracle = Oracle(6, faults={(6, 3): CRASHED})
+    oracle = Oracle(6, faults={(6, 3): OOM})
     conclusion = run_search(oracle, Limits(start=2, confirmations=2))
     assert oracle.asked == [2, 4, 8, 6, 7, 6, 6, 5, 5, 5]
     assert triple(conclusion) == (StopReason.EDGE_FOUND, 5, 6)
-    assert conclusion.first_failing_outcome is CRASHED
+    assert conclusion.first_failing_outcome is OOM
     assert conclusion.flaky == (6,)
 
 
 # --------------------------------------------------------------------------- crashes and timeouts: retried, then final
 
 
-def test_a_crash_then_a_fit_is_a_failing_flaky_batch():
+def test_a_crash_that_the_retry_does_not_reproduce_is_no_evidence_against_the_batch():
+    # Issue 47: one rank SIGKILLed once at 32, the retry fit, and 32 still capped the search at 31 where 58 holds.
     oracle = Oracle(20, faults={(4, 1): CRASHED})
     conclusion = run_search(oracle, Limits(start=2, retries=1))
-    # 4 is retried at once; it fits, but a batch that crashed is never the answer.
-    assert oracle.asked == [2, 4, 4, 3, 3]
-    assert oracle.attempts()[4] == [CRASHED, FITS]
-    assert triple(conclusion) == (StopReason.EDGE_FOUND, 3, 4)
-    assert conclusion.first_failing_outcome is CRASHED
-    assert conclusion.flaky == (4,)
-    assert verdicts(conclusion.history, Limits(start=2, retries=1))[4] == Verdict(4, CRASHED, 2, 1, True)
+    assert oracle.asked[:3] == [2, 4, 4] and oracle.attempts()[4] == [CRASHED, FITS]
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 20, 21)
+    assert conclusion.flaky == ()
+    assert verdicts(conclusion.history, Limits(start=2, retries=1))[4] == Verdict(4, FITS, 2, 1, False)
+
+
+def test_a_crash_that_comes_back_fails_the_batch_with_its_class():
+    # The cap, 4, crashes, fits on its retry, and crashes again on its confirmation: reproduced.
+    oracle = Oracle(20, faults={(4, 1): CRASHED, (4, 3): CRASHED})
+    limits = Limits(start=2, cap=4, retries=1, confirmations=1)
+    conclusion = run_search(oracle, limits)
+    assert oracle.attempts()[4] == [CRASHED, FITS, CRASHED]
+    assert verdicts(conclusion.history, limits)[4].outcome is CRASHED
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 3, 4) and conclusion.flaky == (4,)
 
 
 @pytest.mark.parametrize("failure", NO_VERDICT)
-def test_a_start_that_crashes_once_then_fits_is_no_answer(failure):
+def test_a_start_that_crashes_once_then_fits_is_searched_on(failure):
     oracle = Oracle(20, faults={(2, 1): failure})
     conclusion = run_search(oracle, Limits(start=2, retries=1))
-    assert oracle.asked == [2, 2]
+    assert oracle.asked[:3] == [2, 2, 4]
+    assert triple(conclusion) == (StopReason.EDGE_FOUND, 20, 21)
+    assert conclusion.flaky == ()
+
+
+@pytest.mark.parametrize("failure", NO_VERDICT)
+def test_a_start_that_crashes_twice_around_a_fit_is_no_answer(failure):
+    oracle = Oracle(20, faults={(2, 1): failure, (2, 3): failure})
+    conclusion = run_search(oracle, Limits(start=2, cap=2, retries=1))
+    assert oracle.asked == [2, 2, 2]
     expected = StopReason.CRASHED if failure is CRASHED else StopReason.TIMED_OUT
     assert triple(conclusion) == (expected, None, 2)
     assert conclusion.flaky == (2,)
@@ -728,9 +763,12 @@ LIMITS = Limits(start=2)  # retries=1, confirmations=1
         ([TIMED_OUT, CRASHED], 1, CRASHED, False),
         ([CRASHED, OOM], 2, OOM, False),        # out of memory if any attempt was
         ([OOM, CRASHED], 2, OOM, False),
-        ([CRASHED, FITS], 1, CRASHED, True),    # fit on the retry: still a failure, and flaky
-        ([FITS, CRASHED], 3, CRASHED, True),    # a failed confirmation is never retried
-        ([FITS, TIMED_OUT], 1, TIMED_OUT, True),
+        ([CRASHED, FITS], 1, FITS, False),      # issue 47: a crash the retry did not reproduce is no evidence
+        ([FITS, CRASHED], 3, FITS, False),      # ... nor one a confirmation met once (the next run must fit)
+        ([FITS, TIMED_OUT], 1, FITS, False),
+        ([CRASHED, FITS, CRASHED], 1, CRASHED, True),   # reproduced: a failure with its class, and flaky
+        ([FITS, TIMED_OUT, TIMED_OUT], 1, TIMED_OUT, True),
+        ([CRASHED, FITS, OOM], 1, OOM, True),   # a memory verdict is never set aside
         ([ERROR], 1, ERROR, False),
         ([FITS, ERROR], 1, ERROR, True),
         ([CRASHED, ERROR], 2, ERROR, False),
@@ -748,7 +786,7 @@ def test_verdicts_judge_each_batch_separately_and_ignore_order_between_batches()
     judged = verdicts(history, LIMITS)
     assert set(judged) == {2, 4, 8}
     assert judged[2] == Verdict(2, FITS, 2, 2, False)
-    assert judged[4] == Verdict(4, CRASHED, 2, 1, True)
+    assert judged[4] == Verdict(4, FITS, 2, 1, False)  # a crash the retry did not reproduce (issue 47)
     assert judged[8] == Verdict(8, OOM, 1, 0, False)
     assert verdicts([], LIMITS) == {}
 
@@ -848,8 +886,8 @@ def test_plan_next_retries_the_smallest_pending_batch_first():
     history += [obs(8, FITS)]
     assert plan_next(history, LIMITS) == 16
     history += [obs(16, CRASHED)]
-    # 8 fit on its retry but had failed: a flaky failure, so the bracket is (4, 8).
-    assert plan_next(history, LIMITS) == 6
+    # 8 fit on its retry, its timeout not reproduced: it fits (issue 47), and 16, crashed twice, fails: (8, 16).
+    assert plan_next(history, LIMITS) == 12
 
 
 def test_plan_next_retries_before_confirming():
@@ -881,12 +919,13 @@ def test_conclude_edge_found_over_a_crashed_upper_bound():
 
 def test_conclude_reports_flaky_batches_sorted():
     history = history_of(
-        (2, FITS), (4, FITS), (8, CRASHED), (8, FITS), (6, FITS), (7, OOM), (6, OOM), (5, FITS), (5, FITS)
+        (2, FITS), (4, FITS), (8, CRASHED), (8, FITS), (8, CRASHED), (6, FITS), (7, OOM), (6, OOM), (5, FITS),
+        (5, FITS)
     )
     conclusion = conclude(history, LIMITS)
     assert triple(conclusion) == (StopReason.EDGE_FOUND, 5, 6)
     assert conclusion.first_failing_outcome is OOM
-    assert conclusion.flaky == (6, 8)
+    assert conclusion.flaky == (6, 8)  # 8's crash came back: flaky
 
 
 def test_conclude_start_does_not_fit():
@@ -963,10 +1002,10 @@ def test_limits_defaults():
     assert limits.cap is None
     assert limits.highest == DEFAULT_CEILING == 1 << 24
     assert (limits.retries, limits.confirmations) == (1, 1)
-    assert limits.most_attempts == 2
+    assert limits.most_attempts == 3  # a fit, one crash that no run reproduced, and the fit that confirms
 
 
-@pytest.mark.parametrize("retries,confirmations,most", [(0, 0, 1), (1, 0, 2), (0, 3, 4), (2, 1, 3), (2, 2, 3)])
+@pytest.mark.parametrize("retries,confirmations,most", [(0, 0, 1), (1, 0, 2), (0, 3, 5), (2, 1, 3), (2, 2, 4)])
 def test_limits_most_attempts(retries, confirmations, most):
     assert Limits(retries=retries, confirmations=confirmations).most_attempts == most
 
