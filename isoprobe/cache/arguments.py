@@ -41,8 +41,8 @@ from isoprobe.system.files import sha256_of
 LARGE_FILE = 64 * 1024 * 1024
 #: The folders' listings name at most this many entries (files and folders, all folders together), and give the
 #: size and modification time of at most ``FOLDER_STATS`` files (one ``stat`` each). Measured on 2 cores shared
-#: with other work (load 9): a name costs about 4 us, a stat about 16 us, so at most about 110 ms in all
-#: (docs/command.md, "The cache").
+#: with other work (load 6-9): a name costs about 4 us, a stat about 16 us; 30,000 files list to these bounds in
+#: 65-90 ms (docs/command.md, "The cache").
 FOLDER_ENTRIES = 20_000
 FOLDER_STATS = 2_000
 #: The system's own folders: installed software, never the user's files.
@@ -140,7 +140,8 @@ def installed_roots() -> tuple[str, ...]:
 
     import isoprobe
 
-    roots = {sysconfig.get_paths().get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
+    paths = sysconfig.get_paths()
+    roots = {paths.get(name) for name in ("stdlib", "platstdlib", "purelib", "platlib")}
     roots |= {sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix}
     roots |= set(getattr(site, "getsitepackages", list)())
     user_site = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
