@@ -15,7 +15,13 @@ microseconds, so the hit path stays free of torch and of children.
 
 The children also report the files they read (``child.reads``), which the
 parent hashes into the same ``sources``, and a trial its intra-op threads,
-which must be the ones the key holds (``cache.threads``).
+which must be the ones the key holds (``cache.threads``). A command trial
+reports a folder it read many files of (a dataset that DataLoader workers
+read) as the folder (``path/``): its entry is the folder's own listing
+(``cache.arguments.folder_listing``, not its subfolders, at most
+``READ_FOLDER_ENTRIES`` names and ``READ_FOLDER_STATS`` sizes), and a file
+above ``cache.arguments.LARGE_FILE`` bytes is its size and modification time:
+the hit re-checks all of it, so none of it may cost seconds.
 
 A trial that crashes reports nothing; the modules it ran are the ones its
 siblings that finished ran too.
@@ -23,16 +29,45 @@ siblings that finished ran too.
 
 from __future__ import annotations
 
+import hashlib
 import os
+import stat
 from collections.abc import Mapping
 
+from isoprobe.cache.arguments import LARGE_FILE, folder_listing
 from isoprobe.system.files import UntrustedFile, sha256_of
+
+#: A folder a trial read from (a path ending in ``/``) is keyed by its own entries, at most this many names and sizes.
+READ_FOLDER_ENTRIES = 5_000
+READ_FOLDER_STATS = 500
+#: At most this many folders and files read are kept (a trial reports the folders it read the most files of first).
+READ_FOLDERS = 4
+READ_FILES = 256
+
+
+def source_digest(path: str) -> str | None:
+    """What an entry's source holds for ``path``: a file's SHA-256 (above ``LARGE_FILE`` bytes, of its size and
+    modification time), or, for a folder (``path/``), of its own listing; None when it is not there.
+    ``UntrustedFile`` for a file that is not a regular one (a link, a FIFO), OSError when it cannot be read."""
+    if path.endswith("/"):
+        if not os.path.isdir(path):
+            return None
+        listing = folder_listing(path, limit=READ_FOLDER_ENTRIES, stat_limit=READ_FOLDER_STATS, recursive=False)
+        return hashlib.sha256(f"folder {listing['listing']}".encode()).hexdigest()
+    try:
+        status = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    if stat.S_ISREG(status.st_mode) and status.st_size > LARGE_FILE:
+        return hashlib.sha256(f"large file: {status.st_size} bytes, mtime {status.st_mtime_ns}".encode()).hexdigest()
+    return sha256_of(path)
+
 
 def changed_source(sources: Mapping[str, str]) -> str | None:
     """Why the recorded sources no longer hold (the first file that changed), or None when all are as probed."""
     for path, recorded in sources.items():
         try:
-            current = sha256_of(path)
+            current = source_digest(path)
         except UntrustedFile as exc:
             return f"{path} changed since it was probed ({exc})"
         except OSError as exc:
@@ -63,6 +98,15 @@ class SourceRecorder:
         self.sources: dict[str, str] = {}
         self.conflicts: list[str] = []
         self.threads: set[int] = set()
+        self._read_sources: set[str] = set()  # the sources that came from reads (bounded: _room_for)
+
+    def _room_for(self, path: str) -> bool:
+        """Whether one more read fits the bound a hit re-checks: ``READ_FOLDERS`` folders, ``READ_FILES`` files
+        (a file in a folder already listed is in its listing)."""
+        if os.path.dirname(path) + "/" in self.sources:
+            return False
+        kept = sum(p.endswith("/") == path.endswith("/") for p in self._read_sources)
+        return kept < (READ_FOLDERS if path.endswith("/") else READ_FILES)
 
     def prestart(self, conditions) -> None:
         self.inner.prestart(conditions)
@@ -77,13 +121,19 @@ class SourceRecorder:
                 if self.sources.setdefault(path, digest) != digest and path not in self.conflicts:
                     self.conflicts.append(path)
             for path in getattr(event, "reads", None) or ():
-                if path not in self.sources and os.path.isabs(path):
+                if path not in self.sources and os.path.isabs(path) and self._room_for(path):
                     try:
-                        digest = sha256_of(path)
+                        digest = source_digest(path)
                     except (OSError, ValueError):  # not a regular file now: nothing the answer could depend on
                         continue
                     if digest is not None:
                         self.sources[path] = digest
+                        self._read_sources.add(path)
+                        if path.endswith("/"):  # its files, hashed from an earlier report, are in its listing
+                            for inside in [p for p in self._read_sources
+                                           if p != path and os.path.dirname(p) + "/" == path]:
+                                self._read_sources.discard(inside)
+                                self.sources.pop(inside, None)
             if getattr(event, "threads", None) is not None:
                 self.threads.add(event.threads)
         return run

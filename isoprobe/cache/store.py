@@ -49,8 +49,10 @@ CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
 #: (2: entries record the sources their trials ran; 3: the step holds its output through backward, and
 #: the recommendation is soaked: an older entry answered for a different step; 4: a CPU key holds the
 #: trials' threads, and the sources include the files the children read; 5: the maximum is the long run's,
-#: its confirmation stepping until the peak is steady: an older entry answered for search.steps steps).
-KEY_VERSION = 5
+#: its confirmation stepping until the peak is steady: an older entry answered for search.steps steps; 6: a
+#: command's key holds its executable, its shell line's files and the listings of the folders it names, and the
+#: sources of a probe's reads are bounded: ``cache.arguments``, ``cache.sources``).
+KEY_VERSION = 6
 #: An entry larger than this is refused unread (a real one with hundreds of trials is well under 1 MiB).
 ENTRY_LIMIT = 16 * 1024 * 1024
 
@@ -98,26 +100,24 @@ def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: l
 
 def command_material(spec: Spec, environ: Mapping[str, str]) -> dict:
     """What a command's answer depends on beyond the spec (which holds the command and its folder): the values of
-    the variables ``command_env`` names, and the files its arguments name (the script, a config), hashed.
+    the variables ``command_env`` names, and what its words name outside the installed environment
+    (``cache.arguments``): files hashed (the script, a config, the launcher script it runs, the words of a shell
+    line), folders listed (a dataset).
 
     The modules and files the command's processes imported or read are the entry's sources, recorded by its
-    trials and checked when it is read (``cache.trust``), as for a factory's; the arguments' files are keyed
+    trials and checked when it is read (``cache.trust``), as for a factory's; the words' files are keyed
     here too, so an edited script is a new probe even where no trial's process got as far as importing it."""
-    from isoprobe.spec.command import argv_for
+    import tempfile
 
-    folder = Path(spec.command_dir or ".")
-    files = {}
-    for word in argv_for(spec.command, spec.shell, None)[1:]:
-        candidate = word.partition("=")[2] if word.startswith("-") and "=" in word else word
-        if not candidate or candidate.startswith("-") or len(candidate) > 4096:
-            continue
-        path = folder / candidate
-        try:
-            if path.is_file():
-                files[candidate] = sha256_of(path) or "missing"
-        except (OSError, ValueError):
-            continue
-    return {"environment": {name: environ.get(name) for name in spec.command_env}, "files": files}
+    from isoprobe.cache.arguments import argument_material
+    from isoprobe.spec.command import command_words
+
+    skip = [Path(tempfile.gettempdir())]
+    if environ.get(CACHE_DIR_VARIABLE, "").strip():
+        skip.append(cache_directory(environ))
+    named = argument_material(command_words(spec.command, spec.shell), spec.shell, Path(spec.command_dir or "."),
+                              skip)
+    return {"environment": {name: environ.get(name) for name in spec.command_env}, **named}
 
 
 def _keyed_gpu(gpu: dict) -> dict:

@@ -662,6 +662,12 @@ def _sources(modules: set[str]) -> dict[str, str]:
 
 
 def _reads(reads: set[str], modules: set[str]) -> list[str]:
+    """The files the command's processes read (its DataLoader workers' too), outside the installed environment; a
+    folder they read more than 16 files of is named instead (``path/``), the four read the most first: the parent
+    keys it by its listing (``cache.sources``), so a dataset costs a cache hit a bounded listing, not a hash of each
+    of its files. Files of a folder past those four are left out, and so are more than 256 files."""
+    from collections import Counter
+
     from isoprobe.child.sources import environment_roots
 
     roots = environment_roots()
@@ -671,4 +677,7 @@ def _reads(reads: set[str], modules: set[str]) -> list[str]:
             continue
         if os.path.isfile(path):
             found.append(path)
-    return found
+    per_folder = Counter(os.path.dirname(path) for path in found)
+    many = [folder for folder, count in per_folder.most_common() if count > 16]
+    files = [path for path in found if per_folder[os.path.dirname(path)] <= 16]
+    return [os.path.join(folder, "") for folder in many[:4]] + files[:256]

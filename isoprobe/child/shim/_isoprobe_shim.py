@@ -70,8 +70,20 @@ def hooked_spec(name, path):
     return spec
 
 
+#: The start-up hook's reads and its hand-over list (``sitecustomize``), when it noted the process from its start;
+#: the pid whose hooks were registered (a process forked from it, a DataLoader worker, reports its reads at once).
+_early = {"reads": None, "handler": None, "pid": None}
+
+
+def adopt_early_reads(reads, handler):
+    """``sitecustomize``'s reads since the interpreter started, and its hook's hand-over list: ``_audit`` takes
+    both over once the step hooks are registered (one audit hook a process: hooks cannot be removed)."""
+    _early["reads"], _early["handler"] = reads, handler
+
+
 def _watch_threads_and_reads():
-    """Once torch is in: exceptions that end a thread, and the files the process opens from now on."""
+    """Once torch is in: exceptions that end a thread, and the files the process opens (noted from the
+    interpreter's start by ``sitecustomize``'s hook, which hands over to ``_audit`` here)."""
     import threading
 
     _state["lock"] = threading.Lock()
@@ -84,7 +96,12 @@ def _watch_threads_and_reads():
         previous_thread_hook(args)
 
     threading.excepthook = thread_hook
-    sys.addaudithook(_audit)
+    _early["pid"] = os.getpid()
+    if _early["handler"] is not None:
+        _state["reads"].update(_early["reads"] or ())  # what the script read before it imported torch (its config)
+        _early["handler"].append(_audit)
+    else:
+        sys.addaudithook(_audit)
 
 
 def _register(module):
@@ -476,10 +493,31 @@ def _audit(event, args):
         reads = ("r" in mode or "+" in mode) if isinstance(mode, str) else (flags & os.O_ACCMODE) != os.O_WRONLY
         if reads and len(_state["reads"]) < 10000:
             path = os.path.abspath(os.fsdecode(os.fspath(path)))
-            if _outside(path):  # the installed environment's files (every import) are not kept
+            if _outside(path) and path not in _state["reads"]:  # the installed environment's (every import) are not
                 _state["reads"].add(path)
+                if _not_stepping():
+                    _report_read(path)
     except Exception:
         pass
+
+
+def _not_stepping():
+    """Whether this process never reaches a step of its own to report its reads at: a process forked from the one
+    whose hooks were registered, or a DataLoader worker (forked or spawned: torch set its worker info)."""
+    if os.getpid() != _early["pid"]:
+        return True
+    worker = sys.modules.get("torch.utils.data._utils.worker")
+    return getattr(worker, "_worker_info", None) is not None
+
+
+def _report_read(path):
+    """One file a process that never steps read, written now (a worker is killed with the trial, never asked)."""
+    real = os.path.realpath(path)
+    if (real in _state["reported"] or not _outside(real) or "__pycache__" in real
+            or real.startswith(os.path.realpath(_state["dir"]))):
+        return
+    _state["reported"].add(real)
+    _write({"kind": "files", "pid": os.getpid(), "modules": [], "reads": [real]})
 
 
 def _report_files():

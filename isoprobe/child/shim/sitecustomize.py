@@ -9,12 +9,39 @@ the import system (which loads ``_isoprobe_shim``, the rest, once torch's optimi
 loaded everything the shim needs anyway) and wraps ``sys.excepthook``; then it runs the ``sitecustomize`` it hides,
 if the environment has one further along the path (Debian's system Python ships one; a cluster's module system
 may add its own), found by ``stat`` alone. Standard library only; nothing here may raise into the user's process.
+
+It also notes, from the interpreter's start, the files the process opens for reading (an audit hook and a set: a
+script may read its config before it imports torch, and the cache must know that file). Bytecode and the
+interpreter's own folders are left out here (every import opens one), the rest is filtered by the shim, which takes
+the set and the hook over once it is loaded (``_isoprobe_shim.adopt_early_reads``).
 """
 
 import os
 import sys
 
 _OPTIMIZER_MODULE = "torch.optim.optimizer"
+#: Files opened for reading before the shim was loaded (absolute paths), and the shim's hook once it is: then every
+#: ``open`` goes to it (an audit hook cannot be removed, so this one stays and hands over).
+_reads = set()
+_handler = []
+_PREFIXES = tuple({os.path.join(p, "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p})
+
+
+def _note_open(event, args):
+    if event != "open":
+        return
+    if _handler:
+        return _handler[0](event, args)
+    try:
+        path, mode, flags = args
+        if path is None or isinstance(path, int) or len(_reads) >= 10000:
+            return
+        if ("r" in mode or "+" in mode) if isinstance(mode, str) else (flags & os.O_ACCMODE) != os.O_WRONLY:
+            path = os.path.abspath(os.fsdecode(path))
+            if not path.endswith(".pyc") and not path.startswith(_PREFIXES):
+                _reads.add(path)
+    except Exception:
+        pass
 
 
 class _IsoprobeOptimizerFinder:
@@ -30,6 +57,7 @@ class _IsoprobeOptimizerFinder:
         try:
             import _isoprobe_shim
 
+            _isoprobe_shim.adopt_early_reads(_reads, _handler)
             return _isoprobe_shim.hooked_spec(name, path)
         except Exception as exc:  # never the user's problem: the trial reports "no optimizer step seen"
             sys.stderr.write(f"isoprobe shim: not installed ({type(exc).__name__}: {exc})\n")
@@ -50,6 +78,7 @@ def _start():
     if os.environ.get("ISOPROBE_SHIM_DIR"):
         sys.meta_path.insert(0, _IsoprobeOptimizerFinder())
         sys.excepthook = _report_and_raise
+        sys.addaudithook(_note_open)
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         for entry in sys.path:
