@@ -45,6 +45,7 @@ from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome, classify_exception
 from isoprobe.report.result import ErrorInfo
+from isoprobe.child.rank_loss import killed_rank, lost_message, peer_loss
 from isoprobe.child.trained_batch import not_trained_message, trial_trained_at
 from isoprobe.spec.command import BATCH_ENV, PLACEHOLDER, argv_for
 from isoprobe.system.keeper import (cancel_slurm_steps, sigkill_below, slurm_steps_of, srun_processes,
@@ -304,7 +305,8 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
             tree.read(sampler)
             failed = tree.failure()
             if failed is not None:
-                verdict = _exception_verdict(failed, judged, _exit_status_of(process, failed))
+                verdict = (_rank_lost_verdict(process, tree, failed, judged, stderr_path)
+                           or _exception_verdict(failed, judged, _exit_status_of(process, failed)))
                 break
             if not imported and any(p.hello is not None for p in tree.processes.values()):
                 imported = True  # torch's optimizers exist in the command: what a trial's 'imported' phase says
@@ -343,7 +345,8 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                 continue
             tree.read(sampler)  # the last lines of a command that has ended
             failed = tree.failure()
-            verdict = (_exception_verdict(failed, judged, _exit_status_of(process, failed)) if failed is not None
+            verdict = ((_rank_lost_verdict(process, tree, failed, judged, stderr_path)
+                        or _exception_verdict(failed, judged, _exit_status_of(process, failed))) if failed is not None
                        else _exit_verdict(ended, judged, request, stderr_path))
     finally:
         _end_tree(process)
@@ -538,6 +541,33 @@ def _exit_status_of(process: subprocess.Popen, failed: _Process) -> int | None:
         return None
 
 
+def _rank_lost_verdict(process: subprocess.Popen, tree: _Tree, failed: _Process, judged: int, stderr_path: Path
+                       ) -> tuple[Outcome, ErrorInfo, str] | None:
+    """A crash, naming the lost rank, when ``failed``'s error is a transport's whose peer is gone and a rank of the
+    gang was lost without an error of its own (``child.rank_loss``); None: the failure is what it says."""
+    exception = failed.exception
+    if exception is None or not peer_loss(exception.message):
+        return None
+    lost = [p for p in tree.processes.values()
+            if p is not failed and p.hello is not None and p.exception is None and not _alive(p.pid)]
+    try:  # the launcher's report of its ranks comes when it ends (torchrun: after it has stopped the others)
+        process.wait(timeout=_EXIT_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    report = killed_rank(_tail(stderr_path, lines=200), pid=lost[0].pid if lost else None)
+    if report is None and lost:
+        report = killed_rank(_tail(stderr_path, lines=200), rank=lost[0].hello.rank)
+    if not lost and report is None:
+        return None
+    name = lost[0].name if lost else f"rank {report.rank} (pid {report.pid})"
+    steps = len(lost[0].steps) if lost else exception.steps
+    how = f"was killed by {report.signal_name}" if report is not None else "ended"
+    message = lost_message(name, steps, how, failed.name, exception.message)
+    tail = "\n".join(exception.traceback.splitlines()[-_TRACEBACK_LINES:]) + "\n"
+    return Outcome.CRASHED, ErrorInfo(type="RankLost", message=message[:MESSAGE_CHARS], traceback_tail=tail), \
+        f"step {judged + 1}"
+
+
 def _exception_verdict(failed: _Process, judged: int, status: int | None = None) -> tuple[Outcome, ErrorInfo, str]:
     exception = failed.exception
     outcome = classify_exception(exception.types, exception.message)
@@ -574,6 +604,11 @@ def _exit_verdict(status: int, judged: int, request: TrialRequest, stderr_path: 
                        "batches at this size; let it run longer (the trial ends it)")
         return Outcome.ERROR, ErrorInfo(type="CommandEnded", message=message, traceback_tail=tail), phase
     how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
+    report = killed_rank(_tail(stderr_path, lines=200)) if status != 0 else None
+    if report is not None and not _shows_allocation_failure(tail):  # a launcher's rank lost to a signal
+        message = lost_message(f"rank {report.rank} (pid {report.pid})", judged, f"was killed by "
+                               f"{report.signal_name}", None, None) + f" (the launcher {how})"
+        return Outcome.CRASHED, ErrorInfo(type="RankLost", message=message, traceback_tail=tail), phase
     if _shows_allocation_failure(tail):
         message = f"the command {how} after {judged} optimizer step(s), and its stderr shows an allocation failure"
         return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message,
@@ -590,7 +625,7 @@ def _shows_allocation_failure(text: str) -> bool:
             or ("ncclunhandledcudaerror" in lowered and "out of memory" in lowered))
 
 
-def _tail(path: Path) -> str:
+def _tail(path: Path, lines: int = _TRACEBACK_LINES) -> str:
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
@@ -599,7 +634,7 @@ def _tail(path: Path) -> str:
             text = handle.read().decode(errors="replace")
     except OSError:
         return ""
-    return "\n".join(text.splitlines()[-_TRACEBACK_LINES:]) + "\n"
+    return "\n".join(text.splitlines()[-lines:]) + "\n"
 
 
 def _copy_stderr_tail(path: Path) -> None:

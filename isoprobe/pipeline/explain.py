@@ -224,6 +224,11 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
                 f"batch {last.batch_size} crashed: its 'fits' was rejected ({last.reclassified})",
                 ["see trials[-1].reclassified: the child's verdict contradicts what it was asked or measured"],
             )
+        if last.error is not None and last.error.type == "RankLost":  # a command's rank lost to a signal
+            return (f"batch {last.batch_size} crashed: {last.error.message}",
+                    ["a rank killed by SIGKILL with no error of its own is often the kernel's OOM killer (dmesg, the "
+                     "job's memory limit) or a kill from outside; see trials[-1].stderr_tail for the launcher's "
+                     "report"])
         how = f"killed by {last.signal}" if last.signal else f"exited with status {last.exit_code} without a result"
         return (
             f"batch {last.batch_size} crashed ({how}, last phase: {last.phase})",

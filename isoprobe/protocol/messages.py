@@ -240,10 +240,12 @@ class EvalDone(_Event):
 
 
 class TrialResult(_Event):
-    """The child's own verdict: fits, out_of_memory or error, with what it measured."""
+    """The child's own verdict: fits, out_of_memory or error, with what it measured; or crashed, from a command
+    trial's supervisor only, which saw a rank of the command lost to a signal (``child.rank_loss``) while it
+    itself ran on to say which."""
 
     event: Literal["result"] = "result"
-    outcome: Literal[Outcome.FITS, Outcome.OUT_OF_MEMORY, Outcome.ERROR]
+    outcome: Literal[Outcome.FITS, Outcome.OUT_OF_MEMORY, Outcome.ERROR, Outcome.CRASHED]
     phase: str
     step_seconds: list[float] = Field(default_factory=list)
     peak_bytes: int | None = None

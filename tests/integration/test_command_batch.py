@@ -62,3 +62,23 @@ def test_a_helper_that_stepped_and_exited_before_training_is_not_waited_for(scra
     result = done.json
     assert result["max_batch_size"] == 16
     assert all(t["outcome"] == "fits" for t in result["trials"])
+
+
+@pytest.mark.parametrize("signal_name, at_step", [("KILL", 1), ("SEGV", 0)])
+def test_a_rank_killed_by_a_signal_under_torchrun_is_named_and_its_peers_error_is_not_blamed(scratch, signal_name,
+                                                                                              at_step):
+    """Rank 1 SIGKILLed under torchrun was blamed on rank 0's "Connection reset by peer ... the script's error",
+    and rank 1 was never named. Now the lost rank is named with its signal (torchrun's report), its peer's error
+    is said to follow from it, and the trial is a crash (retried, never the script's error)."""
+    done = run_cli("run", "--no-cache", "--format", "json", "--memory-budget", "1GiB", "--set",
+                   "search.start_batch_size=4", "--set", "search.max_batch_size=4", "--",
+                   sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                   str(REPO / "tests" / "commands" / "killed_rank.py"), "--batch-size", "{batch_size}", "--kill-with",
+                   signal_name, "--at-step", str(at_step), timeout=600, cwd=REPO,
+                   env={"TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"})
+    result = done.json
+    assert done.returncode == 4 and result["stop_reason"] == "crashed", done.stderr[-3000:]
+    assert [t["outcome"] for t in result["trials"]] == ["crashed", "crashed"]  # retried: reproduced
+    assert all(t["error"]["type"] == "RankLost" for t in result["trials"])
+    assert f"rank 1 (pid " in result["message"] and f"was killed by SIG{signal_name}" in result["message"]
+    assert "the script's error" not in result["message"]
