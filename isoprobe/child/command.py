@@ -617,8 +617,25 @@ def _exit_verdict(status: int, judged: int, request: TrialRequest, stderr_path: 
     return Outcome.ERROR, ErrorInfo(type="CommandFailed", message=message, traceback_tail=tail), phase
 
 
+#: Lines of a command's stderr that count as its last words when no traceback is there.
+_LAST_WORDS_LINES = 6
+
+
+def last_words(text: str) -> str:
+    """What a command said as it ended: its last traceback (from the last 'Traceback' line on), else its last
+    few lines. Not the whole tail: a script that mentions ``torch.OutOfMemoryError`` as it starts (a log line, its
+    own handler's banner) and then fails on a missing file ran out of nothing (issue 47: every batch was "out of
+    memory", and the probe said every trial's peak kept rising)."""
+    at = text.rfind("Traceback (most recent call last)")
+    if at >= 0:
+        return text[at:]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[-_LAST_WORDS_LINES:])
+
+
 def _shows_allocation_failure(text: str) -> bool:
-    """The command's stderr shows an allocation failure: an allocator's wording, or NCCL's failed cudaMalloc."""
+    """The command's last words show an allocation failure: an allocator's wording, or NCCL's failed cudaMalloc."""
+    text = last_words(text)
     lowered = text.lower()
     return (any(marker in text for marker in _OOM_STDERR_MARKERS)
             or any(marker in lowered for marker in _NCCL_OOM_MARKERS)

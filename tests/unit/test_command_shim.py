@@ -241,6 +241,11 @@ def request(steps=3):
     (1, 2, "RuntimeError: DefaultCPUAllocator: can't allocate memory: you tried", Outcome.OUT_OF_MEMORY,
      "allocation failure"),
     (-9, 0, "", Outcome.ERROR, "killed by SIGKILL"),
+    # issue 47: a mention of the allocator's words long before the end is not how the command ended
+    (1, 2, "handler ready for torch.OutOfMemoryError\n" + "step ok\n" * 10 + "error: data/train.bin: no such file",
+     Outcome.ERROR, "exited with status 1"),
+    (0, 0, "will catch MemoryError and halve\n" + "loading\n" * 10 + "no optimizer in this config, done",
+     Outcome.ERROR, "without an optimizer step"),
     (2, 0, "usage: t.py [-h]\nt.py: error: unrecognized arguments: --bad", Outcome.ERROR, "exited with status 2"),
 ])
 def test_an_ending_nobody_asked_for_is_classified_from_what_it_left(tmp_path, status, judged, stderr, outcome, words):
