@@ -331,10 +331,25 @@ class TrialRunner:
         is read where it decides, ``search.margin.near``)."""
         if self.steady_rule is None:
             return None
+        rule = steady.watching_for(self.steady_rule, self.rising_rate(batch))
         spread = self.spread(least=True, batch=batch)
         if spread is None:
-            return self.steady_rule
-        return self.steady_rule.model_copy(update={"stop_at_bytes": max(0, self.target.search_capacity - spread.bytes)})
+            return rule
+        return rule.model_copy(update={"stop_at_bytes": max(0, self.target.search_capacity - spread.bytes)})
+
+    def rising_rate(self, batch: int | None) -> float | None:
+        """The fastest rise (bytes a step) of this probe's trials that were still rising at the cap, scaled down
+        to ``batch`` where it is smaller (a leak that keeps part of each batch grows with the batch): what a
+        deciding trial at ``batch`` must be able to see (``steady.watching_for``). None: no trial was."""
+        rates = []
+        for t in self.same_question():
+            if t.outcome is not Outcome.STILL_RISING:
+                continue
+            rate = steady.rising_rate(t.step_budget_peak_bytes or t.step_peak_bytes or [])
+            if rate:
+                scale = min(1.0, batch / t.batch_size) if batch else 1.0
+                rates.append(rate * scale)
+        return max(rates) if rates else None
 
     def marginal(self, trial: Trial) -> "Margin | None":
         """The margin of a training trial that fit with no more than the spread free (marginal); None otherwise

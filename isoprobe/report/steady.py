@@ -140,3 +140,27 @@ def swing_bytes(own_peaks: list[int | None]) -> int | None:
         swing = max(swing, peak - lowest_after)
         lowest_after = min(lowest_after, peak)
     return swing
+
+
+def rising_rate(peaks: list[int]) -> float | None:
+    """How fast a trial's running peak rose over the second half of its steps, in bytes a step; None with fewer
+    than four steps (the first half holds the start-up's growth, which every run has and which stops)."""
+    if len(peaks) < 4:
+        return None
+    half = len(peaks) // 2
+    return max(0.0, (peaks[-1] - peaks[half]) / (len(peaks) - 1 - half))
+
+
+def watching_for(rule: SteadyRule, rate: float | None) -> SteadyRule:
+    """The rule for a deciding trial of a probe whose trials were still rising at the cap, at ``rate`` bytes a step
+    expected at this trial's batch (``TrialRunner.deciding_rule``): a window long enough for that rate to rise
+    past the tolerance twice over (up to the cap), and no quiet window. Why: a leak that keeps a slice of every
+    batch rises ~150 KiB every few steps, which the 3-step quiet window with its 256 KiB tolerance read as still;
+    batch 15 "survived" and ran out at step 1,326 of a real run, while 16, 32 and 96 had been seen still rising
+    (issue 47). Unchanged where no rate was seen."""
+    if not rate or rate <= 0:
+        return rule
+    needed = -(-2 * rule.tolerance_bytes // int(max(1.0, rate)))
+    window = min(max(rule.window, needed), rule.max_steps - 1)
+    return rule.model_copy(update={"window": window, "quiet_window": None})
+

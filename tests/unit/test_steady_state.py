@@ -272,3 +272,55 @@ def test_the_childs_step_hook_stops_a_quiet_heap_after_the_shorter_window(monkey
         return 30
     assert steps_until_stop(MiB // 4) == 1 + steady.QUIET_WINDOW_STEPS + 1
     assert steps_until_stop(2 * MiB) == 1 + steady.WINDOW_STEPS + 1
+
+
+KiB = 1 << 10
+
+
+def _slice_keeping_device(kept_per_sample: int, every: int):
+    """A device whose script keeps a slice of every batch (issue 47's leak): ``kept_per_sample`` bytes a sample,
+    handed back to the heap in jumps every ``every`` steps (the heap grows by whole chunks), as a running peak."""
+    from isoprobe.executors.scripted import _asked_steps, out_of_memory
+
+    def script(call):
+        first = HOG_FIXED + HOG_PER_SAMPLE * call.batch_size
+        rule, peaks = call.request.steady, []
+        while True:
+            k = len(peaks) + 1
+            peak = first + ((k - 1) // every) * every * kept_per_sample * call.batch_size
+            if call.budget is not None and peak > call.budget:
+                return out_of_memory(at_step=k, step_peaks=peaks)
+            peaks.append(max(peaks[-1] if peaks else 0, peak))
+            if steady.should_stop(peaks, rule) if rule is not None else len(peaks) >= (_asked_steps() or 3):
+                return fits(peaks[-1], base_bytes=HOG_FIXED, step_peaks=peaks)
+
+    return script
+
+
+def test_a_leak_that_rises_in_jumps_is_not_read_as_steady_below_batches_seen_still_rising():
+    """A script keeping 1 KiB of every sample a step, handed to the heap in jumps every 4 steps: the batches near
+    the edge (25) are still rising at the cap, but 16 rose by no more than 256 KiB over its last 5 steps, "held
+    still", and was the answer (issue 47: 15 "survived", and ran out at step 1,326 of a real run). Now a deciding
+    trial's window is long enough for the rise the still-rising trials showed, scaled to its batch: no batch is
+    credited whose leak its window could have seen."""
+    probed = probe(hog_spec(), ScriptedExecutor(_slice_keeping_device(4 * KiB, 4)))
+    result = probed.result
+    rising = [t.batch_size for t in result.trials if t.outcome is Outcome.STILL_RISING]
+    assert rising and result.max_batch_size is not None and result.max_batch_size < min(rising)
+    for trial in result.trials:
+        if trial.outcome is Outcome.FITS and trial.steady_rule is not None:
+            rule, leak_a_step = trial.steady_rule, KiB * trial.batch_size
+            assert rule.window * leak_a_step > rule.tolerance_bytes or rule.window == rule.max_steps - 1
+            assert leak_a_step * rule.window <= 2 * rule.tolerance_bytes  # what fit leaked less than it could see
+    assert result.max_batch_size == 2  # 16 before: 240 KiB jumps fit inside a 5-step window's tolerance
+    assert "still rising" in result.message
+
+
+def test_the_window_a_rising_rate_needs_is_long_enough_to_see_it_twice_and_the_quiet_window_is_off():
+    rule = steady.rule_for(3, None, quiet=True)
+    assert steady.watching_for(rule, None) == rule
+    watching = steady.watching_for(rule, 40 * KiB)
+    assert watching.window == 13 and watching.quiet_window is None  # 2 x 256 KiB / 40 KiB, rounded up
+    assert steady.watching_for(rule, 1.0).window == rule.max_steps - 1  # never past the cap
+    assert steady.rising_rate([0, 0, 0, 100, 200, 300]) == 100.0
+    assert steady.rising_rate([0, 10, 20]) is None
