@@ -91,6 +91,7 @@ class _Process:
     exception: ShimException | None = None
     offset: int = 0
     ended: bool = False  # gone (or a zombie) without an exception line, while the command ran on
+    forged: bool = False  # lines the shim cannot have written (a second hello, a step out of sequence)
 
     @property
     def launched_rank(self) -> bool:
@@ -139,7 +140,14 @@ class _Tree:
             alone = sum(isinstance(line, ShimStep) for line in lines) == 1
             for line in lines:
                 if isinstance(line, ShimHello):
-                    process.hello = line
+                    if process.hello is None and self.of_this_trial(pid, line):
+                        process.hello = line
+                    elif process.hello is not None:
+                        process.forged = True  # the shim says hello once: someone else wrote one of them
+                elif isinstance(line, ShimStep) and (process.hello is None or line.step != len(process.steps) + 1):
+                    # Not the shim's: a step before its process said hello, or out of sequence (issue 47, forged)
+                    process.forged = process.forged or process.hello is not None
+                    continue
                 elif isinstance(line, ShimStep):
                     own = churn = None
                     if sampler is not None:
@@ -155,6 +163,25 @@ class _Tree:
                 elif isinstance(line, ShimFiles):
                     self.modules.update(line.modules)
                     self.reads.update(line.reads)
+
+    def of_this_trial(self, pid: int, hello: ShimHello) -> bool:
+        """Whether the process that says hello is one of this trial's: a process of this node whose environment
+        names this trial's folder (every process the command starts inherits it), or one of another node (a Slurm
+        step's task, whose /proc is not here). A line written for a process that does not exist, or for one of
+        someone else's, is not a step of this trial (issue 47: forged step lines credited batch 400 where 162 is
+        the edge); docs/command.md says what a command can still forge."""
+        if hello.host is not None and hello.host != os.uname().nodename:
+            return True
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as handle:
+                environment = handle.read()
+        except OSError:
+            return False
+        return f"{SHIM_DIR_ENV}={self.folder}".encode() in environment.split(b"\0")
+
+    def forged(self) -> _Process | None:
+        """A process with lines the shim cannot have written (``_Process.forged``), if any."""
+        return next((p for p in self.processes.values() if p.forged), None)
 
     def note_endings(self) -> None:
         """Mark the stepping processes that have ended without an exception line (``_alive``)."""
@@ -303,6 +330,10 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
         while verdict is None:
             ended = process.poll()
             tree.read(sampler)
+            forged = tree.forged()
+            if forged is not None:
+                verdict = (Outcome.ERROR, _forged_error(forged, folder), f"step {judged + 1}")
+                break
             failed = tree.failure()
             if failed is not None:
                 verdict = (_rank_lost_verdict(process, tree, failed, judged, stderr_path)
@@ -566,6 +597,14 @@ def _rank_lost_verdict(process: subprocess.Popen, tree: _Tree, failed: _Process,
     tail = "\n".join(exception.traceback.splitlines()[-_TRACEBACK_LINES:]) + "\n"
     return Outcome.CRASHED, ErrorInfo(type="RankLost", message=message[:MESSAGE_CHARS], traceback_tail=tail), \
         f"step {judged + 1}"
+
+
+def _forged_error(process: _Process, folder: Path) -> ErrorInfo:
+    message = (f"the trial's folder holds lines for {process.name} that isoprobe's shim cannot have written (a "
+               "second hello, or a step out of sequence): something in the command writes into the folder "
+               f"${SHIM_DIR_ENV} names ({folder}), so no step it reports can be trusted. Leave that folder to "
+               "isoprobe (docs/command.md: what a command can and cannot forge)")
+    return ErrorInfo(type="CommandForgedLines", message=message[:MESSAGE_CHARS], traceback_tail="")
 
 
 def _exception_verdict(failed: _Process, judged: int, status: int | None = None) -> tuple[Outcome, ErrorInfo, str]:

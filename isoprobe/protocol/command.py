@@ -40,6 +40,8 @@ class ShimHello(_Line):
 
     kind: Literal["hello"]
     ppid: int
+    host: str | None = Field(None, description="The node the process runs on (uname's nodename): the supervisor "
+                             "checks a process of its own node against /proc before it takes its steps.")
     rank: int | None = Field(None, description="RANK, as torchrun, accelerate launch and DeepSpeed set it.")
     local_rank: int | None = None
     world_size: int | None = Field(None, description="WORLD_SIZE: how many ranks the launcher starts.")

@@ -82,3 +82,22 @@ def test_a_rank_killed_by_a_signal_under_torchrun_is_named_and_its_peers_error_i
     assert all(t["error"]["type"] == "RankLost" for t in result["trials"])
     assert f"rank 1 (pid " in result["message"] and f"was killed by SIG{signal_name}" in result["message"]
     assert "the script's error" not in result["message"]
+
+
+@pytest.mark.parametrize("forge, outcome", [("other-pid", "out_of_memory"), ("own-early", "out_of_memory"),
+                                            ("own-hello", "error")])
+def test_step_lines_the_shim_did_not_write_are_never_a_trials_steps(scratch, forge, outcome):
+    """A script that writes three step lines into the trial's folder before it trains (for a PID that does not
+    exist, for its own with no hello, or with a hello of its own) was credited with batch 400 where 162 is the
+    edge. Now only lines of the trial's own processes, in the shim's order, count: the batch runs out at its first
+    real step, and a second hello for one process is an error that says something writes into the folder."""
+    done = run_cli("run", "--no-cache", "--format", "json", "--memory-budget", "1GiB", "--set",
+                   "search.start_batch_size=4096", "--set", "search.max_batch_size=4096", "--",
+                   sys.executable, str(REPO / "tests" / "commands" / "forges_steps.py"), "--batch-size",
+                   "{batch_size}", "--forge", forge, timeout=600, cwd=REPO,
+                   env={"TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"})
+    result = done.json
+    assert result["max_batch_size"] is None, done.stderr[-3000:]
+    assert [t["outcome"] for t in result["trials"]] == [outcome]
+    if outcome == "error":
+        assert result["trials"][0]["error"]["type"] == "CommandForgedLines"

@@ -25,6 +25,13 @@ from isoprobe.spec.model import Spec
 from isoprobe.system import keeper
 
 
+@pytest.fixture(autouse=True)
+def any_pid_is_of_the_trial(monkeypatch):
+    """The lines here are written for made-up PIDs: each is taken as a process of the trial (the check itself is
+    tests/unit/test_forged_steps.py's)."""
+    monkeypatch.setattr(supervisor._Tree, "of_this_trial", lambda self, pid, hello: True)
+
+
 def run_python(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], env=env, cwd=cwd, capture_output=True, text=True, timeout=60)
 

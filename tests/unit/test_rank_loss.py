@@ -53,8 +53,10 @@ def test_a_transports_words_for_a_lost_peer_are_told_from_a_scripts_error():
     assert not peer_loss("mat1 and mat2 shapes cannot be multiplied (4x3 and 5x6)")
 
 
-def test_a_peers_transport_error_after_a_rank_vanished_names_the_vanished_rank_as_a_crash(tmp_path):
+def test_a_peers_transport_error_after_a_rank_vanished_names_the_vanished_rank_as_a_crash(tmp_path, monkeypatch):
     from test_command_shim import hello, step, write_lines
+
+    monkeypatch.setattr(supervisor._Tree, "of_this_trial", lambda self, pid, hello: True)  # made-up PIDs
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid that no longer runs: the rank SIGKILLed without a word

@@ -119,7 +119,7 @@ def _register(module):
     rank, world = _int_env("RANK"), _int_env("WORLD_SIZE")
     if rank is None and (_int_env("SLURM_STEP_NUM_TASKS") or 1) > 1:
         rank, world = _int_env("SLURM_PROCID"), _int_env("SLURM_STEP_NUM_TASKS")
-    _write({"kind": "hello", "pid": os.getpid(), "ppid": os.getppid(), "rank": rank,
+    _write({"kind": "hello", "pid": os.getpid(), "ppid": os.getppid(), "host": os.uname().nodename, "rank": rank,
             "local_rank": _int_env("LOCAL_RANK"), "world_size": world,
             "argv": [str(a)[:200] for a in sys.argv[:20]], "t": time.time()})
     try:
