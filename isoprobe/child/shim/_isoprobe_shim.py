@@ -44,11 +44,8 @@ _state = {"dir": None, "fd": None, "pid": None, "steps": 0, "last": None, "repor
           # and each device's running peak in the budget's units.
           "cuda": None, "set_fraction": None, "budget": None, "outside": {}, "outside_estimate": 0,
           "script_fractions": {}, "budget_peaks": {},
-          # The batch each step trained at (see _watch_forwards): the input shapes of the completed root forwards
-          # since the last step, per-thread module-call depths, and which modules have trainable parameters.
-          "forwards": [], "depths": {}, "trainable": None}
-#: Root forwards kept per step (the last ones: a step's batch is its last forward's, or its micro-batches' sum).
-_FORWARDS_KEPT = 16
+          # The batch each step trained at: ``_isoprobe_forwards``, once its hooks are in.
+          "forwards": None}
 
 
 def hooked_spec(name, path):
@@ -110,10 +107,16 @@ def _register(module):
     try:
         module.register_optimizer_step_post_hook(_after_step)
         _watch_threads_and_reads()
-        _watch_forwards(sys.modules.get("torch.nn.modules.module"))
     except Exception as exc:  # a torch without global hooks: the trial sees no step and says why
         sys.stderr.write(f"isoprobe shim: cannot hook torch's optimizers ({type(exc).__name__}: {exc})\n")
         return
+    try:
+        import _isoprobe_forwards  # this folder's: the input shapes of the model's forwards, per step
+
+        if _isoprobe_forwards.watch(sys.modules.get("torch.nn.modules.module")):
+            _state["forwards"] = _isoprobe_forwards
+    except Exception as exc:  # the steps still count; the trial is then not judged by the batch it trained at
+        sys.stderr.write(f"isoprobe shim: cannot watch the model's forwards ({type(exc).__name__}: {exc})\n")
     _state["last"] = time.perf_counter()
     # RANK / WORLD_SIZE as torchrun, accelerate launch and DeepSpeed set them; else a Slurm step's task numbers.
     rank, world = _int_env("RANK"), _int_env("WORLD_SIZE")
@@ -126,103 +129,6 @@ def _register(module):
         _install_cuda_budget(sys.modules.get("torch.cuda"))
     except Exception as exc:  # the supervisor still judges every step's reading against the budget
         sys.stderr.write(f"isoprobe shim: cannot apply the CUDA budget ({type(exc).__name__}: {exc})\n")
-
-
-# ----------------------------------------------------------------------------------------------- the batch
-#
-# What batch did a step train at? The command was asked for one (``{batch_size}``), but a script may ignore it
-# (a fixed batch), pick its own (Accelerate's ``find_executable_batch_size``, ``auto_find_batch_size=True``, a
-# halving loop that catches its own out-of-memory error), or run out of data. Every step line carries the input
-# shapes of the *root* forwards (a module called while no other module call is in progress in that thread) that
-# completed with gradients on and trainable parameters since the step before: the model's own forward, not its
-# submodules', not a frozen teacher's, not a loss module's, not an evaluation under ``no_grad``, and not an
-# attempt that ran out of memory inside its forward. The supervisor (``isoprobe.child.trained_batch``) judges
-# them. Global module hooks: one pre-hook and one always-called forward hook keep the depth (an exception in a
-# forward still unwinds it), one forward hook with kwargs records (HF models take ``model(**batch)``). Nothing
-# runs while Dynamo traces: a compiled region sees no hook of ours.
-
-
-def _watch_forwards(modules):
-    if modules is None:
-        return
-    import threading
-
-    get_ident = threading.get_ident
-    depths = _state["depths"]
-    compiling = _compiling_check()
-
-    def enter(module, args):
-        if not compiling():
-            key = get_ident()
-            depths[key] = depths.get(key, 0) + 1
-
-    def leave(module, args, result):
-        if not compiling():
-            key = get_ident()
-            depths[key] = max(0, depths.get(key, 0) - 1)
-
-    def record(module, args, kwargs, result):
-        if compiling() or depths.get(get_ident(), 0) != 1:
-            return
-        try:
-            if not _grad_enabled() or not _trainable(module):
-                return
-            shape = _first_shape(args, 0) or _first_shape(tuple((kwargs or {}).values()), 0)
-            if shape is not None:
-                forwards = _state["forwards"]
-                forwards.append(shape)
-                if len(forwards) > 4 * _FORWARDS_KEPT:
-                    del forwards[:-_FORWARDS_KEPT]
-        except Exception:
-            pass
-
-    modules.register_module_forward_pre_hook(enter)
-    modules.register_module_forward_hook(record, with_kwargs=True)
-    modules.register_module_forward_hook(leave, always_call=True)  # after ``record``: it still sees depth 1
-
-
-def _compiling_check():
-    compiler = getattr(sys.modules.get("torch"), "compiler", None)
-    check = getattr(compiler, "is_compiling", None)
-    return check if callable(check) else (lambda: False)
-
-
-def _grad_enabled():
-    torch = sys.modules.get("torch")
-    return torch is None or torch.is_grad_enabled()
-
-
-def _trainable(module):
-    """Whether the module has a parameter that trains (kept per module, weakly: a finder may build models anew)."""
-    if _state["trainable"] is None:
-        import weakref
-
-        _state["trainable"] = weakref.WeakKeyDictionary()
-    known = _state["trainable"].get(module)
-    if known is None:
-        known = any(p.requires_grad for p in module.parameters())
-        try:
-            _state["trainable"][module] = known
-        except TypeError:  # a module that cannot be weakly referenced: asked again next time
-            pass
-    return known
-
-
-def _first_shape(values, depth):
-    """The shape of the first tensor in ``values`` (a forward's arguments), looking into lists, tuples and dicts."""
-    for value in values:
-        shape = getattr(value, "shape", None)
-        if shape is not None and hasattr(value, "dim"):
-            return [int(n) for n in shape] or None
-        if depth < 3 and isinstance(value, (list, tuple)):
-            found = _first_shape(value, depth + 1)
-        elif depth < 3 and isinstance(value, dict):
-            found = _first_shape(tuple(value.values()), depth + 1)
-        else:
-            continue
-        if found is not None:
-            return found
-    return None
 
 
 # ----------------------------------------------------------------------------------------------- CUDA
@@ -408,8 +314,7 @@ def _after_step(optimizer, args, kwargs):
         seconds = now - (_state["last"] or now)
         line = {"kind": "step", "pid": os.getpid(), "step": step, "seconds": seconds, "t": time.time()}
         line.update(_memory())
-        line["forwards"] = _state["forwards"][-_FORWARDS_KEPT:]
-        _state["forwards"] = []
+        line["forwards"] = _state["forwards"].take() if _state["forwards"] is not None else []
         _write(line)
         _report_files()
     _wait_at_gate(step)
