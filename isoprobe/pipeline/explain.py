@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from isoprobe.protocol.messages import DataScan
+from isoprobe.protocol.messages import RANK_LOST, DataScan
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.result import DeviceInfo, Recommendation, Soak, StopReason, Trial
@@ -224,7 +224,7 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
                 f"batch {last.batch_size} crashed: its 'fits' was rejected ({last.reclassified})",
                 ["see trials[-1].reclassified: the child's verdict contradicts what it was asked or measured"],
             )
-        if last.error is not None and last.error.type == "RankLost":  # a command's rank lost to a signal
+        if last.error is not None and last.error.type == RANK_LOST:  # a command's rank lost to a signal
             return (f"batch {last.batch_size} crashed: {last.error.message}",
                     ["a rank killed by SIGKILL with no error of its own is often the kernel's OOM killer (dmesg, the "
                      "job's memory limit) or a kill from outside; see trials[-1].stderr_tail for the launcher's "

@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.result import Applied, ErrorInfo, Sizes
@@ -239,6 +239,10 @@ class EvalDone(_Event):
     seconds: float
 
 
+#: The error type of a command trial's verdict 'crashed' (``child.rank_loss``): a rank lost to a signal.
+RANK_LOST = "RankLost"
+
+
 class TrialResult(_Event):
     """The child's own verdict: fits, out_of_memory or error, with what it measured; or crashed, from a command
     trial's supervisor only, which saw a rank of the command lost to a signal (``child.rank_loss``) while it
@@ -275,6 +279,14 @@ class TrialResult(_Event):
     threads: int | None = Field(
         None, description="torch.get_num_threads() in the trial, after its imports: the cache keeps a CPU answer "
         "only if every trial ran the intra-op threads its key holds (``cache.threads``). None: torch not imported.")
+
+    @model_validator(mode="after")
+    def _crashed_only_for_a_lost_rank(self) -> "TrialResult":
+        # A child never says it crashed: how it ended says that. The one exception is a command trial's supervisor,
+        # which ran on after a rank of the command was lost to a signal and names it (``RankLost``).
+        if self.outcome is Outcome.CRASHED and (self.error is None or self.error.type != RANK_LOST):
+            raise ValueError("only a command's lost rank (error type RankLost) makes a child's verdict 'crashed'")
+        return self
 
 
 class CudaDevice(_Message):

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from isoprobe.child import command as supervisor
+from isoprobe.child import command_tree, command_verdicts  # noqa: E402
 from isoprobe.protocol.command import SHIM_DIR_ENV, SHIM_FOLDER, ShimException, ShimHello, ShimStep, parse_lines
 from isoprobe.pipeline.plausibility import Asked, over_budget
 from isoprobe.protocol.messages import TrialRequest, TrialResult
@@ -29,7 +30,7 @@ from isoprobe.system import keeper
 def any_pid_is_of_the_trial(monkeypatch):
     """The lines here are written for made-up PIDs: each is taken as a process of the trial (the check itself is
     tests/unit/test_forged_steps.py's)."""
-    monkeypatch.setattr(supervisor._Tree, "of_this_trial", lambda self, pid, hello: True)
+    monkeypatch.setattr(command_tree.Tree, "of_this_trial", lambda self, pid, hello: True)
 
 
 def run_python(code: str, env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
@@ -96,7 +97,7 @@ def step(number, peak):
 
 
 def test_a_gang_step_waits_for_every_rank_the_launcher_started(tmp_path):
-    tree = supervisor._Tree(tmp_path)
+    tree = command_tree.Tree(tmp_path)
     write_lines(tmp_path, 10, hello())  # torchrun's agent: imports torch, never steps
     write_lines(tmp_path, 11, hello(0, 2), step(1, 100), step(2, 110))
     tree.read()
@@ -109,7 +110,7 @@ def test_a_gang_step_waits_for_every_rank_the_launcher_started(tmp_path):
 
 
 def test_the_first_rank_to_fail_is_named_and_its_exception_decides(tmp_path):
-    tree = supervisor._Tree(tmp_path)
+    tree = command_tree.Tree(tmp_path)
     write_lines(tmp_path, 11, hello(0, 2), step(1, 100),
                 {"kind": "exception", "types": ["RuntimeError", "Exception"], "type": "builtins.RuntimeError",
                  "message": "Connection closed by peer", "traceback": "...", "thread": None, "steps": 1, "t": 9.0})
@@ -119,11 +120,11 @@ def test_the_first_rank_to_fail_is_named_and_its_exception_decides(tmp_path):
                  "traceback": "Traceback...\n", "thread": None, "steps": 1, "t": 5.0})
     tree.read()
     failed = tree.failure()
-    outcome, error, phase = supervisor._exception_verdict(failed, judged=1)
+    outcome, error, phase = command_verdicts.exception_verdict(failed, judged=1)
     assert outcome is Outcome.OUT_OF_MEMORY and "rank 1 (pid 12)" in error.message and phase == "step 2"
 
 
-class _ScriptedSampler(supervisor._Sampler):
+class _ScriptedSampler(command_tree.Sampler):
     """The supervisor's sampler with the readings it would take from /proc given beforehand: ``since[pid]``, the
     most each process's data segment held since its step line before."""
 
@@ -148,7 +149,7 @@ def test_a_steps_own_peak_is_what_was_sampled_since_the_step_before_and_a_swing_
     its own takes the samples since the line before (its own peak); the running peak keeps rising as before, and
     the trial's swing is the 4 MiB. Two lines read at once share their samples, so neither's own peak is known."""
     mib = 1 << 20
-    tree = supervisor._Tree(tmp_path)
+    tree = command_tree.Tree(tmp_path)
     sampler = _ScriptedSampler([1078 * mib, 1082 * mib, 1086 * mib, 1082 * mib, 1082 * mib, 1082 * mib])
     write_lines(tmp_path, 11, hello())
     for number in range(1, 6):
@@ -170,7 +171,7 @@ def test_a_steps_heap_churn_is_the_range_its_heap_was_read_in_and_the_first_step
     samples would take several); a step's churn is the range since the step before, starting from that step's
     last reading. The first step's growth (what later steps reuse) is not churn; two lines read at once, unknown."""
     mib = 1 << 20
-    tree = supervisor._Tree(tmp_path)
+    tree = command_tree.Tree(tmp_path)
     sampler = _ScriptedSampler([])
     write_lines(tmp_path, 11, hello())
     heaps = [(None, 50 * mib), (54 * mib, 50 * mib), (54 * mib, 51 * mib), (51 * mib, 51 * mib)]
@@ -201,15 +202,15 @@ def test_the_heap_is_read_from_the_head_of_the_maps_of_a_live_process_and_is_non
     with subprocess.Popen([sys.executable, "-c", grow], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           text=True) as child:
         child.stdout.readline()
-        before = supervisor.heap_bytes(child.pid)
+        before = command_tree.heap_bytes(child.pid)
         child.stdin.write("\n")
         child.stdin.flush()
         child.stdout.readline()
-        after = supervisor.heap_bytes(child.pid)
+        after = command_tree.heap_bytes(child.pid)
         child.stdin.write("\n")
         child.stdin.flush()
     assert before is not None and after >= before + 40 * 10**6, (before, after)
-    assert supervisor.heap_bytes(2**22 + 1) is None  # above the kernel's largest pid_max: never a process
+    assert command_tree.heap_bytes(2**22 + 1) is None  # above the kernel's largest pid_max: never a process
 
 
 def test_the_worst_ranks_mapped_file_pages_go_with_its_readings_and_the_resident_check_leaves_them_out(tmp_path):
@@ -217,7 +218,7 @@ def test_the_worst_ranks_mapped_file_pages_go_with_its_readings_and_the_resident
     neighbours too) a torchrun rank's resident peak was 937 MiB under an 894 MiB budget at batch 8, far below the
     edge: without its mapped files' pages, as isoprobe's own trials are judged, it is well inside."""
     mib = 1 << 20
-    tree = supervisor._Tree(tmp_path)
+    tree = command_tree.Tree(tmp_path)
     write_lines(tmp_path, 11, hello(0, 2), {**step(1, 700 * mib), "peak_bytes": 930 * mib,
                                             "file_resident_bytes": 200 * mib})
     write_lines(tmp_path, 12, hello(1, 2), {**step(1, 710 * mib), "peak_bytes": 937 * mib,
@@ -257,7 +258,7 @@ def request(steps=3):
 ])
 def test_an_ending_nobody_asked_for_is_classified_from_what_it_left(tmp_path, status, judged, stderr, outcome, words):
     (tmp_path / "stderr").write_text(stderr)
-    got, error, _ = supervisor._exit_verdict(status, judged, request(), tmp_path / "stderr")
+    got, error, _ = command_verdicts.exit_verdict(status, judged, request(), tmp_path / "stderr")
     assert got is outcome and words in error.message
     assert stderr.splitlines()[-1:] == error.traceback_tail.splitlines()[-1:] if stderr else True
 
@@ -280,17 +281,17 @@ def test_the_steps_a_commands_srun_started_are_found_by_srun_host_and_pid():
 @pytest.mark.parametrize("types, waits", [(["ValueError", "Exception"], True),
                                           (["OutOfMemoryError", "RuntimeError"], False)])
 def test_the_commands_exit_status_is_waited_for_after_its_error_but_not_after_out_of_memory(types, waits):
-    """A script's error ends the search, so its verdict waits (up to _EXIT_WAIT_SECONDS) for the exit status a
+    """A script's error ends the search, so its verdict waits (up to command_verdicts.EXIT_WAIT_SECONDS) for the exit status a
     process that imported torch takes seconds to reach; an allocation failure is judged at once, as the search
     goes on and the status adds nothing."""
     import time
 
     process = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(0.5); sys.exit(3)"])
-    failed = supervisor._Process(pid=process.pid, exception=ShimException(
+    failed = command_tree.Process(pid=process.pid, exception=ShimException(
         kind="exception", pid=process.pid, types=types, type=types[0], message="m", traceback="", thread=None,
         steps=0, t=0.0))
     began = time.monotonic()
-    status = supervisor._exit_status_of(process, failed)
+    status = command_verdicts.exit_status_of(process, failed)
     seconds = time.monotonic() - began
     process.wait()
     assert (status, seconds >= 0.4) == ((3, True) if waits else (None, False)), (status, seconds)

@@ -33,6 +33,7 @@ from fake_cuda import (GiB, MiB, NCCL_OOM_MESSAGE, DistBackendError, FakeCard, F
                        OutOfMemoryError, fake_torch)
 
 from isoprobe.child import command as supervisor  # noqa: E402
+from isoprobe.child import command_tree, command_verdicts  # noqa: E402
 from isoprobe.child import cuda as child_cuda  # noqa: E402
 from isoprobe.protocol.command import SHIM_FOLDER, ShimException, ShimStep, parse_lines  # noqa: E402
 from isoprobe.protocol.messages import TrialRequest  # noqa: E402
@@ -384,10 +385,10 @@ def test_a_process_that_steps_on_the_cpu_reads_the_cpu_even_with_cuda_initialise
 
 def test_nccls_out_of_memory_is_out_of_memory_from_the_exception_line():
     names = [cls.__name__ for cls in DistBackendError.__mro__]
-    failed = supervisor._Process(pid=1, exception=ShimException(
+    failed = command_tree.Process(pid=1, exception=ShimException(
         kind="exception", pid=1, types=names, type="torch.distributed.DistBackendError", message=NCCL_OOM_MESSAGE,
         traceback="Traceback...\n", thread=None, steps=2, t=1.0))
-    outcome, error, phase = supervisor._exception_verdict(failed, judged=2)
+    outcome, error, phase = command_verdicts.exception_verdict(failed, judged=2)
     assert outcome is Outcome.OUT_OF_MEMORY and phase == "step 3"
 
 
@@ -404,7 +405,7 @@ def test_nccls_out_of_memory_is_out_of_memory_from_stderr(tmp_path, status, stde
     (tmp_path / "stderr").write_text(stderr)
     spec = Spec.model_validate({"command": "python t.py {batch_size}", "command_dir": "/tmp"})
     request = TrialRequest(spec=spec, batch_size=4, device="cuda:0", steps=3)
-    outcome, error, _ = supervisor._exit_verdict(status, 1, request, tmp_path / "stderr")
+    outcome, error, _ = command_verdicts.exit_verdict(status, 1, request, tmp_path / "stderr")
     assert outcome is Outcome.OUT_OF_MEMORY and error.type == "CommandOutOfMemory"
 
 
@@ -413,5 +414,5 @@ def test_nccls_other_failures_stay_errors(tmp_path):
     (tmp_path / "stderr").write_text(other)
     spec = Spec.model_validate({"command": "python t.py {batch_size}", "command_dir": "/tmp"})
     request = TrialRequest(spec=spec, batch_size=4, device="cuda:0", steps=3)
-    outcome, _, _ = supervisor._exit_verdict(1, 1, request, tmp_path / "stderr")
+    outcome, _, _ = command_verdicts.exit_verdict(1, 1, request, tmp_path / "stderr")
     assert outcome is Outcome.ERROR

@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from isoprobe.child import command as supervisor
+from isoprobe.child import command_tree, command_verdicts  # noqa: E402
 from isoprobe.protocol.command import SHIM_DIR_ENV
 
 from test_command_shim import hello, step, write_lines
@@ -25,7 +26,7 @@ def test_a_process_is_of_the_trial_when_its_environment_names_the_trials_folder(
     try:
         for pid in (ours.pid, theirs.pid, gone.pid):
             write_lines(tmp_path, pid, hello(), step(1, 100), step(2, 100))
-        tree = supervisor._Tree(tmp_path)
+        tree = command_tree.Tree(tmp_path)
         tree.read()
         assert [p.pid for p in tree.ranks()] == [ours.pid]
         assert tree.forged() is None
@@ -35,7 +36,7 @@ def test_a_process_is_of_the_trial_when_its_environment_names_the_trials_folder(
 
 def test_another_nodes_process_is_taken_at_its_word_as_a_slurm_steps_task(tmp_path):
     write_lines(tmp_path, 4_000_001, {**hello(0, 2), "host": "not-" + os.uname().nodename}, step(1, 100))
-    tree = supervisor._Tree(tmp_path)
+    tree = command_tree.Tree(tmp_path)
     tree.read()
     assert [p.pid for p in tree.ranks()] == [4_000_001]
 
@@ -44,7 +45,7 @@ def test_steps_before_a_hello_are_dropped_and_a_second_hello_or_a_step_out_of_or
     process = sleeper({**os.environ, SHIM_DIR_ENV: str(tmp_path)})
     try:
         write_lines(tmp_path, process.pid, step(1, 1), step(2, 1), step(3, 1))  # before its hello: not the shim's
-        tree = supervisor._Tree(tmp_path)
+        tree = command_tree.Tree(tmp_path)
         tree.read()
         assert tree.ranks() == [] and tree.forged() is None
         write_lines(tmp_path, process.pid, hello(), step(1, 100))
@@ -53,7 +54,7 @@ def test_steps_before_a_hello_are_dropped_and_a_second_hello_or_a_step_out_of_or
         write_lines(tmp_path, process.pid, step(3, 100))  # step 2 never came
         tree.read()
         assert tree.forged() is not None
-        error = supervisor._forged_error(tree.forged(), tmp_path)
+        error = command_verdicts.forged_error(tree.forged(), tmp_path)
         assert error.type == "CommandForgedLines" and "cannot have written" in error.message
     finally:
         process.kill()

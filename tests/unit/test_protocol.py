@@ -297,3 +297,17 @@ def test_the_names_are_defined_once_in_the_wiring():
             if isinstance(node, ast.Constant) and node.value in values:
                 spelled.append(f"{path.relative_to(package.parent)}:{node.lineno}: {node.value!r}")
     assert spelled == []
+
+
+def test_a_childs_crashed_verdict_is_taken_only_for_a_commands_lost_rank():
+    """A child never says it crashed (how it ended says so), except a command trial's supervisor, which ran on
+    after a rank of the command was lost to a signal and names it (issue 47)."""
+    from isoprobe.protocol.messages import RANK_LOST
+    from isoprobe.report.result import ErrorInfo
+
+    lost = ErrorInfo(type=RANK_LOST, message="rank 1 (pid 7) of the command was killed by SIGKILL", traceback_tail="")
+    assert TrialResult(outcome=Outcome.CRASHED, phase="step 2", error=lost).outcome is Outcome.CRASHED
+    with pytest.raises(ValueError):
+        TrialResult(outcome=Outcome.CRASHED, phase="step 2")
+    with pytest.raises(ValueError):
+        TrialResult(outcome=Outcome.CRASHED, phase="step 2", error=lost.model_copy(update={"type": "ValueError"}))

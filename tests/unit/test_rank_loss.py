@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 from isoprobe.child import command as supervisor
+from isoprobe.child import command_tree, command_verdicts  # noqa: E402
 from isoprobe.child.rank_loss import killed_rank, launcher_exits, peer_loss
 from isoprobe.report.outcomes import Outcome
 
@@ -56,7 +57,7 @@ def test_a_transports_words_for_a_lost_peer_are_told_from_a_scripts_error():
 def test_a_peers_transport_error_after_a_rank_vanished_names_the_vanished_rank_as_a_crash(tmp_path, monkeypatch):
     from test_command_shim import hello, step, write_lines
 
-    monkeypatch.setattr(supervisor._Tree, "of_this_trial", lambda self, pid, hello: True)  # made-up PIDs
+    monkeypatch.setattr(command_tree.Tree, "of_this_trial", lambda self, pid, hello: True)  # made-up PIDs
 
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()  # a pid that no longer runs: the rank SIGKILLed without a word
@@ -66,10 +67,10 @@ def test_a_peers_transport_error_after_a_rank_vanished_names_the_vanished_rank_a
                  "traceback": "Traceback ...\n", "thread": None, "steps": 1, "t": 9.0})
     write_lines(tmp_path, gone.pid, hello(1, 2), step(1, 100))
     (tmp_path / "stderr").write_text(REPORT.replace("5002", str(gone.pid)))
-    tree = supervisor._Tree(tmp_path)
+    tree = command_tree.Tree(tmp_path)
     tree.read()
     launcher = subprocess.Popen([sys.executable, "-c", "pass"])
-    outcome, error, _ = supervisor._rank_lost_verdict(launcher, tree, tree.failure(), 1, tmp_path / "stderr")
+    outcome, error, _ = command_verdicts.rank_lost_verdict(launcher, tree, tree.failure(), 1, tmp_path / "stderr")
     assert outcome is Outcome.CRASHED and error.type == "RankLost"
     assert error.message.startswith(f"rank 1 (pid {gone.pid}) of the command was killed by SIGKILL after 1")
     assert "rank 0 (pid 11)'s error followed from the loss of its peer: Connection reset by peer" in error.message
@@ -77,7 +78,7 @@ def test_a_peers_transport_error_after_a_rank_vanished_names_the_vanished_rank_a
 
 def test_a_launcher_that_ended_on_a_ranks_signal_is_a_crash_naming_that_rank(tmp_path):
     (tmp_path / "stderr").write_text(REPORT)
-    outcome, error, _ = supervisor._exit_verdict(1, 2, _request(), tmp_path / "stderr")
+    outcome, error, _ = command_verdicts.exit_verdict(1, 2, _request(), tmp_path / "stderr")
     assert outcome is Outcome.CRASHED and "rank 1 (pid 5002) of the command was killed by SIGKILL" in error.message
 
 

@@ -1,0 +1,227 @@
+"""How a command trial ended, classified from what its processes and its launcher left (``child.command``'s
+verdicts): an exception at the top of a rank, a rank lost to a signal, a command that ended on its own, lines
+the shim cannot have written, a batch the script did not train at, a CUDA reading past the budget. Never
+guessed: each names the process and quotes its last words. Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+from isoprobe.child.command_tree import Process, Tree, alive
+from isoprobe.child.rank_loss import killed_rank, lost_message, peer_loss
+from isoprobe.child.trained_batch import not_trained_message, trial_trained_at
+from isoprobe.protocol.command import SHIM_DIR_ENV
+from isoprobe.protocol.messages import MESSAGE_CHARS, RANK_LOST, TrialRequest
+from isoprobe.report.outcomes import Outcome, classify_exception
+from isoprobe.report.result import ErrorInfo
+from isoprobe.spec.command import BATCH_ENV, PLACEHOLDER
+
+#: Kept of the command's stderr for a verdict's evidence.
+_STDERR_TAIL_CHARS = 6000
+_TRACEBACK_LINES = 30
+#: What an allocation failure looks like in a process's last words when no exception line came (C++ code,
+#: a rank whose excepthook the script replaced): the allocators' own wording, as ``outcomes`` lists it.
+_OOM_STDERR_MARKERS = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory", "torch.OutOfMemoryError",
+                       "MemoryError", "OutOfMemoryError")
+#: NCCL's own cudaMalloc failing (its buffers, outside the allocator), in lower case: NCCL's CUDACHECK writes
+#: "Cuda failure 2 'out of memory'" (cudaErrorMemoryAllocation), under "ncclUnhandledCudaError", which torch raises
+#: as a DistBackendError or, from its watchdog, prints before it aborts the rank (SIGABRT, no exception line).
+_NCCL_OOM_MARKERS = ("cuda failure 2 'out of memory'", "cuda failure 'out of memory'")
+def over_budget(request: TrialRequest, ranks: list[Process], judged: int) -> ErrorInfo | None:
+    """CUDA: a rank whose reading after step ``judged`` passed the budget (the allocator's need plus the memory
+    outside it, as isoprobe's own trials read it) is out of memory: on a card of the budget's size it would have
+    run out. The shim's fraction is set from an estimate of the outside memory; this catches what came later (NCCL's
+    buffers, lazily loaded kernels) and an estimate that was low. None: within the budget (or the CPU backend,
+    whose cap the kernel enforces)."""
+    budget = request.memory_budget_bytes
+    if budget is None or not request.device.startswith("cuda"):
+        return None
+    for process in ranks:
+        step = process.steps[judged - 1]
+        if step.budget_peak_bytes is None or step.budget_peak_bytes <= budget:
+            continue
+        parts = ""
+        if step.outside_bytes is not None:
+            need = step.budget_peak_bytes - step.outside_bytes
+            parts = (f" (the allocator's need {mib(need)} + {mib(step.outside_bytes)} outside it: context, "
+                     "libraries, kernels, NCCL)")
+        message = (f"{process.name} of the command held {mib(step.budget_peak_bytes)} of {step.device} after "
+                   f"optimizer step {judged}{parts}, above the {mib(budget)} budget: it would not fit on a card "
+                   "of the budget's size")
+        return ErrorInfo(type="CommandOverBudget", message=message[:MESSAGE_CHARS], traceback_tail="")
+    return None
+
+
+def not_trained_at_batch(request: TrialRequest, ranks: list[Process], judged: int, world: int
+                          ) -> ErrorInfo | None:
+    """An error when none of the trial's judged steps, on any rank, trained at the batch asked
+    (``child.trained_batch``): the trial would credit a batch the script never ran. None: it did, or no forward
+    was seen to judge by."""
+    steps = [p.steps[k].forwards for p in ranks for k in range(min(judged, len(p.steps)))]
+    if trial_trained_at(request.batch_size, steps, world) is not False:
+        return None
+    placeholder = PLACEHOLDER if request.spec.batch_from == "argument" else f"${BATCH_ENV}"
+    shown = [step.forwards for step in ranks[0].steps[:judged]]
+    message = not_trained_message(request.batch_size, shown, f"{placeholder} = {request.batch_size}")
+    return ErrorInfo(type="CommandBatchNotTrained", message=message[:MESSAGE_CHARS], traceback_tail="")
+
+
+def mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+#: How long the command's own process gets to exit after an exception that is the script's error (not out of
+#: memory) was seen, for its exit status. Generous: a process that imported torch takes 1.2 to 2 s to finalize
+#: after its exception on an idle machine here, and 10.4 s once (measured: the excepthook to the process's end,
+#: torch 2.14.1); 2 s and then 10 s were too short on CI's two busy cores. The wait only ever delays a verdict that
+#: ends the search anyway. An out-of-memory verdict does not wait: the search goes on, and the status adds nothing.
+EXIT_WAIT_SECONDS = 30.0
+
+
+def exit_status_of(process: subprocess.Popen, failed: Process) -> int | None:
+    """The command's exit status when the process that failed is the command itself and its exception is the
+    script's error (a rank's failure is judged at once: the launcher's own exit comes later, after its other ranks;
+    an allocation failure is judged at once too: the search goes on, and the status adds nothing to it)."""
+    if failed.pid != process.pid:
+        return None
+    exception = failed.exception
+    if exception is not None and classify_exception(exception.types, exception.message) is Outcome.OUT_OF_MEMORY:
+        return process.poll()
+    try:
+        return process.wait(timeout=EXIT_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def rank_lost_verdict(process: subprocess.Popen, tree: Tree, failed: Process, judged: int, stderr_path: Path
+                       ) -> tuple[Outcome, ErrorInfo, str] | None:
+    """A crash, naming the lost rank, when ``failed``'s error is a transport's whose peer is gone and a rank of the
+    gang was lost without an error of its own (``child.rank_loss``); None: the failure is what it says."""
+    exception = failed.exception
+    if exception is None or not peer_loss(exception.message):
+        return None
+    lost = [p for p in tree.processes.values()
+            if p is not failed and p.hello is not None and p.exception is None and not alive(p.pid)]
+    try:  # the launcher's report of its ranks comes when it ends (torchrun: after it has stopped the others)
+        process.wait(timeout=EXIT_WAIT_SECONDS)
+    except subprocess.TimeoutExpired:
+        pass
+    report = killed_rank(stderr_tail(stderr_path, lines=200), pid=lost[0].pid if lost else None)
+    if report is None and lost:
+        report = killed_rank(stderr_tail(stderr_path, lines=200), rank=lost[0].hello.rank)
+    if not lost and report is None:
+        return None
+    name = lost[0].name if lost else f"rank {report.rank} (pid {report.pid})"
+    steps = len(lost[0].steps) if lost else exception.steps
+    how = f"was killed by {report.signal_name}" if report is not None else "ended"
+    message = lost_message(name, steps, how, failed.name, exception.message)
+    tail = "\n".join(exception.traceback.splitlines()[-_TRACEBACK_LINES:]) + "\n"
+    return Outcome.CRASHED, ErrorInfo(type=RANK_LOST, message=message[:MESSAGE_CHARS], traceback_tail=tail), \
+        f"step {judged + 1}"
+
+
+def forged_error(process: Process, folder: Path) -> ErrorInfo:
+    message = (f"the trial's folder holds lines for {process.name} that isoprobe's shim cannot have written (a "
+               "second hello, or a step out of sequence): something in the command writes into the folder "
+               f"${SHIM_DIR_ENV} names ({folder}), so no step it reports can be trusted. Leave that folder to "
+               "isoprobe (docs/command.md: what a command can and cannot forge)")
+    return ErrorInfo(type="CommandForgedLines", message=message[:MESSAGE_CHARS], traceback_tail="")
+
+
+def exception_verdict(failed: Process, judged: int, status: int | None = None) -> tuple[Outcome, ErrorInfo, str]:
+    exception = failed.exception
+    outcome = classify_exception(exception.types, exception.message)
+    tail = "\n".join(exception.traceback.splitlines()[-_TRACEBACK_LINES:]) + "\n"
+    where = f"in {failed.name} of the command" + (f" (thread {exception.thread})" if exception.thread else "")
+    if status is not None:
+        where += f", exit status {status}"
+    message = f"{exception.message} [{where}, after {exception.steps} optimizer step(s)]"
+    error = ErrorInfo(type=exception.type.removeprefix("builtins."), message=message[:MESSAGE_CHARS],
+                      traceback_tail=tail)
+    return outcome, error, f"step {judged + 1}" if judged or exception.steps else "started"
+
+
+def exit_verdict(status: int, judged: int, request: TrialRequest, stderr_path: Path
+                  ) -> tuple[Outcome, ErrorInfo, str]:
+    """The command ended before the trial had run enough, and no exception line says why."""
+    asked = request.steps or request.spec.search.steps
+    tail = stderr_tail(stderr_path)
+    phase = f"step {judged + 1}" if judged else "started"
+    if status == 0 and shows_allocation_failure(tail):
+        # issue 47: a script that catches its own out-of-memory (a try/except around the step, a finder of its own)
+        # and exits 0 said "its optimizer may not be a torch.optim.Optimizer". It ran out at this batch.
+        message = (f"the command exited with status 0 after {judged} optimizer step(s), before the trial had run "
+                   "enough, and its stderr shows an allocation failure: it caught its own out-of-memory error at this "
+                   "batch (a try/except around the step, or a batch-size finder of its own) and ended")
+        return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message, traceback_tail=tail), phase
+    if status == 0:
+        if judged == 0:
+            message = ("the command exited with status 0 without an optimizer step that isoprobe could see: its "
+                       "optimizer may not be a torch.optim.Optimizer, or it ran no training (check the command)")
+        else:
+            message = (f"the command ended on its own (status 0) after {judged} optimizer step(s), before the "
+                       f"{asked} a trial needs: a max-steps setting of its own, or too little data for that many "
+                       "batches at this size; let it run longer (the trial ends it)")
+        return Outcome.ERROR, ErrorInfo(type="CommandEnded", message=message, traceback_tail=tail), phase
+    how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
+    report = killed_rank(stderr_tail(stderr_path, lines=200)) if status != 0 else None
+    if report is not None and not shows_allocation_failure(tail):  # a launcher's rank lost to a signal
+        message = lost_message(f"rank {report.rank} (pid {report.pid})", judged, f"was killed by "
+                               f"{report.signal_name}", None, None) + f" (the launcher {how})"
+        return Outcome.CRASHED, ErrorInfo(type=RANK_LOST, message=message, traceback_tail=tail), phase
+    if shows_allocation_failure(tail):
+        message = f"the command {how} after {judged} optimizer step(s), and its stderr shows an allocation failure"
+        return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message,
+                                                traceback_tail=tail), phase
+    message = f"the command {how} after {judged} optimizer step(s) (its stderr's last lines follow)"
+    return Outcome.ERROR, ErrorInfo(type="CommandFailed", message=message, traceback_tail=tail), phase
+
+
+#: Lines of a command's stderr that count as its last words when no traceback is there.
+_LAST_WORDS_LINES = 6
+
+
+def last_words(text: str) -> str:
+    """What a command said as it ended: its last traceback (from the last 'Traceback' line on), else its last
+    few lines. Not the whole tail: a script that mentions ``torch.OutOfMemoryError`` as it starts (a log line, its
+    own handler's banner) and then fails on a missing file ran out of nothing (issue 47: every batch was "out of
+    memory", and the probe said every trial's peak kept rising)."""
+    at = text.rfind("Traceback (most recent call last)")
+    if at >= 0:
+        return text[at:]
+    lines = [line for line in text.splitlines() if line.strip()]
+    return "\n".join(lines[-_LAST_WORDS_LINES:])
+
+
+def shows_allocation_failure(text: str) -> bool:
+    """The command's last words show an allocation failure: an allocator's wording, or NCCL's failed cudaMalloc."""
+    text = last_words(text)
+    lowered = text.lower()
+    return (any(marker in text for marker in _OOM_STDERR_MARKERS)
+            or any(marker in lowered for marker in _NCCL_OOM_MARKERS)
+            or ("ncclunhandledcudaerror" in lowered and "out of memory" in lowered))
+
+
+def stderr_tail(path: Path, lines: int = _TRACEBACK_LINES) -> str:
+    try:
+        with open(path, "rb") as handle:
+            handle.seek(0, os.SEEK_END)
+            size = handle.tell()
+            handle.seek(max(0, size - _STDERR_TAIL_CHARS))
+            text = handle.read().decode(errors="replace")
+    except OSError:
+        return ""
+    return "\n".join(text.splitlines()[-lines:]) + "\n"
+
+
+def copy_stderr_tail(path: Path) -> None:
+    """The command's last words into this child's stderr, where the parent reads a trial's evidence."""
+    tail = stderr_tail(path)
+    if tail.strip():
+        sys.stderr.write(tail)
+        sys.stderr.flush()
