@@ -21,6 +21,12 @@ the parent never imports torch and never guesses at what a child meant.
     memory.py    the child's own memory from /proc/self/status, and the credit for isoprobe's own modules
     sources.py   the user's modules it ran, and the installed ones its model imported (for the preload)
     reads.py     the files it read (an audit hook), for the cache
+    command.py   a command trial: the job's own command at one batch, supervised (no torch here)
+    command_tree.py      what the command's processes reported through the shim, and who is a rank
+    command_verdicts.py  how a command trial ended: its ranks' exceptions, a lost rank, forged lines, ...
+    trained_batch.py     whether a command's steps trained at the batch asked (the model's forward shapes)
+    rank_loss.py         which rank a launcher lost to a signal, from its report and the peers' errors
+    shim/        inside the command's own processes: the step hooks, the forwards, the reads (stdlib only)
 
 Importing this package imports nothing: torch is imported inside the functions
 that need it, after the ``started`` event (or during a warm child's wait).
