@@ -9,8 +9,9 @@ the trial's folder), the events files, the rule that the first rank to fail
 ends the gang (``gang.first_failure``), the timeout from the moment every rank
 finished its imports, the laggard rule at a timeout, and so the classification
 (``pipeline.trials``). What Slurm adds: the ranks run on every node, and the
-step is ended through Slurm (``scancel --signal=KILL JOB.STEP``; srun's own
-``--kill-on-bad-exit`` for a rank that ends badly).
+step is ended through Slurm (``scancel --ctld --signal=KILL JOB.STEP``, never a
+terminate request that arms the node's ``UnkillableStepTimeout``: ``keeper.KILL_THROUGH_SLURMCTLD``;
+srun's own ``--kill-on-bad-exit`` for a rank that ends badly).
 
 Supervision. srun itself runs under a keeper (``system.keeper``) with a
 lifeline, as every local child does. If isoprobe dies (SIGKILL included) the
@@ -75,7 +76,7 @@ from isoprobe.executors.srun_step import _ahead_key, _close_turn, _Step, step_st
 from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
 from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
 from isoprobe.system import keeper
-from isoprobe.system.keeper import wait_slurm_steps_gone
+from isoprobe.system.keeper import KILL_THROUGH_SLURMCTLD, wait_slurm_steps_gone
 
 #: How often the step's ranks are looked at (as the local gang's ``POLL_SECONDS``).
 POLL_SECONDS = 0.02
@@ -329,7 +330,7 @@ class SrunGangExecutor:
         (measured on Slurm 22.05 with the ranks' output in files: the step stayed, its tasks alive, after
         srun was SIGKILLed), so the keeper cancels the step first, through Slurm, on every node."""
         scancel = shutil.which(self.scancel) or self.scancel
-        write_atomically(step.folder / ON_STOP_FILE, json.dumps([[scancel, "--signal=KILL", step_id],
+        write_atomically(step.folder / ON_STOP_FILE, json.dumps([[scancel, *KILL_THROUGH_SLURMCTLD, step_id],
                                                                  [scancel, step_id]]))
         step.armed = True
 
@@ -386,7 +387,7 @@ class SrunGangExecutor:
         _close_turn(step)  # a step started ahead and never given its turn: its ranks read end of file
         step_id = step.step_id()
         if step.process.poll() is None and step_id is not None:
-            self._scancel("--signal=KILL", step_id)
+            self._scancel(*KILL_THROUGH_SLURMCTLD, step_id)
             if lost:  # srun waits on after Slurm lost the step (a task never launched): cancel the step itself
                 self._scancel(step_id)
         try:
@@ -421,7 +422,7 @@ class SrunGangExecutor:
         if wait_slurm_steps_gone([step_id], STEP_GONE_SECONDS, recancel_after=min(2.0, STEP_RECANCEL_SECONDS),
                                  recancel_every=STEP_RECANCEL_SECONDS, squeue=self.squeue, scancel=self.scancel,
                                  job=step_id.split(".")[0]):
-            raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --signal=KILL, then scancel of "
+            raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --ctld --signal=KILL, then scancel of "
                              f"the step, srun gone) but squeue -s still lists it {STEP_GONE_SECONDS:g} s later; the "
                              f"probe stops rather than start another step beside it. What Slurm says of it: "
                              f"{self._step_record(step_id)}")
