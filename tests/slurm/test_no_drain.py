@@ -137,6 +137,8 @@ def test_loaded_runs_of_the_oom_gang_and_the_hook_leave_every_node_idle(two_node
             assert job.state == "COMPLETED", job.describe()
             result = json.loads(out.read_text())
             assert (result["max_batch_size"], result["first_failing_batch_size"]) == (3, 4), result["trials"]
+            [failing] = [t for t in result["trials"] if t["batch_size"] == 4]
+            assert failing["outcome"] == "out_of_memory" and failing["gang_stop_seconds"] < 10, failing
             after_oom = _settled_states(cluster)
 
             spec = write_spec(folder, {**HOOK_WORKLOAD, "memory_budget": budget,
@@ -153,7 +155,8 @@ def test_loaded_runs_of_the_oom_gang_and_the_hook_leave_every_node_idle(two_node
             assert _said(second.stdout)[f"train_{above}"] != "0", second.describe()
             after_hook = _settled_states(cluster)
             unkillable = _kill_task_failures(cluster) - failures_before
-            line = (f"loaded run {run}/{LOADED_RUNS}: after the oom gang {after_oom}, after the hook {after_hook} "
+            line = (f"loaded run {run}/{LOADED_RUNS}: after the oom gang {after_oom} (its step ended "
+                    f"{failing['gang_stop_seconds']:.2f} s after rank 1 ran out), after the hook {after_hook} "
                     f"(max {said['max']}, probe {said['probe_seconds']} s), unkillable steps logged {unkillable}, "
                     f"{time.monotonic() - began:.0f} s")
             print(line, flush=True)
