@@ -56,7 +56,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from isoprobe.errors import ProbeError
+from isoprobe.errors import ProbeError, Terminated
 from isoprobe.executors import ChildRun, Conditions, run_through_reporting
 from isoprobe.executors.child_process import STOP_SECONDS
 from isoprobe.executors.gang import first_failure, is_gang, laggard
@@ -72,6 +72,7 @@ from isoprobe.executors.processes import (
 )
 from isoprobe.executors.rounds import earned_timeout, steps_done
 from isoprobe.executors.srun_plan import advice, node_failed, refusal, srun_command
+from isoprobe.executors.srun_nodes import node_trouble, record_stop_context, signalled_words
 from isoprobe.executors.srun_step import _ahead_key, _close_turn, _Step, step_states  # noqa: F401 (tests)
 from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
 from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
@@ -113,11 +114,13 @@ class SrunGangExecutor:
     """Gang trials as Slurm job steps; the environment check and other requests run locally (``local``)."""
 
     def __init__(self, local: LocalExecutor, *, nodes: int | None, srun: str = "srun", scancel: str = "scancel",
-                 squeue: str = "squeue", scontrol: str = "scontrol", ahead: bool = False, world: int | None = None):
+                 squeue: str = "squeue", scontrol: str = "scontrol", ahead: bool = False, world: int | None = None,
+                 sinfo: str = "sinfo"):
         self.local = local
         self.nodes = nodes
         self.world = world  # the gang's ranks, where known before the first trial (``prestart``)
         self.srun, self.scancel, self.squeue, self.scontrol = srun, scancel, squeue, scontrol
+        self.sinfo = sinfo
         self.ahead = ahead  # start each next trial's step while the current one runs (distributed.steps_ahead)
         self._ahead: _Step | None = None
         self._ahead_count = 0
@@ -159,7 +162,11 @@ class SrunGangExecutor:
         refused: list[str] = []
         while True:
             attempt = name if not refused else f"{name}-again{len(refused)}"
-            run = self._run_step(request, conditions, timeout, attempt)
+            try:
+                run = self._run_step(request, conditions, timeout, attempt)
+            except (KeyboardInterrupt, Terminated):
+                self._name_lost_nodes()
+                raise
             if isinstance(run, ChildRun):
                 with signals_deferred():
                     finished(replace(run, lost_before=tuple(refused)))
@@ -293,6 +300,8 @@ class SrunGangExecutor:
             for watched in (step, self._ahead):  # the step started ahead too, as soon as Slurm names it
                 if watched is not None and not watched.armed and (step_id := watched.step_id()) is not None:
                     self._arm_cancel(watched, step_id)
+            if (gone := step.lost_daemon()) is not None:
+                raise self._daemon_lost(step, gone, request)
             srun_ended = step.process.poll() is not None
             if (lost := step.lost()) is not None:
                 return self._refused(step, lost)
@@ -324,6 +333,33 @@ class SrunGangExecutor:
                     hung = laggard([len(e) for e in events], list(timed_out)) if timed_out else None
                     return self._conclude(step, hung, timed_out=timed_out)
             time.sleep(POLL_SECONDS)
+
+    def _daemon_lost(self, step: _Step, gone: dict, request: TrialRequest | None) -> ProbeError:
+        """A node's step daemon ended under the step (a rank's wrapper saw its parent go: ``child.srun_rank``): nothing
+        on that node will tell Slurm the step ended, so it stays listed until the job ends, and waiting for it (the
+        trial's timeout, then the wait for the listing) would only delay the same end. The probe stops now, naming
+        the node; the step is ended on the other nodes first (``_end``, in ``_run_step``'s cleanup)."""
+        node = gone.get("node") or "its node"
+        step_id = step.step_id() or "(its id unknown)"
+        batch = f"batch {request.batch_size}, " if request is not None else ""
+        trouble = node_trouble(gone.get("node"), self.sinfo)
+        state = f" Slurm says: {'; '.join(trouble)}." if trouble else ""
+        words = (f"Slurm lost the step daemon (slurmstepd) of node {node} under the trial's job step {step_id} "
+                 f"({batch}{step.world} ranks): rank {gone.get('rank')}'s parent there (pid {gone.get('stepd_pid')}) "
+                 f"ended mid-trial.{state} Nothing on {node} can end the step now, and Slurm lists it until the job "
+                 "ends: that is the node, not the batch, so the probe stops without an answer")
+        return ProbeError(f"{words}. Check {node} (its slurmd log; dmesg, for a step daemon the kernel's OOM killer "
+                          "ended) and resubmit the job on healthy nodes", evidence=words)
+
+    def _name_lost_nodes(self) -> None:
+        """A signal stops the probe mid-step: if Slurm counts a node of the job out of service (the usual reason a
+        running job is cancelled under a probe: a node lost, Slurm's node timeout passed), say which, at once and in
+        the result's message (``srun_nodes.stop_context``)."""
+        words = signalled_words(sinfo=self.sinfo)
+        record_stop_context(words)
+        if words:
+            sys.stderr.write(f"isoprobe: {words}\n")
+            sys.stderr.flush()
 
     def _arm_cancel(self, step: _Step, step_id: str) -> None:
         """Tell srun's keeper how to end the step if isoprobe dies: killing srun alone leaves its tasks running
@@ -388,7 +424,7 @@ class SrunGangExecutor:
         step_id = step.step_id()
         if step.process.poll() is None and step_id is not None:
             self._scancel(*KILL_THROUGH_SLURMCTLD, step_id)
-            if lost:  # srun waits on after Slurm lost the step (a task never launched): cancel the step itself
+            if lost or step.daemon_lost:  # srun waits on after Slurm lost the step: cancel the step itself
                 self._scancel(step_id)
         try:
             step.process.wait(timeout=SRUN_END_SECONDS)
@@ -410,7 +446,7 @@ class SrunGangExecutor:
         except subprocess.TimeoutExpired:
             step.process.kill()
             step.process.wait()
-        if step_id is not None:
+        if step_id is not None and step.daemon_lost is None:  # a step whose node lost its daemon is listed for good
             self._wait_step_gone(step_id)
         return round(time.monotonic() - began, 4)
 

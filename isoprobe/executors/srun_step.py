@@ -38,10 +38,12 @@ class _Step:
     turn: object | None = None
     key: tuple | None = None
     armed: bool = False  # its scancel written for srun's keeper (``_arm_cancel``)
+    daemon_lost: dict | None = None  # a rank's record of its node's step daemon lost (``lost_daemon``)
 
     def files(self, rank: int) -> dict[str, Path]:
         stem = self.folder / f"rank{rank}"
-        return {name: Path(f"{stem}.{name}") for name in ("request.json", "events.jsonl", "task.json", "exit", "stderr")}
+        return {name: Path(f"{stem}.{name}")
+                for name in ("request.json", "events.jsonl", "task.json", "exit", "stderr", "lost")}
 
     def task(self, rank: int) -> dict | None:
         """What the rank's wrapper recorded when it started (node, job, step), or None: not started (yet)."""
@@ -49,6 +51,19 @@ class _Step:
             return json.loads(self.files(rank)["task.json"].read_text())
         except (OSError, ValueError):
             return None
+
+    def lost_daemon(self) -> dict | None:
+        """A rank's wrapper's record that its node's step daemon (slurmstepd) ended under the step (``rankN.lost``,
+        written by ``child.srun_rank``): its rank, node and the daemon's pid; None while every daemon is there."""
+        if self.daemon_lost is None:
+            for rank in range(self.world):
+                try:
+                    record = json.loads(self.files(rank)["lost"].read_text())
+                except (OSError, ValueError):
+                    continue
+                self.daemon_lost = {"rank": rank, **(record if isinstance(record, dict) else {})}
+                break
+        return self.daemon_lost
 
     def exit_code(self, rank: int) -> int | None:
         try:
