@@ -31,6 +31,14 @@ and needs to tell a rank that ended from one still running (the gang's rule,
 and Slurm kills every process of the step when the step ends (``scancel``, a
 bad exit, srun gone).
 
+The wrapper never leaves its child behind. Stopped by a signal it can catch (Slurm's SIGTERM at a job's end or
+cancel, KillWait before its SIGKILL), it SIGKILLs the child, lifted from idle priority first, and reaps it before it
+ends, so the rank is gone when its task is. And it watches its own parent, the node's step daemon (slurmstepd),
+through ``PR_SET_PDEATHSIG``: a step daemon lost mid-trial (killed, crashed) leaves its tasks running outside
+Slurm's tracking, and the step listed for good (nothing on that node will say it ended). The wrapper then writes
+``rankN.lost`` (its node, the lost daemon's pid), kills its child and ends, and the parent, which reads that file at
+every look, stops waiting at once and names the node (``executors.srun_gang``).
+
 Standard library only, run isolated (``-I -S``): nothing here may count
 against the rank's cap or depend on the user's site-packages.
 """
@@ -51,6 +59,13 @@ PR_SET_PDEATHSIG = 1
 AHEAD_ARGUMENT = "--ahead"
 #: How often a child whose turn came is lifted from idle priority until it reports ``warm`` (``lift_until_warm``).
 LIFT_SECONDS = 0.02
+#: The signal the kernel sends this wrapper when its parent, the node's slurmstepd, ends (``PR_SET_PDEATHSIG``).
+STEPD_LOST = signal.SIGUSR2
+#: Signals that stop the wrapper, its child first (Slurm's job end and cancel send SIGCONT and SIGTERM, then SIGKILL).
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+#: The rank's child once forked (None before): what the wrapper ends before it ends itself.
+_child: int | None = None
+_files: dict[str, str] = {}
 
 
 def load_own(package: str, module: str):
@@ -66,7 +81,7 @@ def load_own(package: str, module: str):
 def rank_files(step_dir: str, rank: int) -> dict[str, str]:
     """The files of one rank in the step's folder (the parent names them the same way: ``srun_gang``)."""
     stem = os.path.join(step_dir, f"rank{rank}")
-    return {name: f"{stem}.{name}" for name in ("request.json", "events.jsonl", "task.json", "exit")}
+    return {name: f"{stem}.{name}" for name in ("request.json", "events.jsonl", "task.json", "exit", "lost")}
 
 
 def one_gpu(visible: str | None, local_rank: int) -> str | None:
@@ -127,6 +142,58 @@ def lift_until_warm(pid: int, events_path: str) -> int | None:
     return None
 
 
+def end_child() -> None:
+    """SIGKILL the child (lifted from idle priority first: its exit then runs at normal priority) and reap it."""
+    if _child is None:
+        return
+    try:
+        load_own("system", "keeper").lift_idle_policy(_child)
+    except Exception:  # noqa: BLE001 - the kill below matters, not the lift
+        pass
+    try:
+        os.kill(_child, signal.SIGKILL)
+        while True:
+            try:
+                os.waitpid(_child, 0)
+                break
+            except InterruptedError:
+                continue
+    except (ProcessLookupError, ChildProcessError):
+        pass
+
+
+def stopped(signum: int, _frame) -> None:
+    """A stop signal (Slurm ending the step or the job): the child first, then this wrapper, by the same signal."""
+    end_child()
+    signal.signal(signum, signal.SIG_DFL)
+    os.kill(os.getpid(), signum)
+    os._exit(128 + signum)
+
+
+def stepd_lost(_signum: int, _frame) -> None:
+    """The node's step daemon ended under the step: say so in ``rankN.lost``, end the child, end."""
+    try:
+        write_atomically(_files["lost"], json.dumps({
+            "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename,
+            "stepd_pid": _files.get("stepd_pid"), "step_id": os.environ.get("SLURM_STEP_ID")}))
+    except OSError:
+        pass
+    end_child()
+    os._exit(128 + STEPD_LOST)
+
+
+def watch_step_daemon(files: dict[str, str]) -> None:
+    """Have the kernel signal this wrapper when its parent (the node's slurmstepd) ends, and catch stop signals."""
+    _files.update(files, stepd_pid=str(os.getppid()))
+    for signum in STOP_SIGNALS:
+        signal.signal(signum, stopped)
+    signal.signal(STEPD_LOST, stepd_lost)
+    step_daemon = int(_files["stepd_pid"])
+    ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, STEPD_LOST, 0, 0, 0)
+    if os.getppid() != step_daemon:  # it ended before the line above: no signal will come
+        stepd_lost(STEPD_LOST, None)
+
+
 def main(argv: list[str]) -> None:
     ahead = argv[1:2] == [AHEAD_ARGUMENT]
     if ahead:
@@ -138,6 +205,7 @@ def main(argv: list[str]) -> None:
     rank = int(os.environ["SLURM_PROCID"])
     local_rank = int(os.environ.get("SLURM_LOCALID", "0"))
     files = rank_files(step_dir, rank)
+    watch_step_daemon(files)
     write_atomically(files["task.json"], json.dumps({
         "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename,
         "job_id": os.environ.get("SLURM_JOB_ID"), "step_id": os.environ.get("SLURM_STEP_ID"),
@@ -156,9 +224,14 @@ def main(argv: list[str]) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (min(int(argv[2]), hard), hard))
     read_end, write_end = os.pipe()
     wrapper = os.getpid()
+    handled = {*STOP_SIGNALS, STEPD_LOST}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, handled)  # no handler of the wrapper's may run in the fork
     pid = os.fork()
     if pid == 0:
         try:
+            for signum in handled:
+                signal.signal(signum, signal.SIG_DFL)
+            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
             os.dup2(read_end, 0)
             os.close(read_end)
             os.close(write_end)
@@ -177,6 +250,9 @@ def main(argv: list[str]) -> None:
         except BaseException as error:  # noqa: BLE001 - the forked copy must never run on as the wrapper
             os.write(2, f"isoprobe srun rank: cannot start the child: {error}\n".encode())
         os._exit(127)
+    global _child
+    _child = pid
+    signal.pthread_sigmask(signal.SIG_SETMASK, previous)
     os.close(read_end)
     turn = not ahead or wait_for_turn(sys.stdin)
     if turn:
@@ -191,6 +267,7 @@ def main(argv: list[str]) -> None:
             _, status = os.waitpid(pid, 0)
         except InterruptedError:
             continue
+    _child = None  # reaped: nothing of it is left to end
     write_atomically(files["exit"], str(os.waitstatus_to_exitcode(status)))
     code = os.waitstatus_to_exitcode(status)
     os._exit(code if code >= 0 else 128 - code)

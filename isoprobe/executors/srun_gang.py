@@ -9,8 +9,9 @@ the trial's folder), the events files, the rule that the first rank to fail
 ends the gang (``gang.first_failure``), the timeout from the moment every rank
 finished its imports, the laggard rule at a timeout, and so the classification
 (``pipeline.trials``). What Slurm adds: the ranks run on every node, and the
-step is ended through Slurm (``scancel --signal=KILL JOB.STEP``; srun's own
-``--kill-on-bad-exit`` for a rank that ends badly).
+step is ended through Slurm (``scancel --ctld --signal=KILL JOB.STEP``, never a
+terminate request that arms the node's ``UnkillableStepTimeout``: ``keeper.KILL_THROUGH_SLURMCTLD``;
+srun's own ``--kill-on-bad-exit`` for a rank that ends badly).
 
 Supervision. srun itself runs under a keeper (``system.keeper``) with a
 lifeline, as every local child does. If isoprobe dies (SIGKILL included) the
@@ -51,11 +52,11 @@ import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Callable
 
-from isoprobe.errors import ProbeError
+from isoprobe.errors import ProbeError, Terminated
 from isoprobe.executors import ChildRun, Conditions, run_through_reporting
 from isoprobe.executors.child_process import STOP_SECONDS
 from isoprobe.executors.gang import first_failure, is_gang, laggard
@@ -70,11 +71,13 @@ from isoprobe.executors.processes import (
     write_atomically,
 )
 from isoprobe.executors.rounds import earned_timeout, steps_done
-from isoprobe.executors.srun_plan import advice, loss, node_failed, refusal, srun_command
+from isoprobe.executors.srun_plan import advice, node_failed, refusal, srun_command
+from isoprobe.executors.srun_nodes import node_trouble, record_stop_context, signalled_words
+from isoprobe.executors.srun_step import _ahead_key, _close_turn, _Step, step_states  # noqa: F401 (tests)
 from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
 from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
 from isoprobe.system import keeper
-from isoprobe.system.keeper import wait_slurm_steps_gone
+from isoprobe.system.keeper import KILL_THROUGH_SLURMCTLD, wait_slurm_steps_gone
 
 #: How often the step's ranks are looked at (as the local gang's ``POLL_SECONDS``).
 POLL_SECONDS = 0.02
@@ -107,105 +110,17 @@ AHEAD_FAILURES_TOLERATED = 1
 _RANK_ENTRY = str(Path(__file__).resolve().parents[1] / "child" / "srun_rank.py")
 
 
-@dataclass
-class _Step:
-    """One trial's step while it runs: srun under its keeper, and the step's folder.
-
-    ``turn``: for a step started ahead, the pipe to srun's stdin, which srun
-    forwards to every rank (a line: the requests are written; end of file:
-    not needed); ``key``: what it was started for (``_ahead_key``)."""
-
-    folder: Path
-    world: int
-    process: subprocess.Popen
-    lifeline_write: int
-    began: float
-    delivered: float | None = None
-    stderr_size: int = 0
-    loss_words: str | None = None
-    turn: object | None = None
-    key: tuple | None = None
-    armed: bool = False  # its scancel written for srun's keeper (``_arm_cancel``)
-
-    def files(self, rank: int) -> dict[str, Path]:
-        stem = self.folder / f"rank{rank}"
-        return {name: Path(f"{stem}.{name}") for name in ("request.json", "events.jsonl", "task.json", "exit", "stderr")}
-
-    def task(self, rank: int) -> dict | None:
-        """What the rank's wrapper recorded when it started (node, job, step), or None: not started (yet)."""
-        try:
-            return json.loads(self.files(rank)["task.json"].read_text())
-        except (OSError, ValueError):
-            return None
-
-    def exit_code(self, rank: int) -> int | None:
-        try:
-            return int(self.files(rank)["exit"].read_text())
-        except (OSError, ValueError):
-            return None
-
-    def step_id(self) -> str | None:
-        """``JOB.STEP`` as the ranks' environment gave it (None before any rank started)."""
-        for rank in range(self.world):
-            task = self.task(rank)
-            if task and task.get("job_id") and task.get("step_id") is not None:
-                return f"{task['job_id']}.{task['step_id']}"
-        return None
-
-    def srun_stderr(self) -> str:
-        return stderr_tail(self.folder / "srun.stderr")
-
-    def lost(self) -> str | None:
-        """Slurm's words if it lost the step (a node failed, a task could not be launched), else None. Read again
-        only when srun's stderr has grown: this runs at every poll."""
-        try:
-            size = (self.folder / "srun.stderr").stat().st_size
-        except OSError:
-            return None
-        if size != self.stderr_size:
-            self.stderr_size = size
-            self.loss_words = loss(self.srun_stderr())
-        return self.loss_words
-
-
-def _ahead_key(world: int, conditions: Conditions, cuda: bool) -> tuple:
-    """What a step started ahead must have been started for to run a trial: its ranks, their conditions, the device."""
-    return (world, conditions, cuda)
-
-
-def _close_turn(step: _Step) -> None:
-    if step.turn is not None:
-        try:
-            step.turn.close()
-        except OSError:
-            pass
-        step.turn = None
-
-
-def step_states(events: list[list], exits: list[int | None], srun_ended: bool) -> list[tuple]:
-    """Each rank's (verdict, ended, exit code) for ``gang.first_failure``, from what the step's ranks left.
-
-    A rank's own end is its exit file (``child.srun_rank``). A rank without one
-    once srun has ended was killed with the step (``--kill-on-bad-exit``, a
-    cancel): it ended, but by another's failure, so it is counted as ended only
-    when no rank ended on its own with a failure; else a peer that Slurm killed
-    first would be blamed for the rank that crashed.
-    """
-    own = [(last_of(e, TrialResult), code is not None, code) for e, code in zip(events, exits)]
-    if not srun_ended or first_failure(own)[1] is not None:
-        return own
-    return [(verdict, True, code if code is not None else -9) for verdict, _, code in own]
-
-
 class SrunGangExecutor:
     """Gang trials as Slurm job steps; the environment check and other requests run locally (``local``)."""
 
     def __init__(self, local: LocalExecutor, *, nodes: int | None, srun: str = "srun", scancel: str = "scancel",
-                 squeue: str = "squeue", scontrol: str = "scontrol", ahead: bool = False, world: int | None = None):
+                 squeue: str = "squeue", scontrol: str = "scontrol", ahead: bool = False, world: int | None = None,
+                 sinfo: str = "sinfo"):
         self.local = local
         self.nodes = nodes
         self.world = world  # the gang's ranks, where known before the first trial (``prestart``)
         self.srun, self.scancel, self.squeue, self.scontrol = srun, scancel, squeue, scontrol
+        self.sinfo = sinfo
         self.ahead = ahead  # start each next trial's step while the current one runs (distributed.steps_ahead)
         self._ahead: _Step | None = None
         self._ahead_count = 0
@@ -247,7 +162,11 @@ class SrunGangExecutor:
         refused: list[str] = []
         while True:
             attempt = name if not refused else f"{name}-again{len(refused)}"
-            run = self._run_step(request, conditions, timeout, attempt)
+            try:
+                run = self._run_step(request, conditions, timeout, attempt)
+            except (KeyboardInterrupt, Terminated):
+                self._name_lost_nodes()
+                raise
             if isinstance(run, ChildRun):
                 with signals_deferred():
                     finished(replace(run, lost_before=tuple(refused)))
@@ -381,6 +300,8 @@ class SrunGangExecutor:
             for watched in (step, self._ahead):  # the step started ahead too, as soon as Slurm names it
                 if watched is not None and not watched.armed and (step_id := watched.step_id()) is not None:
                     self._arm_cancel(watched, step_id)
+            if (gone := step.lost_daemon()) is not None:
+                raise self._daemon_lost(step, gone, request)
             srun_ended = step.process.poll() is not None
             if (lost := step.lost()) is not None:
                 return self._refused(step, lost)
@@ -413,12 +334,39 @@ class SrunGangExecutor:
                     return self._conclude(step, hung, timed_out=timed_out)
             time.sleep(POLL_SECONDS)
 
+    def _daemon_lost(self, step: _Step, gone: dict, request: TrialRequest | None) -> ProbeError:
+        """A node's step daemon ended under the step (a rank's wrapper saw its parent go: ``child.srun_rank``): nothing
+        on that node will tell Slurm the step ended, so it stays listed until the job ends, and waiting for it (the
+        trial's timeout, then the wait for the listing) would only delay the same end. The probe stops now, naming
+        the node; the step is ended on the other nodes first (``_end``, in ``_run_step``'s cleanup)."""
+        node = gone.get("node") or "its node"
+        step_id = step.step_id() or "(its id unknown)"
+        batch = f"batch {request.batch_size}, " if request is not None else ""
+        trouble = node_trouble(gone.get("node"), self.sinfo)
+        state = f" Slurm says: {'; '.join(trouble)}." if trouble else ""
+        words = (f"Slurm lost the step daemon (slurmstepd) of node {node} under the trial's job step {step_id} "
+                 f"({batch}{step.world} ranks): rank {gone.get('rank')}'s parent there (pid {gone.get('stepd_pid')}) "
+                 f"ended mid-trial.{state} Nothing on {node} can end the step now, and Slurm lists it until the job "
+                 "ends: that is the node, not the batch, so the probe stops without an answer")
+        return ProbeError(f"{words}. Check {node} (its slurmd log; dmesg, for a step daemon the kernel's OOM killer "
+                          "ended) and resubmit the job on healthy nodes", evidence=words)
+
+    def _name_lost_nodes(self) -> None:
+        """A signal stops the probe mid-step: if Slurm counts a node of the job out of service (the usual reason a
+        running job is cancelled under a probe: a node lost, Slurm's node timeout passed), say which, at once and in
+        the result's message (``srun_nodes.stop_context``)."""
+        words = signalled_words(sinfo=self.sinfo)
+        record_stop_context(words)
+        if words:
+            sys.stderr.write(f"isoprobe: {words}\n")
+            sys.stderr.flush()
+
     def _arm_cancel(self, step: _Step, step_id: str) -> None:
         """Tell srun's keeper how to end the step if isoprobe dies: killing srun alone leaves its tasks running
         (measured on Slurm 22.05 with the ranks' output in files: the step stayed, its tasks alive, after
         srun was SIGKILLed), so the keeper cancels the step first, through Slurm, on every node."""
         scancel = shutil.which(self.scancel) or self.scancel
-        write_atomically(step.folder / ON_STOP_FILE, json.dumps([[scancel, "--signal=KILL", step_id],
+        write_atomically(step.folder / ON_STOP_FILE, json.dumps([[scancel, *KILL_THROUGH_SLURMCTLD, step_id],
                                                                  [scancel, step_id]]))
         step.armed = True
 
@@ -475,8 +423,8 @@ class SrunGangExecutor:
         _close_turn(step)  # a step started ahead and never given its turn: its ranks read end of file
         step_id = step.step_id()
         if step.process.poll() is None and step_id is not None:
-            self._scancel("--signal=KILL", step_id)
-            if lost:  # srun waits on after Slurm lost the step (a task never launched): cancel the step itself
+            self._scancel(*KILL_THROUGH_SLURMCTLD, step_id)
+            if lost or step.daemon_lost:  # srun waits on after Slurm lost the step: cancel the step itself
                 self._scancel(step_id)
         try:
             step.process.wait(timeout=SRUN_END_SECONDS)
@@ -498,7 +446,7 @@ class SrunGangExecutor:
         except subprocess.TimeoutExpired:
             step.process.kill()
             step.process.wait()
-        if step_id is not None:
+        if step_id is not None and step.daemon_lost is None:  # a step whose node lost its daemon is listed for good
             self._wait_step_gone(step_id)
         return round(time.monotonic() - began, 4)
 
@@ -510,7 +458,7 @@ class SrunGangExecutor:
         if wait_slurm_steps_gone([step_id], STEP_GONE_SECONDS, recancel_after=min(2.0, STEP_RECANCEL_SECONDS),
                                  recancel_every=STEP_RECANCEL_SECONDS, squeue=self.squeue, scancel=self.scancel,
                                  job=step_id.split(".")[0]):
-            raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --signal=KILL, then scancel of "
+            raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --ctld --signal=KILL, then scancel of "
                              f"the step, srun gone) but squeue -s still lists it {STEP_GONE_SECONDS:g} s later; the "
                              f"probe stops rather than start another step beside it. What Slurm says of it: "
                              f"{self._step_record(step_id)}")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from isoprobe.executors.srun_nodes import stop_context
 from isoprobe.protocol.messages import RANK_LOST, DataScan
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome
@@ -273,4 +274,5 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
              "see trials[].step_budget_peak_bytes: the peak after every step"],
         )
     best = f"; largest batch that fit so far: {max_fitting}" if max_fitting else ""
-    return f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an answer{best}", []
+    seen = f"; {stop_context()}" if stop_context() else ""  # a node of the job Slurm lost, seen when the signal came
+    return f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an answer{best}{seen}", []

@@ -81,7 +81,7 @@ def command(lifeline_fd: int, child_argv: list[str], on_stop: str | None = None)
 
     ``on_stop``: a file the caller may fill, while the child runs, with the commands that end what the
     child started elsewhere (a Slurm job step's tasks on other nodes are no descendants of the keeper:
-    ``executors.srun_gang`` writes ``scancel --signal=KILL JOB.STEP`` there).
+    ``executors.srun_gang`` writes ``scancel --ctld --signal=KILL JOB.STEP`` there).
     """
     options = [ON_STOP_OPTION, on_stop] if on_stop is not None else []
     return [sys.executable, "-I", "-S", os.path.abspath(__file__), str(lifeline_fd), *options, "--", *child_argv]
@@ -376,6 +376,15 @@ def slurm_steps_of(sruns: set[int]) -> list[str]:
     return steps_of_sruns(listed.stdout, sruns, socket.gethostname())
 
 
+#: How isoprobe has Slurm SIGKILL a step's tasks: through slurmctld (REQUEST_SIGNAL_TASKS to each node). Without
+#: ``--ctld``, ``scancel --signal=KILL JOB.STEP`` sends REQUEST_TERMINATE_TASKS to each slurmd itself (Slurm 22.05:
+#: scancel.c calls ``slurm_terminate_job_step``), and slurmstepd's ``_handle_terminate`` starts its unkillable-step
+#: monitor: a task not reaped ``UnkillableStepTimeout`` (60 s) later drains the node ("Kill task failed"). The same
+#: SIGKILL reaches the same processes either way (proctrack's ``kill_proc_tree``); only the terminate request arms
+#: the monitor, and a probe must never be what drains a site's node.
+KILL_THROUGH_SLURMCTLD = ("--ctld", "--signal=KILL")
+
+
 def cancel_slurm_steps(steps: list[str], scancel: str = "scancel") -> None:
     """Kill the tasks of ``steps`` on every node, then cancel the steps, through slurmctld; never raise.
 
@@ -389,7 +398,7 @@ def cancel_slurm_steps(steps: list[str], scancel: str = "scancel") -> None:
     program = shutil.which(scancel)
     if program is None:
         return
-    for args in (["--signal=KILL", *steps], steps):
+    for args in ([*KILL_THROUGH_SLURMCTLD, *steps], steps):
         try:
             subprocess.run([program, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                            stderr=subprocess.DEVNULL, timeout=ON_STOP_SECONDS, check=False)

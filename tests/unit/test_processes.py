@@ -242,4 +242,4 @@ def test_a_stopped_keeper_cancels_the_job_steps_an_srun_in_its_tree_started(tmp_
     assert keeper.srun_processes(process.pid), "the stand-in srun never started"
     os.close(write)  # as when isoprobe dies
     assert process.wait(timeout=30) == -9
-    assert (tmp_path / "scancel.log").read_text().splitlines() == ["--signal=KILL 9.0", "9.0"]
+    assert (tmp_path / "scancel.log").read_text().splitlines() == ["--ctld --signal=KILL 9.0", "9.0"]

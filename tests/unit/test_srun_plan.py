@@ -312,7 +312,7 @@ def test_a_step_slurm_is_slow_to_drop_is_cancelled_again_and_waited_for(tmp_path
     monkeypatch.setattr(srun_gang, "STEP_RECANCEL_SECONDS", 0.2)
     executor = _stand_in_slurm(tmp_path, f'[ -s {tmp_path}/scancel.log ] || echo 7.3')
     executor._wait_step_gone("7.3")
-    assert (tmp_path / "scancel.log").read_text().splitlines() == ["--signal=KILL 7.3", "7.3"]
+    assert (tmp_path / "scancel.log").read_text().splitlines() == ["--ctld --signal=KILL 7.3", "7.3"]
 
 
 def test_a_step_slurm_never_drops_stops_the_probe_with_what_slurm_says_of_it(tmp_path, monkeypatch):
@@ -328,4 +328,4 @@ def test_a_step_slurm_never_drops_stops_the_probe_with_what_slurm_says_of_it(tmp
     assert "squeue -s still lists it 1 s later" in str(stopped.value)
     assert "StepId=7.3 State=COMPLETING NodeList=n1,n2" in str(stopped.value)
     asked = (tmp_path / "scancel.log").read_text().splitlines()
-    assert len(asked) >= 4 and set(asked) == {"--signal=KILL 7.3", "7.3"}, asked
+    assert len(asked) >= 4 and set(asked) == {"--ctld --signal=KILL 7.3", "7.3"}, asked
