@@ -32,8 +32,8 @@ from .test_two_nodes import HOOK_WORKLOAD, _hook_job, _said, run_on_two_nodes
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 #: How many times the loaded test runs the out-of-memory gang probe and the pre-job hook (10 for issue 47's record;
-#: 2 by default, for CI's time).
-LOADED_RUNS = int(os.environ.get("ISOPROBE_LOADED_RUNS", "2"))
+#: 1 by default: each run is about 4 minutes of a 40-minute CI).
+LOADED_RUNS = int(os.environ.get("ISOPROBE_LOADED_RUNS", "1"))
 #: States a node may be seen in right after a job: anything else (drain, draining, drained, down...) has left idle.
 SETTLING = {"idle", "completing", "allocated", "mixed"}
 
