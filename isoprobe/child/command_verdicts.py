@@ -111,9 +111,10 @@ def rank_lost_verdict(process: subprocess.Popen, tree: Tree, failed: Process, ju
         process.wait(timeout=EXIT_WAIT_SECONDS)
     except subprocess.TimeoutExpired:
         pass
-    report = killed_rank(stderr_tail(stderr_path, lines=200), pid=lost[0].pid if lost else None)
+    launcher_words = stderr_tail(stderr_path, lines=200)
+    report = killed_rank(launcher_words, pid=lost[0].pid if lost else None)
     if report is None and lost:
-        report = killed_rank(stderr_tail(stderr_path, lines=200), rank=lost[0].hello.rank)
+        report = killed_rank(launcher_words, rank=lost[0].hello.rank)
     if not lost and report is None:
         return None
     name = lost[0].name if lost else f"rank {report.rank} (pid {report.pid})"

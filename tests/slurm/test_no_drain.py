@@ -26,8 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from .jobs import PYTHON, budget_with_the_edge_inside, fault_spec, job_script, step_ids, write_spec
-from .test_two_nodes import HOOK_WORKLOAD, _hook_job, _said, run_on_two_nodes
+from .jobs import PYTHON, fault_spec, job_script, step_ids, write_spec
+from .test_two_nodes import HOOK_WORKLOAD, _hook_job, _said, hook_budget, run_on_two_nodes
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
@@ -115,16 +115,7 @@ def test_loaded_runs_of_the_oom_gang_and_the_hook_leave_every_node_idle(two_node
     rank runs out and Slurm kills its peer). After each, no node has left idle and no slurmd logged an unkillable
     step. The budget of the hook's workload is found once, by a local gang, before the load starts."""
     cluster = two_node_cluster
-    calibration = tmp_path_factory.mktemp("loaded-calibration")
-    local_spec = {**HOOK_WORKLOAD, "memory_budget": "1400MiB",
-                  "search": {"start_batch_size": 2, "steps": 2, "confirmations": 0, "steady_steps": 0},
-                  "recommendation": {"soak_steps": 0},
-                  "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "local"}}
-    local_out = calibration / "hook-local.json"
-    job = run_on_two_nodes(cluster, job_script(write_spec(calibration, local_spec, "hook-local"), local_out),
-                           timeout=300)
-    assert job.state == "COMPLETED", job.describe()
-    budget = budget_with_the_edge_inside(json.loads(local_out.read_text()))
+    budget = hook_budget(cluster, tmp_path_factory.mktemp("loaded-calibration"))
     failures_before = _kill_task_failures(cluster)
     record = []
     with both_cores_loaded():

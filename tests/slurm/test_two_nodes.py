@@ -262,6 +262,20 @@ HOOK_WORKLOAD = {
 }
 
 
+def hook_budget(cluster, folder: Path) -> str:
+    """The budget that puts the edge of HOOK_WORKLOAD's local gang half a sample inside it, found by a local gang
+    run on the cluster (``jobs.budget_with_the_edge_inside``)."""
+    local_spec = {**HOOK_WORKLOAD, "memory_budget": "1400MiB",
+                  "search": {"start_batch_size": 2, "steps": 2, "confirmations": 0, "steady_steps": 0},
+                  "recommendation": {"soak_steps": 0},
+                  "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "local"}}
+    local_out = folder / "hook-local.json"
+    job = run_on_two_nodes(cluster, job_script(write_spec(folder, local_spec, "hook-local"), local_out),
+                           timeout=300)
+    assert job.state == "COMPLETED", job.describe()
+    return budget_with_the_edge_inside(json.loads(local_out.read_text()))
+
+
 def test_the_pre_job_hook_across_two_nodes_trains_at_its_answer_and_runs_out_one_above_it(two_node_cluster, folder):
     """A job of two nodes evaluates ``isoprobe run spec --format env`` (a DDP gang whose launcher, auto, steps across
     the allocation), then trains for real with one rank on each node, 30 steps, at $ISOPROBE_BATCH_SIZE and at
@@ -271,15 +285,7 @@ def test_the_pre_job_hook_across_two_nodes_trains_at_its_answer_and_runs_out_one
     The budget puts the edge of a local gang half a sample (14 MiB) inside it (jobs.budget_with_the_edge_inside),
     so the maximum fits with more free than the spread's floor and the batch above it runs out by as much: an edge
     within a MiB of the budget is a coin toss for any two runs, a long one included."""
-    local_spec = {**HOOK_WORKLOAD, "memory_budget": "1400MiB",
-                  "search": {"start_batch_size": 2, "steps": 2, "confirmations": 0, "steady_steps": 0},
-                  "recommendation": {"soak_steps": 0},
-                  "distributed": {"strategy": "ddp", "world_size": 2, "launcher": "local"}}
-    local_out = folder / "hook-local.json"
-    job = run_on_two_nodes(two_node_cluster, job_script(write_spec(folder, local_spec, "hook-local"), local_out),
-                           timeout=300)
-    assert job.state == "COMPLETED", job.describe()
-    budget = budget_with_the_edge_inside(json.loads(local_out.read_text()))
+    budget = hook_budget(two_node_cluster, folder)
     spec = write_spec(folder, {**HOOK_WORKLOAD, "memory_budget": budget,
                                "distributed": {"strategy": "ddp", "world_size": 2}}, "hook")
     first = run_on_two_nodes(two_node_cluster, _hook_job(spec, folder, budget, '"$ISOPROBE_BATCH_SIZE"',
