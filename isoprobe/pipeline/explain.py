@@ -31,6 +31,14 @@ class Found:
     marginal: tuple[int, ...] = ()
 
 
+
+#: Command trials isoprobe refuses to credit, with what the user can do (``child.command_verdicts``).
+_REFUSALS = {
+    "CommandBatchNotTrained": "let the script train at the batch it is given: turn its own batch-size finder off and "
+                              "pass {batch_size} to where its batches are built",
+    "CommandForgedLines": "leave the folder in $ISOPROBE_SHIM_DIR to isoprobe: nothing in the command may write there",
+}
+
 def limited_by(spec: Spec, max_fitting: int | None, data: DataScan | None = None,
                train_samples: int | None = None) -> str:
     """Which cap a capped search stopped at: the dataset, the spec's maximum, or the search's ceiling."""
@@ -211,6 +219,9 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
     if stop is StopReason.ERROR and last is not None:
         error = last.error
         detail = f"{error.type}: {error.message.splitlines()[0] if error.message else ''}" if error else "an error"
+        if spec.command is not None and error is not None and error.type in _REFUSALS:
+            # Not the script's crash: isoprobe refuses to credit what it read (issue 47); the message says why.
+            return f"batch {last.batch_size}: {error.message}", [_REFUSALS[error.type]]
         if spec.command is not None:
             return (f"batch {last.batch_size}: the command failed with {detail} — the script's error, not a memory "
                     "verdict", ["fix what trials[-1].error.traceback_tail shows (the command's own last lines), then "

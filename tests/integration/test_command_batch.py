@@ -47,6 +47,8 @@ def test_a_command_that_trains_another_batch_is_refused_and_says_what_it_trained
     assert trial["outcome"] == "error" and trial["error"]["type"] == "CommandBatchNotTrained"
     assert trained in trial["error"]["message"]
     assert "does not train at the batch it is given" in result["message"]
+    assert "the script's error" not in result["message"]  # isoprobe's refusal, not the script's crash
+    assert any("batch-size finder off" in hint for hint in result["suggestions"])
 
 
 def test_a_helper_that_stepped_and_exited_before_training_is_not_waited_for(scratch):
