@@ -31,10 +31,11 @@ the executor reads (``isoprobe.system.oomkill``). So no cgroup is used.
 
 How the executor uses it (``command``): ``python -I -S keeper.py FD [--on-stop FILE] -- CHILD ARGV``.
 ``--on-stop``: commands the keeper runs when it is stopped while the child still
-runs, before it kills the tree, for what the child had started where the keeper
-cannot see (a Slurm job step's tasks: ``executors.srun_gang``). For the same
-reason a keeper stopped while an ``srun`` runs in its tree (a probed command's)
-cancels that srun's job steps through Slurm first (``cancel_slurm_steps``).
+runs (or the child ended and left processes behind), before it kills the tree,
+for what the child had started where the keeper cannot see (a Slurm job step's
+tasks: ``executors.srun_gang``). For the same reason a keeper about to kill an
+``srun`` in its tree (a probed command's) cancels that srun's job steps through
+Slurm first (``cancel_slurm_steps``).
 It imports the standard library only (no isoprobe, no pydantic, no torch, no
 site-packages), which keeps its start-up at about 10 ms. It starts the child with
 its own stdin, stdout, stderr and environment, in a session of its own, waits,
@@ -66,7 +67,8 @@ CANNOT_START = 127
 
 
 #: The keeper's option naming a file of commands (a JSON list of argv lists) it runs when it is stopped (its
-#: lifeline closed, a stop signal) while its child still runs, before it kills the tree (``run_on_stop``).
+#: lifeline closed, a stop signal) while its child still runs, or finds the child ended with processes left below
+#: it, before it kills the tree (``run_on_stop``).
 ON_STOP_OPTION = "--on-stop"
 #: How long each on-stop command may take before the keeper gives up on it and kills the tree anyway.
 ON_STOP_SECONDS = 10.0
@@ -160,6 +162,10 @@ def descendants(root: int) -> list[tuple[int, str]]:
             found.append((pid, state))
             frontier.append(pid)
     return found
+
+
+def _live_descendants(root: int) -> bool:
+    return any(state not in ("Z", "X") for _, state in descendants(root))
 
 
 def sigkill_below(root: int, *, also: tuple[int, ...] = (), sweeps: int = 3, pause: float = 0.05) -> None:
@@ -460,14 +466,19 @@ def keep(keeper: Keeper, on_stop: str | None = None) -> None:
     os.dup2(devnull, 0)
     os.close(devnull)
     keeper.supervise()
-    if keeper.child_status is None:  # stopped while the child runs: first what the tree's SIGKILL cannot reach
+    # Stopped while the child runs, or the child ended and left processes behind: either way the child did not
+    # finish its own cleanup, and the tree about to be killed may hold what no SIGKILL of it ends. The second case
+    # is not rare: when isoprobe dies, the fork server (this keeper's child) reads EOF and exits in the same instant
+    # as the lifeline closes, and a trial's keeper below it, busy ending its command's job step, would be killed
+    # by this keeper's sweep before it had asked Slurm (measured on the two-node test cluster under CPU load:
+    # 2 runs in 7 of isoprobe SIGKILLed mid-command left the step's tasks running on both nodes).
+    steps = []
+    if keeper.child_status is None or _live_descendants(os.getpid()):
         run_on_stop(on_stop)
         # A probed command that runs srun (``isoprobe run -- srun python train.py``) started job steps whose
         # tasks no SIGKILL of this tree reaches: end them through Slurm, before their srun dies with the tree.
         steps = slurm_steps_of(srun_processes(os.getpid()))
         cancel_slurm_steps(steps)
-    else:
-        steps = []
     keeper.kill_tree()
     # A task that slurmstepd was still launching misses the kill, and the cancel can miss it too (measured on the
     # two-node test cluster: 1 run in 6 of isoprobe SIGKILLed right as its command's srun started the step, whose

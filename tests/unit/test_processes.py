@@ -243,3 +243,45 @@ def test_a_stopped_keeper_cancels_the_job_steps_an_srun_in_its_tree_started(tmp_
     os.close(write)  # as when isoprobe dies
     assert process.wait(timeout=30) == -9
     assert (tmp_path / "scancel.log").read_text().splitlines() == ["--ctld --signal=KILL 9.0", "9.0"]
+
+
+def test_a_keeper_whose_child_ended_leaving_an_srun_behind_cancels_its_steps_before_the_kill(tmp_path):
+    """When isoprobe dies, the fork server (its keeper's child) reads EOF and exits in the same instant as the
+    lifeline closes; the keeper may reap it first and see a child that *ended*, with a trial's srun still running
+    below it. Its sweep then killed that srun (and the trial's own keeper, mid-cancel) without asking Slurm, and
+    the step's tasks ran on (measured on the two-node test cluster under CPU load, 2 runs in 7). Whatever ended
+    the child, a keeper about to kill an srun cancels its steps first. Stand-ins as in the test above; the child
+    starts srun in a session of its own and exits at once, leaving it to the keeper (a subreaper)."""
+    import socket
+    import subprocess
+    import sys
+    import time
+
+    from isoprobe.system import keeper
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    scripts = {
+        "srun": f"touch {tmp_path}/srun-started; sleep 60",
+        "scontrol": (f"exec {sys.executable} -c \"import os\n"
+                     "for pid in filter(str.isdigit, os.listdir('/proc')):\n"
+                     "    try: comm = open('/proc/%s/comm' % pid).read().strip()\n"
+                     "    except OSError: continue\n"
+                     f"    if comm == 'srun': print('StepId=4.0 State=RUNNING SrunHost:Pid={socket.gethostname()}:%s' % pid)\""),
+        "scancel": f'echo "$*" >> {tmp_path}/scancel.log',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    child = ("import os, subprocess, time\n"
+             "subprocess.Popen(['srun'], start_new_session=True)\n"
+             f"while not os.path.exists({str(tmp_path / 'srun-started')!r}): time.sleep(0.01)\n")
+    read, write = os.pipe()
+    process = subprocess.Popen(keeper.command(read, [sys.executable, "-c", child]), pass_fds=(read,), env=env)
+    os.close(read)
+    try:
+        assert process.wait(timeout=30) == 0  # the keeper ends as its child did: it ended on its own
+    finally:
+        os.close(write)
+    assert (tmp_path / "scancel.log").read_text().splitlines() == ["--ctld --signal=KILL 4.0", "4.0"]
