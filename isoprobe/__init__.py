@@ -15,6 +15,7 @@ tests/unit/test_layering.py enforces):
         cli/            the command line: arguments, output formats, exit codes
         api.py          ``probe()`` for Python scripts
         huggingface.py  ``find_batch_size(build_trainer)``: probe()'s answer for a Hugging Face Trainer
+        lightning.py    ``IsolatedBatchSizeFinder``: the Lightning callback, each trial in a fresh process
         pipeline/       the orchestration: cache -> environment check -> search -> recommendation -> Result
         executors/      the seam to processes: ``local`` (isolated children), ``gang``, ``scripted`` (tests)
         cache/          answers kept on disk, trusted while their sources are unchanged

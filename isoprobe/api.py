@@ -121,7 +121,7 @@ def answer_for(spec: Spec, spec_path: str, say: Callable[[str], None], *, use_ca
     probe is the system refusing what a trial needs (no space left in TMPDIR for
     its files, too many open files): not the user's spec and not a bug, so one
     line (``ProbeError``, exit 4 from the CLI), never a traceback. ``borrowed``: a frontier's bounds from
-    its other points (``search.frontier``), which only steer the search.
+    its other points (``search.frontier_bounds``), which only steer the search.
     """
     from isoprobe.errors import ProbeError
     from isoprobe.report.output import Reporter

@@ -5,5 +5,6 @@
     sources.py  the user's files a probe ran or read, and whether they changed
     arguments.py  what a command's words name (files hashed, folders listed), for its key
     threads.py  the intra-op threads a CPU trial will run, predicted without torch (part of the key)
-    files.py    files in a folder others can write, opened without trusting what lies there
+
+Its files are opened through ``system.files`` (a folder others can write, read without trusting it).
 """

@@ -12,11 +12,16 @@ the parent never imports torch and never guesses at what a child meant.
     srun_rank.py a rank of a Slurm job step: its cap, files and GPU, then this entry (stdlib only)
     trial.py     a trial: the training steps at one batch size, and their peak memory
     step_report.py  after each step: its event, its memory, whether to stop (the steady rule)
-    frameworks.py   a framework's own loop as the trial: lightning_runner.py, huggingface.py
-    inspect.py   the environment check once per probe: versions, devices, can the spec be set up
+    frameworks.py   a framework's own loop as the trial: lightning_runner.py, hf_trainer_runner.py
+    environment_check.py  the environment check once per probe: versions, devices, can the spec be set up
     workload.py  *what* is trained: the model from its source, the synthetic batch, the loss
     data.py      the batch from the user's dataset (spec.data): lengths, worst-first order, collated batch
     references.py  resolving 'module:function' and 'file.py:function' to the user's callable
+    estimate.py  the memory estimate before any trial: one step traced without real memory
+    cuda.py      CUDA in a child: initialisation, the libraries' warm-up, the budget, the readings
+    distributed.py  a rank of a gang trial: join the gang, wrap model and optimizer as the real job does
+    optimizer_state.py  fp16 mixed precision: the optimizer really stepped, so its state is in the peak
+    source_only.py  isoprobe's own modules compiled from source in every child (no stale bytecode)
     training.py  *how* a step runs: the spec's training options, applied and read back
     memory.py    the child's own memory from /proc/self/status, and the credit for isoprobe's own modules
     sources.py   the user's modules it ran, and the installed ones its model imported (for the preload)

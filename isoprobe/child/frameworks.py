@@ -31,7 +31,7 @@ from isoprobe.report.result import Sizes
 
 #: ``spec.model.source`` -> the runner, ``"module:function"``.
 FRAMEWORK_RUNNERS: dict[str, str] = {
-    "hf_trainer": "isoprobe.child.huggingface:run_trainer",
+    "hf_trainer": "isoprobe.child.hf_trainer_runner:run_trainer",
     "lightning": "isoprobe.child.lightning_runner:run",
 }
 

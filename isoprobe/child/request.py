@@ -56,10 +56,10 @@ def run_request(request_path: str, events: Events) -> None:
     [request] = read
     if isinstance(request, InspectRequest):
         # Counted as the others are, so that the import baseline the check reports is a plain process's.
-        import_own(lambda: importlib.import_module("isoprobe.child.inspect"))
+        import_own(lambda: importlib.import_module("isoprobe.child.environment_check"))
     credit_own()  # the last of isoprobe's own is in: the cap is final before the user's code runs
     if isinstance(request, InspectRequest):
-        from isoprobe.child.inspect import run_inspect
+        from isoprobe.child.environment_check import run_inspect
 
         run_inspect(request, events)
     else:

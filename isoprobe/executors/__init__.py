@@ -22,6 +22,16 @@ Executors:
   and no torch, for testing the orchestration (retries, confirmations,
   reclassification, interrupts) as plain unit tests.
 
+Their parts:
+
+- ``processes``: a child's environment, its start, its deadlines, its stderr.
+- ``child_process``: one started child, from its start until it is gone (``stop_child``).
+- ``rounds``: requests run to their end, one at a time or several at once.
+- ``fork_server_channel``: the parent's side of the fork server (``child.server``): start it, order forks.
+- ``fork_server_choice``: which fork server forks a request, and when this probe stops forking.
+- ``srun_plan`` (pure): the launcher, the ``srun`` command, Slurm's refusals; ``srun_step``: one trial's
+  job step as the executor sees it; ``srun_nodes``: what Slurm says of the allocation's nodes.
+
 What a new executor must provide is the three methods of ``Executor``. One
 that runs several trials at once, a gang of ranks per trial, or a trial as a
 cluster job fits behind the same interface: the search and the probe do not

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from isoprobe.errors import ProbeError
 from isoprobe.executors import Conditions
-from isoprobe.executors.forkserver import ForkedProcess
+from isoprobe.executors.fork_server_channel import ForkedProcess
 from isoprobe.system.keeper import sigkill_below
 from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, lift_idle_policy, write_atomically
 from isoprobe.protocol.messages import IMPORT_LINE, Inspected, Started, TrialResult, Warm, last_of, read_events

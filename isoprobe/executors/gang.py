@@ -30,7 +30,7 @@ from typing import Callable
 from isoprobe.errors import Terminated
 from isoprobe.executors import ChildRun, Conditions, run_through_reporting
 from isoprobe.executors.child_process import wait_for_end
-from isoprobe.executors.fork_servers import SERVER_LOSSES
+from isoprobe.executors.fork_server_choice import SERVER_LOSSES
 from isoprobe.executors.local import Launch, LocalExecutor
 from isoprobe.executors.processes import signals_deferred
 from isoprobe.executors.rounds import earned_timeout, ended_on_its_own, steps_done

@@ -57,8 +57,8 @@ from isoprobe.executors import ChildRun, Conditions
 from isoprobe.system import keeper
 from isoprobe.executors.child_process import (StartedChild, await_warm, deliver, extend_imports, modules_file,
                                               stop_child)
-from isoprobe.executors.forkserver import ForkedProcess
-from isoprobe.executors.fork_servers import ForkServers, added_imports
+from isoprobe.executors.fork_server_channel import ForkedProcess
+from isoprobe.executors.fork_server_choice import ForkServers, added_imports
 from isoprobe.executors.processes import (
     child_environment,
     import_timeout,

@@ -43,7 +43,7 @@ from typing import Callable
 
 from isoprobe.errors import Terminated
 from isoprobe.executors import ChildRun
-from isoprobe.executors.fork_servers import SERVER_LOSSES
+from isoprobe.executors.fork_server_choice import SERVER_LOSSES
 from isoprobe.executors.processes import signals_deferred
 
 #: How often the round's children are looked at.

@@ -126,7 +126,7 @@ class _Context:
         self.refused: set[str] = set()
         self.world_size_source = "spec"
         self.expected_threads = None  # the key's intra-op threads (cache_threads), checked against the trials'
-        self.borrowed = None  # a frontier's bounds from its other points (search.frontier)
+        self.borrowed = None  # a frontier's bounds from its other points (search.frontier_bounds)
 
     def probe(self, cache):
         from isoprobe.cache.store import now_utc

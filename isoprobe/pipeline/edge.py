@@ -66,7 +66,7 @@ def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior:
 
     ``prior``: the traced estimate's line (``prediction.prior_of``): the first trial goes near its edge.
     The allocator comparison's later searches start from the edge found instead.
-    ``borrowed``: bounds another point of a frontier proved (``search.frontier``): they narrow where the
+    ``borrowed``: bounds another point of a frontier proved (``search.frontier_bounds``): they narrow where the
     search looks; the answer is still proven by this point's own trials.
     """
     limits = _limits(spec, target, prior=prior, borrowed=borrowed, runner=runner)

@@ -11,7 +11,7 @@ by evaluation, and the evaluation answer is proven on its own.
 The search is the same pure edge search as the training one; it borrows the
 training maximum as a fit it expects (an evaluation pass keeps no activations
 for a backward pass, so it usually takes more samples), which steers it
-upwards and is proven, or dropped, by its own trials (``search.frontier``).
+upwards and is proven, or dropped, by its own trials (``search.frontier_bounds``).
 """
 
 from __future__ import annotations

@@ -4,9 +4,9 @@ Each point is an ordinary answer (``pipeline.answer``): the cache under the key
 ``isoprobe run --set FIELD=VALUE`` uses, its lock, a probe in fresh processes,
 the store. So a rerun is answered from the cache, a point a sweep filled (on
 Slurm, in parallel) is a cache hit here, and a point here is a hit for ``run``.
-What the frontier adds is the order (``search.frontier.probe_order``: the value
+What the frontier adds is the order (``search.frontier_bounds.probe_order``: the value
 needing the most memory first) and the bounds each probe borrows from the
-points answered before it (``search.frontier.borrowed_for``), which only
+points answered before it (``search.frontier_bounds.borrowed_for``), which only
 narrow where its search looks: its maximum is still run at its own value.
 """
 
@@ -22,7 +22,7 @@ from isoprobe.pipeline.edge import stop_reason_of
 from isoprobe.report.frontier import BorrowedBounds, FrontierPoint, FrontierResult
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.report.output import Reporter
-from isoprobe.search.frontier import Direction, Proven, borrowed_for, memory_ranks, probe_order
+from isoprobe.search.frontier_bounds import Direction, Proven, borrowed_for, memory_ranks, probe_order
 from isoprobe.spec.model import Spec
 
 

@@ -83,7 +83,7 @@ def run_probe(
 
     ``executor`` runs the environment check and the trials (default: the local
     one); it is closed before this returns, so nothing it started outlives the probe. ``borrowed``: bounds
-    another frontier point proved, which only narrow where the search looks (``search.frontier``).
+    another frontier point proved, which only narrow where the search looks (``search.frontier_bounds``).
     """
     environ = dict(os.environ if environ is None else environ)
     started = time.monotonic()

@@ -1,6 +1,6 @@
 """The recommended batch: advised from the fitting trials, then proven by a long run (its own soak, or the maximum's).
 
-``recommend.advise`` (pure) picks the batch from the memory line and the
+``headroom.advise`` (pure) picks the batch from the memory line and the
 headroom; ``soak.judge`` (pure) reads a soak's per-step peaks;
 ``soak.proven_by_maximum`` (pure) says when the maximum's steady trial already
 proves the batch. This module runs the trials they ask for: the soak of the
@@ -17,7 +17,7 @@ from isoprobe.pipeline.explain import none_survived, why_soak_failed
 from isoprobe.report.outcomes import Outcome
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.trials import TrialRunner
-from isoprobe.search.recommend import advise
+from isoprobe.search.headroom import advise
 from isoprobe.report.result import MemoryModel, Recommendation, Soak, Trial
 from isoprobe.search.soak import judge, lower_batch, proven_by_maximum
 from isoprobe.spec.units import format_bytes

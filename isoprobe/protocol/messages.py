@@ -458,7 +458,7 @@ class ImportOrder(_Message):
     prove again that a fork can run a parallel torch operation, before the next ``ForkOrder``.
 
     So the trials' process imports what a server started with the longer preload would have, without
-    a second server importing torch again while the first trial waits (``executors.fork_servers``).
+    a second server importing torch again while the first trial waits (``executors.fork_server_choice``).
     """
 
     order: Literal["import"] = "import"

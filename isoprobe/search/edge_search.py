@@ -65,7 +65,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from isoprobe.report.outcomes import Outcome, StopReason
-from isoprobe.search.frontier import bracket
+from isoprobe.search.frontier_bounds import bracket
 from isoprobe.search.history import Limits, Observation, bounds, proofs_due, verdicts
 from isoprobe.search.steps import DESCENT, Step, first_batch, guided_step, probes_the_edge
 

@@ -54,7 +54,7 @@ class Prior:
 
 @dataclass(frozen=True)
 class Borrowed:
-    """Bounds proven at other points of a frontier (``search.frontier``), not yet run at this one.
+    """Bounds proven at other points of a frontier (``search.frontier_bounds``), not yet run at this one.
 
     They narrow where the search looks and nothing else: a borrowed bound is
     never an answer here. The maximum reported is a batch that fit at this
@@ -80,7 +80,7 @@ class Limits:
     #: The least a maximum must leave free below the capacity (``search.margin.least_floor_bytes``): the prior's
     #: edge is the largest batch predicted to leave more (``steps.prior_edge``). 0: none.
     margin: int = 0
-    borrowed: Borrowed | None = None  # bounds another frontier point proved (search.frontier); None: none
+    borrowed: Borrowed | None = None  # bounds another frontier point proved (search.frontier_bounds); None: none
     #: The trial that would decide the maximum steps until its peak is steady (the product's steady rule): the
     #: oracle is told which trials those are (``run_search``), and the maximum is a batch with a steady fit (a
     #: maximum whose only fit was short runs once more, until steady). False: every trial is alike.

@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 
 from isoprobe.report.outcomes import Outcome
-from isoprobe.search.recommend import line_with_anchor
+from isoprobe.search.headroom import line_with_anchor
 from isoprobe.report.result import MemoryBreakdown, Throughput, ThroughputPoint, Trial
 
 
@@ -71,7 +71,7 @@ def throughput(trials: list[Trial], tolerance: float) -> Throughput | None:
 
 def base_anchor(trials: list[Trial], up_to: int | None = None) -> tuple[int, int] | None:
     """(batch, base reading) of the largest fitting trial (at most ``up_to``) that has both a peak and a base
-    reading: the anchor of a memory line through one measured batch (``recommend.line_with_anchor``)."""
+    reading: the anchor of a memory line through one measured batch (``headroom.line_with_anchor``)."""
     fits = [t for t in trials if t.outcome is Outcome.FITS and t.base_bytes and (t.budget_peak_bytes or t.peak_bytes)
             and (up_to is None or t.batch_size <= up_to)]
     top = max(fits, key=lambda t: (t.batch_size, t.index), default=None)

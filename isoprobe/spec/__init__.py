@@ -13,4 +13,5 @@
     safe_read.py    reading a file a user named without hanging or filling memory
     catalog.py      which torchvision model names exist, without importing torch
     job.py          the real job's world size, from the variables torchrun and Slurm set
+    command.py      a spec whose trials run the job's own command: its argv at one batch, and what must hold
 """

@@ -6,6 +6,12 @@ hands them to an executor (``local``: one after another in this process;
 item into a ``SweepReport``. Every probe goes through ``api.answer_for``, as
 ``isoprobe run`` does, so the answers are cache entries and a sweep run again
 answers from the cache. Nothing here imports torch.
+
+    model.py    the sweep's contract: one row per spec x target, as a pydantic model, and its table
+    task.py     one probe of a sweep, run as ``isoprobe run`` runs it (here, or as a Slurm array task)
+    local.py    the local executor: the specs one after another in this process
+    slurm.py    the Slurm executor: one job array per GPU type, through submitit
+    records.py  which cache entry answered a spec on a Slurm target (a sweep run again submits nothing)
 """
 
 from __future__ import annotations

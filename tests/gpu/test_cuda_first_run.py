@@ -125,7 +125,7 @@ def test_the_inspect_child_holds_a_context_on_the_trials_gpu_only(tmp_path):
     spec = {**_resnet(), "device": "cuda:1"}
     found = _python(f"""
         import json, os, pynvml
-        from isoprobe.child.inspect import run_inspect
+        from isoprobe.child.environment_check import run_inspect
         from isoprobe.protocol.messages import InspectRequest
         from isoprobe.spec.model import Spec
         class Events:

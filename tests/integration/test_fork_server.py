@@ -206,7 +206,7 @@ def test_a_server_lost_mid_round_takes_both_slots_with_it_and_the_probe_still_fi
     path.write_text(yaml.safe_dump(spec))
     killer = _signal_when_committed(state, None, signal.SIGKILL if how == "killed" else signal.SIGSTOP, trials=2)
     try:
-        # Bounded: a stopped server's trials are lost 10 s after they end (forkserver.ENDED_REPLY_SECONDS), then
+        # Bounded: a stopped server's trials are lost 10 s after they end (fork_server_channel.ENDED_REPLY_SECONDS), then
         # run again; the probe must not wait on it for ever (run_cli's timeout fails the test).
         done = run_cli("run", str(path), "--format", "json", timeout=400)
     finally:

@@ -20,7 +20,7 @@ from isoprobe.executors import Conditions
 from isoprobe.system import keeper
 from isoprobe.executors import child_process
 from isoprobe.executors.child_process import StartedChild, stop_child
-from isoprobe.executors.forkserver import _gone as _dead  # ended, or a zombie, from /proc
+from isoprobe.executors.fork_server_channel import _gone as _dead  # ended, or a zombie, from /proc
 
 
 def _kept_sleep(tmp_path: Path) -> StartedChild:

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from isoprobe.child import cuda as child_cuda
-from isoprobe.child import inspect as child_inspect
+from isoprobe.child import environment_check
 from isoprobe.spec.model import Spec
 
 torch = pytest.importorskip("torch")
@@ -34,7 +34,7 @@ def _fake_torch(capability):
 
 @pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
 def test_a_pre_ampere_trial_device_refuses_bf16_whatever_is_bf16_supported_says(precision):
-    problems = child_inspect._check_precision(_fake_torch((7, 0)), _spec(training={"precision": precision}),
+    problems = environment_check._check_precision(_fake_torch((7, 0)), _spec(training={"precision": precision}),
                                               types.SimpleNamespace(type="cuda", index=0))
     assert [p.stage for p in problems] == ["precision"]
     assert "compute capability 7.0" in problems[0].message and "8.0" in problems[0].message
@@ -58,20 +58,20 @@ def test_torchs_parser_judges_each_allocator_setting(setting, rejected):
 
 def test_every_allocators_entry_is_checked_and_the_bad_one_named():
     spec = _spec(allocators=["default", "expandable_segments:True", "max_split_size_mb:128", "expandable_segment:True"])
-    problems = child_inspect._allocator_problems(torch, spec)
+    problems = environment_check._allocator_problems(torch, spec)
     assert [p.stage for p in problems] == ["allocator"]
     assert "allocators entry 'expandable_segment:True'" in problems[0].message
-    assert child_inspect._allocator_problems(torch, _spec(allocators=["default", "expandable_segments:True"])) == []
+    assert environment_check._allocator_problems(torch, _spec(allocators=["default", "expandable_segments:True"])) == []
 
 
 def test_a_cuda_init_failure_is_an_allocator_problem_only_when_torch_speaks_of_the_allocator():
-    assert child_inspect._allocator_message("Unrecognized key 'x' in Accelerator allocator config.")
-    assert child_inspect._allocator_message("Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'")
-    assert not child_inspect._allocator_message("Found no NVIDIA driver on your system.")
+    assert environment_check._allocator_message("Unrecognized key 'x' in Accelerator allocator config.")
+    assert environment_check._allocator_message("Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'true'")
+    assert not environment_check._allocator_message("Found no NVIDIA driver on your system.")
 
 
 @pytest.mark.parametrize(("device", "count", "index"), [("auto", 2, 0), ("cuda", 1, 0), ("cuda:1", 2, 1),
                                                         ("cuda:3", 2, None), ("cpu", 2, None), ("auto", 0, None)])
 def test_the_inspect_child_asks_only_the_trials_gpu_and_never_a_missing_one(device, count, index):
     # Only this index gets a context (mem_get_info); a cuda:N beyond the count is left to resolve_target's spec error.
-    assert child_inspect._target_index(_spec(device=device), count) == index
+    assert environment_check._target_index(_spec(device=device), count) == index

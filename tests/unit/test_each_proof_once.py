@@ -7,7 +7,7 @@ from isoprobe.report.outcomes import Outcome
 from isoprobe.search.edge_search import decides, plan_next, run_search
 from isoprobe.search.history import Limits, Observation, proofs_due, verdicts
 from isoprobe.search.parallel import round_deciding
-from isoprobe.search.recommend import advise
+from isoprobe.search.headroom import advise
 from isoprobe.search.soak import proven_by_maximum
 
 MiB = 1 << 20

@@ -15,7 +15,7 @@ from isoprobe.pipeline.frontier import FrontierPlan, run_frontier, tokens_per_ba
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.report.output import Reporter
 from isoprobe.search.edge_search import run_search
-from isoprobe.search.frontier import Proven, borrowed_for, bracket, memory_ranks, probe_order
+from isoprobe.search.frontier_bounds import Proven, borrowed_for, bracket, memory_ranks, probe_order
 from isoprobe.search.history import Borrowed, Limits, Observation, Prior
 from isoprobe.search.steps import doubling_step, guided_step
 

@@ -1,8 +1,8 @@
-"""child.huggingface.unwrapped: an out-of-memory error a wrapper re-raised as its cause is classified as itself."""
+"""child.hf_trainer_runner.unwrapped: an out-of-memory error a wrapper re-raised as its cause is classified as itself."""
 
 from __future__ import annotations
 
-from isoprobe.child.huggingface import unwrapped
+from isoprobe.child.hf_trainer_runner import unwrapped
 
 
 class WrapperError(Exception):

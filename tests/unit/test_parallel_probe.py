@@ -13,7 +13,7 @@ from canned_local import CannedLocal
 
 from isoprobe.errors import Terminated
 from isoprobe.executors import ChildRun, rounds
-from isoprobe.executors.fork_servers import SERVER_LOSSES
+from isoprobe.executors.fork_server_choice import SERVER_LOSSES
 from isoprobe.executors.rounds import run_round
 from isoprobe.executors.scripted import ScriptedExecutor, crashed, fits, linear
 from isoprobe.report.outcomes import Outcome

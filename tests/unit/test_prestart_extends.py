@@ -24,7 +24,7 @@ import pytest
 from isoprobe.child.preload import read_modules
 from isoprobe.executors import Conditions
 from isoprobe.executors.child_process import StartedChild
-from isoprobe.executors.fork_servers import ForkServers, added_imports
+from isoprobe.executors.fork_server_choice import ForkServers, added_imports
 from isoprobe.executors.local import LocalExecutor
 from isoprobe.protocol.messages import (IMPORT_LINE, SERVER_ORDER, Extended, ForkOrder, Forked, ImportOrder, Warm,
                                        event_line)

@@ -297,7 +297,7 @@ def test_headroom_zero_is_a_fraction(tmp_path):
 
 
 def test_headroom_size_string_is_bytes_as_an_int(tmp_path):
-    # Must stay an int: recommend.headroom_in_bytes treats a float as a fraction of the capacity.
+    # Must stay an int: headroom.headroom_in_bytes treats a float as a fraction of the capacity.
     spec = load_spec(write(tmp_path, MINIMAL + "recommendation: {headroom: 2GiB}\n"))
     assert type(spec.recommendation.headroom) is int
     assert spec.recommendation.headroom == 2 * 1024**3

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isoprobe.report.outcomes import Outcome, classify_exception, maybe_allocation_failure
-from isoprobe.search.recommend import proven_within, Line, advise, fit_line, headroom_in_bytes
+from isoprobe.search.headroom import proven_within, Line, advise, fit_line, headroom_in_bytes
 from isoprobe.spec.units import format_bytes, parse_bytes
 
 # --------------------------------------------------------------------------- parse_bytes

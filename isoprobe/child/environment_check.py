@@ -198,7 +198,7 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
             _check_builder_signature(import_callable(spec.model.hf_trainer, python_path), spec.model.kwargs)
         except Exception as exc:
             return [_problem("hf_trainer", exc)]
-        from isoprobe.child.huggingface import check_before_trials
+        from isoprobe.child.hf_trainer_runner import check_before_trials
 
         return check_before_trials(spec, python_path, facts)
     if spec.model.lightning is not None:  # the user's LightningModule: built and checked, never traced

@@ -8,7 +8,7 @@ machinery, so its failures are never a request's: a server that cannot start
 or whose forks would hang (``child.server.forks_safely``), and a fork that
 cannot set itself up, make this probe spawn under those conditions from then
 on (``unforkable``); a server *lost* while it served (killed, wedged:
-``forkserver.ServerChannel.lost``) is stopped with its whole tree and replaced
+``fork_server_channel.ServerChannel.lost``) is stopped with its whole tree and replaced
 by a fresh one, up to ``SERVER_LOSSES`` times. Re-running what a lost server
 was running is the executor's (``executors.rounds``, for a single trial and a
 parallel slot alike; ``GangExecutor`` for a gang).
@@ -24,7 +24,7 @@ from typing import Callable
 
 from isoprobe.executors import Conditions
 from isoprobe.executors.child_process import StartedChild, await_warm, modules_file, stop_child
-from isoprobe.executors.forkserver import ServerChannel
+from isoprobe.executors.fork_server_channel import ServerChannel
 from isoprobe.executors.processes import import_timeout, signals_deferred
 from isoprobe.protocol.messages import ForkOrder
 

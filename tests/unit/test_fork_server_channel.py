@@ -10,7 +10,7 @@ import subprocess
 import pytest
 
 from isoprobe.child.server import resident_file_ranges
-from isoprobe.executors.forkserver import ServerChannel
+from isoprobe.executors.fork_server_channel import ServerChannel
 from isoprobe.protocol.messages import SERVER_ORDER, SERVER_REPLY, Ended, Extended, ForkOrder, Forked, ImportOrder
 
 
@@ -77,9 +77,9 @@ def test_a_server_that_is_gone_or_talks_nonsense_leaves_a_killed_trial_never_a_c
 
 
 def test_an_order_the_server_does_not_answer_is_refused_not_waited_for_ever(ends, monkeypatch):
-    import isoprobe.executors.forkserver as forkserver
+    import isoprobe.executors.fork_server_channel as fork_server_channel
 
-    monkeypatch.setattr(forkserver, "FORK_REPLY_SECONDS", 0.05)
+    monkeypatch.setattr(fork_server_channel, "FORK_REPLY_SECONDS", 0.05)
     channel, _ = ends
     read, write = os.pipe()
     assert channel.fork(ORDER, read) is None and channel.lost
@@ -122,9 +122,9 @@ def test_overlapping_trials_each_get_their_own_end_whatever_order_the_replies_co
 
 def test_a_server_that_does_not_report_a_trial_that_ended_is_lost_within_the_margin(ends, monkeypatch):
     """A stopped (SIGSTOP) or wedged server never sends ``Ended``: the keeper's own end is seen, and the wait ends."""
-    import isoprobe.executors.forkserver as forkserver
+    import isoprobe.executors.fork_server_channel as fork_server_channel
 
-    monkeypatch.setattr(forkserver, "ENDED_REPLY_SECONDS", 0.3, raising=False)
+    monkeypatch.setattr(fork_server_channel, "ENDED_REPLY_SECONDS", 0.3, raising=False)
     channel, server = ends
     keeper = subprocess.Popen(["sleep", "0.2"])  # plays the forked keeper: a real process that ends on its own
     server.send(Forked(pid=keeper.pid).model_dump_json().encode())
@@ -142,9 +142,9 @@ def test_a_server_that_does_not_report_a_trial_that_ended_is_lost_within_the_mar
 
 
 def test_a_reply_that_comes_in_the_margin_is_the_trials_end_not_a_loss(ends, monkeypatch):
-    import isoprobe.executors.forkserver as forkserver
+    import isoprobe.executors.fork_server_channel as fork_server_channel
 
-    monkeypatch.setattr(forkserver, "ENDED_REPLY_SECONDS", 30)
+    monkeypatch.setattr(fork_server_channel, "ENDED_REPLY_SECONDS", 30)
     channel, server = ends
     keeper = subprocess.Popen(["true"])
     keeper.wait()  # ended (and reaped here, as the server reaps its keepers): its Ended comes a little later
