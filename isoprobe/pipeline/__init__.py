@@ -6,7 +6,9 @@ One module per job, in the order a probe runs them:
     pipeline.py     run_probe: environment check, search, recommendation, Result
     environment.py  the inspect child's facts -> the target device, the trials' process conditions
     trials.py       TrialRunner: the search's oracle, one executor run per trial
-    classify.py     a finished child's run -> one of the five outcomes, with evidence (pure)
+    trial_record.py a finished child's run -> the result's Trial (a gang's: its deciding rank's) (pure)
+    spread_rule.py  the spread rule over the probe's trials: the spread a batch must clear, marginal fits (pure)
+    classify.py     a finished child's run -> one of the six outcomes, with evidence (pure)
     plausibility.py whether a 'fits' can be true, and whether it stayed within its budget (pure)
     edge.py         the edge search, the recommendation, the allocator comparison over the runner
     parallel.py     the search with several trials per round (search.parallel), one per slot

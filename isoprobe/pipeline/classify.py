@@ -8,7 +8,7 @@ never ``fits``. Given what the trial was asked (``plausibility.Asked``), a
 'fits' must also hold up against it: one that cannot be true is crashed, one
 over its budget is out of memory, each with the reason as evidence. A run
 whose end isoprobe's own fork server lost (``ChildRun.lost``) is not the
-trial's to classify: the executor runs it again, and ``pipeline.trials`` refuses one
+trial's to classify: the executor runs it again, and ``pipeline.trial_record`` refuses one
 that stays lost.
 """
 

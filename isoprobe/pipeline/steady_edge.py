@@ -15,7 +15,8 @@ from __future__ import annotations
 from isoprobe.search import long_run
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.pipeline.explain import Found
-from isoprobe.pipeline.trials import TrialRunner, held_still
+from isoprobe.pipeline.spread_rule import held_still
+from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.search.edge_search import Conclusion
 from isoprobe.search.history import Limits, not_reproduced
 from isoprobe.search.margin import samples_to_clear

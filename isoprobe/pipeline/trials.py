@@ -11,137 +11,29 @@ executor in a unit test.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from isoprobe.errors import ProbeError
 from isoprobe.executors import ChildRun, Executor
 from isoprobe.executors.rounds import run_round
-from isoprobe.search.insights import step_throughput
 from isoprobe.report.outcomes import Outcome, card_was_full, free_at_failure, maybe_allocation_failure
 from isoprobe.report.output import Reporter
-from isoprobe.pipeline.classify import classify_exit
 from isoprobe.pipeline.environment import Target, trial_conditions
 from isoprobe.pipeline.plausibility import Asked
 from isoprobe.pipeline.data import request_indices
-from isoprobe.protocol.messages import StepDone, TrialRequest
+from isoprobe.protocol.messages import TrialRequest
 from isoprobe.report import steady
-from isoprobe.report.result import RankTrial, Trial
+from isoprobe.report.result import Trial
 from isoprobe.search.history import Observation
-from isoprobe.search.margin import Spread, clears, near, spread_for
+from isoprobe.search.margin import Spread
+from isoprobe.pipeline.spread_rule import (Margin, fastest_rise, held_still, margin_against, observation_of,
+                                          probe_spread)
+from isoprobe.pipeline.trial_record import trial_from_run
 from isoprobe.spec.model import Spec
 from isoprobe.report.steady import SteadyRule
 from isoprobe.spec.units import format_bytes
 
 #: The purposes whose trials the search itself asked for (its history).
 _SEARCH_PURPOSES = ("search", "retry", "confirmation")
-
-
-def _rounded(value, digits: int):
-    return None if value is None else round(float(value), digits)
-
-
-def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, asked: Asked | None = None) -> Trial:
-    """A finished child's run as the result's ``Trial``: its classified outcome and what it measured.
-
-    ``asked``: what the trial was asked to do, against which a 'fits' is vetted (``classify_exit``).
-    A run whose end isoprobe's own fork server lost (``ChildRun.lost``) is no
-    outcome of the batch's at all: it raises ``ProbeError`` (the executor re-runs
-    such runs, so one comes here only when the failures went on; see ``lost_run``).
-    """
-    if run.lost is not None:
-        raise ProbeError(lost_run(run, batch_size))
-    if run.ranks:
-        return _gang_trial(run, index, batch_size, purpose, asked)
-    end = classify_exit(run, asked)
-    result = end.result
-    fits = end.outcome is Outcome.FITS
-    keep_stderr = end.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT, Outcome.ERROR) or bool(end.evidence)
-    steps = result.step_seconds if result else []
-    speed, spread = step_throughput(batch_size, steps) if fits else (None, None)
-    # Every step's reading, also those of a trial that failed later (a soak that ran out at step 9).
-    step_events = [e for e in run.events if isinstance(e, StepDone)]
-    return Trial(
-        index=index,
-        batch_size=batch_size,
-        purpose=purpose,
-        outcome=end.outcome,
-        peak_bytes=result.peak_bytes if result else None,
-        peak_allocated_bytes=result.peak_allocated_bytes if result else None,
-        budget_peak_bytes=result.budget_peak_bytes if result else None,
-        base_bytes=result.base_bytes if result else None,
-        alloc_retries=result.alloc_retries if result else None,
-        step_seconds=[round(s, 4) for s in steps],
-        step_peak_bytes=[e.peak_bytes for e in step_events if e.peak_bytes is not None],
-        step_held_bytes=[e.held_bytes for e in step_events if e.held_bytes is not None],
-        step_budget_peak_bytes=[e.budget_peak_bytes for e in step_events if e.budget_peak_bytes is not None],
-        steady_rule=asked.steady if asked is not None else None,
-        samples_per_second=_rounded(speed, 3),
-        step_seconds_spread=_rounded(spread, 4),
-        sizes=result.sizes if fits and result else None,
-        compile_seconds=_rounded(result.compile_seconds, 3) if result else None,
-        eval_seconds=_rounded(result.eval_seconds, 4) if result else None,
-        applied=result.applied if result else None,
-        seconds=round(run.seconds, 3),
-        warm_start=run.warm,
-        forked=run.forked,
-        phase=end.phase,
-        error=result.error if result else None,
-        exit_code=run.returncode,
-        signal=end.signal_name,
-        stderr_tail=run.stderr_tail if keep_stderr and run.stderr_tail else None,
-        reclassified=end.evidence,
-        command_ranks=result.command_ranks if result else None,
-        budget_swing_bytes=result.budget_swing_bytes if result else None,
-        heap_churn_bytes=(result.heap_churn_bytes if result and result.heap_churn_bytes is not None
-                          else steps_heap_churn(step_events)),
-    )
-
-
-def steps_heap_churn(step_events: list[StepDone]) -> int | None:
-    """An own trial's heap churn (``report.result.Trial.heap_churn_bytes``): the most its steps after the first
-    read (``StepDone.heap_churn_bytes``); the first builds what the run keeps (the optimizer's state). None with
-    fewer than two steps read."""
-    churns = [e.heap_churn_bytes for e in step_events[1:] if e.heap_churn_bytes is not None]
-    return max(churns) if churns else None
-
-
-def lost_run(run: ChildRun, batch_size: int) -> str:
-    """What people read when isoprobe's own machinery kept failing a trial: no answer rather than a lower one."""
-    times = len(run.lost_before) + 1
-    return (f"isoprobe's fork server failed while it ran a trial of batch {batch_size} ({run.lost}"
-            + (f"; {times} times in a row" if times > 1 else "") + "). That says nothing about the batch, so "
-            "the probe stops without an answer rather than count it. Run it again; if this repeats, set "
-            "search.fork_server: false to spawn each trial instead")
-
-
-def _gang_trial(run: ChildRun, index: int, batch_size: int, purpose: str, asked: Asked | None) -> Trial:
-    """A gang's run: it fits only if every rank fits; otherwise it is the first failing rank's outcome.
-
-    Each rank is classified on its own, by the same rules as a single trial.
-    The deciding rank is the one the supervisor saw fail first; with none, a
-    rank whose 'fits' did not hold up (implausible, over its budget), else the
-    rank with the highest peak in the budget's units, which is the one the
-    search's memory line must follow.
-    """
-    per_rank = [trial_from_run(rank_run, index, batch_size, purpose, asked) for rank_run in run.ranks]
-    deciding = run.failed_rank
-    if deciding is None:
-        unfit = [rank for rank, trial in enumerate(per_rank) if trial.outcome is not Outcome.FITS]
-        deciding = unfit[0] if unfit else max(
-            range(len(per_rank)), key=lambda r: (per_rank[r].budget_peak_bytes or per_rank[r].peak_bytes or 0, -r))
-    ranks = [
-        RankTrial(rank=rank, outcome=trial.outcome, peak_bytes=trial.peak_bytes,
-                  budget_peak_bytes=trial.budget_peak_bytes, base_bytes=trial.base_bytes, sizes=trial.sizes,
-                  exit_code=trial.exit_code,
-                  stopped_by_gang=run.failed_rank is not None and rank != run.failed_rank,
-                  node=run.ranks[rank].node)
-        for rank, trial in enumerate(per_rank)
-    ]
-    churns = [trial.heap_churn_bytes for trial in per_rank if trial.heap_churn_bytes is not None]
-    return per_rank[deciding].model_copy(update={
-        "ranks": ranks, "failed_rank": run.failed_rank, "gang_stop_seconds": run.gang_stop_seconds,
-        "seconds": round(run.seconds, 3), "heap_churn_bytes": max(churns) if churns else None,
-    })
 
 
 class TrialRunner:
@@ -338,20 +230,10 @@ class TrialRunner:
         return rule.model_copy(update={"stop_at_bytes": max(0, self.target.search_capacity - spread.bytes)})
 
     def rising_rate(self, batch: int | None) -> float | None:
-        """The fastest rise (bytes a step) of this probe's trials that were still rising at the cap, scaled down
-        to ``batch`` where it is smaller (a leak that keeps part of each batch grows with the batch): what a
-        deciding trial at ``batch`` must be able to see (``steady.watching_for``). None: no trial was."""
-        rates = []
-        for t in self.same_question():
-            if t.outcome is not Outcome.STILL_RISING:
-                continue
-            rate = steady.rising_rate(t.step_budget_peak_bytes or t.step_peak_bytes or [])
-            if rate:
-                scale = min(1.0, batch / t.batch_size) if batch else 1.0
-                rates.append(rate * scale)
-        return max(rates) if rates else None
+        """The fastest rise of this probe's still-rising trials, at ``batch`` (``spread_rule.fastest_rise``)."""
+        return fastest_rise(self.same_question(), batch)
 
-    def marginal(self, trial: Trial) -> "Margin | None":
+    def marginal(self, trial: Trial) -> Margin | None:
         """The margin of a training trial that fit with no more than the spread free (marginal); None otherwise
         (an evaluation trial's batch is another question: the spread rule does not apply to it)."""
         if trial.outcome is not Outcome.FITS or trial.training_batch_size is not None:
@@ -360,70 +242,15 @@ class TrialRunner:
         return margin if margin is not None and not margin.clears else None
 
     def spread(self, least: bool = False, batch: int | None = None) -> Spread | None:
-        """The spread this probe applies (``search.margin``); None where no rule applies (no steady rule, or
-        search.edge_spread 0). ``least``: the least it can be once one more trial has fit, for a trial that
-        has not measured its own heap churn yet (``deciding_rule``). ``batch``: the batch it judges; the heap
-        churns and swings of trials far below it do not count (``search.margin.near``); None: all of them."""
+        """The spread this probe applies (``spread_rule.probe_spread``); None where no rule applies (no steady
+        rule, or search.edge_spread 0)."""
         if self.steady_rule is None or self.spec.search.edge_spread == 0:
             return None
-        runs: dict[int, list[list[int]]] = {}
-        swings: list[tuple[int, int]] = []
-        churns: list[tuple[int, int]] = []  # fitting trials' only: one that ran out at twice the batch churned twice
-        for t in self.same_question():
-            if t.purpose != "memory_check" and t.training_batch_size is None and t.allocator == self.allocator_label:
-                peaks = t.step_budget_peak_bytes or t.step_peak_bytes
-                if peaks:
-                    runs.setdefault(t.batch_size, []).append(peaks)
-                if t.budget_swing_bytes is not None:
-                    swings.append((t.batch_size, t.budget_swing_bytes))
-                if t.heap_churn_bytes is not None and t.outcome is Outcome.FITS:
-                    churns.append((t.batch_size, t.heap_churn_bytes))
-        swings, churns = near(swings, batch), near(churns, batch)
-        return spread_for(self.target.backend, self.target.search_capacity,
-                          [r for r in runs.values() if len(r) > 1], self.spec.search.edge_spread,
-                          # A command's processes (torchrun's ranks too) get a command's floor: its reading is the
-                          # data segment the cap counts (search.margin.COMMAND_FLOOR_BYTES).
-                          strategy=self.spec.distributed.strategy, command=self.spec.command is not None,
-                          # A swing stands in for the heap's hold only where no trial measured the churn that
-                          # bounds it (search.margin.CHURN_MARGIN_BYTES): a swing is already in the trial's peak. The
-                          # least spread leaves swings out: the next trial may measure the churn and drop them.
-                          swings=[] if churns or least else swings, heap_churns=churns, least=least)
+        return probe_spread(self.same_question(), allocator=self.allocator_label, backend=self.target.backend,
+                            capacity=self.target.search_capacity, edge_spread=self.spec.search.edge_spread,
+                            strategy=self.spec.distributed.strategy, command=self.spec.command is not None,
+                            least=least, batch=batch)
 
-    def margin_of(self, trial: Trial) -> "Margin | None":
+    def margin_of(self, trial: Trial) -> Margin | None:
         """How much a deciding trial's steady peak left free below the capacity, against the spread at its batch."""
-        spread = self.spread(batch=trial.batch_size)
-        peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
-        if spread is None or peak is None:
-            return None
-        free = self.target.search_capacity - peak
-        return Margin(free, spread.bytes, clears(peak, self.target.search_capacity, spread.bytes))
-
-
-@dataclass(frozen=True)
-class Margin:
-    """A deciding trial's free memory at its steady peak, and whether that clears the spread."""
-
-    free: int
-    spread: int
-    clears: bool
-
-
-def held_still(trial: Trial) -> bool:
-    """Whether a trial stepped until its peak held still by its steady rule (not one stopped at the margin, nor a
-    short one). Its steps' heap churns as the trial keeps them: the most after the first (``heap_churn_bytes``)."""
-    if trial.steady_rule is None:
-        return False
-    peaks = trial.step_budget_peak_bytes or trial.step_peak_bytes
-    return steady.is_steady(peaks, trial.steady_rule, [None] + [trial.heap_churn_bytes] * (len(peaks) - 1))
-
-
-def observation_of(trial: Trial, short_steps: int) -> Observation:
-    """What the search learns from a trial; a deciding trial that failed only after the search's steps
-    (out of memory at a later step, or still rising) is a long-run failure (``Observation.long_run``)."""
-    if trial.outcome is not Outcome.FITS:
-        long_run = trial.steady_rule is not None and (
-            trial.outcome is Outcome.STILL_RISING
-            or (trial.outcome is Outcome.OUT_OF_MEMORY and len(trial.step_seconds) >= short_steps))
-        return Observation(trial.batch_size, trial.outcome, long_run=long_run, steady=trial.steady_rule is not None)
-    peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
-    return Observation(trial.batch_size, trial.outcome, peak, trial.base_bytes, steady=trial.steady_rule is not None)
+        return margin_against(trial, self.spread(batch=trial.batch_size), self.target.search_capacity)

@@ -1,7 +1,7 @@
 """The answer: the ``Result`` contract and every view rendered from it. Pure; both sides use the models.
 
     result.py    the one JSON document ``isoprobe run`` prints, as a pydantic model
-    outcomes.py  how a trial ended (the five outcomes), the stop reasons, the OOM classifier
+    outcomes.py  how a trial ended (the six outcomes), the stop reasons, the OOM classifier
     steady.py    the steady-state rule a trial's peaks are judged by (the child and the parent apply it alike)
     output.py    progress lines on stderr, the table, the JSON on stdout
     shell.py     the result as shell variables (``--format env``)

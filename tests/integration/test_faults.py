@@ -35,7 +35,7 @@ def one_trial(fault: str, tmp_path, *, batch: int = 8, timeout: float = 60):
     """One real trial of ``fault`` at ``batch`` in a fresh child, as the probe runs it; its ChildRun and Trial."""
     from isoprobe.executors.local import run_once
     from isoprobe.pipeline.environment import trial_conditions
-    from isoprobe.pipeline.trials import trial_from_run
+    from isoprobe.pipeline.trial_record import trial_from_run
     from isoprobe.protocol.messages import TrialRequest
     from isoprobe.spec.model import Spec
 

@@ -46,7 +46,7 @@ def private_trial(batch: int, workdir):
     from isoprobe.executors.local import run_once
     from isoprobe.pipeline.environment import trial_conditions
     from isoprobe.pipeline.plausibility import Asked
-    from isoprobe.pipeline.trials import trial_from_run
+    from isoprobe.pipeline.trial_record import trial_from_run
     from isoprobe.protocol.messages import TrialRequest
     from isoprobe.spec.model import Spec
 

@@ -17,7 +17,7 @@ from isoprobe.executors.gang import is_gang, rank_requests
 from isoprobe.executors.scripted import ScriptedExecutor, crashed, fits, gang, out_of_memory
 from isoprobe.report.outcomes import Outcome
 from isoprobe.search.plan import accumulation_plan
-from isoprobe.pipeline.trials import trial_from_run
+from isoprobe.pipeline.trial_record import trial_from_run
 from isoprobe.protocol.messages import TrialRequest
 from isoprobe.executors.ranks import resolve_threads_per_rank, resolve_world_size, with_world_size
 from isoprobe.spec.model import Spec

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from isoprobe.executors.scripted import Call, ScriptedExecutor, fits, linear, out_of_memory
-from isoprobe.pipeline.trials import steps_heap_churn
+from isoprobe.pipeline.trial_record import steps_heap_churn
 from isoprobe.protocol.messages import StepDone
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.report import steady
@@ -310,7 +310,7 @@ def test_a_swing_widens_a_commands_spread_only_where_no_trial_measured_the_heap_
 
 def churning_steps(churns: list[int | None]):
     """CHURN_FIXED's device whose own trials read ``churns[k]`` of heap churn after step k+1 (StepDone), the last
-    one for every later step: the path a real child's readings take (``pipeline.trials.steps_heap_churn``)."""
+    one for every later step: the path a real child's readings take (``pipeline.trial_record.steps_heap_churn``)."""
     device = linear(CHURN_FIXED, HOG_PER_SAMPLE)
 
     def run(call: Call):

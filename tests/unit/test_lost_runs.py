@@ -15,7 +15,7 @@ import pytest
 
 from isoprobe.errors import ProbeError
 from isoprobe.executors.scripted import Call, ScriptedExecutor, crashed, fits, linear
-from isoprobe.pipeline.trials import trial_from_run
+from isoprobe.pipeline.trial_record import trial_from_run
 from scripted_probe import HOG_FIXED, HOG_MAX, HOG_PER_SAMPLE, hog_spec, probe
 
 GONE = "the fork server is gone (its channel closed: killed or crashed)"

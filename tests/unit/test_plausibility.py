@@ -16,7 +16,7 @@ from isoprobe.executors.scripted import ScriptedExecutor, fits, linear
 from isoprobe.report.outcomes import Outcome
 from isoprobe.pipeline.classify import classify_exit
 from isoprobe.pipeline.plausibility import Asked, implausible, over_budget
-from isoprobe.pipeline.trials import trial_from_run
+from isoprobe.pipeline.trial_record import trial_from_run
 from isoprobe.protocol.messages import EvalDone, Imported, MemoryReading, ModelBuilt, Started, StepDone, TrialResult
 from isoprobe.report.result import ErrorInfo
 from scripted_probe import GiB, MiB, faulty_spec, probe

@@ -17,7 +17,7 @@ from isoprobe.executors.gang import first_failure
 from isoprobe.executors.ranks import resolve_launcher, resolve_world_size, with_world_size
 from isoprobe.executors.srun_plan import (Allocation, LauncherError, advice, choose_launcher, loss, refusal,
                                          srun_command)
-from isoprobe.pipeline.trials import trial_from_run
+from isoprobe.pipeline.trial_record import trial_from_run
 from isoprobe.protocol.messages import TrialResult
 from isoprobe.report.outcomes import Outcome
 from isoprobe.spec.model import Spec

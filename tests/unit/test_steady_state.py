@@ -14,7 +14,7 @@ from isoprobe.search import long_run
 from isoprobe.executors.scripted import ScriptedExecutor, fits, gang, linear
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.pipeline.plausibility import Asked
-from isoprobe.pipeline.trials import trial_from_run
+from isoprobe.pipeline.trial_record import trial_from_run
 from isoprobe.protocol.messages import TrialRequest
 from isoprobe.spec.model import Spec
 
