@@ -47,8 +47,8 @@ from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.result import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, argv_for
-from isoprobe.system.keeper import (cancel_slurm_steps, sigkill_below, slurm_steps_of, srun_processes,
-                                    wait_slurm_steps_gone)
+from isoprobe.system.keeper import sigkill_below, srun_processes
+from isoprobe.system.slurm_steps import cancel_slurm_steps, slurm_steps_of, wait_slurm_steps_gone
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events

@@ -10,7 +10,7 @@ ends the gang (``gang.first_failure``), the timeout from the moment every rank
 finished its imports, the laggard rule at a timeout, and so the classification
 (``pipeline.trials``). What Slurm adds: the ranks run on every node, and the
 step is ended through Slurm (``scancel --ctld --signal=KILL JOB.STEP``, never a
-terminate request that arms the node's ``UnkillableStepTimeout``: ``keeper.KILL_THROUGH_SLURMCTLD``;
+terminate request that arms the node's ``UnkillableStepTimeout``: ``slurm_steps.KILL_THROUGH_SLURMCTLD``;
 srun's own ``--kill-on-bad-exit`` for a rank that ends badly).
 
 Supervision. srun itself runs under a keeper (``system.keeper``) with a
@@ -77,7 +77,7 @@ from isoprobe.executors.srun_step import _ahead_key, _close_turn, _Step, step_st
 from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
 from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
 from isoprobe.system import keeper
-from isoprobe.system.keeper import KILL_THROUGH_SLURMCTLD, wait_slurm_steps_gone
+from isoprobe.system.slurm_steps import KILL_THROUGH_SLURMCTLD, wait_slurm_steps_gone
 
 #: How often the step's ranks are looked at (as the local gang's ``POLL_SECONDS``).
 POLL_SECONDS = 0.02

@@ -35,8 +35,8 @@ runs (or the child ended and left processes behind), before it kills the tree,
 for what the child had started where the keeper cannot see (a Slurm job step's
 tasks: ``executors.srun_gang``). For the same reason a keeper about to kill an
 ``srun`` in its tree (a probed command's) cancels that srun's job steps through
-Slurm first (``cancel_slurm_steps``).
-It imports the standard library only (no isoprobe, no pydantic, no torch, no
+Slurm first (``slurm_steps``, loaded by path).
+It imports the standard library only, and its sibling ``slurm_steps`` (no pydantic, no torch, no
 site-packages), which keeps its start-up at about 10 ms. It starts the child with
 its own stdin, stdout, stderr and environment, in a session of its own, waits,
 cleans up, and then exits *as the child did*: the same exit code, or death by
@@ -56,6 +56,26 @@ import select
 import signal
 import sys
 import time
+
+
+def _sibling(name: str):
+    """``isoprobe.system.NAME``: imported, or loaded from its file where the keeper runs as a script (``python -I -S
+    keeper.py``: no isoprobe on its path, and it must not import the package's ``__init__`` anyway)."""
+    if __package__:
+        import importlib
+
+        return importlib.import_module(f"{__package__}.{name}")
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(f"isoprobe_keeper_{name}", os.path.join(os.path.dirname(
+        os.path.abspath(__file__)), f"{name}.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+#: The Slurm steps an srun in the tree started, ended through slurmctld before the tree is killed.
+slurm_steps = _sibling("slurm_steps")
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -348,96 +368,6 @@ def srun_processes(root: int) -> set[int]:
     return found
 
 
-def steps_of_sruns(listing: str, sruns: set[int], host: str) -> list[str]:
-    """From ``scontrol show step -o``'s lines, the steps whose srun ran on ``host`` as one of ``sruns`` (pure)."""
-    import re
-
-    found = []
-    for line in listing.splitlines():
-        fields = dict(re.findall(r"(\S+?)=(\S*)", line))
-        step, srun = fields.get("StepId"), fields.get("SrunHost:Pid", "")
-        srun_host, _, pid = srun.rpartition(":")
-        if step and pid.isdigit() and int(pid) in sruns and srun_host.split(".")[0] == host.split(".")[0]:
-            found.append(step)
-    return found
-
-
-def slurm_steps_of(sruns: set[int]) -> list[str]:
-    """The job steps whose srun is one of ``sruns`` on this host (``scontrol show step``'s ``SrunHost:Pid``);
-    none where Slurm's clients are missing or do not answer within ``ON_STOP_SECONDS``."""
-    if not sruns:
-        return []
-    import shutil
-    import socket
-    import subprocess
-
-    scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        return []
-    try:
-        listed = subprocess.run([scontrol, "show", "step", "-o"], stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=ON_STOP_SECONDS, check=False)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return steps_of_sruns(listed.stdout, sruns, socket.gethostname())
-
-
-#: How isoprobe has Slurm SIGKILL a step's tasks: through slurmctld (REQUEST_SIGNAL_TASKS to each node). Without
-#: ``--ctld``, ``scancel --signal=KILL JOB.STEP`` sends REQUEST_TERMINATE_TASKS to each slurmd itself (Slurm 22.05:
-#: scancel.c calls ``slurm_terminate_job_step``), and slurmstepd's ``_handle_terminate`` starts its unkillable-step
-#: monitor: a task not reaped ``UnkillableStepTimeout`` (60 s) later drains the node ("Kill task failed"). The same
-#: SIGKILL reaches the same processes either way (proctrack's ``kill_proc_tree``); only the terminate request arms
-#: the monitor, and a probe must never be what drains a site's node.
-KILL_THROUGH_SLURMCTLD = ("--ctld", "--signal=KILL")
-
-
-def cancel_slurm_steps(steps: list[str], scancel: str = "scancel") -> None:
-    """Kill the tasks of ``steps`` on every node, then cancel the steps, through slurmctld; never raise.
-
-    Killing their srun does not end them: the tasks run under each node's slurmstepd (measured on Slurm 22.05:
-    a step whose srun was SIGKILLed kept its tasks running on both nodes)."""
-    if not steps:
-        return
-    import shutil
-    import subprocess
-
-    program = shutil.which(scancel)
-    if program is None:
-        return
-    for args in ([*KILL_THROUGH_SLURMCTLD, *steps], steps):
-        try:
-            subprocess.run([program, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=ON_STOP_SECONDS, check=False)
-        except (OSError, subprocess.SubprocessError):
-            pass
-
-
-def wait_slurm_steps_gone(steps: list[str], seconds: float, *, recancel_after: float, recancel_every: float,
-                          squeue: str = "squeue", scancel: str = "scancel", job: str | None = None) -> list[str]:
-    """Wait until ``squeue -s`` lists none of ``steps`` (ended already), asking Slurm again to kill and cancel those
-    still listed ``recancel_after`` seconds in and then every ``recancel_every``: a loaded machine can hold up
-    Slurm's end of a killed step. The steps still listed after ``seconds``; none once they are gone, or where
-    squeue is missing or fails (nothing more can be known)."""
-    import shutil
-    import subprocess
-
-    program = shutil.which(squeue)
-    began = time.monotonic()
-    next_cancel = began + recancel_after
-    left = list(steps)
-    while program is not None and time.monotonic() < began + seconds:
-        listed = subprocess.run([program, "-h", "-s", *(["-j", job] if job else []), "-o", "%i"],
-                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False)
-        left = [step for step in steps if step in listed.stdout.split()]
-        if listed.returncode != 0 or not left:
-            return []
-        if time.monotonic() > next_cancel:
-            cancel_slurm_steps(left, scancel)
-            next_cancel = time.monotonic() + recancel_every
-        time.sleep(0.1)
-    return [] if program is None else left
-
-
 def main(argv: list[str]) -> None:
     on_stop = None
     if len(argv) >= 4 and argv[2] == ON_STOP_OPTION:
@@ -477,14 +407,14 @@ def keep(keeper: Keeper, on_stop: str | None = None) -> None:
         run_on_stop(on_stop)
         # A probed command that runs srun (``isoprobe run -- srun python train.py``) started job steps whose
         # tasks no SIGKILL of this tree reaches: end them through Slurm, before their srun dies with the tree.
-        steps = slurm_steps_of(srun_processes(os.getpid()))
-        cancel_slurm_steps(steps)
+        steps = slurm_steps.slurm_steps_of(srun_processes(os.getpid()))
+        slurm_steps.cancel_slurm_steps(steps)
     keeper.kill_tree()
     # A task that slurmstepd was still launching misses the kill, and the cancel can miss it too (measured on the
     # two-node test cluster: 1 run in 6 of isoprobe SIGKILLed right as its command's srun started the step, whose
     # tasks then ran on): with srun gone, ask again until squeue -s drops the steps, for a bounded while.
     if steps:
-        wait_slurm_steps_gone(steps, ON_STOP_STEPS_GONE_SECONDS, recancel_after=ON_STOP_RECANCEL_SECONDS,
+        slurm_steps.wait_slurm_steps_gone(steps, ON_STOP_STEPS_GONE_SECONDS, recancel_after=ON_STOP_RECANCEL_SECONDS,
                               recancel_every=ON_STOP_RECANCEL_SECONDS)
     exit_as(keeper.child_status if keeper.child_status is not None else signal.SIGKILL)
 

@@ -171,6 +171,30 @@ def test_the_keeper_imports_the_standard_library_only():
     assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
 
 
+def test_the_keepers_slurm_steps_load_by_path_and_import_the_standard_library_only(tmp_path):
+    """The keeper's one sibling (``system.slurm_steps``) is loaded from its file where the keeper runs isolated;
+    it too must import the standard library only. Run as the executor runs it: ``python -I -S keeper.py``."""
+    import ast
+    import subprocess
+    import sys
+
+    from isoprobe.system import keeper, slurm_steps
+
+    tree = ast.parse(Path(slurm_steps.__file__).read_text(encoding="utf-8"))
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+                for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
+                 if isinstance(node, ast.ImportFrom) and node.level == 0}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    assert keeper.slurm_steps is slurm_steps  # imported as part of the package: the one module
+    read, write = os.pipe()
+    process = subprocess.run(keeper.command(read, [sys.executable, "-c", "print('ran')"]), pass_fds=(read,),
+                             capture_output=True, text=True, timeout=30)
+    os.close(read)
+    os.close(write)
+    assert (process.returncode, process.stdout, process.stderr) == (0, "ran\n", "")
+
+
 def test_a_stopped_keeper_runs_its_on_stop_commands_before_the_kill_and_a_finished_one_does_not(tmp_path):
     """What srun's keeper relies on when isoprobe dies mid-step: the commands in the --on-stop file (there,
     ``scancel`` of the step, whose tasks are no descendants of the keeper) run when the lifeline closes while
