@@ -42,7 +42,8 @@ from isoprobe.cache.threads import trial_threads
 from isoprobe.system import hardware
 from isoprobe.system.hardware import cpu_name, ram_bytes, unresolved_reason, visible_devices
 from isoprobe.spec.data import DATA_CALLABLE_FIELDS
-from isoprobe.spec.model import CALLABLE_FIELDS, Spec, is_file_reference
+from isoprobe.spec.model import Spec
+from isoprobe.spec.model_section import CALLABLE_FIELDS, is_file_reference
 
 CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
 #: Bumped when the key's recipe or the entry's promises change, so old entries are simply not found

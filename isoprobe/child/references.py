@@ -10,7 +10,7 @@ import importlib
 import importlib.util
 import sys
 
-from isoprobe.spec.model import is_file_reference
+from isoprobe.spec.model_section import is_file_reference
 
 
 def import_callable(reference: str, python_path: list[str]):

@@ -61,7 +61,7 @@ def _peak(trial: dict) -> int | None:
 
 def _model_name(result: dict) -> str:
     model = (result.get("spec") or {}).get("model") or {}
-    from isoprobe.spec.model import MODEL_SOURCES
+    from isoprobe.spec.model_section import MODEL_SOURCES
 
     for source in MODEL_SOURCES:
         value = model.get(source)

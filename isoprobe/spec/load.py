@@ -26,7 +26,8 @@ from isoprobe.errors import Problem, SpecError, shown
 from isoprobe.spec.overrides import Override, apply, from_mapping, origin_of, parse_sets
 from isoprobe.spec.safe_read import NOT_A_PIPE, Refused, kind_of, read_regular_file
 from isoprobe.spec.data import DATA_CALLABLE_FIELDS
-from isoprobe.spec.model import CALLABLE_FIELDS, EXTRAS, Spec, is_file_reference
+from isoprobe.spec.model import Spec
+from isoprobe.spec.model_section import CALLABLE_FIELDS, EXTRAS, is_file_reference
 from isoprobe.spec.plain import plain_copy
 from isoprobe.spec.yaml_file import read_spec_yaml
 
