@@ -31,7 +31,7 @@ from isoprobe.child.training import Step, build_optimizer  # noqa: E402
 from isoprobe.child.workload import build_model  # noqa: E402
 from isoprobe.report.outcomes import Outcome, classify_exception, maybe_allocation_failure  # noqa: E402
 from isoprobe.spec.model import Spec  # noqa: E402
-from isoprobe.spec.search import MAX_BATCH_SIZE  # noqa: E402
+from isoprobe.spec.search_section import MAX_BATCH_SIZE  # noqa: E402
 
 
 def is_out_of_memory(exc: BaseException) -> bool:

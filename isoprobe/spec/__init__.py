@@ -4,7 +4,7 @@
     model_section.py    the ``model`` section: which network to train, its six sources and their libraries
     input_target.py     the ``input`` and ``target`` sections: the synthetic batch and what the loss compares
     training.py         the ``optimizer`` and ``training`` sections: how one step runs
-    search.py           the ``search`` section: where the search starts and stops, and what one trial is
+    search_section.py   the ``search`` section: where the search starts and stops, and what one trial is
     recommendation.py   the ``recommendation`` and ``plan`` sections: what the answer advises
     size_fields.py      the size fields' types: '8GiB' read into bytes before the strict type check
     base.py             the base of every section: unknown keys and wrong types are errors

@@ -29,7 +29,7 @@ from isoprobe.spec.lightning import LightningSpec
 from isoprobe.spec.model_section import (CALLABLE_FIELDS, EXTRAS, MODEL_LIBRARIES, MODEL_SOURCES, ModelSpec,
                                          is_file_reference, one_source_message)
 from isoprobe.spec.recommendation import PlanSpec, RecommendationSpec
-from isoprobe.spec.search import MAX_BATCH_SIZE, MAX_BUCKET_LENGTH, MAX_BUCKETS, SearchSpec
+from isoprobe.spec.search_section import MAX_BATCH_SIZE, MAX_BUCKET_LENGTH, MAX_BUCKETS, SearchSpec
 from isoprobe.spec.size_fields import ByteCount, ByteCountOrZero, Headroom
 from isoprobe.spec.training import OptimizerSpec, TrainingSpec
 from isoprobe.spec.units import MAX_BYTES
@@ -41,7 +41,7 @@ __all__ = [
     "RecommendationSpec", "PlanSpec", "DistributedSpec", "LightningSpec",
     # spec.model_section
     "MODEL_SOURCES", "MODEL_LIBRARIES", "EXTRAS", "CALLABLE_FIELDS", "is_file_reference", "one_source_message",
-    # spec.input_target, spec.search
+    # spec.input_target, spec.search_section
     "MAX_SAMPLE_ELEMENTS", "TASKS", "MAX_BATCH_SIZE", "MAX_BUCKET_LENGTH", "MAX_BUCKETS",
     # spec.size_fields
     "ByteCount", "ByteCountOrZero", "Headroom",

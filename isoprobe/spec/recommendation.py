@@ -12,7 +12,7 @@ from typing import Literal
 from pydantic import Field
 
 from isoprobe.spec.base import SpecSection
-from isoprobe.spec.search import MAX_BATCH_SIZE
+from isoprobe.spec.search_section import MAX_BATCH_SIZE
 from isoprobe.spec.size_fields import Headroom
 
 
