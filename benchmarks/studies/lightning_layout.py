@@ -1,7 +1,7 @@
 """The Lightning script's own runs at one batch, without isoprobe's parent: does its need depend on the run?
 
 Each run is ``tests/commands/lightning_cli.py fit`` at BATCH for STEPS steps under a cap of CAP MiB
-(``benchmarks/command_truth.run_once``: a fresh session, ``RLIMIT_DATA`` on every process, the malloc threshold,
+(``run_once`` of ``benchmarks/harness/command_truth.py``: a fresh session, ``RLIMIT_DATA`` on every process, the malloc threshold,
 one thread), while a thread of this process samples the script's data segment (``/proc/PID/statm``) every
 millisecond. Prints each run's outcome, its sampled peak and the peak in each second of the run: a hold shows
 as a second or two some MiB above the steps around it.
