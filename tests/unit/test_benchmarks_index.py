@@ -54,3 +54,39 @@ def test_every_benchmarks_path_named_exists():
     missing = [f"{source}: {path}" for source, path in _named()
                if not (REPO / path).exists() and not placeholder.search(path)]
     assert not missing, "paths that name nothing (moved?):\n" + "\n".join(missing)
+
+
+def _slug(heading: str) -> str:
+    """GitHub's anchor for a heading: lower case, punctuation dropped, spaces to hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def _anchors(page) -> set[str]:
+    seen: dict[str, int] = {}
+    found = set()
+    for line in page.read_text().split("\n"):
+        heading = re.match(r"^#{1,6} (.+)$", line)
+        if heading:
+            slug = _slug(re.sub(r"`", "", heading.group(1)))
+            found.add(slug if slug not in seen else f"{slug}-{seen[slug]}")
+            seen[slug] = seen.get(slug, 0) + 1
+    return found
+
+
+def test_every_link_into_the_measurements_page_lands_on_a_heading():
+    """docs/measurements.md opens with the figures that hold today and keeps the notebook below: links into
+    either, from any page, must name a heading that is there."""
+    target = REPO / "docs" / "measurements.md"
+    anchors = _anchors(target)
+    broken = []
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md")), INDEX]:
+        for match in re.finditer(r"\]\(([\w./-]*)#([\w-]+)\)", page.read_text()):
+            linked, anchor = match.groups()
+            resolved = (page.parent / linked).resolve() if linked else page.resolve()
+            if resolved == target.resolve() and anchor not in anchors:
+                broken.append(f"{page.relative_to(REPO)}: #{anchor}")
+    for source in sorted((REPO / "isoprobe").rglob("*.py")):  # the code links its constants' figures there
+        for anchor in re.findall(r"docs/measurements\.md#([\w-]*\w)", source.read_text()):
+            if anchor not in anchors:
+                broken.append(f"{source.relative_to(REPO)}: #{anchor}")
+    assert not broken, "links to no heading of docs/measurements.md:\n" + "\n".join(broken)
