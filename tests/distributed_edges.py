@@ -2,7 +2,7 @@
 test_distributed_sharded.py (ZeRO-1, FSDP2): two modules, so that the suite's two workers run them at once.
 
 A strategy's probe answers from real gangs of two gloo ranks on the CPU backend; its maximum is then checked
-against ``benchmarks/steady_harness.py``, a plain training loop in fresh processes that shares no code with
+against ``benchmarks/harness/steady_harness.py``, a plain training loop in fresh processes that shares no code with
 isoprobe (``check_long_run``).
 """
 
@@ -121,15 +121,15 @@ LONG_RUN_STEPS = 30
 
 
 def _harness():
-    """benchmarks/steady_harness.py: a plain training loop in fresh processes that shares no code with isoprobe."""
-    spec = importlib.util.spec_from_file_location("steady_harness", REPO / "benchmarks" / "steady_harness.py")
+    """benchmarks/harness/steady_harness.py: a plain training loop in fresh processes that shares no code with isoprobe."""
+    spec = importlib.util.spec_from_file_location("steady_harness", REPO / "benchmarks" / "harness" / "steady_harness.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def check_long_run(strategy: str, found: dict, checked: tuple) -> None:
-    """The per-rank maximum checked against something isoprobe did not compute: ``benchmarks/steady_harness.py``
+    """The per-rank maximum checked against something isoprobe did not compute: ``benchmarks/harness/steady_harness.py``
     trains it for 30 steps as a plain loop in fresh processes (one thread a process, the same RLIMIT_DATA and
     malloc setting; a gang is two gloo ranks wrapped as the strategy wraps them), and one sample more must not
     survive them under the same budget (the harness stops at the first step a rank runs out of memory). The

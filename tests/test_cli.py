@@ -57,7 +57,7 @@ def _modules_loaded_by(*argv: str) -> set[str]:
 
 
 def test_each_command_imports_only_what_it_needs():
-    """Start-up time is mostly imports (see benchmarks/cli_startup.py): no command loads what it does not use.
+    """Start-up time is mostly imports (see benchmarks/studies/cli_startup.py): no command loads what it does not use.
 
     --help needs neither pydantic nor YAML; validate needs the spec model and its
     loader but not the result model, the output or the probe; schema reads no

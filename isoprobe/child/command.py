@@ -20,7 +20,7 @@ what ``child.step_report.StepHook`` does for isoprobe's own loop:
 
 The cap (CPU backend) is the budget itself on every process of the command (``RLIMIT_DATA`` set before exec,
 inherited by torchrun's ranks and DataLoader workers): a plain process's cap, as the independent runs of
-``benchmarks/command_truth.py`` set it. Nothing here imports torch.
+``benchmarks/harness/command_truth.py`` set it. Nothing here imports torch.
 """
 
 from __future__ import annotations

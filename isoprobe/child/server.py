@@ -1,8 +1,8 @@
 """The fork server: one process per probe imports torch once, and every trial is a fork of it.
 
 Why: a spawned trial pays ``import torch`` (and torch._dynamo) before its
-first step, 3 to 6 s of CPU on 2 cores, and on such a machine even a warm
-spare's import competes with the running trial. A fork costs milliseconds and
+first step, seconds of CPU, and on a small machine even a warm spare's import
+competes with the running trial. A fork costs milliseconds and
 still gives every trial a fresh process: a fresh address space, a fresh
 allocator, its own rlimit (its budget plus the measured size of isoprobe's
 own modules, which the server imported after torch: ``child.memory.credit_own``),
@@ -23,6 +23,8 @@ Orders may overlap (a gang's ranks run at once): the server replies
 ``Forked`` (the keeper's PID) to each, and ``Ended`` with a keeper's wait
 status, which is the trial's, when it reaps it, in whatever order they end.
 EOF on the channel ends the server.
+
+What each fidelity measure below was measured to fix, and by how much: docs/measurements.md#the-fork-servers-fidelity.
 """
 
 from __future__ import annotations
@@ -175,8 +177,7 @@ def forks_safely(timeout: float = CANARY_SECONDS) -> bool:
 
     GNU OpenMP's thread pool does not survive a fork: once a process has run a
     parallel region, a forked child's first parallel region waits for ever for
-    workers that were not copied (measured: a tanh over 4 Mi elements, run in
-    the parent first, hung the child). The server runs no torch operation, but
+    workers that were not copied. The server runs no torch operation, but
     an import could (a model library computing a table at import time). So a
     canary is forked and runs one parallel operation over the intra-op pool; if
     it does not finish in ``timeout`` seconds, or fails, no trial is forked and
@@ -243,18 +244,15 @@ def resident_file_ranges() -> array:
     Why: resident memory is a CPU trial's ``peak_bytes`` and the line the
     recommendation is drawn on. A fork does not copy the page-table entries of
     file mappings it never wrote (the kernel maps them again on the first
-    touch), so a forked trial starts with its libraries' pages uncounted:
-    measured 365 MiB resident where the server, like a spawned trial, has 658
-    MiB. ``populate`` maps these runs in the fork. Reading the map: ~0.15 s, once.
+    touch), so a forked trial starts with its libraries' pages uncounted, and
+    its resident peaks (and the recommendation) come out low. ``populate`` maps
+    these runs in the fork. The map is read once.
 
-    One array, not a list of tuples, because every fork inherits it: 1541 runs as
-    tuples of ints were 0.2 MB of small Python objects, in the 1 MiB arenas of
-    Python's allocator, which RLIMIT_DATA counts. Measured on ``tests/models.py``'s
-    lm_head at its edge batch: the forked trial held 0.28 MB more Python objects
-    than a spawned one, which took it over an arena boundary in 10 runs of 14 (113
-    arenas against 112): 1 MiB more data segment than the user's own process, and
-    the batch that fits a plain process by 0.85 MiB ran out. The array is one
-    malloc'd block of 16 bytes a run.
+    One array, not a list of tuples, because every fork inherits it: tuples of
+    ints are small Python objects, in the 1 MiB arenas of Python's allocator,
+    which RLIMIT_DATA counts, and one arena more than the user's own process has
+    can be what a batch at the edge runs out by. The array is one malloc'd block
+    of 16 bytes a run. Figures: docs/measurements.md#the-fork-servers-fidelity.
     """
     runs = array("Q")
     try:
@@ -304,9 +302,9 @@ def _park_threads(count: int) -> None:
     forking thread anyway: that thread's stack waits in glibc's stack cache, and
     the first thread the trial starts (an OpenMP worker) reuses it instead of
     mapping a new one, where a spawned trial, whose import thread lives on,
-    maps one. Measured: the forked trial's data segment 8 MiB (one thread's
-    stack) below a spawned one's at the same batch, which moved small-cnn's
-    edge from 135 to 138. Parked threads take those cached stacks back, so the
+    maps one: the forked trial's data segment would be one thread's stack below
+    a spawned one's, and its edge too high (docs/measurements.md#the-fork-servers-fidelity).
+    Parked threads take those cached stacks back, so the
     trial's own threads map theirs as in a spawned process.
 
     Native threads in ``pause()`` with every signal blocked, not Python ones:

@@ -7,7 +7,7 @@ result). Nothing here imports torch; ``run`` reaches torch only through child
 processes.
 
 Start-up time is part of the interface (``validate`` and ``schema`` are meant
-for editors, CI and scripts; ``benchmarks/cli_startup.py`` measures it), so
+for editors, CI and scripts; ``benchmarks/studies/cli_startup.py`` measures it), so
 each command imports only what it uses, inside its ``cmd_*`` function: the
 module level needs nothing beyond argparse, and ``--help``/``--version`` (which
 exit inside ``parse_args``) import neither pydantic nor YAML; ``validate``
@@ -250,7 +250,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args.command_argv = command
     # pydantic looks for plugins in every installed distribution's entry points when it builds its
     # first model: ~0.2 s with torch, transformers and timm installed, which would make a cache hit
-    # (a pre-job hook's whole run) twice as slow (measured with benchmarks/cli_startup.py). isoprobe
+    # (a pre-job hook's whole run) twice as slow (measured with benchmarks/studies/cli_startup.py). isoprobe
     # uses no pydantic plugin; a user who wants one can still set the variable themselves.
     import os
 

@@ -102,7 +102,7 @@ STEP_RECANCEL_SECONDS = 5.0
 #: The commands srun's keeper runs if isoprobe dies mid-step (``keeper.run_on_stop``): ``scancel`` of the step.
 ON_STOP_FILE = "on-stop.json"
 #: What a step's folder says of the trial it ran (its name and batch): a step started ahead is named before its
-#: trial is known (``aheadNNN.step``), so a reader (benchmarks/step_trial_time.py) finds the trial here.
+#: trial is known (``aheadNNN.step``), so a reader (benchmarks/studies/step_trial_time.py) finds the trial here.
 TRIAL_FILE = "trial.json"
 #: Steps started ahead that may end or be lost while they wait before the probe stops starting them: each such step
 #: is replaced by one started on demand, and a Slurm that refuses ``--overlap`` would otherwise cost a step a trial.

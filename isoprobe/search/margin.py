@@ -5,11 +5,11 @@ Pure (no processes, no clock). Near the edge the same batch fits in one fresh pr
 memory in the next: on the CPU backend glibc's heap fragments differently from run to run and keeps
 creeping by a few MiB long after a window of steps has held still; on CUDA the libraries' workspaces, the
 free space inside the caching allocator's segments and NCCL's buffers can do the same. One steady trial is
-one draw: a batch whose steady peak sits within that spread of the capacity fitted by luck as often as not
-(issue 34 measured 1 to 2 runs in 3 surviving 30 steps at such maxima). So a deciding trial that fits
+one draw: a batch whose steady peak sits within that spread of the capacity fitted by luck as often as not.
+So a deciding trial that fits
 counts towards the maximum only when ``capacity - steady peak > spread``; one that fits inside the spread
 is *marginal*: reported as such (``report.result.EdgeMargin``), never as the maximum.
-docs/steady-state.md has the measurements.
+The figures behind every constant here: docs/measurements.md#the-spreads-floors (the long runs: docs/steady-state.md).
 
 The spread is the larger of
 
@@ -22,11 +22,9 @@ The spread is the larger of
   trial and its confirmation), the most their peaks after the same step differed; and where one process's
   own peak in one step rose above a later step's (``report.steady.swing_bytes``, a command trial's on the
   CPU backend), by how much: the same batch, the same process, needing that much more at one step than at
-  another, which a long run can need again at any step (the Lightning script of
-  docs/results/command-truth.md held one more input batch, 4 MiB, for a few steps in 2 of 5 runs). A swing
-  counts only where no trial measured the command's heap churn: the churn bounds that hold in any run (the
-  command's floor), and a swing the trial saw is already in its peak (the torchrun DDP script's trial at 14
-  swung 3.9 MiB with no heap churn at all: not a hold, and its 14 trained in 12 of 12 of its own runs).
+  another, which a long run can need again at any step. A swing counts only where no trial measured the
+  command's heap churn: the churn bounds that hold in any run (the command's floor), and a swing the trial saw
+  is already in its peak.
 """
 
 from __future__ import annotations
@@ -36,25 +34,16 @@ from dataclasses import dataclass
 
 MIB = 1 << 20
 
-#: The fixed part of each backend's floor. CPU: measured (docs/steady-state.md, "The spread"). CUDA: not
-#: measured (no GPU was lent). It once rested on the reserved peak moving in whole segments (2 MiB for small
-#: blocks, 20 MiB for requests of 1 to 10 MiB: two of those); that premise fails for a request above 10 MiB,
-#: which gets a segment of its own of any size (c10/cuda/CUDACachingAllocator.cpp, ``get_allocation_size``), and
-#: the reserved peak also reaches the cap whenever the allocator frees its cache and retries. The reading the
-#: margin uses now (``child.cuda.allocator_need``: the allocated peak plus the free space inside used segments,
-#: plus the memory outside the allocator) moves in blocks of 512 bytes, not segments: what it can move between
-#: fresh processes is the libraries' choices (a cuDNN or cuBLAS workspace of another size, kernels loaded lazily
-#: by another path) and where the free space inside segments falls. 40 MiB covers a workspace or a module's
-#: kernels of that order; a probe's own confirmations widen it (``observed_bytes``) until a GPU measures it.
+#: The fixed part of each backend's floor: the most a long run's peak moved above a steady trial's. CPU: measured.
+#: CUDA: not measured (no GPU was lent): a cuDNN or cuBLAS workspace or a module's kernels, what can move between
+#: fresh processes in ``child.cuda.allocator_need``'s reading; a probe's own confirmations widen it
+#: (``observed_bytes``) until a GPU measures it. Figures and reasoning: docs/measurements.md#the-spreads-floors.
 FLOOR_BYTES = {"cpu": 8 * MIB, "cuda": 40 * MIB}
 #: The part of each backend's floor that grows with the capacity.
 FLOOR_FRACTION = {"cpu": 0.004, "cuda": 0.002}
-#: An FSDP gang's floor is this many times a process's: on the CPU backend an FSDP2 gang's deciding trial read
-#: 5 to 10 MiB less than independent plain ranks at the same batch, and its maximum is the worst of its ranks'
-#: (docs/steady-state.md, "The spread"). DDP and ZeRO-1 gangs take a process's floor: their trials read what
-#: independent ranks read, within 0.8 MiB (DDP, 2 ranks) and within the spread (ZeRO-1), and their maxima under a
-#: process's floor survived every independent long run (ZeRO-1 38 with 10.7 MiB free: 10 of 10; DDP across two
-#: nodes 28 with 15 MiB free and 29 with 7 MiB: 3 of 3 each), where the doubled floor cost them a batch.
+#: An FSDP gang's floor is this many times a process's: its deciding trial reads less than independent plain ranks
+#: at the same batch, and its maximum is the worst of its ranks'. DDP and ZeRO-1 gangs read what independent ranks
+#: read and take a process's floor. Figures: docs/measurements.md#the-spreads-floors.
 GANG_FACTOR = 2
 #: The strategies whose gangs get GANG_FACTOR (``distributed.strategy``).
 WIDER_FLOOR_STRATEGIES = frozenset({"fsdp"})
@@ -63,38 +52,27 @@ GANG_STRATEGIES = frozenset({"ddp", "zero1", "fsdp"})
 #: Where no trial measured the heap churn (below), a command trial's floor on the CPU backend (``command:``,
 #: docs/command.md): its reading is the data segment itself, the very number ``RLIMIT_DATA`` caps, sampled through
 #: each step, so its floor covers only what one run's reading cannot show of another run: glibc's heap holding
-#: freed blocks for a few steps in some runs and not in others, by address-space layout
-#: (docs/results/command-truth.md). Measured on the Lightning script: one input batch, 4.05 MiB at 38, held for
-#: two to four steps in 2 of 5 runs (ASLR on; with ASLR off and one hash seed, 5 of 5 runs peaked alike); so its
-#: 38 under 1085 MiB, 2.25 MiB free at its steady peak, trained 30 steps in 4 of 7 of its own runs (0 of 2 on CI)
-#: while 37, 7.2 MiB free, trained in 12 of 12. This is that hold rounded up, plus the transient. On CUDA a command
-#: reads the caching allocator's reserved peak, as isoprobe's own trials do, and keeps their floor.
+#: freed blocks for a few steps in some runs and not in others, by address-space layout. This is the largest such
+#: hold measured (one input batch of the Lightning script) rounded up, plus the transient
+#: (docs/measurements.md#the-spreads-floors).
+#: On CUDA a command reads the caching allocator's reserved peak, as isoprobe's own trials do, and keeps their floor.
 COMMAND_FLOOR_BYTES = {"cpu": 6 * MIB}
 #: On the CPU backend the hold is bounded by what the process's heaps churn within a step
 #: (``report.result.Trial.heap_churn_bytes``): only blocks a step frees can be held into the next, and blocks of
 #: 128 KiB and more (every tensor of any size: the trials' ``MALLOC_MMAP_THRESHOLD_``) are mmapped and given back
 #: exactly. So where the probe's fitting trials measured the churn, the floor of one process (or of a command's
-#: processes) is the most of it plus a margin (``churn_margin``), whatever the capacity. Measured: the Lightning
-#: script 3.8 to 4.0 MiB (floor 5, answer 37, its strict edge), the command scripts' others 0 to 0.5;
-#: isoprobe's own trials (``child.memory.heap_churn``, 2026-11-27): the held-out convnet on 112-pixel images
-#: 0.18 to 0.27 MiB (its samples are mmapped; its plain loop's 34, 2.7 MiB free under 1280 MiB, survived 8 of 8
-#: independent runs of 30 steps, its Trainer's 30, 3.1 MiB free, 6 of 6), in a Trainer on 64-pixel images
-#: 4.22 MiB (91 samples of 48 KiB a step: the coin tosses of docs/steady-state.md were that convnet's),
-#: specs/gru-lm.yaml 3.6 to 6.73 MiB at 40 (its 40 survived 10 of 10 independent 30-step runs). A gang's ranks keep
-#: the fixed floor (FSDP's offset is not the heap's), and ``FLOOR_BYTES`` stays the floor of a process no trial
-#: measured (one step only, not glibc, CUDA).
+#: processes) is the most of it plus a margin (``churn_margin``), whatever the capacity (the churns measured, and
+#: how the answers at that floor held in independent long runs: docs/measurements.md#the-spreads-floors). A gang's
+#: ranks keep the fixed floor (FSDP's offset is not the heap's), and ``FLOOR_BYTES`` stays the floor of a process
+#: no trial measured (one step only, not glibc, CUDA).
 #:
 #: This is a command's margin: what one reading cannot show of another beyond the heap's hold, a reading moving
-#: between fresh processes. The torchrun DDP script's 14 read 0.53 to 1.53 MiB free in three probes, and with 2 MiB
-#: less cap it trained in 2 of 3 of its own runs (docs/measurements.md); a command's transient between two samples
-#: 1 ms apart is smaller (the Accelerate script's own 24 trains under 1 GiB with 0.19 MiB to spare of its sampled
-#: peak). Checked by the five scripts' own 30-step runs at their answers (docs/results/command-truth.md).
+#: between fresh processes; a command's transient between two samples 1 ms apart is smaller. Checked by the five
+#: scripts' own 30-step runs at their answers (figures: docs/measurements.md#the-spreads-floors).
 CHURN_MARGIN_BYTES = 1 * MIB
-#: One process of isoprobe's own: its readings (VmPeak, no sampling gap) moved by half a MiB between fresh
-#: processes (the convnet's 34: 2.27 to 2.75 MiB free in seven probes), and its peak can still rise late by a MiB
-#: that no heap churn shows: the convnet's plain loop held 2.75 MiB free for steps 2 to 11, 1.75 from step 12 on
-#: and 1.70 at step 30 (a jump of 1.00 MiB, the size of an arena of Python's small-object allocator, which is
-#: mmapped). The two together; a command's scripts' own runs showed no such jump at their answers.
+#: One process of isoprobe's own: its readings (VmPeak, no sampling gap) move by half a MiB between fresh
+#: processes, and its peak can still rise late by a MiB that no heap churn shows (an arena of Python's small-object
+#: allocator, which is mmapped). The two together (figures: docs/measurements.md#the-spreads-floors).
 OWN_CHURN_MARGIN_BYTES = 3 * MIB // 2
 
 

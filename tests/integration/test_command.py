@@ -2,7 +2,7 @@
 
 Why each test exists is in its docstring. The scripts (tests/commands/) import nothing of isoprobe; the truth for
 the five training scripts comes from the scripts themselves (their own max-steps flag, fresh processes under the
-same cap, ``benchmarks/command_truth.py``), never from isoprobe's trials. "Nothing left" is checked by a scan of
+same cap, ``benchmarks/harness/command_truth.py``), never from isoprobe's trials. "Nothing left" is checked by a scan of
 every process on the machine for the trial folders' variable: a process of a command trial carries
 ``ISOPROBE_SHIM_DIR`` (its trial's folder, under this test's own TMPDIR) whatever session it put itself in.
 """
@@ -28,7 +28,7 @@ from isoprobe.search import margin
 pytestmark = pytest.mark.integration
 
 COMMANDS = REPO / "tests" / "commands"
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 import command_truth  # noqa: E402  - the independent truth: imports nothing of isoprobe
 
 
@@ -194,7 +194,7 @@ LONG_RUN = "100000"
 def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tmp_path, scratch, template, budget,
                                                                              start):
     """Checked against the script itself, in fresh processes under the same cap without isoprobe
-    (benchmarks/command_truth.py): the maximum isoprobe answers trains 30 steps, and the batch above the first
+    (benchmarks/harness/command_truth.py): the maximum isoprobe answers trains 30 steps, and the batch above the first
     one isoprobe saw fail runs out (an answer too high fails the first, a search that stopped far below the
     edge the second). The batches between them are the edge's coin tosses: those that fit inside the spread
     (listed as marginal) and the first that failed, which the script's own runs also fit in some runs and not

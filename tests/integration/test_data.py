@@ -1,11 +1,11 @@
 """Issue 28, part 1: with ``data:``, isoprobe's maximum is the edge of a plain process on the dataset's worst batch.
 
-Checked against an independent harness (``benchmarks/data_edge.py``): a fresh
+Checked against an independent harness (``benchmarks/harness/data_edge.py``): a fresh
 ``python -c`` process per batch that imports only torch, builds the dataset,
 measures the lengths itself, takes the B longest, pads them with the user's
 collate_fn and trains the classic loop under the same cap. The maximum must fit
 there and one more must not; and the same model at the dataset's mean length
-(``benchmarks/plain_edge.py``'s fixed-shape trial) must fit more than the
+(``benchmarks/harness/plain_edge.py``'s fixed-shape trial) must fit more than the
 maximum: what a probe of the average batch would have answered, and what the
 epoch's longest batch would have run out of memory on.
 
@@ -25,7 +25,7 @@ from conftest import REPO, TESTS, run_cli
 from isoprobe.spec.load import load_spec
 from isoprobe.spec.model import Spec
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 sys.path.insert(0, str(REPO / "specs"))
 from data_edge import at_length, worst_batch_fits  # noqa: E402
 from plain_edge import fits  # noqa: E402

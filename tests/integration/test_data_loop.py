@@ -19,7 +19,7 @@ import yaml
 
 from conftest import REPO, TESTS, run_cli
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 import plain_edge  # noqa: E402
 from isoprobe.spec.load import load_spec  # noqa: E402
 

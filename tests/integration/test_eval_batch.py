@@ -1,6 +1,6 @@
 """Issue 28, part 4: with training.eval_pass the evaluation batch is a second edge, checked against a plain process.
 
-The independent harness (``benchmarks/plain_edge.py``, ``fits(..., eval_batch=E)``)
+The independent harness (``benchmarks/harness/plain_edge.py``, ``fits(..., eval_batch=E)``)
 is a fresh ``python -c`` process that imports only torch, runs the classic
 training loop at the training batch under the same cap, drops the epoch's batch
 and output, and runs one evaluation forward under ``torch.no_grad()`` at E. The
@@ -21,13 +21,13 @@ import pytest
 from conftest import REPO, cli, run_cli
 from isoprobe.spec.load import load_spec
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 from plain_edge import fits, peak  # noqa: E402
 from test_plain_edge import PRECISION_BYTES  # noqa: E402  the CPU edge's precision, measured there
 
 pytestmark = pytest.mark.integration
 
-LM_HEAD = REPO / "benchmarks" / "edge_specs" / "lm-head.yaml"
+LM_HEAD = REPO / "benchmarks" / "specs" / "edge" / "lm-head.yaml"
 BUDGET = "1GiB"
 
 

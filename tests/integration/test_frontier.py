@@ -33,7 +33,7 @@ from isoprobe.report.outcomes import Outcome
 
 pytestmark = pytest.mark.integration
 
-LM_HEAD = REPO / "benchmarks" / "edge_specs" / "lm-head.yaml"
+LM_HEAD = REPO / "benchmarks" / "specs" / "edge" / "lm-head.yaml"
 LENGTHS = [48, 64, 96]
 BUDGET = 912 * 2**20
 #: Small and fast: 912 MiB leaves about 80 MiB above importing torch, 7 samples at 96 tokens, 15 at 48;

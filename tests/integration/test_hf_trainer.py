@@ -1,7 +1,7 @@
 """model.hf_trainer for real: a tiny GPT-2 in the user's own Hugging Face Trainer, on the CPU backend.
 
 The edge isoprobe finds is checked against an independent harness
-(``benchmarks/hf_trainer_edge.py``): a fresh ``python -c`` process per batch
+(``benchmarks/harness/hf_trainer_edge.py``): a fresh ``python -c`` process per batch
 that builds the same Trainer and runs ``trainer.train()`` for 5 steps under the
 same cap (RLIMIT_DATA, MALLOC_MMAP_THRESHOLD_), with nothing of isoprobe in it.
 One OpenMP thread on both sides, as in test_plain_edge.py (with two, the
@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, run_cli
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 from hf_trainer_edge import trains  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """Issue 27: a LightningModule probed under its own ``trainer.fit`` in fresh processes (real Lightning, CPU backend).
 
-The edge is checked against an independent harness (``benchmarks/lightning_edge.py``): a
+The edge is checked against an independent harness (``benchmarks/harness/lightning_edge.py``): a
 fresh ``python -c`` process per batch that imports only lightning and runs a plain
 ``trainer.fit`` of the same module under the same cap, with none of isoprobe's trial
 code in it. One OpenMP thread on both sides, as in test_plain_edge.py (with two, a
@@ -21,7 +21,7 @@ import pytest
 from conftest import REPO, TESTS, run_cli, run_one_trial
 from isoprobe.spec.load import load_spec
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 from lightning_edge import fits  # noqa: E402
 
 pytestmark = pytest.mark.integration

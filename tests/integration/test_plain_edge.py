@@ -1,6 +1,6 @@
 """Issue 25, class 6: on the CPU backend, isoprobe's maximum is the edge of a plain training process.
 
-Checked against an independent harness (``benchmarks/plain_edge.py``): a
+Checked against an independent harness (``benchmarks/harness/plain_edge.py``): a
 fresh ``python -c`` process per batch that imports only torch, builds the
 spec's model and runs the spec's steps of the classic loop under the same cap
 and malloc setting, with none of isoprobe's trial code in it. isoprobe's trials
@@ -31,14 +31,14 @@ import pytest
 from conftest import REPO, run_cli
 from isoprobe.spec.load import load_spec
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 from plain_edge import fits, peak  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
 SMALL_CNN = REPO / "specs" / "small-cnn.yaml"
-MEMORY_HOG = REPO / "benchmarks" / "edge_specs" / "memory-hog.yaml"
-LM_HEAD = REPO / "benchmarks" / "edge_specs" / "lm-head.yaml"
+MEMORY_HOG = REPO / "benchmarks" / "specs" / "edge" / "memory-hog.yaml"
+LM_HEAD = REPO / "benchmarks" / "specs" / "edge" / "lm-head.yaml"
 #: Trials forked from the fork server (the CPU default), or spawned (crediting through the hard limit the
 #: parent leaves: ``executors.processes.prepare_child``).
 CASES = [(MEMORY_HOG, "null"), (LM_HEAD, "null"), (SMALL_CNN, "null"), (SMALL_CNN, "false")]
@@ -59,7 +59,7 @@ def test_the_maximum_fits_in_a_plain_process_and_one_more_does_not(spec_path, fo
     # No soak: it only vets the recommendation, and the maximum is what is compared here. No steady-state
     # confirmation either: the harness runs the spec's 2 steps, so isoprobe's trials run those 2 steps too (its
     # one 2-step confirmation of the maximum stays); a maximum confirmed over 6 to 30 steps is another edge,
-    # which benchmarks/steady_harness.py checks against a 30-step plain loop (test_distributed.py, `none` included).
+    # which benchmarks/harness/steady_harness.py checks against a 30-step plain loop (test_distributed.py, `none` included).
     run = run_cli("run", str(spec_path), "--set", "recommendation.soak_steps=0", "--set", "search.steady_steps=0",
                   "--set", f"search.fork_server={fork_server}", timeout=900)
     assert run.returncode == 0, run.stderr

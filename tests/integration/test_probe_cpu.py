@@ -29,7 +29,7 @@ def edge(tmp_path_factory):
     Also the probe of the guided search's tests below (once test_fast_answers' own probe of the same spec from
     batch 2: both ran in one worker, 92 s and 118 s on a loaded machine). No long-run stepping of the deciding
     trials (``steady_steps: 0``): nothing here is about the long run, which tests/integration/test_real_loop.py
-    and the steady harness (benchmarks/steady_harness.py) check; so every fitting trial runs ``search.steps``.
+    and the steady harness (benchmarks/harness/steady_harness.py) check; so every fitting trial runs ``search.steps``.
     """
     spec = hog_spec(start_batch_size=2, steady_steps=0)
     spec["recommendation"] |= {"headroom": 0.1, "multiple_of": 4}

@@ -123,7 +123,7 @@ def test_the_freed_lifetimes_edge_is_exact_in_fresh_processes(lifetimes, tmp_pat
     """freed_before_backward's maximum fits in a fresh process and one more does not.
 
     through_backward's edge on this model is checked against a plain training loop (which this lifetime
-    cannot be: benchmarks/plain_edge.py refuses it) by test_plain_edge.py's lm-head case; re-running it here
+    cannot be: benchmarks/harness/plain_edge.py refuses it) by test_plain_edge.py's lm-head case; re-running it here
     too was isoprobe checking itself a second time.
     """
     result = lifetimes["freed_before_backward"]

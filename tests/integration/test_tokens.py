@@ -1,6 +1,6 @@
 """Issue 28, part 3: ``search.unit: tokens``: a token budget every bucket of a length-bucketing sampler fits.
 
-Checked against an independent harness (``benchmarks/token_edge.py``): a fresh
+Checked against an independent harness (``benchmarks/harness/token_edge.py``): a fresh
 ``python -c`` process per bucket that imports only torch and trains the
 classic loop under the same cap on floor(T / L) samples of length L. Every
 bucket must fit at isoprobe's budget T (no tolerance), and at T + 1 tokens the
@@ -20,7 +20,7 @@ import yaml
 from conftest import REPO, TESTS, cli, run_cli
 from isoprobe.spec.load import load_spec
 
-sys.path.insert(0, str(REPO / "benchmarks"))
+sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 from token_edge import check  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -216,13 +216,13 @@ def test_a_node_that_goes_down_mid_probe_stops_it_with_slurms_words_never_an_out
         assert two_node_cluster.wait_idle(60) is None
 
 
-HARNESS = REPO / "benchmarks" / "steady_harness.py"
+HARNESS = REPO / "benchmarks" / "harness" / "steady_harness.py"
 
 
 def _hook_job(spec: Path, folder: Path, budget: int, *batches: str) -> str:
     """A user's job script: the pre-job hook (isoprobe's answer into the shell), then the real training as one
     srun step across the job's nodes at each of ``batches`` (shell expressions), 30 steps under ``budget`` bytes a
-    rank, by a loop that imports nothing of isoprobe (benchmarks/steady_harness.py). Prints what the hook exported,
+    rank, by a loop that imports nothing of isoprobe (benchmarks/harness/steady_harness.py). Prints what the hook exported,
     its seconds, and each training's exit status (``train_BATCH=STATUS``)."""
     q = shlex.quote
     lines = [

@@ -1,8 +1,8 @@
-"""The training scripts of tests/commands/ and benchmarks/command_truth.py stay independent of isoprobe.
+"""The training scripts of tests/commands/ and benchmarks/harness/command_truth.py stay independent of isoprobe.
 
 The command source (issue 36) is tested on real training scripts "written as their community writes
 them": if one of them imported isoprobe, it would prove nothing about probing a command as it is,
-and the independent truth (benchmarks/command_truth.py) would not be independent. These tests scan
+and the independent truth (benchmarks/harness/command_truth.py) would not be independent. These tests scan
 their sources for any import of isoprobe, and run each script's ``--help`` (a script that cannot
 even parse its flags would make every later integration test fail for the wrong reason), checking
 that the help names the batch flag and the max-steps flag the tests substitute.
@@ -68,7 +68,7 @@ def test_every_script_in_the_folder_is_listed():
     assert sorted(p.name for p in COMMANDS.glob("*.py")) == sorted(SCRIPTS)
 
 
-@pytest.mark.parametrize("path", sorted(COMMANDS.glob("*.py")) + [ROOT / "benchmarks" / "command_truth.py"],
+@pytest.mark.parametrize("path", sorted(COMMANDS.glob("*.py")) + [ROOT / "benchmarks" / "harness" / "command_truth.py"],
                          ids=lambda p: p.name)
 def test_imports_nothing_of_isoprobe(path):
     source = path.read_text()

@@ -1,6 +1,6 @@
 """The installed modules the model's code imports are preloaded like the model's library (Facts.model_imports).
 
-Measured (benchmarks/frameworks_table.py, docs/measurements.md): a LightningModule whose file imports
+Measured (benchmarks/studies/frameworks_table.py, docs/measurements.md): a LightningModule whose file imports
 transformers' GPT-2, forked from a server that had imported lightning (and so transformers' package) but not
 the GPT-2 modules, held ~1.3 MiB more at the step's peak than a fresh process and answered 84 where the edge
 is 85 (6 of 8 forked trials at 85 ran out of memory). With the 243 modules preloaded: 85 in 2 of 2 runs.

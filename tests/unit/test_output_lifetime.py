@@ -4,7 +4,7 @@ A plain loop rebinds ``outputs`` as the forward pass returns: the previous
 step's output is released before this step's loss is computed. Held until
 after the loss instead, a language model whose loss copies its logits peaked
 3.3 MiB above the plain loop and its edge fell a sample short (lm-head: 100
-against 101, ``benchmarks/edge_table.py``).
+against 101, ``benchmarks/studies/edge_table.py``).
 """
 
 from __future__ import annotations

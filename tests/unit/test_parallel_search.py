@@ -13,7 +13,7 @@ from isoprobe.search.history import Limits, Observation
 from isoprobe.search.steps import doubling_step, guided_step
 from isoprobe.search.parallel import one_at_a_time, plan_round, run_parallel_search
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "simulations"))
 from simulate_search import device  # noqa: E402
 
 GRID = sorted({round(2 * (4096 ** (i / 39))) for i in range(40)})
