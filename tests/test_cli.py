@@ -250,7 +250,7 @@ def _no_estimate(monkeypatch):
     """The environment check came back without an estimate (an untraceable model, a trace out of time)."""
     from isoprobe.pipeline.prediction import EstimateReport
     from isoprobe.protocol.messages import Estimate
-    from isoprobe.report.result import DeviceInfo
+    from isoprobe.report.device import DeviceInfo
 
     device = DeviceInfo(backend="cpu", requested="cpu", name="a CPU", total_memory_bytes=8 << 30,
                         capacity_bytes=1 << 30)

@@ -45,7 +45,7 @@ from isoprobe.protocol.messages import Imported, MemoryReading, ModelBuilt, Step
 from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome
-from isoprobe.report.result import ErrorInfo
+from isoprobe.report.trial import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, argv_for
 from isoprobe.system.keeper import sigkill_below, srun_processes
 from isoprobe.system.slurm_steps import cancel_slurm_steps, slurm_steps_of, wait_slurm_steps_gone

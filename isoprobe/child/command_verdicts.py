@@ -18,7 +18,7 @@ from isoprobe.child.trained_batch import not_trained_message, trial_trained_at
 from isoprobe.protocol.command import SHIM_DIR_ENV
 from isoprobe.protocol.messages import MESSAGE_CHARS, RANK_LOST, TrialRequest
 from isoprobe.report.outcomes import Outcome, classify_exception
-from isoprobe.report.result import ErrorInfo
+from isoprobe.report.trial import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, PLACEHOLDER
 
 #: Kept of the command's stderr for a verdict's evidence.

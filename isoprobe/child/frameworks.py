@@ -27,7 +27,7 @@ from typing import Any, Callable
 
 from isoprobe.child import cuda as child_cuda
 from isoprobe.child.memory import cpu_readings
-from isoprobe.report.result import Sizes
+from isoprobe.report.trial import Sizes
 
 #: ``spec.model.source`` -> the runner, ``"module:function"``.
 FRAMEWORK_RUNNERS: dict[str, str] = {

@@ -14,7 +14,7 @@ import functools
 import time
 
 from isoprobe.child import distributed, workload
-from isoprobe.report.result import Applied, Sizes
+from isoprobe.report.trial import Applied, Sizes
 from isoprobe.spec.model import Spec
 
 _AUTOCAST_DTYPES = {"fp16-mixed": "float16", "bf16-mixed": "bfloat16"}

@@ -26,7 +26,7 @@ from isoprobe.child.training import Step
 from isoprobe.child.workload import build_model, import_model_library
 from isoprobe.report.outcomes import Outcome, classify_exception, maybe_allocation_failure
 from isoprobe.protocol.messages import MESSAGE_CHARS, EvalDone, Forwarded, Imported, ModelBuilt, TrialRequest, TrialResult
-from isoprobe.report.result import CudaMemoryAtFailure, ErrorInfo
+from isoprobe.report.trial import CudaMemoryAtFailure, ErrorInfo
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events

@@ -51,7 +51,8 @@ def frontier_exit_code(result) -> int:
     point (in --over order) without one: its result's, as 'isoprobe run' gives it (3: not even the start batch
     fits there; 4: no answer), or 4 for a point whose probe failed before a result (its ``error`` says why)."""
     from isoprobe.errors import ExitCode
-    from isoprobe.report.result import StopReason, exit_code_for
+    from isoprobe.report.outcomes import StopReason
+    from isoprobe.report.result import exit_code_for
 
     if result.interrupted is not None:
         return exit_code_for(StopReason(result.interrupted))

@@ -58,7 +58,8 @@ def _run_as_hook(args: argparse.Namespace, log, stops) -> int:
     import traceback
 
     from isoprobe.errors import ExitCode, OutputFailed, ProbeError, SpecError
-    from isoprobe.report.result import StopReason, exit_code_for
+    from isoprobe.report.outcomes import StopReason
+    from isoprobe.report.result import exit_code_for
     from isoprobe.report.shell import fallback_variables, render as render_shell
     from isoprobe.report.streams import emit
 

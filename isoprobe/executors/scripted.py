@@ -41,7 +41,7 @@ from isoprobe.protocol.messages import (
     TrialRequest,
     TrialResult,
 )
-from isoprobe.report.result import ErrorInfo, Sizes
+from isoprobe.report.trial import ErrorInfo, Sizes
 
 #: What the CPU allocator says when the cap is hit (c10's DefaultCPUAllocator).
 CPU_OOM_MESSAGE = ("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to "

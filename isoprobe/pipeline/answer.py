@@ -134,7 +134,8 @@ class _Context:
         from isoprobe.cache.trust import CACHEABLE, distrust
         from isoprobe.report.output import result_json
         from isoprobe.pipeline.pipeline import local_executor, run_probe
-        from isoprobe.report.result import CacheInfo, RunEnvironment
+        from isoprobe.report.device import RunEnvironment
+        from isoprobe.report.result import CacheInfo
 
         recorder = SourceRecorder(self.executor if self.executor is not None else local_executor(self.spec),
                                   self.expected_threads)
@@ -173,7 +174,8 @@ class _Context:
         from isoprobe.cache.sources import changed_source
         from isoprobe.cache.trust import distrust
         from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
-        from isoprobe.report.result import CacheInfo, Result, RunEnvironment
+        from isoprobe.report.device import RunEnvironment
+        from isoprobe.report.result import CacheInfo, Result
 
         entry = cache.entry(key)
         try:

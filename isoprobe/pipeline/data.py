@@ -6,7 +6,7 @@ Pure: everything comes from the environment check's ``DataScan`` (``child.data``
 from __future__ import annotations
 
 from isoprobe.protocol.messages import DataScan
-from isoprobe.report.result import DataInfo, WorstBatch
+from isoprobe.report.edge import DataInfo, WorstBatch
 from isoprobe.spec.data import INDICES_IN_REQUEST, SAMPLE_SEED
 
 #: The result lists this many of the worst batch's indices: enough to find the samples, short enough to read.

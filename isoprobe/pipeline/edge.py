@@ -16,7 +16,7 @@ from isoprobe.pipeline.explain import Found
 from isoprobe.pipeline.recommendation import recommend
 from isoprobe.pipeline.steady_edge import long_run_search
 from isoprobe.pipeline.trials import TrialRunner
-from isoprobe.report.result import AllocatorComparison, AllocatorOutcome
+from isoprobe.report.edge import AllocatorComparison, AllocatorOutcome
 from isoprobe.search.edge_search import Conclusion, progress, run_search
 from isoprobe.search.history import Borrowed, Limits, Observation, Prior
 from isoprobe.search.steps import doubling_step, guided_step

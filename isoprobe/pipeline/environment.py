@@ -35,7 +35,7 @@ from isoprobe.protocol.messages import (
     first_of,
 )
 from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
-from isoprobe.report.result import AllocatorInfo, DeviceInfo
+from isoprobe.report.device import AllocatorInfo, DeviceInfo
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
 

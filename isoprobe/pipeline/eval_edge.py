@@ -22,7 +22,7 @@ from isoprobe.pipeline.data import data_cap
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.outcomes import Outcome, StopReason
-from isoprobe.report.result import Trial
+from isoprobe.report.trial import Trial
 from isoprobe.search.edge_search import run_search
 from isoprobe.search.history import Borrowed, Limits, Observation
 from isoprobe.search.steps import doubling_step, guided_step

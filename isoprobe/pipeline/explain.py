@@ -7,8 +7,10 @@ from dataclasses import dataclass
 from isoprobe.executors.srun_nodes import stop_context
 from isoprobe.protocol.messages import RANK_LOST, DataScan
 from isoprobe.report import steady
-from isoprobe.report.outcomes import Outcome
-from isoprobe.report.result import DeviceInfo, Recommendation, Soak, StopReason, Trial
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.report.device import DeviceInfo
+from isoprobe.report.recommendation import Recommendation, Soak
+from isoprobe.report.trial import Trial
 from isoprobe.search.soak import RISE_FLOOR_BYTES, RISE_FRACTION
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes

@@ -37,8 +37,10 @@ from isoprobe.pipeline.eval_edge import eval_failure, eval_search, eval_summary,
 from isoprobe.pipeline.explain import Found, explain, limited_by
 from isoprobe.pipeline.tokens import token_message, token_search_and_recommend
 from isoprobe.pipeline.trials import TrialRunner
-from isoprobe.report.outcomes import Outcome
-from isoprobe.report.result import AllocatorInfo, DistributedInfo, EdgeMargin, MarginalBatch, Result, StopReason
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.report.device import AllocatorInfo, DistributedInfo
+from isoprobe.report.edge import EdgeMargin, MarginalBatch
+from isoprobe.report.result import Result
 from isoprobe.search.history import Borrowed
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes

@@ -15,7 +15,8 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from isoprobe.protocol.messages import Estimate
-from isoprobe.report.result import DeviceInfo, Prediction
+from isoprobe.report.device import DeviceInfo
+from isoprobe.report.insights import Prediction
 from isoprobe.search.history import Prior
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes

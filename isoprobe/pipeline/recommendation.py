@@ -18,7 +18,9 @@ from isoprobe.report.outcomes import Outcome
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.search.headroom import advise
-from isoprobe.report.result import MemoryModel, Recommendation, Soak, Trial
+from isoprobe.report.insights import MemoryModel
+from isoprobe.report.recommendation import Recommendation, Soak
+from isoprobe.report.trial import Trial
 from isoprobe.search.soak import judge, lower_batch, proven_by_maximum
 from isoprobe.spec.units import format_bytes
 from isoprobe.spec.model import Spec

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome
-from isoprobe.report.result import Trial
+from isoprobe.report.trial import Trial
 from isoprobe.search.history import Observation
 from isoprobe.search.margin import Spread, clears, near, spread_for
 

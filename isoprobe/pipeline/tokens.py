@@ -18,7 +18,7 @@ from isoprobe.pipeline.explain import Found
 from isoprobe.pipeline.recommendation import recommend
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.outcomes import Outcome, StopReason
-from isoprobe.report.result import LengthEdgeInfo, TokenBudget
+from isoprobe.report.edge import LengthEdgeInfo, TokenBudget
 from isoprobe.search.token_budget import TokenSearch, search_budget
 from isoprobe.spec.model import Spec
 

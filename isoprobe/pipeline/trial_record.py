@@ -13,7 +13,7 @@ from isoprobe.pipeline.classify import classify_exit
 from isoprobe.pipeline.plausibility import Asked
 from isoprobe.protocol.messages import StepDone
 from isoprobe.report.outcomes import Outcome
-from isoprobe.report.result import RankTrial, Trial
+from isoprobe.report.trial import RankTrial, Trial
 from isoprobe.search.insights import step_throughput
 
 

@@ -22,7 +22,7 @@ from isoprobe.pipeline.plausibility import Asked
 from isoprobe.pipeline.data import request_indices
 from isoprobe.protocol.messages import TrialRequest
 from isoprobe.report import steady
-from isoprobe.report.result import Trial
+from isoprobe.report.trial import Trial
 from isoprobe.search.history import Observation
 from isoprobe.search.margin import Spread
 from isoprobe.pipeline.spread_rule import (Margin, fastest_rise, held_still, margin_against, observation_of,

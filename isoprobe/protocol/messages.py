@@ -32,7 +32,7 @@ from typing import Annotated, Literal, Union
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from isoprobe.report.outcomes import Outcome
-from isoprobe.report.result import Applied, ErrorInfo, Sizes
+from isoprobe.report.trial import Applied, ErrorInfo, Sizes
 from isoprobe.spec.model import Spec
 from isoprobe.report.steady import SteadyRule
 from isoprobe.protocol.wiring import (  # noqa: F401 - defined there (the child reads them before torch), named from here

@@ -11,20 +11,17 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
 
 from isoprobe.report.result import Result
+from isoprobe.report.strict import Strict
 
 #: 2: a point may have no result (``error`` says why: its probe failed, or the frontier stopped before it) and
 #: the document says whether a signal stopped the frontier (``interrupted``); 1: every point had a result.
 FRONTIER_SCHEMA_VERSION = 2
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class BorrowedBounds(_Strict):
+class BorrowedBounds(Strict):
     """Bounds a point's search started from, proven at other points (they steered it; its own trials decided)."""
 
     fits: int | None = Field(None, description="A batch that fit at a value needing at least as much memory: the "
@@ -35,7 +32,7 @@ class BorrowedBounds(_Strict):
     fails_from: Any = Field(None, description="The value whose probe proved `fails`.")
 
 
-class FrontierPoint(_Strict):
+class FrontierPoint(Strict):
     """One value of the field: its probe's answer, what it borrowed, and what it cost."""
 
     value: Any = Field(description="The field's value at this point, as --over gave it (YAML-read).")
@@ -70,7 +67,7 @@ class FrontierPoint(_Strict):
         return self.result is not None and self.result.cache is not None and self.result.cache.hit
 
 
-class FrontierResult(_Strict):
+class FrontierResult(Strict):
     """The edge over a field's values: what ``isoprobe frontier`` prints on stdout."""
 
     schema_version: Literal[1, 2] = Field(FRONTIER_SCHEMA_VERSION, description="Version of this document's layout: "

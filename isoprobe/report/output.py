@@ -9,7 +9,8 @@ from __future__ import annotations
 from typing import Callable
 
 from isoprobe.report.outcomes import Outcome
-from isoprobe.report.result import Result, Trial
+from isoprobe.report.result import Result
+from isoprobe.report.trial import Trial
 from isoprobe.spec.units import format_bytes
 
 

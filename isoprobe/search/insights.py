@@ -12,7 +12,8 @@ import statistics
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.search.headroom import line_with_anchor
-from isoprobe.report.result import MemoryBreakdown, Throughput, ThroughputPoint, Trial
+from isoprobe.report.insights import MemoryBreakdown, Throughput, ThroughputPoint
+from isoprobe.report.trial import Trial
 
 
 def step_throughput(batch_size: int, step_seconds: list[float]) -> tuple[float | None, float | None]:

@@ -191,7 +191,7 @@ def accumulation_plan(spec, largest: int | None, environ: Mapping[str, str]):
     (WORLD_SIZE, SLURM_NTASKS): an answer read from the cache is re-planned for the
     job that asks, not for the one that probed.
     """
-    from isoprobe.report.result import AccumulationPlan
+    from isoprobe.report.recommendation import AccumulationPlan
 
     target = spec.plan.target_global_batch
     if target is None or largest is None:

@@ -17,7 +17,8 @@ from isoprobe.executors.scripted import Call, ScriptedExecutor, crashed, error, 
 from isoprobe.report.outcomes import StopReason
 from isoprobe.report.output import Reporter
 from isoprobe.pipeline import run_probe
-from isoprobe.report.result import Result, Sizes, exit_code_for
+from isoprobe.report.result import Result, exit_code_for
+from isoprobe.report.trial import Sizes
 from isoprobe.spec.model import Spec
 
 from conftest import fault_spec, hog_spec  # noqa: F401 (hog_spec: re-exported for the unit tests)

@@ -15,7 +15,8 @@ from isoprobe.pipeline.edge import compare_allocators, edge_search
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.explain import Found
 from isoprobe.pipeline.trials import TrialRunner
-from isoprobe.report.result import DeviceInfo, StopReason
+from isoprobe.report.device import DeviceInfo
+from isoprobe.report.outcomes import StopReason
 from isoprobe.spec.model import Spec
 
 GiB = 1024**3

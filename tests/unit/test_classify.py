@@ -27,7 +27,7 @@ from isoprobe.protocol.messages import (
     parse_events,
     read_events,
 )
-from isoprobe.report.result import ErrorInfo
+from isoprobe.report.trial import ErrorInfo
 
 from test_protocol import _REMOVED, tampered  # one way to forge a line, shared with the protocol tests
 

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from isoprobe.pipeline.explain import Found, explain
 from isoprobe.report.outcomes import Outcome, StopReason
-from isoprobe.report.result import DeviceInfo, Trial
+from isoprobe.report.device import DeviceInfo
+from isoprobe.report.trial import Trial
 from isoprobe.spec.model import Spec
 
 SPEC = Spec.model_validate({"command": "torchrun --nproc-per-node 2 train.py {batch_size}", "command_dir": "/tmp",

@@ -8,7 +8,7 @@ import types
 import pytest
 
 from isoprobe.child import cuda as child_cuda
-from isoprobe.report.result import Sizes
+from isoprobe.report.trial import Sizes
 
 GiB = 1024**3
 MiB = 1024**2

@@ -10,7 +10,8 @@ from isoprobe.report.outcomes import Outcome, card_was_full, classify_exception,
 from isoprobe.report.output import Reporter
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.trials import TrialRunner
-from isoprobe.report.result import CudaMemoryAtFailure, DeviceInfo
+from isoprobe.report.device import DeviceInfo
+from isoprobe.report.trial import CudaMemoryAtFailure
 from isoprobe.spec.model import Spec
 
 GiB = 1024**3

@@ -88,7 +88,9 @@ def fake_result(maximum=80, first_failing=81, retries=2, margin=True, retries_ke
 
 
 def test_the_fake_readings_are_what_isoprobes_result_model_accepts():
-    from isoprobe.report.result import DeviceInfo, EdgeMargin, Trial
+    from isoprobe.report.device import DeviceInfo
+    from isoprobe.report.edge import EdgeMargin
+    from isoprobe.report.trial import Trial
 
     result = fake_result()
     for trial in result["trials"]:

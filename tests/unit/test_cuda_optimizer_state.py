@@ -8,7 +8,7 @@ import types
 import pytest
 
 from isoprobe.child.optimizer_state import OptimizerNeverStepped, RealSteps
-from isoprobe.report.result import Sizes
+from isoprobe.report.trial import Sizes
 
 torch = pytest.importorskip("torch")
 

@@ -24,7 +24,7 @@ from isoprobe.pipeline.plausibility import Asked, over_budget  # noqa: E402
 from isoprobe.protocol.messages import TrialResult  # noqa: E402
 from isoprobe.report import outcomes  # noqa: E402
 from isoprobe.report.outcomes import Outcome, card_was_full, classify_exception  # noqa: E402
-from isoprobe.report.result import Sizes  # noqa: E402
+from isoprobe.report.trial import Sizes  # noqa: E402
 from isoprobe.search.margin import clears, floor_bytes  # noqa: E402
 
 DEVICE = "cuda:0"
@@ -215,7 +215,7 @@ def test_1_the_capacity_a_reading_is_compared_with_is_the_budget_or_the_whole_ca
     """A reading counts the whole card's use, context included: the capacity it is compared with is the budget (or
     the card's total), never the environment check's free memory, which had one context taken out already."""
     from isoprobe.pipeline.environment import Target
-    from isoprobe.report.result import DeviceInfo
+    from isoprobe.report.device import DeviceInfo
 
     for budget in (16 * GiB, None):
         info = DeviceInfo(backend="cuda", requested="cuda", name="NVIDIA H100", index=0, total_memory_bytes=80 * GiB,
@@ -235,7 +235,7 @@ def test_2_a_command_trial_carries_the_checks_outside_memory_to_its_shim():
     from isoprobe.protocol.command import SHIM_CUDA_OUTSIDE_ENV
     from isoprobe.protocol.messages import TrialRequest
     from isoprobe.spec.model import Spec
-    from isoprobe.report.result import DeviceInfo
+    from isoprobe.report.device import DeviceInfo
 
     info = DeviceInfo(backend="cuda", requested="cuda", name="NVIDIA H100", index=0, total_memory_bytes=80 * GiB,
                       memory_budget_bytes=8 * GiB, budget_source="spec", capacity_bytes=8 * GiB)

@@ -25,7 +25,7 @@ from isoprobe.executors import processes
 from isoprobe.executors.processes import child_environment
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.parallel import resolve_slots
-from isoprobe.report.result import DeviceInfo
+from isoprobe.report.device import DeviceInfo
 from isoprobe.spec.model import Spec
 from isoprobe.system.hardware import nvml_devices, nvml_gpus, slurm_cuda_visible, visible_devices
 

@@ -258,7 +258,7 @@ def test_each_reason_for_no_estimate_is_said_once_wherever_it_is_shown(models, m
     from isoprobe.pipeline.pipeline import _describe_estimate
     from isoprobe.pipeline.prediction import EstimateReport, render_report
     from isoprobe.report.output import Reporter
-    from isoprobe.report.result import DeviceInfo
+    from isoprobe.report.device import DeviceInfo
 
     device = DeviceInfo(backend="cpu", requested="cpu", name="a CPU", total_memory_bytes=8 << 30,
                         capacity_bytes=1 << 30)

@@ -9,7 +9,8 @@ import pytest
 from isoprobe.report import outcomes, result
 from isoprobe.search import edge_search as search
 from isoprobe.errors import ExitCode
-from isoprobe.report.result import StopReason, exit_code_for
+from isoprobe.report.outcomes import StopReason
+from isoprobe.report.result import exit_code_for
 
 
 @pytest.mark.parametrize(
@@ -41,6 +42,6 @@ def test_the_search_and_the_result_share_one_stop_reason():
 
 def test_every_trial_purpose_has_a_progress_label():
     from isoprobe.report.output import _PURPOSE_LABELS
-    from isoprobe.report.result import Trial
+    from isoprobe.report.trial import Trial
 
     assert set(get_args(Trial.model_fields["purpose"].annotation)) == set(_PURPOSE_LABELS)

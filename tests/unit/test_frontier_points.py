@@ -20,7 +20,8 @@ from isoprobe.errors import Problem, ProbeError, SpecError, Terminated
 from isoprobe.pipeline.frontier import FrontierPlan, run_frontier
 from isoprobe.report.frontier import FrontierResult, frontier_table
 from isoprobe.report.output import Reporter
-from isoprobe.report.result import CacheInfo, Result, StopReason
+from isoprobe.report.outcomes import StopReason
+from isoprobe.report.result import CacheInfo, Result
 
 FIXTURE = Path(__file__).resolve().parents[1] / "data" / "result-small-cnn.json"
 VALUES = [16, 32, 64]

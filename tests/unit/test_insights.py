@@ -6,7 +6,7 @@ import pytest
 
 from isoprobe.search.insights import fastest_batch_size, memory_breakdown, step_throughput, throughput
 from isoprobe.report.outcomes import Outcome
-from isoprobe.report.result import Sizes, Trial
+from isoprobe.report.trial import Sizes, Trial
 
 
 def trial(batch: int, outcome: str = "fits", *, steps=(3.0, 1.0, 1.0), peak: int | None = None,

@@ -21,7 +21,7 @@ from conftest import cli
 from isoprobe.executors.scripted import ScriptedExecutor, crashed, error, fits, linear, out_of_memory, timed_out
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.output import result_json
-from isoprobe.report.result import Sizes
+from isoprobe.report.trial import Sizes
 from scripted_probe import (
     HOG_FIXED,
     HOG_MAX,

@@ -18,7 +18,7 @@ from isoprobe.pipeline.classify import classify_exit
 from isoprobe.pipeline.plausibility import Asked, implausible, over_budget
 from isoprobe.pipeline.trial_record import trial_from_run
 from isoprobe.protocol.messages import EvalDone, Imported, MemoryReading, ModelBuilt, Started, StepDone, TrialResult
-from isoprobe.report.result import ErrorInfo
+from isoprobe.report.trial import ErrorInfo
 from scripted_probe import GiB, MiB, faulty_spec, probe
 
 #: What the environment check read after importing torch (measured here: data 784 MiB, resident 654 MiB).

@@ -41,7 +41,7 @@ from isoprobe.protocol.messages import (
     read_request,
     request_json,
 )
-from isoprobe.report.result import Applied, ErrorInfo, Sizes
+from isoprobe.report.trial import Applied, ErrorInfo, Sizes
 from isoprobe.spec.model import Spec
 
 GiB = 1024**3
@@ -303,7 +303,7 @@ def test_a_childs_crashed_verdict_is_taken_only_for_a_commands_lost_rank():
     """A child never says it crashed (how it ended says so), except a command trial's supervisor, which ran on
     after a rank of the command was lost to a signal and names it (issue 47)."""
     from isoprobe.protocol.messages import RANK_LOST
-    from isoprobe.report.result import ErrorInfo
+    from isoprobe.report.trial import ErrorInfo
 
     lost = ErrorInfo(type=RANK_LOST, message="rank 1 (pid 7) of the command was killed by SIGKILL", traceback_tail="")
     assert TrialResult(outcome=Outcome.CRASHED, phase="step 2", error=lost).outcome is Outcome.CRASHED
