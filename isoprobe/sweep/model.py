@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from isoprobe.report.strict import Strict
 
 if TYPE_CHECKING:
     from isoprobe.report.result import Result
@@ -21,11 +23,7 @@ if TYPE_CHECKING:
 LOCAL_TARGET = "local"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-class SweepRow(_Strict):
+class SweepRow(Strict):
     """One spec on one GPU type: the answer's headline numbers, or why there is none."""
 
     spec: str = Field(description="The spec file's path, as given on the command line.")
@@ -53,7 +51,7 @@ class SweepRow(_Strict):
     )
 
 
-class SweepReport(_Strict):
+class SweepReport(Strict):
     """What ``isoprobe sweep`` found: every row, and what the sweep itself cost."""
 
     executor: Literal["local", "slurm"] = Field(description="Where the probes ran.")
