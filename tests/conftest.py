@@ -18,8 +18,13 @@ import yaml
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-MODELS = TESTS / "models.py"
-FAULTS = TESTS / "faults.py"
+#: The modules the tests import and the trials load (models, faults, hostile code, helpers): not tests themselves.
+#: On sys.path here, so that a test imports them by their plain names (``from scripted_probe import probe``), as a
+#: trial does through its python_path (``python_path=[str(SUPPORT)]``, a factory ``models:deep_mlp``).
+SUPPORT = TESTS / "support"
+sys.path.insert(0, str(SUPPORT))
+MODELS = SUPPORT / "models.py"
+FAULTS = SUPPORT / "faults.py"
 
 # The suite sends SIGINT to isoprobe processes and expects Ctrl-C's behaviour (exit 130 with the
 # trials so far). A non-interactive shell starts background commands (`nohup bash .ci/run &`) with
@@ -294,7 +299,7 @@ def write_spec(tmp_path):
 def fault_spec(fault: str, *, at: int = 8, edge: int | None = None, start: int = 7, cap: int | None = 8,
                timeout: float = 60, state_dir: str | None = None, probability: float = 1.0,
                headroom: float | None = 0.0, **search) -> dict:
-    """The fault scenarios' spec: tests/faults.py:faulty fits below ``at``, commits ``fault`` from it on.
+    """The fault scenarios' spec: tests/support/faults.py:faulty fits below ``at``, commits ``fault`` from it on.
 
     By default start 7, cap 8, fault at 8, one retry, one confirmation (asked for: the scenarios include a
     maximum that fails when it runs again; the product's default is none, issue 35), no headroom and no soak (so
@@ -331,7 +336,7 @@ def cuda_resnet_spec(budget: str) -> dict:
 
 
 def hog_spec(**search) -> dict:
-    """A CPU spec around tests/models.py:memory_hog (~32 MiB of activations per sample); no soak
+    """A CPU spec around tests/support/models.py:memory_hog (~32 MiB of activations per sample); no soak
     (tests/unit/test_orchestration_soak.py and tests/integration/test_real_loop.py soak)."""
     return {
         "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 524288, "depth": 8}},
@@ -346,7 +351,8 @@ def hog_spec(**search) -> dict:
 
 
 def faulty_spec(fault: str, *, at: int, trial_timeout: float, **fault_kwargs) -> dict:
-    """A tiny CPU spec around tests/faults.py:faulty: batches from ``at`` on do ``fault``; the search starts at 2."""
+    """A tiny CPU spec around tests/support/faults.py:faulty: batches from ``at`` on do ``fault``; the search starts
+    at 2."""
     return {
         "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": fault, "at": at, **fault_kwargs}},
         "input": {"shape": [16]},
@@ -372,7 +378,7 @@ def run_one_trial(spec: dict, batch: int, workdir: Path, budget: int) -> dict:
     from isoprobe.spec.model import Spec
 
     request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cpu",
-                           memory_budget_bytes=budget, python_path=[str(TESTS)],
+                           memory_budget_bytes=budget, python_path=[str(SUPPORT)],
                            eval_batch_size=batch if spec.get("training", {}).get("eval_pass") else None)
     run = run_once(request, Conditions(backend="cpu", memory_limit=budget), timeout=300, workdir=workdir)
     end = classify_exit(run)

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from .jobs import PYTHON, fault_spec, job_script, step_ids, write_spec
+from slurm_jobs import PYTHON, fault_spec, job_script, step_ids, write_spec
 from .test_two_nodes import HOOK_WORKLOAD, _hook_job, _said, hook_budget, run_on_two_nodes
 
 pytestmark = [pytest.mark.slurm, pytest.mark.integration]
