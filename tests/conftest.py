@@ -60,6 +60,29 @@ ONE_WORKER = (
 )
 
 
+#: The tier of a test follows from its folder under tests/: the marks its tests get, which ``-m integration``, ``-m
+#: slurm``, ``-m container`` and ``-m gpu`` select by (no test sets them by hand). A Slurm test is an integration test
+#: too: real processes, on a real cluster. The fast tier is the folders without a mark.
+FOLDER_MARKS = {
+    "integration": ("integration",),
+    "slurm": ("slurm", "integration"),
+    "container": ("container",),
+    "gpu": ("gpu",),
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook, which deselects by those marks (-m)
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its folder's tier (``FOLDER_MARKS``)."""
+    for item in items:
+        try:
+            folder = item.path.relative_to(TESTS).parts[0]
+        except ValueError:  # a test file outside tests/ (given on the command line): no tier of ours
+            continue
+        for mark in FOLDER_MARKS.get(folder, ()):
+            item.add_marker(mark)
+
+
 def pytest_xdist_make_scheduler(config, log):
     """Spread the tests one by one over the workers, but each ``ONE_WORKER`` prefix as one unit.
 

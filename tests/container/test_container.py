@@ -19,7 +19,6 @@ import yaml
 
 from podman_support import LIMITS, REPO, podman, run_args, unique, wait_for
 
-pytestmark = pytest.mark.container
 
 SHIPPED = "/opt/isoprobe/specs/small-cnn.yaml"
 

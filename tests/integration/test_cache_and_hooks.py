@@ -18,11 +18,8 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
 from conftest import hog_spec, run_cli
 
-pytestmark = pytest.mark.integration
 
 TRIAL_LINE = "isoprobe: trial "
 

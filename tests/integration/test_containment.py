@@ -31,7 +31,6 @@ import pytest
 
 from conftest import FAULTS, REPO, SUPPORT, fault_spec, marked_processes, run_cli, wait_for
 
-pytestmark = pytest.mark.integration
 
 MARK_ENV = "ISOPROBE_TEST_CONTAINMENT_MARK"
 BUDGET = 2 * 1024**3

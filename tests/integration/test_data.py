@@ -31,7 +31,6 @@ from data_edge import at_length, worst_batch_fits  # noqa: E402
 from plain_edge import fits  # noqa: E402
 import text_data  # noqa: E402
 
-pytestmark = pytest.mark.integration
 
 VOCABULARY = 8000
 #: How close to the budget the plain process's edge batch may need before isoprobe's answer may be one below it:

@@ -21,7 +21,6 @@ import pytest
 
 from conftest import REPO, SUPPORT
 
-pytestmark = pytest.mark.integration
 
 LIMIT = 2 * 1024**3
 

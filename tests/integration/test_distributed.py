@@ -14,7 +14,6 @@ import pytest
 
 from distributed_edges import STRATEGIES, check_long_run, probe, probes_for_the_long_run
 
-pytestmark = pytest.mark.integration
 
 HERE = ("none", "ddp")
 

@@ -11,7 +11,6 @@ import pytest
 
 from distributed_edges import check_long_run, probes_for_the_long_run
 
-pytestmark = pytest.mark.integration
 
 HERE = ("zero1", "fsdp")
 

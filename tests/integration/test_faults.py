@@ -26,7 +26,6 @@ import pytest
 
 from conftest import FAULTS, SUPPORT, fault_spec, run_cli
 
-pytestmark = pytest.mark.integration
 
 BUDGET = 2 * 1024**3
 

@@ -26,7 +26,6 @@ from isoprobe.pipeline.environment import trial_conditions
 from isoprobe.protocol.messages import Started, TrialRequest, TrialResult, Warm, last_of, read_events
 from isoprobe.spec.model import Spec
 
-pytestmark = pytest.mark.integration
 
 BUDGET = int(1.5 * 1024**3)
 

@@ -18,7 +18,6 @@ import pytest
 from conftest import FAULTS, run_cli
 from signalled import signalled_after_first_trial
 
-pytestmark = pytest.mark.integration
 
 #: The faulty model's edge is its ``edge`` kwarg; nothing above 4 is tried.
 SEARCH = {"start_batch_size": 2, "max_batch_size": 4, "steps": 2, "trial_timeout": 120, "estimate": False,

@@ -15,14 +15,11 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from conftest import REPO, run_cli
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from hf_trainer_edge import trains  # noqa: E402
 
-pytestmark = pytest.mark.integration
 
 SPEC = REPO / "tests" / "data" / "hf" / "trainer.yaml"
 BUILDER = f"{REPO / 'tests' / 'support' / 'hf_trainers.py'}:build_trainer"

@@ -12,12 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import yaml
 
 from conftest import faulty_spec, run_cli
-
-pytestmark = pytest.mark.integration
 
 
 def _tiny_spec(tmp_path: Path) -> str:

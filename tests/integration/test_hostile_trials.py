@@ -14,11 +14,8 @@ from __future__ import annotations
 
 import time
 
-import pytest
-
 from conftest import SUPPORT, run_cli
 
-pytestmark = pytest.mark.integration
 
 HOSTILE = SUPPORT / "hostile.py"
 MiB, GiB = 1024**2, 1024**3

@@ -24,7 +24,6 @@ from isoprobe.spec.load import load_spec
 sys.path.insert(0, str(REPO / "benchmarks"))
 from lightning_edge import fits  # noqa: E402
 
-pytestmark = pytest.mark.integration
 
 LIT = SUPPORT / "lightning_models.py"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import sys
 
-import pytest
 import yaml
 
 from conftest import REPO, SUPPORT, cli, run_cli
@@ -23,7 +22,6 @@ from isoprobe.spec.load import load_spec
 sys.path.insert(0, str(REPO / "benchmarks"))
 from token_edge import check  # noqa: E402
 
-pytestmark = pytest.mark.integration
 
 #: The CPU edge's precision, measured in tests/integration/test_plain_edge.py (PRECISION_BYTES there): a batch whose
 #: plain peak is this close to the cap fits or runs out by chance, in a plain process as in a trial.

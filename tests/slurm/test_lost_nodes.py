@@ -15,8 +15,6 @@ from conftest import marked_processes, wait_for
 
 from slurm_jobs import fault_spec, job_script, step_ids, write_spec
 
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
-
 
 @pytest.fixture(autouse=True)
 def idle_nodes(two_node_cluster):

@@ -23,7 +23,6 @@ from conftest import MODELS
 
 from .conftest import unavailable
 
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 ISOPROBE = shutil.which("isoprobe", path=str(Path(sys.executable).parent)) or shutil.which("isoprobe")
 SPEC = {

@@ -25,8 +25,6 @@ from conftest import MODELS, marked_processes, wait_for
 
 from slurm_jobs import budget_with_the_edge_inside, fault_spec, job_script, step_ids, write_spec
 
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
-
 
 def _run(cluster, script: str, timeout: float = 240):
     job = cluster.run(script, timeout=timeout, ntasks=2)

@@ -17,7 +17,6 @@ import pytest
 
 from slurm_jobs import faulty, sweep
 
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 EDGES = {"edge5.yaml": 5, "edge9.yaml": 9, "edge13.yaml": 13}
 

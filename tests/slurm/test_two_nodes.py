@@ -22,8 +22,6 @@ from conftest import MODELS, REPO, marked_processes, wait_for
 from .conftest import NODE_CPUS
 from slurm_jobs import PYTHON, budget_with_the_edge_inside, fault_spec, faulty, job_script, step_ids, sweep, write_spec
 
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
-
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory, two_node_cluster):
