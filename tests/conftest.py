@@ -62,13 +62,15 @@ ONE_WORKER = (
 
 #: The tier of a test follows from its folder under tests/: the marks its tests get, which ``-m integration``, ``-m
 #: slurm``, ``-m container`` and ``-m gpu`` select by (no test sets them by hand). A Slurm test is an integration test
-#: too: real processes, on a real cluster. The fast tier is the folders without a mark.
+#: too: real processes, on a real cluster. The fast tier is the folders without a mark (FAST_FOLDERS); a test in any
+#: other place fails the collection, so that no test runs in a tier it was not put in.
 FOLDER_MARKS = {
     "integration": ("integration",),
     "slurm": ("slurm", "integration"),
     "container": ("container",),
     "gpu": ("gpu",),
 }
+FAST_FOLDERS = ("unit", "cli", "docs")
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest's own hook, which deselects by those marks (-m)
@@ -79,6 +81,9 @@ def pytest_collection_modifyitems(config, items):
             folder = item.path.relative_to(TESTS).parts[0]
         except ValueError:  # a test file outside tests/ (given on the command line): no tier of ours
             continue
+        if folder not in FOLDER_MARKS and folder not in FAST_FOLDERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test's folder gives its tier; put it in one of tests/"
+                                    f"{{{','.join([*FAST_FOLDERS, *FOLDER_MARKS])}}}/ (tests/conftest.py, FOLDER_MARKS)")
         for mark in FOLDER_MARKS.get(folder, ()):
             item.add_marker(mark)
 
