@@ -18,8 +18,13 @@ import yaml
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
-MODELS = TESTS / "models.py"
-FAULTS = TESTS / "faults.py"
+#: The modules the tests import and the trials load (models, faults, hostile code, helpers): not tests themselves.
+#: On sys.path here, so that a test imports them by their plain names (``from scripted_probe import probe``), as a
+#: trial does through its python_path (``python_path=[str(SUPPORT)]``, a factory ``models:deep_mlp``).
+SUPPORT = TESTS / "support"
+sys.path.insert(0, str(SUPPORT))
+MODELS = SUPPORT / "models.py"
+FAULTS = SUPPORT / "faults.py"
 
 # The suite sends SIGINT to isoprobe processes and expects Ctrl-C's behaviour (exit 130 with the
 # trials so far). A non-interactive shell starts background commands (`nohup bash .ci/run &`) with
@@ -53,6 +58,34 @@ ONE_WORKER = (
     "tests/integration/test_distributed.py",
     "tests/integration/test_distributed_sharded.py",
 )
+
+
+#: The tier of a test follows from its folder under tests/: the marks its tests get, which ``-m integration``, ``-m
+#: slurm``, ``-m container`` and ``-m gpu`` select by (no test sets them by hand). A Slurm test is an integration test
+#: too: real processes, on a real cluster. The fast tier is the folders without a mark (FAST_FOLDERS); a test in any
+#: other place fails the collection, so that no test runs in a tier it was not put in.
+FOLDER_MARKS = {
+    "integration": ("integration",),
+    "slurm": ("slurm", "integration"),
+    "container": ("container",),
+    "gpu": ("gpu",),
+}
+FAST_FOLDERS = ("unit", "cli", "docs")
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest's own hook, which deselects by those marks (-m)
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its folder's tier (``FOLDER_MARKS``)."""
+    for item in items:
+        try:
+            folder = item.path.relative_to(TESTS).parts[0]
+        except ValueError:  # a test file outside tests/ (given on the command line): no tier of ours
+            continue
+        if folder not in FOLDER_MARKS and folder not in FAST_FOLDERS:
+            raise pytest.UsageError(f"{item.nodeid}: a test's folder gives its tier; put it in one of tests/"
+                                    f"{{{','.join([*FAST_FOLDERS, *FOLDER_MARKS])}}}/ (tests/conftest.py, FOLDER_MARKS)")
+        for mark in FOLDER_MARKS.get(folder, ()):
+            item.add_marker(mark)
 
 
 def pytest_xdist_make_scheduler(config, log):
@@ -294,7 +327,7 @@ def write_spec(tmp_path):
 def fault_spec(fault: str, *, at: int = 8, edge: int | None = None, start: int = 7, cap: int | None = 8,
                timeout: float = 60, state_dir: str | None = None, probability: float = 1.0,
                headroom: float | None = 0.0, **search) -> dict:
-    """The fault scenarios' spec: tests/faults.py:faulty fits below ``at``, commits ``fault`` from it on.
+    """The fault scenarios' spec: tests/support/faults.py:faulty fits below ``at``, commits ``fault`` from it on.
 
     By default start 7, cap 8, fault at 8, one retry, one confirmation (asked for: the scenarios include a
     maximum that fails when it runs again; the product's default is none, issue 35), no headroom and no soak (so
@@ -331,7 +364,7 @@ def cuda_resnet_spec(budget: str) -> dict:
 
 
 def hog_spec(**search) -> dict:
-    """A CPU spec around tests/models.py:memory_hog (~32 MiB of activations per sample); no soak
+    """A CPU spec around tests/support/models.py:memory_hog (~32 MiB of activations per sample); no soak
     (tests/unit/test_orchestration_soak.py and tests/integration/test_real_loop.py soak)."""
     return {
         "model": {"factory": f"{MODELS}:memory_hog", "kwargs": {"features": 524288, "depth": 8}},
@@ -346,7 +379,8 @@ def hog_spec(**search) -> dict:
 
 
 def faulty_spec(fault: str, *, at: int, trial_timeout: float, **fault_kwargs) -> dict:
-    """A tiny CPU spec around tests/faults.py:faulty: batches from ``at`` on do ``fault``; the search starts at 2."""
+    """A tiny CPU spec around tests/support/faults.py:faulty: batches from ``at`` on do ``fault``; the search starts
+    at 2."""
     return {
         "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": fault, "at": at, **fault_kwargs}},
         "input": {"shape": [16]},
@@ -372,7 +406,7 @@ def run_one_trial(spec: dict, batch: int, workdir: Path, budget: int) -> dict:
     from isoprobe.spec.model import Spec
 
     request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cpu",
-                           memory_budget_bytes=budget, python_path=[str(TESTS)],
+                           memory_budget_bytes=budget, python_path=[str(SUPPORT)],
                            eval_batch_size=batch if spec.get("training", {}).get("eval_pass") else None)
     run = run_once(request, Conditions(backend="cpu", memory_limit=budget), timeout=300, workdir=workdir)
     end = classify_exit(run)

@@ -3,7 +3,7 @@
     OMP_NUM_THREADS=1 python benchmarks/studies/frameworks_table.py [--budget BYTES] [--auto-find-from 128]
         [--start 16] [--survive 50] [--json FILE]
 
-Issue 27's "Done when" table. The model is tests/hf_trainers.py's tiny GPT-2, trained two ways:
+Issue 27's "Done when" table. The model is tests/support/hf_trainers.py's tiny GPT-2, trained two ways:
 by a Hugging Face Trainer (``benchmarks/specs/frameworks/hf_trainer.yaml``: ``build_trainer``) and by
 ``trainer.fit`` of a LightningModule with the same model, data, loss, optimizer, clipping and
 precision (``benchmarks/specs/frameworks/frameworks_lightning.yaml``: ``frameworks_models.py:LitGPT2``). For each:

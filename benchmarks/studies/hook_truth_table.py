@@ -20,7 +20,8 @@ import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-sys.path[:0] = [str(ROOT / "benchmarks" / "harness"), str(ROOT / "tests"), str(ROOT / "tests" / "integration")]
+sys.path[:0] = [str(ROOT / "benchmarks" / "harness"), str(ROOT / "tests"), str(ROOT / "tests" / "support"),
+                 str(ROOT / "tests" / "integration")]
 
 import command_truth  # noqa: E402
 from test_command import FIVE, LONG_RUN, exported_environment  # noqa: E402

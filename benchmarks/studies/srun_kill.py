@@ -3,7 +3,7 @@
     python benchmarks/studies/srun_kill.py [KILL|TERM|INT]   # inside an allocation of 2 tasks (sbatch --ntasks=2)
 
 Starts ``isoprobe run`` on a DDP gang of two ranks (``distributed.launcher:
-srun``) whose ranks both hang at batch 2 (tests/faults.py), waits until both
+srun``) whose ranks both hang at batch 2 (tests/support/faults.py), waits until both
 ranks are inside the fault, sends isoprobe the signal (SIGKILL by default:
 nothing of isoprobe's own code runs after that; TERM and INT: its own
 interrupt path, exit 143 / 130 with the trials so far), then looks every 10 ms at what is still there: srun, the
@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-FAULTS = REPO / "tests" / "faults.py"
+FAULTS = REPO / "tests" / "support" / "faults.py"
 
 
 def marked(value: str) -> list[int]:

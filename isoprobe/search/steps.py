@@ -43,7 +43,7 @@ class MemoryLine:
 #: While the line stands on a single batch (and its base reading), its slope is a rough estimate:
 #: the first jump goes only this fraction of the way to the predicted edge, so that it most likely
 #: fits and gives the line a far second point. Half the way: a small batch's peak often sits less
-#: far above its base reading than its batch costs (tests/models.py:memory_hog on the CPU backend:
+#: far above its base reading than its batch costs (tests/support/models.py:memory_hog on the CPU backend:
 #: 13.6 MB per sample read at batch 2, 23 MB between batches 17 and 26), and the jump must still
 #: fit; when the estimate is right, the second point's line finds the edge all the same.
 FIRST_JUMP_FRACTION = 0.5

@@ -27,7 +27,7 @@ import time
 
 import pytest
 
-from .podman_support import BUILD_SCRIPT, DEFAULT_IMAGE, IMAGE_ENV, podman, unavailable
+from podman_support import BUILD_SCRIPT, DEFAULT_IMAGE, IMAGE_ENV, podman, unavailable
 
 
 @pytest.fixture(scope="session")

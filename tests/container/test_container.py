@@ -17,9 +17,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .podman_support import LIMITS, REPO, podman, run_args, unique, wait_for
+from podman_support import LIMITS, REPO, podman, run_args, unique, wait_for
 
-pytestmark = pytest.mark.container
 
 SHIPPED = "/opt/isoprobe/specs/small-cnn.yaml"
 

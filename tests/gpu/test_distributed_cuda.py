@@ -14,11 +14,8 @@ import pytest
 from conftest import FAULTS, cuda_resnet_spec, run_cli
 
 torch = pytest.importorskip("torch")
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
-                       reason="needs two CUDA GPUs"),
-]
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2,
+                                reason="needs two CUDA GPUs")
 
 GiB = 1024**3
 

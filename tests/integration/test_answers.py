@@ -19,7 +19,6 @@ import pytest
 
 from conftest import MODELS, run_cli
 
-pytestmark = pytest.mark.integration
 
 FEATURES = 2048
 # big_linear(features) is nn.Linear(features, features): weight + bias.

@@ -12,11 +12,8 @@ import json
 import subprocess
 import sys
 
-import pytest
-
 from conftest import MODELS, REPO, hog_spec, run_cli
 
-pytestmark = pytest.mark.integration
 
 SCRIPT = """
 import json, sys

@@ -18,11 +18,8 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
 from conftest import hog_spec, run_cli
 
-pytestmark = pytest.mark.integration
 
 TRIAL_LINE = "isoprobe: trial "
 
@@ -117,7 +114,7 @@ _EDGED_FACTORY = textwrap.dedent("""
     import helper
     from torch import nn
 
-    # What the CPU allocator says when the cap is hit (tests/faults.py): a real out-of-memory verdict.
+    # What the CPU allocator says when the cap is hit (tests/support/faults.py): a real out-of-memory verdict.
     OOM = ("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
            "you tried to allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")
 

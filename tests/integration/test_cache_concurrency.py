@@ -10,11 +10,8 @@ import sys
 import textwrap
 from pathlib import Path
 
-import pytest
-
 from conftest import FAULTS
 
-pytestmark = pytest.mark.integration
 
 REPO = Path(__file__).resolve().parents[2]
 

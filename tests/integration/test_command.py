@@ -25,7 +25,6 @@ import pytest
 from conftest import REPO, run_cli
 from isoprobe.search import margin
 
-pytestmark = pytest.mark.integration
 
 COMMANDS = REPO / "tests" / "commands"
 sys.path.insert(0, str(REPO / "benchmarks" / "harness"))

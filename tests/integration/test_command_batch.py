@@ -18,7 +18,6 @@ import pytest
 
 from conftest import REPO, run_cli
 
-pytestmark = pytest.mark.integration
 
 SCRIPT = REPO / "tests" / "commands" / "not_its_batch.py"
 

@@ -26,7 +26,6 @@ import pytest
 
 from conftest import run_cli
 
-pytestmark = pytest.mark.integration
 
 #: A tiny training loop: its width comes from the config (read before torch), an argument or its data files.
 SCRIPT = '''

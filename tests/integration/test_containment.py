@@ -29,9 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import FAULTS, REPO, TESTS, fault_spec, marked_processes, run_cli, wait_for
+from conftest import FAULTS, REPO, SUPPORT, fault_spec, marked_processes, run_cli, wait_for
 
-pytestmark = pytest.mark.integration
 
 MARK_ENV = "ISOPROBE_TEST_CONTAINMENT_MARK"
 BUDGET = 2 * 1024**3
@@ -221,7 +220,7 @@ def _one_trial(fault: str, tmp_path: Path, *, timeout: float, batch: int = 2):
 
     parsed = Spec.model_validate(spec(fault, at=2, timeout=timeout))
     request = TrialRequest(spec=parsed, batch_size=batch, device="cpu", memory_budget_bytes=BUDGET,
-                           python_path=[str(TESTS)])
+                           python_path=[str(SUPPORT)])
     conditions = trial_conditions(parsed, "cpu", BUDGET)
     began = time.monotonic()
     run = run_once(request, conditions, timeout=timeout, workdir=tmp_path)

@@ -21,7 +21,7 @@ import sys
 import pytest
 import yaml
 
-from conftest import REPO, TESTS, run_cli
+from conftest import REPO, SUPPORT, run_cli
 from isoprobe.spec.load import load_spec
 from isoprobe.spec.model import Spec
 
@@ -31,7 +31,6 @@ from data_edge import at_length, worst_batch_fits  # noqa: E402
 from plain_edge import fits  # noqa: E402
 import text_data  # noqa: E402
 
-pytestmark = pytest.mark.integration
 
 VOCABULARY = 8000
 #: How close to the budget the plain process's edge batch may need before isoprobe's answer may be one below it:
@@ -46,13 +45,13 @@ COIN_TOSS_BYTES = 512 * 1024
 
 
 def _spec(tmp_path, dataset: str, kwargs: dict) -> str:
-    """tests/models.py's lm_head (its logits are most of a sample) on ``dataset`` under 1.25 GiB.
+    """tests/support/models.py's lm_head (its logits are most of a sample) on ``dataset`` under 1.25 GiB.
 
     Every trial runs search.steps (2) steps, the confirmation of the maximum too (no steady rule) and no soak: the
     harness's plain process runs the same 2 steps, so the edge both sides prove is the same one (the maximum's long
     run is checked in test_probe_cpu.py and test_answers.py, the soak in test_real_loop.py)."""
     spec = {
-        "model": {"factory": f"{TESTS / 'models.py'}:lm_head", "kwargs": {"vocabulary": VOCABULARY, "width": 64}},
+        "model": {"factory": f"{SUPPORT / 'models.py'}:lm_head", "kwargs": {"vocabulary": VOCABULARY, "width": 64}},
         "data": {"dataset": f"{REPO / 'specs' / 'text_data.py'}:{dataset}", "kwargs": kwargs,
                  "collate_fn": f"{REPO / 'specs' / 'text_data.py'}:pad_collate"},
         "target": {"task": "language_modeling"},
@@ -113,14 +112,14 @@ def test_one_long_sample_in_ten_thousand_is_the_one_that_decides(tmp_path, monke
 
 # --------------------------------------------------------------------------- issue 34: hostile data
 
-HOSTILE = TESTS / "hostile_data.py"
+HOSTILE = SUPPORT / "hostile_data.py"
 
 
 def _hostile_spec(tmp_path, dataset: str, collate_fn: str, data: dict | None = None, search: dict | None = None) -> str:
-    """A tiny language model (tests/models.py's lm_head, 1000 tokens, width 32: its step is a few MiB) on one of
-    tests/hostile_data.py's datasets under 1.25 GiB; two steps, no steady rule, no soak, no estimate."""
+    """A tiny language model (tests/support/models.py's lm_head, 1000 tokens, width 32: its step is a few MiB) on one of
+    tests/support/hostile_data.py's datasets under 1.25 GiB; two steps, no steady rule, no soak, no estimate."""
     spec = {
-        "model": {"factory": f"{TESTS / 'models.py'}:lm_head", "kwargs": {"vocabulary": 1000, "width": 32}},
+        "model": {"factory": f"{SUPPORT / 'models.py'}:lm_head", "kwargs": {"vocabulary": 1000, "width": 32}},
         "data": {"dataset": f"{HOSTILE}:{dataset}", "collate_fn": f"{HOSTILE}:{collate_fn}", **(data or {})},
         "target": {"task": "language_modeling"},
         "optimizer": {"name": "adam"},

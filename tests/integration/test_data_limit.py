@@ -19,9 +19,8 @@ import textwrap
 
 import pytest
 
-from conftest import REPO, TESTS
+from conftest import REPO, SUPPORT
 
-pytestmark = pytest.mark.integration
 
 LIMIT = 2 * 1024**3
 
@@ -74,7 +73,7 @@ def test_a_forked_trial_caps_itself_at_the_inherited_hard_limit_too():
 
 
 SPEC = f"""\
-model: {{factory: {TESTS / 'faults.py'}:faulty, kwargs: {{fault: none, at: 100}}}}
+model: {{factory: {SUPPORT / 'faults.py'}:faulty, kwargs: {{fault: none, at: 100}}}}
 input: {{shape: [16]}}
 target: {{classes: 4}}
 optimizer: {{name: sgd}}

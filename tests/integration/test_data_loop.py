@@ -14,7 +14,6 @@ import resource
 import subprocess
 import sys
 
-import pytest
 import yaml
 
 from conftest import REPO, TESTS, run_cli
@@ -23,7 +22,6 @@ sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 import plain_edge  # noqa: E402
 from isoprobe.spec.load import load_spec  # noqa: E402
 
-pytestmark = pytest.mark.integration
 
 VOLUMES = TESTS / "data" / "volumes.py"
 BUDGET = "1.25GiB"

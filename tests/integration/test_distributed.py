@@ -4,7 +4,7 @@ test_distributed_sharded.py, a module of its own so that the suite's two workers
 What only real ranks can show: each strategy's per-rank maximum survives a long plain training loop in fresh
 processes and one sample more does not (an independent harness, not isoprobe's trials), and the strategies'
 peaks are ordered as their sharding implies. One probe per strategy, made once for the module
-(tests/distributed_edges.py). The gangs' faults (a rank out of memory, hung, orphaned; threads; two probes at
+(tests/support/distributed_edges.py). The gangs' faults (a rank out of memory, hung, orphaned; threads; two probes at
 once): test_distributed_faults.py.
 """
 
@@ -14,7 +14,6 @@ import pytest
 
 from distributed_edges import STRATEGIES, check_long_run, probe, probes_for_the_long_run
 
-pytestmark = pytest.mark.integration
 
 HERE = ("none", "ddp")
 

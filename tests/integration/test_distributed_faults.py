@@ -20,8 +20,6 @@ import pytest
 
 from conftest import MODELS, REPO, faulty_spec, marked_processes, run_cli, wait_for
 
-pytestmark = pytest.mark.integration
-
 
 def _write(tmp_path, spec: dict, name: str):
     import yaml

@@ -1,5 +1,5 @@
 """ZeRO-1's and FSDP2's edges for real, in gangs of two gloo ranks on the CPU backend: each maximum survives a
-long plain training loop in fresh processes and one sample more does not (tests/distributed_edges.py).
+long plain training loop in fresh processes and one sample more does not (tests/support/distributed_edges.py).
 
 One process and DDP, and the strategies' ordering: test_distributed.py. The two modules are two units of the
 suite's scheduler (tests/conftest.py, ONE_WORKER), so that its two workers run them at once.
@@ -11,7 +11,6 @@ import pytest
 
 from distributed_edges import check_long_run, probes_for_the_long_run
 
-pytestmark = pytest.mark.integration
 
 HERE = ("zero1", "fsdp")
 

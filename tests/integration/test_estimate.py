@@ -17,7 +17,6 @@ import pytest
 
 from conftest import run_cli
 
-pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[2]
 

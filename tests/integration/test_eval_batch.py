@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import sys
 
-import pytest
-
 from conftest import REPO, cli, run_cli
 from isoprobe.spec.load import load_spec
 
@@ -25,7 +23,6 @@ sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 from plain_edge import fits, peak  # noqa: E402
 from test_plain_edge import PRECISION_BYTES  # noqa: E402  the CPU edge's precision, measured there
 
-pytestmark = pytest.mark.integration
 
 LM_HEAD = REPO / "benchmarks" / "specs" / "edge" / "lm-head.yaml"
 BUDGET = "1GiB"

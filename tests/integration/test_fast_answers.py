@@ -26,7 +26,6 @@ from isoprobe.pipeline.classify import classify_exit
 from isoprobe.protocol.messages import Started, TrialRequest, Warm, last_of, read_events
 from isoprobe.spec.model import Spec
 
-pytestmark = pytest.mark.integration
 
 GiB = 1024**3
 
@@ -103,8 +102,6 @@ def test_closing_the_executor_stops_the_spare(tmp_path):
     with pytest.raises(ProcessLookupError):
         os.killpg(pid, 0)
     # (and the autouse fixture finds no process left behind)
-
-
 
 
 def _may_leave_idle_policy() -> bool:

@@ -1,6 +1,6 @@
 """Faults a real trial process commits, and what the parent sees of them: only what a real child can show.
 
-Every scenario runs tests/faults.py:faulty, which fits below ``at`` and
+Every scenario runs tests/support/faults.py:faulty, which fits below ``at`` and
 misbehaves at or above it. What isoprobe *makes* of each fault (retries,
 confirmations, flaky batches, the answer moving down, the stop reason and the
 exit code) is orchestration, tested with a scripted executor in
@@ -24,9 +24,8 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import FAULTS, TESTS, fault_spec, run_cli
+from conftest import FAULTS, SUPPORT, fault_spec, run_cli
 
-pytestmark = pytest.mark.integration
 
 BUDGET = 2 * 1024**3
 
@@ -41,7 +40,7 @@ def one_trial(fault: str, tmp_path, *, batch: int = 8, timeout: float = 60):
 
     spec = Spec.model_validate(fault_spec(fault, start=batch, cap=batch, timeout=timeout))
     request = TrialRequest(spec=spec, batch_size=batch, device="cpu", memory_budget_bytes=BUDGET,
-                           python_path=[str(TESTS)])
+                           python_path=[str(SUPPORT)])
     run = run_once(request, trial_conditions(spec, "cpu", BUDGET), timeout=timeout, workdir=tmp_path)
     return run, trial_from_run(run, 1, batch, "search")
 

@@ -17,7 +17,6 @@ import pytest
 
 from conftest import MODELS, run_cli, run_one_trial
 
-pytestmark = pytest.mark.integration
 
 MiB = 1024**2
 BUDGET = 3 * 1024**3

@@ -19,21 +19,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import TESTS, fault_spec, faulty_spec, hog_spec, run_cli, wait_for
+from conftest import SUPPORT, fault_spec, faulty_spec, hog_spec, run_cli, wait_for
 from isoprobe.executors.local import LocalExecutor
 from isoprobe.pipeline.classify import classify_exit
 from isoprobe.pipeline.environment import trial_conditions
 from isoprobe.protocol.messages import Started, TrialRequest, TrialResult, Warm, last_of, read_events
 from isoprobe.spec.model import Spec
 
-pytestmark = pytest.mark.integration
 
 BUDGET = int(1.5 * 1024**3)
 
 
 def _request(spec: Spec, batch: int) -> TrialRequest:
     return TrialRequest(spec=spec, batch_size=batch, device="cpu", memory_budget_bytes=BUDGET,
-                        python_path=[str(TESTS)])
+                        python_path=[str(SUPPORT)])
 
 
 def _server_events(workdir: Path) -> list:
@@ -82,9 +81,9 @@ def test_a_forked_trial_measures_what_a_spawned_one_does(tmp_path):
 
 
 def test_a_server_whose_imports_started_openmp_forks_no_trial_and_the_probe_spawns_them(tmp_path, monkeypatch):
-    # tests/pool_at_import.py runs a parallel tanh when imported: a fork of the server would hang in its first
+    # tests/support/pool_at_import.py runs a parallel tanh when imported: a fork of the server would hang in its first
     # parallel region (measured). The server's canary fork finds that out before any trial is forked.
-    monkeypatch.setenv("PYTHONPATH", str(TESTS))
+    monkeypatch.setenv("PYTHONPATH", str(SUPPORT))
     spec = Spec.model_validate(hog_spec())
     conditions = replace(trial_conditions(spec, "cpu", BUDGET), preload=("torch", "torch._dynamo", "pool_at_import"))
     with LocalExecutor(tmp_path, fork=("cpu",)) as executor:
@@ -129,7 +128,7 @@ def _started_server(workdir: Path) -> int | None:
 
 
 def _committed(state: Path) -> list[int]:
-    """The PIDs of the trials that began their fault (tests/faults.py writes committed-<pid>)."""
+    """The PIDs of the trials that began their fault (tests/support/faults.py writes committed-<pid>)."""
     return [int(path.name.split("-", 1)[1]) for path in state.glob("committed-*")]
 
 

@@ -23,15 +23,12 @@ budget and every first failing batch at least 3.2 MiB over it (measured with ``-
 
 from __future__ import annotations
 
-import pytest
-
 from conftest import REPO, run_cli
 from isoprobe.search.edge_search import run_search
 from isoprobe.search.history import Borrowed, Limits, Observation
 from isoprobe.search.steps import doubling_step
 from isoprobe.report.outcomes import Outcome
 
-pytestmark = pytest.mark.integration
 
 LM_HEAD = REPO / "benchmarks" / "specs" / "edge" / "lm-head.yaml"
 LENGTHS = [48, 64, 96]

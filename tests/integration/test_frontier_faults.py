@@ -5,7 +5,7 @@ Issue 34: ``frontier --no-cache`` answered every point and died in its table
 frontier; SIGINT or SIGTERM gave exit 1 and no point. The scripted versions are
 ``tests/unit/test_frontier_points.py``; these run the real command, since only
 a real process shows what reaches stdout and the exit code. Cheap: the tiny
-faulty model (tests/faults.py), a search from 2, one short trial a batch.
+faulty model (tests/support/faults.py), a search from 2, one short trial a batch.
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import pytest
 from conftest import FAULTS, run_cli
 from signalled import signalled_after_first_trial
 
-pytestmark = pytest.mark.integration
 
 #: The faulty model's edge is its ``edge`` kwarg; nothing above 4 is tried.
 SEARCH = {"start_batch_size": 2, "max_batch_size": 4, "steps": 2, "trial_timeout": 120, "estimate": False,

@@ -15,17 +15,14 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from conftest import REPO, run_cli
 
 sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 from hf_trainer_edge import trains  # noqa: E402
 
-pytestmark = pytest.mark.integration
 
 SPEC = REPO / "tests" / "data" / "hf" / "trainer.yaml"
-BUILDER = f"{REPO / 'tests' / 'hf_trainers.py'}:build_trainer"
+BUILDER = f"{REPO / 'tests' / 'support' / 'hf_trainers.py'}:build_trainer"
 #: Close above the import baseline (about 854 MiB with transformers' Trainer), so the edge is a small batch
 #: (30, about 4.4 MiB a sample), with the edge's peak about half a sample below the cap. Not 1 GiB: there the
 #: plain process's edge, 34, peaked ~0.07 MiB under the cap, below the ~0.2 MiB a trial's process still holds
@@ -71,7 +68,8 @@ search: {{steps: 5, start_batch_size: 4, max_batch_size: 4, steady_steps: 0, con
 
 def test_a_forward_pass_that_raises_is_exit_4_with_the_users_traceback(tmp_path):
     spec = tmp_path / "spec.yaml"
-    spec.write_text(f"model:\n  hf_trainer: {REPO}/tests/hf_trainers.py:broken_trainer\ndevice: cpu\n", encoding="utf-8")
+    spec.write_text(f"model:\n  hf_trainer: {REPO}/tests/support/hf_trainers.py:broken_trainer\ndevice: cpu\n",
+                    encoding="utf-8")
     run = probe(spec=spec)
     assert run.returncode == 4, run.stderr
     assert "no such head 'lm_hed'" in run.stderr
@@ -93,7 +91,8 @@ def refused(tmp_path, spec_text: str):
 def test_a_function_that_ignores_its_batch_size_is_refused_before_any_trial(tmp_path):
     """The environment check builds the Trainer once (issue 34): what every trial would refuse is a spec error,
     exit 2, before the first trial (it was exit 4, after one)."""
-    run = refused(tmp_path, f"model:\n  hf_trainer: {REPO}/tests/hf_trainers.py:ignores_the_batch\ndevice: cpu\n")
+    run = refused(tmp_path,
+                  f"model:\n  hf_trainer: {REPO}/tests/support/hf_trainers.py:ignores_the_batch\ndevice: cpu\n")
     assert "model.hf_trainer" in run.stderr and "per_device_train_batch_size is 8" in run.stderr
     assert "trial" not in run.stderr.lower().split("model.hf_trainer")[0]
 
@@ -124,7 +123,7 @@ def test_a_train_set_smaller_than_the_batches_caps_the_search_at_its_length(tmp_
 
 def test_kwargs_the_function_cannot_take_are_a_spec_error(tmp_path):
     spec = tmp_path / "spec.yaml"
-    spec.write_text(f"model:\n  hf_trainer: {REPO}/tests/hf_trainers.py:build_trainer\n  kwargs: {{layer: 2}}\n"
+    spec.write_text(f"model:\n  hf_trainer: {REPO}/tests/support/hf_trainers.py:build_trainer\n  kwargs: {{layer: 2}}\n"
                     "device: cpu\n", encoding="utf-8")
     run = probe(spec=spec)
     assert run.returncode == 2, run.stderr
@@ -138,7 +137,7 @@ def test_find_batch_size_from_a_training_script_never_imports_torch_there(tmp_pa
 import json
 import sys
 
-sys.path.insert(0, {str(REPO / 'tests')!r})
+sys.path.insert(0, {str(REPO / 'tests' / 'support')!r})
 
 
 def build_trainer(batch_size, layers=2):

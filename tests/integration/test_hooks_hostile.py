@@ -5,19 +5,16 @@ folder under TMPDIR; when TMPDIR is full, writing them raises ENOSPC out of the
 probe. Without --fallback-batch-size that is one line and exit 4; with it, the
 fallback and exit 0, even when the log is a full device too. A tiny tmpfs is
 TMPDIR (mounting needs root, as the suite has in CI; skipped otherwise). Kept
-to a few runs of the tiniest spec (tests/faults.py:faulty, capped).
+to a few runs of the tiniest spec (tests/support/faults.py:faulty, capped).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 import yaml
 
 from conftest import faulty_spec, run_cli
-
-pytestmark = pytest.mark.integration
 
 
 def _tiny_spec(tmp_path: Path) -> str:

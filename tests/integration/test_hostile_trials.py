@@ -1,6 +1,6 @@
 """Models that make a trial look better than it was, in real child processes: the verdict still holds.
 
-Each scenario runs a model of tests/hostile.py through the real CLI (or one
+Each scenario runs a model of tests/support/hostile.py through the real CLI (or one
 real child, where that is all it takes). What stays here needs a process:
 shared memory the CPU cap does not count, a verdict line forged from inside
 the child, a real ValueError's classification, a factory that really hangs in
@@ -14,20 +14,17 @@ from __future__ import annotations
 
 import time
 
-import pytest
+from conftest import SUPPORT, run_cli
 
-from conftest import TESTS, run_cli
 
-pytestmark = pytest.mark.integration
-
-HOSTILE = TESTS / "hostile.py"
+HOSTILE = SUPPORT / "hostile.py"
 MiB, GiB = 1024**2, 1024**3
 BUDGET = int(1.5 * GiB)
 
 
 def hostile_spec(factory: str, *, start: int = 2, cap: int | None = 2, trial_timeout: float = 120,
                  budget: str = "2GiB", **kwargs) -> dict:
-    """The tiniest CPU spec around a model of tests/hostile.py: no retry, no confirmation."""
+    """The tiniest CPU spec around a model of tests/support/hostile.py: no retry, no confirmation."""
     return {
         "model": {"factory": f"{HOSTILE}:{factory}", **({"kwargs": kwargs} if kwargs else {})},
         "input": {"shape": [16]},
@@ -52,7 +49,7 @@ def private_trial(batch: int, workdir):
 
     spec = Spec.model_validate(hostile_spec("memory_hog", budget="1.5GiB", per_sample_mib=48, shared=False))
     request = TrialRequest(spec=spec, batch_size=batch, device="cpu", memory_budget_bytes=BUDGET,
-                           python_path=[str(TESTS)])
+                           python_path=[str(SUPPORT)])
     run = run_once(request, trial_conditions(spec, "cpu", BUDGET), timeout=120, workdir=workdir)
     return trial_from_run(run, 1, batch, "search", Asked(steps=2, backend="cpu", budget_bytes=BUDGET))
 

@@ -13,8 +13,6 @@ import pytest
 
 from conftest import REPO, faulty_spec, hog_spec, wait_for as _wait_for
 
-pytestmark = pytest.mark.integration
-
 
 def _children_of(pid: int) -> list[int]:
     found = []

@@ -18,15 +18,14 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import REPO, TESTS, run_cli, run_one_trial
+from conftest import REPO, SUPPORT, run_cli, run_one_trial
 from isoprobe.spec.load import load_spec
 
 sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 from lightning_edge import fits  # noqa: E402
 
-pytestmark = pytest.mark.integration
 
-LIT = TESTS / "lightning_models.py"
+LIT = SUPPORT / "lightning_models.py"
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 BUDGET = 1280 * 1024**2
 
@@ -120,7 +119,7 @@ def trial_error(spec: dict, batch: int, workdir) -> str:
     from isoprobe.spec.model import Spec
 
     request = TrialRequest(spec=Spec.model_validate(spec), batch_size=batch, device="cpu",
-                           memory_budget_bytes=2 * 1024**3, python_path=[str(TESTS)])
+                           memory_budget_bytes=2 * 1024**3, python_path=[str(SUPPORT)])
     end = classify_exit(run_once(request, Conditions(backend="cpu", memory_limit=2 * 1024**3), timeout=300,
                                  workdir=workdir))
     assert end.outcome.value == "error", (end, end.result and end.result.error)
@@ -212,7 +211,7 @@ def callback_cache(tmp_path_factory):
 @pytest.mark.parametrize("use", ["max", "recommended"])
 def test_the_callback_sets_the_batch_where_lightnings_finder_does_and_training_runs(tmp_path, use, callback_cache):
     script = tmp_path / "train.py"
-    script.write_text(CALLBACK_SCRIPT.format(tests=str(TESTS), use=use))
+    script.write_text(CALLBACK_SCRIPT.format(tests=str(SUPPORT), use=use))
     run = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path, timeout=300,
                          env={**os.environ, "ISOPROBE_CACHE_DIR": str(callback_cache), "PYTHONPATH": str(REPO)})
     assert run.returncode == 0, run.stderr[-3000:]
@@ -220,5 +219,5 @@ def test_the_callback_sets_the_batch_where_lightnings_finder_does_and_training_r
     assert seen["max"] == 12  # the cap: 12 fits easily in 2 GiB
     assert seen["hparams"] == seen["loader"] == seen[use]
     assert seen["steps"] == 3 and seen["clip"] == 0.5
-    assert seen["source"] == f"{TESTS / 'lightning_models.py'}:HogModule"
+    assert seen["source"] == f"{SUPPORT / 'lightning_models.py'}:HogModule"
     assert "IsolatedBatchSizeFinder" in run.stderr

@@ -10,11 +10,7 @@ from __future__ import annotations
 
 import json
 
-import pytest
-
 from conftest import MODELS, run_cli
-
-pytestmark = pytest.mark.integration
 
 
 def _spec(edge_spread: str) -> dict:

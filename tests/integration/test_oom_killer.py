@@ -18,7 +18,6 @@ import pytest
 
 from conftest import REPO, hog_spec
 
-pytestmark = pytest.mark.integration
 
 MEMORY_V1 = Path("/sys/fs/cgroup/memory")
 

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import pytest
-
 from conftest import MODELS, hog_spec, run_cli
-
-pytestmark = pytest.mark.integration
 
 
 def one_trial_spec(model: dict, **fields) -> dict:

@@ -16,8 +16,6 @@ import pytest
 
 from conftest import REPO, _descendants, fault_spec, wait_for
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.mark.parametrize(("signum", "code", "reason"), [(signal.SIGINT, 130, "interrupted"),
                                                          (signal.SIGTERM, 143, "terminated")])

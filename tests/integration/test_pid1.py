@@ -21,7 +21,6 @@ import pytest
 
 from conftest import REPO, faulty_spec, wait_for as _wait_for
 
-pytestmark = pytest.mark.integration
 
 UNSHARE = ["unshare", "--pid", "--fork", "--mount-proc"]
 

@@ -34,7 +34,6 @@ from isoprobe.spec.load import load_spec
 sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 from plain_edge import fits, peak  # noqa: E402
 
-pytestmark = pytest.mark.integration
 
 SMALL_CNN = REPO / "specs" / "small-cnn.yaml"
 MEMORY_HOG = REPO / "benchmarks" / "specs" / "edge" / "memory-hog.yaml"

@@ -19,8 +19,6 @@ import pytest
 
 from conftest import MODELS, hog_spec, run_cli
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.fixture(scope="module")
 def edge(tmp_path_factory):

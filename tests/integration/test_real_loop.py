@@ -22,7 +22,6 @@ import pytest
 from conftest import MODELS, REPO, run_cli
 from isoprobe.spec.model import Spec
 
-pytestmark = pytest.mark.integration
 
 GiB = 1024**3
 BUDGET = int(1.5 * GiB)

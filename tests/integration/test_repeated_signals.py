@@ -22,8 +22,6 @@ import pytest
 from conftest import faulty_spec
 from signalled import signalled_after_first_trial
 
-pytestmark = pytest.mark.integration
-
 
 @pytest.mark.parametrize(("signum", "count", "spacing"), [
     (signal.SIGTERM, 2, 0.2),   # the case

@@ -12,7 +12,6 @@ import pytest
 
 from conftest import MODELS, run_cli, run_one_trial
 
-pytestmark = pytest.mark.integration
 
 BUDGET = 3 * 1024**3
 

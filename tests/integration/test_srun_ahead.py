@@ -20,7 +20,6 @@ import pytest
 
 from conftest import faulty_spec, marked_processes, wait_for
 
-pytestmark = pytest.mark.integration
 
 STAND_IN_SRUN = r'''#!PYTHON
 import json, os, signal, subprocess, sys, threading, time

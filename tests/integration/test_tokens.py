@@ -14,16 +14,14 @@ from __future__ import annotations
 
 import sys
 
-import pytest
 import yaml
 
-from conftest import REPO, TESTS, cli, run_cli
+from conftest import REPO, SUPPORT, cli, run_cli
 from isoprobe.spec.load import load_spec
 
 sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 from token_edge import check  # noqa: E402
 
-pytestmark = pytest.mark.integration
 
 #: The CPU edge's precision, measured in tests/integration/test_plain_edge.py (PRECISION_BYTES there): a batch whose
 #: plain peak is this close to the cap fits or runs out by chance, in a plain process as in a trial.
@@ -33,14 +31,14 @@ LENGTHS = [48, 100, 260]
 
 
 def _spec(tmp_path) -> str:
-    """tests/models.py's lm_head (its logits are most of a sample) under 1.25 GiB, at three bucket lengths.
+    """tests/support/models.py's lm_head (its logits are most of a sample) under 1.25 GiB, at three bucket lengths.
 
     The token search doubles from search.start_batch_size at the longest length (the traced estimate is not used by
     it: off, so the environment check does not trace); 8 there skips the trials at 2 and 4 samples, which fit far
     below the edge (about 12 at 260 tokens): the search's path is tests/unit/test_token_budget.py's, its answer
     this test's."""
     spec = {
-        "model": {"factory": f"{TESTS / 'models.py'}:lm_head", "kwargs": {"vocabulary": 8000, "width": 64}},
+        "model": {"factory": f"{SUPPORT / 'models.py'}:lm_head", "kwargs": {"vocabulary": 8000, "width": 64}},
         "input": {"shape": [64], "dtype": "int64", "high": 8000},
         "target": {"task": "language_modeling"},
         "optimizer": {"name": "adam"},

@@ -13,9 +13,7 @@ import pytest
 
 from conftest import marked_processes, wait_for
 
-from .jobs import fault_spec, job_script, step_ids, write_spec
-
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
+from slurm_jobs import fault_spec, job_script, step_ids, write_spec
 
 
 @pytest.fixture(autouse=True)

@@ -26,10 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from .jobs import PYTHON, fault_spec, job_script, step_ids, write_spec
+from slurm_jobs import PYTHON, fault_spec, job_script, step_ids, write_spec
 from .test_two_nodes import HOOK_WORKLOAD, _hook_job, _said, hook_budget, run_on_two_nodes
 
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 #: How many times the loaded test runs the out-of-memory gang probe and the pre-job hook (10 for issue 47's record;
 #: 1 by default: each run is about 4 minutes of a 40-minute CI).

@@ -1,7 +1,7 @@
 """isoprobe inside real Slurm jobs (issue 7): batch scripts, a TaskProlog, the shared cache, GPUs.
 
 A single-node cluster from conftest.py runs real jobs as root. The spec is a tiny CPU model
-(tests/models.py:memory_hog) capped at batch 8, so a probe takes about 15 s on 2 cores; its
+(tests/support/models.py:memory_hog) capped at batch 8, so a probe takes about 15 s on 2 cores; its
 answers all differ (max 8, recommended 6, micro-batch 5 x 4 steps = 20), so a variable read
 from the wrong field shows. Three probes run in the module (the first job, the TaskProlog on
 its own cache, the array on its own cache); every other job reads the cache.
@@ -23,7 +23,6 @@ from conftest import MODELS
 
 from .conftest import unavailable
 
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 ISOPROBE = shutil.which("isoprobe", path=str(Path(sys.executable).parent)) or shutil.which("isoprobe")
 SPEC = {

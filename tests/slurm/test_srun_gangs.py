@@ -23,9 +23,7 @@ import pytest
 
 from conftest import MODELS, marked_processes, wait_for
 
-from .jobs import budget_with_the_edge_inside, fault_spec, job_script, step_ids, write_spec
-
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
+from slurm_jobs import budget_with_the_edge_inside, fault_spec, job_script, step_ids, write_spec
 
 
 def _run(cluster, script: str, timeout: float = 240):
@@ -42,7 +40,8 @@ def test_a_steps_edge_is_the_local_gangs_for_the_same_world_size(slurm_cluster, 
     """The local gang finds the per-rank edge of a real memory model under a real cap; fresh srun steps of two
     ranks, started on either side of it, agree: the edge fits as a step and the next batch runs out of memory.
 
-    The steps run under a budget that puts the local edge half a sample inside it (jobs.budget_with_the_edge_inside):
+    The steps run under a budget that puts the local edge half a sample inside it
+    (slurm_jobs.budget_with_the_edge_inside):
     under the first budget the local edge had a MiB or two to spare, and CI once saw its first failing batch fit
     as a step."""
     spec = {

@@ -1,6 +1,6 @@
 """``isoprobe sweep --executor slurm`` against the suite's real cluster (issue 17): job arrays through submitit.
 
-Tiny CPU specs (tests/faults.py:faulty: fits up to ``edge``, the CPU allocator's own
+Tiny CPU specs (tests/support/faults.py:faulty: fits up to ``edge``, the CPU allocator's own
 out-of-memory error above it) so that each probe takes seconds and its answer is known:
 edges 5, 9 and 13. The sweep runs as a command, as a user runs it, with the cluster's
 SLURM_CONF; its report is read from stdout (--format json).
@@ -15,9 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from .jobs import faulty, sweep
+from slurm_jobs import faulty, sweep
 
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
 
 EDGES = {"edge5.yaml": 5, "edge9.yaml": 9, "edge13.yaml": 13}
 

@@ -20,9 +20,7 @@ import pytest
 from conftest import MODELS, REPO, marked_processes, wait_for
 
 from .conftest import NODE_CPUS
-from .jobs import PYTHON, budget_with_the_edge_inside, fault_spec, faulty, job_script, step_ids, sweep, write_spec
-
-pytestmark = [pytest.mark.slurm, pytest.mark.integration]
+from slurm_jobs import PYTHON, budget_with_the_edge_inside, fault_spec, faulty, job_script, step_ids, sweep, write_spec
 
 
 @pytest.fixture(scope="module")
@@ -128,7 +126,8 @@ def test_a_gangs_edge_across_two_nodes_is_the_local_gangs(two_node_cluster, fold
     half the ranks on n2 agree: the edge fits across the nodes and the next batch runs out of memory. With two
     ranks a node, each node's ranks are its local ranks 0 and 1 (SLURM_LOCALID), as on a real cluster.
 
-    The steps run under a budget that puts the local edge half a sample inside it (jobs.budget_with_the_edge_inside):
+    The steps run under a budget that puts the local edge half a sample inside it
+    (slurm_jobs.budget_with_the_edge_inside):
     under the first budget the comparison was a coin toss (one failure in about six runs)."""
     world = 2 * per_node
     spec = {
@@ -264,7 +263,7 @@ HOOK_WORKLOAD = {
 
 def hook_budget(cluster, folder: Path) -> str:
     """The budget that puts the edge of HOOK_WORKLOAD's local gang half a sample inside it, found by a local gang
-    run on the cluster (``jobs.budget_with_the_edge_inside``)."""
+    run on the cluster (``slurm_jobs.budget_with_the_edge_inside``)."""
     local_spec = {**HOOK_WORKLOAD, "memory_budget": "1400MiB",
                   "search": {"start_batch_size": 2, "steps": 2, "confirmations": 0, "steady_steps": 0},
                   "recommendation": {"soak_steps": 0},
@@ -282,7 +281,7 @@ def test_the_pre_job_hook_across_two_nodes_trains_at_its_answer_and_runs_out_one
     $ISOPROBE_MAX_BATCH_SIZE: both succeed. A second job of the same shape reads the answer from the cache in under
     a second and trains at $ISOPROBE_MAX_BATCH_SIZE + 1: a rank runs out of memory.
 
-    The budget puts the edge of a local gang half a sample (14 MiB) inside it (jobs.budget_with_the_edge_inside),
+    The budget puts the edge of a local gang half a sample (14 MiB) inside it (slurm_jobs.budget_with_the_edge_inside),
     so the maximum fits with more free than the spread's floor and the batch above it runs out by as much: an edge
     within a MiB of the budget is a coin toss for any two runs, a long one included."""
     budget = hook_budget(two_node_cluster, folder)

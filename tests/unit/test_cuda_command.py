@@ -1,5 +1,5 @@
 """issue 45, items 2, 3 and 5 (the command half): a command trial's CUDA budget, readings and NCCL's out of memory,
-on the fake device of tests/fake_cuda.py.
+on the fake device of tests/support/fake_cuda.py.
 
 The shim (``isoprobe/child/shim/_isoprobe_shim.py``) is imported as a module of its own, with a fake ``torch`` in
 ``sys.modules``, as the user's process would have torch; the supervisor (``isoprobe.child.command``) runs in a fresh
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from fake_cuda import (GiB, MiB, NCCL_OOM_MESSAGE, DistBackendError, FakeCard, FakeCuda,  # noqa: E402
                        OutOfMemoryError, fake_torch)

@@ -1,4 +1,4 @@
-"""issue 45: the CUDA readings and the budget's one meaning, on the fake device of tests/fake_cuda.py.
+"""issue 45: the CUDA readings and the budget's one meaning, on the fake device of tests/support/fake_cuda.py.
 
 Each test names the defect it guards (the issue's numbering) and fails on the code before its fix: the budget
 reading left out the memory outside the allocator (1, 4), took the reserved peak that the allocator's retries
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from fake_cuda import (GiB, MiB, NCCL_OOM_MESSAGE, DistBackendError, FakeCard, FakeCuda,  # noqa: E402
                        OutOfMemoryError, fake_torch, segment_size)

@@ -10,7 +10,7 @@ from isoprobe.child import data
 from isoprobe.spec.data import INDICES_IN_REQUEST
 from isoprobe.spec.model import Spec
 
-from conftest import TESTS
+from conftest import SUPPORT
 
 DATASETS = '''
 import torch
@@ -119,7 +119,7 @@ def test_the_collated_batch_is_read_as_model_batch_reads_its_pair(datasets):
 
 # --------------------------------------------------------------------------- issue 34: the user's data code in a trial
 
-HOSTILE = str(TESTS / "hostile_data.py")
+HOSTILE = str(SUPPORT / "hostile_data.py")
 
 
 def _hostile(dataset: str, collate_fn: str | None = None, **data) -> Spec:

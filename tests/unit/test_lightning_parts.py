@@ -11,7 +11,7 @@ import pytest
 pytest.importorskip("lightning")
 import lightning as L  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 from lightning_models import HogModule, NoBatchSize, RandomFeatures  # noqa: E402
 
 from isoprobe.child.lightning_runner import (  # noqa: E402

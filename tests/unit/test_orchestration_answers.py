@@ -189,7 +189,7 @@ AMBIGUOUS = "could not create a primitive"
 
 
 def _ambiguous_under_cap(threshold: int):
-    """tests/models.py:ambiguous_under_cap: the oneDNN error while the data limit is below ``threshold``."""
+    """tests/support/models.py:ambiguous_under_cap: the oneDNN error while the data limit is below ``threshold``."""
 
     def script(call):
         limit = call.conditions.memory_limit

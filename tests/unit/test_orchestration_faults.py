@@ -33,7 +33,8 @@ from isoprobe.spec.model import Spec
 from scripted_probe import GiB, KiB, MiB, fault_at, faulty_spec, probe
 
 def device(faults=None) -> ScriptedExecutor:
-    """tests/faults.py:faulty's device: 1 GiB + 32 MiB per sample, far inside the 2 GiB budget up to the cap of 8."""
+    """tests/support/faults.py:faulty's device: 1 GiB + 32 MiB per sample, far inside the 2 GiB budget up to the cap
+    of 8."""
     return ScriptedExecutor(linear(GiB, 32 * MiB, faults=faults))
 
 
@@ -236,7 +237,8 @@ def test_a_failed_confirmation_moves_the_answer_down():
 
 
 def _randomly_flaky(seed: int, at: int = 9, edge: int = 12, probability: float = 0.5):
-    """tests/faults.py's flaky_oom: out of memory above ``edge`` always, at ``at``..``edge`` with ``probability``."""
+    """tests/support/faults.py's flaky_oom: out of memory above ``edge`` always, at ``at``..``edge`` with
+    ``probability``."""
     rng = random.Random(seed)
 
     def faults(call):

@@ -205,8 +205,8 @@ def test_the_parent_side_never_imports_torch():
         "assert probed.result.stop_reason.value == 'edge_found', probed.result.stop_reason\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torchvision', 'numpy')))\n"
     )
-    here = Path(__file__).resolve().parent
-    done = subprocess.run([sys.executable, "-c", code, str(here), str(here.parent)], capture_output=True, text=True,
-                          timeout=60)
+    tests = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", code, str(tests / "support"), str(tests)], capture_output=True,
+                          text=True, timeout=60)
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.replace("'", '"')) == []

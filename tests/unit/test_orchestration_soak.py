@@ -1,6 +1,6 @@
 """The recommendation's soak, as orchestration over a scripted executor: run long, move down, withdraw.
 
-The device is memory_hog's under the 1.5 GiB cap (tests/unit/scripted_probe.py);
+The device is memory_hog's under the 1.5 GiB cap (tests/support/scripted_probe.py);
 ``growth_per_step`` adds memory that stays behind after every step, as a leak
 in user code does. The search's trials run search.steps (2) steps and do not
 see it; the soak runs recommendation.soak_steps and does.

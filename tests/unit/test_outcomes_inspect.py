@@ -16,9 +16,9 @@ from isoprobe.executors.scripted import IMPORT_BASELINE_BYTES, ScriptedExecutor,
 from isoprobe.pipeline.environment import inspect_conditions, inspect_environment, preload, resolve_target
 from isoprobe.protocol.messages import Facts, Imported, MemoryReading, ModelBuilt, RequestReceived, Started, Warm
 from isoprobe.spec.model import Spec
-from scripted_probe import SPEC_PATH, TESTS, faulty_spec
+from scripted_probe import SPEC_PATH, SUPPORT, faulty_spec
 
-HOSTILE = TESTS / "hostile.py"
+HOSTILE = SUPPORT / "hostile.py"
 
 
 def _spec(trial_timeout: float = 10) -> Spec:

@@ -40,7 +40,7 @@ def test_unreadable_or_odd_lines_count_nothing():
 def test_a_shared_mapping_of_this_process_is_seen():
     before = shared_writable_bytes()
     size = 8 * MiB
-    mapping = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS, as tests/hostile.py:memory_hog maps it
+    mapping = mmap.mmap(-1, size)  # MAP_SHARED | MAP_ANONYMOUS, as tests/support/hostile.py:memory_hog maps it
     try:
         assert shared_writable_bytes() - before == size
     finally:

@@ -17,7 +17,7 @@ from isoprobe.child import workload  # noqa: E402
 from isoprobe.child.training import Step  # noqa: E402
 from isoprobe.spec.model import Spec  # noqa: E402
 
-MODELS = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "models.py")
+MODELS = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "support" / "models.py")
 
 
 def step_for(lifetime: str) -> Step:

@@ -1,7 +1,7 @@
 """A 'fits' must hold up against what the trial was asked: ``pipeline.plausibility`` over literal runs.
 
 No process is started. Each run is a literal list of the protocol events a
-child writes (or a model forges, tests/hostile.py:forger), judged by
+child writes (or a model forges, tests/support/hostile.py:forger), judged by
 ``classify_exit`` with the trial's ``Asked``: a verdict that cannot be true is
 crashed, one above its budget is out of memory, each with the reason in the
 evidence, and the probe's answer never rests on either.
@@ -59,7 +59,7 @@ def test_a_genuine_fit_stands():
 
 
 def test_a_forged_verdict_alone_is_crashed_with_every_reason():
-    # tests/hostile.py:forger(well_formed=False): its first forward pass appends a 'fits' line and exits 0.
+    # tests/support/hostile.py:forger(well_formed=False): its first forward pass appends a 'fits' line and exits 0.
     events = [Started(pid=7), Imported(memory=IMPORTED_MEMORY), ModelBuilt(memory=IMPORTED_MEMORY),
               verdict(step_seconds=[0.01, 0.01], peak=1000, budget_peak=1000)]
     end = judged(events)
@@ -72,7 +72,7 @@ def test_a_forged_verdict_alone_is_crashed_with_every_reason():
 
 
 def test_a_well_formed_forgery_with_impossible_memory_is_crashed():
-    # tests/hostile.py:forger(well_formed=True): step events and matching step times, then a peak of 1000 B.
+    # tests/support/hostile.py:forger(well_formed=True): step events and matching step times, then a peak of 1000 B.
     forged_times = [0.01, 0.01]
     events = [Started(pid=7), Imported(memory=IMPORTED_MEMORY), ModelBuilt(memory=IMPORTED_MEMORY),
               *steps(forged_times), verdict(step_seconds=forged_times, peak=1000, budget_peak=1000)]
@@ -179,7 +179,7 @@ def test_failure_verdicts_and_unasked_runs_are_not_vetted():
 
 
 def test_a_budget_peak_above_the_budget_is_out_of_memory_with_the_numbers():
-    # tests/hostile.py:memory_hog(shared=True): its MAP_SHARED memory is not in RLIMIT_DATA, but it is
+    # tests/support/hostile.py:memory_hog(shared=True): its MAP_SHARED memory is not in RLIMIT_DATA, but it is
     # in the budget's peak (the data segment, at most the cap, plus the shared mappings).
     end = judged(genuine(budget_peak=2 * GiB + 48 * MiB, peak=1900 * MiB))
     assert end.outcome is Outcome.OUT_OF_MEMORY
@@ -270,7 +270,7 @@ def test_a_probe_never_answers_with_a_forged_fit():
 
 
 def test_a_probe_over_shared_memory_answers_the_private_edge():
-    # A device like tests/hostile.py:memory_hog(shared=True): no allocation ever fails (the cap does not see
+    # A device like tests/support/hostile.py:memory_hog(shared=True): no allocation ever fails (the cap does not see
     # the shared part), but each trial's budget peak shows it. The answer is the edge private memory has.
     private = linear(GiB, 64 * MiB)
     budget = int(1.5 * GiB)

@@ -5,7 +5,7 @@ under the conditions it can know then; the check then reports the installed modu
 imported (``Facts.model_imports``), which every trial's process preloads. Those conditions differ only by
 what they add to the preload, and before issue 35 that difference stopped the process and started a new
 one, which imported torch and the model library again while the first trial waited, silently: 8.6 s
-measured on the Hugging Face path (tests/hf_trainers.py's GPT-2, 31 model imports), up to 21 s on a
+measured on the Hugging Face path (tests/support/hf_trainers.py's GPT-2, 31 model imports), up to 21 s on a
 loaded machine. Here, with no process and no torch: one server or spare is started, it is told to import
 what the check added (``ImportOrder``, ``IMPORT_LINE``), and only conditions that change anything else
 (the allocator, the cap of a spare) still start a new one. Real processes: tests/integration/test_fork_server.py.

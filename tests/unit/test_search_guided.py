@@ -175,7 +175,7 @@ def test_a_flat_start_does_not_send_the_first_jump_past_the_edge():
     assert plan_next(history, SMALL_CNN) < 137
 
 
-# Budget readings of tests/models.py:memory_hog on the CPU backend under 1.5 GiB: 26 fits, 27 does not.
+# Budget readings of tests/support/models.py:memory_hog on the CPU backend under 1.5 GiB: 26 fits, 27 does not.
 MEMORY_HOG = Limits(start=2, capacity=1610612736)
 HOG_AT_2 = Observation(2, Outcome.FITS, 1050812416, 1023537152)
 

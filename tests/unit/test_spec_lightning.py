@@ -12,7 +12,7 @@ import yaml
 from isoprobe.errors import SpecError
 from isoprobe.spec.load import check_references, load_spec
 
-MODELS = Path(__file__).resolve().parent.parent / "lightning_models.py"
+MODELS = Path(__file__).resolve().parent.parent / "support" / "lightning_models.py"
 
 
 def spec_file(tmp_path: Path, extra: str = "", model: str = "") -> Path:

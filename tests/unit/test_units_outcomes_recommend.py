@@ -154,7 +154,7 @@ def test_the_same_words_on_any_other_type_are_an_error(names, message):
 
 
 def test_a_value_error_that_says_out_of_memory_is_an_error():
-    # The hostile model of tests/hostile.py: found as out_of_memory (exit 0, a false edge) before the fix.
+    # The hostile model of tests/support/hostile.py: found as out_of_memory (exit 0, a false edge) before the fix.
     message = "the loader ran out of memory-mapped records (a bug, not an allocation)"
     assert classify_exception(VALUE_MRO, message) is ERROR
     assert classify_exception(RUNTIME_MRO, message) is ERROR  # not an allocator's wording either

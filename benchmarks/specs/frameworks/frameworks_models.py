@@ -1,7 +1,8 @@
-"""The tiny GPT-2 of tests/hf_trainers.py as a LightningModule: the same model, data, loss and optimizer as its Trainer.
+"""The tiny GPT-2 of tests/support/hf_trainers.py as a LightningModule: the same model, data, loss and optimizer as its
+Trainer.
 
 benchmarks/studies/frameworks_table.py puts the Lightning finders and the Hugging Face finders side by
-side on one model. The Hugging Face side is ``tests/hf_trainers.py:build_trainer`` as it is (a
+side on one model. The Hugging Face side is ``tests/support/hf_trainers.py:build_trainer`` as it is (a
 GPT-2 built from a config, nothing downloaded; ``TokenIds``; the Trainer's defaults: fused AdamW at
 lr 1e-3 without weight decay, clipping to norm 1.0, fp32). This module is the same loop written
 the Lightning way: ``training_step`` is the model's own causal-LM loss on the same batches, and
@@ -23,7 +24,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[3] / "tests" / "support"))
 from hf_trainers import TokenIds, gpt2  # noqa: E402 - the Hugging Face side's own model and data
 
 

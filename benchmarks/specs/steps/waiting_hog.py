@@ -1,4 +1,4 @@
-"""memory_hog (tests/models.py) whose forward pass waits with the CPU idle, as a rank waits on its GPU.
+"""memory_hog (tests/support/models.py) whose forward pass waits with the CPU idle, as a rank waits on its GPU.
 
 Why it exists: on the CPU backend a trial's ranks keep every core of this
 project's 2-core machine busy, so nothing started beside them (the next

@@ -23,7 +23,7 @@ Image = pytest.importorskip("PIL.Image")
 from isoprobe.report.plot import PlotUnavailable, default_output, main_plot, render  # noqa: E402
 from isoprobe.report.result import Result  # noqa: E402
 
-FIXTURE = Path(__file__).resolve().parent / "data" / "result-small-cnn.json"
+FIXTURE = Path(__file__).resolve().parents[1] / "data" / "result-small-cnn.json"
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 ORANGE = (255, 127, 14)  # matplotlib's tab:orange: the samples-per-second series
 

@@ -23,11 +23,11 @@ from isoprobe.spec.model import Spec
 
 from conftest import fault_spec, hog_spec  # noqa: F401 (hog_spec: re-exported for the unit tests)
 
-TESTS = Path(__file__).resolve().parents[1]
-FAULTS = TESTS / "faults.py"
-MODELS = TESTS / "models.py"
+SUPPORT = Path(__file__).resolve().parent
+FAULTS = SUPPORT / "faults.py"
+MODELS = SUPPORT / "models.py"
 #: Where the specs "are": only its folder is used (the trials' python_path); nothing reads it.
-SPEC_PATH = str(TESTS / "spec.yaml")
+SPEC_PATH = str(SUPPORT / "spec.yaml")
 
 KiB, MiB, GiB = 1024, 1024**2, 1024**3
 
@@ -38,7 +38,7 @@ def faulty_spec(fault: str = "segfault", **options) -> dict:
 
 
 def with_model(spec: dict, factory: str, **kwargs) -> dict:
-    """``spec`` with another factory of tests/models.py and the tiny input and target they take."""
+    """``spec`` with another factory of tests/support/models.py and the tiny input and target they take."""
     spec = copy.deepcopy(spec)
     spec["model"] = {"factory": f"{MODELS}:{factory}", **({"kwargs": kwargs} if kwargs else {})}
     spec["input"] = {"shape": [16]}

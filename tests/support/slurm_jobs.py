@@ -16,7 +16,8 @@ PYTHON = sys.executable
 
 
 def fault_spec(fault: str, *, start: int, at: int, ranks: list[int], timeout: float, **more) -> dict:
-    """tests/faults.py:faulty as a DDP gang of two run as steps: ``ranks`` commit ``fault`` from batch ``at`` on."""
+    """tests/support/faults.py:faulty as a DDP gang of two run as steps: ``ranks`` commit ``fault`` from batch ``at``
+    on."""
     return {
         "model": {"factory": f"{FAULTS}:faulty", "kwargs": {"fault": fault, "at": at, "ranks": ranks, **more}},
         "input": {"shape": [16]},

@@ -28,7 +28,8 @@ BUDGET = f"{1539 - 33 * SAMPLE_MIB}MiB"
 
 
 def hog(strategy: str, budget: str | int = BUDGET, **search) -> dict:
-    """tests/models.py:stateful_hog under ``BUDGET`` per rank: 11.5 MB of activations a sample, ~31 MB of weights.
+    """tests/support/models.py:stateful_hog under ``BUDGET`` per rank: 11.5 MB of activations a sample, ~31 MB of
+    weights.
 
     Why 1539 MiB less whole samples and not 1.5 GiB: at one thread per rank every strategy climbs 11.534 MB a
     sample here and only the phases differ; under 1.5 GiB DDP's edge fitted by 0.7 MB, and 3 MiB more leaves at

@@ -31,7 +31,7 @@ class RandomFeatures(Dataset):
 
 
 class ModelOnly(L.LightningModule):
-    """Lots of activation memory per sample for almost no compute (as tests/models.py's MemoryHog).
+    """Lots of activation memory per sample for almost no compute (as tests/support/models.py's MemoryHog).
 
     ``training_step`` is the module's own; ``configure_optimizers`` has a StepLR scheduler. No data
     of its own: a data module gives the batches and holds the batch size. ``check_batch``: the
