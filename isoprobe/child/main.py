@@ -235,7 +235,7 @@ def main(argv: list[str]) -> int:
         own = load_own("isoprobe.child.server")  # the server's code is in every fork too
         from isoprobe.child.server import serve
 
-        # The server stays uncapped; each fork caps itself (memory.set_data_cap), then credits ``own`` (run_request).
+        # The server stays uncapped; each fork caps itself (system.data_cap.set_data_cap), then credits ``own`` (run_request).
         return serve(int(argv[2]), events, warm_event(modules, seconds, idle_priority=False, own_data_bytes=own.data),
                      complete=len(modules) == wanted)
     request_path = argv[1]

@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import ctypes
 import re
-import resource
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from isoprobe.protocol.wiring import data_limits
+from isoprobe.system.data_cap import budget_of, credit
 
 if TYPE_CHECKING:
     from isoprobe.protocol.messages import MemoryReading
@@ -85,17 +84,7 @@ def credit_own() -> None:
     are set to it, so nothing run later (the user's model) can raise it.
     Without a cap there is nothing to credit.
     """
-    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    if soft == resource.RLIM_INFINITY:
-        return
-    cap = soft + _own.data if hard == resource.RLIM_INFINITY else min(soft + _own.data, hard)
-    resource.setrlimit(resource.RLIMIT_DATA, (cap, cap))
-
-
-def set_data_cap(budget: int) -> None:
-    """Cap this process (a fork of the uncapped server) as the parent caps a spawned child: ``budget``, with the
-    hard limit ``OWN_ALLOWANCE_BYTES`` above it for ``credit_own``, at most the hard limit it inherited."""
-    resource.setrlimit(resource.RLIMIT_DATA, data_limits(budget))
+    credit(_own.data)
 
 
 def _proc_status_bytes(*keys: str) -> dict[str, int | None]:
@@ -159,8 +148,7 @@ def _less(value: int | None, own_part: int) -> int | None:
 
 def data_cap() -> int | None:
     """This process's RLIMIT_DATA (soft) less its own modules' credit, in bytes (the budget), or None without one."""
-    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
-    return None if soft == resource.RLIM_INFINITY else soft - _own.data
+    return budget_of(_own.data)
 
 
 def budget_peak(peak_data: int | None, cap: int | None, shared: int) -> int | None:

@@ -39,7 +39,7 @@ from array import array
 from isoprobe.child.events import Events
 from isoprobe.child.preload import import_modules, read_modules
 from isoprobe.child.request import cuda_initialized, driver_initialised, exit_now, run_request
-from isoprobe.child.memory import set_data_cap
+from isoprobe.system.data_cap import set_data_cap
 from isoprobe.system.keeper import Keeper, keep
 from pydantic import ValidationError
 

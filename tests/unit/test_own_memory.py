@@ -19,7 +19,7 @@ from isoprobe.child import memory
 from isoprobe.child.main import started_line
 from isoprobe.executors.processes import prepare_child
 from isoprobe.protocol.messages import Started, parse_events
-from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
+from isoprobe.system.data_cap import OWN_ALLOWANCE_BYTES
 
 MiB = 1024**2
 GiB = 1024**3
@@ -39,7 +39,8 @@ def test_the_child_entry_imports_nothing_of_its_own_before_the_preload():
                                    "isoprobe.child.events", "isoprobe.child.request", "isoprobe.child.source_only",
                                    "isoprobe.child.preload",  # the preload's import itself: standard library only
                                    "isoprobe.protocol",
-                                   "isoprobe.protocol.wiring"}, loaded
+                                   "isoprobe.protocol.wiring",
+                                   "isoprobe.system", "isoprobe.system.data_cap"}, loaded  # standard library only
 
 
 def test_the_started_line_written_by_hand_is_the_protocols_started_event():
@@ -81,7 +82,7 @@ def test_the_readings_and_the_cap_leave_the_own_modules_out(monkeypatch):
     status = {"VmHWM": 900 * MiB, "VmRSS": 800 * MiB, "VmData": 1000 * MiB, "VmPeak": 3000 * MiB,
               "VmSize": 2500 * MiB}
     monkeypatch.setattr(memory, "_proc_status_bytes", lambda *keys: {k: status.get(k) for k in keys})
-    monkeypatch.setattr(memory.resource, "getrlimit", lambda which: (1206 * MiB, 1206 * MiB))
+    monkeypatch.setattr("resource.getrlimit", lambda which: (1206 * MiB, 1206 * MiB))
     monkeypatch.setattr(memory, "_own", memory.Own(data=6 * MiB, rss=5 * MiB))
     reading = memory.cpu_memory()
     assert (reading.peak_rss, reading.rss, reading.data, reading.peak_data) == (
@@ -112,8 +113,8 @@ def test_a_spawned_child_credits_its_own_modules_and_fixes_its_cap(hard, own, ca
 
 @pytest.mark.parametrize(("own", "cap"), [(6 * MiB, GiB + 6 * MiB), (GiB, GiB + OWN_ALLOWANCE_BYTES)])
 def test_a_forked_trial_is_capped_as_a_spawned_one_then_credits_its_own(own, cap):
-    out = python("import resource; from isoprobe.child import memory; "
-                 f"memory._own = memory.Own(data={own}); memory.set_data_cap({GiB}); "
+    out = python("import resource; from isoprobe.child import memory; from isoprobe.system.data_cap import set_data_cap; "
+                 f"memory._own = memory.Own(data={own}); set_data_cap({GiB}); "
                  "print(*resource.getrlimit(resource.RLIMIT_DATA)); memory.credit_own(); "
                  "print(*resource.getrlimit(resource.RLIMIT_DATA))")
     assert out.split() == [str(GiB), str(GiB + OWN_ALLOWANCE_BYTES), str(cap), str(cap)]
