@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from isoprobe.system.data_cap import budget_of, credit
+from isoprobe.system.proc_memory import shared_writable_bytes, status_bytes
 
 if TYPE_CHECKING:
     from isoprobe.protocol.messages import MemoryReading
@@ -62,9 +63,9 @@ def import_own(load: Callable[[], object]) -> Own:
     """
     global _own
     counted = "torch" in sys.modules
-    before = _proc_status_bytes("VmData", "VmRSS")
+    before = status_bytes("VmData", "VmRSS")
     load()
-    after = _proc_status_bytes("VmData", "VmRSS")
+    after = status_bytes("VmData", "VmRSS")
     if counted and None not in (*before.values(), *after.values()):
         _own = Own(data=_own.data + max(0, after["VmData"] - before["VmData"]),
                    rss=_own.rss + max(0, after["VmRSS"] - before["VmRSS"]))
@@ -87,54 +88,12 @@ def credit_own() -> None:
     credit(_own.data)
 
 
-def _proc_status_bytes(*keys: str) -> dict[str, int | None]:
-    """VmHWM, VmRSS, VmData... from /proc/self/status, in bytes (None where absent)."""
-    values: dict[str, int | None] = {key: None for key in keys}
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                name, _, rest = line.partition(":")
-                if name in values:
-                    values[name] = int(rest.split()[0]) * 1024
-    except OSError:
-        pass
-    return values
-
-
-def shared_writable_bytes(maps: str | None = None) -> int:
-    """The size of this process's writable shared mappings (``rw-s`` in /proc/self/maps), in bytes.
-
-    These are the mappings RLIMIT_DATA does not count but a model can fill:
-    anonymous shared memory (``/dev/zero (deleted)``), memfd and /dev/shm
-    files, SysV segments. Read-only shared mappings (locale caches and the like)
-    cannot be filled by the process and are left out. ``maps`` is the file's text,
-    for tests; 0 where it cannot be read.
-    """
-    if maps is None:
-        try:
-            with open("/proc/self/maps") as file:
-                maps = file.read()
-        except OSError:
-            return 0
-    total = 0
-    for line in maps.splitlines():
-        fields = line.split(maxsplit=2)
-        if len(fields) < 2 or len(fields[1]) != 4 or fields[1][1] != "w" or fields[1][3] != "s":
-            continue
-        start, _, end = fields[0].partition("-")
-        try:
-            total += int(end, 16) - int(start, 16)
-        except ValueError:
-            continue
-    return total
-
-
 def cpu_memory() -> MemoryReading:
     """The readings of /proc/self/status, less isoprobe's own modules (``Own``); ``peak_data`` estimates the data
     segment's peak (see ``cpu_readings``)."""
     from isoprobe.protocol.messages import MemoryReading  # here: this module is read before isoprobe's own are imported
 
-    readings = _proc_status_bytes("VmHWM", "VmRSS", "VmData", "VmPeak", "VmSize")
+    readings = status_bytes("VmHWM", "VmRSS", "VmData", "VmPeak", "VmSize")
     peak_data = None
     if None not in (readings["VmPeak"], readings["VmSize"], readings["VmData"]):
         peak_data = readings["VmPeak"] - (readings["VmSize"] - readings["VmData"]) - _own.data
@@ -195,7 +154,7 @@ def cpu_readings() -> dict[str, int | None]:
     memory = cpu_memory()
     base = None if memory.data is None else memory.data + shared
     return {"peak_bytes": memory.peak_rss, "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared),
-            "base_bytes": base, "file_resident_bytes": _proc_status_bytes("RssFile")["RssFile"]}
+            "base_bytes": base, "file_resident_bytes": status_bytes("RssFile")["RssFile"]}
 
 
 #: malloc_info's totals over every arena: the heaps' size now and the most they ever reached.

@@ -40,7 +40,7 @@ def test_the_child_entry_imports_nothing_of_its_own_before_the_preload():
                                    "isoprobe.child.preload",  # the preload's import itself: standard library only
                                    "isoprobe.protocol",
                                    "isoprobe.protocol.wiring",
-                                   "isoprobe.system", "isoprobe.system.data_cap"}, loaded  # standard library only
+                                   "isoprobe.system", "isoprobe.system.data_cap", "isoprobe.system.proc_memory"}, loaded  # standard library only
 
 
 def test_the_started_line_written_by_hand_is_the_protocols_started_event():
@@ -81,7 +81,7 @@ def test_nothing_is_credited_when_torch_was_not_imported_first(fresh_own, monkey
 def test_the_readings_and_the_cap_leave_the_own_modules_out(monkeypatch):
     status = {"VmHWM": 900 * MiB, "VmRSS": 800 * MiB, "VmData": 1000 * MiB, "VmPeak": 3000 * MiB,
               "VmSize": 2500 * MiB}
-    monkeypatch.setattr(memory, "_proc_status_bytes", lambda *keys: {k: status.get(k) for k in keys})
+    monkeypatch.setattr(memory, "status_bytes", lambda *keys: {k: status.get(k) for k in keys})
     monkeypatch.setattr("resource.getrlimit", lambda which: (1206 * MiB, 1206 * MiB))
     monkeypatch.setattr(memory, "_own", memory.Own(data=6 * MiB, rss=5 * MiB))
     reading = memory.cpu_memory()

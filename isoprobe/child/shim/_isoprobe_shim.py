@@ -346,7 +346,7 @@ def _memory():
         reading = _cuda_memory(cuda)
         if reading is not None:
             return reading
-    status = _status("VmHWM", "VmRSS", "VmData", "RssFile")
+    status = _own("system", "proc_memory").status_bytes("VmHWM", "VmRSS", "VmData", "RssFile")
     # The data segment now (what RLIMIT_DATA counts); the supervisor raises it to the most it sampled of this
     # process's data segment during the step (isoprobe.child.command). Not VmPeak, from which isoprobe's own
     # trials estimate the data peak: a malloc arena that a new thread maps reserves address space the cap never
@@ -361,17 +361,20 @@ def _memory():
             "file_resident_bytes": status["RssFile"], "device": "cpu"}
 
 
-def _status(*keys):
-    values = dict.fromkeys(keys)
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                name, _, rest = line.partition(":")
-                if name in values:
-                    values[name] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError):
-        pass
-    return values
+def _own(package, module):
+    """``isoprobe/PACKAGE/MODULE.py`` (standard library only), loaded from its file once: the shim imports nothing
+    of isoprobe by name (a package's ``__init__`` may import pydantic), as ``child/srun_rank.py`` loads them."""
+    name = f"_isoprobe_{package}_{module}"
+    loaded = sys.modules.get(name)
+    if loaded is None:
+        import importlib.util
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        spec = importlib.util.spec_from_file_location(name, os.path.join(root, package, f"{module}.py"))
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        sys.modules[name] = loaded
+    return loaded
 
 
 def _environment_roots():
