@@ -41,7 +41,7 @@ MIB = 1 << 20
 #: blocks, 20 MiB for requests of 1 to 10 MiB: two of those); that premise fails for a request above 10 MiB,
 #: which gets a segment of its own of any size (c10/cuda/CUDACachingAllocator.cpp, ``get_allocation_size``), and
 #: the reserved peak also reaches the cap whenever the allocator frees its cache and retries. The reading the
-#: margin uses now (``child.cuda.allocator_need``: the allocated peak plus the free space inside used segments,
+#: margin uses now (``child.cuda_readings.allocator_need``: the allocated peak plus the free space inside used segments,
 #: plus the memory outside the allocator) moves in blocks of 512 bytes, not segments: what it can move between
 #: fresh processes is the libraries' choices (a cuDNN or cuBLAS workspace of another size, kernels loaded lazily
 #: by another path) and where the free space inside segments falls. 40 MiB covers a workspace or a module's
