@@ -5,7 +5,7 @@ first step, 3 to 6 s of CPU on 2 cores, and on such a machine even a warm
 spare's import competes with the running trial. A fork costs milliseconds and
 still gives every trial a fresh process: a fresh address space, a fresh
 allocator, its own rlimit (its budget plus the measured size of isoprobe's
-own modules, which the server imported after torch: ``child.memory.credit_own``),
+own modules, which the server imported after torch: ``child.own_modules.credit_own``),
 and (on CUDA) a fresh context, because the server never creates one. The
 server imports only (``protocol.PRELOAD_ENV``), runs no torch operation, and so
 has started no OpenMP pool a forked child could hang on; ``serve`` checks both

@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child.memory import budget_peak, cpu_memory, data_cap, heap_churn, shared_writable_bytes
+from isoprobe.child.heap_churn import heap_churn
+from isoprobe.child.memory import budget_peak, cpu_memory, data_cap
+from isoprobe.system.proc_memory import shared_writable_bytes
 from isoprobe.protocol.messages import StepDone, TrialRequest
 from isoprobe.report import steady
 

@@ -76,7 +76,7 @@ COMMAND_FLOOR_BYTES = {"cpu": 6 * MIB}
 #: exactly. So where the probe's fitting trials measured the churn, the floor of one process (or of a command's
 #: processes) is the most of it plus a margin (``churn_margin``), whatever the capacity. Measured: the Lightning
 #: script 3.8 to 4.0 MiB (floor 5, answer 37, its strict edge), the command scripts' others 0 to 0.5;
-#: isoprobe's own trials (``child.memory.heap_churn``, 2026-11-27): the held-out convnet on 112-pixel images
+#: isoprobe's own trials (``child.heap_churn.heap_churn``, 2026-11-27): the held-out convnet on 112-pixel images
 #: 0.18 to 0.27 MiB (its samples are mmapped; its plain loop's 34, 2.7 MiB free under 1280 MiB, survived 8 of 8
 #: independent runs of 30 steps, its Trainer's 30, 3.1 MiB free, 6 of 6), in a Trainer on 64-pixel images
 #: 4.22 MiB (91 samples of 48 KiB a step: the coin tosses of docs/steady-state.md were that convnet's),

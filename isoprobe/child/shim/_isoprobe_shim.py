@@ -311,7 +311,7 @@ def _memory():
     # process's data segment during the step (isoprobe.child.command). Not VmPeak, from which isoprobe's own
     # trials estimate the data peak: a malloc arena that a new thread maps reserves address space the cap never
     # counts, and a script's threads (gloo's, a DataLoader's) lifted that estimate to the cap at every batch
-    # (measured: a torchrun rank read its whole 896 MiB budget at batch 1). Not the writable shared mappings
+    # (docs/measurements.md, "Moved from code"). Not the writable shared mappings
     # either: a command's cap is what `ulimit -d` caps, and a DataLoader's workers hand their batches over in
     # shared memory that it does not count (the resident peak, which does, is still checked). The mapped files'
     # resident pages (RssFile) go with it, to be left out of that check as for isoprobe's own trials: how many of
