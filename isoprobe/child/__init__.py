@@ -18,12 +18,15 @@ the parent never imports torch and never guesses at what a child meant.
     data.py      the batch from the user's dataset (spec.data): lengths, worst-first order, collated batch
     references.py  resolving 'module:function' and 'file.py:function' to the user's callable
     estimate.py  the memory estimate before any trial: one step traced without real memory
-    cuda.py      CUDA in a child: initialisation, the libraries' warm-up, the budget, the readings
+    cuda.py      CUDA in a child: initialisation, the libraries' warm-up, applying the budget
+    cuda_readings.py  the CUDA readings in the budget's units: the trials', the step reports' and the shim's (stdlib only)
     distributed.py  a rank of a gang trial: join the gang, wrap model and optimizer as the real job does
     optimizer_state.py  fp16 mixed precision: the optimizer really stepped, so its state is in the peak
     source_only.py  isoprobe's own modules compiled from source in every child (no stale bytecode)
     training.py  *how* a step runs: the spec's training options, applied and read back
-    memory.py    the child's own memory from /proc/self/status, and the credit for isoprobe's own modules
+    memory.py    the child's own memory from /proc/self: a CPU trial's peaks, in the budget's units
+    own_modules.py  what isoprobe's own modules take in the trial's process, credited to the CPU cap
+    heap_churn.py   glibc's heap churn after a step (malloc_info)
     sources.py   the user's modules it ran, and the installed ones its model imported (for the preload)
     reads.py     the files it read (an audit hook), for the cache
     command.py   a command trial: the job's own command at one batch, supervised (no torch here)

@@ -26,7 +26,6 @@ inherited by torchrun's ranks and DataLoader workers): a plain process's cap, as
 from __future__ import annotations
 
 import os
-import resource
 import signal
 import subprocess
 import sys
@@ -47,6 +46,7 @@ from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.trial import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, argv_for
+from isoprobe.system.data_cap import set_exact
 from isoprobe.system.keeper import sigkill_below, srun_processes
 from isoprobe.system.slurm_steps import cancel_slurm_steps, slurm_steps_of, wait_slurm_steps_gone
 
@@ -207,7 +207,7 @@ def _start(request: TrialRequest, folder: Path, stderr_path: Path) -> subprocess
     def prepare() -> None:
         # The cap of the command is the budget itself: the credit for isoprobe's own modules was this process's.
         if budget is not None:
-            resource.setrlimit(resource.RLIMIT_DATA, (budget, budget))
+            set_exact(budget)
 
     with open(folder / "stdout", "wb") as out, open(stderr_path, "wb") as err:
         return subprocess.Popen(argv_for(spec.command, spec.shell, request.batch_size), cwd=spec.command_dir,

@@ -17,21 +17,13 @@ from isoprobe.child.rank_loss import killed_rank, lost_message, peer_loss
 from isoprobe.child.trained_batch import not_trained_message, trial_trained_at
 from isoprobe.protocol.command import SHIM_DIR_ENV
 from isoprobe.protocol.messages import MESSAGE_CHARS, RANK_LOST, TrialRequest
-from isoprobe.report.outcomes import Outcome, classify_exception
+from isoprobe.report.outcomes import Outcome, classify_exception, words_show_allocation_failure
 from isoprobe.report.trial import ErrorInfo
 from isoprobe.spec.command import BATCH_ENV, PLACEHOLDER
 
 #: Kept of the command's stderr for a verdict's evidence.
 _STDERR_TAIL_CHARS = 6000
 _TRACEBACK_LINES = 30
-#: What an allocation failure looks like in a process's last words when no exception line came (C++ code,
-#: a rank whose excepthook the script replaced): the allocators' own wording, as ``outcomes`` lists it.
-_OOM_STDERR_MARKERS = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory", "torch.OutOfMemoryError",
-                       "MemoryError", "OutOfMemoryError")
-#: NCCL's own cudaMalloc failing (its buffers, outside the allocator), in lower case: NCCL's CUDACHECK writes
-#: "Cuda failure 2 'out of memory'" (cudaErrorMemoryAllocation), under "ncclUnhandledCudaError", which torch raises
-#: as a DistBackendError or, from its watchdog, prints before it aborts the rank (SIGABRT, no exception line).
-_NCCL_OOM_MARKERS = ("cuda failure 2 'out of memory'", "cuda failure 'out of memory'")
 def over_budget(request: TrialRequest, ranks: list[Process], judged: int) -> ErrorInfo | None:
     """CUDA: a rank whose reading after step ``judged`` passed the budget (the allocator's need plus the memory
     outside it, as isoprobe's own trials read it) is out of memory: on a card of the budget's size it would have
@@ -200,12 +192,8 @@ def last_words(text: str) -> str:
 
 
 def shows_allocation_failure(text: str) -> bool:
-    """The command's last words show an allocation failure: an allocator's wording, or NCCL's failed cudaMalloc."""
-    text = last_words(text)
-    lowered = text.lower()
-    return (any(marker in text for marker in _OOM_STDERR_MARKERS)
-            or any(marker in lowered for marker in _NCCL_OOM_MARKERS)
-            or ("ncclunhandledcudaerror" in lowered and "out of memory" in lowered))
+    """The command's last words show an allocation failure (``report.outcomes.words_show_allocation_failure``)."""
+    return words_show_allocation_failure(last_words(text))
 
 
 def stderr_tail(path: Path, lines: int = _TRACEBACK_LINES) -> str:

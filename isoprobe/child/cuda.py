@@ -10,30 +10,17 @@ Child-side only (it is handed ``torch``; the parent never imports it). Why each 
   the first cuBLAS call is the last layer, at the activations' peak: that memory would be taken
   at the worst moment and reported as a library error ("CUBLAS_STATUS_NOT_INITIALIZED"). Taken
   here, in the trial's dtype, it is held before the peak and counted.
-- **The budget is what the process may use on the card, context included** (a smaller card's
-  reported total). ``set_per_process_memory_fraction`` limits the caching allocator only; the
-  context, the library handles and the loaded kernels lie outside it. On the smaller card they take
-  memory too, so what the process holds outside the allocator after the warm-up is taken off the
-  budget before the fraction is computed.
-- **Every reading is in the budget's units** (``card_reading``): the allocator's need plus what lies
-  outside it, read again at every step. Memory outside the allocator keeps coming after the
-  warm-up (kernels loaded lazily, torch's default ``CUDA_MODULE_LOADING=LAZY``; Triton's cubins under
-  ``compile``; NCCL's buffers, connected per algorithm on first use; library handles for a new
-  stream): a reading taken once would miss it, and the fraction set from the warm-up's figure lets
-  the allocator fill what that memory then takes. A reading above the budget is over it
-  (``pipeline.plausibility.over_budget``): the smaller card would have run out.
-- **The allocator's need, not its reserved peak** (``allocator_need``). Near the cap the caching
-  allocator frees its unused cached segments and retries (``num_alloc_retries``), so its reserved
-  peak reaches the cap for a batch that fits every time: that peak measures the cap, not the
-  batch. The allocated peak plus the most its used segments held free inside them
-  (``inactive_split_bytes``, the fragmentation a retry cannot give back) is what the batch needs,
-  and it does not move with the retries. Under ``backend:cudaMallocAsync`` the fraction caps bytes
-  in use, so the need is the allocated peak, in steps and at the end alike.
+- **The budget, the readings and the allocator's need** are ``child.cuda_readings``'s (one
+  implementation, which the step reports and a command's shim use too): the fraction is computed
+  after the warm-up, with what the process then holds outside the allocator taken off the budget.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from isoprobe.child.cuda_readings import (  # noqa: F401 - the readings' one home, named here too
+    allocator_backend, allocator_need, budget_fraction, card_reading, outside_allocator_bytes, step_readings)
 
 #: bfloat16 needs compute capability 8.0 (Ampere) or newer. ``torch.cuda.is_bf16_supported()``
 #: is no rule for this: it returns True for emulated bf16 by default (``including_emulation=True``
@@ -52,30 +39,6 @@ _WARM_UP_DTYPES = {
 def bf16_supported(capability: tuple[int, int]) -> bool:
     """Pure: can a GPU of this compute capability run bfloat16 natively?"""
     return tuple(capability) >= BF16_CAPABILITY
-
-
-def budget_fraction(budget_bytes: int, total_bytes: int, outside_bytes: int) -> float:
-    """Pure: the caching allocator's fraction so that allocator plus outside memory stay within the budget.
-
-    ``total_bytes`` is what the card reports (``cudaMemGetInfo``'s total, which torch's allocator
-    multiplies the fraction by); ``outside_bytes`` is what this process holds outside the allocator
-    (context, library handles, kernels). A budget smaller than that leaves the allocator nothing:
-    every allocation then fails, an honest out-of-memory.
-    """
-    if total_bytes <= 0:
-        raise ValueError(f"total memory must be positive, not {total_bytes}")
-    allowed = max(0, budget_bytes - max(0, outside_bytes))
-    return min(1.0, allowed / total_bytes)
-
-
-def outside_allocator_bytes(free_bytes: int, total_bytes: int, reserved_bytes: int) -> int:
-    """Pure: memory in use on the card that this process's allocator did not reserve.
-
-    Read where no other process uses the card (a trial's GPU), this is the process's own
-    context, library handles and kernels. Other processes' memory counts here too: on a
-    shared card they take memory from the trial as much.
-    """
-    return max(0, total_bytes - free_bytes - reserved_bytes)
 
 
 def initialise(torch, device) -> None:
@@ -115,67 +78,13 @@ def setup(torch, device, precision: str, budget_bytes: int | None) -> dict[str, 
     return {"total_memory_bytes": total}
 
 
-def allocator_backend(torch) -> str:
-    """'native' (the caching allocator) or 'cudaMallocAsync'."""
-    try:
-        return torch.cuda.memory.get_allocator_backend()
-    except Exception:  # an allocator that cannot say: treat it as torch's own
-        return "native"
-
-
-def allocator_need(reserved_peak: int, allocated_peak: int, split_peak: int | None, asynchronous: bool) -> int:
-    """Pure: the bytes the allocator needed for the trial, in the units its cap counts (see the module's docstring).
-
-    Native: the allocated peak plus the peak of free space inside used segments (``inactive_split_bytes``), never
-    above the reserved peak (which holds both); without that statistic, the reserved peak. cudaMallocAsync: the
-    allocated peak (the fraction caps bytes in use there; its reserved peak is the pool's high-water mark).
-    """
-    if asynchronous:
-        return allocated_peak
-    if split_peak is None:
-        return reserved_peak
-    return min(reserved_peak, allocated_peak + split_peak)
-
-
-def card_reading(torch, device) -> dict[str, int]:
-    """The trial's readings now, in the budget's units: ``budget_peak_bytes`` (the allocator's need so far plus
-    what lies outside it now), with the parts it is made of. Read after every step and at the end: one function,
-    so the steps and the verdict compare the same thing whichever allocator runs."""
-    free, total = torch.cuda.mem_get_info(device)
-    reserved = torch.cuda.memory_reserved(device)
-    reserved_peak = torch.cuda.max_memory_reserved(device)
-    allocated_peak = torch.cuda.max_memory_allocated(device)
-    stats = _stats(torch, device)
-    asynchronous = allocator_backend(torch) == "cudaMallocAsync"
-    need = allocator_need(reserved_peak, allocated_peak, stats.get("inactive_split_bytes.all.peak"), asynchronous)
-    outside = outside_allocator_bytes(free, total, reserved)
-    return {"reserved_peak": reserved_peak, "allocated_peak": allocated_peak, "need": need, "outside": outside,
-            "budget_peak_bytes": need + outside, "retries": int(stats.get("num_alloc_retries", 0)),
-            "held": torch.cuda.memory_allocated(device)}
-
-
-def _stats(torch, device) -> dict:
-    try:
-        return dict(torch.cuda.memory_stats(device))
-    except Exception:  # an allocator without statistics: the reserved peak stands for the need
-        return {}
-
-
-def step_readings(torch, device) -> dict[str, int]:
-    """After a step (``protocol.StepDone`` fields): the reserved peak so far, what is held now, and the budget's
-    reading (``card_reading``)."""
-    reading = card_reading(torch, device)
-    return {"peak_bytes": reading["reserved_peak"], "held_bytes": reading["held"],
-            "budget_peak_bytes": reading["budget_peak_bytes"]}
-
-
 def readings(torch, device, sizes, step_budget_peak: int | None = None) -> dict[str, Any]:
     """The trial's CUDA readings after its steps (``TrialResult`` fields), ``sizes`` completed.
 
     ``budget_peak_bytes`` is in the budget's units (``card_reading``): never below what a step already read
     (``step_budget_peak``), since memory outside the allocator can be read lower at the end than at a step.
     """
-    reading = card_reading(torch, device)
+    reading = card_reading(torch.cuda, device)
     budget_peak = max(reading["budget_peak_bytes"], step_budget_peak or 0)
     sizes = sizes.model_copy(update={
         "cuda_context_bytes": reading["outside"],

@@ -103,7 +103,7 @@ def _estimate(torch, spec: Spec, python_path: list[str], facts: dict[str, Any]):
 
     On the CPU backend the trials' budget counts the data segment from the process's start, so the import
     baseline measured above (same preload as a trial) is added. On CUDA a trial's reading is what is in use on
-    the card, its context included (``child.cuda.card_reading``): what this process's context and any other
+    the card, its context included (``child.cuda_readings.card_reading``): what this process's context and any other
     process hold on the card now is added (the libraries a trial warms up come on top: the first trial shows).
     """
     from isoprobe.child import estimate

@@ -26,7 +26,7 @@ or not, and a cold trial has imported exactly what a warm one has.
 Until the preload is imported, this module and what it imports use the
 standard library only: isoprobe's own modules (pydantic, the protocol, the
 trial's code) come after torch, so that what they add to the process can be
-measured and credited to the CPU cap (``child.memory.import_own``). The
+measured and credited to the CPU cap (``child.own_modules.import_own``). The
 ``started`` line is therefore written by hand (``started_line``).
 
 Nothing here keeps the child from outliving its parent: its keeper does, from
@@ -42,7 +42,7 @@ import sys
 import time
 
 from isoprobe.child.events import Events
-from isoprobe.child.memory import import_own
+from isoprobe.child.own_modules import import_own
 from isoprobe.child.preload import import_modules, preload_names, read_modules
 from isoprobe.child.request import cuda_initialized, run_request
 from isoprobe.child.source_only import compile_own_from_source
@@ -111,7 +111,7 @@ OWN_MODULES = ("isoprobe.protocol.messages", "isoprobe.child.trial")
 
 
 def load_own(*more: str):
-    """Import ``OWN_MODULES`` and ``more`` (after the preload), counting what they take (``memory.import_own``)."""
+    """Import ``OWN_MODULES`` and ``more`` (after the preload), counting what they take (``own_modules.import_own``)."""
     return import_own(lambda: [importlib.import_module(name) for name in (*OWN_MODULES, *more)])
 
 
@@ -235,7 +235,7 @@ def main(argv: list[str]) -> int:
         own = load_own("isoprobe.child.server")  # the server's code is in every fork too
         from isoprobe.child.server import serve
 
-        # The server stays uncapped; each fork caps itself (memory.set_data_cap), then credits ``own`` (run_request).
+        # The server stays uncapped; each fork caps itself (system.data_cap.set_data_cap), then credits ``own`` (run_request).
         return serve(int(argv[2]), events, warm_event(modules, seconds, idle_priority=False, own_data_bytes=own.data),
                      complete=len(modules) == wanted)
     request_path = argv[1]

@@ -12,7 +12,7 @@ import os
 import sys
 
 from isoprobe.child.events import Events
-from isoprobe.child.memory import credit_own, import_own
+from isoprobe.child.own_modules import credit_own, import_own
 
 
 def cuda_initialized() -> bool:

@@ -5,7 +5,7 @@ first step, seconds of CPU, and on a small machine even a warm spare's import
 competes with the running trial. A fork costs milliseconds and
 still gives every trial a fresh process: a fresh address space, a fresh
 allocator, its own rlimit (its budget plus the measured size of isoprobe's
-own modules, which the server imported after torch: ``child.memory.credit_own``),
+own modules, which the server imported after torch: ``child.own_modules.credit_own``),
 and (on CUDA) a fresh context, because the server never creates one. The
 server imports only (``protocol.PRELOAD_ENV``), runs no torch operation, and so
 has started no OpenMP pool a forked child could hang on; ``serve`` checks both
@@ -41,7 +41,7 @@ from array import array
 from isoprobe.child.events import Events
 from isoprobe.child.preload import import_modules, read_modules
 from isoprobe.child.request import cuda_initialized, driver_initialised, exit_now, run_request
-from isoprobe.child.memory import set_data_cap
+from isoprobe.system.data_cap import set_data_cap
 from isoprobe.system.keeper import Keeper, keep
 from pydantic import ValidationError
 

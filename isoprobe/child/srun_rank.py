@@ -49,7 +49,6 @@ import ctypes
 import importlib.util
 import json
 import os
-import resource
 import signal
 import sys
 import time
@@ -217,11 +216,8 @@ def main(argv: list[str]) -> None:
     if gpu is not None and env.get("CUDA_VISIBLE_DEVICES"):
         env["CUDA_VISIBLE_DEVICES"] = gpu
     if len(argv) == 4:
-        # The parent's hard limit, but never above the one this rank inherited (Slurm propagates the submitting
-        # shell's limits): raising it needs a privilege, and setrlimit would fail (as wiring.data_limits).
-        inherited = resource.getrlimit(resource.RLIMIT_DATA)[1]
-        hard = int(argv[3]) if inherited == resource.RLIM_INFINITY else min(int(argv[3]), inherited)
-        resource.setrlimit(resource.RLIMIT_DATA, (min(int(argv[2]), hard), hard))
+        data_cap = load_own("system", "data_cap")  # the parent's limits, never above the ones this rank inherited
+        data_cap.set_limits(*data_cap.within_inherited(int(argv[2]), int(argv[3])))
     read_end, write_end = os.pipe()
     wrapper = os.getpid()
     handled = {*STOP_SIGNALS, STEPD_LOST}

@@ -15,7 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child.memory import budget_peak, cpu_memory, data_cap, heap_churn, shared_writable_bytes
+from isoprobe.child.heap_churn import heap_churn
+from isoprobe.child.memory import budget_peak, cpu_memory, data_cap
+from isoprobe.system.proc_memory import shared_writable_bytes
 from isoprobe.protocol.messages import StepDone, TrialRequest
 from isoprobe.report import steady
 
@@ -75,10 +77,10 @@ class StepHook:
 
 def step_memory(torch: Any, device: Any) -> dict[str, int | None]:
     """The peak so far and the memory held now, after a step: growth over the steps shows in them."""
-    if device.type == "cuda":  # the budget's units, the same reading as the verdict's (child.cuda.card_reading)
-        from isoprobe.child.cuda import step_readings
+    if device.type == "cuda":  # the budget's units, the same reading as the verdict's and a command's
+        from isoprobe.child.cuda_readings import step_readings
 
-        return step_readings(torch, device)
+        return step_readings(torch.cuda, device)
     memory = cpu_memory()
     readings = {"peak_bytes": memory.peak_rss, "held_bytes": memory.rss,
                 "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared_writable_bytes())}

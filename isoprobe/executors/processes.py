@@ -9,7 +9,6 @@ lives in ``keeper``.
 from __future__ import annotations
 
 import os
-import resource
 import signal
 from contextlib import contextmanager
 from pathlib import Path
@@ -17,7 +16,7 @@ from pathlib import Path
 from isoprobe.system.keeper import lift_idle_policy  # noqa: F401 - one definition, used by the keeper too
 from isoprobe.system.hardware import node_gpus, slurm_cuda_visible, visible_devices
 from isoprobe.protocol.messages import EVENTS_ENV
-from isoprobe.protocol.wiring import data_limits
+from isoprobe.system.data_cap import set_data_cap
 
 #: Below this size glibc serves allocations from its heap and may keep freed memory,
 #: which makes an RLIMIT_DATA boundary flaky; above it every block is its own mmap.
@@ -97,9 +96,8 @@ def prepare_child(memory_limit: int | None, parent_pid: int):
     cap): give up if the parent is gone, and cap memory if asked.
 
     The hard limit is ``OWN_ALLOWANCE_BYTES`` above the cap: room for the child to credit what isoprobe's
-    own modules take in it (``child.memory.credit_own``), which it does, and then fixes both limits, before
-    any user code runs. Never above the hard limit this process inherited (``wiring.data_limits``): raising it
-    needs a privilege a user under ``ulimit -d`` does not have.
+    own modules take in it, which it does, and then fixes both limits, before any user code runs; never above
+    the hard limit this process inherited (``system.data_cap``).
     """
 
     def prepare() -> None:
@@ -107,7 +105,7 @@ def prepare_child(memory_limit: int | None, parent_pid: int):
         if os.getppid() != parent_pid:
             os._exit(1)
         if memory_limit is not None:
-            resource.setrlimit(resource.RLIMIT_DATA, data_limits(memory_limit))
+            set_data_cap(memory_limit)
 
     return prepare
 

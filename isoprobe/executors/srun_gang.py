@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import shutil
 import subprocess
 import sys
@@ -75,7 +76,7 @@ from isoprobe.executors.srun_plan import advice, node_failed, refusal, srun_comm
 from isoprobe.executors.srun_nodes import node_trouble, record_stop_context, signalled_words
 from isoprobe.executors.srun_step import _ahead_key, _close_turn, _Step, step_states  # noqa: F401 (tests)
 from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
-from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
+from isoprobe.system.data_cap import data_limits
 from isoprobe.system import keeper
 from isoprobe.system.slurm_steps import KILL_THROUGH_SLURMCTLD, wait_slurm_steps_gone
 
@@ -268,8 +269,9 @@ class SrunGangExecutor:
                                 events_path=folder / "unused.events", threads=conditions.threads)
         if conditions.preload:
             env[PRELOAD_ENV] = ",".join(conditions.preload)
-        limits = None if conditions.memory_limit is None else (conditions.memory_limit,
-                                                               conditions.memory_limit + OWN_ALLOWANCE_BYTES)
+        # This node's hard limit is not the ranks' (each rank's wrapper lowers the hard limit to its own).
+        limits = None if conditions.memory_limit is None else data_limits(conditions.memory_limit,
+                                                                          resource.RLIM_INFINITY)
         argv = srun_command(world_size=world, nodes=self.nodes, step_dir=str(folder), python=sys.executable,
                             rank_entry=_RANK_ENTRY, data_limits=limits, cuda=cuda, ahead=ahead)
         argv[0] = shutil.which(self.srun) or ""  # the keeper execs it as it is: no PATH search there

@@ -34,7 +34,7 @@ from isoprobe.protocol.messages import (
     Warm,
     first_of,
 )
-from isoprobe.protocol.wiring import OWN_ALLOWANCE_BYTES
+from isoprobe.system.data_cap import OWN_ALLOWANCE_BYTES
 from isoprobe.report.device import AllocatorInfo, DeviceInfo
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes

@@ -59,7 +59,7 @@ class ShimStep(_Line):
     held_bytes: int | None = None
     budget_peak_bytes: int | None = Field(None, description="The peak so far in the budget's units: CPU, the data "
                                           "segment; CUDA, the allocator's need plus the memory outside it "
-                                          "(isoprobe.child.cuda.card_reading's arithmetic), of the worst device.")
+                                          "(isoprobe.child.cuda_readings.card_reading's arithmetic), of the worst device.")
     file_resident_bytes: int | None = Field(None, description="CPU: RssFile after the step, as "
                                             "protocol.messages.TrialResult.file_resident_bytes.")
     peak_allocated_bytes: int | None = Field(None, description="CUDA: max_memory_allocated of that device.")

@@ -171,7 +171,7 @@ class Warm(_Event):
     forked: bool = Field(False, description="Forked from the probe's fork server, which did the imports.")
     own_data_bytes: int = Field(
         0, ge=0, description="What isoprobe's own modules add to this process's data segment, measured after the "
-        "preload (child.memory.credit_own): credited to a CPU cap and left out of the memory readings.")
+        "preload (child.own_modules.credit_own): credited to a CPU cap and left out of the memory readings.")
 
 
 class RequestReceived(_Event):
@@ -216,7 +216,7 @@ class StepDone(_Event):
     )
     heap_churn_bytes: int | None = Field(
         None, description="CPU: how far glibc's heaps reached above what they hold right after the step "
-                          "(child.memory.heap_churn); the trial's report.result.Trial.heap_churn_bytes is read "
+                          "(child.heap_churn.heap_churn); the trial's report.result.Trial.heap_churn_bytes is read "
                           "from these. Null: not read (CUDA, or no glibc)."
     )
 

@@ -46,6 +46,15 @@ class StopReason(str, enum.Enum):
 #: Python's MemoryError and its subclasses (numpy's _ArrayMemoryError).
 _OOM_TYPE_NAMES = {"OutOfMemoryError", "MemoryError", "_ArrayMemoryError"}
 
+#: NCCL's own cudaMalloc failing (its buffers, connected per algorithm on first use, outside the allocator):
+#: NCCL's CUDACHECK writes "Cuda failure %d '%s'" with cudaErrorMemoryAllocation (2) and its string, and torch
+#: raises it as a DistBackendError (a RuntimeError) under "ncclUnhandledCudaError: Call to CUDA function failed.",
+#: or, from its watchdog, prints it before it aborts the rank (SIGABRT, no exception line). Lower case.
+_NCCL_OOM_MESSAGES = (
+    "cuda failure 2 'out of memory'",
+    "cuda failure 'out of memory'",                        # NCCL releases whose CUDACHECK leaves the number out
+)
+
 #: Where torch reports a failed allocation as a plain RuntimeError (or a subclass), the allocator's
 #: own wording, compared case-insensitively. Read from the installed torch 2.14 (``strings`` on
 #: torch/lib/*.so, headers under torch/include, the bundled nvidia libraries), not guessed:
@@ -65,12 +74,14 @@ _ALLOCATOR_MESSAGES = (
     "cudnn_status_alloc_failed",                           # "cuDNN error: " + the status (cuDNN 8's name)
     "cudnn_status_internal_error_host_allocation_failed",  # libcudnn_graph.so.9 (cuDNN 9's names)
     "cudnn_status_internal_error_device_allocation_failed",
-    # NCCL's own cudaMalloc failing (its buffers, connected per algorithm on first use, outside the allocator):
-    # NCCL's CUDACHECK writes "Cuda failure %d '%s'" with cudaErrorMemoryAllocation (2) and its string, and torch
-    # raises it as a DistBackendError (a RuntimeError) under "ncclUnhandledCudaError: Call to CUDA function failed."
-    "cuda failure 2 'out of memory'",
-    "cuda failure 'out of memory'",                        # NCCL releases whose CUDACHECK leaves the number out
+    *_NCCL_OOM_MESSAGES,
 )
+
+#: An allocation failure in a process's last words when no exception line came (C++ code, a rank whose excepthook
+#: the script replaced), as the allocators print it (case as printed): the CPU and CUDA allocators' wording and the
+#: exception types above (a traceback's last line names its type).
+_LAST_WORDS_MARKERS = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory", "torch.OutOfMemoryError",
+                       *sorted(_OOM_TYPE_NAMES))
 
 #: An OSError with this errno is the kernel refusing memory: mmap, fork, or brk under the CPU cap
 #: (measured: ``mmap.mmap(-1, n, flags=MAP_PRIVATE)`` above RLIMIT_DATA raises "[Errno 12] Cannot
@@ -98,6 +109,15 @@ def classify_exception(type_names: list[str], message: str) -> Outcome:
     if "OSError" in type_names and message.startswith(_ENOMEM_PREFIX):
         return Outcome.OUT_OF_MEMORY
     return Outcome.ERROR
+
+
+def words_show_allocation_failure(text: str) -> bool:
+    """A process's last words (no exception line: a command's stderr) show an allocation failure: an allocator's
+    wording or an out-of-memory type as printed, or NCCL's failed cudaMalloc."""
+    lowered = text.lower()
+    return (any(marker in text for marker in _LAST_WORDS_MARKERS)
+            or any(marker in lowered for marker in _NCCL_OOM_MESSAGES)
+            or ("ncclunhandledcudaerror" in lowered and "out of memory" in lowered))
 
 
 #: Library errors that *may* hide a failed allocation but also have other causes, so

@@ -36,7 +36,7 @@ MIB = 1 << 20
 
 #: The fixed part of each backend's floor: the most a long run's peak moved above a steady trial's. CPU: measured.
 #: CUDA: not measured (no GPU was lent): a cuDNN or cuBLAS workspace or a module's kernels, what can move between
-#: fresh processes in ``child.cuda.allocator_need``'s reading; a probe's own confirmations widen it
+#: fresh processes in ``child.cuda_readings.allocator_need``'s reading; a probe's own confirmations widen it
 #: (``observed_bytes``) until a GPU measures it. Figures and reasoning: docs/measurements.md#the-spreads-floors.
 FLOOR_BYTES = {"cpu": 8 * MIB, "cuda": 40 * MIB}
 #: The part of each backend's floor that grows with the capacity.

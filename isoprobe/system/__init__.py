@@ -6,5 +6,7 @@
     slurm_steps.py  the job steps an srun started, ended through slurmctld before the srun is killed
     files.py     files in a folder others can write (the cache), opened without trusting what lies there
     stops.py     SIGINT and SIGTERM for a command that prints what it did so far: the first stops the work
+    data_cap.py  the CPU cap (RLIMIT_DATA): its limits, set before exec, in a fork, on a Slurm rank, credited
+    proc_memory.py  a process's memory as /proc tells it (status fields, writable shared mappings); the shim loads it
     hardware.py  what this machine has (GPUs, CPU, RAM), learned without a CUDA context
 """

@@ -62,7 +62,7 @@ def test_a_forked_trial_caps_itself_at_the_inherited_hard_limit_too():
     below = LIMIT - 32 * 1024**2
     done = run_limited(f"""
         import resource
-        from isoprobe.child.memory import set_data_cap
+        from isoprobe.system.data_cap import set_data_cap
         set_data_cap({LIMIT})
         print(resource.getrlimit(resource.RLIMIT_DATA))
         set_data_cap({below})

@@ -236,7 +236,7 @@ def test_a_steps_reading_is_in_the_budgets_units_and_never_drops(shim, monkeypat
 
 @pytest.mark.parametrize("backend", ["native", "cudaMallocAsync"])
 def test_the_shims_arithmetic_is_isoprobes_own_on_the_same_readings(shim, monkeypatch, backend):
-    """The shim imports nothing of isoprobe, so it repeats ``child.cuda.card_reading``'s arithmetic: the same fake
+    """The shim loads ``child/cuda_readings.py`` by path (it imports nothing of isoprobe by name): the same fake
     readings (a cap reached with the allocator's free-and-retry, split segments, memory outside the allocator) give
     the same budget reading, the allocator's need and the outside memory."""
     cuda = LazyFakeCuda(FakeCard(total=16 * GiB), context_bytes=CONTEXT, backend=backend)
@@ -252,13 +252,15 @@ def test_the_shims_arithmetic_is_isoprobes_own_on_the_same_readings(shim, monkey
     for block in blocks[::3]:
         cuda.free(block, "cuda:0")
     cuda.load(200 * MiB, "cuBLAS")
-    theirs = child_cuda.card_reading(torch, 0)
-    ours = shim.cuda_reading(cuda, 0)
+    theirs = child_cuda.card_reading(torch.cuda, 0)
+    readings = shim._readings()
+    assert Path(readings.__file__).resolve() == Path(child_cuda.card_reading.__code__.co_filename).resolve()
+    ours = readings.card_reading(cuda, 0)
     assert {k: ours[k] for k in theirs} == theirs
     assert ours["retries"] > 0 if backend == "native" else True
-    assert shim.allocator_need(10, 4, 3, False) == child_cuda.allocator_need(10, 4, 3, False) == 7
-    assert shim.budget_fraction(BUDGET, 80 * GiB, 700 * MiB) == child_cuda.budget_fraction(BUDGET, 80 * GiB,
-                                                                                           700 * MiB)
+    assert readings.allocator_need(10, 4, 3, False) == child_cuda.allocator_need(10, 4, 3, False) == 7
+    assert readings.budget_fraction(BUDGET, 80 * GiB, 700 * MiB) == child_cuda.budget_fraction(BUDGET, 80 * GiB,
+                                                                                               700 * MiB)
 
 
 def test_a_scripts_own_fraction_is_honoured_as_a_fraction_of_the_budget(shim, monkeypatch):

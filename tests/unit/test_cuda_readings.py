@@ -115,7 +115,7 @@ def test_4_memory_outside_the_allocator_that_loads_after_the_warm_up_is_counted_
     for block in blocks[-6:]:  # the step ends: its activations go back to the cache
         cuda.free(block, DEVICE)
     cuda.load(300 * MiB, "kernels loaded lazily at the first backward")  # the card has room: no allocation fails
-    step = child_cuda.step_readings(torch, DEVICE)
+    step = child_cuda.step_readings(torch.cuda, DEVICE)
     final = child_cuda.readings(torch, DEVICE, Sizes(), step["budget_peak_bytes"])
     assert step["budget_peak_bytes"] > budget and final["budget_peak_bytes"] >= step["budget_peak_bytes"]
     result = TrialResult(outcome=Outcome.FITS, phase="done", step_seconds=[0.1], **final)
@@ -162,7 +162,7 @@ def test_10_steps_and_verdict_read_the_same_units_under_cuda_malloc_async():
     for block in blocks:
         cuda.free(block, DEVICE)  # back in the pool: reserved stays at the high-water mark
     cuda.allocate(128 * MiB, DEVICE)
-    step = child_cuda.step_readings(torch, DEVICE)
+    step = child_cuda.step_readings(torch.cuda, DEVICE)
     final = child_cuda.readings(torch, DEVICE, Sizes())
     assert step["budget_peak_bytes"] == final["budget_peak_bytes"]
     assert final["budget_peak_bytes"] == cuda.max_memory_allocated(DEVICE) + final["sizes"].cuda_context_bytes

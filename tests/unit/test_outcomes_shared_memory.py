@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import mmap
 
-from isoprobe.child.memory import budget_peak, shared_writable_bytes
+from isoprobe.child.memory import budget_peak
+from isoprobe.system.proc_memory import shared_writable_bytes
 
 MiB = 1024**2
 

@@ -133,7 +133,7 @@ def _register(module):
 
 # ----------------------------------------------------------------------------------------------- CUDA
 #
-# The budget means what it means in isoprobe's own trials (``isoprobe.child.cuda``): what the process may hold of
+# The budget means what it means in isoprobe's own trials (``isoprobe.child.cuda_readings``, loaded by path): what the process may hold of
 # the card, its context and libraries included. So:
 #
 # - it is applied from before the first allocation: ``torch.cuda._lazy_call`` queues a call that CUDA's lazy
@@ -193,7 +193,7 @@ def _at_cuda_init():
     """Run by CUDA's lazy initialisation, before any allocation: every device's cap (native allocator only)."""
     cuda = _state["cuda"]
     try:
-        if _backend(cuda) != "native":
+        if _readings().allocator_backend(cuda) != "native":
             return
         for index in range(cuda.device_count()):
             _cap(cuda, index)
@@ -201,19 +201,11 @@ def _at_cuda_init():
         sys.stderr.write(f"isoprobe shim: cannot cap the CUDA allocator ({type(exc).__name__}: {exc})\n")
 
 
-def budget_fraction(budget, total, outside, script_fraction=None):
-    """The allocator's fraction of a card of ``total`` bytes, so that the allocator and the ``outside`` memory stay
-    within ``budget`` (``isoprobe.child.cuda.budget_fraction``), and a script's own fraction is of the budget."""
-    allowed = max(0, budget - max(0, outside))
-    if script_fraction is not None:
-        allowed = min(allowed, int(script_fraction * budget))
-    return min(1.0, allowed / total) if total > 0 else 1.0
-
-
 def _cap(cuda, index):
     total = cuda.get_device_properties(index).total_memory
     outside = max(_state["outside_estimate"], _state["outside"].get(index, 0))
-    fraction = budget_fraction(_state["budget"], total, outside, _state["script_fractions"].get(index))
+    script_fraction = _state["script_fractions"].get(index)
+    fraction = _readings().budget_fraction(_state["budget"], total, outside, script_fraction) if total > 0 else 1.0
     _state["set_fraction"](float(fraction), index)
 
 
@@ -229,41 +221,9 @@ def _device_index(cuda, device):
     return int(text.split(":", 1)[1]) if ":" in text else cuda.current_device()
 
 
-def _backend(cuda):
-    try:
-        return cuda.memory.get_allocator_backend()
-    except Exception:
-        return "native"
-
-
-def allocator_need(reserved_peak, allocated_peak, split_peak, asynchronous):
-    """``isoprobe.child.cuda.allocator_need``, here because the shim imports nothing of isoprobe: native, the
-    allocated peak plus the peak of free space inside used segments, never above the reserved peak (which does not
-    move with the allocator's free-and-retry near the cap); cudaMallocAsync, the allocated peak."""
-    if asynchronous:
-        return allocated_peak
-    if split_peak is None:
-        return reserved_peak
-    return min(reserved_peak, allocated_peak + split_peak)
-
-
-def cuda_reading(cuda, index):
-    """One device's readings now, in the budget's units (``isoprobe.child.cuda.card_reading``'s arithmetic):
-    ``budget_peak_bytes`` = the allocator's need so far + the memory outside it now (total - free - reserved)."""
-    free, total = cuda.mem_get_info(index)
-    reserved = cuda.memory_reserved(index)
-    reserved_peak = cuda.max_memory_reserved(index)
-    allocated_peak = cuda.max_memory_allocated(index)
-    try:
-        stats = dict(cuda.memory_stats(index))
-    except Exception:
-        stats = {}
-    need = allocator_need(reserved_peak, allocated_peak, stats.get("inactive_split_bytes.all.peak"),
-                          _backend(cuda) == "cudaMallocAsync")
-    outside = max(0, total - free - reserved)
-    return {"reserved_peak": reserved_peak, "allocated_peak": allocated_peak, "need": need, "outside": outside,
-            "budget_peak_bytes": need + outside, "retries": int(stats.get("num_alloc_retries", 0)),
-            "held": cuda.memory_allocated(index)}
+def _readings():
+    """``isoprobe.child.cuda_readings``: the budget's fraction and the readings, as isoprobe's own trials take them."""
+    return _own("child", "cuda_readings")
 
 
 def _used_devices(cuda):
@@ -283,7 +243,7 @@ def _cuda_memory(cuda):
     worst = None
     for index in _used_devices(cuda):
         cuda.synchronize(index)
-        reading = cuda_reading(cuda, index)
+        reading = _readings().card_reading(cuda, index)
         peak = max(reading["budget_peak_bytes"], _state["budget_peaks"].get(index, 0))  # never below a step's
         _state["budget_peaks"][index] = peak
         if _state["budget"] is not None and reading["outside"] > _state["outside"].get(index, 0):
@@ -346,12 +306,12 @@ def _memory():
         reading = _cuda_memory(cuda)
         if reading is not None:
             return reading
-    status = _status("VmHWM", "VmRSS", "VmData", "RssFile")
+    status = _own("system", "proc_memory").status_bytes("VmHWM", "VmRSS", "VmData", "RssFile")
     # The data segment now (what RLIMIT_DATA counts); the supervisor raises it to the most it sampled of this
     # process's data segment during the step (isoprobe.child.command). Not VmPeak, from which isoprobe's own
     # trials estimate the data peak: a malloc arena that a new thread maps reserves address space the cap never
     # counts, and a script's threads (gloo's, a DataLoader's) lifted that estimate to the cap at every batch
-    # (measured: a torchrun rank read its whole 896 MiB budget at batch 1). Not the writable shared mappings
+    # (docs/measurements.md, "Moved from code"). Not the writable shared mappings
     # either: a command's cap is what `ulimit -d` caps, and a DataLoader's workers hand their batches over in
     # shared memory that it does not count (the resident peak, which does, is still checked). The mapped files'
     # resident pages (RssFile) go with it, to be left out of that check as for isoprobe's own trials: how many of
@@ -361,17 +321,20 @@ def _memory():
             "file_resident_bytes": status["RssFile"], "device": "cpu"}
 
 
-def _status(*keys):
-    values = dict.fromkeys(keys)
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                name, _, rest = line.partition(":")
-                if name in values:
-                    values[name] = int(rest.split()[0]) * 1024
-    except (OSError, ValueError):
-        pass
-    return values
+def _own(package, module):
+    """``isoprobe/PACKAGE/MODULE.py`` (standard library only), loaded from its file once: the shim imports nothing
+    of isoprobe by name (a package's ``__init__`` may import pydantic), as ``child/srun_rank.py`` loads them."""
+    name = f"_isoprobe_{package}_{module}"
+    loaded = sys.modules.get(name)
+    if loaded is None:
+        import importlib.util
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        spec = importlib.util.spec_from_file_location(name, os.path.join(root, package, f"{module}.py"))
+        loaded = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(loaded)
+        sys.modules[name] = loaded
+    return loaded
 
 
 def _environment_roots():
