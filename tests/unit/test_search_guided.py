@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.search.edge_search import StopReason, plan_next, run_search
-from isoprobe.search.history import Limits, Observation
+from isoprobe.search.history import Limits, Observation, not_reproduced
 from isoprobe.search.steps import doubling_step, guided_step
 
 MiB = 1024**2
@@ -114,7 +114,12 @@ def test_guided_is_never_above_the_true_maximum_under_faults(device, faults):
     conclusion, _ = search(device)
     if conclusion.max_fitting is not None:
         assert conclusion.max_fitting <= device.true_max
-        assert all(o.outcome is Outcome.FITS for o in conclusion.history if o.batch_size == conclusion.max_fitting)
+        # The maximum fit every time it ran, but for at most one crash or timeout that a fresh run did not
+        # reproduce (``history.not_reproduced``, issue 47: a process that died says nothing of its batch); its
+        # confirmation runs all fit.
+        runs = [o.outcome for o in conclusion.history if o.batch_size == conclusion.max_fitting]
+        assert Outcome.FITS in runs
+        assert all(o is Outcome.FITS for o in runs) or not_reproduced(runs), runs
 
 
 @settings(max_examples=200, deadline=None)
