@@ -4,6 +4,8 @@ Run:  python benchmarks/simulations/simulate_search.py [--seeds N]
       python benchmarks/simulations/simulate_search.py --slots 1,2,4,8   (issue 17: rounds with parallel trials)
       python benchmarks/simulations/simulate_search.py --estimate-error 0.15   (issue 18: started from an estimate)
       python benchmarks/simulations/simulate_search.py --misses   (issue 49: estimates off by a fixed -50 .. +50 %)
+      python benchmarks/simulations/simulate_search.py --compare-policies   (issue 49: that table, before and after
+                                                                            "a miss corrects the model", side by side)
 
 For every true maximum on a log grid from 2 to 8192 (100 values) and several
 seeds, a synthetic device has linear peak memory, ``peak = a + k·batch``, with
@@ -31,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from isoprobe.report.outcomes import Outcome  # noqa: E402
 from isoprobe.search.edge_search import run_search  # noqa: E402
 from isoprobe.search.history import Limits, Observation, Prior  # noqa: E402
+from isoprobe.search import steps  # noqa: E402
 from isoprobe.search.steps import doubling_step, guided_step  # noqa: E402
 
 MiB = 1024**2
@@ -173,6 +176,35 @@ def print_misses(cases: list[tuple[int, int]], noise: float = 0.001) -> dict:
     return table
 
 
+def compare_policies(cases: list[tuple[int, int]], noise: float = 0.001) -> None:
+    """Issue 49's table from one run: the search before "a miss corrects the model" (``steps.CORRECT_MISSES`` off:
+    one sample down after a miss, then galloping; a quarter down while nothing fit) and after it."""
+    print(f"\nbefore / after issue 49 (a miss corrects the model): trials to the exact edge, readings noise "
+          f"±{noise:.1%}, each proof once, no confirmation, bare proof 2; {len(cases)} devices a row; "
+          "'>4': devices over the bare proof + 2")
+    rows = []
+    for correct in (False, True):
+        steps.CORRECT_MISSES = correct
+        try:
+            rows.append({(shape, error): [missed_trials(t, s, noise, shape, error) for t, s in cases]
+                         for shape in MISS_SHAPES for error in (*MISS_ERRORS, None)
+                         if error is None or shape == "linear"})
+        finally:
+            steps.CORRECT_MISSES = True
+    before, after = rows
+
+    def cell(counts: list[int]) -> str:
+        ordered = sorted(counts)
+        return (f"{statistics.median(ordered):>4} {ordered[int(0.9 * (len(ordered) - 1))]:>3} {ordered[-1]:>3} "
+                f"{sum(n > 4 for n in counts):>4}")
+
+    print(f"  {'':<26} {'before: median p90 max >4':<27} after: median p90 max >4")
+    for key in before:
+        shape, error = key
+        label = f"{shape}, " + ("no estimate" if error is None else f"estimate {error:+.0%}")
+        print(f"  {label:<26} {cell(before[key]):<27} {cell(after[key])}")
+
+
 def parallel_rounds(true_max: int, seed: int, slots: int, confirmations: int, noise_fraction: float) -> int:
     """Rounds (wall-clock units: a round runs its trials at once, one per slot) to the exact edge."""
     from isoprobe.search.parallel import one_at_a_time, run_parallel_search
@@ -208,12 +240,19 @@ def main() -> None:
                         help="only the estimate table (issue 18), the estimate's slope off by up to ±E (e.g. 0.15)")
     parser.add_argument("--misses", action="store_true",
                         help="only issue 49's table: estimates off by -50 .. +50 %%, per shape")
+    parser.add_argument("--compare-policies", action="store_true",
+                        help="issue 49's table before and after 'a miss corrects the model', side by side")
     parser.add_argument("--slots", default=None, metavar="N,N,...",
                         help="only the parallel-trials table, for these slot counts (e.g. 1,2,4,8)")
     args = parser.parse_args()
     if args.estimate_error is not None:
         grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})
         print_estimate([(t, seed) for t in grid for seed in range(args.seeds)], args.estimate_error)
+        return
+    if args.compare_policies:
+        grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})
+        for noise in (0.0, 0.001):
+            compare_policies([(t, seed) for t in grid for seed in range(args.seeds)], noise)
         return
     if args.misses:
         grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})
