@@ -3,6 +3,9 @@
 Run:  python benchmarks/simulations/simulate_search.py [--seeds N]
       python benchmarks/simulations/simulate_search.py --slots 1,2,4,8   (issue 17: rounds with parallel trials)
       python benchmarks/simulations/simulate_search.py --estimate-error 0.15   (issue 18: started from an estimate)
+      python benchmarks/simulations/simulate_search.py --misses   (issue 49: estimates off by a fixed -50 .. +50 %)
+      python benchmarks/simulations/simulate_search.py --compare-policies   (issue 49: that table, before and after
+                                                                            "a miss corrects the model", side by side)
 
 For every true maximum on a log grid from 2 to 8192 (100 values) and several
 seeds, a synthetic device has linear peak memory, ``peak = a + k·batch``, with
@@ -30,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from isoprobe.report.outcomes import Outcome  # noqa: E402
 from isoprobe.search.edge_search import run_search  # noqa: E402
 from isoprobe.search.history import Limits, Observation, Prior  # noqa: E402
+from isoprobe.search import steps  # noqa: E402
 from isoprobe.search.steps import doubling_step, guided_step  # noqa: E402
 
 MiB = 1024**2
@@ -108,6 +112,99 @@ def distribution(counts: list[int]) -> str:
     return f"min {ordered[0]:>2}  median {statistics.median(ordered):>4}  p90 {p90:>2}  max {ordered[-1]:>2}"
 
 
+#: Issue 49: the estimate's predicted edge off by these fractions (+: it predicts above the edge, its trial misses).
+MISS_ERRORS = (-0.5, -0.15, -0.05, 0.05, 0.15, 0.5)
+#: The shapes of issue 49's table: a line; small batches peaking on a flat floor (the CPU backend's small CNN);
+#: small batches whose readings follow a flatter line than the edge's, base reading included (a command's heap: the
+#: torchrun DDP script's line through 2 and 4 predicted 43 where 30 is its edge).
+MISS_SHAPES = ("linear", "flat start", "heap")
+#: How much flatter the heap shape's small batches read (0.65: the line through 2 and 4 predicts about 1.43x the edge).
+HEAP_SLOPE = 0.65
+
+
+def shaped_device(true_max: int, seed: int, noise_fraction: float, shape: str):
+    """An oracle ``(batch, deciding) -> Observation`` whose edge is ``true_max``, its capacity, base and slope.
+
+    ``shape`` is one of MISS_SHAPES; the readings' noise is ±``noise_fraction`` of the capacity."""
+    rng = random.Random(seed)
+    base = rng.randint(300, 3000) * MiB
+    per_sample = rng.randint(1 * MiB, 400 * MiB) // 10 + 1
+    capacity = base + per_sample * true_max + per_sample // 2
+    noise = int(noise_fraction * capacity)
+    knee = true_max / 5  # below it, the flat start's and the heap's small batches read something else
+
+    def oracle(batch: int, deciding: bool = False) -> Observation:
+        true_peak = base + per_sample * batch
+        if shape == "flat start":
+            true_peak = base + max(per_sample * batch, per_sample * (true_max // 5))
+        if true_peak > capacity:
+            return Observation(batch, Outcome.OUT_OF_MEMORY, steady=deciding)
+        reading = true_peak + rng.randint(-noise, noise)
+        base_reading = int(base * (1 + rng.uniform(0, 0.1)))
+        if shape == "heap" and batch < knee:
+            at_knee = base + per_sample * knee
+            reading = int(at_knee - HEAP_SLOPE * per_sample * (knee - batch)) + rng.randint(-noise, noise)
+            base_reading = int(at_knee - HEAP_SLOPE * per_sample * knee)
+        return Observation(batch, Outcome.FITS, max(1, reading), base_reading, steady=deciding)
+
+    return oracle, capacity, base, per_sample
+
+
+def missed_trials(true_max: int, seed: int, noise_fraction: float, shape: str, error: float | None) -> int:
+    """Trials to the exact edge as the product runs them (each proof once: ``steady``, no confirmation), started
+    from an estimate whose predicted edge is off by ``error`` (None: no estimate, the start 2)."""
+    oracle, capacity, base, per_sample = shaped_device(true_max, seed, noise_fraction, shape)
+    prior = None if error is None else Prior(base, per_sample / (1 + error))
+    limits = Limits(start=2, confirmations=0, capacity=capacity, prior=prior, steady=True)
+    conclusion = run_search(oracle, limits)
+    assert conclusion.max_fitting == true_max and conclusion.first_failing == true_max + 1, (true_max, seed, error)
+    return len(conclusion.history)
+
+
+def print_misses(cases: list[tuple[int, int]], noise: float = 0.001) -> dict:
+    """Issue 49: trials to the exact edge when the estimate misses by a fixed fraction, per shape (bare proof: 2)."""
+    print(f"\nestimate off by a fixed fraction of the edge (readings noise ±{noise:.1%}; each proof once, no "
+          f"confirmation; bare proof 2): trials to the exact edge, {len(cases)} devices each")
+    table = {}
+    for shape in MISS_SHAPES:
+        for error in (*MISS_ERRORS, None):
+            counts = [missed_trials(t, s, noise, shape, error) for t, s in cases]
+            table[shape, error] = counts
+            label = "no estimate" if error is None else f"estimate {error:+.0%}"
+            print(f"  {shape:<10} {label:<14} {distribution(counts)}   over bare proof + 2: "
+                  f"{sum(n > 4 for n in counts)}")
+    return table
+
+
+def compare_policies(cases: list[tuple[int, int]], noise: float = 0.001) -> None:
+    """Issue 49's table from one run: the search before "a miss corrects the model" (``steps.CORRECT_MISSES`` off:
+    one sample down after a miss, then galloping; a quarter down while nothing fit) and after it."""
+    print(f"\nbefore / after issue 49 (a miss corrects the model): trials to the exact edge, readings noise "
+          f"±{noise:.1%}, each proof once, no confirmation, bare proof 2; {len(cases)} devices a row; "
+          "'>4': devices over the bare proof + 2")
+    rows = []
+    for correct in (False, True):
+        steps.CORRECT_MISSES = correct
+        try:
+            rows.append({(shape, error): [missed_trials(t, s, noise, shape, error) for t, s in cases]
+                         for shape in MISS_SHAPES for error in (*MISS_ERRORS, None)
+                         if error is None or shape == "linear"})
+        finally:
+            steps.CORRECT_MISSES = True
+    before, after = rows
+
+    def cell(counts: list[int]) -> str:
+        ordered = sorted(counts)
+        return (f"{statistics.median(ordered):>4} {ordered[int(0.9 * (len(ordered) - 1))]:>3} {ordered[-1]:>3} "
+                f"{sum(n > 4 for n in counts):>4}")
+
+    print(f"  {'':<26} {'before: median p90 max >4':<27} after: median p90 max >4")
+    for key in before:
+        shape, error = key
+        label = f"{shape}, " + ("no estimate" if error is None else f"estimate {error:+.0%}")
+        print(f"  {label:<26} {cell(before[key]):<27} {cell(after[key])}")
+
+
 def parallel_rounds(true_max: int, seed: int, slots: int, confirmations: int, noise_fraction: float) -> int:
     """Rounds (wall-clock units: a round runs its trials at once, one per slot) to the exact edge."""
     from isoprobe.search.parallel import one_at_a_time, run_parallel_search
@@ -141,12 +238,25 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5, help="devices per true maximum (default 5)")
     parser.add_argument("--estimate-error", type=float, default=None, metavar="E",
                         help="only the estimate table (issue 18), the estimate's slope off by up to ±E (e.g. 0.15)")
+    parser.add_argument("--misses", action="store_true",
+                        help="only issue 49's table: estimates off by -50 .. +50 %%, per shape")
+    parser.add_argument("--compare-policies", action="store_true",
+                        help="issue 49's table before and after 'a miss corrects the model', side by side")
     parser.add_argument("--slots", default=None, metavar="N,N,...",
                         help="only the parallel-trials table, for these slot counts (e.g. 1,2,4,8)")
     args = parser.parse_args()
     if args.estimate_error is not None:
         grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})
         print_estimate([(t, seed) for t in grid for seed in range(args.seeds)], args.estimate_error)
+        return
+    if args.compare_policies:
+        grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})
+        for noise in (0.0, 0.001):
+            compare_policies([(t, seed) for t in grid for seed in range(args.seeds)], noise)
+        return
+    if args.misses:
+        grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})
+        print_misses([(t, seed) for t in grid for seed in range(args.seeds)])
         return
     if args.slots:
         grid = sorted({round(2 * (4096 ** (i / 99))) for i in range(100)})

@@ -34,10 +34,11 @@ A *prior* (``Limits.prior``: the line traced before any trial, ``child.estimate`
 only moves where the guided search looks: the first trial goes one above the
 prior's edge instead of the start (``first_batch``), expected to fail, and the
 next to the edge itself, which then decides the maximum: two trials when the
-estimate is exact. If both failed, the search steps down towards the start
-(``DESCENT``), so a high estimate costs trials, never the answer; and the line is anchored on the
-measured peaks with a slope the prior bounds (``prior_line``). Without a prior
-every step is as it was.
+estimate is exact. If both failed, a miss corrects the model (issue 49): the next trial assumes the
+estimate ``steps.KNOWN_ERROR`` further off, doubling with each miss (``miss_descent``; before: one below,
+then ``DESCENT``), so a high estimate costs trials, never the answer; and the line is anchored on the
+measured peaks with a slope the prior bounds (``corrected_line``, before ``prior_line``). Without a prior
+the first trials are as they were; a miss inside a bracket is corrected the same way (``corrected_line``).
 
 A batch may be tried more than once, so each batch gets one *verdict* from
 all its attempts:
@@ -67,7 +68,9 @@ from typing import Callable
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.search.frontier_bounds import bracket
 from isoprobe.search.history import Limits, Observation, bounds, proofs_due, verdicts
-from isoprobe.search.steps import DESCENT, Step, first_batch, guided_step, probes_the_edge
+from isoprobe.search import steps
+from isoprobe.search.steps import (DESCENT, Step, first_batch, guided_step, miss_descent, predicted_marginal,
+                                   probes_the_edge)
 
 
 def plan_next(
@@ -101,11 +104,14 @@ def plan_next(
             return limits.start  # a borrowed fit failed here (the direction was wrong): the classic start, as alone
         # Nothing fit yet. Without a prior the start failed: nothing fits. With one, the first trial (one above the
         # predicted edge) failed: the predicted edge next, which decides the maximum if it fits. If that failed too,
-        # the estimate was high: one below it (which decides the maximum if it fits: an estimate one sample high is
-        # the common miss), then a step down towards the start (DESCENT) until a batch fits.
+        # the estimate was high: the estimate corrected by its known error (miss_descent, issue 49); with
+        # steps.CORRECT_MISSES off (the search before it, for the simulation), one below it, then DESCENT.
         if limits.prior is None or upper <= limits.start:
             return None
         failed = sum(1 for v in judged.values() if v.outcome not in (None, Outcome.FITS))
+        if steps.CORRECT_MISSES and failed >= 2:
+            # The predicted edge ran out too: a miss corrects the model (issue 49), not one sample down.
+            return miss_descent(limits, upper, failed - 1)
         if failed <= 2 and upper > limits.start:  # the first trial, or it and the predicted edge, failed
             return upper - 1
         return max(limits.start, min(upper - 1, math.floor(upper * DESCENT)))
@@ -140,7 +146,10 @@ def decides(history: list[Observation] | tuple[Observation, ...], limits: Limits
     # Before anything failed, the guided step's check right above the predicted edge: a fit there is most likely
     # the edge (a line a sample low), and a short fit would have to run again, in a second process, once the batch
     # above it failed. A failure there costs nothing more; a fit that is not the edge, the window's extra steps.
-    return batch >= ceiling or (upper is None and probes_the_edge(history, limits, batch))
+    # Inside a bracket (issue 49), the check above the corrected line's edge where that line says it fits, but inside
+    # the margin: a short fit there would be marginal at best, and tell nothing (``steps.predicted_marginal``).
+    return batch >= ceiling or (upper is None and probes_the_edge(history, limits, batch)) or (
+        upper is not None and predicted_marginal(history, limits, batch))
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 from isoprobe.report.outcomes import Outcome
 from isoprobe.search.edge_search import StopReason, plan_next, run_search
 from isoprobe.search.history import Limits, Observation, Prior
-from isoprobe.search.steps import DESCENT, first_batch, prior_edge, probes_the_edge
+from isoprobe.search.steps import KNOWN_ERROR, first_batch, prior_edge, probes_the_edge
 from tests.unit.test_search_guided import Device
 
 MiB = 1024**2
@@ -103,8 +103,10 @@ def test_a_high_prior_steps_down_until_something_fits():
     edge = prior_edge(Limits(start=2, capacity=device.capacity, prior=prior))
     assert tried[0] == first_batch(Limits(start=2, capacity=device.capacity, prior=prior)) == edge + 1
     assert tried[1] == edge and found.history[1].steady  # it would decide the maximum if it fit
-    # Then one below it (the common miss, an estimate one sample high), then a quarter down (DESCENT).
-    assert tried[2:4] == [edge - 1, int((edge - 1) * DESCENT)]
+    # Then (issue 49: a miss corrects the model) not one below it, but the estimate taken KNOWN_ERROR further off,
+    # doubling with each miss: 15 %, 30 % ... below its edge, until something fits. (Before issue 49: one below the
+    # edge, "the common miss", then a quarter down; recorded runs missed by 5 to 15 %, and walked through failures.)
+    assert tried[2:4] == [int(edge / (1 + KNOWN_ERROR)), int(edge / (1 + 2 * KNOWN_ERROR))]
     assert found.max_fitting == 40 and found.first_failing == 41
 
 
