@@ -251,14 +251,17 @@ def _cancel_steps(steps: list[str]) -> None:
                           recancel_every=_STEP_RECANCEL_SECONDS)
 
 def _readings(ranks: list[Process], judged: int) -> dict:
-    """The trial's peaks: the worst rank's at the last judged step (each rank's budget is its own)."""
+    """The trial's peaks: the worst rank's at the last judged step (each rank's budget is its own). Its base reading
+    is what that rank held right after the step (``ShimStep.held_budget_bytes``): with the peak, the slope of a
+    single batch, so that a command's second trial can go far from its first (issue 49: the line through two small
+    batches, the heap's readings, not the batch's, predicted 43 where 30 was the edge)."""
     last = [p.steps[judged - 1] for p in ranks if len(p.steps) >= judged]
     if not last:
         return {}
     worst = max(last, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
     readings = {"peak_bytes": worst.peak_bytes, "budget_peak_bytes": worst.budget_peak_bytes,
                 "file_resident_bytes": worst.file_resident_bytes, "budget_swing_bytes": _swing(ranks, judged),
-                "heap_churn_bytes": _heap_churn(ranks, judged)}
+                "heap_churn_bytes": _heap_churn(ranks, judged), "base_bytes": worst.held_budget_bytes}
     return readings | _cuda_readings(worst)
 
 

@@ -60,6 +60,11 @@ class ShimStep(_Line):
     budget_peak_bytes: int | None = Field(None, description="The peak so far in the budget's units: CPU, the data "
                                           "segment; CUDA, the allocator's need plus the memory outside it "
                                           "(isoprobe.child.cuda_readings.card_reading's arithmetic), of the worst device.")
+    held_budget_bytes: int | None = Field(None, ge=0, description="What the process holds right after the step, its "
+                                          "batch's activations freed, in the budget's units (CPU: the data segment "
+                                          "now; CUDA: memory_allocated plus the memory outside the allocator): the "
+                                          "trial's base reading (protocol.messages.TrialResult.base_bytes), as the "
+                                          "shim read it; the supervisor's sampling never raises it.")
     file_resident_bytes: int | None = Field(None, description="CPU: RssFile after the step, as "
                                             "protocol.messages.TrialResult.file_resident_bytes.")
     peak_allocated_bytes: int | None = Field(None, description="CUDA: max_memory_allocated of that device.")

@@ -250,7 +250,7 @@ def _cuda_memory(cuda):
             _state["outside"][index] = reading["outside"]
             _cap(cuda, index)  # what came outside the allocator since is taken off its cap too
         line = {"peak_bytes": reading["reserved_peak"], "held_bytes": reading["held"], "budget_peak_bytes": peak,
-                "peak_allocated_bytes": reading["allocated_peak"], "outside_bytes": reading["outside"],
+                "held_budget_bytes": reading["held"] + reading["outside"], "peak_allocated_bytes": reading["allocated_peak"], "outside_bytes": reading["outside"],
                 "alloc_retries": reading["retries"], "device": f"cuda:{index}"}
         if index in _state["script_fractions"]:
             line["script_memory_fraction"] = _state["script_fractions"][index]
@@ -318,7 +318,7 @@ def _memory():
     # the libraries' pages are resident depends on the page cache (a fresh install's are all cached, and the
     # kernel maps a faulting page's cached neighbours too), not on the batch.
     return {"peak_bytes": status["VmHWM"], "held_bytes": status["VmRSS"], "budget_peak_bytes": status["VmData"],
-            "file_resident_bytes": status["RssFile"], "device": "cpu"}
+            "held_budget_bytes": status["VmData"], "file_resident_bytes": status["RssFile"], "device": "cpu"}
 
 
 def _own(package, module):
