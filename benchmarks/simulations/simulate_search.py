@@ -150,12 +150,15 @@ def shaped_device(true_max: int, seed: int, noise_fraction: float, shape: str):
     return oracle, capacity, base, per_sample
 
 
-def missed_trials(true_max: int, seed: int, noise_fraction: float, shape: str, error: float | None) -> int:
+def missed_trials(true_max: int, seed: int, noise_fraction: float, shape: str, error: float | None,
+                  correct_misses: bool = True) -> int:
     """Trials to the exact edge as the product runs them (each proof once: ``steady``, no confirmation), started
-    from an estimate whose predicted edge is off by ``error`` (None: no estimate, the start 2)."""
+    from an estimate whose predicted edge is off by ``error`` (None: no estimate, the start 2); ``correct_misses``
+    off is the search before issue 49 (``Limits.correct_misses``)."""
     oracle, capacity, base, per_sample = shaped_device(true_max, seed, noise_fraction, shape)
     prior = None if error is None else Prior(base, per_sample / (1 + error))
-    limits = Limits(start=2, confirmations=0, capacity=capacity, prior=prior, steady=True)
+    limits = Limits(start=2, confirmations=0, capacity=capacity, prior=prior, steady=True,
+                    correct_misses=correct_misses)
     conclusion = run_search(oracle, limits)
     assert conclusion.max_fitting == true_max and conclusion.first_failing == true_max + 1, (true_max, seed, error)
     return len(conclusion.history)
@@ -177,20 +180,17 @@ def print_misses(cases: list[tuple[int, int]], noise: float = 0.001) -> dict:
 
 
 def compare_policies(cases: list[tuple[int, int]], noise: float = 0.001) -> None:
-    """Issue 49's table from one run: the search before "a miss corrects the model" (``steps.CORRECT_MISSES`` off:
-    one sample down after a miss, then galloping; a quarter down while nothing fit) and after it."""
+    """Issue 49's table from one run: the search before "a miss corrects the model" (``Limits.correct_misses`` off:
+    one above the estimate's edge first, one sample down after a miss, then galloping; a quarter down while nothing
+    fit) and after it."""
     print(f"\nbefore / after issue 49 (a miss corrects the model): trials to the exact edge, readings noise "
           f"±{noise:.1%}, each proof once, no confirmation, bare proof 2; {len(cases)} devices a row; "
           "'>4': devices over the bare proof + 2")
     rows = []
     for correct in (False, True):
-        steps.CORRECT_MISSES = correct
-        try:
-            rows.append({(shape, error): [missed_trials(t, s, noise, shape, error) for t, s in cases]
-                         for shape in MISS_SHAPES for error in (*MISS_ERRORS, None)
-                         if error is None or shape == "linear"})
-        finally:
-            steps.CORRECT_MISSES = True
+        rows.append({(shape, error): [missed_trials(t, s, noise, shape, error, correct) for t, s in cases]
+                     for shape in MISS_SHAPES for error in (*MISS_ERRORS, None)
+                     if error is None or shape == "linear"})
     before, after = rows
 
     def cell(counts: list[int]) -> str:

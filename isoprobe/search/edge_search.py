@@ -31,14 +31,17 @@ memory line and the prior), this module (the plan, the conclusion, the loop),
 and ``search.parallel.py`` (several batches a round, for parallel slots).
 
 A *prior* (``Limits.prior``: the line traced before any trial, ``child.estimate``)
-only moves where the guided search looks: the first trial goes one above the
-prior's edge instead of the start (``first_batch``), expected to fail, and the
-next to the edge itself, which then decides the maximum: two trials when the
-estimate is exact. If both failed, a miss corrects the model (issue 49): the next trial assumes the
-estimate ``steps.KNOWN_ERROR`` further off, doubling with each miss (``miss_descent``; before: one below,
-then ``DESCENT``), so a high estimate costs trials, never the answer; and the line is anchored on the
-measured peaks with a slope the prior bounds (``corrected_line``, before ``prior_line``). Without a prior
-the first trials are as they were; a miss inside a bracket is corrected the same way (``corrected_line``).
+only moves where the guided search looks: the first trial goes to the prior's
+edge instead of the start (``first_batch``), stepping until steady, so that it
+decides the maximum if it fits: two trials when the estimate is exact. If it
+ran out, a miss corrects the model (issue 49): the next trial assumes the
+estimate ``steps.ERROR_BOUND`` high (``miss_descent``), where a fit is all but
+certain, and the line through its reading, steepened to what the failure proves,
+finds the edge (``corrected_line``): four trials for an estimate up to 50 % high.
+A high estimate costs trials, never the answer. Without a prior the first trials
+are as they were; a miss inside a bracket is corrected the same way. Before the
+issue (``Limits.correct_misses`` off, kept for the simulation): one above the
+prior's edge, then the edge, then one below it, then ``DESCENT``.
 
 A batch may be tried more than once, so each batch gets one *verdict* from
 all its attempts:
@@ -68,9 +71,8 @@ from typing import Callable
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.search.frontier_bounds import bracket
 from isoprobe.search.history import Limits, Observation, bounds, proofs_due, verdicts
-from isoprobe.search import steps
-from isoprobe.search.steps import (DESCENT, Step, first_batch, guided_step, miss_descent, predicted_marginal,
-                                   probes_the_edge)
+from isoprobe.search.steps import (DESCENT, Step, edge_first, first_batch, guided_step, miss_descent,
+                                   predicted_marginal, probes_the_edge)
 
 
 def plan_next(
@@ -102,16 +104,15 @@ def plan_next(
             return max(limits.start, min(first_batch(limits), upper - 1))
         if limits.prior is None and limits.start not in judged and upper > limits.start:
             return limits.start  # a borrowed fit failed here (the direction was wrong): the classic start, as alone
-        # Nothing fit yet. Without a prior the start failed: nothing fits. With one, the first trial (one above the
-        # predicted edge) failed: the predicted edge next, which decides the maximum if it fits. If that failed too,
-        # the estimate was high: the estimate corrected by its known error (miss_descent, issue 49); with
-        # steps.CORRECT_MISSES off (the search before it, for the simulation), one below it, then DESCENT.
+        # Nothing fit yet. Without a prior the start failed: nothing fits. With one, the predicted edge ran out: the
+        # estimate was high, and a miss corrects the model (miss_descent, issue 49), not one sample down. With
+        # Limits.correct_misses off (the search before it, for the simulation): the first trial was one above the
+        # predicted edge, the edge next, then one below it, then DESCENT.
         if limits.prior is None or upper <= limits.start:
             return None
         failed = sum(1 for v in judged.values() if v.outcome not in (None, Outcome.FITS))
-        if steps.CORRECT_MISSES and failed >= 2:
-            # The predicted edge ran out too: a miss corrects the model (issue 49), not one sample down.
-            return miss_descent(limits, upper, failed - 1)
+        if limits.correct_misses:
+            return miss_descent(limits, upper, failed)
         if failed <= 2 and upper > limits.start:  # the first trial, or it and the predicted edge, failed
             return upper - 1
         return max(limits.start, min(upper - 1, math.floor(upper * DESCENT)))
@@ -148,7 +149,12 @@ def decides(history: list[Observation] | tuple[Observation, ...], limits: Limits
     # above it failed. A failure there costs nothing more; a fit that is not the edge, the window's extra steps.
     # Inside a bracket (issue 49), the check above the corrected line's edge where that line says it fits, but inside
     # the margin: a short fit there would be marginal at best, and tell nothing (``steps.predicted_marginal``).
-    return batch >= ceiling or (upper is None and probes_the_edge(history, limits, batch)) or (
+    # With a prior (issue 49), its predicted edge, the first trial: a fit there is the maximum when the estimate is
+    # exact, the common case it is built for; when it is low, the window's extra steps are the cost.
+    first_at_prior = (limits.correct_misses and limits.prior is not None and lower is None and upper is None
+                      and batch == first_batch(limits))
+    return batch >= ceiling or first_at_prior or batch == edge_first(history, limits) or (
+        upper is None and probes_the_edge(history, limits, batch)) or (
         upper is not None and predicted_marginal(history, limits, batch))
 
 

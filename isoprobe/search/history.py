@@ -85,6 +85,11 @@ class Limits:
     #: oracle is told which trials those are (``run_search``), and the maximum is a batch with a steady fit (a
     #: maximum whose only fit was short runs once more, until steady). False: every trial is alike.
     steady: bool = False
+    #: Issue 49, "a miss corrects the model": with a prior the first trial is its predicted edge, and a miss is
+    #: corrected from what the failures and the fits say together (``steps.miss_descent``, ``steps.corrected_line``).
+    #: False: the search before it (one above the prior's edge, then one sample down through failures), kept only
+    #: for the simulation's side-by-side table (``benchmarks/simulations/simulate_search.py --compare-policies``).
+    correct_misses: bool = True
 
     @property
     def confirmations_due(self) -> int:

@@ -38,7 +38,11 @@ class MemoryLine:
 
     def largest_within(self, capacity: int) -> int:
         """The largest batch whose predicted peak is within ``capacity`` (may be below 1)."""
-        return math.floor((capacity - self.intercept) / self.slope)
+        return math.floor(self.reaches(capacity))
+
+    def reaches(self, capacity: int) -> float:
+        """The batch, as a real number, at which the predicted peak reaches ``capacity``."""
+        return (capacity - self.intercept) / self.slope
 
 
 #: While the line stands on a single batch (and its base reading), its slope is a rough estimate:
@@ -112,19 +116,20 @@ def prior_edge(limits: Limits) -> int | None:
 
 
 def first_batch(limits: Limits) -> int:
-    """The first trial: the start, or with a prior one above its predicted edge (within the limits).
+    """The first trial: the start, or with a prior its predicted edge (within the limits).
 
-    One above, because a failure is the cheapest trial there is (it ends at the first allocation that does not
-    fit) and pins the upper bound; the edge itself is then the next trial, the one that steps until steady and
-    decides the maximum (``edge_search.decides``). When the estimate is exact, those two trials are the whole
-    search. An estimate errs high more often than low (the trace cannot see allocator caching, fragmentation or
-    kernel scratch memory: +5 % on ResNet50, +14 % on small-cnn), which costs a cheap failure more; a low one
-    fits, and its measured peak corrects the line.
+    The predicted edge itself, stepping until steady (``edge_search.decides``): when the estimate is exact, it fits
+    and proves the maximum, and the batch above it runs out: the bare proof, two trials. An estimate errs high more
+    often than low (the trace cannot see allocator caching, fragmentation or kernel scratch memory: +5 % on
+    ResNet50, +14 % on small-cnn); then this trial is the cheapest there is (it ends at the first allocation that
+    does not fit) and the next one corrects the estimate (``miss_descent``), with no second failure above the edge
+    first (issue 49). A low estimate fits here, and its measured peak corrects the line.
+    Without ``limits.correct_misses`` (the search before issue 49): one above the predicted edge, then the edge.
     """
     edge = prior_edge(limits)
     if edge is None:
         return limits.start
-    return max(limits.start, min(edge + 1, limits.highest))
+    return max(limits.start, min(edge + (0 if limits.correct_misses else 1), limits.highest))
 
 
 def prior_line(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> MemoryLine | None:
@@ -157,25 +162,24 @@ def prior_line(history: tuple[Observation, ...] | list[Observation], limits: Lim
     return MemoryLine(peak - slope * top, slope, len(batches))
 
 
-#: Issue 49, "a miss corrects the model": how far the estimate's line is known to miss on the models measured (its
-#: edge +5 % high on ResNet50, +14 % on small-cnn, docs/how-it-works.md). After the estimate's predicted edge ran out
-#: with nothing fit, the next trial assumes the estimate this much further off, doubling with each miss in a row
-#: (``miss_descent``); inside a bracket the measured line corrects itself (``corrected_line``).
-KNOWN_ERROR = 0.15
-#: The correction on (the product) or off (the search before issue 49: one sample down after a miss, then galloping;
-#: ``benchmarks/simulations/simulate_search.py --compare-policies`` runs both).
-CORRECT_MISSES = True
+#: Issue 49, "a miss corrects the model": how far an estimate's predicted edge may err high and still be corrected
+#: in one trial. Measured: +5 % on ResNet50, +14 % on small-cnn (docs/how-it-works.md); the issue's worst case is
+#: +50 %. After the predicted edge ran out with nothing fit, the next trial goes this far below it (``miss_descent``),
+#: where a fit is all but certain and its reading, with the failure above it, corrects the line
+#: (``corrected_line``): the edge pair comes next. Less far (15 %, the known error) lands closer to the edge when the
+#: estimate errs by little, but a second failure when it errs by more: simulated over 445 linear devices per row
+#: (``simulate_search.py --compare-policies``), 15 % took 5 trials at +50 % where this takes 4.
+ERROR_BOUND = 0.5
 
 
 def miss_descent(limits: Limits, upper: int, misses: int) -> int:
-    """Nothing has fit, and ``misses`` trials at or below the estimate's predicted edge ran out of memory (the one
-    above it was expected to): the next trial assumes the estimate's edge is ``KNOWN_ERROR`` further off, doubling
-    with each miss (15 %, 30 %, 60 % ... below its predicted edge), below the smallest failure ``upper``, at least
-    the start."""
+    """Nothing has fit, and ``misses`` trials at or below the estimate's predicted edge ran out of memory: the next
+    trial assumes the estimate's edge ``ERROR_BOUND`` too high, the factor squared with each further miss (1.5,
+    2.25, 5.06 ... below its predicted edge), below the smallest failure ``upper``, at least the start."""
     edge = prior_edge(limits)
     reference = upper if edge is None else edge
-    factor = 1 + KNOWN_ERROR * 2 ** min(max(misses, 1) - 1, 62)
-    return max(limits.start, min(upper - 1, math.floor(reference / factor)))
+    exponent = 2 ** min(max(misses, 1) - 1, 16)
+    return max(limits.start, min(upper - 1, math.floor(reference / math.exp(math.log1p(ERROR_BOUND) * exponent))))
 
 
 def corrected_line(history: tuple[Observation, ...] | list[Observation], limits: Limits, upper: int | None,
@@ -253,11 +257,36 @@ def _line(history: tuple[Observation, ...] | list[Observation], limits: Limits) 
     """The guided step's line: none without a capacity, the prior-aware one with a prior, else ``memory_line``."""
     if limits.capacity is None:
         return None
-    if CORRECT_MISSES:
+    if limits.correct_misses:
         upper = bounds(history, limits)[1]
         if (upper is not None or limits.prior is not None) and _fit_readings(history, limits):
             return corrected_line(history, limits, upper)
     return prior_line(history, limits) if limits.prior is not None else memory_line(history, limits)
+
+
+#: ``edge_first``: how close above ``e`` (in samples) the line must reach the capacity for ``e`` to be checked first. A
+#: quarter: the DDP script's line reached it 0.06 of a sample above 30 (marginal); the HF framing's 0.44 above 29,
+#: whose edge was 30 (tests/unit/test_search_prior.py).
+EDGE_FIRST_FRACTION = 0.25
+
+
+def edge_first(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> int | None:
+    """The line's predicted edge ``e`` where it is the less certain of the edge pair, else None (issue 49).
+
+    The line reaches the capacity (less the margin) between ``e`` and ``e + 1``; within ``EDGE_FIRST_FRACTION`` above ``e``, ``e``
+    itself is the one a small error in the line moves across (the torchrun DDP script: its line put 30 at 5 MiB under
+    the 8 MiB margin, an 89 MiB sample, and 30 was marginal). Checked first and stepping until steady, ``e`` then
+    decides: a fit is the maximum once ``e + 1`` runs out, a failure puts the maximum at ``e - 1``. ``e + 1`` first (the
+    classic check) costs a third trial exactly there. Only with ``limits.correct_misses`` and a line through
+    measured readings (a prior's first trial is its edge already)."""
+    if not limits.correct_misses or limits.capacity is None:
+        return None
+    line = _line(tuple(history), limits)
+    if line is None or (line.batches < 2 and limits.prior is None) or line.batches < 1:
+        return None
+    reach = line.reaches(limits.capacity - limits.margin)
+    edge = math.floor(reach)
+    return edge if edge >= 1 and reach - edge < EDGE_FIRST_FRACTION else None
 
 
 def probes_the_edge(history: tuple[Observation, ...] | list[Observation], limits: Limits, batch: int) -> bool:
@@ -280,7 +309,7 @@ def predicted_marginal(history: tuple[Observation, ...] | list[Observation], lim
     trial should step until steady (``edge_search.decides``): a short fit there tells nothing, and a steady one is
     the maximum's proof or a long-run failure (issue 49: small-cnn's 153 under 1.25 GiB, inside a 3 MiB spread).
     False without a margin, before any failure, or with the correction off."""
-    if not CORRECT_MISSES or not limits.margin or limits.capacity is None:
+    if not limits.correct_misses or not limits.margin or limits.capacity is None:
         return False
     upper = bounds(history, limits)[1]
     if upper is None:
@@ -366,7 +395,7 @@ def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, up
     batch did not halve the bracket, the step bisects (``_bracket_stalled``); a
     first miss gets one galloping step, and a right prediction is followed. So a
     wrong or noisy line degrades to bisection. Before any failure the jump is at most ``MAX_JUMP_FACTOR`` ×
-    ``lower``. With ``CORRECT_MISSES`` (issue 49) the line inside a bracket is ``corrected_line``, and a miss there
+    ``lower``. With ``limits.correct_misses`` (issue 49) the line inside a bracket is ``corrected_line``, and a miss there
     is not galloped from: the corrected line takes the error the failure proved again (at least 1, 2, 4 ... below
     the failure, never below the middle), or, with no reading near the edge to correct, the step bisects.
     """
@@ -380,7 +409,7 @@ def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, up
     if upper is not None and abs(misses) >= 2 and _bracket_stalled(history, limits):
         return doubling_step(history, limits, lower, upper)
     top = limits.highest if upper is None else upper - 1
-    if CORRECT_MISSES and misses < 0 and upper is not None:
+    if limits.correct_misses and misses < 0 and upper is not None:
         # A miss corrects the model (issue 49): the line of the fits and the failures together, the error the failure
         # proved taken again (twice, four times ... per miss in a row); at least 1, 2, 4 ... below the failure, never
         # below the bracket's middle (a bisection's worth); with no reading near the edge, the middle itself.
@@ -394,6 +423,8 @@ def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, up
         if upper is not None:
             return (lower + upper) // 2
         candidate = lower + math.floor(FIRST_JUMP_FRACTION * (edge - lower))
+    elif edge_first(history, limits) == edge:
+        candidate = edge  # the less certain of the pair, deciding (``edge_first``)
     else:
         candidate = edge + 1 if upper is None or edge + 1 < upper else edge
     middle = top if upper is None else (lower + upper) // 2

@@ -64,9 +64,11 @@ def test_a_maximum_inside_the_spread_is_marginal_and_the_one_below_is_reported()
     (marginal,) = edge.marginal
     assert (marginal.batch_size, marginal.runs, marginal.fitted, marginal.free_bytes) == (25, 1, 1, 4 * MiB)
     assert result.short_max_batch_size is None  # 25 is only too close to the cap
-    # Issue 35: 25 ran once, as the trial right below the failure (26), stepping until steady.
+    # Issue 35: 25 ran once, stepping until steady; issue 49: as the line's edge, which it reached a tenth of a
+    # sample above 25 (``steps.edge_first``), so no batch above it ran: 2, 13, 25, then 24 in the long run.
     assert len([t for t in result.trials if t.batch_size == 25]) == 1
-    assert "batch 25 fit too" in result.message
+    assert [t.batch_size for t in result.trials] == [2, 13, 25, 24]
+    assert "batch 25 fit only inside the spread" in result.message
     # 24 is proven by a trial that ran until steady, like every maximum.
     (proof,) = [t for t in result.trials if t.batch_size == 24 and t.steady_rule is not None]
     assert proof.outcome is Outcome.FITS and proof.purpose == "long_run"

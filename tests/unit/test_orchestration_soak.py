@@ -223,7 +223,7 @@ def _estimated(fixed: int, per_sample: int) -> ScriptedExecutor:
 
 @pytest.mark.parametrize("soak_steps", [6, 0, None])
 def test_a_headroom_below_where_the_estimate_started_the_search_is_kept_and_proven(soak_steps):
-    """Issue 25: the search starts at the estimate's edge (issue 35: one above it, 26, then 25), so every batch
+    """Issue 25: the search starts at the estimate's edge (issue 49: the edge itself, 25, then 26), so every batch
     that fit is above a 30 % headroom's line (11); the recommendation is 11, at or below the line (the line from
     the one fitting trial's base reading to its peak), and its soak proves it (soak_steps 0: no trial runs for
     it, issue 34, and the result says it was not soaked; null, the default: the maximum's steady trial proves it,
@@ -233,7 +233,7 @@ def test_a_headroom_below_where_the_estimate_started_the_search_is_kept_and_prov
         del spec["search"]["steady_steps"]
     probed = probe(spec, _estimated(HOG_FIXED, HOG_PER_SAMPLE))
     result = probed.result
-    assert [t.batch_size for t in result.trials[:2]] == [26, 25] and result.max_batch_size == HOG_MAX
+    assert [t.batch_size for t in result.trials[:2]] == [25, 26] and result.max_batch_size == HOG_MAX
     assert min(t.batch_size for t in result.trials if t.purpose == "search") == 25
     recommendation = result.recommendation
     assert result.recommended_batch_size == 11
@@ -242,7 +242,7 @@ def test_a_headroom_below_where_the_estimate_started_the_search_is_kept_and_prov
     proof = [t for t in result.trials if t.batch_size == 11 and t.purpose in ("soak", "recommendation_check")]
     if soak_steps is None:
         assert proof == [] and recommendation.soaks == [] and recommendation.soak_steps == 0
-        assert recommendation.proven_by_trial == result.trials[1].index and result.trials[1].steady_rule is not None
+        assert recommendation.proven_by_trial == result.trials[0].index and result.trials[0].steady_rule is not None
         assert "no soak of its own" in recommendation.note
         return
     assert recommendation.proven_by_trial is None

@@ -11,13 +11,15 @@ and its fit is the proof.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from isoprobe.report.outcomes import Outcome
-from isoprobe.search.edge_search import StopReason, plan_next, run_search
+from isoprobe.search.edge_search import StopReason, decides, plan_next, run_search
 from isoprobe.search.history import Limits, Observation, Prior
-from isoprobe.search.steps import KNOWN_ERROR, first_batch, prior_edge, probes_the_edge
+from isoprobe.search.steps import ERROR_BOUND, edge_first, first_batch, prior_edge, probes_the_edge
 from tests.unit.test_search_guided import Device
 
 MiB = 1024**2
@@ -55,24 +57,29 @@ def test_a_prior_off_by_up_to_half_finds_the_same_exact_edge(true_max, slope_err
     # (a bisection's), never a third time.
     runs = [o for o in found.history if o.batch_size == found.max_fitting]
     assert all(o.outcome is Outcome.FITS for o in runs) and any(o.steady for o in runs) and len(runs) <= 2
-    # Only a trial that would be the maximum if it fit steps until steady: right below a failure, or the maximum.
+    # Only a trial that would be the maximum if it fit steps until steady: right below a failure, the maximum, or
+    # (issue 49) the edge a line predicted where it is the less certain of the pair (``edge_first``; the first trial,
+    # the prior's predicted edge, is one): the maximum when the line is right.
+    limits = Limits(start=2, capacity=device.capacity, prior=_prior(device, slope_error, intercept_error),
+                    steady=True, confirmations=0)
     assert all(o.batch_size + 1 == found.first_failing or o.batch_size == found.max_fitting or
-               o.outcome is not Outcome.FITS for o in found.history if o.steady)
+               o.outcome is not Outcome.FITS or index == 0 or o.batch_size == edge_first(found.history[:index], limits)
+               for index, o in enumerate(found.history) if o.steady)
 
 
 def test_an_exact_prior_needs_two_trials_and_no_second_process():
-    """Issue 35: one above the predicted edge (fails: the cheapest trial), then the edge itself, stepping until
-    steady: its fit proves the maximum, so nothing runs it again."""
+    """Issue 35, and 49: the predicted edge first, stepping until steady: its fit proves the maximum, so nothing
+    runs it again; then the batch above it, which runs out (the cheapest trial there is). The bare proof."""
     device = _device(136)
     found = _search(device, _prior(device, 0.0))
     assert found.max_fitting == 136 and found.first_failing == 137
-    assert [(o.batch_size, o.steady) for o in found.history] == [(137, False), (136, True)]
+    assert [(o.batch_size, o.steady) for o in found.history] == [(136, True), (137, False)]
 
 
 def test_an_exact_prior_with_a_confirmation_asked_runs_the_maximum_once_more():
     device = _device(136)
     found = _search(device, _prior(device, 0.0), confirmations=1)
-    assert [(o.batch_size, o.steady) for o in found.history] == [(137, False), (136, True), (136, True)]
+    assert [(o.batch_size, o.steady) for o in found.history] == [(136, True), (137, False), (136, True)]
 
 
 def test_a_maximum_whose_only_fit_was_short_runs_once_more_until_steady():
@@ -97,17 +104,19 @@ def test_without_a_capacity_or_a_prior_the_search_is_todays():
 
 def test_a_high_prior_steps_down_until_something_fits():
     device = _device(40)
-    prior = _prior(device, -0.5)  # predicts about 80: the first trial (one above) fails, then the edge
+    prior = _prior(device, -0.5)  # predicts about 80: its edge runs out
     found = _search(device, prior)
     tried = [o.batch_size for o in found.history]
     edge = prior_edge(Limits(start=2, capacity=device.capacity, prior=prior))
-    assert tried[0] == first_batch(Limits(start=2, capacity=device.capacity, prior=prior)) == edge + 1
-    assert tried[1] == edge and found.history[1].steady  # it would decide the maximum if it fit
-    # Then (issue 49: a miss corrects the model) not one below it, but the estimate taken KNOWN_ERROR further off,
-    # doubling with each miss: 15 %, 30 % ... below its edge, until something fits. (Before issue 49: one below the
-    # edge, "the common miss", then a quarter down; recorded runs missed by 5 to 15 %, and walked through failures.)
-    assert tried[2:4] == [int(edge / (1 + KNOWN_ERROR)), int(edge / (1 + 2 * KNOWN_ERROR))]
-    assert found.max_fitting == 40 and found.first_failing == 41
+    assert tried[0] == first_batch(Limits(start=2, capacity=device.capacity, prior=prior)) == edge
+    assert found.history[0].steady  # it would decide the maximum if it fit
+    # Then (issue 49: a miss corrects the model) not one below it, but the estimate taken ERROR_BOUND high, the factor
+    # squared with each miss: 1.5, 2.25 ... below its edge, until something fits. (Before issue 49: one above the
+    # edge first, the edge, one below it, then a quarter down: recorded runs missed by 5 to 15 %, and walked through
+    # failures.)
+    assert tried[1:3] == [int(edge / (1 + ERROR_BOUND)), int(edge / (1 + ERROR_BOUND) ** 2)]
+    assert found.history[2].outcome is Outcome.FITS
+    assert found.max_fitting == 40 and found.first_failing == 41 and len(tried) <= 5
 
 
 def test_nothing_fits_is_still_start_does_not_fit():
@@ -151,7 +160,8 @@ def test_flat_readings_never_send_the_search_past_what_the_prior_allows():
 def test_a_crash_at_the_predicted_edge_only_lowers_the_answer():
     device = _device(100, faults={(100, 1): Outcome.CRASHED, (100, 2): Outcome.CRASHED})
     found = _search(device, _prior(device, 0.0))
-    assert [o.batch_size for o in found.history[:3]] == [101, 100, 100]  # the edge retried once
+    # The edge retried once; a crash that came back fails it, and the next trial is placed as after a miss.
+    assert [o.batch_size for o in found.history[:3]] == [100, 100, 66]
     assert found.max_fitting == 99 and found.first_failing == 100
     assert found.first_failing_outcome is Outcome.CRASHED
 
@@ -162,22 +172,25 @@ def test_a_flaky_batch_is_never_the_answer():
     assert found.max_fitting == 135 and 136 in found.flaky
 
 
-def test_the_first_batch_is_one_above_the_prior_edge_and_at_least_the_start():
+def test_the_first_batch_is_the_prior_edge_and_at_least_the_start():
     limits = Limits(start=2, capacity=1000, prior=Prior(0, 10))
-    assert prior_edge(limits) == 100 and first_batch(limits) == 101
+    assert prior_edge(limits) == 100 and first_batch(limits) == 100
     assert first_batch(Limits(start=4, capacity=1000, prior=Prior(990, 10))) == 4  # edge 1: the start
-    assert plan_next([], Limits(start=2, capacity=1000, prior=Prior(0, 10))) == 101
+    assert plan_next([], Limits(start=2, capacity=1000, prior=Prior(0, 10))) == 100
+    assert decides([], replace(limits, steady=True), 100)  # a fit there is the maximum when the estimate is exact: it steps until steady
+    # The search before issue 49 (kept for the simulation's comparison): one above the edge, expected to fail.
+    assert first_batch(Limits(start=2, capacity=1000, prior=Prior(0, 10), correct_misses=False)) == 101
 
 
 def test_the_prior_edge_leaves_the_margin_a_maximum_must_clear():
     """A batch predicted to leave no more than the margin free could at best be marginal: the prior's edge is the
-    largest predicted to leave more, and the first trial (one above it) is the cheap failure. The held-out convnet:
-    812.08 MiB + 13.35 MiB a sample under 1280 MiB predicts 35 with 0.7 MiB free; with a 1 MiB margin the first
-    trial is 35, not 36 (35 and 36 both ran out of memory; 34 fits with 2.7 MiB free)."""
+    largest predicted to leave more, and the first trial goes there. The held-out convnet: 812.08 MiB + 13.35 MiB a
+    sample under 1280 MiB predicts 35 with 0.7 MiB free; with a 1 MiB margin the first trial is 34, not 35 (35 and
+    36 both ran out of memory; 34 fits with 2.7 MiB free)."""
     MiB = 1 << 20
     convnet = Prior(812.08 * MiB, 13.35 * MiB)
-    assert first_batch(Limits(start=2, capacity=1280 * MiB, prior=convnet)) == 36
-    assert first_batch(Limits(start=2, capacity=1280 * MiB, prior=convnet, margin=MiB)) == 35
+    assert first_batch(Limits(start=2, capacity=1280 * MiB, prior=convnet)) == 35
+    assert first_batch(Limits(start=2, capacity=1280 * MiB, prior=convnet, margin=MiB)) == 34
     assert prior_edge(Limits(start=2, capacity=1000, prior=Prior(0, 10), margin=10)) == 99
 
 

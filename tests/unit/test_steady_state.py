@@ -237,12 +237,12 @@ def test_the_parent_judges_the_quiet_window_from_the_steps_churns_as_the_child_d
 
 
 def test_a_batch_the_search_already_ran_until_steady_is_not_run_again_below_a_marginal_one():
-    """The 64-pixel Trainer's path (docs/steady-state.md): the check above the line's edge (24) steps until steady
-    and clears the spread; 26 runs out; 25 fits only inside the spread. The long-run search below 25 starts from
-    what the probe proved: 24 is the maximum, and no second process runs it (before, it ran again, 7 steps)."""
+    """The 64-pixel Trainer's path (docs/steady-state.md): the line's edge (24) steps until steady and clears the
+    spread; 25 fits only inside the spread. The long-run search below 25 starts from what the probe proved: 24 is
+    the maximum, and no second process runs it (before, it ran again, 7 steps)."""
     budget_fixed = 1536 * MiB - 4 * MiB - 25 * HOG_PER_SAMPLE  # 25: 4 MiB free (inside 8 MiB), 24: 36 MiB
     big = linear(budget_fixed, HOG_PER_SAMPLE)
-    small = linear(budget_fixed + 2 * HOG_PER_SAMPLE, HOG_PER_SAMPLE)  # small batches peak above the line
+    small = linear(budget_fixed + 3 * HOG_PER_SAMPLE // 2, HOG_PER_SAMPLE)  # small batches peak above the line
     result = probe(hog_spec(), ScriptedExecutor(lambda call: (small if call.batch_size < 16 else big)(call))).result
     assert (result.max_batch_size, [m.batch_size for m in result.edge_margin.marginal]) == (24, [25])
     (proof,) = [t for t in result.trials if t.batch_size == 24]
