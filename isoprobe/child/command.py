@@ -64,7 +64,9 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
     tree = Tree(folder)
     _open_gate(folder, _first_allowance(request))  # before the start: no rank may read a missing gate as 0 late
     stderr_path = folder / "stderr"
+    started = time.time()  # the shim stamps each step with time.time(): the start-up is read against it
     process = _start(request, folder, stderr_path)
+    first_step_seconds: float | None = None
     judged = 0  # the trial's steps judged so far (every rank had done them)
     allowed = _first_allowance(request)
     peaks_by_rank: dict[int, list[int]] = {}
@@ -98,6 +100,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                 readings = [p.steps[judged - 1] for p in ranks]
                 if judged == 1:  # the model exists once an optimizer has stepped: what a trial's phases say
                     first = readings[0]
+                    first_step_seconds = max(0.0, max(r.t for r in readings) - started)
                     events.emit(ModelBuilt(memory=MemoryReading(peak_rss=first.peak_bytes, rss=first.held_bytes)))
                 step_seconds.append(max(r.seconds for r in readings))
                 worst = max(readings, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
@@ -139,7 +142,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
         sys.stderr.write(error.traceback_tail)
     events.emit(TrialResult(outcome=outcome, phase=phase, step_seconds=step_seconds, error=error,
                             sources=_sources(tree.modules), reads=_reads(tree.reads, tree.modules),
-                            command_ranks=len(ranks) or None, **report))
+                            command_ranks=len(ranks) or None, first_step_seconds=first_step_seconds, **report))
 
 
 def _sample_for(seconds: float, sampler: Sampler | None, tree: Tree) -> None:

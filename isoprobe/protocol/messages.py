@@ -265,6 +265,7 @@ class TrialResult(_Event):
     total_memory_bytes: int | None = None
     sizes: Sizes | None = None
     compile_seconds: float | None = None
+    first_step_seconds: float | None = Field(None, ge=0, description="report.trial.Trial.first_step_seconds.")
     eval_seconds: float | None = None
     applied: Applied | None = None
     error: ErrorInfo | None = None

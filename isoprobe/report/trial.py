@@ -208,6 +208,10 @@ class Trial(Strict):
         description="training.compile: the first step's extra time over a later step's (tracing and compiling).",
     )
     eval_seconds: float | None = Field(None, description="training.eval_pass: wall time of the evaluation pass.")
+    first_step_seconds: float | None = Field(
+        None, description="A command's trial: wall time from the command's start to the end of its first optimizer "
+        "step (the slowest rank's): the interpreter, its imports and the script's set-up, plus one step; what the "
+        "trial pays before its first reading.")
     applied: Applied | None = Field(None, description="What the step really ran with (trials that got that far).")
     sizes: Sizes | None = Field(None, description="Parameters, gradients and optimizer state, measured (trials that fit).")
     allocator: str | None = Field(

@@ -209,6 +209,12 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     failing = result["first_failing_batch_size"]
     assert all(result["max_batch_size"] < b < failing for b in marginal), (result["message"], marginal)
     assert left_behind(str(scratch)) == []
+    # Issue 49: every fitting trial read its base (what the worst rank held right after its step, never above its
+    # peak) and how long the command took to its first optimizer step.
+    fitting = [t for t in result["trials"] if t["outcome"] == "fits"]
+    assert all(0 < t["base_bytes"] <= t["budget_peak_bytes"] for t in fitting), \
+        [(t["base_bytes"], t["budget_peak_bytes"]) for t in fitting]
+    assert all(t["first_step_seconds"] > 0 for t in fitting)
     # The floor came from this script's own heap (search.margin.floor_bytes), read in its fitting trials at half the
     # maximum or more (search.margin.near: a tiny batch's churn is not the edge's).
     churns = [t["heap_churn_bytes"] for t in result["trials"] if t["outcome"] == "fits"

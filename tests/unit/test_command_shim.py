@@ -220,13 +220,14 @@ def test_the_worst_ranks_mapped_file_pages_go_with_its_readings_and_the_resident
     mib = 1 << 20
     tree = command_tree.Tree(tmp_path)
     write_lines(tmp_path, 11, hello(0, 2), {**step(1, 700 * mib), "peak_bytes": 930 * mib,
-                                            "file_resident_bytes": 200 * mib})
+                                            "file_resident_bytes": 200 * mib, "held_budget_bytes": 640 * mib})
     write_lines(tmp_path, 12, hello(1, 2), {**step(1, 710 * mib), "peak_bytes": 937 * mib,
-                                            "file_resident_bytes": 210 * mib})
+                                            "file_resident_bytes": 210 * mib, "held_budget_bytes": 650 * mib})
     tree.read()
     readings = supervisor._readings(tree.ranks(), 1)
+    # The base reading (issue 49) is the worst rank's own: what it held right after the step, with its peak.
     assert readings == {"peak_bytes": 937 * mib, "budget_peak_bytes": 710 * mib, "file_resident_bytes": 210 * mib,
-                        "budget_swing_bytes": None, "heap_churn_bytes": None}
+                        "budget_swing_bytes": None, "heap_churn_bytes": None, "base_bytes": 650 * mib}
     asked = Asked(steps=1, backend="cpu", budget_bytes=894 * mib)
     assert over_budget(TrialResult(outcome=Outcome.FITS, phase="done", **readings), asked) is None
     unknown_files = TrialResult(outcome=Outcome.FITS, phase="done", **{**readings, "file_resident_bytes": None})

@@ -232,6 +232,9 @@ def test_a_steps_reading_is_in_the_budgets_units_and_never_drops(shim, monkeypat
     first, second = _steps_written(Path(os.environ[shim.DIR_ENV]))
     assert first.budget_peak_bytes == 20 * 300 * MiB + CONTEXT
     assert second.budget_peak_bytes == first.budget_peak_bytes  # the outside read lower can never lower the peak
+    # Issue 49: what the process held right after each step, in the same units (allocated now plus the memory outside
+    # the allocator): the trial's base reading, which gives one batch its own slope. It does drop.
+    assert first.held_budget_bytes == 20 * 300 * MiB + CONTEXT and second.held_budget_bytes == CONTEXT
 
 
 @pytest.mark.parametrize("backend", ["native", "cudaMallocAsync"])
