@@ -127,7 +127,9 @@ def search(runner, limits, history: list[Observation], step):
 
     devices = resolve_slots(runner.spec, runner.target, runner.reporter.note)
     if len(devices) == 1:
-        return run_search(runner.observe, limits, history, step=step)
+        # The floor the trials so far measured (a command's heap churn) steers the next trial (issue 49).
+        return run_search(runner.observe, limits, history, step=step,
+                          margin=lambda: limits.margin if (s := runner.spread(least=True)) is None else s.bytes)
     from isoprobe.search.parallel import run_parallel_search
 
     runner.reporter.note(f"{len(devices)} slots: up to {len(devices)} trials at once ({', '.join(devices)})")

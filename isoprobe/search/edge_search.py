@@ -236,16 +236,24 @@ def run_search(
     limits: Limits,
     history: list[Observation] | None = None,
     step: Step | None = None,
+    margin: Callable[[], int] | None = None,
 ) -> Conclusion:
     """Ask the oracle until the answer is known.
 
     With ``limits.steady`` the oracle is called as ``oracle(batch, deciding)``: ``deciding`` (``decides``) asks it to
     step until the peak is steady, and the observation it returns says whether it did (``Observation.steady``).
     ``history`` (appended to in place) lets a caller keep the trials so far when
-    the loop is interrupted, and resume from them.
+    the loop is interrupted, and resume from them. ``margin``: the least a maximum must leave free as the trials so
+    far measured it (a command's floor is its heap churn, read once a trial near the edge has fit), asked before
+    each trial and taken as ``limits.margin``; it moves where the search looks, never a verdict (issue 49: with the
+    floor of the start, the Lightning script's line checked 39 and 38 where 38 was inside the floor it measured).
     """
     history = [] if history is None else history
-    while (batch := plan_next(history, limits, step)) is not None:
+    while True:
+        if margin is not None:
+            limits = replace(limits, margin=margin())
+        if (batch := plan_next(history, limits, step)) is None:
+            break
         if sum(o.batch_size == batch for o in history) >= limits.most_attempts:
             raise AssertionError(f"the planner proposed batch {batch} more than {limits.most_attempts} times")
         observation = oracle(batch, decides(history, limits, batch)) if limits.steady else oracle(batch)

@@ -130,10 +130,10 @@ SMALL_CNN_LIMITS = Limits(start=2, capacity=1280 * MiB, margin=3 * MiB, steady=T
                           prior=Prior(865.6 * MiB, 411.4 * MiB / 175.5))
 
 
-def _with_the_long_run(history: list[Observation], limits: Limits, device) -> list[Observation]:
+def _with_the_long_run(history: list[Observation], limits: Limits, device, margin=None) -> list[Observation]:
     """The short search, then the steady trials below a marginal maximum (``long_run``), as the probe runs them: a
     batch below that already fit stepping until steady runs no second time (``pipeline.steady_edge``)."""
-    found = run_search(device, limits, history)
+    found = run_search(device, limits, history, margin=margin)
     history = list(found.history)
     if found.long_run_failure is not None:
         failed = found.long_run_failure
@@ -212,3 +212,47 @@ def test_recorded_ddp_command_with_its_base_reading_opens_far_apart():
     history = _with_the_long_run([], DDP_LIMITS, _ddp)
     assert [o.batch_size for o in history] == [2, 23, 30, 29]
     assert history[-1].steady and history[-1].outcome is Outcome.FITS and history[2].long_run
+
+
+# --------------------------------------------------------------------------- the floor the trials measured
+
+
+def _lightning(batch: int, deciding: bool = False) -> Observation:
+    """The LightningCLI script under 1085 MiB, shaped on a probe of 2026-11-28: 2 reads 902.5 MiB over a base of
+    891.72 (901.74 in that probe: its small batches' readings move by a MiB between runs), 20 reads 992.25 over
+    893.64, then 5.03 MiB a sample (38 read 1082.76); its floor 4.97 MiB (its heap churns 3.97 MiB a step, plus 1):
+    38 fits with 2.2 MiB free, inside the floor (marginal), 39 runs out."""
+    floor = 4.97 * MiB
+    peak = 902.5 * MiB if batch == 2 else (992.25 + 5.03 * (batch - 20)) * MiB
+    if peak > LIGHTNING_LIMITS.capacity:
+        return Observation(batch, Outcome.OUT_OF_MEMORY, steady=deciding)
+    marginal = deciding and LIGHTNING_LIMITS.capacity - peak <= floor
+    return Observation(batch, Outcome.FITS, int(peak), int((891.72 if batch == 2 else 893.64) * MiB),
+                       long_run=marginal, steady=deciding)
+
+
+#: The floor known before any trial: a command's least (1 MiB over a churn not yet measured).
+LIGHTNING_LIMITS = Limits(start=2, capacity=1085 * MiB, margin=1 * MiB, steady=True, confirmations=0)
+
+
+def test_the_floor_the_trials_measured_steers_the_next_trial():
+    """With the floor of the start (1 MiB) the line through 2 and 18 puts the edge at 38, so 39 is checked, runs
+    out, and 38 is marginal: 5 trials, as the table's probe ran (docs/measurements.md). Asked before each trial, the
+    floor its fits measured (4.97 MiB, once 18 has read the heap's churn) puts the edge at 37, and 38 checks it,
+    stepping until steady: marginal, and 37 proves the maximum. 4 trials: the bare proof + 2."""
+    fixed = _with_the_long_run([], LIGHTNING_LIMITS, _lightning)
+    assert [o.batch_size for o in fixed] == [2, 18, 39, 38, 37]
+    seen: list[int] = []
+
+    def measured_floor() -> int:
+        return int(4.97 * MiB) if seen and max(seen) >= 18 else 1 * MiB
+
+    def device(batch: int, deciding: bool = False) -> Observation:
+        observation = _lightning(batch, deciding)
+        if observation.outcome is Outcome.FITS:
+            seen.append(batch)
+        return observation
+
+    refreshed = _with_the_long_run([], LIGHTNING_LIMITS, device, margin=measured_floor)
+    assert [o.batch_size for o in refreshed] == [2, 18, 38, 37]
+    assert refreshed[2].steady and refreshed[2].long_run and refreshed[-1].steady
