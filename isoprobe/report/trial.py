@@ -150,7 +150,9 @@ class Trial(Strict):
         None,
         description=(
             "Memory held after the steps with the batch's activations freed (weights, gradients, optimizer state, "
-            "runtime). CUDA: torch.cuda.memory_allocated; CPU: the data segment."
+            "runtime), in the budget's units. CUDA: torch.cuda.memory_allocated plus the memory outside the "
+            "allocator; CPU: the data segment. A command's trial: the worst rank's, right after its last judged "
+            "step. With peak_bytes it gives one batch its own slope (the guided search's second trial)."
         ),
     )
     step_seconds: list[float] = Field(
