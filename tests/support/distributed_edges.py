@@ -168,14 +168,24 @@ def check_long_run(strategy: str, found: dict, checked: tuple) -> None:
 def edge_pair(result: dict) -> int:
     """The first batch above the maximum that must fail a long run: the first failing batch, every batch between
     them marginal (issue 34's spread rule: it fit the long run, but closer to the capacity than a long run's peak
-    moves). Where the batch right above the maximum was the search's check above its line's edge and fit only
-    inside the spread, nothing larger was tried (issue 35: no trial spent above an answer already exact), and it
-    is the batch above the marginal ones."""
+    moves). Where the trial above the maximum fit only inside the spread and nothing larger was tried (issue 35:
+    no trial spent above an answer already exact; issue 49: the line's edge checked first), no batch above was
+    seen to fail: then the first whose peak, one sample (the measured per-sample cost) a batch above the largest
+    marginal one's, is over the capacity. A spread wider than a sample (a gang's 16 MiB floor against FSDP's 11 MiB
+    a sample) leaves a batch between that fits outside isoprobe's answer: FSDP's 14 marginal at 1159 MiB, and 15
+    trained 30 steps with 5 MiB free in a plain run, so the one that must fail is 16."""
     maximum, failing = result["max_batch_size"], result["first_failing_batch_size"]
     marginal = [m["batch_size"] for m in (result["edge_margin"] or {}).get("marginal", [])]
     if failing is None:
         assert marginal and "no larger batch was tried" in result["message"], result["message"]
-        failing = max(marginal) + 1
+        assert marginal == list(range(maximum + 1, max(marginal) + 1)), (result["message"], marginal)
+        top = max(marginal)
+        capacity = result["device"]["memory_budget_bytes"]
+        peak = max(rank["budget_peak_bytes"] for trial in result["trials"] if trial["batch_size"] == top
+                   and trial["outcome"] == "fits" for rank in (trial["ranks"] or [trial]) if rank["budget_peak_bytes"])
+        per_sample = (result.get("memory_breakdown") or {}).get("activation_bytes_per_sample")
+        assert per_sample, result.get("memory_breakdown")
+        return top + 1 + max(0, int((capacity - peak) // per_sample))
     assert failing > maximum, result["message"]
     assert list(range(maximum + 1, failing)) == [b for b in marginal if b < failing], (result["message"], marginal)
     return failing
