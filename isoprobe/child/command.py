@@ -37,35 +37,26 @@ from typing import TYPE_CHECKING
 from isoprobe.child.command_tree import POLL_SECONDS, SAMPLE_SECONDS, Process, Sampler, Tree
 from isoprobe.child.command_verdicts import (copy_stderr_tail, exception_verdict, exit_status_of, exit_verdict,
                                              forged_error, not_trained_at_batch, over_budget, rank_lost_verdict)
-from isoprobe.child.memory import data_cap
-from isoprobe.protocol.command import (GATE_FILE, SHIM_CUDA_BUDGET_ENV, SHIM_CUDA_OUTSIDE_ENV, SHIM_DIR_ENV,
-                                       SHIM_FOLDER, ShimStep)
+from isoprobe.child.command_start import command_cap, request_environment, start_command
+from isoprobe.child.warm_command import go, take
+from isoprobe.protocol.command import GATE_FILE, ShimStep
 from isoprobe.protocol.messages import Imported, MemoryReading, ModelBuilt, StepDone, TrialRequest, TrialResult
-from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.trial import ErrorInfo
-from isoprobe.spec.command import BATCH_ENV, argv_for
-from isoprobe.system.data_cap import set_exact
+from isoprobe.spec.command import argv_for
 from isoprobe.system.keeper import sigkill_below, srun_processes
 from isoprobe.system.slurm_steps import cancel_slurm_steps, slurm_steps_of, wait_slurm_steps_gone
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events
 
-#: Variables of isoprobe's own children that the user's command must not inherit.
-_OWN_VARIABLES = (EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV)
-
-
 def run_command_trial(request: TrialRequest, events: "Events") -> None:
     """Run the command at the request's batch, judge its steps, end its tree, and write one ``TrialResult``."""
-    spec = request.spec
-    folder = Path(tempfile.mkdtemp(prefix="command-", dir=_scratch_folder()))
-    tree = Tree(folder)
-    _open_gate(folder, _first_allowance(request))  # before the start: no rank may read a missing gate as 0 late
-    stderr_path = folder / "stderr"
     started = time.time()  # the shim stamps each step with time.time(): the start-up is read against it
-    process = _start(request, folder, stderr_path)
+    folder, process, ahead = _start(request)
+    tree = Tree(folder)
+    stderr_path = folder / "stderr"
     first_step_seconds: float | None = None
     judged = 0  # the trial's steps judged so far (every rank had done them)
     allowed = _first_allowance(request)
@@ -142,7 +133,8 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
         sys.stderr.write(error.traceback_tail)
     events.emit(TrialResult(outcome=outcome, phase=phase, step_seconds=step_seconds, error=error,
                             sources=_sources(tree.modules), reads=_reads(tree.reads, tree.modules),
-                            command_ranks=len(ranks) or None, first_step_seconds=first_step_seconds, **report))
+                            command_ranks=len(ranks) or None, first_step_seconds=first_step_seconds,
+                            started_ahead=ahead, **report))
 
 
 def _sample_for(seconds: float, sampler: Sampler | None, tree: Tree) -> None:
@@ -186,36 +178,20 @@ def _open_gate(folder: Path, allowed: int) -> None:
     os.replace(temporary, folder / GATE_FILE)
 
 
-def _command_environment(request: TrialRequest, folder: Path) -> dict[str, str]:
-    """This child's environment (the backend's variables: the malloc threshold, no GPU on the CPU backend, the
-    allocator setting) for the command, less isoprobe's own wiring, plus the batch and the shim."""
-    env = {k: v for k, v in os.environ.items() if k not in _OWN_VARIABLES}
-    package_root = str(Path(__file__).resolve().parents[2])
-    user_path = [entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry and entry != package_root]
-    env["PYTHONPATH"] = os.pathsep.join([str(SHIM_FOLDER), *user_path])
-    env[SHIM_DIR_ENV] = str(folder)
-    env[BATCH_ENV] = str(request.batch_size)
-    if request.device.startswith("cuda") and request.memory_budget_bytes is not None:
-        env[SHIM_CUDA_BUDGET_ENV] = str(request.memory_budget_bytes)
-        outside = request.cuda_outside_bytes  # the environment check's figure, where the parent had one
-        if outside:
-            env[SHIM_CUDA_OUTSIDE_ENV] = str(int(outside))
-    return env
-
-
-def _start(request: TrialRequest, folder: Path, stderr_path: Path) -> subprocess.Popen:
+def _start(request: TrialRequest) -> tuple[Path, subprocess.Popen, bool]:
+    """The trial's folder and command, and whether it was started ahead: the command this process started while it
+    waited (``child.warm_command``), if it is this trial's but for the batch; else started now. The gate is open to
+    the first allowance before any of the command runs at the batch (no rank may read a missing gate as 0)."""
+    ahead = take(request)
+    if ahead is not None:
+        _open_gate(ahead.folder, _first_allowance(request))
+        return ahead.folder, go(ahead, request), True
+    folder = Path(tempfile.mkdtemp(prefix="command-", dir=_scratch_folder()))
+    _open_gate(folder, _first_allowance(request))
     spec = request.spec
-    budget = data_cap() if not request.device.startswith("cuda") else None
-
-    def prepare() -> None:
-        # The cap of the command is the budget itself: the credit for isoprobe's own modules was this process's.
-        if budget is not None:
-            set_exact(budget)
-
-    with open(folder / "stdout", "wb") as out, open(stderr_path, "wb") as err:
-        return subprocess.Popen(argv_for(spec.command, spec.shell, request.batch_size), cwd=spec.command_dir,
-                                env=_command_environment(request, folder), stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=err, start_new_session=True, preexec_fn=prepare)
+    process = start_command(argv_for(spec.command, spec.shell, request.batch_size), spec.command_dir,
+                            request_environment(request, folder), folder, command_cap(request.device))
+    return folder, process, False
 
 
 def _end_tree(process: subprocess.Popen) -> None:

@@ -47,7 +47,7 @@ from isoprobe.child.preload import import_modules, preload_names, read_modules
 from isoprobe.child.request import cuda_initialized, run_request
 from isoprobe.child.source_only import compile_own_from_source
 from isoprobe.protocol.wiring import (CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, IMPORT_LINE, PRELOAD_ENV, SERVE_ARGUMENT,
-                                      WAIT_ARGUMENT)
+                                      WAIT_ARGUMENT, WARM_PLAN_ENV)
 
 USAGE = (f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}] | {SERVE_ARGUMENT} FD   "
          f"(with ${EVENTS_ENV} naming the events file)")
@@ -80,7 +80,9 @@ def wait_for_request(events: Events, idle: bool) -> str | None:
         # behind a busy machine, and the parent with it).
         _restore_priority(niced)
     complete = len(modules) == wanted
-    events.emit(warm_event(modules, seconds, idle_priority=niced is not None, own_data_bytes=own.data))
+    ahead_cuda = _start_command_ahead()
+    events.emit(warm_event(modules, seconds, idle_priority=niced is not None, own_data_bytes=own.data,
+                           ahead_cuda=ahead_cuda))
     while True:
         line = sys.stdin.readline().strip()
         if not line.startswith(IMPORT_LINE):
@@ -115,11 +117,30 @@ def load_own(*more: str):
     return import_own(lambda: [importlib.import_module(name) for name in (*OWN_MODULES, *more)])
 
 
-def warm_event(modules: list[str], seconds: float, **fields):
-    """The ``warm`` event, once isoprobe's own modules are imported (``load_own``)."""
+def warm_event(modules: list[str], seconds: float, *, ahead_cuda: bool = False, **fields):
+    """The ``warm`` event, once isoprobe's own modules are imported (``load_own``). ``ahead_cuda``: the command
+    started ahead created a CUDA context while it imported: this process's too, for the executor's check."""
     from isoprobe.protocol.messages import Warm
 
-    return Warm(modules=modules, seconds=seconds, cuda_initialized=cuda_initialized(), **fields)
+    return Warm(modules=modules, seconds=seconds, cuda_initialized=cuda_initialized() or ahead_cuda, **fields)
+
+
+#: How long a waiting trial process waits for its command's imports before it says ``warm`` all the same (the
+#: trial then hands the command its batch when it is due, and the command runs once its imports are done).
+AHEAD_READY_SECONDS = 120.0
+
+
+def _start_command_ahead() -> bool:
+    """A command trial's process whose executor planned it (``protocol.warm_command``): start the command now,
+    wait for its imports; whether they created a CUDA context. Nothing planned, or a shape that cannot: False."""
+    plan = os.environ.pop(WARM_PLAN_ENV, None)
+    if not plan:
+        return False
+    from isoprobe.child.warm_command import start_ahead, wait_ready
+
+    ahead = start_ahead(plan)
+    ready = wait_ready(ahead, AHEAD_READY_SECONDS) if ahead is not None else None
+    return bool(ready is not None and ready.cuda_initialized)
 
 
 #: This process's scheduler autogroup (Linux, ``sched_autogroup_enabled``): its nice value, ``nice N``, writable.

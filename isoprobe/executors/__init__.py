@@ -68,6 +68,9 @@ class Conditions:
     #: later: a rank told ``torch.set_num_threads(1)`` after its imports held 42 MB more (measured) than one
     #: started with the variable, as torchrun starts it.
     threads: int | None = None
+    #: A command probe's plan for starting the next trial's command ahead (``protocol.warm_command.WarmPlan`` as
+    #: JSON): a process started ahead starts the command too. None: the command starts when its trial is due.
+    command_plan: str | None = None
 
 
 @dataclass(frozen=True)

@@ -68,6 +68,7 @@ from isoprobe.executors.processes import (
     write_atomically,
 )
 from isoprobe.system.oomkill import memory_cgroup_dir, oom_kill_count
+from isoprobe.protocol.wiring import WARM_PLAN_ENV
 from isoprobe.protocol.messages import (
     CHILD_MODULE,
     IDLE_ARGUMENT,
@@ -320,6 +321,8 @@ class LocalExecutor:
                                 events_path=events_path, threads=conditions.threads)
         if conditions.preload:
             env[PRELOAD_ENV] = ",".join(conditions.preload)
+        if conditions.command_plan:
+            env[WARM_PLAN_ENV] = conditions.command_plan
         child_argv = [sys.executable, "-m", CHILD_MODULE, WAIT_ARGUMENT] + ([IDLE_ARGUMENT] if spare else [])
         if serve is not None:
             child_argv = [sys.executable, "-m", CHILD_MODULE, SERVE_ARGUMENT, str(serve)]

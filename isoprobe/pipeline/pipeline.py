@@ -22,6 +22,7 @@ from isoprobe.search.insights import memory_breakdown, throughput
 from isoprobe.report.output import Reporter
 from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
 from isoprobe.pipeline.prediction import no_estimate, predicted_max, prediction, prior_of
+from isoprobe.pipeline.command_ahead import command_plan
 from isoprobe.pipeline.data import data_info
 from isoprobe.pipeline.edge import compare_allocators, search_and_recommend, stop_reason_of
 from isoprobe.pipeline.environment import (
@@ -52,7 +53,11 @@ def local_executor(spec: Spec) -> Executor:
     with ``spec.distributed``, each trial a gang of them."""
     from isoprobe.executors.local import LocalExecutor
 
+    from isoprobe.pipeline.command_ahead import starts_ahead
+
     forked = {None: ("cpu",), True: ("cpu", "cuda"), False: ()}[spec.search.fork_server]
+    if starts_ahead(spec):
+        forked = ()  # each trial's process is started ahead, and starts its command ahead (command_ahead)
     local = LocalExecutor(warm=spec.search.warm_start, fork=forked)
     if not spec.distributed.gang:
         return local
@@ -101,7 +106,8 @@ def run_probe(
             # this try: a signal held while the spare starts lands as it ends, and must still give a
             # JSON document (found by test_interrupt with warm start on: 1 run in the full suite).
             backend = likely_backend(spec)
-            executor.prestart(trial_conditions(spec, backend, spec.memory_budget or DEFAULT_CPU_BUDGET))
+            executor.prestart(replace(trial_conditions(spec, backend, spec.memory_budget or DEFAULT_CPU_BUDGET),
+                                      command_plan=command_plan(spec, backend, None, None)))
             facts = inspect_environment(spec, spec_path, executor, python_path)
         except (KeyboardInterrupt, Terminated) as stopped:
             return _stopped_before_trials(spec, spec_path, stopped, environ, started)

@@ -61,6 +61,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         sizes=result.sizes if fits and result else None,
         compile_seconds=_rounded(result.compile_seconds, 3) if result else None,
         first_step_seconds=_rounded(result.first_step_seconds, 3) if result else None,
+        started_ahead=result.started_ahead if result else None,
         eval_seconds=_rounded(result.eval_seconds, 4) if result else None,
         applied=result.applied if result else None,
         seconds=round(run.seconds, 3),

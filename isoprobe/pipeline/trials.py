@@ -13,10 +13,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from isoprobe.executors import ChildRun, Executor
+from isoprobe.executors import ChildRun, Conditions, Executor
 from isoprobe.executors.rounds import run_round
 from isoprobe.report.outcomes import Outcome, card_was_full, free_at_failure, maybe_allocation_failure
 from isoprobe.report.output import Reporter
+from isoprobe.pipeline.command_ahead import command_plan
 from isoprobe.pipeline.environment import Target, trial_conditions
 from isoprobe.pipeline.plausibility import Asked
 from isoprobe.pipeline.data import request_indices
@@ -51,13 +52,20 @@ class TrialRunner:
         #: one evaluation pass at the batch it is asked for (``pipeline.eval_edge``).
         self.eval_after: int | None = None
         self.length: int | None = None  # set by the token search: the bucket length its trials run at (and are tagged with)
-        self.conditions = trial_conditions(spec, target.backend, target.info.memory_budget_bytes,
-                                           model_imports=target.model_imports)
+        self.conditions = self._conditions(None)
         #: How long a trial that decides the maximum steps (None: search.steady_steps is 0, every trial is short).
         # A quiet heap's shorter window where its trials read their heap churn: one process of isoprobe's own on the
         # CPU backend (a gang's ranks and a command keep the window: their growth was measured to pause).
         quiet = target.backend == "cpu" and spec.command is None and spec.distributed.strategy == "none"
         self.steady_rule = steady.rule_for(spec.search.steps, spec.search.steady_steps, quiet=quiet)
+
+    def _conditions(self, allocator_label: str | None) -> Conditions:
+        """How this probe's trial processes start (with a command's plan to start it ahead, ``command_ahead``)."""
+        conditions = trial_conditions(self.spec, self.target.backend, self.target.info.memory_budget_bytes,
+                                      allocator_label, self.target.model_imports)
+        return replace(conditions, command_plan=command_plan(self.spec, self.target.device,
+                                                             self.target.info.memory_budget_bytes,
+                                                             self.target.cuda_outside_bytes))
 
     def at_length(self, spec: Spec, length: int) -> None:
         """From now on trials run ``spec`` (whose input.shape[0] is ``length``) and are tagged with the length."""
@@ -71,8 +79,7 @@ class TrialRunner:
     def use_allocator(self, label: str) -> None:
         """From now on trials run under this ``allocators`` entry (and are tagged with it)."""
         self.allocator_label = label
-        self.conditions = trial_conditions(self.spec, self.target.backend, self.target.info.memory_budget_bytes,
-                                           label, self.target.model_imports)
+        self.conditions = self._conditions(label)
         self.executor.prestart(self.conditions)
 
     def run(self, batch_size: int, purpose: str = "search", steps: int | None = None,

@@ -266,6 +266,7 @@ class TrialResult(_Event):
     sizes: Sizes | None = None
     compile_seconds: float | None = None
     first_step_seconds: float | None = Field(None, ge=0, description="report.trial.Trial.first_step_seconds.")
+    started_ahead: bool | None = Field(None, description="report.trial.Trial.started_ahead.")
     eval_seconds: float | None = None
     applied: Applied | None = None
     error: ErrorInfo | None = None

@@ -29,3 +29,6 @@ PRELOAD_ENV = "ISOPROBE_PRELOAD"
 #: request path so (its paths are absolute). How a spare started before the environment check takes on the
 #: model's imports (a file, not the names: a line of up to 1000 of them could fill the pipe).
 IMPORT_LINE = "import "
+#: Environment variable handing a waiting command trial's process its plan (``protocol.warm_command.WarmPlan`` as
+#: JSON, from ``Conditions.command_plan``): start the command ahead while waiting. Removed before anything runs.
+WARM_PLAN_ENV = "ISOPROBE_WARM_PLAN"

@@ -214,6 +214,11 @@ class Trial(Strict):
         None, description="A command's trial: wall time from the command's start to the end of its first optimizer "
         "step (the slowest rank's): the interpreter, its imports and the script's set-up, plus one step; what the "
         "trial pays before its first reading.")
+    started_ahead: bool | None = Field(
+        None, description="A command's trial: true when the command's interpreter was started ahead of the trial "
+        "(search.warm_start, a `python SCRIPT` or `python -m MODULE` command) and had imported the installed modules "
+        "the script imports at its top before the trial was due; first_step_seconds then counts from the trial's "
+        "start, not the interpreter's. false: started when the trial was due.")
     applied: Applied | None = Field(None, description="What the step really ran with (trials that got that far).")
     sizes: Sizes | None = Field(None, description="Parameters, gradients and optimizer state, measured (trials that fit).")
     allocator: str | None = Field(

@@ -33,7 +33,7 @@ from fake_cuda import (GiB, MiB, NCCL_OOM_MESSAGE, DistBackendError, FakeCard, F
                        OutOfMemoryError, fake_torch)
 
 from isoprobe.child import command as supervisor  # noqa: E402
-from isoprobe.child import command_tree, command_verdicts  # noqa: E402
+from isoprobe.child import command_start, command_tree, command_verdicts  # noqa: E402
 from isoprobe.child import cuda as child_cuda  # noqa: E402
 from isoprobe.protocol.command import SHIM_FOLDER, ShimException, ShimStep, parse_lines  # noqa: E402
 from isoprobe.protocol.messages import TrialRequest  # noqa: E402
@@ -348,11 +348,11 @@ def test_a_cuda_trial_within_the_budget_fits_with_its_readings(tmp_path):
 def test_the_outside_estimate_reaches_the_shim_through_the_environment(tmp_path):
     spec = Spec.model_validate({"command": "python t.py {batch_size}", "command_dir": "/tmp"})
     request = TrialRequest(spec=spec, batch_size=4, device="cuda:0", memory_budget_bytes=BUDGET)
-    env = supervisor._command_environment(request, tmp_path)
+    env = command_start.request_environment(request, tmp_path)
     assert env["ISOPROBE_SHIM_CUDA_BUDGET"] == str(BUDGET)
     assert "ISOPROBE_SHIM_CUDA_OUTSIDE" not in env  # no figure in the request: the first step's reading decides
     with_figure = types.SimpleNamespace(**{**dict(request), "cuda_outside_bytes": 600 * MiB})
-    assert supervisor._command_environment(with_figure, tmp_path)["ISOPROBE_SHIM_CUDA_OUTSIDE"] == str(600 * MiB)
+    assert command_start.request_environment(with_figure, tmp_path)["ISOPROBE_SHIM_CUDA_OUTSIDE"] == str(600 * MiB)
 
 
 # ----------------------------------------------------------------------------------------------- item 3

@@ -230,7 +230,7 @@ def test_2_a_command_trial_carries_the_checks_outside_memory_to_its_shim():
     the memory outside it: the environment check's figure (its context, other processes) is taken off first."""
     from pathlib import Path as _Path
 
-    from isoprobe.child.command import _command_environment
+    from isoprobe.child.command_start import request_environment
     from isoprobe.pipeline.environment import Target
     from isoprobe.protocol.command import SHIM_CUDA_OUTSIDE_ENV
     from isoprobe.protocol.messages import TrialRequest
@@ -244,4 +244,4 @@ def test_2_a_command_trial_carries_the_checks_outside_memory_to_its_shim():
     spec = Spec.model_validate({"command": ["python", "train.py", "{batch_size}"], "device": "cuda"})
     request = TrialRequest(spec=spec, batch_size=4, device="cuda:0", memory_budget_bytes=8 * GiB,
                            cuda_outside_bytes=520 * MiB)
-    assert _command_environment(request, _Path("/tmp"))[SHIM_CUDA_OUTSIDE_ENV] == str(520 * MiB)
+    assert request_environment(request, _Path("/tmp"))[SHIM_CUDA_OUTSIDE_ENV] == str(520 * MiB)
