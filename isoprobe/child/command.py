@@ -62,6 +62,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
     allowed = _first_allowance(request)
     peaks_by_rank: dict[int, list[int]] = {}
     step_seconds: list[float] = []
+    judged_peaks: list[int] = []  # each judged step's worst reading, as its StepDone carries it to the parent
     verdict: tuple[Outcome, ErrorInfo | None, str] | None = None
     imported = False
     sampler = Sampler() if not request.device.startswith("cuda") else None
@@ -95,6 +96,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                     events.emit(ModelBuilt(memory=MemoryReading(peak_rss=first.peak_bytes, rss=first.held_bytes)))
                 step_seconds.append(max(r.seconds for r in readings))
                 worst = max(readings, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
+                judged_peaks.append(worst.budget_peak_bytes or worst.peak_bytes or 0)
                 events.emit(StepDone(step=judged, seconds=step_seconds[-1], peak_bytes=worst.peak_bytes,
                                      held_bytes=max((r.held_bytes or 0) for r in readings) or None,
                                      budget_peak_bytes=worst.budget_peak_bytes))
@@ -104,7 +106,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                 if over is not None:
                     verdict = (Outcome.OUT_OF_MEMORY, over, f"step {judged}")
                     break
-                if _enough(request, judged, list(peaks_by_rank.values())):
+                if _enough(request, judged, list(peaks_by_rank.values()), judged_peaks):
                     verdict = (Outcome.FITS, None, "done")
                     break
                 if judged + 1 > allowed:
@@ -163,12 +165,21 @@ def _first_allowance(request: TrialRequest) -> int:
     (a steady rule judges from the request's steps on)."""
     return request.steps or request.spec.search.steps
 
-def _enough(request: TrialRequest, judged: int, peaks_by_rank: list[list[int]]) -> bool:
-    """As ``StepHook.after_step``: the request's steps, or with a steady rule every rank steady (or at the cap)."""
+def _enough(request: TrialRequest, judged: int, peaks_by_rank: list[list[int]], judged_peaks: list[int]) -> bool:
+    """As ``StepHook.after_step``: the request's steps, or with a steady rule every rank steady (or at the cap),
+    and so is the sequence the parent judges (``judged_peaks``, the StepDone readings: ``classify.still_rising``).
+
+    Both, because they can differ: a helper the script ran first (a sanity check of two steps at batch 2 in a
+    subprocess) was the only rank while it lived, so the trial's first steps carry its readings; once it ended the
+    script's own steps follow, higher. The script's own steps were steady after 6, the parent saw a rise from the
+    helper's steps to the script's and called the trial still rising: with a start whose script read 0.7 MiB above
+    its helper, ``tests/commands/sanity_check_first.py`` was answered 1 where 16 trains. The trial now steps on
+    until the readings the parent sees hold still too."""
     rule = request.steady
     if rule is None:
         return judged >= (request.steps or request.spec.search.steps)
-    return all(steady.should_stop(peaks, rule) for peaks in peaks_by_rank)
+    return (all(steady.should_stop(peaks, rule) for peaks in peaks_by_rank)
+            and steady.should_stop(judged_peaks, rule))
 
 
 def _open_gate(folder: Path, allowed: int) -> None:

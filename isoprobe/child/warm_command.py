@@ -12,15 +12,18 @@ and the trial starts the command cold: a command started ahead changes when a ve
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from isoprobe.child.command_start import command_cap, command_environment, request_environment, start_command
-from isoprobe.protocol.warm_command import READY_FILE, WarmPlan, WarmShape, go_message, warm_shape
+from isoprobe.protocol.warm_command import (IMPORTS_FILE, READY_FILE, WarmPlan, WarmShape, go_message,
+                                            imports_file, module_source, top_level_imports, warm_shape)
 from isoprobe.spec.command import BATCH_ENV, argv_for
 
 #: How often the wait for the runner's imports looks again.
@@ -64,6 +67,7 @@ def start_ahead(plan_json: str) -> Ahead | None:
     env = command_environment(folder, device=plan.device, memory_budget_bytes=plan.memory_budget_bytes,
                               cuda_outside_bytes=plan.cuda_outside_bytes, batch_size=None)
     cap = command_cap(plan.device)
+    (folder / IMPORTS_FILE).write_bytes(imports_file(_script_imports(shape, plan.cwd or os.getcwd(), env)))
     read, write = os.pipe()
     try:
         process = start_command(shape.runner_argv(read), plan.cwd, env, folder, cap, pass_fds=(read,))
@@ -144,6 +148,30 @@ def end(ahead: Ahead) -> None:
         ahead.process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         pass
+
+
+def _script_imports(shape: WarmShape, cwd: str, env: dict[str, str]) -> list[tuple[tuple[str, ...], str]]:
+    """The top-level imports of the script (or of the module ``-m`` runs, where it is found from the working
+    directory and the command's PYTHONPATH) that the runner imports ahead; none where it cannot be read."""
+    if shape.module:
+        search = [cwd, *(entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry)]
+        if _same_interpreter(shape.interpreter[0], cwd, env):  # its site-packages are this process's
+            search += [entry for entry in sys.path[1:] if entry]
+        path = module_source(shape.target, search)
+    else:
+        path = os.path.join(cwd, shape.target)
+    if path is None:
+        return []
+    try:
+        return top_level_imports(Path(path).read_bytes(), path)
+    except OSError:
+        return []
+
+
+def _same_interpreter(word: str, cwd: str, env: dict[str, str]) -> bool:
+    """Whether the command's interpreter word names this process's own interpreter (found on the command's PATH)."""
+    found = shutil.which(word, path=env.get("PATH")) if os.sep not in word else os.path.join(cwd, word)
+    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
 
 
 def _without_batch(env: dict[str, str]) -> dict[str, str]:

@@ -19,17 +19,21 @@ runner's argv with it.
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 from dataclasses import dataclass
+from importlib.machinery import PathFinder
 from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from isoprobe.spec.command import PLACEHOLDER
 
-#: The runner's file in the trial's folder once its imports are done: ``READY cuda_initialized modules seconds``.
+#: The runner's file in the trial's folder once its imports are done: ``READY cuda_initialized statements seconds``.
 READY_FILE = "warm-ready"
+#: The script's top-level imports, for the runner (``imports_file``), written in the trial's folder before it starts.
+IMPORTS_FILE = "warm-imports"
 #: What the interpreter runs instead of the script until the trial is due (the shim's folder is on PYTHONPATH).
 RUNNER_CODE = "import _isoprobe_warm; _isoprobe_warm.main()"
 #: An interpreter's name: ``python``, ``python3``, ``python3.11``, a path to one.
@@ -105,3 +109,47 @@ def go_message(environment: dict[str, str], arguments: Sequence[str]) -> bytes:
     is (a word cannot hold a NUL)."""
     words = [str(len(environment)), *(f"{name}={value}" for name, value in environment.items()), *arguments]
     return b"\0".join(os.fsencode(word) for word in words)
+
+
+def top_level_imports(source: bytes, filename: str) -> list[tuple[tuple[str, ...], str]]:
+    """The script's module-level ``import`` statements, in order: the top-level modules each names and its text.
+    Relative imports and ``from __future__`` are left out; a script that does not parse has none (it meets its own
+    error when it runs). Parsed here, in the trial's process, so that the measured process builds no syntax tree."""
+    try:
+        tree = ast.parse(source, filename)
+    except (SyntaxError, ValueError):
+        return []
+    found = []
+    for node in tree.body:
+        if isinstance(node, ast.Import):
+            names = tuple(dict.fromkeys(alias.name.partition(".")[0] for alias in node.names))
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and node.module != "__future__":
+            names = (node.module.partition(".")[0],)
+        else:
+            continue
+        found.append((names, ast.unparse(node)))
+    return found
+
+
+def imports_file(statements: list[tuple[tuple[str, ...], str]]) -> bytes:
+    """``IMPORTS_FILE``'s bytes: per statement its modules (spaces) and its text on the next line, NUL-separated."""
+    return b"\0".join(f"{' '.join(names)}\n{text}".encode() for names, text in statements)
+
+
+def module_source(name: str, search: list[str]) -> str | None:
+    """The file ``python -m name`` runs, found on ``search`` without importing anything (no package's
+    ``__init__`` runs); None where it is not there (a module of another interpreter's site-packages)."""
+    spec = None
+    path: list[str] | None = search
+    parts = name.split(".")
+    for depth in range(len(parts)):
+        if path is None:
+            return None
+        spec = PathFinder.find_spec(".".join(parts[:depth + 1]), path)
+        if spec is None:
+            return None
+        path = list(spec.submodule_search_locations) if spec.submodule_search_locations is not None else None
+    if spec is not None and spec.submodule_search_locations is not None:
+        main = PathFinder.find_spec(f"{name}.__main__", list(spec.submodule_search_locations))
+        return main.origin if main is not None else None
+    return spec.origin if spec is not None else None

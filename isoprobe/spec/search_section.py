@@ -130,7 +130,11 @@ class SearchSpec(SpecSection):
             "Start the next trial's process while the current one runs: it imports torch at idle priority "
             "(never touching the GPU), so that it only builds and trains when its turn comes. Saves the import, "
             "seconds per trial; false: each trial's process is started when the trial is due (same imports, "
-            "same timeout; only slower). Gangs stepped by srun: see distributed.steps_ahead."
+            "same timeout; only slower). Gangs stepped by srun: see distributed.steps_ahead. With a command "
+            "of the shape `python SCRIPT ...` or `python -m MODULE ...`, that process also starts the command's "
+            "interpreter, which imports the installed modules the script imports at its top and waits until the "
+            "trial hands it the batch (each trial's Trial.started_ahead); other commands start when their trial "
+            "is due."
         ),
     )
 

@@ -6,11 +6,17 @@ MODULE``): the same interpreter, flags, environment (the shim's ``sitecustomize`
 cap and session. Then, at idle priority (its session's autogroup at nice 19, given back after):
 
 1. ``sys.path[0]`` as ``python SCRIPT`` has it (the script's folder; the working directory with ``-m``);
-2. the script's top-level ``import`` statements that name an *installed* module (found, from that path, under the
-   interpreter's prefixes or site-packages: never the user's own code, whose import could act on arguments it does
-   not have yet), each run as written, in order, an exception skipping it (the script meets it again itself);
-   ``torch._dynamo`` after ``torch``, since constructing any optimizer imports it;
+2. the script's top-level ``import`` statements, in order, as the trial's process read them from the script
+   (``warm-imports`` in the trial's folder: parsed there, not here, so that no syntax tree is built and freed in
+   the heap being measured), each run as written only if every module it names is *installed* (found, from that
+   path, under the interpreter's prefixes or site-packages: never the user's own code, whose import could act on
+   arguments it does not have yet); an exception skips it (the script meets it again itself);
 3. ``warm-ready`` in the trial's folder; then it blocks on FD until the trial is due.
+
+Nothing more: what a start loads beyond the script's own first lines moves the heap the script then builds, in
+either direction (measured on ``tests/commands/sanity_check_first.py`` at batch 16: importing ``torch._dynamo`` with
+torch, as an optimizer's construction later would, read 0.7 MiB above a cold start; parsing the script here, 0.3 MiB
+below it).
 
 The trial's process writes the variables to set (``ISOPROBE_BATCH_SIZE``) and the words after the script (with the
 batch in them) and closes its end; nothing (EOF at once) means the runner is not needed: it exits. Otherwise it
@@ -18,8 +24,8 @@ sets ``sys.argv``, and runs the script in ``__main__``, as the interpreter runs 
 ``__loader__``; with ``-m``, ``runpy._run_module_as_main``, what ``python -m`` itself calls). An exception that
 ends the script is reported as the interpreter would (``sys.excepthook``, status 1) without this file's frames.
 
-Whether the readings stay those of a cold start was measured (docs/command.md, "A command started ahead").
-Standard library only: it lives in the process being measured.
+Standard library only, and only modules the interpreter has loaded at start: it lives in the process being
+measured.
 """
 
 import os
@@ -37,7 +43,7 @@ def main():
         _set_autogroup_nice(19)
     module = mode == "-m"
     sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.realpath(target))
-    imported = _preload(target, module)
+    imported = _preload()
     if module:
         import runpy  # noqa: F401  (before the wait: ``python -m`` has it loaded)
     if nice is not None and nice < 19:
@@ -95,57 +101,26 @@ def _run_script(path):
     exec(code, namespace)
 
 
-def _preload(target, module):
-    """Run the script's top-level imports of installed modules; the names of the modules they imported."""
-    import ast
-
-    path = _module_source(target) if module else os.path.abspath(target)
+def _preload():
+    """Run the statements of ``warm-imports`` whose modules are all installed; how many ran."""
+    folder = os.environ.get("ISOPROBE_SHIM_DIR")
     try:
-        with open(path, "rb") as handle:
-            tree = ast.parse(handle.read(), path)
-    except (OSError, SyntaxError, ValueError, TypeError):
-        return []  # the script meets its own problem when it runs
+        with open(os.path.join(folder, "warm-imports"), "rb") as handle:
+            entries = handle.read().split(b"\0")
+    except (OSError, TypeError):
+        return 0
     roots = _installed_roots()
-    imported = []
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and node.module != "__future__":
-            names = [node.module]
-        else:
-            continue
-        if not all(_installed(name.partition(".")[0], roots) for name in names):
+    ran = 0
+    for entry in entries:
+        names, _, statement = entry.decode("utf-8", "replace").partition("\n")
+        if not statement or not all(_installed(name, roots) for name in names.split()):
             continue
         try:
-            exec(compile(ast.Module(body=[node], type_ignores=[]), path, "exec"), {"__name__": "__isoprobe_warm__"})
+            exec(compile(statement, "<isoprobe: the script's imports>", "exec"), {"__name__": "__isoprobe_warm__"})
         except BaseException:  # an import that fails here fails in the script too, where it is the script's
             continue
-        imported.extend(names)
-        if "torch" in names and "torch._dynamo" not in sys.modules:
-            try:
-                __import__("torch._dynamo")
-            except BaseException:
-                pass
-    return imported
-
-
-def _module_source(name):
-    """The file ``python -m name`` would run, found without importing anything (its packages' ``__init__``)."""
-    from importlib.machinery import PathFinder
-
-    search = sys.path
-    spec = None
-    for depth, part in enumerate(name.split(".")):
-        spec = PathFinder.find_spec(".".join(name.split(".")[:depth + 1]), search)
-        if spec is None:
-            return None
-        search = spec.submodule_search_locations
-        if search is None and depth < name.count("."):
-            return None
-    if spec is not None and spec.submodule_search_locations is not None:
-        found = PathFinder.find_spec(f"{name}.__main__", spec.submodule_search_locations)
-        return found.origin if found is not None else None
-    return spec.origin if spec is not None else None
+        ran += 1
+    return ran
 
 
 def _installed_roots():
@@ -177,7 +152,7 @@ def _installed(top, roots):
     return where is not None and os.path.realpath(where).startswith(roots)
 
 
-def _ready(imported, seconds):
+def _ready(statements, seconds):
     folder = os.environ.get("ISOPROBE_SHIM_DIR")
     if not folder:
         return
@@ -188,7 +163,7 @@ def _ready(imported, seconds):
         cuda = False
     temporary = os.path.join(folder, ".warm-ready")
     with open(temporary, "w") as handle:
-        handle.write(f"READY {int(cuda)} {len(imported)} {seconds:.3f}\n")
+        handle.write(f"READY {int(cuda)} {statements} {seconds:.3f}\n")
     os.replace(temporary, os.path.join(folder, "warm-ready"))
 
 
