@@ -10,10 +10,10 @@ batch, without the rest of isoprobe, and compares the two starts side by side:
   (OMP_NUM_THREADS=1, MALLOC_MMAP_THRESHOLD_=131072, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED=1,
   PYTHONFAULTHANDLER=1), RLIMIT_DATA soft = hard = the budget, a session of its own, stdin /dev/null, the gate
   opened to ``--steps`` steps before the start;
-- ahead: the product's runner started the same way (``WarmShape.runner_argv``) without the batch variable, the
-  script's top-level imports in ``warm-imports`` as the trial's process writes them; once it wrote ``warm-ready``
-  and idled ``--idle`` seconds it gets the trial (``go_message``: the batch variable and the arguments), as a trial
-  hands it over.
+- ahead: the same command started as ``child.warm_command.start_ahead`` starts it: its placeholders in, no batch
+  variable, ``ISOPROBE_WARM_FD`` naming a pipe, the script's top-level imports in ``warm-imports`` as the trial's
+  process writes them; once the shim's ``_isoprobe_warm`` wrote ``warm-ready`` and the process idled ``--idle``
+  seconds it gets the trial (``go_message``: the batch variable and the arguments), as a trial hands it over.
 
 The runs alternate (the order swapped each round). For each run: seconds to the first step's ``t`` (the shim's
 time.time() at the end of step 1) from just before ``Popen`` (cold) or from the hand-over (ahead); per step the
@@ -43,8 +43,8 @@ import time
 from pathlib import Path
 
 from isoprobe.protocol.command import GATE_FILE, SHIM_DIR_ENV, SHIM_FOLDER, ShimException, ShimStep, parse_lines
-from isoprobe.protocol.warm_command import (IMPORTS_FILE, READY_FILE, go_message, imports_file, top_level_imports,
-                                            warm_shape)
+from isoprobe.protocol.warm_command import (FD_ENV, IMPORTS_FILE, READY_FILE, go_message, imports_file,
+                                            top_level_imports)
 from isoprobe.spec.command import BATCH_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -53,16 +53,17 @@ MIB = 1 << 20
 
 #: (name, script, its arguments at the batch, batch, budget bytes): the runs of command_edges.py, one batch each.
 CASES = {
-    "plain_loop": (COMMANDS / "plain_loop.py", ["--batch-size", "50", "--max-steps", "100000"], 50, 1 << 30),
-    "lightning_cli": (COMMANDS / "lightning_cli.py", ["fit", "--data.batch_size", "37", "--trainer.max_steps",
+    "plain_loop": (COMMANDS / "plain_loop.py", ["--batch-size", "{batch_size}", "--max-steps", "100000"], 50,
+                   1 << 30),
+    "lightning_cli": (COMMANDS / "lightning_cli.py", ["fit", "--data.batch_size", "{batch_size}", "--trainer.max_steps",
                                                       "100000"], 37, 1085 * MIB),
     "hf_trainer": (COMMANDS / "hf_trainer_script.py",
-                   ["--per_device_train_batch_size", "25", "--max_steps", "100000", "--output_dir",
+                   ["--per_device_train_batch_size", "{batch_size}", "--max_steps", "100000", "--output_dir",
                     "/tmp/isoprobe-bench-hf-out", "--report_to", "none", "--save_strategy", "no", "--use_cpu",
                     "--disable_tqdm", "true"], 25, 1152 * MIB),
     # The script whose own margin at 24 under 1 GiB (0.19 MiB) the shim's 0.6 MiB takes away (docs/command.md):
     # the most sensitive to what a start loads into the measured process. Run as `python SCRIPT` (no launcher).
-    "accelerate_script": (COMMANDS / "accelerate_script.py", ["--batch-size", "23", "--max-steps", "100000"], 23,
+    "accelerate_script": (COMMANDS / "accelerate_script.py", ["--batch-size", "{batch_size}", "--max-steps", "100000"], 23,
                           1 << 30),
 }
 VARIANTS = ("cold", "ahead")
@@ -145,16 +146,17 @@ def one_run(case: str, variant: str, steps: int, idle: float, timeout: float) ->
         open_gate(folder, steps)
         env = environment(folder, batch)
         pass_fds = ()
+        words = [word.replace("{batch_size}", str(batch)) for word in args]
         if variant == "cold":
-            argv = [sys.executable, str(script), *args]
-        else:
+            argv = [sys.executable, str(script), *words]
+        else:  # as child.warm_command.start_ahead starts it: the placeholders in, the batch on the pipe
             env.pop(BATCH_ENV)
-            shape = warm_shape([sys.executable, str(script), *args])
-            # What the trial's process writes before it starts the runner (child.warm_command._script_imports).
+            argv = [sys.executable, str(script), *args]
+            # What the trial's process writes before it starts the command (child.warm_command._script_imports).
             (folder / IMPORTS_FILE).write_bytes(imports_file(top_level_imports(script.read_bytes(), str(script))))
             read, channel = os.pipe()
             pass_fds = (read,)
-            argv = shape.runner_argv(read)
+            env[FD_ENV] = str(read)
 
         def cap() -> None:
             resource.setrlimit(resource.RLIMIT_DATA, (budget, budget))
@@ -181,7 +183,7 @@ def one_run(case: str, variant: str, steps: int, idle: float, timeout: float) ->
             result["ready"] = ready.read_text().split() if ready.exists() else None
             time.sleep(idle)
             went = time.time()
-            os.write(channel, go_message({BATCH_ENV: str(batch)}, shape.arguments))
+            os.write(channel, go_message({BATCH_ENV: str(batch)}, words))
             os.close(channel)
             channel = None
         step_lines: list[ShimStep] = []

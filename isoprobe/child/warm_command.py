@@ -5,7 +5,7 @@ The command is started here as the trial would start it (``child.command_start``
 but for the batch, cap and session; under this process, so under its keeper, which ends it with everything else
 of the trial. When the request comes, the trial takes it only if everything the trial would start differs from
 what was started in the batch alone: the interpreter and script, the working directory, the environment, the cap.
-Otherwise (another plan than the request's, a memory check's larger cap, a runner that died waiting) it is ended
+Otherwise (another plan than the request's, a memory check's larger cap, a command that died waiting) it is ended
 and the trial starts the command cold: a command started ahead changes when a verdict comes, never what it is.
 """
 
@@ -22,17 +22,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from isoprobe.child.command_start import command_cap, command_environment, request_environment, start_command
-from isoprobe.protocol.warm_command import (IMPORTS_FILE, READY_FILE, WarmPlan, WarmShape, go_message,
+from isoprobe.protocol.warm_command import (FD_ENV, IMPORTS_FILE, READY_FILE, WarmPlan, WarmShape, go_message,
                                             imports_file, module_source, top_level_imports, warm_shape)
 from isoprobe.spec.command import BATCH_ENV, argv_for
 
-#: How often the wait for the runner's imports looks again.
+#: How often the wait for the command's imports ahead looks again.
 _READY_POLL_SECONDS = 0.02
 
 
 @dataclass
 class Ahead:
-    """A command started ahead: its runner process, where it writes, how it was started, and the channel's end."""
+    """A command started ahead: its process, where it writes, how it was started, and the channel's end."""
 
     plan: WarmPlan
     shape: WarmShape
@@ -40,12 +40,12 @@ class Ahead:
     process: subprocess.Popen
     env: dict[str, str]
     cap: int | None
-    channel: int  # the write end of the runner's channel: the trial, or EOF
+    channel: int  # the write end of its channel: the trial, or EOF
 
 
 @dataclass(frozen=True)
 class Ready:
-    """The runner's imports are done: whether they created a CUDA context, how many statements, how long."""
+    """The imports ahead are done: whether they created a CUDA context, how many statements, how long."""
 
     cuda_initialized: bool
     statements: int
@@ -69,8 +69,8 @@ def start_ahead(plan_json: str) -> Ahead | None:
     cap = command_cap(plan.device)
     (folder / IMPORTS_FILE).write_bytes(imports_file(_script_imports(shape, plan.cwd or os.getcwd(), env)))
     read, write = os.pipe()
-    try:
-        process = start_command(shape.runner_argv(read), plan.cwd, env, folder, cap, pass_fds=(read,))
+    try:  # the command as the trial would start it, its placeholders still in: the batch comes on the pipe
+        process = start_command(plan.argv, plan.cwd, env | {FD_ENV: str(read)}, folder, cap, pass_fds=(read,))
     except OSError:  # no such interpreter, say: the trial starts the command itself and reports that
         os.close(write)
         return None
@@ -81,7 +81,7 @@ def start_ahead(plan_json: str) -> Ahead | None:
 
 
 def wait_ready(ahead: Ahead, seconds: float) -> Ready | None:
-    """Wait (at most ``seconds``) until the runner's imports are done; None if it ended first or took longer."""
+    """Wait (at most ``seconds``) until the imports ahead are done; None if it ended first or took longer."""
     path = ahead.folder / READY_FILE
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline:
@@ -119,7 +119,7 @@ def take(request) -> Ahead | None:
 
 
 def go(ahead: Ahead, request) -> subprocess.Popen:
-    """Hand the runner its trial: the batch's variable and the words after the script, with the batch in them."""
+    """Hand the command its trial: the batch's variable and the words after the script, with the batch in them."""
     spec = request.spec
     wanted = warm_shape(argv_for(spec.command, spec.shell, request.batch_size))
     message = go_message({BATCH_ENV: str(request.batch_size)}, wanted.arguments)
@@ -128,7 +128,7 @@ def go(ahead: Ahead, request) -> subprocess.Popen:
         while view:
             view = view[os.write(ahead.channel, view):]
     except OSError:
-        pass  # the runner is gone: the trial reads its end as any command's
+        pass  # the command is gone: the trial reads its end as any command's
     finally:
         os.close(ahead.channel)
     return ahead.process
@@ -152,7 +152,7 @@ def end(ahead: Ahead) -> None:
 
 def _script_imports(shape: WarmShape, cwd: str, env: dict[str, str]) -> list[tuple[tuple[str, ...], str]]:
     """The top-level imports of the script (or of the module ``-m`` runs, where it is found from the working
-    directory and the command's PYTHONPATH) that the runner imports ahead; none where it cannot be read."""
+    directory and the command's PYTHONPATH) that the command imports ahead; none where it cannot be read."""
     if shape.module:
         search = [cwd, *(entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry)]
         if _same_interpreter(shape.interpreter[0], cwd, env):  # its site-packages are this process's

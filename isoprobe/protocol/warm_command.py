@@ -2,19 +2,20 @@
 the words between the trial's process and it (issue 49, part 3).
 
 Before its first optimizer step a ``python train.py ...`` trial spends seconds that are not the script's work at
-the batch: the interpreter's start and the imports of torch, Lightning, transformers (measured at 2.5 s for a
-plain loop, 4 s for a LightningCLI script; ``benchmarks/studies/warm_command.py``). A trial's process started
-ahead (a warm spare, ``executors.local``) starts the next trial's command meanwhile, exactly as the trial would
-start it (the same interpreter and flags, working directory, environment, cap and session) but running the shim's
-runner (``child/shim/_isoprobe_warm.py``), which imports the installed modules the script's own top-level
-statements import, then waits. When the trial is due, the runner gets the batch (its arguments and
-``ISOPROBE_BATCH_SIZE``) and runs the script as ``__main__``, as the interpreter would have.
+the batch: the interpreter's start and the imports of torch, Lightning, transformers (measured at 2.7 s for a
+plain loop, 4.1 s for a LightningCLI script: ``benchmarks/studies/command_ahead_readings.py``). A trial's process
+started ahead (a warm spare, ``executors.local``) starts the next trial's command meanwhile, exactly as the trial
+would start it (the same interpreter, flags, script, working directory, environment, cap and session) but with the
+batch's placeholder still in its arguments and no batch variable. At the end of the interpreter's start, the shim's
+``sitecustomize`` (``child/shim/_isoprobe_warm.py``) imports the installed modules the script's own top-level
+statements import, then waits. When the trial is due it gets the batch (its arguments and ``ISOPROBE_BATCH_SIZE``),
+and the interpreter goes on to run the script itself, as it would have.
 
 Only commands whose shape says what the interpreter would run are started so (``warm_shape``): a Python
 interpreter, flags that change neither what it imports nor where (``-u``, ``-B``, ``-O``, ``-X opt``, ...), then a
 script or ``-m module``. Anything else (a shell line, a launcher such as ``torchrun``, ``-c``, ``-E``/``-I``/``-S``
-that would drop the shim) starts cold, as before. Pure: the parent decides with it, the trial's process builds the
-runner's argv with it.
+that would drop the shim) starts cold, as before. Pure but for reading a script: the parent decides with it, the
+trial's process writes what the interpreter started ahead reads.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ from isoprobe.spec.command import PLACEHOLDER
 READY_FILE = "warm-ready"
 #: The script's top-level imports, for the runner (``imports_file``), written in the trial's folder before it starts.
 IMPORTS_FILE = "warm-imports"
-#: What the interpreter runs instead of the script until the trial is due (the shim's folder is on PYTHONPATH).
-RUNNER_CODE = "import _isoprobe_warm; _isoprobe_warm.main()"
+#: The variable naming the pipe the trial comes on (the shim's ``_isoprobe_warm.FD_ENV``): only in the process
+#: started ahead, which removes it at once.
+FD_ENV = "ISOPROBE_WARM_FD"
 #: An interpreter's name: ``python``, ``python3``, ``python3.11``, a path to one.
 _INTERPRETER = re.compile(r"python[0-9.]*")
 #: Flags without a value that leave what the interpreter imports, and from where, as it is.
@@ -66,12 +68,9 @@ class WarmShape:
     interpreter: tuple[str, ...]
     module: bool  # ``-m target`` rather than a script's path
     target: str
-    arguments: tuple[str, ...]  # the words after the target (with the batch in them, or the placeholder)
+    arguments: tuple[str, ...]  # the words after the target (with the batch in them, or the placeholder): the
+    # interpreter's sys.argv[1:], which the trial's arguments replace in the process started ahead
 
-    def runner_argv(self, channel_fd: int) -> list[str]:
-        """The interpreter as the command starts it, running the runner instead: it reads the trial on
-        ``channel_fd``."""
-        return [*self.interpreter, "-c", RUNNER_CODE, str(channel_fd), "-m" if self.module else "-p", self.target]
 
 
 def warm_shape(argv: Sequence[str]) -> WarmShape | None:

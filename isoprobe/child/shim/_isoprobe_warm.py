@@ -1,28 +1,29 @@
-"""A command's interpreter, started ahead of its trial: import what the script imports, wait, then run the script.
+"""A command's interpreter, started ahead of its trial: import what the script imports, wait for the batch, go on.
 
-Started by a trial's process waiting for its request (``isoprobe.child.warm_command``) as the trial would start
-the command, but as ``python [FLAGS] -c "import _isoprobe_warm; _isoprobe_warm.main()" FD -p SCRIPT`` (or ``-m
-MODULE``): the same interpreter, flags, environment (the shim's ``sitecustomize`` included), working directory,
-cap and session. Then, at idle priority (its session's autogroup at nice 19, given back after):
+The trial's process waiting for its request (``isoprobe.child.warm_command``) starts the command exactly as the
+trial would (``python [FLAGS] SCRIPT ARG...`` or ``-m MODULE``: the same interpreter, flags, environment, working
+directory, cap and session), but with the batch's placeholder still in its arguments, no batch variable, and
+``ISOPROBE_WARM_FD`` naming a pipe. The shim's ``sitecustomize`` calls ``wait_here`` at the end of the interpreter's
+start (after any ``sitecustomize`` of the environment's, before the script is read), only in that process:
 
-1. ``sys.path[0]`` as ``python SCRIPT`` has it (the script's folder; the working directory with ``-m``);
-2. the script's top-level ``import`` statements, in order, as the trial's process read them from the script
-   (``warm-imports`` in the trial's folder: parsed there, not here, so that no syntax tree is built and freed in
-   the heap being measured), each run as written only if every module it names is *installed* (found, from that
-   path, under the interpreter's prefixes or site-packages: never the user's own code, whose import could act on
-   arguments it does not have yet); an exception skips it (the script meets it again itself);
-3. ``warm-ready`` in the trial's folder; then it blocks on FD until the trial is due.
+1. at idle priority (its session's autogroup at nice 19, given back after): the script's top-level ``import``
+   statements, in order, as the trial's process read them (``warm-imports`` in the trial's folder: parsed there,
+   so that no syntax tree is built and freed in the heap being measured), each run as written only if every module
+   it names is *installed* (found, from the script's folder and the path, under the interpreter's prefixes or
+   site-packages: never the user's own code, whose import could act on arguments it does not have yet); an
+   exception skips it (the script meets it again itself);
+2. ``warm-ready`` in the trial's folder; then it blocks on the pipe until the trial is due;
+3. the trial's process writes the variables to set (``ISOPROBE_BATCH_SIZE``) and the arguments with the batch in
+   them; they replace the placeholders in ``sys.argv``, and the interpreter goes on as it would have: it reads,
+   compiles and runs the script itself (``__main__``, tracebacks, exit status: nothing here is on the stack).
+   EOF at once means the runner is not needed: the process exits before the script runs.
 
-Nothing more: what a start loads beyond the script's own first lines moves the heap the script then builds, in
-either direction (measured on ``tests/commands/sanity_check_first.py`` at batch 16: importing ``torch._dynamo`` with
-torch, as an optimizer's construction later would, read 0.7 MiB above a cold start; parsing the script here, 0.3 MiB
-below it).
-
-The trial's process writes the variables to set (``ISOPROBE_BATCH_SIZE``) and the words after the script (with the
-batch in them) and closes its end; nothing (EOF at once) means the runner is not needed: it exits. Otherwise it
-sets ``sys.argv``, and runs the script in ``__main__``, as the interpreter runs ``python SCRIPT`` (``__file__``,
-``__loader__``; with ``-m``, ``runpy._run_module_as_main``, what ``python -m`` itself calls). An exception that
-ends the script is reported as the interpreter would (``sys.excepthook``, status 1) without this file's frames.
+Why the interpreter's own start and not ``exec`` or ``runpy`` from a runner: the heap a script builds depends on
+how it was started. On ``tests/commands/accelerate_script.py`` at batch 23 under 1 GiB (6 runs each), a runner that
+compiled and ran the script in ``__main__`` read 0.84 MiB below ``python SCRIPT`` with or without imports ahead,
+``runpy.run_path`` 0.28 MiB below, and the script's imports run here, at the interpreter's start, read as a cold
+start does. Importing more than the script's own first lines moves it too (``torch._dynamo`` with torch, as an
+optimizer's construction later would: 0.7 MiB above a cold start on ``tests/commands/sanity_check_first.py``).
 
 Standard library only, and only modules the interpreter has loaded at start: it lives in the process being
 measured.
@@ -32,88 +33,58 @@ import os
 import sys
 import time
 
+#: The variable naming the pipe the trial comes on; only the process started ahead has it (removed at once).
+FD_ENV = "ISOPROBE_WARM_FD"
 _AUTOGROUP = "/proc/self/autogroup"
 
 
-def main():
-    fd, mode, target = int(sys.argv[1]), sys.argv[2], sys.argv[3]
+def wait_here():
+    """Import ahead, wait for the trial, set its batch; return to the interpreter's start (see the docstring)."""
+    fd = int(os.environ.pop(FD_ENV))
     started = time.perf_counter()
     nice = _autogroup_nice()
     if nice is not None and nice < 19:
         _set_autogroup_nice(19)
-    module = mode == "-m"
-    sys.path[0] = os.getcwd() if module else os.path.dirname(os.path.realpath(target))
-    imported = _preload()
-    if module:
-        import runpy  # noqa: F401  (before the wait: ``python -m`` has it loaded)
+    module = sys.argv[:1] == ["-m"]
+    statements = _preload(os.getcwd() if module else os.path.dirname(os.path.realpath(sys.argv[0])))
     if nice is not None and nice < 19:
         _set_autogroup_nice(nice)
-    _ready(imported, time.perf_counter() - started)
+    _ready(statements, time.perf_counter() - started)
     message = _read_all(fd)
     os.close(fd)
     if not message:
-        return  # the trial went another way: this interpreter is not needed
+        os._exit(0)  # the trial went another way: this interpreter is not needed, and runs nothing of the script
     words = [os.fsdecode(word) for word in message.split(b"\0")]
     count = int(words[0])
     for assignment in words[1:1 + count]:
         name, _, value = assignment.partition("=")
         os.environ[name] = value
     arguments = words[1 + count:]
+    if len(arguments) != len(sys.argv) - 1:
+        sys.stderr.write(f"isoprobe: the trial's {len(arguments)} arguments do not replace the command's "
+                         f"{len(sys.argv) - 1}\n")
+        os._exit(2)
+    sys.argv[1:] = arguments
     shim = sys.modules.get("_isoprobe_shim")
     if shim is not None:  # its hooks went in during the imports: step 1's time counts from now, not from then
         shim.restart_clock()
-    try:
-        if module:
-            import runpy
-
-            sys.argv = [target, *arguments]  # runpy puts the module's file in argv[0], as ``python -m`` does
-            runpy._run_module_as_main(target, alter_argv=True)
-        else:
-            sys.argv = [target, *arguments]
-            _run_script(target)
-    except SystemExit:
-        raise
-    except BaseException:
-        kind, value, trace = sys.exc_info()
-        while trace is not None and trace.tb_frame.f_code.co_filename in (__file__, _runpy_file()):
-            trace = trace.tb_next
-        if value is not None:
-            value.__traceback__ = trace  # what the interpreter prints (and the shim's report reads) is the value's
-        sys.excepthook(kind, value, trace)
-        sys.exit(1)
 
 
-def _run_script(path):
-    """``python SCRIPT``: its code in ``__main__`` (this ``-c`` module, whose namespace is fresh), its file named."""
-    import io
-    from importlib.machinery import SourceFileLoader
-
-    main_module = sys.modules["__main__"]
-    namespace = main_module.__dict__
-    for name in [n for n in namespace if n not in ("__name__", "__builtins__", "__doc__")]:
-        del namespace[name]
-    namespace.update(__file__=os.path.abspath(path), __cached__=None, __package__=None, __spec__=None,
-                     __loader__=SourceFileLoader("__main__", os.path.abspath(path)))
-    with io.open_code(os.path.abspath(path)) as handle:
-        source = handle.read()
-    code = compile(source, os.path.abspath(path), "exec", dont_inherit=True)
-    del source
-    exec(code, namespace)
-
-
-def _preload():
-    """Run the statements of ``warm-imports`` whose modules are all installed; how many ran."""
+def _preload(script_folder):
+    """Run the statements of ``warm-imports`` whose modules are all installed, resolved as the script will resolve
+    them (its folder first); how many ran."""
     folder = os.environ.get("ISOPROBE_SHIM_DIR")
     try:
         with open(os.path.join(folder, "warm-imports"), "rb") as handle:
             entries = handle.read().split(b"\0")
     except (OSError, TypeError):
         return 0
+    search = [script_folder, *sys.path]
     roots = _installed_roots()
     ran = 0
     for entry in entries:
         names, _, statement = entry.decode("utf-8", "replace").partition("\n")
-        if not statement or not all(_installed(name, roots) for name in names.split()):
+        if not statement or not all(_installed(name, search, roots) for name in names.split()):
             continue
         try:
             exec(compile(statement, "<isoprobe: the script's imports>", "exec"), {"__name__": "__isoprobe_warm__"})
@@ -135,14 +106,14 @@ def _installed_roots():
     return tuple(os.path.join(os.path.realpath(root), "") for root in roots if root)
 
 
-def _installed(top, roots):
-    """Whether ``import top`` from the script's path finds installed software (not the user's own code)."""
+def _installed(top, search, roots):
+    """Whether ``import top`` from the script finds installed software (not the user's own code)."""
     if top in sys.builtin_module_names:
         return True
     from importlib.machinery import PathFinder
 
     try:
-        spec = PathFinder.find_spec(top, sys.path)
+        spec = PathFinder.find_spec(top, search)
     except Exception:
         return False
     if spec is None:
@@ -176,13 +147,8 @@ def _read_all(fd):
         chunks.append(chunk)
 
 
-def _runpy_file():
-    module = sys.modules.get("runpy")
-    return getattr(module, "__file__", None)
-
-
 def _autogroup_nice():
-    """This session's autogroup nice value (the runner leads its session), or None without autogroups."""
+    """This session's autogroup nice value (the process leads its session), or None without autogroups."""
     try:
         if os.getsid(0) != os.getpid():
             return None

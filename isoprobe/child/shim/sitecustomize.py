@@ -14,6 +14,10 @@ It also notes, from the interpreter's start, the files the process opens for rea
 script may read its config before it imports torch, and the cache must know that file). Bytecode and the
 interpreter's own folders are left out here (every import opens one), the rest is filtered by the shim, which takes
 the set and the hook over once it is loaded (``_isoprobe_shim.adopt_early_reads``).
+
+In the one process a trial's process started ahead of its trial (``ISOPROBE_WARM_FD`` set), it then imports what
+the script imports and waits for the trial's batch (``_isoprobe_warm``), so that the interpreter runs the script
+itself afterwards, as it would have.
 """
 
 import os
@@ -79,6 +83,18 @@ def _start():
         sys.meta_path.insert(0, _IsoprobeOptimizerFinder())
         sys.excepthook = _report_and_raise
         sys.addaudithook(_note_open)
+    _run_hidden_sitecustomize()
+    if os.environ.get("ISOPROBE_WARM_FD"):  # this process was started ahead of its trial: wait for it here
+        try:
+            import _isoprobe_warm
+
+            _isoprobe_warm.wait_here()
+        except BaseException as exc:  # never run the script with its placeholders: the trial starts it cold
+            sys.stderr.write(f"isoprobe: the command started ahead could not wait ({type(exc).__name__}: {exc})\n")
+            os._exit(70)
+
+
+def _run_hidden_sitecustomize():
     here = os.path.dirname(os.path.abspath(__file__))
     try:
         for entry in sys.path:
