@@ -30,6 +30,8 @@ the parent never imports torch and never guesses at what a child meant.
     sources.py   the user's modules it ran, and the installed ones its model imported (for the preload)
     reads.py     the files it read (an audit hook), for the cache
     command.py   a command trial: the job's own command at one batch, supervised (no torch here)
+    command_start.py     how a command is started, cold or ahead: its environment, its cap, its session
+    warm_command.py      a command started ahead of its trial: start it while waiting, hand it the batch, or end it
     command_tree.py      what the command's processes reported through the shim, and who is a rank
     command_verdicts.py  how a command trial ended: its ranks' exceptions, a lost rank, forged lines, ...
     trained_batch.py     whether a command's steps trained at the batch asked (the model's forward shapes)

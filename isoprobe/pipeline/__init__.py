@@ -17,6 +17,7 @@ One module per job, in the order a probe runs them:
     explain.py      the one-sentence answer and what to try next (pure)
     estimate.py     ``isoprobe estimate``: the environment check's traced estimate alone
     prediction.py   the estimate on the parent's side: the search's prior, the result's prediction
+    command_ahead.py  whether a command probe starts each trial's command ahead, and the plan for it
     data.py         spec.data on the parent's side: the indices a trial is sent, the cap, the result's data (pure)
     eval_edge.py    training.eval_pass: the evaluation batch's own edge, searched after the training one
     frontier.py     ``isoprobe frontier``: one answer per value of a field, each bounded by the ones before

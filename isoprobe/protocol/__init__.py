@@ -4,5 +4,6 @@ Both sides import this package; it imports neither side (only ``spec`` and ``rep
 
     messages.py  the requests and events, as pydantic models, and how they are written and read
     command.py   the lines a command trial's shim writes from the user's processes, typed for the supervisor
+    warm_command.py  a command started ahead: which commands can be, its plan, the words to it
     wiring.py    the names that wire a child to its parent: its module, arguments, environment variables
 """
