@@ -1,8 +1,8 @@
 """Does a command started ahead read what a cold start reads, and how much start-up does it take off? (issue 49, 3)
 
 A command trial whose interpreter is started ahead (``isoprobe.child.warm_command``) runs the shim's runner
-(``child/shim/_isoprobe_warm.py``): the command's interpreter imports the script's installed top-level imports, waits,
-and runs the script as ``__main__`` when handed the batch. This study starts each run as a trial starts it, at one
+(``child/shim/_isoprobe_warm.py``): the command's interpreter starts, waits (since issue 55 it imports nothing of the
+script's first), and runs the script as ``__main__`` when handed the batch. This study starts each run as a trial starts it, at one
 batch, without the rest of isoprobe, and compares the two starts side by side:
 
 - cold: ``python SCRIPT ARG...``, as ``child.command_start.start_command`` runs it: the shim's folder alone on
@@ -11,8 +11,7 @@ batch, without the rest of isoprobe, and compares the two starts side by side:
   PYTHONFAULTHANDLER=1), RLIMIT_DATA soft = hard = the budget, a session of its own, stdin /dev/null, the gate
   opened to ``--steps`` steps before the start;
 - ahead: the same command started as ``child.warm_command.start_ahead`` starts it: its placeholders in, no batch
-  variable, ``ISOPROBE_WARM_FD`` naming a pipe, the script's top-level imports in ``warm-imports`` as the trial's
-  process writes them; once the shim's ``_isoprobe_warm`` wrote ``warm-ready`` and the process idled ``--idle``
+  variable, ``ISOPROBE_WARM_FD`` naming a pipe; once the shim's ``_isoprobe_warm`` wrote ``warm-ready`` and the process idled ``--idle``
   seconds it gets the trial (``go_message``: the batch variable and the arguments), as a trial hands it over.
 
 The runs alternate (the order swapped each round). For each run: seconds to the first step's ``t`` (the shim's
@@ -43,8 +42,7 @@ import time
 from pathlib import Path
 
 from isoprobe.protocol.command import GATE_FILE, SHIM_DIR_ENV, SHIM_FOLDER, ShimException, ShimStep, parse_lines
-from isoprobe.protocol.warm_command import (FD_ENV, IMPORTS_FILE, READY_FILE, go_message, imports_file,
-                                            top_level_imports)
+from isoprobe.protocol.warm_command import FD_ENV, READY_FILE, go_message
 from isoprobe.spec.command import BATCH_ENV
 
 REPO = Path(__file__).resolve().parents[2]
@@ -152,8 +150,6 @@ def one_run(case: str, variant: str, steps: int, idle: float, timeout: float) ->
         else:  # as child.warm_command.start_ahead starts it: the placeholders in, the batch on the pipe
             env.pop(BATCH_ENV)
             argv = [sys.executable, str(script), *args]
-            # What the trial's process writes before it starts the command (child.warm_command._script_imports).
-            (folder / IMPORTS_FILE).write_bytes(imports_file(top_level_imports(script.read_bytes(), str(script))))
             read, channel = os.pipe()
             pass_fds = (read,)
             env[FD_ENV] = str(read)

@@ -80,9 +80,8 @@ def wait_for_request(events: Events, idle: bool) -> str | None:
         # behind a busy machine, and the parent with it).
         _restore_priority(niced)
     complete = len(modules) == wanted
-    ahead_cuda = _start_command_ahead()
-    events.emit(warm_event(modules, seconds, idle_priority=niced is not None, own_data_bytes=own.data,
-                           ahead_cuda=ahead_cuda))
+    _start_command_ahead()
+    events.emit(warm_event(modules, seconds, idle_priority=niced is not None, own_data_bytes=own.data))
     while True:
         line = sys.stdin.readline().strip()
         if not line.startswith(IMPORT_LINE):
@@ -117,30 +116,30 @@ def load_own(*more: str):
     return import_own(lambda: [importlib.import_module(name) for name in (*OWN_MODULES, *more)])
 
 
-def warm_event(modules: list[str], seconds: float, *, ahead_cuda: bool = False, **fields):
-    """The ``warm`` event, once isoprobe's own modules are imported (``load_own``). ``ahead_cuda``: the command
-    started ahead created a CUDA context while it imported: this process's too, for the executor's check."""
+def warm_event(modules: list[str], seconds: float, **fields):
+    """The ``warm`` event, once isoprobe's own modules are imported (``load_own``)."""
     from isoprobe.protocol.messages import Warm
 
-    return Warm(modules=modules, seconds=seconds, cuda_initialized=cuda_initialized() or ahead_cuda, **fields)
+    return Warm(modules=modules, seconds=seconds, cuda_initialized=cuda_initialized(), **fields)
 
 
-#: How long a waiting trial process waits for its command's imports before it says ``warm`` all the same (the
-#: trial then hands the command its batch when it is due, and the command runs once its imports are done).
-AHEAD_READY_SECONDS = 120.0
+#: How long a waiting trial process waits for its command's interpreter to reach its wait before it says ``warm``
+#: all the same (an interpreter's start: tens of milliseconds on a quiet node). One not at its wait when the trial
+#: is due is ended and the trial starts the command cold (``warm_command.take``): a spare never makes a trial wait.
+AHEAD_READY_SECONDS = 10.0
 
 
-def _start_command_ahead() -> bool:
-    """A command trial's process whose executor planned it (``protocol.warm_command``): start the command now,
-    wait for its imports; whether they created a CUDA context. Nothing planned, or a shape that cannot: False."""
+def _start_command_ahead() -> None:
+    """A command trial's process whose executor planned it (``protocol.warm_command``): start the command's
+    interpreter now and wait, a while, for it to reach its wait. Nothing planned, or a shape that cannot: nothing."""
     plan = os.environ.pop(WARM_PLAN_ENV, None)
     if not plan:
-        return False
+        return
     from isoprobe.child.warm_command import start_ahead, wait_ready
 
     ahead = start_ahead(plan)
-    ready = wait_ready(ahead, AHEAD_READY_SECONDS) if ahead is not None else None
-    return bool(ready is not None and ready.cuda_initialized)
+    if ahead is not None:
+        wait_ready(ahead, AHEAD_READY_SECONDS)
 
 
 #: This process's scheduler autogroup (Linux, ``sched_autogroup_enabled``): its nice value, ``nice N``, writable.

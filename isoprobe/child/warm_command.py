@@ -5,28 +5,26 @@ The command is started here as the trial would start it (``child.command_start``
 but for the batch, cap and session; under this process, so under its keeper, which ends it with everything else
 of the trial. When the request comes, the trial takes it only if everything the trial would start differs from
 what was started in the batch alone: the interpreter and script, the working directory, the environment, the cap.
-Otherwise (another plan than the request's, a memory check's larger cap, a command that died waiting) it is ended
-and the trial starts the command cold: a command started ahead changes when a verdict comes, never what it is.
+Otherwise (another plan than the request's, a memory check's larger cap, a command that died waiting, an
+interpreter not yet at its wait when the trial is due: a busy node) it is ended and the trial starts the command
+cold, at once: a command started ahead changes when a verdict comes, never what it is.
 """
 
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from isoprobe.child.command_start import command_cap, command_environment, request_environment, start_command
-from isoprobe.protocol.warm_command import (FD_ENV, IMPORTS_FILE, READY_FILE, WarmPlan, WarmShape, go_message,
-                                            imports_file, module_source, top_level_imports, warm_shape)
+from isoprobe.protocol.warm_command import FD_ENV, READY_FILE, WarmPlan, WarmShape, go_message, warm_shape
 from isoprobe.spec.command import BATCH_ENV, argv_for
 
-#: How often the wait for the command's imports ahead looks again.
+#: How often the wait for the interpreter started ahead looks again.
 _READY_POLL_SECONDS = 0.02
 
 
@@ -45,11 +43,9 @@ class Ahead:
 
 @dataclass(frozen=True)
 class Ready:
-    """The imports ahead are done: whether they created a CUDA context, how many statements, how long."""
+    """The interpreter started ahead waits for its trial: since when (``time.time()``)."""
 
-    cuda_initialized: bool
-    statements: int
-    seconds: float
+    since: float
 
 
 #: The command this process started ahead (at most one: a process runs one trial).
@@ -67,7 +63,6 @@ def start_ahead(plan_json: str) -> Ahead | None:
     env = command_environment(folder, device=plan.device, memory_budget_bytes=plan.memory_budget_bytes,
                               cuda_outside_bytes=plan.cuda_outside_bytes, batch_size=None)
     cap = command_cap(plan.device)
-    (folder / IMPORTS_FILE).write_bytes(imports_file(_script_imports(shape, plan.cwd or os.getcwd(), env)))
     read, write = os.pipe()
     try:  # the command as the trial would start it, its placeholders still in: the batch comes on the pipe
         process = start_command(plan.argv, plan.cwd, env | {FD_ENV: str(read)}, folder, cap, pass_fds=(read,))
@@ -81,17 +76,29 @@ def start_ahead(plan_json: str) -> Ahead | None:
 
 
 def wait_ready(ahead: Ahead, seconds: float) -> Ready | None:
-    """Wait (at most ``seconds``) until the imports ahead are done; None if it ended first or took longer."""
-    path = ahead.folder / READY_FILE
+    """Wait (at most ``seconds``) until the interpreter started ahead waits for its trial; None if it ended first or
+    took longer."""
     deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if path.exists():
-            words = path.read_text().split()
-            if len(words) == 4 and words[0] == "READY":
-                return Ready(words[1] == "1", int(words[2]), float(words[3]))
-        if ahead.process.poll() is not None:
+    while True:
+        ready = is_ready(ahead)
+        if ready is not None:
+            return ready
+        if ahead.process.poll() is not None or time.monotonic() >= deadline:
             return None
         time.sleep(_READY_POLL_SECONDS)
+
+
+def is_ready(ahead: Ahead) -> Ready | None:
+    """Whether the interpreter started ahead has reached its wait (its ``READY`` line), now."""
+    try:
+        words = (ahead.folder / READY_FILE).read_text().split()
+    except OSError:
+        return None
+    if len(words) == 2 and words[0] == "READY":
+        try:
+            return Ready(float(words[1]))
+        except ValueError:
+            return None
     return None
 
 
@@ -111,7 +118,8 @@ def take(request) -> Ahead | None:
             and ahead.plan.cwd == spec.command_dir
             and _without_batch(request_environment(request, ahead.folder)) == ahead.env
             and command_cap(request.device) == ahead.cap
-            and ahead.process.poll() is None)
+            and ahead.process.poll() is None
+            and is_ready(ahead) is not None)  # not at its wait yet (a busy node): the trial starts it cold, now
     if not same:
         end(ahead)
         return None
@@ -148,30 +156,6 @@ def end(ahead: Ahead) -> None:
         ahead.process.wait(timeout=30)
     except subprocess.TimeoutExpired:
         pass
-
-
-def _script_imports(shape: WarmShape, cwd: str, env: dict[str, str]) -> list[tuple[tuple[str, ...], str]]:
-    """The top-level imports of the script (or of the module ``-m`` runs, where it is found from the working
-    directory and the command's PYTHONPATH) that the command imports ahead; none where it cannot be read."""
-    if shape.module:
-        search = [cwd, *(entry for entry in env.get("PYTHONPATH", "").split(os.pathsep) if entry)]
-        if _same_interpreter(shape.interpreter[0], cwd, env):  # its site-packages are this process's
-            search += [entry for entry in sys.path[1:] if entry]
-        path = module_source(shape.target, search)
-    else:
-        path = os.path.join(cwd, shape.target)
-    if path is None:
-        return []
-    try:
-        return top_level_imports(Path(path).read_bytes(), path)
-    except OSError:
-        return []
-
-
-def _same_interpreter(word: str, cwd: str, env: dict[str, str]) -> bool:
-    """Whether the command's interpreter word names this process's own interpreter (found on the command's PATH)."""
-    found = shutil.which(word, path=env.get("PATH")) if os.sep not in word else os.path.join(cwd, word)
-    return found is not None and os.path.realpath(found) == os.path.realpath(sys.executable)
 
 
 def _without_batch(env: dict[str, str]) -> dict[str, str]:

@@ -1,40 +1,39 @@
 """A command's interpreter started ahead of its trial: which commands can be, the plan it is started from, and
 the words between the trial's process and it (issue 49, part 3).
 
-Before its first optimizer step a ``python train.py ...`` trial spends seconds that are not the script's work at
-the batch: the interpreter's start and the imports of torch, Lightning, transformers (measured at 2.7 s for a
-plain loop, 4.1 s for a LightningCLI script: ``benchmarks/studies/command_ahead_readings.py``). A trial's process
-started ahead (a warm spare, ``executors.local``) starts the next trial's command meanwhile, exactly as the trial
-would start it (the same interpreter, flags, script, working directory, environment, cap and session) but with the
-batch's placeholder still in its arguments and no batch variable. At the end of the interpreter's start, the shim's
-``sitecustomize`` (``child/shim/_isoprobe_warm.py``) imports the installed modules the script's own top-level
-statements import, then waits. When the trial is due it gets the batch (its arguments and ``ISOPROBE_BATCH_SIZE``),
-and the interpreter goes on to run the script itself, as it would have.
+A trial's process started ahead (a warm spare, ``executors.local``) starts the next trial's command meanwhile,
+exactly as the trial would start it (the same interpreter, flags, script, working directory, environment, cap and
+session) but with the batch's placeholder still in its arguments and no batch variable. At the end of the
+interpreter's start, the shim's ``sitecustomize`` (``child/shim/_isoprobe_warm.py``) waits. When the trial is due it
+gets the batch (its arguments and ``ISOPROBE_BATCH_SIZE``), and the interpreter goes on to run the script itself,
+from its first line, as it would have.
+
+What is started ahead is only what every process of the command runs before the script anyway: the interpreter's
+start and the shim. Issue 49 imported the script's installed top-level imports there too (2.7 s of a plain loop's
+start-up, 4.1 s of a LightningCLI script's), and issue 55 found scripts that see it: threads set before
+``import torch``, a vendored fork put first on ``sys.path``, a module reading the batch from the environment at
+import, a script that re-executes itself. So nothing of the script's runs before its trial.
 
 Only commands whose shape says what the interpreter would run are started so (``warm_shape``): a Python
 interpreter, flags that change neither what it imports nor where (``-u``, ``-B``, ``-O``, ``-X opt``, ...), then a
 script or ``-m module``. Anything else (a shell line, a launcher such as ``torchrun``, ``-c``, ``-E``/``-I``/``-S``
-that would drop the shim) starts cold, as before. Pure but for reading a script: the parent decides with it, the
-trial's process writes what the interpreter started ahead reads.
+that would drop the shim) starts cold, as before. Pure: the parent decides with it, the trial's process writes what
+the interpreter started ahead reads.
 """
 
 from __future__ import annotations
 
-import ast
 import os
 import re
 from dataclasses import dataclass
-from importlib.machinery import PathFinder
 from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from isoprobe.spec.command import PLACEHOLDER
 
-#: The runner's file in the trial's folder once its imports are done: ``READY cuda_initialized statements seconds``.
+#: The runner's file in the trial's folder once it waits for its trial: ``READY since`` (``time.time()``).
 READY_FILE = "warm-ready"
-#: The script's top-level imports, for the runner (``imports_file``), written in the trial's folder before it starts.
-IMPORTS_FILE = "warm-imports"
 #: The variable naming the pipe the trial comes on (the shim's ``_isoprobe_warm.FD_ENV``): only in the process
 #: started ahead, which removes it at once.
 FD_ENV = "ISOPROBE_WARM_FD"
@@ -108,47 +107,3 @@ def go_message(environment: dict[str, str], arguments: Sequence[str]) -> bytes:
     is (a word cannot hold a NUL)."""
     words = [str(len(environment)), *(f"{name}={value}" for name, value in environment.items()), *arguments]
     return b"\0".join(os.fsencode(word) for word in words)
-
-
-def top_level_imports(source: bytes, filename: str) -> list[tuple[tuple[str, ...], str]]:
-    """The script's module-level ``import`` statements, in order: the top-level modules each names and its text.
-    Relative imports and ``from __future__`` are left out; a script that does not parse has none (it meets its own
-    error when it runs). Parsed here, in the trial's process, so that the measured process builds no syntax tree."""
-    try:
-        tree = ast.parse(source, filename)
-    except (SyntaxError, ValueError):
-        return []
-    found = []
-    for node in tree.body:
-        if isinstance(node, ast.Import):
-            names = tuple(dict.fromkeys(alias.name.partition(".")[0] for alias in node.names))
-        elif isinstance(node, ast.ImportFrom) and not node.level and node.module and node.module != "__future__":
-            names = (node.module.partition(".")[0],)
-        else:
-            continue
-        found.append((names, ast.unparse(node)))
-    return found
-
-
-def imports_file(statements: list[tuple[tuple[str, ...], str]]) -> bytes:
-    """``IMPORTS_FILE``'s bytes: per statement its modules (spaces) and its text on the next line, NUL-separated."""
-    return b"\0".join(f"{' '.join(names)}\n{text}".encode() for names, text in statements)
-
-
-def module_source(name: str, search: list[str]) -> str | None:
-    """The file ``python -m name`` runs, found on ``search`` without importing anything (no package's
-    ``__init__`` runs); None where it is not there (a module of another interpreter's site-packages)."""
-    spec = None
-    path: list[str] | None = search
-    parts = name.split(".")
-    for depth in range(len(parts)):
-        if path is None:
-            return None
-        spec = PathFinder.find_spec(".".join(parts[:depth + 1]), path)
-        if spec is None:
-            return None
-        path = list(spec.submodule_search_locations) if spec.submodule_search_locations is not None else None
-    if spec is not None and spec.submodule_search_locations is not None:
-        main = PathFinder.find_spec(f"{name}.__main__", list(spec.submodule_search_locations))
-        return main.origin if main is not None else None
-    return spec.origin if spec is not None else None

@@ -1,11 +1,13 @@
-"""A command started ahead of its trial (issue 49, part 3): which commands, the plan, and the runner in a real
-interpreter (``child/shim/_isoprobe_warm.py``): it imports the script's installed modules and nothing of the user's
-before the trial is due, then runs the script as ``python SCRIPT`` would, at the trial's batch."""
+"""A command started ahead of its trial (issue 49, part 3; issue 55): which commands, the plan, and the runner in a
+real interpreter (``child/shim/_isoprobe_warm.py``): it runs nothing of the script's before the trial is due, not
+even its imports, then runs the script as ``python SCRIPT`` would, at the trial's batch, seeing what a cold start
+sees from its first line."""
 
 from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -118,7 +120,7 @@ def _plan(project: Path, command: list[str]) -> str:
 def _run(project: Path, command: list[str], batch: int, **ended) -> tuple[dict, Path]:
     ahead = warm_command.start_ahead(_plan(project, command))
     ready = warm_command.wait_ready(ahead, 60)
-    assert ready is not None and not ready.cuda_initialized
+    assert ready is not None and ready.since > 0
     time.sleep(0.2)  # idle, as a runner waits for its trial
     taken = warm_command.take(_request(project, command, batch))
     assert taken is ahead
@@ -128,10 +130,9 @@ def _run(project: Path, command: list[str], batch: int, **ended) -> tuple[dict, 
             "stderr": (ahead.folder / "stderr").read_text()}, ahead.folder
 
 
-def test_the_runner_imports_the_installed_modules_then_runs_the_script_as_python_would(project):
+def test_the_runner_imports_nothing_ahead_then_runs_the_script_as_python_would(project):
     command = [sys.executable, "train.py", "--bs", "{batch_size}"]
     found, folder = _run(project, command, 12)
-    assert found["ready"].statements == 2  # import json; import os, sys: not helper_mod, the user's own
     seen = json.loads(found["stdout"])
     assert seen == {"argv": ["train.py", "--bs", "12"], "batch": "12", "file": str(project / "train.py"),
                     "name": "__main__", "path0": str(project), "helper_saw_batch": "12", "main_is_me": True}
@@ -178,3 +179,38 @@ def test_a_runner_whose_trial_never_comes_exits_without_running_the_script(proje
 
 def test_a_command_that_cannot_start_ahead_gets_no_runner(project):
     assert warm_command.start_ahead(_plan(project, ["torchrun", "t.py", "{batch_size}"])) is None
+
+
+#: A script that reports what it finds at its first line: what a start ahead could change (issue 55's held-out
+#: shapes: threads set before ``import torch``, a fork first on ``sys.path``, the batch read at import).
+FIRST_LINE = """\
+import sys, os
+first = {"modules": sorted(sys.modules), "path": sys.path, "env": sorted(os.environ),
+         "batch": os.environ.get("ISOPROBE_BATCH_SIZE"), "argv": sys.argv}
+os.environ["OMP_NUM_THREADS"] = "2"
+import json
+print(json.dumps(first))
+"""
+
+
+def test_what_the_script_sees_at_its_first_line_is_what_a_cold_start_sees(project):
+    (project / "first.py").write_text(FIRST_LINE)
+    command = [sys.executable, "first.py", "--bs", "{batch_size}"]
+    found, folder = _run(project, command, 7)
+    ahead = json.loads(found["stdout"])
+    env = warm_command.request_environment(_request(project, command, 7), folder)
+    cold_run = subprocess.run([sys.executable, "first.py", "--bs", "7"], cwd=project, env=env, capture_output=True,
+                              check=True)
+    cold = json.loads(cold_run.stdout)
+    assert ahead == cold
+    assert "torch" not in ahead["modules"] and not any(m.startswith("_isoprobe") for m in ahead["modules"])
+
+
+def test_a_runner_not_at_its_wait_when_the_trial_is_due_is_ended_and_the_trial_starts_cold(project):
+    command = [sys.executable, "train.py", "{batch_size}"]
+    ahead = warm_command.start_ahead(_plan(project, command))
+    assert warm_command.wait_ready(ahead, 60) is not None
+    (ahead.folder / "warm-ready").unlink()  # as if its start were still under way (a busy node)
+    assert warm_command.take(_request(project, command, 4)) is None
+    assert ahead.process.wait(timeout=10) is not None
+    assert (ahead.folder / "stdout").read_text() == ""

@@ -67,14 +67,6 @@ def hooked_spec(name, path):
     return spec
 
 
-def restart_clock():
-    """A command started ahead of its trial (``_isoprobe_warm``) was handed the trial now: the first step's time
-    counts from here, as it counts from the hooks' registration in a process started for the trial."""
-    import time
-
-    _state["last"] = time.perf_counter()
-
-
 #: The start-up hook's reads and its hand-over list (``sitecustomize``), when it noted the process from its start;
 #: the pid whose hooks were registered (a process forked from it, a DataLoader worker, reports its reads at once).
 _early = {"reads": None, "handler": None, "pid": None}

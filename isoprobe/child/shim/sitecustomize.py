@@ -15,9 +15,9 @@ script may read its config before it imports torch, and the cache must know that
 interpreter's own folders are left out here (every import opens one), the rest is filtered by the shim, which takes
 the set and the hook over once it is loaded (``_isoprobe_shim.adopt_early_reads``).
 
-In the one process a trial's process started ahead of its trial (``ISOPROBE_WARM_FD`` set), it then imports what
-the script imports and waits for the trial's batch (``_isoprobe_warm``), so that the interpreter runs the script
-itself afterwards, as it would have.
+In the one process a trial's process started ahead of its trial (``ISOPROBE_WARM_FD`` set), it then waits for the
+trial's batch (``_isoprobe_warm``), importing nothing of the script's, so that the interpreter runs the script
+itself afterwards, from its first line, as it would have.
 """
 
 import os
