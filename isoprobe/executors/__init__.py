@@ -102,6 +102,10 @@ class ChildRun:
     lost_before: tuple[str, ...] = ()
     #: A rank run as a Slurm job step's task (``executors.srun_gang``): the node it ran on (SLURMD_NODENAME).
     node: str | None = None
+    #: Seconds its timeout was extended because a busy node kept its tree from the CPU (``rounds.BusyClock``).
+    busy_seconds: float = 0.0
+    #: Only with ``timed_out``: it was still starved when it timed out, the extensions used up: the node was busy.
+    busy_at_timeout: bool = False
 
 
 class Executor(Protocol):

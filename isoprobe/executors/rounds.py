@@ -79,6 +79,48 @@ def steps_done(events) -> int:
     return sum(isinstance(event, StepDone) for event in events)
 
 
+class BusyClock:
+    """A trial's timeout in the time it could run: the deadline moves on by what a busy node kept from it.
+
+    At each deadline the CPU its process tree got since the last look is read (``system.cpu_share``): a tree that
+    waited, runnable, for a CPU at least half the time it wanted one was starved, and is owed the time it would
+    have taken alone. A hung trial sleeps and is owed nothing; a slow one on a quiet node hardly waits. At most
+    ``MOST_BUSY_TIMEOUTS`` times its timeout in all, so that nothing waits for ever on a node that never frees up:
+    then it times out, and its run says that the node was busy (``ChildRun.busy_at_timeout``)."""
+
+    def __init__(self, pid: int, since: float, timeout: float):
+        from isoprobe.system.cpu_share import tree_cpu_time
+
+        self.pid, self.since, self.timeout = pid, since, timeout
+        self.reading = tree_cpu_time(pid)
+        self.extended = 0.0  # seconds added to the deadline so far
+        self.busy_at_end = False  # the last look found it starved (and owed it nothing more: the bound)
+
+    def owed(self, now: float) -> float:
+        """Seconds to add to the deadline now (0: none; the trial times out)."""
+        import sys
+
+        from isoprobe.system.cpu_share import starved_seconds, tree_cpu_time
+
+        reading = tree_cpu_time(self.pid)
+        used, wall = reading.since(self.reading), now - self.since
+        self.reading, self.since = reading, now
+        owed = starved_seconds(used, wall)
+        self.busy_at_end = owed > 0
+        owed = min(owed, MOST_BUSY_TIMEOUTS * self.timeout - self.extended)
+        if owed <= 0:
+            return 0.0
+        self.extended += owed
+        sys.stderr.write(f"isoprobe: a busy node: the trial waited for a CPU {used.waiting_share:.0%} of the time it "
+                         f"wanted one over the last {wall:.0f} s; its timeout is extended by {owed:.0f} s, the time "
+                         "it would have had alone\n")
+        return owed
+
+
+#: The most a busy node may extend a trial's timeout, in multiples of that timeout (all extensions together).
+MOST_BUSY_TIMEOUTS = 8.0
+
+
 def ended_on_its_own(status: int | None) -> bool:
     """Whether a child's exit status (None: running) is an end of its own, not one the interrupt caused."""
     return status is not None and status not in INTERRUPTED_EXITS
@@ -115,6 +157,7 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
     launches: list = [None] * len(jobs)
     deadlines: list[float] = [0.0] * len(jobs)
     graced = [False] * len(jobs)
+    clocks: list[BusyClock | None] = [None] * len(jobs)  # per slot: the CPU its tree got since delivery
     lost: list[list[str]] = [[] for _ in jobs]  # per slot: why each earlier attempt was lost
     waiting: set[int] = set()
 
@@ -129,6 +172,7 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
             end(i)  # never delivered (died or hung importing): its run says so
         else:
             deadlines[i] = launches[i].delivered + earned_timeout(request, timeout, 0)
+            clocks[i] = BusyClock(launches[i].child.process.pid, launches[i].delivered, timeout)
 
     def end(i: int, interrupted: bool = False) -> None:
         """Stop, collect and report slot ``i`` (or launch it again, if the fork server lost it)."""
@@ -136,6 +180,8 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
             waiting.discard(i)
             local.stop(launches[i])
             run = replace(local.collect(launches[i]), lost_before=tuple(lost[i]))
+            if clocks[i] is not None and clocks[i].extended:
+                run = replace(run, busy_seconds=clocks[i].extended, busy_at_timeout=clocks[i].busy_at_end)
             if run.lost is None or len(lost[i]) >= SERVER_LOSSES:  # the last attempt was spawned: never lost
                 if run.lost is None or not interrupted:
                     finished(i, run)
@@ -167,6 +213,10 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
                     verdict = last_of(events, TrialResult) is not None or last_of(events, Inspected) is not None
                     if verdict and not graced[i]:  # on its way out: the usual grace
                         graced[i], deadlines[i] = True, now + VERDICT_EXIT_GRACE_SECONDS
+                        continue
+                    owed = clocks[i].owed(now) if clocks[i] is not None and not graced[i] else 0.0
+                    if owed > 0:  # a busy node kept it from the CPU: not the batch's time, and not counted
+                        deadlines[i] = now + owed
                         continue
                     launch.timed_out, launch.verdict_at_timeout = True, graced[i]
                     end(i)

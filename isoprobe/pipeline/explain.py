@@ -248,6 +248,14 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
             f"batch {last.batch_size} crashed ({how}, last phase: {last.phase})",
             ["see trials[-1].stderr_tail; a SIGKILL can be the kernel's OOM killer"],
         )
+    if stop is StopReason.TIMED_OUT and last is not None and last.busy_at_timeout:
+        return (
+            f"batch {last.batch_size} ran past its timeout on a busy node: its processes waited for a CPU more "
+            f"than half the time they wanted one, after {last.busy_seconds or 0:g} s were added to the "
+            f"{spec.search.trial_timeout:g} s trial timeout for it; that says nothing about the batch",
+            ["run it where the cores are free (a Slurm job's own CPUs: --exclusive or --cpus-per-task), or raise "
+             "search.trial_timeout"],
+        )
     if stop is StopReason.TIMED_OUT and last is not None and spec.command is not None:
         stepped = max(len(last.step_seconds), len(last.step_budget_peak_bytes), len(last.step_peak_bytes))
         printed = ["see trials[-1].stderr_tail for what the command printed"] if (last.stderr_tail or "").strip() \

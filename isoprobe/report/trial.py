@@ -216,9 +216,16 @@ class Trial(Strict):
         "trial pays before its first reading.")
     started_ahead: bool | None = Field(
         None, description="A command's trial: true when the command's interpreter was started ahead of the trial "
-        "(search.warm_start, a `python SCRIPT` or `python -m MODULE` command) and had imported the installed modules "
-        "the script imports at its top before the trial was due; first_step_seconds then counts from the trial's "
-        "start, not the interpreter's. false: started when the trial was due.")
+        "(search.warm_start, a `python SCRIPT` or `python -m MODULE` command) and waited, having run nothing of the "
+        "script's, until the trial was due; first_step_seconds then counts from the trial's start, not the "
+        "interpreter's. false: started when the trial was due.")
+    busy_seconds: float | None = Field(
+        None, ge=0, description="Seconds added to the trial's timeout because a busy node kept its processes from "
+        "the CPU (they waited, runnable, at least half the time they wanted one): the timeout counts the time the "
+        "trial could run, up to 8 times search.trial_timeout. Null: never starved at a deadline.")
+    busy_at_timeout: bool = Field(
+        False, description="It timed out still starved, its extensions used up: the node was too busy to tell, and "
+        "the timeout says nothing about the batch.")
     applied: Applied | None = Field(None, description="What the step really ran with (trials that got that far).")
     sizes: Sizes | None = Field(None, description="Parameters, gradients and optimizer state, measured (trials that fit).")
     allocator: str | None = Field(
