@@ -36,12 +36,13 @@ from typing import TYPE_CHECKING
 
 from isoprobe.child.command_tree import POLL_SECONDS, SAMPLE_SECONDS, Process, Sampler, Tree
 from isoprobe.child.command_verdicts import (copy_stderr_tail, exception_verdict, exit_status_of, exit_verdict,
-                                             forged_error, not_trained_at_batch, over_budget, rank_lost_verdict)
+                                             forged_error, not_trained_at_batch, over_budget, rank_lost_verdict,
+                                             shows_allocation_failure, stderr_tail)
 from isoprobe.child.command_start import command_cap, request_environment, start_command
 from isoprobe.child.warm_command import go, take
 from isoprobe.protocol.command import GATE_FILE, ShimStep
 from isoprobe.protocol.messages import Imported, MemoryReading, ModelBuilt, StepDone, TrialRequest, TrialResult
-from isoprobe.report import steady
+from isoprobe.report import cycle, steady
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.trial import ErrorInfo
 from isoprobe.spec.command import argv_for
@@ -63,6 +64,10 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
     peaks_by_rank: dict[int, list[int]] = {}
     step_seconds: list[float] = []
     judged_peaks: list[int] = []  # each judged step's worst reading, as its StepDone carries it to the parent
+    evaluations: list[int] = []  # each judged step's evaluation forwards (the rank with most): report.cycle
+    saves: list[int] = []  # each judged step's torch.save calls (the rank with most)
+    first_judged_at: float | None = None  # when the first step was judged: the cycle's bound in seconds counts from it
+    bound: str | None = None  # why the trial stopped waiting for the cycle without a pass (report.cycle.CycleSeen)
     verdict: tuple[Outcome, ErrorInfo | None, str] | None = None
     imported = False
     sampler = Sampler() if not request.device.startswith("cuda") else None
@@ -90,7 +95,10 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
             while ranks and len(ranks) >= expected and min(len(p.steps) for p in ranks) > judged:
                 judged += 1
                 readings = [p.steps[judged - 1] for p in ranks]
+                evaluations.append(max(r.eval_forwards for r in readings))
+                saves.append(max(r.saves for r in readings))
                 if judged == 1:  # the model exists once an optimizer has stepped: what a trial's phases say
+                    first_judged_at = time.monotonic()
                     first = readings[0]
                     first_step_seconds = max(0.0, max(r.t for r in readings) - started)
                     events.emit(ModelBuilt(memory=MemoryReading(peak_rss=first.peak_bytes, rss=first.held_bytes)))
@@ -107,8 +115,14 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                     verdict = (Outcome.OUT_OF_MEMORY, over, f"step {judged}")
                     break
                 if _enough(request, judged, list(peaks_by_rank.values()), judged_peaks):
-                    verdict = (Outcome.FITS, None, "done")
-                    break
+                    marginal = request.steady is not None and steady.past_the_margin(judged_peaks, request.steady)
+                    waited = "off" if marginal else cycle.waiting_done(  # marginal: never the maximum, no need
+                        evaluations, request.cycle, time.monotonic() - first_judged_at,
+                        after=request.steady.window if request.steady else 0)
+                    if waited is not None:
+                        bound = waited if waited in ("steps", "seconds") else None
+                        verdict = (Outcome.FITS, None, "done")
+                        break
                 if judged + 1 > allowed:
                     allowed = judged + 1
                     _open_gate(folder, allowed)
@@ -118,6 +132,12 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                 continue
             tree.read(sampler)  # the last lines of a command that has ended
             failed = tree.failure()
+            if (failed is None and ended == 0 and judged and request.cycle is not None
+                    and _enough(request, judged, list(peaks_by_rank.values()), judged_peaks)
+                    and not shows_allocation_failure(stderr_tail(stderr_path))):
+                bound = "ended"  # waiting for its cycle, it ran its whole course: every phase it has was seen
+                verdict = (Outcome.FITS, None, "done")
+                continue
             verdict = ((rank_lost_verdict(process, tree, failed, judged, stderr_path)
                         or exception_verdict(failed, judged, exit_status_of(process, failed))) if failed is not None
                        else exit_verdict(ended, judged, request, stderr_path))
@@ -131,12 +151,14 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
     copy_stderr_tail(stderr_path)
     ranks = tree.ranks()
     report = _readings(ranks, judged) if outcome is Outcome.FITS else _failure_readings(ranks)
+    record = cycle.seen(evaluations, saves, judged_peaks).model_copy(
+        update={"waited": request.cycle is not None, "bound": bound}) if judged else None
     if error is not None and outcome is Outcome.ERROR:
         sys.stderr.write(error.traceback_tail)
     events.emit(TrialResult(outcome=outcome, phase=phase, step_seconds=step_seconds, error=error,
                             sources=_sources(tree.modules), reads=_reads(tree.reads, tree.modules),
                             command_ranks=len(ranks) or None, first_step_seconds=first_step_seconds,
-                            started_ahead=ahead, **report))
+                            started_ahead=ahead, cycle=record, **report))
 
 
 def _sample_for(seconds: float, sampler: Sampler | None, tree: Tree) -> None:

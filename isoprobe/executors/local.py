@@ -102,6 +102,11 @@ class Launch:
     def events_path(self) -> Path | None:
         return self.child.events_path if self.child is not None else None
 
+    @property
+    def pid(self) -> int | None:
+        """The keeper's pid: its tree is the trial's (``rounds.BusyClock`` reads the CPU it got)."""
+        return self.child.process.pid if self.child is not None else None
+
     def poll(self) -> int | None:
         """The keeper's exit status (the child's), or None while it runs."""
         return self.child.process.poll() if self.child is not None else -1

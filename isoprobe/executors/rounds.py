@@ -172,7 +172,8 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
             end(i)  # never delivered (died or hung importing): its run says so
         else:
             deadlines[i] = launches[i].delivered + earned_timeout(request, timeout, 0)
-            clocks[i] = BusyClock(launches[i].child.process.pid, launches[i].delivered, timeout)
+            pid = getattr(launches[i], "pid", None)  # a launch that has no process (a test's) has no clock
+            clocks[i] = BusyClock(pid, launches[i].delivered, timeout) if pid is not None else None
 
     def end(i: int, interrupted: bool = False) -> None:
         """Stop, collect and report slot ``i`` (or launch it again, if the fork server lost it)."""

@@ -156,7 +156,7 @@ def observe_round(runner, batches: list[int], devices: list[str], observed, deci
     conditions = runner.conditions
     if runner.target.backend == "cpu" and budget != conditions.memory_limit:
         conditions = replace(conditions, memory_limit=budget)
-    jobs, purposes, rules, first = [], [], [], len(runner.trials) + 1
+    jobs, purposes, rules, cycles, first = [], [], [], [], len(runner.trials) + 1
     for slot, batch in enumerate(batches):
         earlier = [t for t in runner.trials if t.batch_size == batch and t.purpose in _SEARCH_PURPOSES]
         earlier += [None] * batches[:slot].count(batch)  # the same batch twice in a round: a confirmation
@@ -167,15 +167,18 @@ def observe_round(runner, batches: list[int], devices: list[str], observed, deci
         # it decides the maximum: until steady
         rule = runner.deciding_rule(batch) if purpose == "confirmation" or (deciding and deciding[slot]) else None
         rules.append(rule)
+        waits = runner.cycle_rule if rule is not None else None
+        cycles.append(waits)
         request = TrialRequest(spec=runner.spec, batch_size=batch, device=devices[slot], memory_budget_bytes=budget,
-                               python_path=runner.python_path, steady=rule,
+                               python_path=runner.python_path, steady=rule, cycle=waits,
                                data_indices=request_indices(runner.target.data, batch))
-        jobs.append((request, conditions, runner.timeout(rule.max_steps if rule else None),
+        jobs.append((request, conditions, runner.timeout(max(rule.max_steps if rule else 0,
+                                                             waits.max_steps if waits else 0) or None),
                      f"round{first:03d}-s{slot}-b{batch}"))
     ambiguous = []
 
     def finished(slot: int, run) -> None:
-        trial = runner.record(run, batches[slot], purposes[slot], runner._asked(budget, rule=rules[slot]))
+        trial = runner.record(run, batches[slot], purposes[slot], runner._asked(budget, rule=rules[slot], cycle=cycles[slot]))
         if trial.outcome is Outcome.ERROR and trial.error is not None and budget is not None \
                 and maybe_allocation_failure(trial.error.message):
             ambiguous.append((slot, trial))  # counted once its evidence is in

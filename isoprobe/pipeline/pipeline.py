@@ -41,6 +41,7 @@ from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.report.device import AllocatorInfo, DistributedInfo
 from isoprobe.report.edge import EdgeMargin, MarginalBatch
+from isoprobe.report.cycle import describe as describe_cycle
 from isoprobe.report.result import Result
 from isoprobe.search.history import Borrowed
 from isoprobe.spec.model import Spec
@@ -171,6 +172,9 @@ def run_probe(
         message += "; " + eval_summary(evaluation)
     if tokens is not None:
         message = token_message(tokens, message)
+    max_cycle = _cycle(runner, max_fitting)
+    if max_cycle is not None:
+        message += f"; at the maximum, {max_cycle}"
     allocator = allocator_info(spec, target.backend, environ)
     return Result(
         isoprobe_version=__version__,
@@ -188,6 +192,7 @@ def run_probe(
         short_max_batch_size=found.short_max,
         edge_margin=edge_margin(runner, found) if tokens is None else None,
         max_steady=_steady(runner, max_fitting),
+        max_cycle=max_cycle,
         max_confirmed=_confirmed(runner, max_fitting),
         first_failing_outcome=found.first_failing_outcome,
         flaky_batch_sizes=list(found.flaky),
@@ -256,6 +261,15 @@ def _at_max(runner: TrialRunner, max_fitting: int | None) -> list:
 def _steady(runner: TrialRunner, max_fitting: int | None) -> bool:
     """Whether a trial of the maximum stepped until its peak was steady and fit."""
     return any(t.steady_rule is not None for t in _at_max(runner, max_fitting))
+
+
+def _cycle(runner: TrialRunner, max_fitting: int | None) -> str | None:
+    """What the maximum's deciding trial (the longest that fit there) saw of the script's cycle, in a sentence."""
+    seen = [t for t in _at_max(runner, max_fitting) if t.cycle is not None]
+    if not seen:
+        return None
+    deciding = max(seen, key=lambda t: (t.cycle.evaluation_step is not None, t.cycle.steps))
+    return describe_cycle(deciding.cycle, format_bytes=format_bytes)
 
 
 def _confirmed(runner: TrialRunner, max_fitting: int | None) -> bool:

@@ -32,6 +32,7 @@ from typing import Literal
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.protocol.messages import EvalDone, MemoryReading, ModelBuilt, StepDone, TrialResult
+from isoprobe.report.cycle import CycleRule
 from isoprobe.report.steady import SteadyRule
 from isoprobe.spec.units import format_bytes
 
@@ -50,6 +51,9 @@ class Asked:
     import_memory: MemoryReading | None = None
     #: Set for a trial that decides the edge: it runs from ``steps`` up to the rule's cap (``steady``).
     steady: SteadyRule | None = None
+    #: Set for a command trial that waits for the script's evaluation pass (``report.cycle``): it may step on to the
+    #: rule's bound, and the steady rule's window past a pass seen there.
+    cycle: CycleRule | None = None
 
 
 def implausible(events: list, asked: Asked) -> str | None:
@@ -68,6 +72,8 @@ def implausible(events: list, asked: Asked) -> str | None:
     numbers = [e.step for e in steps]
     least, most = (asked.steps, asked.steps) if asked.steady is None else (asked.steady.min_steps,
                                                                             asked.steady.max_steps)
+    if asked.cycle is not None:
+        most = max(most, asked.cycle.max_steps + (asked.steady.window if asked.steady is not None else 0))
     if numbers != list(range(1, len(numbers) + 1)) or not least <= len(numbers) <= most:
         asked_for = f"{least}" if least == most else f"{least} to {most}"
         reasons.append(f"{asked_for} training steps were asked for, the step events show {numbers or 'none'}")

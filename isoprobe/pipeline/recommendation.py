@@ -12,6 +12,8 @@ headroom (recommendation.soak_steps null: a soak only where it adds evidence).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from isoprobe.search.insights import base_anchor, throughput
 from isoprobe.pipeline.explain import none_survived, why_soak_failed
 from isoprobe.report.outcomes import Outcome
@@ -21,7 +23,7 @@ from isoprobe.search.headroom import advise
 from isoprobe.report.insights import MemoryModel
 from isoprobe.report.recommendation import Recommendation, Soak
 from isoprobe.report.trial import Trial
-from isoprobe.search.soak import judge, lower_batch, proven_by_maximum
+from isoprobe.search.soak import SoakJudgement, judge, lower_batch, proven_by_maximum
 from isoprobe.spec.units import format_bytes
 from isoprobe.spec.model import Spec
 
@@ -134,7 +136,7 @@ def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_s
             retried = True  # no evidence about memory: once more, in a fresh process
             trial = runner.run(batch, purpose="soak", steps=steps)
         fits = trial.outcome is Outcome.FITS
-        judged = judge(fits, steps, step_budget_peaks(trial), target_peak)
+        judged = _judge_soak(trial, fits, steps, target_peak)
         soaks.append(Soak(batch_size=batch, trial=trial.index, outcome=trial.outcome,
                           steps_completed=len(step_budget_peaks(trial)), growth_bytes_per_step=judged.growth_bytes_per_step,
                           still_rising=judged.still_rising, projected_peak_bytes=judged.projected_peak_bytes,
@@ -161,6 +163,21 @@ def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_s
 def budget_peak(trial: Trial) -> int | None:
     """A trial's peak in the capacity's units: the budget's where the trial reported it, else its peak."""
     return trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
+
+
+def _judge_soak(trial: Trial, fits: bool, steps: int, target_peak: int) -> SoakJudgement:
+    """``soak.judge`` on the soak's training steps; a command soak that saw the script's evaluation pass
+    (``report.cycle``) is judged for growth on the steps before it (the pass lifts the running peak once: a phase,
+    not growth), and its peak with the pass must stay on the line too: the headroom is the whole cycle's."""
+    peaks = step_budget_peaks(trial)
+    step = trial.cycle.evaluation_step if trial.cycle is not None else None
+    if step is None or step <= 3:
+        return judge(fits, steps, peaks, target_peak)
+    training = peaks[:step - 1]
+    judged = judge(fits, min(steps, len(training)), training, target_peak)
+    if judged.survived and peaks and max(peaks) > target_peak:
+        return replace(judged, survived=False, projected_peak_bytes=max(peaks))
+    return judged
 
 
 def step_budget_peaks(trial: Trial) -> list[int]:

@@ -62,6 +62,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         compile_seconds=_rounded(result.compile_seconds, 3) if result else None,
         first_step_seconds=_rounded(result.first_step_seconds, 3) if result else None,
         started_ahead=result.started_ahead if result else None,
+        cycle=result.cycle if result else None,
         busy_seconds=round(run.busy_seconds, 1) if run.busy_seconds else None,
         busy_at_timeout=run.busy_at_timeout and end.outcome is Outcome.TIMED_OUT,
         eval_seconds=_rounded(result.eval_seconds, 4) if result else None,

@@ -31,6 +31,7 @@ from isoprobe.pipeline.spread_rule import (Margin, fastest_rise, held_still, mar
 from isoprobe.pipeline.trial_record import trial_from_run
 from isoprobe.spec.model import Spec
 from isoprobe.report.steady import SteadyRule
+from isoprobe.report.cycle import CycleRule
 from isoprobe.spec.units import format_bytes
 
 #: The purposes whose trials the search itself asked for (its history).
@@ -58,6 +59,10 @@ class TrialRunner:
         # CPU backend (a gang's ranks and a command keep the window: their growth was measured to pause).
         quiet = target.backend == "cpu" and spec.command is None and spec.distributed.strategy == "none"
         self.steady_rule = steady.rule_for(spec.search.steps, spec.search.steady_steps, quiet=quiet)
+        #: A command probe's deciding trials wait for the script's first evaluation pass (``report.cycle``); None
+        #: once one of them reached the bound without seeing any (later trials would only wait as long again).
+        self.cycle_rule = (CycleRule(max_steps=spec.search.cycle_steps, max_seconds=spec.search.cycle_seconds)
+                           if spec.command is not None and spec.search.cycle_steps else None)
 
     def _conditions(self, allocator_label: str | None) -> Conditions:
         """How this probe's trial processes start (with a command's plan to start it ahead, ``command_ahead``)."""
@@ -125,10 +130,11 @@ class TrialRunner:
                 rule: SteadyRule | None = None) -> Trial:
         index = len(self.trials) + 1
         evaluation = self.eval_after is not None
+        waits = self.cycle_rule if (rule is not None or steps is not None) and not evaluation else None
         request = TrialRequest(spec=self.spec, batch_size=self.eval_after if evaluation else batch_size,
                                eval_batch_size=batch_size if evaluation else None, device=self.target.device,
                                memory_budget_bytes=budget, python_path=self.python_path, steps=steps, steady=rule,
-                               cuda_outside_bytes=self.target.cuda_outside_bytes if self.spec.command else None,
+                               cycle=waits, cuda_outside_bytes=self.target.cuda_outside_bytes if self.spec.command else None,
                                # the longest samples first: any batch of the trial (training or evaluation) is a prefix
                                data_indices=request_indices(self.target.data, max(batch_size, self.eval_after or 0)))
         conditions = self.conditions
@@ -137,11 +143,23 @@ class TrialRunner:
         recorded: list[Trial] = []
         # A round of one: the trial is recorded with SIGINT/SIGTERM held from the moment its child's end is seen,
         # so a signal then never drops it (issue 25).
-        timeout = self.timeout(rule.max_steps if rule else steps)
+        timeout = self.timeout(max(rule.max_steps if rule else steps or 0, waits.max_steps if waits else 0) or None)
         run_round(self.executor, [(request, conditions, timeout, f"trial{index:03d}-b{batch_size}")],
                   lambda slot, run: recorded.append(self.record(run, batch_size, purpose,
-                                                                self._asked(budget, steps, rule))))
+                                                                self._asked(budget, steps, rule, waits))))
+        self._learn_cycle(recorded[0])
         return recorded[0]
+
+    def _learn_cycle(self, trial: Trial) -> None:
+        """A deciding trial that waited for the script's evaluation pass to the bound and saw none: later trials do
+        not wait (each would run as long again to see nothing), and the progress says so."""
+        seen = trial.cycle
+        if self.cycle_rule is None or seen is None or not seen.waited or seen.bound not in ("steps", "seconds"):
+            return
+        self.cycle_rule = None
+        self.reporter.note(f"trial {trial.index} saw no evaluation pass within {seen.steps} steps "
+                           f"(search.cycle_{seen.bound}): later trials do not wait for one, and the answer covers "
+                           "training steps only")
 
     def record(self, run: ChildRun, batch_size: int, purpose: str, asked: Asked) -> Trial:
         """A finished run as the next of ``trials``, printed (after why it was run again, if it was).
@@ -171,12 +189,13 @@ class TrialRunner:
         timeout = self.spec.search.trial_timeout
         return timeout * max(1.0, (steps or 0) / self.spec.search.steps)
 
-    def _asked(self, budget: int | None, steps: int | None = None, rule: SteadyRule | None = None) -> Asked:
+    def _asked(self, budget: int | None, steps: int | None = None, rule: SteadyRule | None = None,
+               cycle: CycleRule | None = None) -> Asked:
         """What a trial of this probe is asked to do, under ``budget``: what its 'fits' is vetted against."""
         # An evaluation pass is asked of an evaluation trial, and of every hf_trainer trial (the Trainer's own).
         eval_pass = self.eval_after is not None or (self.spec.training.eval_pass and self.spec.model.hf_trainer is not None)
         return Asked(steps=steps or self.spec.search.steps, backend=self.target.backend, budget_bytes=budget,
-                     eval_pass=eval_pass, steady=rule,
+                     eval_pass=eval_pass, steady=rule, cycle=cycle,
                      # A command's processes import what its script imports, not what the check's process did.
                      import_memory=self.target.import_memory if self.spec.command is None else None)
 

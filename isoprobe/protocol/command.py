@@ -77,6 +77,10 @@ class ShimStep(_Line):
                                       "model's completed forwards since the step before (root module calls with "
                                       "gradients on and trainable parameters; the last few): the batch this step "
                                       "trained at, as isoprobe.child.trained_batch judges it.")
+    eval_forwards: int = Field(0, ge=0, description="The model's evaluation forwards since the step before (root "
+                               "module calls without gradients, under inference_mode, or in eval mode): what "
+                               "isoprobe.report.cycle reads an evaluation pass from.")
+    saves: int = Field(0, ge=0, description="torch.save calls since the step before (a checkpoint write).")
     device: str
     t: float
 

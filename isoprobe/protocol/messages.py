@@ -35,6 +35,7 @@ from isoprobe.report.outcomes import Outcome
 from isoprobe.report.trial import Applied, ErrorInfo, Sizes
 from isoprobe.spec.model import Spec
 from isoprobe.report.steady import SteadyRule
+from isoprobe.report.cycle import CycleRule, CycleSeen
 from isoprobe.protocol.wiring import (  # noqa: F401 - defined there (the child reads them before torch), named from here
     CHILD_MODULE,
     EVENTS_ENV,
@@ -96,6 +97,10 @@ class TrialRequest(_Message):
         None, description="Set for a trial that decides the edge: after its steps it keeps stepping until its "
                           "peak is steady or the rule's cap (isoprobe.report.steady); None: exactly its steps."
     )
+    cycle: CycleRule | None = Field(
+        None, description="A command trial that decides the maximum (or soaks the recommendation): after its steps "
+                          "(and its steady rule) it steps on until it has seen the script's first evaluation pass "
+                          "and the step after it, or the rule's bound (isoprobe.report.cycle). None: no waiting.")
     rank: RankAssignment | None = Field(
         None, description="Set for each rank of a distributed trial (the gang executor's fan-out); None: one process."
     )
@@ -267,6 +272,7 @@ class TrialResult(_Event):
     compile_seconds: float | None = None
     first_step_seconds: float | None = Field(None, ge=0, description="report.trial.Trial.first_step_seconds.")
     started_ahead: bool | None = Field(None, description="report.trial.Trial.started_ahead.")
+    cycle: CycleSeen | None = Field(None, description="report.trial.Trial.cycle.")
     eval_seconds: float | None = None
     applied: Applied | None = None
     error: ErrorInfo | None = None

@@ -11,6 +11,7 @@
     strict.py    the base of the documents' models: a field nobody declared is refused
     outcomes.py  how a trial ended (the six outcomes), the stop reasons, the OOM classifier
     steady.py    the steady-state rule a trial's peaks are judged by (the child and the parent apply it alike)
+    cycle.py     the script's cycle: a command trial that decides the maximum waits for its first evaluation pass
     output.py    progress lines on stderr, the table, the JSON on stdout
     shell.py     the result as shell variables (``--format env``)
     plot.py      the picture of a probe (optional extra ``isoprobe[plot]``)

@@ -117,6 +117,12 @@ class Result(Strict):
         "failure, else a run after a shorter one; or a long_run trial), clearing the spread where edge_margin "
         "applies. False with search.steady_steps 0: the maximum fit trials of search.steps steps only.",
     )
+    max_cycle: str | None = Field(
+        None, description="A command probe: what the trial that decided max_batch_size saw of the script's cycle "
+        "(isoprobe.report.cycle): 'evaluation seen at step 25 (...)', or 'no evaluation pass within 60 steps: the "
+        "answer covers training steps only; set search.cycle_steps ...'. The trial's own record is trials[].cycle. "
+        "Null: not a command probe, or no maximum.",
+    )
     max_confirmed: bool = Field(
         False, description="True when max_batch_size ran in more than one fresh process and fit every time "
         "(search.confirmations after the trial that decided it, or a short trial before it). False when one "

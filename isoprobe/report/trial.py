@@ -13,6 +13,7 @@ from pydantic import Field
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.steady import SteadyRule
+from isoprobe.report.cycle import CycleSeen
 from isoprobe.report.strict import Strict
 
 
@@ -219,6 +220,9 @@ class Trial(Strict):
         "(search.warm_start, a `python SCRIPT` or `python -m MODULE` command) and waited, having run nothing of the "
         "script's, until the trial was due; first_step_seconds then counts from the trial's start, not the "
         "interpreter's. false: started when the trial was due.")
+    cycle: CycleSeen | None = Field(
+        None, description="A command's trial: what it saw of the script's cycle (evaluation passes, checkpoint "
+        "writes, by step), and whether it waited for it (isoprobe.report.cycle).")
     busy_seconds: float | None = Field(
         None, ge=0, description="Seconds added to the trial's timeout because a busy node kept its processes from "
         "the CPU (they waited, runnable, at least half the time they wanted one): the timeout counts the time the "

@@ -17,6 +17,12 @@ from isoprobe.spec.base import SpecSection
 from isoprobe.spec.size_fields import ByteCountOrZero
 from isoprobe.spec.units import MAX_BYTES
 
+#: search.cycle_steps' default (``isoprobe.report.cycle``): a validation every 25 or 50 steps is common in scripts that
+#: validate by steps; an epoch's end is usually further, and the result then says the answer covers training steps only.
+DEFAULT_CYCLE_STEPS = 60
+#: search.cycle_seconds' default, counted from the trial's first step.
+DEFAULT_CYCLE_SECONDS = 120.0
+
 #: The search never tries more (search.DEFAULT_CEILING); a start or cap above it is a typo.
 MAX_BATCH_SIZE = 1 << 24
 
@@ -58,6 +64,22 @@ class SearchSpec(SpecSection):
             "this cap is still_rising, not fits. null: 30; 0: off (every trial runs search.steps, and the maximum "
             "is the batch that fit one trial of them)."
         ),
+    )
+    cycle_steps: int = Field(
+        DEFAULT_CYCLE_STEPS, ge=0, le=100000,
+        description=(
+            "A command probe: the most optimizer steps a trial that decides the maximum (and the recommendation's "
+            "soak) runs waiting for the script's first evaluation pass (forwards without gradients or in eval mode, "
+            "more than in every step) and the step after it, so that the maximum has seen the script's later "
+            "phases (validation on an EMA model at a larger eval batch, a checkpoint write). It stops as soon as it "
+            "has seen one. The result's cycle says what was seen; when a trial reaches this bound without a pass, "
+            "later trials no longer wait and the answer covers training steps only. 0: never wait."
+        ),
+    )
+    cycle_seconds: float = Field(
+        DEFAULT_CYCLE_SECONDS, gt=0, le=7 * 24 * 3600,
+        description="A command probe: the most seconds, from its first step, a deciding trial waits for the "
+                    "script's first evaluation pass (with search.cycle_steps, whichever comes first).",
     )
     edge_spread: ByteCountOrZero | None = Field(
         None, le=MAX_BYTES,

@@ -9,4 +9,5 @@
     data_cap.py  the CPU cap (RLIMIT_DATA): its limits, set before exec, in a fork, on a Slurm rank, credited
     proc_memory.py  a process's memory as /proc tells it (status fields, writable shared mappings); the shim loads it
     hardware.py  what this machine has (GPUs, CPU, RAM), learned without a CUDA context
+    cpu_share.py  the CPU a process tree got while it wanted it (schedstat): a busy node told from a hung trial
 """

@@ -11,6 +11,11 @@ them. Global module hooks: one pre-hook and one always-called forward hook keep 
 forward still unwinds it), one forward hook with kwargs records (HF models take ``model(**batch)``). Nothing
 runs while Dynamo traces: a compiled region sees no hook of ours.
 
+It also counts the root forwards of *evaluation* since the step before (gradients off, ``inference_mode``, or a
+module in eval mode): the trial waits for the script's first evaluation pass before it calls a maximum
+(``isoprobe.report.cycle``, issue 55). Those are counted whatever their module, a frozen one included (an EMA copy
+has no trainable parameter); the supervisor tells a pass from a frozen teacher's forward in every step.
+
 Standard library only, as the rest of the shim; loaded once torch's optimizers are imported.
 """
 
@@ -21,6 +26,8 @@ import weakref
 #: Root forwards kept per step (the last ones: a step's batch is its last forward's, or its micro-batches' sum).
 FORWARDS_KEPT = 16
 _forwards = []
+#: Evaluation root forwards since the last ``take_evaluations`` (a one-element list: the hook adds to it).
+_evaluations = [0]
 _depths = {}
 _trainable_modules = weakref.WeakKeyDictionary()
 
@@ -47,7 +54,10 @@ def watch(modules):
         if compiling() or depths.get(get_ident(), 0) != 1:
             return
         try:
-            if not _grad_enabled() or not _trainable(module):
+            grad = _grad_enabled()
+            if not grad or not module.training:
+                _evaluations[0] += 1
+            if not grad or not _trainable(module):
                 return
             shape = _first_shape(args, 0) or _first_shape(tuple((kwargs or {}).values()), 0)
             if shape is not None:
@@ -68,6 +78,12 @@ def take():
     shapes = _forwards[-FORWARDS_KEPT:]
     del _forwards[:]
     return shapes
+
+
+def take_evaluations():
+    """The evaluation root forwards counted since the last call."""
+    count, _evaluations[0] = _evaluations[0], 0
+    return count
 
 
 def _compiling_check():

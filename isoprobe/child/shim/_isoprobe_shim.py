@@ -45,7 +45,9 @@ _state = {"dir": None, "fd": None, "pid": None, "steps": 0, "last": None, "repor
           "cuda": None, "set_fraction": None, "budget": None, "outside": {}, "outside_estimate": 0,
           "script_fractions": {}, "budget_peaks": {},
           # The batch each step trained at: ``_isoprobe_forwards``, once its hooks are in.
-          "forwards": None}
+          "forwards": None,
+          # torch.save calls since the step before (``_watch_saves``: a checkpoint write is a phase of the cycle).
+          "saves": [0], "saves_watched": False}
 
 
 def hooked_spec(name, path):
@@ -267,6 +269,8 @@ def _after_step(optimizer, args, kwargs):
             _install_cuda_budget(sys.modules.get("torch.cuda"))
         except Exception:
             pass
+    if not _state["saves_watched"]:
+        _watch_saves()
     with _state["lock"]:
         _state["steps"] += 1
         step = _state["steps"]
@@ -275,10 +279,38 @@ def _after_step(optimizer, args, kwargs):
         line = {"kind": "step", "pid": os.getpid(), "step": step, "seconds": seconds, "t": time.time()}
         line.update(_memory())
         line["forwards"] = _state["forwards"].take() if _state["forwards"] is not None else []
+        line["eval_forwards"] = _state["forwards"].take_evaluations() if _state["forwards"] is not None else 0
+        line["saves"], _state["saves"][0] = _state["saves"][0], 0
         _write(line)
         _report_files()
     _wait_at_gate(step)
     _state["last"] = time.perf_counter()
+
+
+def _watch_saves():
+    """Count ``torch.save`` calls (a checkpoint write, a phase of the script's cycle: ``isoprobe.report.cycle``).
+
+    Done at the first optimizer step, when torch is whole: ``torch.save`` and ``torch.serialization.save`` are then
+    one function, replaced in both places by one that counts and calls it (the frameworks' savers look it up when
+    they save: Lightning's ``_atomic_save``, the Trainer's ``torch.save``). A name bound before the first step
+    (``from torch import save``) keeps the original: its writes are not counted, and nothing else changes."""
+    _state["saves_watched"] = True
+    torch = sys.modules.get("torch")
+    serialization = sys.modules.get("torch.serialization")
+    original = getattr(serialization, "save", None)
+    if torch is None or original is None or getattr(torch, "save", None) is not original:
+        return
+    import functools
+
+    counter = _state["saves"]
+
+    @functools.wraps(original)
+    def save(*args, **kwargs):
+        counter[0] += 1
+        return original(*args, **kwargs)
+
+    serialization.save = save
+    torch.save = save
 
 
 def _wait_at_gate(step):
