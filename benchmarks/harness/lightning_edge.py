@@ -68,7 +68,8 @@ module = load(config["module"])(**config["kwargs"])
 datamodule = load(config["datamodule"])(**config["datamodule_kwargs"]) if config["datamodule"] else None
 arguments = dict(accelerator="cpu", devices=1, precision=config["precision"], logger=False,
                  enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                 limit_val_batches=0, num_sanity_val_steps=0, **config["trainer"])
+                 limit_val_batches=0, num_sanity_val_steps=0)
+arguments.update(config["trainer"])  # a check that validates (issue 55) passes its own limit_val_batches
 """
 
 #: A plain fit at one batch size.
@@ -140,9 +141,15 @@ def _capped(script: str, config: dict, budget: int, python: str) -> subprocess.C
                           capture_output=True, text=True, cwd="/tmp")
 
 
-def fits(spec, batch: int, budget: int, steps: int | None = None, python: str = sys.executable) -> bool:
-    """One plain fit in a fresh process under ``RLIMIT_DATA`` = ``budget``; raises on anything but fit or OOM."""
-    run = _capped(TRIAL, trial_config(spec, batch, steps), budget, python)
+def fits(spec, batch: int, budget: int, steps: int | None = None, python: str = sys.executable,
+         validate_every: int | None = None) -> bool:
+    """One plain fit in a fresh process under ``RLIMIT_DATA`` = ``budget``; raises on anything but fit or OOM.
+    ``validate_every``: the fit validates (two batches of the module's own val_dataloader) every that many training
+    batches, as a user's ``val_check_interval`` has it; else it never validates."""
+    config = trial_config(spec, batch, steps)
+    if validate_every is not None:
+        config["trainer"].update(limit_val_batches=2, val_check_interval=validate_every, check_val_every_n_epoch=None)
+    run = _capped(TRIAL, config, budget, python)
     if run.returncode not in (FITS, OUT_OF_MEMORY):
         raise RuntimeError(f"batch {batch}: the plain fit failed (exit {run.returncode}):\n{run.stderr[-3000:]}")
     return run.returncode == FITS

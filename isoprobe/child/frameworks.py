@@ -51,3 +51,16 @@ def final_readings(torch: Any, device: Any, sizes: Sizes | None = None, step_pea
     if device.type == "cuda":
         return child_cuda.readings(torch, device, sizes or Sizes(), max(step_peaks, default=None))
     return cpu_readings()
+
+
+def framework_cycle(request: Any, hook: Any, evaluated: list[int], early: bool, batches: int) -> dict[str, Any]:
+    """The ``cycle`` a framework's trial reports (``report.cycle.CycleSeen``): where its early evaluation was read
+    (``evaluated``: the step whose reading first includes it), for a trial asked to see the cycle; nothing else."""
+    if request.cycle is None:
+        return {}
+    from isoprobe.report.cycle import CycleSeen
+
+    step = evaluated[0] if evaluated and evaluated[0] <= hook.steps_done else None
+    peak = hook.peaks[step - 1] if step is not None else None
+    return {"cycle": CycleSeen(steps=hook.steps_done, evaluation_step=step, evaluation_forwards=batches if step else None,
+                               evaluation_peak_bytes=peak, waited=early, bound=None if early else "unconfigured")}

@@ -12,8 +12,14 @@ keeps everything that changes memory:
   the hook says so: one trial step is one optimizer step (the Trainer's
   ``on_step_begin`` fires before the first micro-batch of an accumulation,
   ``on_step_end`` after ``optimizer.step()``; transformers 5.24 ``_run_epoch``);
-- no evaluation, saving, logging or reporting (they write files or reach the
-  network, and the real job's evaluation at its own batch is ``training.eval_pass``);
+- no saving, logging or reporting (they write files or reach the network); no
+  evaluation in a short trial (the real job's evaluation at its own batch is
+  ``training.eval_pass``); a trial that decides the maximum (its request has a
+  ``cycle``: issue 55) evaluates early where the user's arguments evaluate at all
+  (an ``eval_strategy`` other than "no" and one eval set): after the search's
+  steps the Trainer evaluates ``EVAL_BATCHES`` batches at its own eval batch,
+  inside its training loop (``control.should_evaluate``), as its real first
+  evaluation would, and steps on until steady;
   no ``auto_find_batch_size`` (the in-process search this replaces);
 - one device, the request's: several visible GPUs would make the Trainer wrap the
   model in DataParallel and split the batch, but the answer is per device;
@@ -27,11 +33,12 @@ import gc
 import time
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child.frameworks import final_readings
+from isoprobe.child.frameworks import final_readings, framework_cycle
 from isoprobe.child.memory import cpu_memory
 from isoprobe.child.step_report import StepHook
 from isoprobe.child.workload import import_callable
 from isoprobe.protocol.messages import MESSAGE_CHARS, EvalDone, InspectProblem, ModelBuilt, TrialRequest
+from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome, classify_exception
 
 if TYPE_CHECKING:
@@ -55,7 +62,8 @@ def run_trainer(request: TrialRequest, events: Events, progress: Progress, torch
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)  # the weights are allocated already and still count
     hook = StepHook(torch, device, request, events, progress)
-    stepper = prepare_for_trial(transformers, trainer, hook)
+    early = request.cycle is not None and evaluates(transformers, trainer)
+    stepper = prepare_for_trial(transformers, trainer, hook, early_after=spec.search.steps if early else None)
     report: dict[str, Any] = {}
     try:
         trainer.train()
@@ -75,7 +83,7 @@ def run_trainer(request: TrialRequest, events: Events, progress: Progress, torch
         raise RuntimeError(f"the Trainer stopped after {hook.steps_done} optimizer step(s), before the trial's "
                            f"{request.steps or spec.search.steps}: its train dataloader ran out of batches")
     report.update(final_readings(torch, device, step_peaks=hook.peaks))
-    return report
+    return report | framework_cycle(request, hook, stepper.evaluated, early, EVAL_BATCHES)
 
 
 def check_trainer(transformers: Any, trainer: Any, batch_size: int, device: Any) -> None:
@@ -156,9 +164,20 @@ def eval_dataset(trainer: Any) -> Any:
     return dataset
 
 
-def prepare_for_trial(transformers: Any, trainer: Any, hook: StepHook):
+def evaluates(transformers: Any, trainer: Any) -> bool:
+    """Whether the user's Trainer evaluates during its training: an ``eval_strategy`` other than "no", and one eval
+    set (read before ``prepare_for_trial`` turns its strategy off)."""
+    from transformers.trainer_utils import IntervalStrategy
+
+    dataset = trainer.eval_dataset
+    return (trainer.args.eval_strategy != IntervalStrategy.NO and dataset is not None
+            and not isinstance(dataset, dict) and hasattr(dataset, "__len__"))
+
+
+def prepare_for_trial(transformers: Any, trainer: Any, hook: StepHook, early_after: int | None = None):
     """The trial's changes to the Trainer's arguments and callbacks (see the module's docstring); the callback
-    that steps the hook (its ``stopped`` is True once the hook ended the loop)."""
+    that steps the hook (its ``stopped`` is True once the hook ended the loop). ``early_after``: evaluate once after
+    that many steps, on the first ``EVAL_BATCHES`` batches of the eval set (a trial that decides the maximum)."""
     from transformers.trainer_callback import PrinterCallback, ProgressCallback
     from transformers.trainer_utils import IntervalStrategy, SaveStrategy
 
@@ -181,27 +200,45 @@ def prepare_for_trial(transformers: Any, trainer: Any, hook: StepHook):
         reporting = type(callback).__module__.startswith("transformers.integrations")
         if reporting or isinstance(callback, (PrinterCallback, ProgressCallback)):
             trainer.remove_callback(callback)
-    stepper = _stepper(transformers, hook)
+    if early_after is not None:
+        from torch.utils.data import Subset
+
+        dataset = trainer.eval_dataset
+        trainer.eval_dataset = Subset(dataset, range(min(args.eval_batch_size * EVAL_BATCHES, len(dataset))))
+        args.max_steps += steady.WINDOW_STEPS  # the steady window after the evaluation too
+    stepper = _stepper(transformers, hook, early_after)
     trainer.add_callback(stepper)
     return stepper
 
 
-def _stepper(transformers: Any, hook: StepHook):
-    """The callback that times and reports each optimizer step, and stops the loop when the hook says so."""
+def _stepper(transformers: Any, hook: StepHook, early_after: int | None = None):
+    """The callback that times and reports each optimizer step, and stops the loop when the hook says so (after
+    the early evaluation, where there is one: ``evaluated`` holds the step whose reading first includes it)."""
 
     class IsoprobeSteps(transformers.TrainerCallback):
         stopped = False
+        evaluated: list[int] = []
 
         def on_step_begin(self, args, state, control, **kwargs):
             hook.begin()
 
         def on_step_end(self, args, state, control, **kwargs):
-            if hook.after_step():
+            done = hook.after_step()
+            if early_after is not None and not self.evaluated and hook.steps_done >= early_after:
+                control.should_evaluate = True  # the Trainer evaluates now, inside its loop, then steps on
+                return control
+            if done and (early_after is None or self.evaluated):
                 self.stopped = True
                 control.should_training_stop = True
             return control
 
-    return IsoprobeSteps()
+        def on_evaluate(self, args, state, control, **kwargs):
+            if early_after is not None and not self.evaluated:
+                self.evaluated.append(hook.steps_done + 1)  # the next step's running peak includes it
+
+    stepper = IsoprobeSteps()
+    stepper.evaluated = []
+    return stepper
 
 
 def evaluate(torch: Any, device: Any, trainer: Any) -> float:

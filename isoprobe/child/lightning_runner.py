@@ -19,10 +19,16 @@ callback starts the step reporter's clock at the first batch of a step and
 reports when ``trainer.global_step`` moved (also for manual optimisation).
 The Trainer writes nothing: a ``DummyLogger`` (the module's ``self.logger``
 exists, as in the real fit, and writes nowhere), no checkpoint, progress bar or
-summary, no validation (``limit_val_batches=0``, no sanity check). A
-ReduceLROnPlateau whose metric only validation logs is not stepped in a trial
-(its ``strict`` is turned off: it reads a number and allocates nothing) instead
-of failing where the real fit, which validates, would step it.
+summary. A short trial does not validate (``limit_val_batches=0``, no sanity
+check). A trial that decides the maximum (its request has a ``cycle``: issue
+55) validates early, where the module validates at all (a ``validation_step``
+and a ``val_dataloader`` of its own or its data module's): after the search's
+steps, ``EVAL_BATCHES`` batches of the user's own validation loader (its own
+eval batch), then it steps on, so that its steady peak has seen the validation
+beside the optimizer's state, as the real fit's first validation would. A
+ReduceLROnPlateau whose metric only validation logs is not strict in a trial
+(it reads a number and allocates nothing) instead of failing where the real fit,
+which validates, would step it.
 
 A rank of a gang (``distributed.strategy: ddp``) has joined the process group
 already (``child.distributed.join``); ``LOCAL_RANK`` in the environment makes
@@ -35,7 +41,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child.frameworks import final_readings
+from isoprobe.child.frameworks import final_readings, framework_cycle
+from isoprobe.report import steady
 from isoprobe.child.memory import cpu_memory
 from isoprobe.child.step_report import StepHook
 from isoprobe.child.workload import import_callable
@@ -185,6 +192,28 @@ def batch_problem(asked: int, leading: list[int], loader_size: int | None, loade
             f"{asked}: {made} does not read the batch size that was set", None)
 
 
+#: Validation batches a deciding trial runs (``validation_early``): the user's loader's first ones, at its own batch.
+EVAL_BATCHES = 2
+
+
+def validates(module: Any, datamodule: Any) -> bool:
+    """Whether the user's fit validates: a ``validation_step`` and a ``val_dataloader`` (the module's or the data
+    module's), as Lightning's own check of the validation loop reads them (``is_overridden``)."""
+    from lightning.pytorch.utilities.model_helpers import is_overridden
+
+    loader = is_overridden("val_dataloader", module) or (datamodule is not None
+                                                         and is_overridden("val_dataloader", datamodule))
+    return bool(is_overridden("validation_step", module) and loader)
+
+
+def validation_early(spec: Spec) -> dict[str, Any]:
+    """The Trainer's arguments that run the user's validation after the search's steps (``EVAL_BATCHES`` batches,
+    counted in training batches across epochs), in a trial that decides the maximum."""
+    accumulate = (spec.lightning or LightningSpec()).accumulate_grad_batches
+    return {"limit_val_batches": EVAL_BATCHES, "val_check_interval": spec.search.steps * accumulate,
+            "check_val_every_n_epoch": None}
+
+
 def trainer_arguments(spec: Spec, device: Any, world_size: int | None) -> dict[str, Any]:
     """The Trainer's arguments for a trial: the spec's memory-relevant ones, and nothing that writes or validates."""
     from lightning.pytorch.loggers.logger import DummyLogger
@@ -279,8 +308,12 @@ def run(request: TrialRequest, events: Events, progress: Progress, torch: Any, d
         def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
             if self.step_at is not None and trainer.global_step > self.step_at:  # the optimizer stepped
                 self.step_at = None
-                if hook.after_step():
+                if hook.after_step() and (not early or validated):
                     trainer.should_stop = True
+
+        def on_validation_end(self, trainer: Any, pl_module: Any) -> None:
+            if early and not validated and not trainer.sanity_checking:
+                validated.append(hook.steps_done + 1)  # the step after it reads its peak (a running peak)
 
     world_size = request.rank.world_size if request.rank is not None else None
     if request.rank is not None:
@@ -288,8 +321,11 @@ def run(request: TrialRequest, events: Events, progress: Progress, torch: Any, d
         os.environ.setdefault("NODE_RANK", "0")
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats(device)
-    trainer = pl.Trainer(max_steps=hook.most_steps, callbacks=[TrialSteps()],
-                         **trainer_arguments(spec, device, world_size))
+    early = request.cycle is not None and validates(module, datamodule)
+    validated: list[int] = []  # the step whose reading first includes the early validation
+    arguments = trainer_arguments(spec, device, world_size) | (validation_early(spec) if early else {})
+    trainer = pl.Trainer(max_steps=hook.most_steps + (steady.WINDOW_STEPS if early else 0), callbacks=[TrialSteps()],
+                         **arguments)
     try:
         trainer.fit(module, datamodule=datamodule)
     except BaseException as exc:
@@ -301,4 +337,5 @@ def run(request: TrialRequest, events: Events, progress: Progress, torch: Any, d
         raise RuntimeError("trainer.fit ran no optimizer step: train_dataloader() gave no batch at this batch "
                            "size (drop_last with fewer samples than the batch?)")
     del trainer, module, datamodule
-    return final_readings(torch, device, step_peaks=hook.peaks)
+    return final_readings(torch, device, step_peaks=hook.peaks) | framework_cycle(request, hook, validated, early,
+                                                                                  EVAL_BATCHES)

@@ -59,10 +59,13 @@ class TrialRunner:
         # CPU backend (a gang's ranks and a command keep the window: their growth was measured to pause).
         quiet = target.backend == "cpu" and spec.command is None and spec.distributed.strategy == "none"
         self.steady_rule = steady.rule_for(spec.search.steps, spec.search.steady_steps, quiet=quiet)
-        #: A command probe's deciding trials wait for the script's first evaluation pass (``report.cycle``); None
+        #: A command probe's deciding trials wait for the script's first evaluation pass (``report.cycle``), a
+        #: framework's evaluate early; None
         #: once one of them reached the bound without seeing any (later trials would only wait as long again).
+        # model.lightning and model.hf_trainer schedule the user's evaluation early instead (their runners).
+        framework = spec.model.lightning is not None or spec.model.hf_trainer is not None
         self.cycle_rule = (CycleRule(max_steps=spec.search.cycle_steps, max_seconds=spec.search.cycle_seconds)
-                           if spec.command is not None and spec.search.cycle_steps else None)
+                           if (spec.command is not None or framework) and spec.search.cycle_steps else None)
 
     def _conditions(self, allocator_label: str | None) -> Conditions:
         """How this probe's trial processes start (with a command's plan to start it ahead, ``command_ahead``)."""

@@ -61,8 +61,9 @@ class CycleSeen(BaseModel):
     waited: bool = Field(False, description="The trial was asked to wait for the cycle (it decides the maximum).")
     bound: str | None = Field(
         None, description="Why it stopped waiting without a pass: 'steps' (search.cycle_steps), 'seconds' "
-        "(search.cycle_seconds), or 'ended' (the command ended on its own after its steps: its whole run was "
-        "seen). Null: it saw a pass, or was not waiting.")
+        "(search.cycle_seconds), 'ended' (the command ended on its own after its steps: its whole run was "
+        "seen), or 'unconfigured' (model.lightning, model.hf_trainer: the user's fit does not evaluate). Null: it "
+        "saw a pass, or was not waiting.")
 
 
 def evaluation_step(counts: list[int]) -> int | None:
@@ -116,6 +117,9 @@ def describe(record: CycleSeen | None, rule_steps: int | None = None, format_byt
         peak = f", peak {size(record.evaluation_peak_bytes)}" if record.evaluation_peak_bytes is not None else ""
         return (f"evaluation seen at step {record.evaluation_step} ({record.evaluation_forwards} evaluation "
                 f"forward(s){peak}); {record.steps} steps in all{saves}")
+    if record.bound == "unconfigured":
+        return (f"the fit evaluates nothing (no validation_step with a val_dataloader, or an eval_strategy of 'no'): "
+                f"{record.steps} training steps seen, as the real fit runs them{saves}")
     if record.bound == "ended":
         return f"the command's whole run seen: it ended on its own after {record.steps} steps{saves}"
     every = (f"; {record.every_step_forwards} evaluation forward(s) in every step, covered by every step's reading"

@@ -70,3 +70,16 @@ def broken_trainer(batch_size: int):
 def ignores_the_batch(batch_size: int):
     """A function that does not pass its batch_size on: the trial must refuse it, not measure batch 8."""
     return build_trainer(8)
+
+
+def evaluating_trainer(batch_size: int, eval_factor: int = 4, eval_steps: int = 3, samples: int = 4096):
+    """A Trainer that evaluates every ``eval_steps`` steps at an eval batch ``eval_factor`` times the training batch
+    (eval batches are usually larger: no backward pass to keep for): its first evaluation needs more memory than its
+    training steps (issue 55: a probe that never saw it answered the training steps' edge)."""
+    args = transformers.TrainingArguments(
+        output_dir=tempfile.mkdtemp(prefix="hf-trainer-test-"), per_device_train_batch_size=batch_size,
+        per_device_eval_batch_size=eval_factor * batch_size, eval_strategy="steps", eval_steps=eval_steps,
+        learning_rate=1e-3, report_to="none", save_strategy="no", logging_steps=1, seed=0,
+    )
+    return transformers.Trainer(model=gpt2(), args=args, train_dataset=TokenIds(samples, 64, 4000),
+                                eval_dataset=TokenIds(4 * eval_factor * batch_size, 64, 4000))

@@ -176,3 +176,26 @@ class LogsToItsLogger(HogModule):
         loss = super().training_step(batch, batch_idx)
         self.logger.experiment.add_scalar("loss", loss.item(), self.global_step)
         return loss
+
+
+class ValidatesLarger(HogModule):
+    """``HogModule`` whose validation (``validation_step`` and its own ``val_dataloader``) runs at ``eval_factor``
+    times the training batch, and keeps every logit of the pass for its metric, as real validation loops do: its
+    first validation needs more memory than its training steps (issue 55)."""
+
+    def __init__(self, eval_factor: int = 4, **kwargs):
+        super().__init__(**kwargs)
+        self.save_hyperparameters()
+        self.kept = []
+
+    def validation_step(self, batch, batch_idx):
+        x, y = batch
+        self.kept.append(self(x))
+
+    def on_validation_epoch_end(self) -> None:
+        self.kept.clear()
+
+    def val_dataloader(self):
+        data = RandomFeatures(4 * self.hparams.eval_factor * self.hparams.batch_size, self.hparams.features,
+                              self.hparams.classes)
+        return DataLoader(data, batch_size=self.hparams.eval_factor * self.hparams.batch_size)
