@@ -35,6 +35,7 @@ import stat
 from collections.abc import Mapping
 
 from isoprobe.cache.arguments import LARGE_FILE, folder_listing
+from isoprobe.errors import ProbeError
 from isoprobe.system.files import UntrustedFile, sha256_of
 
 #: A folder a trial read from (a path ending in ``/``) is keyed by its own entries, at most this many names and sizes.
@@ -79,6 +80,11 @@ def changed_source(sources: Mapping[str, str]) -> str | None:
     return None
 
 
+class SourcesChanged(ProbeError):
+    """A file the trials ran (the script, a module of the user's) changed between two trials of one probe: their
+    verdicts are of two versions, and an answer from them would be of neither (issue 55)."""
+
+
 class SourceRecorder:
     """An executor that passes everything to ``inner`` and gathers what its children report for the cache.
 
@@ -115,11 +121,13 @@ class SourceRecorder:
         return self.record(self.inner.run(request, conditions, timeout=timeout, name=name))
 
     def record(self, run):
-        """Take in what ``run``'s events report (also for runs made elsewhere: ``executors.rounds``); ``run``."""
+        """Take in what ``run``'s events report (also for runs made elsewhere: ``executors.rounds``); ``run``.
+        Raises ``SourcesChanged`` when a trial ran a module file another trial ran in another version."""
         for event in run.events:
             for path, digest in (getattr(event, "sources", None) or {}).items():
                 if self.sources.setdefault(path, digest) != digest and path not in self.conflicts:
                     self.conflicts.append(path)
+                    raise SourcesChanged(f"{path} changed while the probe ran: its trials ran two versions of it")
             for path in getattr(event, "reads", None) or ():
                 if path not in self.sources and os.path.isabs(path) and self._room_for(path):
                     try:
@@ -137,6 +145,18 @@ class SourceRecorder:
             if getattr(event, "threads", None) is not None:
                 self.threads.add(event.threads)
         return run
+
+    def changed(self) -> str | None:
+        """Why the probe's trials may not all have run one version of the code they ran (a module file, the script:
+        one changed between two trials, or since a trial first ran it), or None. Files the trials only *read* are
+        not asked here: a script may write what it reads itself (a checkpoint it resumes from, a dataset cache), so
+        a change there is the run's own doing; it keeps the answer out of the cache (``unsettled``)."""
+        if self.conflicts:
+            return f"{self.conflicts[0]} changed while the probe ran"
+        code = {path: digest for path, digest in self.sources.items() if path not in self._read_sources}
+        if reason := changed_source(code):
+            return reason.replace("changed since it was probed", "changed while the probe ran")
+        return None
 
     def unsettled(self) -> str | None:
         """Why the probe's answer must not be stored (a file changed while it ran, the threads are not the key's)."""

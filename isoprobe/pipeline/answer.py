@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 
+from isoprobe.errors import ProbeError
 from isoprobe.executors import Executor
 from isoprobe.report.output import Reporter
 from isoprobe.spec.model import Spec
@@ -130,18 +131,14 @@ class _Context:
 
     def probe(self, cache):
         from isoprobe.cache.store import now_utc
-        from isoprobe.cache.sources import SourceRecorder
+        from isoprobe.cache.sources import SourceRecorder, SourcesChanged
         from isoprobe.cache.trust import CACHEABLE, distrust
         from isoprobe.report.output import result_json
         from isoprobe.pipeline.pipeline import local_executor, run_probe
         from isoprobe.report.device import RunEnvironment
         from isoprobe.report.result import CacheInfo
 
-        recorder = SourceRecorder(self.executor if self.executor is not None else local_executor(self.spec),
-                                  self.expected_threads)
-        result = run_probe(self.spec, self.spec_path, self.reporter, budget_source=self.budget_source,
-                           environ=self.environ, executor=recorder, world_size_source=self.world_size_source,
-                           borrowed=self.borrowed)
+        recorder, result = self._probe_one_version(SourceRecorder, SourcesChanged, local_executor, run_probe)
         result = result.model_copy(update={"environment": RunEnvironment.model_validate(self.environment),
                                            "sources": recorder.sources})
         if cache is None or result.stop_reason not in CACHEABLE:  # only proven answers are kept
@@ -165,6 +162,34 @@ class _Context:
             self.reporter.note(f"could not write the cache entry {info.path}: {exc.strerror or exc}")
             return result
         return stored
+
+    #: How many times a probe whose files changed while it ran starts again from the start (then it stops).
+    SOURCE_RESTARTS = 1
+
+    def _probe_one_version(self, recorder_type, changed_type, local_executor, run_probe):
+        """Probe; where a file the trials ran or read changed while they ran (an edited script, a config rewritten),
+        their verdicts are of two versions: start again from the start, with fresh processes, up to
+        ``SOURCE_RESTARTS`` times, then stop (``ProbeError``). Never an answer mixed from two versions (issue 55)."""
+        for attempt in range(self.SOURCE_RESTARTS + 1):
+            recorder = recorder_type(self.executor if self.executor is not None else local_executor(self.spec),
+                                     self.expected_threads)
+            try:
+                result = run_probe(self.spec, self.spec_path, self.reporter, budget_source=self.budget_source,
+                                   environ=self.environ, executor=recorder, world_size_source=self.world_size_source,
+                                   borrowed=self.borrowed)
+                changed = recorder.changed() if result.trials else None
+            except changed_type as error:
+                changed = error.message
+            if changed is None:
+                return recorder, result
+            if attempt < self.SOURCE_RESTARTS and self.executor is None:
+                self.reporter.note(f"{changed}: its trials ran two versions, so no answer comes from them; probing "
+                                   "again from the start")
+                continue
+            again = ", and again after the probe started over" if attempt else ""
+            raise ProbeError(f"{changed}{again}: no answer is of one version. Run isoprobe when the script and its "
+                             "modules are no longer being edited")
+        raise AssertionError("unreachable")
 
     def cached(self, cache, key):
         """The stored answer, re-planned and re-labelled for this invocation, or None (missing, refused, stale)."""

@@ -19,10 +19,12 @@ from dataclasses import replace
 from pathlib import Path
 
 import pydantic
+import pytest
 from test_cache_files import finishes, unblock
 from test_orchestration_cache import TRIAL_LINE, Recording, Untouchable, ask
 
 from isoprobe.cache import store as cache_module
+from isoprobe.errors import ProbeError
 from isoprobe.child.sources import environment_roots, imported_sources
 from isoprobe.protocol.messages import Inspected, TrialResult
 from scripted_probe import HOG_MAX, hog_spec
@@ -142,7 +144,9 @@ def test_a_deleted_or_replaced_source_is_stale_and_never_hangs(tmp_path):
     assert executor.calls and result.max_batch_size == HOG_MAX
 
 
-def test_code_edited_while_it_was_probed_is_not_cached(tmp_path):
+def test_code_edited_while_it_was_probed_stops_the_probe_with_no_answer_and_nothing_cached(tmp_path):
+    """Issue 55: trials of two versions of the code give no answer of either (before: exit 0, an answer mixed
+    from both, only kept out of the cache). The probe stops at the trial that ran the second version."""
     cache, spec = tmp_path / "cache", hog_spec()
     helper, _ = _project(tmp_path)
 
@@ -151,6 +155,7 @@ def test_code_edited_while_it_was_probed_is_not_cached(tmp_path):
             helper.write_text(f"EDGE = {len(self.calls)}\n")  # every child sees another version
             return super().run(request, conditions, timeout=timeout, name=name)
 
-    result, lines = ask(spec, cache, Editing([helper]))
-    assert f"{helper} changed while it was probed, so the answer is not cached" in lines
-    assert result.max_batch_size == HOG_MAX and result.cache is None and not list(cache.glob("*.json"))
+    executor = Editing([helper])
+    with pytest.raises(ProbeError, match=f"{helper} changed while the probe ran"):
+        ask(spec, cache, executor)
+    assert len(executor.calls) == 2 and not list(cache.glob("*.json"))
