@@ -68,6 +68,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
     saves: list[int] = []  # each judged step's torch.save calls (the rank with most)
     first_judged_at: float | None = None  # when the first step was judged: the cycle's bound in seconds counts from it
     bound: str | None = None  # why the trial stopped waiting for the cycle without a pass (report.cycle.CycleSeen)
+    judged_ranks: list = []
     verdict: tuple[Outcome, ErrorInfo | None, str] | None = None
     imported = False
     sampler = Sampler() if not request.device.startswith("cuda") else None
@@ -89,6 +90,8 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                 events.emit(Imported(memory=MemoryReading()))
             tree.note_endings()
             ranks = tree.ranks()
+            if ranks:
+                judged_ranks = ranks  # the ranks as last judged: a command that ended on its own has none left
             expected = tree.expected_ranks()
             peaks_by_rank = {pid: peaks for pid, peaks in peaks_by_rank.items() if pid in tree.processes
                              and tree.processes[pid] in ranks}
@@ -144,12 +147,13 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
     finally:
         _end_tree(process)
     if verdict[0] in (Outcome.FITS, Outcome.OUT_OF_MEMORY) and judged:
-        refusal = not_trained_at_batch(request, tree.ranks(), judged, tree.expected_ranks())
+        refusal = not_trained_at_batch(request, _final_ranks(tree, judged_ranks, bound), judged,
+                                       tree.expected_ranks() if bound != "ended" else len(judged_ranks))
         if refusal is not None:  # a verdict about another batch than the one asked is no verdict on it
             verdict = (Outcome.ERROR, refusal, verdict[2])
     outcome, error, phase = verdict
     copy_stderr_tail(stderr_path)
-    ranks = tree.ranks()
+    ranks = _final_ranks(tree, judged_ranks, bound)
     report = _readings(ranks, judged) if outcome is Outcome.FITS else _failure_readings(ranks)
     record = cycle.seen(evaluations, saves, judged_peaks).model_copy(
         update={"waited": request.cycle is not None, "bound": bound}) if judged else None
@@ -159,6 +163,12 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                             sources=_sources(tree.modules), reads=_reads(tree.reads, tree.modules),
                             command_ranks=len(ranks) or None, first_step_seconds=first_step_seconds,
                             started_ahead=ahead, cycle=record, **report))
+
+
+def _final_ranks(tree: Tree, judged_ranks: list[Process], bound: str | None) -> list[Process]:
+    """The ranks the verdict reads: the tree's now, or, for a command that ended on its own while the trial waited
+    for its cycle (``bound`` 'ended'), the ranks as they were last judged (an ended process is no rank any more)."""
+    return judged_ranks if bound == "ended" else tree.ranks()
 
 
 def _sample_for(seconds: float, sampler: Sampler | None, tree: Tree) -> None:

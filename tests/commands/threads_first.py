@@ -30,26 +30,27 @@ import torch.nn.functional as F  # noqa: E402
 
 
 class Net(nn.Module):
-    """A learned per-feature gain and bias over a wide input, then a narrow MLP: memory grows with the batch
-    through the wide activations, the weights are small."""
+    """A learned per-feature gain and bias over wide rows, a narrow projection of each row, then a small MLP:
+    memory grows with the batch through the wide activations (1 MiB a sample each), the weights are small."""
 
-    def __init__(self, features: int, hidden: int, classes: int) -> None:
+    def __init__(self, rows: int, width: int, hidden: int, classes: int) -> None:
         super().__init__()
-        self.gain = nn.Parameter(torch.ones(features))
-        self.bias = nn.Parameter(torch.zeros(features))
-        self.body = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                  nn.Linear(hidden, classes))
+        self.gain = nn.Parameter(torch.ones(width))
+        self.bias = nn.Parameter(torch.zeros(width))
+        self.project = nn.Linear(width, 16)
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(rows * 16, hidden), nn.ReLU(), nn.Linear(hidden, classes))
 
     def forward(self, x):
-        return self.body(torch.tanh(x * self.gain + self.bias))
+        return self.head(torch.relu(self.project(torch.tanh(x * self.gain + self.bias))))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Train a small MLP with torch's threads pinned before torch loads.")
     p.add_argument("--batch-size", type=int, default=32, help="samples per optimizer step")
     p.add_argument("--max-steps", type=int, default=100, help="stop after this many optimizer steps")
-    p.add_argument("--features", type=int, default=65536)
-    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--width", type=int, default=4096)
+    p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -69,17 +70,17 @@ def main(argv=None) -> None:
     record({"script": "threads_first", "pid": os.getpid(), "batch": args.batch_size, "threads": threads,
             "torch_before_first_line": TORCH_BEFORE})
     torch.manual_seed(args.seed)
-    # One scratch row per sample for each of torch's threads, kept for the whole run.
-    scratch = [torch.zeros(args.batch_size, args.features) for _ in range(threads)]
-    model = Net(args.features, args.hidden, args.classes)
+    # A scratch copy of the batch for each of torch's threads, kept for the whole run.
+    scratch = [torch.zeros(args.batch_size, args.rows, args.width) for _ in range(threads)]
+    model = Net(args.rows, args.width, args.hidden, args.classes)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     step = 0
     while step < args.max_steps:
         g = torch.Generator().manual_seed(args.seed + step)
-        x = torch.randn(args.batch_size, args.features, generator=g)
+        x = torch.randn(args.batch_size, args.rows, args.width, generator=g)
         y = torch.randint(args.classes, (args.batch_size,), generator=g)
         for buffer in scratch:
-            buffer.copy_(x[:, : buffer.shape[1]])
+            buffer.copy_(x)
         optimizer.zero_grad(set_to_none=True)
         loss = F.cross_entropy(model(x), y)
         loss.backward()

@@ -33,26 +33,27 @@ from tqdm import tqdm  # noqa: E402
 
 
 class Net(nn.Module):
-    """A learned per-feature gain and bias over a wide input, then a narrow MLP: memory grows with the batch
-    through the wide activations, the weights are small."""
+    """A learned per-feature gain and bias over wide rows, a narrow projection of each row, then a small MLP:
+    memory grows with the batch through the wide activations (1 MiB a sample each), the weights are small."""
 
-    def __init__(self, features: int, hidden: int, classes: int) -> None:
+    def __init__(self, rows: int, width: int, hidden: int, classes: int) -> None:
         super().__init__()
-        self.gain = nn.Parameter(torch.ones(features))
-        self.bias = nn.Parameter(torch.zeros(features))
-        self.body = nn.Sequential(nn.Linear(features, hidden), nn.ReLU(), nn.Linear(hidden, hidden), nn.ReLU(),
-                                  nn.Linear(hidden, classes))
+        self.gain = nn.Parameter(torch.ones(width))
+        self.bias = nn.Parameter(torch.zeros(width))
+        self.project = nn.Linear(width, 16)
+        self.head = nn.Sequential(nn.Flatten(), nn.Linear(rows * 16, hidden), nn.ReLU(), nn.Linear(hidden, classes))
 
     def forward(self, x):
-        return self.body(torch.tanh(x * self.gain + self.bias))
+        return self.head(torch.relu(self.project(torch.tanh(x * self.gain + self.bias))))
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description="Train a small MLP, its progress shown by a vendored tqdm.")
     p.add_argument("--batch-size", type=int, default=32, help="samples per optimizer step")
     p.add_argument("--max-steps", type=int, default=100, help="stop after this many optimizer steps")
-    p.add_argument("--features", type=int, default=65536)
-    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--rows", type=int, default=64)
+    p.add_argument("--width", type=int, default=4096)
+    p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--seed", type=int, default=0)
@@ -71,7 +72,7 @@ def batches(args):
     step = 0
     while True:
         g = torch.Generator().manual_seed(args.seed + step)
-        yield (torch.randn(args.batch_size, args.features, generator=g),
+        yield (torch.randn(args.batch_size, args.rows, args.width, generator=g),
                torch.randint(args.classes, (args.batch_size,), generator=g))
         step += 1
 
@@ -82,7 +83,7 @@ def main(argv=None) -> None:
             "tqdm_file": os.path.abspath(tqdm_package.__file__), "tqdm_version": tqdm_package.__version__,
             "vendored_dir": VENDORED, "tqdm_before_first_line": TQDM_BEFORE})
     torch.manual_seed(args.seed)
-    model = Net(args.features, args.hidden, args.classes)
+    model = Net(args.rows, args.width, args.hidden, args.classes)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr)
     step = 0
     progress = tqdm(batches(args), desc="train", total=args.max_steps, mininterval=30)

@@ -31,6 +31,14 @@ SCRIPTS = {
     "sanity_check_first.py": ([], ["--batch-size", "--max-steps", "--sanity"]),
     "forges_steps.py": ([], ["--batch-size", "--forge", "--max-steps"]),
     "killed_rank.py": ([], ["--batch-size", "--kill-with", "--at-step", "--max-steps"]),
+    "validates_every_k.py": ([], ["--batch-size", "--max-steps", "--eval-every", "--eval-factor"]),
+    "edits_its_module.py": ([], ["--batch-size", "--max-steps"]),
+    "edited_module.py": ([], []),  # the module edits_its_module.py imports (and edits)
+    "threads_first.py": ([], ["--batch-size", "--max-steps"]),
+    "vendored_first.py": ([], ["--batch-size", "--max-steps"]),
+    "batch_at_import.py": ([], ["--max-steps"]),
+    "batch_env_module.py": ([], []),  # the module batch_at_import.py imports: it reads the batch at import
+    "reexec_self.py": ([], ["--batch-size", "--max-steps"]),
 }
 
 

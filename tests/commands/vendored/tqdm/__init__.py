@@ -2,7 +2,7 @@
 
 The same name as the installed ``tqdm``, and the calls a training loop makes of it (``tqdm(iterable, desc=...,
 total=..., mininterval=...)``, ``update``, ``set_postfix``, ``close``, ``tqdm.write``, ``trange``), with one change
-of the fork's: the progress bar keeps the last ``keep`` items it yielded (4 by default, a preview of the recent
+of the fork's: the progress bar keeps the last ``keep`` items it yielded (2 by default, a preview of the recent
 batches for a dashboard), so a loop over batches holds that many more batches than with the installed tqdm. The
 script that vendors it puts this folder first on ``sys.path``; what it imports decides how much memory a batch
 needs.
@@ -21,7 +21,7 @@ VENDORED = True
 class tqdm:
     """An iterable wrapper that prints a progress line now and then and keeps the last ``keep`` items."""
 
-    def __init__(self, iterable=None, desc=None, total=None, file=None, mininterval=0.1, disable=False, keep=4,
+    def __init__(self, iterable=None, desc=None, total=None, file=None, mininterval=0.1, disable=False, keep=2,
                  **_ignored):
         self.iterable, self.desc, self.total, self.disable = iterable, desc or "", total, disable
         self.file = file if file is not None else sys.stderr
