@@ -53,6 +53,8 @@ def probe(arguments: list[str], mode: str) -> dict:
             "trial_s": round(sum(t["seconds"] for t in trials), 2),
             "deciding_peak_mib": [round(t["budget_peak_bytes"] / (1 << 20), 2) for t in deciding
                                   if t.get("budget_peak_bytes")],
+            "timed_out": sum(t["outcome"] == "timed_out" for t in trials),
+            "busy_s": round(sum(t.get("busy_seconds") or 0 for t in trials), 1),
             "cpu_s": round(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime, 1),
             "wall_s": round(wall, 1), "stderr_tail": done.stderr[-600:] if done.returncode else ""}
 

@@ -154,9 +154,8 @@ class SearchSpec(SpecSection):
             "seconds per trial; false: each trial's process is started when the trial is due (same imports, "
             "same timeout; only slower). Gangs stepped by srun: see distributed.steps_ahead. With a command "
             "of the shape `python SCRIPT ...` or `python -m MODULE ...`, that process also starts the command's "
-            "interpreter, which imports the installed modules the script imports at its top and waits until the "
-            "trial hands it the batch (each trial's Trial.started_ahead); other commands start when their trial "
-            "is due."
+            "interpreter, which waits, having run nothing of the script's, until the trial hands it the batch "
+            "(each trial's Trial.started_ahead); other commands start when their trial is due."
         ),
     )
 
