@@ -6,7 +6,8 @@ probe's wall and CPU seconds (the children's, from ``getrusage``) and what the m
 (``max_cycle``). Then the job as the pre-job hook leaves it (``benchmarks/harness/command_truth.py``'s
 ``run_once``: the same cap on every process, only what ``isoprobe show --format env`` exports, nothing of isoprobe
 in the process): ``--truth-steps`` steps (past the first evaluation of a script that validates) at the maximum,
-and at the maximum + 1.
+and above the first failing batch (or the largest marginal one, which fit only inside the spread: the edge's coin
+tosses, which the job's own runs also fit in some runs and not in others).
 
     PYTHONPATH=. python benchmarks/studies/cycle_table.py --json out.json [--only NAME]
 """
@@ -93,6 +94,11 @@ def exported(result: dict) -> dict[str, str]:
     return found
 
 
+def marginal(result: dict) -> list[int]:
+    """The batches that fit only inside the spread (``edge_margin.marginal``): the edge's coin tosses."""
+    return [m["batch_size"] for m in (result.get("edge_margin") or {}).get("marginal", [])]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", help="a substring of the cases' names")
@@ -117,14 +123,18 @@ def main(argv: list[str] | None = None) -> int:
             env = exported(result)
             cap = command_truth.parse_size(budget)
             with tempfile.TemporaryDirectory(prefix="isoprobe-cycle-truth-") as folder:
-                for label, batch in (("at_max", row["answer"]), ("above", row["answer"] + 1)):
+                above = (row["first_failing"] or max([row["answer"], *marginal(result)])) + 1
+                for label, batch in (("at_max", row["answer"]), ("above", above)):
+                    # a script that takes its batch from the environment (batch_from: env) gets it there
+                    batch_env = {} if any("{batch_size}" in word for word in template) else {
+                        "ISOPROBE_BATCH_SIZE": str(batch)}
                     run = command_truth.run_once(template, batch, args.truth_steps, cap, 600, Path(folder),
-                                                 exported=env)
-                    row[label] = run.outcome
+                                                 exported={**env, **batch_env})
+                    row[label] = f"{batch}: {run.outcome}"
         print(json.dumps(row), flush=True)
         rows.append(row)
     print(f"\n| case | answer / first failing | trials | wall s | CPU s | phases seen at the maximum | "
-          f"job at max ({args.truth_steps} steps) | job at max + 1 |")
+          f"job at max ({args.truth_steps} steps) | job above the first failing |")
     print("|---|---|---|---|---|---|---|---|")
     for row in rows:
         print(f"| {row['case']} ({row['budget']}) | {row['answer']} / {row['first_failing']} | {row['trials']} | "
