@@ -4,7 +4,8 @@
 A busy node is made as a shared one is: ``--loops`` CPU-bound processes (``while True: pass``), each in a session of
 its own (its own autogroup, as another user's job), running for the whole study. For each of the five command
 cases of ``fewest_trials.py`` (the plain loop, torchrun DDP, the LightningCLI script, the HF Trainer script,
-``accelerate launch``), ``isoprobe run`` with ``search.warm_start`` true and false, alternating which goes first,
+``accelerate launch``), ``isoprobe run`` with the command started ahead (``search.command_ahead``, with
+``search.warm_start``) and without (``search.warm_start`` false), alternating which goes first,
 with the defaults (``--rounds`` rounds); then, with ``--quiet``, the same probes with the loops stopped. Per probe:
 the answer, the first failing batch, trials, timed-out trials, the seconds a busy node added to timeouts
 (``trials[].busy_seconds``), and the whole probe's wall and CPU seconds.

@@ -34,7 +34,8 @@ MODES = ("ahead", "cold")
 
 
 def probe(arguments: list[str], mode: str) -> dict:
-    setting = ["--set", f"search.warm_start={'true' if mode == 'ahead' else 'false'}"]
+    setting = ["--set", f"search.warm_start={'true' if mode == 'ahead' else 'false'}",
+               "--set", "search.command_ahead=true"]
     with tempfile.TemporaryDirectory(prefix="isoprobe-ahead-") as scratch:
         env = {**os.environ, "TMPDIR": scratch, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
         before = resource.getrusage(resource.RUSAGE_CHILDREN)

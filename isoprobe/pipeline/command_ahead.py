@@ -1,10 +1,11 @@
 """Whether a command probe starts each trial's command ahead of the trial, and the plan it is started from.
 
-The parent's half of ``protocol.warm_command``: with ``search.warm_start`` (the default) and a command of a shape
-an interpreter can be started ahead for (``python SCRIPT ...``, ``python -m MODULE ...``), each trial's process is
-started ahead as a warm spare, not forked (a fork is made when its trial is due: nothing can be started ahead in
-it), and is given the plan: it starts the command, whose interpreter imports the script's installed modules while
-the trial before runs. ``search.fork_server: true`` keeps forking, and the command starts cold.
+The parent's half of ``protocol.warm_command``: with ``search.command_ahead`` (off by default since issue 55: on a
+busy node it made probes slower, see the field) and ``search.warm_start``, and a command of a shape an interpreter
+can be started ahead for (``python SCRIPT ...``, ``python -m MODULE ...``), each trial's process is started ahead as
+a warm spare, not forked (a fork is made when its trial is due: nothing can be started ahead in it), and is given
+the plan: it starts the command, whose interpreter waits for the batch while the trial before runs.
+``search.fork_server: true`` keeps forking, and the command starts cold.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ if TYPE_CHECKING:
 
 def starts_ahead(spec: "Spec") -> bool:
     """Whether this spec's trials start their command ahead (see the module's docstring)."""
-    return (spec.command is not None and spec.search.warm_start and spec.search.fork_server is not True
+    return (spec.command is not None and spec.search.command_ahead and spec.search.warm_start
+            and spec.search.fork_server is not True
             and not spec.distributed.gang and warm_shape(argv_for(spec.command, spec.shell, None)) is not None)
 
 

@@ -23,7 +23,6 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, run_cli
-from isoprobe.protocol.warm_command import warm_shape
 from isoprobe.search import margin
 
 
@@ -220,11 +219,9 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     assert all(0 < t["base_bytes"] <= t["budget_peak_bytes"] for t in fitting), \
         [(t["base_bytes"], t["budget_peak_bytes"]) for t in fitting]
     assert all(t["first_step_seconds"] > 0 for t in fitting)
-    # Issue 49, part 3: a `python SCRIPT` command's interpreter was started ahead of every trial and imported the
-    # script's installed modules before it; a launcher's (torchrun, accelerate launch) started when its trial was due.
+    # Issue 55: every command starts when its trial is due unless search.command_ahead asks otherwise.
     # The truth below runs the script cold, as the user's job does.
-    ahead = warm_shape(command) is not None
-    assert [t["started_ahead"] for t in result["trials"]] == [ahead] * len(result["trials"])
+    assert not any(t["started_ahead"] for t in result["trials"])  # search.command_ahead is off by default
     # The floor came from this script's own heap (search.margin.floor_bytes), read in its fitting trials at half the
     # maximum or more (search.margin.near: a tiny batch's churn is not the edge's).
     churns = [t["heap_churn_bytes"] for t in result["trials"] if t["outcome"] == "fits"

@@ -1,6 +1,6 @@
 """A command started ahead answers what a command started cold answers (issue 55, part 3), on held-out scripts.
 
-With ``search.warm_start`` (the default) each trial's ``python SCRIPT`` is started ahead of its trial and waits at the
+With ``search.command_ahead`` (off by default) each trial's ``python SCRIPT`` is started ahead of its trial and waits at the
 end of its interpreter's start until it gets the batch (``child/shim/_isoprobe_warm.py``). Issue 49 also imported the
 script's installed top-level imports there, and scripts could see it; issue 55 removed that. These four scripts
 (tests/commands/, written for this check and never used to tune isoprobe) each depend on something a start ahead
@@ -130,6 +130,7 @@ def probe(case: Case, scratch: Path, warm: bool):
     done = run_cli("run", "--no-cache", "--format", "json", "--memory-budget", case.budget,
                    "--set", f"search.start_batch_size={case.start}", "--set", "recommendation.soak_steps=0",
                    "--set", "search.cycle_steps=0", "--set", f"search.warm_start={'true' if warm else 'false'}",
+                   "--set", "search.command_ahead=true",
                    *case.options, "--", *case.command, timeout=600, cwd=REPO,
                    env={"TMPDIR": str(scratch), "OMP_NUM_THREADS": "1", "HELDOUT_RECORD": str(record)})
     records = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
