@@ -37,14 +37,7 @@ from isoprobe.spec.model import Spec
 from isoprobe.report.steady import SteadyRule
 from isoprobe.report.cycle import CycleRule, CycleSeen
 from isoprobe.protocol.wiring import (  # noqa: F401 - defined there (the child reads them before torch), named from here
-    CHILD_MODULE,
-    EVENTS_ENV,
-    IDLE_ARGUMENT,
-    IMPORT_LINE,
-    LIFELINE_ENV,
-    PRELOAD_ENV,
-    SERVE_ARGUMENT,
-    WAIT_ARGUMENT,
+    CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, IMPORT_LINE, LIFELINE_ENV, PRELOAD_ENV, SERVE_ARGUMENT, WAIT_ARGUMENT,
 )
 
 
@@ -97,10 +90,8 @@ class TrialRequest(_Message):
         None, description="Set for a trial that decides the edge: after its steps it keeps stepping until its "
                           "peak is steady or the rule's cap (isoprobe.report.steady); None: exactly its steps."
     )
-    cycle: CycleRule | None = Field(
-        None, description="A command trial that decides the maximum (or soaks the recommendation): after its steps "
-                          "(and its steady rule) it steps on until it has seen the script's first evaluation pass "
-                          "and the step after it, or the rule's bound (isoprobe.report.cycle). None: no waiting.")
+    cycle: CycleRule | None = Field(None, description="A deciding trial (or a soak) steps on until it has seen the "
+                                    "script's first evaluation pass, or the rule's bound (report.cycle). None: no wait.")
     rank: RankAssignment | None = Field(
         None, description="Set for each rank of a distributed trial (the gang executor's fan-out); None: one process."
     )
