@@ -67,6 +67,17 @@ STEP_TIME = re.compile(r"step_time_s=([0-9.]+|nan)")
 ENV = {"MALLOC_MMAP_THRESHOLD_": "131072", "OMP_NUM_THREADS": "1", "CUDA_VISIBLE_DEVICES": ""}
 
 
+def exports_of(lines: str) -> dict[str, str]:
+    """What ``eval "$(isoprobe ... --format env)"`` exports, read as the shell reads it: ``run_once``'s ``exported``."""
+    exported = {}
+    for line in lines.splitlines():
+        words = shlex.split(line)
+        if words and words[0] == "export":
+            name, _, value = words[1].partition("=")
+            exported[name] = value
+    return exported
+
+
 def parse_size(text: str) -> int:
     m = re.fullmatch(r"\s*([0-9.]+)\s*([KMGT]i?B?|B)?\s*", text, re.IGNORECASE)
     if not m:

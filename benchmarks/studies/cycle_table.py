@@ -18,7 +18,6 @@ import argparse
 import json
 import os
 import resource
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -85,13 +84,7 @@ def exported(result: dict) -> dict[str, str]:
     lines = subprocess.run([PY, "-m", "isoprobe", "show", handle.name, "--format", "env"], capture_output=True,
                            text=True, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}).stdout
     os.unlink(handle.name)
-    found = {}
-    for line in lines.splitlines():
-        words = shlex.split(line)
-        if words and words[0] == "export":
-            name, _, value = words[1].partition("=")
-            found[name] = value
-    return found
+    return command_truth.exports_of(lines)
 
 
 def marginal(result: dict) -> list[int]:

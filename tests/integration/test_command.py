@@ -13,7 +13,6 @@ import json
 import os
 import shutil
 import signal
-import shlex
 import subprocess
 import sys
 import tempfile
@@ -243,15 +242,8 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     assert above.outcome == "oom", (failing + 1, above.reason, above.tail)
 
 
-def exported_environment(lines: str) -> dict[str, str]:
-    """What ``eval "$(isoprobe ... --format env)"`` exports, read as the shell reads it."""
-    exported = {}
-    for line in lines.splitlines():
-        words = shlex.split(line)
-        if words and words[0] == "export":
-            name, _, value = words[1].partition("=")
-            exported[name] = value
-    return exported
+#: What ``eval "$(isoprobe ... --format env)"`` exports, read as the shell reads it (the harness's own reading).
+exported_environment = command_truth.exports_of
 
 
 def test_a_shell_line_reading_the_batch_from_the_environment_gets_each_trials_batch(tmp_path):
