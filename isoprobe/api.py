@@ -120,18 +120,23 @@ def answer_for(spec: Spec, spec_path: str, say: Callable[[str], None], *, use_ca
     ``probe()`` alike (``pipeline.answer`` does the work). An ``OSError`` out of the
     probe is the system refusing what a trial needs (no space left in TMPDIR for
     its files, too many open files): not the user's spec and not a bug, so one
-    line (``ProbeError``, exit 4 from the CLI), never a traceback. ``borrowed``: a frontier's bounds from
-    its other points (``search.frontier_bounds``), which only steer the search.
+    line (``ProbeError``, exit 4 from the CLI), never a traceback. A ``ProbeError`` carries the trials run
+    before it (``ProbeError.trials``), which the command prints as the stop's evidence. ``borrowed``: a
+    frontier's bounds from its other points (``search.frontier_bounds``), which only steer the search.
     """
     from isoprobe.errors import ProbeError
     from isoprobe.report.output import Reporter
     from isoprobe.pipeline.answer import answer
 
+    reporter = Reporter(say)
     try:
-        return answer(spec, spec_path, Reporter(say), use_cache=use_cache, refresh=refresh,
+        return answer(spec, spec_path, reporter, use_cache=use_cache, refresh=refresh,
                       budget_source=budget_source, borrowed=borrowed)
+    except ProbeError as error:
+        error.trials = error.trials or list(reporter.trials)  # the evidence: the trials run before it
+        raise
     except OSError as exc:
-        raise ProbeError(system_refused(exc)) from None
+        raise ProbeError(system_refused(exc), trials=reporter.trials) from None
 
 
 def system_refused(exc: OSError) -> str:

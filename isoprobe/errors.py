@@ -12,7 +12,11 @@ The tree::
 Only a user's mistake travels as an exception. The other non-zero outcomes
 (the start batch does not fit: 3; the probe could not answer: 4; interrupted:
 130/143) are *answers*: a ``Result`` is still printed, its ``stop_reason`` says
-why, and ``result.exit_code_for`` maps it to the code. Foreign exceptions
+why, and ``result.exit_code_for`` maps it to the code. The command prints a
+``Result`` for the exceptions too (``report.stop``): a ``SpecError`` as stop
+reason ``bad_spec`` (2), a ``ProbeError`` as ``error`` (4, with its ``trials``),
+a bug as ``internal_error`` (1); only ``OutputFailed`` (74) has no document, since
+stdout itself failed. Foreign exceptions
 (YAML, pydantic, OS) are converted to ``SpecError`` where they happen
 (``spec.load.py``), so the CLI never shows a traceback for a user's mistake.
 
@@ -94,11 +98,16 @@ class SpecError(IsoprobeError):
 
 
 class ProbeError(IsoprobeError):
-    """The probe could not get as far as a trial: no answer, but not the user's spec either."""
+    """The probe could not get as far as a trial, or could not go on: no answer, but not the user's spec either.
 
-    def __init__(self, message: str, evidence: str = ""):
+    ``trials``: the trials the probe had run when it stopped (``report.trial.Trial``; filled in by
+    ``api.answer_for``), which the command prints in its document as the evidence.
+    """
+
+    def __init__(self, message: str, evidence: str = "", trials: list | tuple = ()):
         self.message = message
         self.evidence = evidence
+        self.trials = list(trials)
         super().__init__(message)
 
     #: An evidence line at least this long that the message contains is already said (a shorter one, such as a

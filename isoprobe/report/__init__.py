@@ -13,6 +13,7 @@
     steady.py    the steady-state rule a trial's peaks are judged by (the child and the parent apply it alike)
     cycle.py     the script's cycle: a command trial that decides the maximum waits for its first evaluation pass
     output.py    progress lines on stderr, the table, the JSON on stdout
+    stop.py      the document of a stop the probe gave no result for (a bad spec, a ProbeError, an early signal)
     shell.py     the result as shell variables (``--format env``)
     plot.py      the picture of a probe (optional extra ``isoprobe[plot]``)
     frontier.py  ``isoprobe frontier``'s document (FrontierResult) and its table

@@ -27,18 +27,24 @@ class StopReason(str, enum.Enum):
     """Why a probe ended; decides the exit code (``result.exit_code_for``).
 
     The search ends with one of the first seven; the probe adds the two
-    interrupts. One enumeration for both, so a search's stop is the result's.
+    interrupts; the command adds the stops that come before or outside the
+    search (a bad spec, isoprobe's own bug), so that every stop of ``isoprobe run``
+    prints one document. One enumeration for all, so a search's stop is the result's.
     """
 
     EDGE_FOUND = "edge_found"                  # max fits (every time) and max + 1 fails
     CAPPED = "capped"                          # the largest allowed batch fits (every time); see ``limited_by``
     START_DOES_NOT_FIT = "start_does_not_fit"  # not even the start batch fits
-    ERROR = "error"                            # a trial raised a non-memory exception (a bug, not a verdict)
+    ERROR = "error"                            # a trial raised a non-memory exception (a bug, not a verdict), or the
+                                               # probe could not go on (ProbeError: the environment check failed, the
+                                               # system refused what a trial needs, Slurm lost a node's step daemon)
     CRASHED = "crashed"                        # nothing fits, and the start batch's verdict is crashed
     TIMED_OUT = "timed_out"                    # nothing fits, and the start batch's verdict is timed out
     STILL_RISING = "still_rising"              # no batch holds the long run: down to 1, each one's peak kept rising
     INTERRUPTED = "interrupted"                # SIGINT (Ctrl-C)
-    TERMINATED = "terminated"                  # SIGTERM
+    TERMINATED = "terminated"                  # SIGTERM (a Slurm job's time limit, scancel, a node lost)
+    BAD_SPEC = "bad_spec"                      # the spec or an override cannot be used: no probe ran (exit 2)
+    INTERNAL_ERROR = "internal_error"          # a bug in isoprobe itself stopped the probe (exit 1)
 
 
 #: Exception class names (anywhere in the MRO) that are allocation failures by type: torch's

@@ -15,15 +15,24 @@ from isoprobe.spec.units import format_bytes
 
 
 class Reporter:
-    """Progress for people, one line per event, on stderr (the CLI passes ``sys.stderr`` writes)."""
+    """Progress for people, one line per event, on stderr (the CLI passes ``sys.stderr`` writes).
+
+    It keeps the trials it was told of (``trials``): the evidence a ``ProbeError`` raised out of the probe carries
+    into the command's document (``api.answer_for``). A probe that starts over (its sources changed) numbers its
+    trials from 1 again, and the list starts again with it.
+    """
 
     def __init__(self, write: Callable[[str], None]):
         self._write = write
+        self.trials: list[Trial] = []
 
     def note(self, text: str) -> None:
         self._write(f"isoprobe: {text}")
 
     def trial(self, trial: Trial) -> None:
+        if trial.index == 1:
+            self.trials = []
+        self.trials.append(trial)
         self._write(trial_line(trial))
 
 
@@ -148,7 +157,8 @@ def render_table(result: Result) -> str:
     device = result.device
     where = (f"{device.backend} {device.name}, capacity {format_bytes(device.capacity_bytes)}"
              if device else "no device")
-    lines.append(f"isoprobe {result.isoprobe_version}: {result.spec.workload} on {where}")
+    workload = result.spec.workload if result.spec is not None else f"{result.spec_path} (not a valid spec)"
+    lines.append(f"isoprobe {result.isoprobe_version}: {workload} on {where}")
     lines.append(f"answer: {result.message}")
     if result.distributed is not None:
         info = result.distributed

@@ -57,6 +57,8 @@ _EXIT_CODES = {
     StopReason.STILL_RISING: ExitCode.NO_ANSWER,
     StopReason.INTERRUPTED: ExitCode.INTERRUPTED,
     StopReason.TERMINATED: ExitCode.TERMINATED,
+    StopReason.BAD_SPEC: ExitCode.BAD_SPEC,
+    StopReason.INTERNAL_ERROR: ExitCode.INTERNAL,
 }
 
 
@@ -74,7 +76,12 @@ class CacheInfo(Strict):
 
 
 class Result(Strict):
-    """What ``isoprobe run`` found, with every trial as evidence."""
+    """What ``isoprobe run`` found, with every trial as evidence.
+
+    Every stop of the command prints one: an answer, and also a stop without one (``answered`` false,
+    ``stop_reason`` and ``message`` say why, ``trials`` holds those run so far), a bad spec and an error
+    raised outside the trials included (``report.stop``).
+    """
 
     schema_version: Literal[1] = SCHEMA_VERSION
     isoprobe_version: str
@@ -82,9 +89,14 @@ class Result(Strict):
     torch_version: str | None = None
     torchvision_version: str | None = None
     spec_path: str
-    spec: Spec = Field(description="The spec as validated, command-line overrides applied.")
+    spec: Spec | None = Field(description="The spec as validated, command-line overrides applied. Null only for "
+                              "a stop before the spec was valid: bad_spec (message says what is wrong with it), or "
+                              "a bug or a signal while it was read.")
     device: DeviceInfo | None = None
-    allocator: AllocatorInfo
+    allocator: AllocatorInfo | None = Field(
+        description="The allocator configuration the trials ran with. Null for a stop the command reported before "
+        "or outside the probe (bad_spec, error or internal_error raised out of it, a signal before the environment "
+        "check): no trial conditions were set.")
     job_environment: dict[str, str] = Field(
         default_factory=dict,
         description="Variables every trial ran with that change how much memory a step needs: the answer holds in "
@@ -194,8 +206,13 @@ class Result(Strict):
             "unchanged. Null where not recorded."
         ),
     )
-    stop_reason: StopReason
+    stop_reason: StopReason = Field(
+        description="Why the probe ended, which decides the exit code: edge_found and capped 0; start_does_not_fit "
+        "3; error, crashed, timed_out and still_rising 4 (error also when the probe itself could not go on: the "
+        "environment check failed, the system refused a trial's files, Slurm lost a node's step daemon); bad_spec "
+        "2 (no probe ran); internal_error 1 (a bug in isoprobe); interrupted 130 (SIGINT); terminated 143 (SIGTERM).")
     message: str = Field(description="One sentence for people: the answer, or why there is none.")
     suggestions: list[str] = Field(default_factory=list, description="What to try when the answer is not usable.")
-    trials: list[Trial]
+    trials: list[Trial] = Field(description="Every trial run, in order; for a stop without an answer, those run "
+                                "before it (none for a stop before the first trial).")
     total_seconds: float

@@ -106,6 +106,8 @@ def recorded_result(item: SweepItem, spec: Spec) -> tuple[Result | None, str | N
         stored = Result.model_validate_json(text)
     except (UntrustedFile, ValidationError, ValueError, OSError) as exc:
         return None, f"the record {path} cannot be used ({type(exc).__name__})"
+    if stored.spec is None:  # a stop's document (bad_spec) is never stored: an entry without a spec is not one
+        return None, "the recorded entry is not used: it holds no spec"
     expected = spec
     if spec.distributed.gang and spec.distributed.world_size is None:  # the task resolved the size on its node
         expected = spec.model_copy(update={"distributed": stored.spec.distributed})

@@ -24,6 +24,8 @@ from isoprobe.report.result import exit_code_for
         (StopReason.TIMED_OUT, 4),
         (StopReason.INTERRUPTED, 130),
         (StopReason.TERMINATED, 143),
+        (StopReason.BAD_SPEC, 2),         # the command's stops without a probe result (issue 56): report.stop
+        (StopReason.INTERNAL_ERROR, 1),
     ],
 )
 def test_exit_code_for(reason, code):
