@@ -25,17 +25,20 @@ from isoprobe import __version__
 if TYPE_CHECKING:  # annotations only (postponed by ``from __future__ import annotations``)
     from typing import Sequence
 
-EXIT_CODES_HELP = """exit codes:
+EXIT_CODES_HELP = """exit codes (run prints its document on every one but 74, 141 and a usage error: the answer, or
+answered false with stop_reason and message; --format env: ISOPROBE_ANSWERED=0, ISOPROBE_STOP_REASON):
   0    answered: the maximum is proven (edge found, or a cap reached), or read from the cache;
        with --fallback-batch-size also when the probe could not answer (the fallback was printed)
+  1    a bug in isoprobe (stop_reason internal_error; the traceback on stderr)
   2    bad spec or usage (also a spec path that is a pipe or a device: only regular files are read)
   3    not even the start batch fits
   4    the probe could not answer (a trial raised an error, crashed or timed out; or the system
        refused what a trial needs, e.g. no space left in TMPDIR; or isoprobe's fork server kept failing)
   74   the result could not be written to stdout (a full disk); with --fallback-batch-size too,
        since the fallback cannot reach the job either
-  130  interrupted (SIGINT); 143 terminated (SIGTERM): the trials so far are printed, and
-       further signals wait for that; 141 stdout closed early (a pipe to head)
+  130  interrupted (SIGINT); 143 terminated (SIGTERM; the message names a Slurm job's time limit
+       when that sent it): the trials so far are printed, and further signals wait for that;
+       141 stdout closed early (a pipe to head)
 """
 
 RUN_FORMATS = ("auto", "json", "table", "env", "taskprolog")

@@ -175,8 +175,14 @@ def _with_recommendation(text: str, found: Found, trials: list[Trial]) -> tuple[
     return text, []
 
 
-def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], capped_by: str | None):
-    """The one-sentence answer and what to try next, from what the search established."""
+def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], capped_by: str | None,
+            stopped_by: tuple[str, str] | None = None):
+    """The one-sentence answer and what to try next, from what the search established.
+
+    ``stopped_by``: for a stop by a signal, the message's start and end as the caller found them
+    (``system.slurm_job.signal_stop``: the Slurm job's time limit, where that sent the SIGTERM); by default the
+    signal's name alone.
+    """
     stop, max_fitting, first_failing, recommended = found.stop, found.max_fitting, found.first_failing, found.recommended
     where = f"{info.backend} ({format_bytes(info.capacity_bytes)})"
     if spec.distributed.gang:  # the batches are per rank: say so in the one sentence people read
@@ -296,4 +302,6 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
         )
     best = f"; largest batch that fit so far: {max_fitting}" if max_fitting else ""
     seen = f"; {stop_context()}" if stop_context() else ""  # a node of the job Slurm lost, seen when the signal came
-    return f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an answer{best}{seen}", []
+    start, end = stopped_by or (f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an "
+                                "answer", "")
+    return f"{start}{best}{seen}{end}", []

@@ -46,6 +46,7 @@ from isoprobe.report.result import Result
 from isoprobe.search.history import Borrowed
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
+from isoprobe.system.slurm_job import signal_stop
 from isoprobe.system.stops import settle
 
 
@@ -163,7 +164,7 @@ def run_probe(
     stop, max_fitting = found.stop, found.max_fitting
     capped_by = limited_by(spec, max_fitting, target.data, target.train_samples) if stop is StopReason.CAPPED else None
     training = [t for t in runner.trials if t.training_batch_size is None]  # the evaluation trials answer apart
-    message, suggestions = explain(found, spec, target.info, training, capped_by)
+    message, suggestions = explain(found, spec, target.info, training, capped_by, _stopped_by(stop))
     if evaluation is not None and (failure := eval_failure(evaluation, runner.trials)) is not None:
         # The user's evaluation pass raised (crashed, hung): the probe's error (exit 4), not a memory verdict.
         stop = evaluation.stop
@@ -345,9 +346,18 @@ def job_environment(backend: str, allocator: AllocatorInfo) -> dict[str, str]:
     return env
 
 
+def _stopped_by(stop: StopReason, when: str = "before an answer") -> tuple[str, str] | None:
+    """A signal's stop: the message's start and end, the Slurm job's time limit named where that sent the SIGTERM
+    (``system.slurm_job``: scontrol asked once, inside a job only); None for any other stop."""
+    if stop not in (StopReason.INTERRUPTED, StopReason.TERMINATED):
+        return None
+    return signal_stop("SIGTERM" if stop is StopReason.TERMINATED else "SIGINT", when)
+
+
 def _stopped_before_trials(spec: Spec, spec_path: str, stopped: BaseException, environ: dict, started: float):
     """SIGINT/SIGTERM during the environment check: still one JSON document, with no trial in it."""
     reason = stop_reason_of(stopped)
+    start, end = _stopped_by(reason, "during the environment check, before any trial")
     return Result(
         isoprobe_version=__version__,
         python_version=platform.python_version(),
@@ -356,8 +366,7 @@ def _stopped_before_trials(spec: Spec, spec_path: str, stopped: BaseException, e
         allocator=allocator_info(spec, "cuda" if spec.device != "cpu" else "cpu", environ),
         answered=False,
         stop_reason=reason,
-        message=f"stopped by {'SIGTERM' if reason is StopReason.TERMINATED else 'SIGINT'} "
-                "during the environment check, before any trial",
+        message=start + end,
         trials=[],
         total_seconds=round(time.monotonic() - started, 3),
     )

@@ -4,6 +4,7 @@
     pid1.py      running as PID 1 (a container's entrypoint): a tiny init in front of isoprobe
     oomkill.py   the kernel's record of OOM kills, to tell an OOM-killer SIGKILL from any other
     slurm_steps.py  the job steps an srun started, ended through slurmctld before the srun is killed
+    slurm_job.py  whether a SIGTERM is the Slurm job's time limit (scontrol, once), and the message that says so
     files.py     files in a folder others can write (the cache), opened without trusting what lies there
     stops.py     SIGINT and SIGTERM for a command that prints what it did so far: the first stops the work
     data_cap.py  the CPU cap (RLIMIT_DATA): its limits, set before exec, in a fork, on a Slurm rank, credited

@@ -1,7 +1,8 @@
 """The hostile-spec corpus: every file in tests/bad_specs/ and the exact message it must produce.
 
 Each bad spec must give exit code 2, one clear message naming the file, the
-field and the fix, nothing on stdout, and no traceback. The static ones are
+field and the fix, and no traceback; on stdout nothing from ``validate``, and from
+``run`` the ``bad_spec`` document (issue 56: every stop of ``run`` prints one). The static ones are
 caught by ``isoprobe validate`` without importing torch (a fraction of a second
 each here); the ``run-*`` ones need the model built, so ``isoprobe run`` catches
 them in its inspect child before any trial (tests/integration/test_bad_specs_run.py).
@@ -42,7 +43,7 @@ def test_the_srun_launcher_outside_a_slurm_allocation_is_refused_before_anything
                                 "distributed": {"strategy": "ddp", "launcher": "srun"}}))
     run = run_cli("run", str(path), env={"SLURM_JOB_ID": "", "SLURM_JOBID": ""})  # run_cli adds to os.environ
     assert_refused(run, path, "distributed.launcher: srun: a job step needs a Slurm allocation, and SLURM_JOB_ID "
-                    "is not set", "run isoprobe inside the job")
+                    "is not set", "run isoprobe inside the job", document=True)
     assert "checking the environment" not in run.stderr  # refused before the environment check's child
 
 
@@ -65,7 +66,7 @@ def test_the_srun_launcher_without_slurms_clients_on_path_is_refused_before_the_
     without torch: exit 2 before any child, naming the field and the fix."""
     path = _gang_spec(tmp_path, f"srun-{launcher}.yaml", distributed={"strategy": "ddp", "launcher": launcher})
     run = cli("run", str(path), env={"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": nodes, "PATH": str(tmp_path)})
-    assert_refused(run, path, "distributed.launcher: srun", "run isoprobe where Slurm's client commands")
+    assert_refused(run, path, "distributed.launcher: srun", "run isoprobe where Slurm's client commands", document=True)
     assert "srun, scancel, squeue are not on PATH here" in run.stderr
     assert ("auto chose srun: job 77 has 2 nodes" in run.stderr) == (launcher == "auto")
     assert "checking the environment" not in run.stderr
@@ -78,5 +79,5 @@ def test_a_cpu_gang_the_machines_ram_cannot_hold_is_refused_before_the_environme
                       distributed={"strategy": "ddp", "world_size": 2, "launcher": "local"})
     run = cli("run", str(path))
     assert_refused(run, path, "distributed.world_size: 2 ranks of 1024000.00 GiB each need",
-                    "lower distributed.world_size or memory_budget")
+                    "lower distributed.world_size or memory_budget", document=True)
     assert "checking the environment" not in run.stderr

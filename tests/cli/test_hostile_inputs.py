@@ -86,7 +86,10 @@ PIPE_FIX = "a pipe or a device is refused (it may never end)"
 def test_a_device_is_refused_before_a_byte_is_read(command, path, what):
     done = _isoprobe(command, path)
     _refused(done.returncode, done.stderr, path, what, PIPE_FIX)
-    assert done.stdout == ""
+    if command == "run":  # every stop of run prints its document (issue 56): the bad spec's, no byte of the device
+        assert json.loads(done.stdout)["stop_reason"] == "bad_spec" and what in json.loads(done.stdout)["message"]
+    else:
+        assert done.stdout == ""
 
 
 @pytest.mark.parametrize("command", ["validate", "run", "show", "plot"])
@@ -472,10 +475,12 @@ def test_an_os_error_out_of_the_probe_is_one_line_and_exit_4(monkeypatch):
     _fake_answer(monkeypatch, fail=NO_SPACE)
     run = cli("run", str(SMALL_CNN), "--format", "json")
     assert run.returncode == 4, run.stderr
-    assert run.stdout == "" and "Traceback" not in run.stderr
-    assert run.stderr.splitlines()[-1] == (
-        "isoprobe: the probe stopped: No space left on device (/tmp/isoprobe-x/trial-2.request.json); a trial keeps "
-        "its files in TMPDIR: free space there or point TMPDIR at a folder with room")
+    assert "Traceback" not in run.stderr
+    said = ("the probe stopped: No space left on device (/tmp/isoprobe-x/trial-2.request.json); a trial keeps its "
+            "files in TMPDIR: free space there or point TMPDIR at a folder with room")
+    assert run.stderr.splitlines()[-1] == f"isoprobe: {said}"
+    stopped = json.loads(run.stdout)  # and the stop's document (issue 56), which said nothing before
+    assert stopped["stop_reason"] == "error" and stopped["message"] == said
 
 
 @pytest.mark.parametrize("args", [

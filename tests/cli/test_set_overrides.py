@@ -8,6 +8,8 @@ below are the file's hostile cases, one flag long.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from conftest import REPO, cli
@@ -186,7 +188,9 @@ def test_run_refuses_a_bad_set_before_any_trial():
     run = cli("run", str(SPEC), "--set", "serch.steps=3", "--format", "json")
     assert run.returncode == 2
     assert "serch (from --set serch.steps=3): unknown field 'serch'" in run.stderr
-    assert run.stdout == "" and "trial" not in run.stderr
+    assert "trial" not in run.stderr
+    stopped = json.loads(run.stdout)  # every stop prints its document (issue 56)
+    assert stopped["stop_reason"] == "bad_spec" and "unknown field 'serch'" in stopped["message"]
 
 
 def test_run_in_hook_mode_answers_a_bad_set_with_the_fallback():

@@ -16,5 +16,5 @@ from conftest import run_cli
 def test_bad_spec_that_needs_the_model_is_refused_before_any_trial(name, first_line):
     path = BAD / name
     run = run_cli("run", str(path))
-    assert_refused(run, path, first_line, None)
+    assert_refused(run, path, first_line, None, document=True)
     assert "isoprobe: trial" not in run.stderr

@@ -203,7 +203,9 @@ def test_hook_mode_survives_a_bad_spec_and_says_why_in_the_log(tmp_path):
     assert _eval_env(run.stdout, ["ISOPROBE_BATCH_SIZE", "ISOPROBE_STOP_REASON"]) == ["8", "bad_spec"]
     assert "bogus_key" in log.read_text()
     without = run_cli("run", str(bad), "--format", "env")
-    assert without.returncode == 2 and without.stdout == ""  # without a fallback, the job sees the failure
+    assert without.returncode == 2  # without a fallback, the job sees the failure: the stop, no batch size
+    assert _eval_env(without.stdout, ["ISOPROBE_ANSWERED", "ISOPROBE_STOP_REASON", "ISOPROBE_BATCH_SIZE"]) == [
+        "0", "bad_spec", ""]
 
 
 def test_a_fallback_needs_a_shell_format():

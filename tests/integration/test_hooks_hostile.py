@@ -2,7 +2,7 @@
 
 The probe keeps each trial's request, events and output files in a scratch
 folder under TMPDIR; when TMPDIR is full, writing them raises ENOSPC out of the
-probe. Without --fallback-batch-size that is one line and exit 4; with it, the
+probe. Without --fallback-batch-size that is one line, the stop's document and exit 4; with it, the
 fallback and exit 0, even when the log is a full device too. A tiny tmpfs is
 TMPDIR (mounting needs root, as the suite has in CI; skipped otherwise). Kept
 to a few runs of the tiniest spec (tests/support/faults.py:faulty, capped).
@@ -29,8 +29,9 @@ def test_no_space_for_a_trials_files_is_one_line_and_exit_4_or_the_fallback(tmp_
     spec = _tiny_spec(tmp_path)
     plain = run_cli("run", spec, "--format", "json", env={"TMPDIR": str(tiny_tmpdir)}, timeout=300)
     assert plain.returncode == 4, plain.stderr
-    assert plain.stdout == "" and "Traceback" not in plain.stderr
+    assert "Traceback" not in plain.stderr
     assert "No space left on device" in plain.stderr.splitlines()[-1]
+    assert plain.json["stop_reason"] == "error" and "No space left on device" in plain.json["message"]  # issue 56
 
     hook = run_cli("run", spec, "--format", "env", "--fallback-batch-size", "8", "--log", "/dev/full",
                    env={"TMPDIR": str(tiny_tmpdir)}, timeout=300)

@@ -108,11 +108,19 @@ NEEDS_THE_MODEL = [
 ]
 
 
-def assert_refused(run, path: Path, first_line: str, fix: str | None) -> None:
-    """Exit 2, nothing on stdout, no traceback, one message naming ``path`` that starts with ``first_line``, then
-    ``fix`` (None: no fix line checked)."""
+def assert_refused(run, path: Path, first_line: str, fix: str | None, *, document: bool = False) -> None:
+    """Exit 2, no traceback, one message naming ``path`` that starts with ``first_line``, then ``fix`` (None: no fix
+    line checked). On stdout nothing, or with ``document`` (``isoprobe run``: every stop prints its document, issue
+    56) the ``bad_spec`` result whose message is the same words."""
     assert run.returncode == 2, run.stderr
-    assert run.stdout == ""
+    if document:
+        import json
+
+        result = json.loads(run.stdout)
+        assert result["stop_reason"] == "bad_spec" and result["answered"] is False and result["trials"] == []
+        assert f"isoprobe: {result['message']}" in run.stderr
+    else:
+        assert run.stdout == ""
     assert "Traceback" not in run.stderr
     lines = run.stderr.splitlines()
     [at] = [i for i, line in enumerate(lines) if line.startswith(f"isoprobe: {path}: ")]  # exactly one message
