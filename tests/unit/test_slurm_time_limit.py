@@ -4,7 +4,7 @@ A job whose time limit fell mid-probe left only Slurm's "CANCELLED ... DUE TO TI
 asks Slurm once, at the stop, inside a job only (``system.slurm_job``): a fake ``scontrol`` on PATH here prints
 what Slurm 22.05's printed at a time limit's SIGTERM (measured on the test cluster: ``JobState=COMPLETING
 Reason=TimeLimit ... TimeLimit=00:01:00``), or another reason, or hangs, or fails. The real cluster's side is
-tests/slurm/test_time_limit.py.
+tests/slurm/test_stop_document.py.
 """
 
 from __future__ import annotations
