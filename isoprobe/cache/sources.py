@@ -23,6 +23,15 @@ read) as the folder (``path/``): its entry is the folder's own listing
 above ``cache.arguments.LARGE_FILE`` bytes is its size and modification time:
 the hit re-checks all of it, so none of it may cost seconds.
 
+A path read through a symbolic link comes as the path opened beside its real
+one (``child.native_reads``); its entry is where it leads and that file's own
+digest (``source_digest``), so a link moved to another target is stale even
+where the new target holds the same bytes, and the line says where it led and
+leads. The files native code read come in as any read, where the children saw
+them; where the trials ran native code of the user's own, what it read itself
+may be missing, and the entry says so when stored and on every hit
+(``unseen_reads``).
+
 A trial that crashes reports nothing; the modules it ran are the ones its
 siblings that finished ran too.
 """
@@ -31,6 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import stat
 from collections.abc import Mapping
 
@@ -46,10 +56,39 @@ READ_FOLDERS = 4
 READ_FILES = 256
 
 
-def source_digest(path: str) -> str | None:
+def source_digest(path: str, known: dict[str, str | None] | None = None) -> str | None:
     """What an entry's source holds for ``path``: a file's SHA-256 (above ``LARGE_FILE`` bytes, of its size and
-    modification time), or, for a folder (``path/``), of its own listing; None when it is not there.
-    ``UntrustedFile`` for a file that is not a regular one (a link, a FIFO), OSError when it cannot be read."""
+    modification time), or, for a folder (``path/``), of its own listing; None when it is not there. A path that is,
+    or goes through, a symbolic link (``configs/current/a.yaml`` with ``configs/current -> v1``) holds where it leads
+    with that: a link moved to another target is a change, even to a file of the same bytes. ``UntrustedFile`` for
+    a file that is not a regular one (a FIFO), OSError when it cannot be read. ``known``: digests already taken of
+    real paths in this pass (a link's target is often a source too), filled in here."""
+    known = {} if known is None else known
+    target = link_target(path)
+    real = path if target is None else target
+    if real not in known:
+        known[real] = _own_digest(real)
+    if target is None or known[real] is None:
+        return known[real]
+    return through_link(target, known[real])
+
+
+def link_target(path: str) -> str | None:
+    """Where ``path`` leads (its real path, ``/`` kept for a folder) when it is or goes through a symbolic link,
+    else None."""
+    bare = path[:-1] if path.endswith("/") and len(path) > 1 else path
+    real = os.path.realpath(bare)
+    if real == bare:
+        return None
+    return os.path.join(real, "") if path.endswith("/") else real
+
+
+def through_link(target: str, digest: str) -> str:
+    """A linked path's digest: its target's path and the target's own digest."""
+    return hashlib.sha256(f"through a symbolic link to {target}: {digest}".encode()).hexdigest()
+
+
+def _own_digest(path: str) -> str | None:
     if path.endswith("/"):
         if not os.path.isdir(path):
             return None
@@ -66,9 +105,10 @@ def source_digest(path: str) -> str | None:
 
 def changed_source(sources: Mapping[str, str]) -> str | None:
     """Why the recorded sources no longer hold (the first file that changed), or None when all are as probed."""
+    known: dict[str, str | None] = {}
     for path, recorded in sources.items():
         try:
-            current = source_digest(path)
+            current = source_digest(path, known)
         except UntrustedFile as exc:
             return f"{path} changed since it was probed ({exc})"
         except OSError as exc:
@@ -76,8 +116,37 @@ def changed_source(sources: Mapping[str, str]) -> str | None:
         if current is None:
             return f"{path} changed since it was probed (it no longer exists)"
         if current != recorded:
-            return f"{path} changed since it was probed"
+            return f"{path} changed since it was probed{_link_moved(path, recorded, sources)}"
     return None
+
+
+def _link_moved(path: str, recorded: str, sources: Mapping[str, str]) -> str:
+    """Words on where a linked path led when probed and leads now: its old target is the source whose path and
+    digest make the recorded one (the trials report a link's target as a read too); '' when it leads there still."""
+    target = link_target(path)
+    before = next((other for other, digest in sources.items()
+                   if other != path and through_link(other, digest) == recorded), None)
+    if target is None:
+        return f" (it is no longer a symbolic link to {before})" if before else ""
+    if before is None:
+        return f" (through a symbolic link it leads to {target})"
+    return "" if before == target else f" (a symbolic link on its path leads to {target} now, not to {before})"
+
+
+#: A module file that is native code (a C or C++ extension of the user's own): its reads are invisible.
+_NATIVE = re.compile(r"\.(so|pyd|dylib)(\.[0-9.]+)?$")
+
+
+def unseen_reads(sources: Mapping[str, str]) -> str | None:
+    """Where an entry's sources are known to end, in words, or None: native code of the user's ran (an extension
+    module of theirs), and what it reads itself no audit hook, wrapper or scan of held files is sure to see
+    (``child.native_reads``). Such an entry still answers, but says so."""
+    native = sorted(path for path in sources if _NATIVE.search(path))
+    if not native:
+        return None
+    more = f" and {len(native) - 1} more" if len(native) > 1 else ""
+    return (f"its trials ran native code of yours ({native[0]}{more}), and a file it reads itself may not be among "
+            "its sources: after editing one, --refresh")
 
 
 class SourcesChanged(ProbeError):

@@ -11,7 +11,9 @@ shares one answer. What is not in it either: memory other processes hold on the
 GPU at the time (the probe measures what was free then).
 
 What the key cannot cover, the entry does: the other source files the trials
-imported (``cache.sources``), re-hashed on every hit. And what an entry says is
+imported and read (``cache.sources``: a path through a symbolic link keyed with
+where it leads, what native readers read where the children can see it),
+re-hashed on every hit. And what an entry says is
 checked before it is believed (``cache.trust``); its file is read only as a
 regular file of bounded size (``system.files``).
 
@@ -52,8 +54,10 @@ CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
 #: trials' threads, and the sources include the files the children read; 5: the maximum is the long run's,
 #: its confirmation stepping until the peak is steady: an older entry answered for search.steps steps; 6: a
 #: command's key holds its executable, its shell line's files and the listings of the folders it names, and the
-#: sources of a probe's reads are bounded: ``cache.arguments``, ``cache.sources``).
-KEY_VERSION = 6
+#: sources of a probe's reads are bounded: ``cache.arguments``, ``cache.sources``; 7: the sources hold a path read
+#: through a symbolic link as opened, keyed with where it leads, and the files native readers read where the
+#: children can see them, ``child.native_reads``: an older entry may miss both).
+KEY_VERSION = 7
 #: An entry larger than this is refused unread (a real one with hundreds of trials is well under 1 MiB).
 ENTRY_LIMIT = 16 * 1024 * 1024
 

@@ -29,6 +29,7 @@ the parent never imports torch and never guesses at what a child meant.
     heap_churn.py   glibc's heap churn after a step (malloc_info)
     sources.py   the user's modules it ran, and the installed ones its model imported (for the preload)
     reads.py     the files it read (an audit hook), for the cache
+    native_reads.py  what that hook misses: a read's path through a symbolic link, native readers (stdlib only)
     command.py   a command trial: the job's own command at one batch, supervised (no torch here)
     command_start.py     how a command is started, cold or ahead: its environment, its cap, its session
     warm_command.py      a command started ahead of its trial: start it while waiting, hand it the batch, or end it

@@ -14,9 +14,13 @@ caches. The child reports paths only; the parent hashes each one once
 (``cache.sources.SourceRecorder``), so a large file costs the parent a streamed
 read per probe and per cache hit, never a trial its timeout.
 
-What the hook cannot see: files opened by C or Rust code (a tokenizer library's
-own reader, a memory-mapped weights file opened natively). Those are named in
-the spec, ``model.depends_on``, which the key hashes directly.
+What the hook cannot see, ``child.native_reads`` partly makes up for: the
+calls of native readers' Python entry points (``torch.from_file``,
+``safetensors.safe_open``, ``tokenizers.Tokenizer.from_file``) are noted as
+opens, and the files still memory-mapped or open for reading at the child's
+end are added. A path through a symbolic link is reported as opened too (the
+parent keys it with where it leads). A file C or Rust code read and closed on
+its own is named in the spec, ``model.depends_on``, which the key hashes directly.
 
 A file the child wrote is its output, not its input (a log, a cache it fills),
 so it is left out, as are files gone by the child's end. Stdlib only: the
@@ -28,6 +32,8 @@ from __future__ import annotations
 import os
 import stat
 import sys
+
+from isoprobe.child import native_reads
 
 #: The kernel's and the devices' folders: never the user's inputs, and reading some of them never ends.
 SYSTEM_FOLDERS = ("/proc/", "/sys/", "/dev/", "/run/")
@@ -42,6 +48,7 @@ def watch_reads() -> None:
     if _reads is None:
         _reads = set()
         sys.addaudithook(_hook)
+        native_reads.watch(_hook)  # torch.from_file, safetensors, tokenizers: their calls noted as opens
 
 
 def _hook(event: str, args: tuple) -> None:
@@ -71,13 +78,16 @@ def access(mode: str | None, flags: int) -> tuple[bool, bool]:
 
 
 def files_read(roots: tuple[str, ...] | None = None) -> list[str]:
-    """Real paths of the regular files opened for reading and never for writing, outside ``roots`` and the system.
+    """Real paths of the regular files opened for reading and never for writing, outside ``roots`` and the system,
+    and the path as opened where it was, or went through, a symbolic link (``configs/current/a.yaml``): the parent
+    keys that path with where it leads (``cache.sources.source_digest``), so a link moved elsewhere is a new probe.
 
     ``roots`` defaults to the installed environment (``child.sources.environment_roots``) and torch's
     download cache (``$TORCH_HOME``: its files are named by their own hashes).
     """
-    if not _reads:
+    if _reads is None:
         return []
+    _reads.update(native_reads.held_files(lambda path: True))  # what native code still holds mapped or open
     if roots is None:
         from isoprobe.child.sources import environment_roots
 
@@ -88,12 +98,17 @@ def files_read(roots: tuple[str, ...] | None = None) -> list[str]:
     found = set()
     for path in list(_reads):
         real = os.path.realpath(path)
-        if (real in written or real.startswith(SYSTEM_FOLDERS) or real.startswith(roots)
-                or "__pycache__" in real.split(os.sep)):
+        if real in written or not _users(real, roots):
             continue
         try:
             if stat.S_ISREG(os.stat(real).st_mode):
                 found.add(real)
+                if path != real and _users(path, roots):  # a link on its way: its own path too, keyed with its target
+                    found.add(path)
         except OSError:  # gone, or unreadable now: nothing the next run could read either
             continue
     return sorted(found)
+
+
+def _users(path: str, roots: tuple[str, ...]) -> bool:
+    return not (path.startswith(SYSTEM_FOLDERS) or path.startswith(roots) or "__pycache__" in path.split(os.sep))

@@ -131,7 +131,7 @@ class _Context:
 
     def probe(self, cache):
         from isoprobe.cache.store import now_utc
-        from isoprobe.cache.sources import SourceRecorder, SourcesChanged
+        from isoprobe.cache.sources import SourceRecorder, SourcesChanged, unseen_reads
         from isoprobe.cache.trust import CACHEABLE, distrust
         from isoprobe.report.output import result_json
         from isoprobe.pipeline.pipeline import local_executor, run_probe
@@ -157,7 +157,8 @@ class _Context:
             return result
         try:
             store.write(key, result_json(stored))
-            self.reporter.note(f"answer cached in {info.path}")
+            unseen = unseen_reads(recorder.sources)
+            self.reporter.note(f"answer cached in {info.path}" + (f"; {unseen}" if unseen else ""))
         except OSError as exc:  # a read-only or full cache folder costs the next run a probe, not this one its answer
             self.reporter.note(f"could not write the cache entry {info.path}: {exc.strerror or exc}")
             return result
@@ -196,7 +197,7 @@ class _Context:
         from pydantic import ValidationError
 
         from isoprobe.system.files import UntrustedFile
-        from isoprobe.cache.sources import changed_source
+        from isoprobe.cache.sources import changed_source, unseen_reads
         from isoprobe.cache.trust import distrust
         from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
         from isoprobe.report.device import RunEnvironment
@@ -216,15 +217,14 @@ class _Context:
             return None
         except OSError as exc:  # a permission, say: the probe's write replaces the entry if the folder allows
             return self._refuse(f"cache entry {entry} cannot be read ({exc.strerror or exc}); probing again")
-        if stored.spec is None:  # a stop's document (bad_spec) is never stored: an entry without a spec is not one
-            return self._refuse(f"cache entry {entry} is not trusted: it holds no spec; probing again")
         if reason := distrust(stored, key=key, spec=self.spec):
             return self._refuse(f"cache entry {entry} is not trusted: {reason}; probing again")
         if reason := changed_source(stored.sources):
             return self._refuse(f"cache entry {entry} is stale: {reason}; probing again")
         stored_at = stored.cache.stored_at
-        self.reporter.note(f"answer from the cache ({entry}, stored {stored_at or '?'}); "
-                           "no trial ran (--refresh probes again)")
+        unseen = unseen_reads(stored.sources)  # where its sources are known to end: said with the answer
+        self.reporter.note(f"answer from the cache ({entry}, stored {stored_at or '?'}); no trial ran"
+                           + (f"; {unseen}" if unseen else " (--refresh probes again)"))
         return stored.model_copy(update={
             "spec_path": self.spec_path,
             "environment": RunEnvironment.model_validate(self.environment),

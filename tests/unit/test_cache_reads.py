@@ -50,7 +50,7 @@ _CHILD = textwrap.dedent("""
     json.load(open("layers.json"))                       # relative, read: counts
     pathlib.Path("vocab.txt").read_text()                # through pathlib
     os.close(os.open("raw.bin", os.O_RDONLY))            # os.open
-    open("alias.json").read()                            # a link: its target
+    open("alias.json").read()                            # a link: its target, and its own path
     pathlib.Path("log.txt").write_text("written")        # written: output
     open("log.txt").read()                               # ... even when read back
     with open("state.txt", "r+") as f: f.read()          # read and written: output
@@ -79,7 +79,7 @@ def test_the_hook_reports_the_users_files_opened_for_reading_only(tmp_path):
     assert done.returncode == 0, done.stderr
     real = os.path.realpath(tmp_path)
     assert json.loads(done.stdout) == sorted(os.path.join(real, name) for name in (
-        "layers.json", "vocab.txt", "raw.bin", "alias-target.json"))
+        "layers.json", "vocab.txt", "raw.bin", "alias-target.json", "alias.json"))
 
 
 class Reading(Recording):

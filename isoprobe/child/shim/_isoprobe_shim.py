@@ -87,6 +87,7 @@ def _watch_threads_and_reads():
 
     _state["lock"] = threading.Lock()
     _state["roots"] = _environment_roots()
+    native = _own("child", "native_reads")  # the links on a read's way, native readers: loaded before _audit is on
     previous_thread_hook = threading.excepthook
 
     def thread_hook(args):
@@ -101,6 +102,7 @@ def _watch_threads_and_reads():
         _early["handler"].append(_audit)
     else:
         sys.addaudithook(_audit)
+    native.watch(_audit)  # native readers' Python entry points: their calls noted as opens
 
 
 def _register(module):
@@ -412,12 +414,10 @@ def _not_stepping():
 
 def _report_read(path):
     """One file a process that never steps read, written now (a worker is killed with the trial, never asked)."""
-    real = os.path.realpath(path)
-    if (real in _state["reported"] or not _outside(real) or "__pycache__" in real
-            or real.startswith(os.path.realpath(_state["dir"]))):
-        return
-    _state["reported"].add(real)
-    _write({"kind": "files", "pid": os.getpid(), "modules": [], "reads": [real]})
+    new = sorted(_own("child", "native_reads").read_paths(path, _outside, _state["dir"]) - _state["reported"])
+    if new:
+        _state["reported"].update(new)
+        _write({"kind": "files", "pid": os.getpid(), "modules": [], "reads": new})
 
 
 def _report_files():
@@ -434,10 +434,11 @@ def _report_files():
         if isinstance(file, str) and file and not file.startswith(_state["roots"]):
             modules.add(os.path.realpath(file))
     _state["modules_done"] = names  # each module once: a step's cost stays the few imported since the last
-    reads = {os.path.realpath(path) for path in list(_state["reads"])}
+    # The reads' real paths, the symbolic links on their way, and (at steps 1, 2, 4...) what native code holds.
+    reads = _own("child", "native_reads").step_reads(_state["reads"], _state["steps"], _audit, _outside,
+                                                     _state["dir"])
     new_modules = sorted(p for p in modules if _outside(p) and p not in _state["reported"])
-    new_reads = sorted(p for p in reads if _outside(p) and p not in _state["reported"] and "__pycache__" not in p
-                       and not p.startswith(os.path.realpath(_state["dir"])))
+    new_reads = sorted(reads - _state["reported"])
     if new_modules or new_reads:
         _state["reported"].update(new_modules, new_reads)
         _write({"kind": "files", "pid": os.getpid(), "modules": new_modules[:2000], "reads": new_reads[:2000]})
