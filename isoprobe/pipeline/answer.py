@@ -217,6 +217,8 @@ class _Context:
             return None
         except OSError as exc:  # a permission, say: the probe's write replaces the entry if the folder allows
             return self._refuse(f"cache entry {entry} cannot be read ({exc.strerror or exc}); probing again")
+        if stored.spec is None:  # a stop's document (bad_spec) is never stored: an entry without a spec is not one
+            return self._refuse(f"cache entry {entry} is not trusted: it holds no spec; probing again")
         if reason := distrust(stored, key=key, spec=self.spec):
             return self._refuse(f"cache entry {entry} is not trusted: {reason}; probing again")
         if reason := changed_source(stored.sources):
