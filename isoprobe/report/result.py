@@ -202,8 +202,9 @@ class Result(Strict):
         description=(
             "The user's source files the environment check and the trials imported (every module outside the "
             "standard library, site-packages and isoprobe) or opened for reading there (a config file the "
-            "factory reads), as real path -> SHA-256. A cached answer is used only while every one of them is "
-            "unchanged. Null where not recorded."
+            "factory reads, a file native code read where isoprobe could see it), as path -> SHA-256: a file by its "
+            "real path, and a path read through a symbolic link also as opened, its digest taken with where it "
+            "leads. A cached answer is used only while every one of them is unchanged. Null where not recorded."
         ),
     )
     stop_reason: StopReason = Field(
