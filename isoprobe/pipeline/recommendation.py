@@ -8,6 +8,10 @@ advised batch, and of a lower one each time a soak does not survive, so that the
 batch reported is one that ran ``soak_steps`` steps and fit, or one below a
 maximum that stepped until steady with the line and that run's growth inside the
 headroom (recommendation.soak_steps null: a soak only where it adds evidence).
+
+Every choice here is of the trials' values, never of their order (issue 56: a parallel search finishes them in
+any order): the maximum's deciding trial is the one that grew most, a batch's measured peak its highest, and
+``Recommendation.decided_by`` names what set the batch.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ from isoprobe.search.headroom import advise
 from isoprobe.report.insights import MemoryModel
 from isoprobe.report.recommendation import Recommendation, Soak
 from isoprobe.report.trial import Trial
-from isoprobe.search.soak import SoakJudgement, judge, lower_batch, proven_by_maximum
+from isoprobe.search.soak import SoakJudgement, judge, lower_batch, proven_by_maximum, rise_noise_bytes
 from isoprobe.spec.units import format_bytes
 from isoprobe.spec.model import Spec
 
@@ -64,11 +68,13 @@ def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int)
         capacity_bytes=advice.capacity_bytes,
         headroom_bytes=advice.headroom_bytes,
         target_peak_bytes=advice.target_peak_bytes,
-        memory_model=MemoryModel(intercept_bytes=model.intercept, per_sample_bytes=model.slope, points=model.points)
+        memory_model=MemoryModel(intercept_bytes=model.intercept, per_sample_bytes=model.slope, points=model.points,
+                                 batch_sizes=list(advice.line_batches))
         if model else None,
         multiple_of=spec.recommendation.multiple_of,
         predicted_peak_bytes=advice.predicted_peak_bytes,
         soak_steps=soak_steps(spec, target.backend),
+        decided_by=advice.decided_by,
         note=advice.note,
     )
     batch = advice.batch_size
@@ -94,19 +100,29 @@ def _maximum_proves(runner: TrialRunner, batch: int, max_fitting: int,
                 and t.outcome is Outcome.FITS and t.training_batch_size is None and t.purpose != "memory_check"]
     if not deciding:
         return None
-    trial = deciding[-1]
+    short = runner.spec.search.steps
+    trial = max(deciding, key=lambda t: (_growth_after(step_budget_peaks(t), short), len(step_budget_peaks(t)),
+                                         budget_peak(t) or 0, t.index))  # the most it grew, whatever ran first
     peaks = step_budget_peaks(trial)
-    proof = proven_by_maximum(batch, max_fitting, peaks, runner.spec.search.steps,
+    proof = proven_by_maximum(batch, max_fitting, peaks, short,
                               recommendation.predicted_peak_bytes, recommendation.target_peak_bytes)
     if proof is None:
         return None
+    grew = _growth_after(peaks, short)
+    noise = (f" (it rose {format_bytes(grew)}, within the {format_bytes(rise_noise_bytes(peaks[-1]))} a soak too "
+             "calls noise)" if grew and not proof.growth_bytes else "")
     return recommendation.model_copy(update={
         "soak_steps": 0, "proven_by_trial": trial.index, "measured_peak_bytes": _measured_at(runner, batch),
         "note": f"{recommendation.note}; no soak of its own: the maximum {max_fitting} stepped {len(peaks)} steps "
                 f"until its peak held still (trial {trial.index}), and memory rises with the batch; {batch}'s "
                 f"predicted peak {format_bytes(proof.predicted_bytes)} plus the {format_bytes(proof.growth_bytes)} "
-                f"the maximum grew after step {runner.spec.search.steps} stays within the target "
+                f"the maximum grew after step {short}{noise} stays within the target "
                 f"{format_bytes(recommendation.target_peak_bytes)} (recommendation.soak_steps: N soaks it anyway)"})
+
+
+def _growth_after(peaks: list[int], short_steps: int) -> int:
+    """How far a running peak rose after the search's ``short_steps`` (0 with fewer readings)."""
+    return max(0, peaks[-1] - peaks[short_steps - 1]) if short_steps >= 1 and len(peaks) >= short_steps else 0
 
 
 def _measured_at(runner: TrialRunner, batch: int) -> int | None:
@@ -144,6 +160,8 @@ def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_s
         if judged.survived:
             rising = " (its peak was still rising: a longer run may need more)" if judged.still_rising else ""
             notes.append(f"{batch} survived a soak of {steps} steps{rising}")
+            if len(soaks) > 1:
+                recommendation = recommendation.model_copy(update={"decided_by": "soak"})
             return batch, _with(recommendation, soaks, notes, budget_peak(trial))
         if trial.outcome not in (Outcome.FITS, Outcome.OUT_OF_MEMORY):
             twice = " twice" if trial.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT) else ""  # an error: once
@@ -193,14 +211,18 @@ def _fit_at_or_above(runner: TrialRunner, batch: int) -> Trial | None:
 
 
 def _with(recommendation: Recommendation, soaks: list[Soak], notes: list[str], peak: int | None) -> Recommendation:
+    survived = bool(soaks) and soaks[-1].survived
     return recommendation.model_copy(update={
-        "soaks": soaks, "soaked": bool(soaks) and soaks[-1].survived, "measured_peak_bytes": peak,
+        "soaks": soaks, "soaked": survived, "measured_peak_bytes": peak,
+        "decided_by": recommendation.decided_by if survived else "soak",
         "note": "; ".join([recommendation.note, *notes])})
 
 
 def _fitting_at(runner: TrialRunner, batch: int) -> Trial | None:
-    return next((t for t in runner.same_question() if t.purpose != "memory_check" and t.batch_size == batch
-                 and t.outcome is Outcome.FITS), None)
+    """The fitting trial at ``batch`` with the highest peak (not the first that ran: the same trials, one answer)."""
+    fits = [t for t in runner.same_question() if t.purpose != "memory_check" and t.batch_size == batch
+            and t.outcome is Outcome.FITS]
+    return max(fits, key=lambda t: (budget_peak(t) or 0, t.index), default=None)
 
 
 def _prefer_throughput(spec: Spec, trials: list[Trial], recommended: int, recommendation: Recommendation):
@@ -211,6 +233,8 @@ def _prefer_throughput(spec: Spec, trials: list[Trial], recommended: int, recomm
         return recommended, recommendation
     fastest = curve.fastest_batch_size
     note = (f"{recommendation.note}; objective throughput: {fastest} runs within "
-            f"{spec.recommendation.throughput_tolerance:.0%} of the best samples/s measured up to {recommended}")
+            f"{spec.recommendation.throughput_tolerance:.0%} of the best samples/s measured up to {recommended} "
+            "(measured speed: another run's timings may choose another batch)")
     measured = max((budget_peak(t) for t in trials if t.batch_size == fastest and budget_peak(t)), default=None)
-    return fastest, recommendation.model_copy(update={"note": note, "measured_peak_bytes": measured})
+    return fastest, recommendation.model_copy(update={"note": note, "measured_peak_bytes": measured,
+                                                      "decided_by": "throughput"})

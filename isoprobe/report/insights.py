@@ -16,7 +16,15 @@ class MemoryModel(Strict):
 
     intercept_bytes: float
     per_sample_bytes: float
-    points: int = Field(description="Number of fitting trials the line was fitted to.")
+    points: int = Field(description="Number of fitting batches the line was fitted to (1: the line from that batch's "
+                                    "base reading to its peak).")
+    batch_sizes: list[int] = Field(
+        default_factory=list,
+        description="The batches the line went through, largest first, each at its highest peak: every fitting batch "
+                    "from half max_batch_size up; where that is the maximum alone, it and the batch below whose line "
+                    "to it is steepest (a small batch's reading can sit on a floor no batch sets, which only lifts "
+                    "it, and which small batches ran is the search's path). Empty in results written before it was "
+                    "recorded.")
 
 
 class ThroughputPoint(Strict):

@@ -6,6 +6,8 @@ How the batch a job should run follows from the maximum (headroom, rounding, soa
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from isoprobe.report.insights import MemoryModel
@@ -65,6 +67,17 @@ class Recommendation(Strict):
         "(recommendation.soak_steps null): the maximum's deciding trial, which stepped until its peak was steady "
         "at a larger batch, with the line plus its growth over steps within target_peak_bytes. Null where a soak "
         "ran, or none was asked (soak_steps 0).")
+    decided_by: Literal["line", "measured_within", "measured_over", "no_line", "headroom_unreachable", "soak",
+                        "throughput"] | None = Field(
+        None, description="What set recommended_batch_size, so that two runs of one spec that recommend differently "
+        "say why: line (the largest multiple_of whose peak memory_model predicts within target_peak_bytes: the same "
+        "maximum and peaks near it give the same batch, whichever smaller batches the search ran); measured_within "
+        "(a larger batch a trial measured within the target: that trial ran on this path only); measured_over (held "
+        "below a batch a trial measured over the target); no_line (too few fitting batches: the maximum, no "
+        "headroom); headroom_unreachable (1: the target is below one sample); soak (a soak that did not survive "
+        "moved it down, or none survived: soaks); throughput (recommendation.objective throughput: measured speed, "
+        "which differs between runs). The note says when the line's choice is borderline (a predicted peak closer "
+        "to the target than a run's readings move). Null in results written before it was recorded.")
     note: str = Field(description="How the number was derived, in words.")
 
 

@@ -71,12 +71,16 @@ def throughput(trials: list[Trial], tolerance: float) -> Throughput | None:
 
 
 def base_anchor(trials: list[Trial], up_to: int | None = None) -> tuple[int, int] | None:
-    """(batch, base reading) of the largest fitting trial (at most ``up_to``) that has both a peak and a base
-    reading: the anchor of a memory line through one measured batch (``headroom.line_with_anchor``)."""
+    """(batch, base reading) of the largest batch (at most ``up_to``) whose fitting trials have both a peak and a
+    base reading: the anchor of a memory line through one measured batch (``headroom.line_with_anchor``). Where
+    that batch ran more than once, its lowest base (the steeper line, towards a smaller batch), whatever the order
+    the trials ran in."""
     fits = [t for t in trials if t.outcome is Outcome.FITS and t.base_bytes and (t.budget_peak_bytes or t.peak_bytes)
             and (up_to is None or t.batch_size <= up_to)]
-    top = max(fits, key=lambda t: (t.batch_size, t.index), default=None)
-    return (top.batch_size, top.base_bytes) if top else None
+    if not fits:
+        return None
+    top = max(t.batch_size for t in fits)
+    return top, min(t.base_bytes for t in fits if t.batch_size == top)
 
 
 def memory_breakdown(trials: list[Trial]) -> MemoryBreakdown | None:

@@ -36,6 +36,13 @@ class SoakJudgement:
     projected_peak_bytes: int | None
 
 
+def rise_noise_bytes(peak: int) -> int:
+    """The largest rise of a running peak that is noise, not growth, at a peak of ``peak`` bytes: the larger of
+    ``RISE_FLOOR_BYTES`` and ``RISE_FRACTION`` of the peak. One figure for a soak's judgement and for the proof by
+    the maximum (``proven_by_maximum``), so the two paths call the same readings growth."""
+    return int(max(RISE_FLOOR_BYTES, RISE_FRACTION * peak))
+
+
 def _growth(peaks: list[int]) -> float | None:
     """Bytes per step the running peak rose from the end of the warm-up (a third of the steps, at least
     two) to the last step; None with fewer than three steps."""
@@ -59,7 +66,7 @@ def judge(fits: bool, steps: int, peaks: list[int], target_peak_bytes: int) -> S
     growth = _growth(peaks)
     tail = peaks[-max(2, math.ceil(len(peaks) / 3)):] if len(peaks) >= 3 else []
     rise = tail[-1] - tail[0] if tail else 0
-    still_rising = bool(tail) and rise > max(RISE_FLOOR_BYTES, RISE_FRACTION * tail[-1])
+    still_rising = bool(tail) and rise > rise_noise_bytes(tail[-1])
     projected = None
     if peaks:
         projected = int(peaks[-1] + max(0.0, growth or 0.0) * max(0, steps - len(peaks)))
@@ -107,10 +114,16 @@ def proven_by_maximum(batch: int, maximum: int, maximum_peaks: list[int], short_
     prediction for ``batch`` plus the growth the maximum showed after the search's ``short_steps`` (a short
     trial's peak on the line misses that growth) must stay within ``target_peak_bytes``. Without a prediction, a
     batch at or above the maximum, or readings too few to tell the growth: None, and the soak runs.
+
+    A rise within ``rise_noise_bytes`` is no growth (issue 56): a soak would not call it rising either, and the
+    maximum's readings move by that much from run to run (24 KiB in one run, a MiB in another), which must not
+    decide whether a soak runs.
     """
     if predicted_peak_bytes is None or batch >= maximum or len(maximum_peaks) < short_steps or short_steps < 1:
         return None
     growth = max(0, maximum_peaks[-1] - maximum_peaks[short_steps - 1])
+    if growth <= rise_noise_bytes(maximum_peaks[-1]):
+        growth = 0
     if predicted_peak_bytes + growth > target_peak_bytes:
         return None
     return ProvenByMaximum(predicted_peak_bytes, growth)

@@ -23,9 +23,11 @@ class RecommendationSpec(SpecSection):
         0.1,
         description=(
             "Memory to keep free below the capacity: a fraction in [0, 1) such as 0.1, or a size such as '2GiB'. "
-            "The capacity is memory_budget or the device's memory; once the edge is found, the peak predicted "
-            "at the first failing batch if that is lower (on CPU the peak is resident memory, which stays below "
-            "the data-segment cap)."
+            "The capacity is memory_budget or the device's memory, never a value read off the memory line. The "
+            "recommended batch is the largest multiple_of whose peak the line through the fitting batches from "
+            "half the maximum up predicts within capacity - headroom: the same maximum and peaks near it give the "
+            "same batch, whichever smaller batches the search ran (result.recommendation.decided_by says what set "
+            "it)."
         ),
     )
     multiple_of: int = Field(

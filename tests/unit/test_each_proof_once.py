@@ -65,13 +65,16 @@ def test_a_second_run_in_the_same_round_steps_until_steady():
 
 
 def test_a_batch_below_a_steady_maximum_is_proven_when_its_prediction_plus_the_growth_keeps_the_headroom():
-    peaks = [900 * MiB, 950 * MiB, 952 * MiB, 952 * MiB, 952 * MiB, 952 * MiB, 952 * MiB]
-    proof = proven_by_maximum(30, 40, peaks, 2, 800 * MiB, 805 * MiB)
-    assert proof is not None and proof.growth_bytes == 2 * MiB and proof.predicted_bytes == 800 * MiB
-    assert proven_by_maximum(30, 40, peaks, 2, 804 * MiB, 805 * MiB) is None  # 804 + 2 > 805: soak it
-    assert proven_by_maximum(40, 40, peaks, 2, 800 * MiB, 805 * MiB) is None  # not below the maximum
-    assert proven_by_maximum(30, 40, peaks, 2, None, 805 * MiB) is None      # no prediction
-    assert proven_by_maximum(30, 40, peaks[:1], 2, 800 * MiB, 805 * MiB) is None  # too few readings
+    peaks = [900 * MiB, 950 * MiB, 952 * MiB, 956 * MiB, 960 * MiB, 960 * MiB, 960 * MiB]
+    proof = proven_by_maximum(30, 40, peaks, 2, 800 * MiB, 810 * MiB)
+    assert proof is not None and proof.growth_bytes == 10 * MiB and proof.predicted_bytes == 800 * MiB
+    assert proven_by_maximum(30, 40, peaks, 2, 804 * MiB, 810 * MiB) is None  # 804 + 10 > 810: soak it
+    assert proven_by_maximum(40, 40, peaks, 2, 800 * MiB, 810 * MiB) is None  # not below the maximum
+    assert proven_by_maximum(30, 40, peaks, 2, None, 810 * MiB) is None      # no prediction
+    assert proven_by_maximum(30, 40, peaks[:1], 2, 800 * MiB, 810 * MiB) is None  # too few readings
+    # A rise a soak would call noise (2 MiB, under 4.8) is no growth (issue 56): 809 + 0 stays within 810.
+    quiet = [900 * MiB, 950 * MiB, 952 * MiB] + [952 * MiB] * 4
+    assert proven_by_maximum(30, 40, quiet, 2, 809 * MiB, 810 * MiB).growth_bytes == 0
 
 
 def test_one_fitting_batch_and_its_base_reading_give_the_recommendation_a_line():

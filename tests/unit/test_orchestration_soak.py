@@ -54,6 +54,7 @@ def test_the_recommended_batch_is_soaked_on_cpu_by_default_and_survives():
     assert recommendation.soaks[0].trial == soak.index and not recommendation.soaks[0].still_rising
     assert recommendation.measured_peak_bytes == soak.peak_bytes
     assert "survived a soak of 6 steps" in recommendation.note
+    assert recommendation.decided_by == "line"  # the soak of the line's batch survived: the line set it
     assert _check_every_cacheable([(probed.result.spec, result)]) == 1
 
 
@@ -77,6 +78,7 @@ def test_memory_that_grows_every_step_moves_the_recommendation_down_with_the_evi
     first = probed.trials[soaks[0].trial - 1]
     assert [b - a for a, b in zip(first.step_peak_bytes, first.step_peak_bytes[1:])] == [40 * MiB] * 5
     assert f"the soak of {soaks[0].batch_size} " in result.recommendation.note
+    assert result.recommendation.decided_by == "soak"  # a path the line's batch did not survive: said
     assert _check_every_cacheable([(result.spec, result)]) == 1
 
 
@@ -95,7 +97,7 @@ def test_growth_no_batch_survives_withdraws_the_recommendation_but_keeps_the_edg
     probed = probe(soaked_spec(), leaky(200 * MiB))
     result = probed.result
     assert result.max_batch_size == 19 and result.answered  # the edge (for search.steps steps) stands
-    assert result.recommended_batch_size is None
+    assert result.recommended_batch_size is None and result.recommendation.decided_by == "soak"
     assert len(result.recommendation.soaks) <= MAX_SOAKS and not any(s.survived for s in result.recommendation.soaks)
     assert any(line.startswith("isoprobe: no recommendation:") for line in summary_lines(result))
     assert "none survived its soak" in result.message and result.suggestions

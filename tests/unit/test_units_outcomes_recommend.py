@@ -286,7 +286,7 @@ def test_advise_fraction_headroom():
     assert advice.target_peak_bytes == 9000
     assert advice.batch_size == 80  # (9000 - 1000) / 100
     assert advice.predicted_peak_bytes == 9000
-    assert advice.line == Line(1000.0, 100.0, 3)
+    assert advice.line == Line(1000.0, 100.0, 2)  # none from half of 200 up: the two largest batches, 4 and 6
 
 
 def test_advise_bytes_headroom():
@@ -305,7 +305,7 @@ def test_advise_never_above_max():
 def test_advise_ignores_fits_above_max_for_the_line():
     # A point above max_batch is not part of the fit.
     advice = advise(6, FITTING + [(100, 999_999)], capacity=10_000, headroom=0.1, multiple_of=1)
-    assert advice.line == Line(1000.0, 100.0, 3)
+    assert advice.line == Line(1000.0, 100.0, 2)  # 4 and 6: from half of 6 up
 
 
 def test_advise_rounds_down_to_multiple_of():
@@ -371,7 +371,7 @@ def test_a_batch_proven_within_the_headroom_is_never_undercut_by_the_line():
     measured moves; a batch measured within the target does not: the recommendation is never below it."""
     mib = 1 << 20
     capacity, headroom = 1536 * mib, 0.2  # target 1228.8 MiB
-    path_a = [(2, 1000 * mib), (10, 1200 * mib), (12, 1220 * mib)]  # the line says 11 (it predicts 12 over)
+    path_a = [(6, 1000 * mib), (10, 1200 * mib), (12, 1220 * mib)]  # the line says 11 (it predicts 12 over)
     path_b = [(6, 1100 * mib), (12, 1220 * mib)]                    # the line says 12
     assert int(fit_line(path_a).at(12)) > capacity * (1 - headroom)
     a, b = advise(12, path_a, capacity, headroom, 1), advise(12, path_b, capacity, headroom, 1)
@@ -382,9 +382,9 @@ def test_a_batch_proven_within_the_headroom_is_never_undercut_by_the_line():
 def test_a_batch_measured_over_the_target_is_never_recommended():
     """The other direction: a line from noisy points may predict a batch within the target that a trial
     measured over it; memory rises with the batch, so that batch and every larger one are over."""
-    fitting = [(2, 100), (10, 200), (12, 1400)]  # the line predicts 12 at 952, measured 1400
-    advice = advise(12, fitting, capacity=1536, headroom=0.2, multiple_of=1)  # target 1228
-    assert advice.batch_size == 11
+    fitting = [(6, 900), (10, 1000), (12, 1240)]  # the line predicts 12 at 1186, measured 1240
+    advice = advise(12, fitting, capacity=1536, headroom=0.2, multiple_of=1)  # target 1229
+    assert advice.batch_size == 11 and advice.decided_by == "measured_over"
     assert "measured peak was over the target" in advice.note
 
 
