@@ -8,10 +8,20 @@ from isoprobe.cli.common import COMMAND_LINE_SPEC, budget_overridden, load, rend
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    import os
     import time
 
+    from isoprobe.pipeline.environment import probe_of_this_trial
     from isoprobe.report.streams import Log, tell
     from isoprobe.system.stops import Stops
+
+    if args.format in ("env", "taskprolog") and (probe := probe_of_this_trial(os.environ)) is not None:
+        # A hook (a TaskProlog, a job script's first line) in one of a probe's own trial processes: Slurm runs the
+        # TaskProlog for every task of the probe's trial steps too. Probing again would wait for the probe's own
+        # lock, and no rank would ever start (issue 56); the trial gives its batch itself.
+        tell(f"isoprobe: inside a trial of probe {probe} (ISOPROBE_TRIAL is set): a hook does nothing here; the "
+             "trial sets the batch")
+        return 0
 
     started = time.monotonic()
 

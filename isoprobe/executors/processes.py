@@ -16,6 +16,7 @@ from pathlib import Path
 from isoprobe.system.keeper import lift_idle_policy  # noqa: F401 - one definition, used by the keeper too
 from isoprobe.system.hardware import node_gpus, slurm_cuda_visible, visible_devices
 from isoprobe.protocol.messages import EVENTS_ENV
+from isoprobe.protocol.wiring import TRIAL_ENV
 from isoprobe.system.data_cap import set_data_cap
 
 #: Below this size glibc serves allocations from its heap and may keep freed memory,
@@ -55,6 +56,7 @@ def child_environment(
     if threads is not None:
         env["OMP_NUM_THREADS"] = str(threads)
     env[EVENTS_ENV] = str(events_path)
+    env[TRIAL_ENV] = str(os.getpid())  # the probe's: a hook in the trial (a TaskProlog) knows to do nothing
     env["PYTHONUNBUFFERED"] = "1"
     env["PYTHONFAULTHANDLER"] = "1"  # a segfault or abort leaves a Python stack in stderr
     env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_ROOT, base.get("PYTHONPATH", "")) if p)

@@ -73,7 +73,7 @@ from isoprobe.executors.processes import (
 )
 from isoprobe.executors.rounds import earned_timeout, steps_done
 from isoprobe.executors.srun_plan import advice, node_failed, refusal, srun_command
-from isoprobe.executors.srun_nodes import node_trouble, record_stop_context, signalled_words
+from isoprobe.executors.srun_nodes import node_trouble, record_stop_context, signalled_words, task_prolog_words
 from isoprobe.executors.srun_step import _ahead_key, _close_turn, _Step, step_states  # noqa: F401 (tests)
 from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
 from isoprobe.system.data_cap import data_limits
@@ -320,10 +320,12 @@ class SrunGangExecutor:
                 with signals_deferred():
                     return self._conclude(step, failed, timed_out=())
             if step.step_id() is None and now >= step.began + STEP_START_SECONDS:
-                return self._refused(step, f"Slurm started no rank of the step within {STEP_START_SECONDS:g} s")
+                return self._refused(step, f"Slurm started no rank of the step within {STEP_START_SECONDS:g} s"
+                                     + task_prolog_words(os.getpid()))
             if step.delivered is None and now >= import_deadline:
                 if step.step_id() is None:
-                    return self._refused(step, f"no rank started within {import_timeout(timeout):g} s")
+                    return self._refused(step, f"no rank started within {import_timeout(timeout):g} s"
+                                         + task_prolog_words(os.getpid()))
                 with signals_deferred():
                     slow = [rank for rank, e in enumerate(events) if last_of(e, Warm) is None]
                     return self._conclude(step, slow[0], timed_out=tuple(slow))

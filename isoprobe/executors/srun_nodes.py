@@ -78,3 +78,40 @@ def signalled_words(environ: Mapping[str, str] | None = None, sinfo: str = "sinf
     return (f"Slurm counts a node of this job out of service ({'; '.join(trouble)}): a job that loses a node is "
             "cancelled by Slurm after its node timeout, which is the signal that stopped the probe; resubmit the job "
             "on healthy nodes")
+
+
+def held_tasks(probe_pid: int, proc: str = "/proc") -> list[str]:
+    """The processes on this machine that stand where a trial step's rank should be: they carry this probe's trial
+    mark (``ISOPROBE_TRIAL``) and a Slurm step id, so Slurm started them for the step's tasks, but they are no rank of
+    it (a TaskProlog that has not ended: Slurm starts a task only after its prolog). Each as "pid N on NODE: COMMAND"
+    for the message of a step whose ranks did not start. Only this machine's (and this user's) processes are seen."""
+    mark = f"ISOPROBE_TRIAL={probe_pid}".encode()
+    found = []
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"{proc}/{name}/environ", "rb") as file:
+                environ = file.read().split(b"\0")
+            if mark not in environ or not any(v.startswith(b"SLURM_STEP_ID=") for v in environ):
+                continue
+            with open(f"{proc}/{name}/cmdline", "rb") as file:
+                command = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue
+        if "isoprobe.child" in command or "srun_rank" in command:
+            continue  # a rank's own wrapper or child: it started
+        node = next((v.split(b"=", 1)[1].decode(errors="replace") for v in environ
+                     if v.startswith(b"SLURMD_NODENAME=")), "this machine")
+        found.append(f"pid {name} on {node}: {command[:160]}")
+    return sorted(found)
+
+
+def task_prolog_words(probe_pid: int) -> str:
+    """What to add to "Slurm started no rank of the step": the processes standing in the ranks' place, if any."""
+    held = held_tasks(probe_pid)
+    if not held:
+        return ""
+    return ("; Slurm started the step's tasks, but they have not left their TaskProlog: " + "; ".join(held[:4])
+            + ". A TaskProlog that runs isoprobe must do nothing in a probe's own trial steps (ISOPROBE_TRIAL is set "
+            "in them; isoprobe run --format env|taskprolog does so itself; docs/slurm.md)")

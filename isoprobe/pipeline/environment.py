@@ -11,13 +11,14 @@ from __future__ import annotations
 import resource
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Mapping
 
 from isoprobe.errors import ProbeError, Problem, SpecError
 from isoprobe.executors import ChildRun, Conditions, Executor
 from isoprobe.system.hardware import cpu_name, ram_bytes
 from isoprobe.pipeline.classify import signal_name_of
 from isoprobe.executors.ranks import CPU_RAM_SHARE
+from isoprobe.protocol.wiring import TRIAL_ENV
 from isoprobe.protocol.messages import (
     DataScan,
     DataScanning,
@@ -479,3 +480,9 @@ def allocator_info(spec: Spec, backend: str, environ: dict[str, str]) -> Allocat
     variables = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] if spec.allocator is not None or (
         spec.allocators and backend == "cuda") else []
     return AllocatorInfo(value=value, source=source, variables=variables, applies=backend == "cuda")
+
+
+def probe_of_this_trial(environ: Mapping[str, str]) -> str | None:
+    """The pid of the probe whose trial this process is part of (``ISOPROBE_TRIAL``), or None: a hook run there (a
+    TaskProlog for a trial step's task) must do nothing (``cli.run``)."""
+    return environ.get(TRIAL_ENV) or None

@@ -22,6 +22,9 @@ AHEAD_ARGUMENT = "--ahead"
 EVENTS_ENV = "ISOPROBE_EVENTS"
 #: Environment variable naming the child's end of the lifeline pipe (see executors.local).
 LIFELINE_ENV = "ISOPROBE_LIFELINE_FD"
+#: Environment variable every process of every trial gets (the probe's pid): a hook that runs in one (Slurm's
+#: TaskProlog runs for every task of a trial's srun step, a job script's hook line in a command trial) does nothing.
+TRIAL_ENV = "ISOPROBE_TRIAL"
 #: Environment variable listing (comma-separated) the modules a warm child imports before its request.
 PRELOAD_ENV = "ISOPROBE_PRELOAD"
 #: A line a waiting child (``WAIT_ARGUMENT``) reads on stdin before its request's path: import the modules the
