@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from isoprobe.child.command_tree import POLL_SECONDS, SAMPLE_SECONDS, Process, Sampler, Tree
-from isoprobe.child.command_verdicts import (copy_stderr_tail, exception_verdict, exit_status_of, exit_verdict,
-                                             forged_error, not_trained_at_batch, over_budget, rank_lost_verdict,
+from isoprobe.child.command_verdicts import (batch_judgement, copy_stderr_tail, exception_verdict, exit_status_of,
+                                             exit_verdict, forged_error, over_budget, rank_lost_verdict,
                                              shows_allocation_failure, stderr_tail)
 from isoprobe.child.command_start import command_cap, request_environment, start_command
 from isoprobe.child.warm_command import go, take
@@ -146,9 +146,10 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                        else exit_verdict(ended, judged, request, stderr_path))
     finally:
         _end_tree(process)
+    batch_check = None
     if verdict[0] in (Outcome.FITS, Outcome.OUT_OF_MEMORY) and judged:
-        refusal = not_trained_at_batch(request, _final_ranks(tree, judged_ranks, bound), judged,
-                                       tree.expected_ranks() if bound != "ended" else len(judged_ranks))
+        batch_check, refusal = batch_judgement(request, _final_ranks(tree, judged_ranks, bound), judged,
+                                               tree.expected_ranks() if bound != "ended" else len(judged_ranks))
         if refusal is not None:  # a verdict about another batch than the one asked is no verdict on it
             verdict = (Outcome.ERROR, refusal, verdict[2])
     outcome, error, phase = verdict
@@ -162,7 +163,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
     events.emit(TrialResult(outcome=outcome, phase=phase, step_seconds=step_seconds, error=error,
                             sources=_sources(tree.modules), reads=_reads(tree.reads, tree.modules),
                             command_ranks=len(ranks) or None, first_step_seconds=first_step_seconds,
-                            started_ahead=ahead, cycle=record, **report))
+                            started_ahead=ahead, cycle=record, batch_check=batch_check, **report))
 
 
 def _final_ranks(tree: Tree, judged_ranks: list[Process], bound: str | None) -> list[Process]:

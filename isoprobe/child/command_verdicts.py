@@ -14,12 +14,13 @@ from pathlib import Path
 
 from isoprobe.child.command_tree import Process, Tree, alive
 from isoprobe.child.rank_loss import killed_rank, lost_message, peer_loss
-from isoprobe.child.trained_batch import not_trained_message, trial_trained_at
+from isoprobe.child.trained_batch import StepInputs, judge
 from isoprobe.protocol.command import SHIM_DIR_ENV
 from isoprobe.protocol.messages import MESSAGE_CHARS, RANK_LOST, TrialRequest
+from isoprobe.report.batch_check import NOT_TRAINED, BatchCheck
 from isoprobe.report.outcomes import Outcome, classify_exception, words_show_allocation_failure
 from isoprobe.report.trial import ErrorInfo
-from isoprobe.spec.command import BATCH_ENV, PLACEHOLDER
+from isoprobe.spec.command import command_placeholder
 
 #: Kept of the command's stderr for a verdict's evidence.
 _STDERR_TAIL_CHARS = 6000
@@ -49,18 +50,27 @@ def over_budget(request: TrialRequest, ranks: list[Process], judged: int) -> Err
     return None
 
 
-def not_trained_at_batch(request: TrialRequest, ranks: list[Process], judged: int, world: int
-                          ) -> ErrorInfo | None:
-    """An error when none of the trial's judged steps, on any rank, trained at the batch asked
-    (``child.trained_batch``): the trial would credit a batch the script never ran. None: it did, or no forward
-    was seen to judge by."""
-    steps = [p.steps[k].forwards for p in ranks for k in range(min(judged, len(p.steps)))]
-    if trial_trained_at(request.batch_size, steps, world) is not False:
-        return None
-    placeholder = PLACEHOLDER if request.spec.batch_from == "argument" else f"${BATCH_ENV}"
-    shown = [step.forwards for step in ranks[0].steps[:judged]]
-    message = not_trained_message(request.batch_size, shown, f"{placeholder} = {request.batch_size}")
-    return ErrorInfo(type="CommandBatchNotTrained", message=message[:MESSAGE_CHARS], traceback_tail="")
+def batch_judgement(request: TrialRequest, ranks: list[Process], judged: int, world: int
+                    ) -> tuple[BatchCheck | None, ErrorInfo | None]:
+    """What the trial's judged steps, on every rank, showed of the batch asked (``child.trained_batch``), and an
+    error when they show it trained at the batch in its first steps only (the trial would credit a batch the
+    script stopped training at). ``batch_check: off``: not judged."""
+    if request.spec.batch_check == "off":
+        return BatchCheck(verdict="off"), None
+    steps = [[step_inputs(p.steps[k]) for k in range(min(judged, len(p.steps)))] for p in ranks]
+    judgement = judge(request.batch_size, steps, world, f"{command_placeholder(request.spec)} = {request.batch_size}")
+    if judgement.trained_once is None:
+        return judgement.check, None
+    error = ErrorInfo(type=NOT_TRAINED, message=judgement.trained_once[:MESSAGE_CHARS],
+                      traceback_tail="")
+    return judgement.check, error
+
+
+def step_inputs(step) -> StepInputs:
+    """A shim step line's record of its training forwards, as ``child.trained_batch`` judges it."""
+    return StepInputs(forwards=step.forwards, forward_count=step.forward_count, input_elements=step.input_elements,
+                      leading_sum=step.leading_sum, batch_counts=step.batch_counts,
+                      tried_counts=step.tried_counts)
 
 
 def mib(n: int) -> str:

@@ -1,79 +1,139 @@
-"""Did a command trial train at the batch it was asked for? Judged from the model's own forwards.
+"""Did a command trial train at the batch it was asked for? Judged in the trial from the model's own forwards.
 
-A command trial passes its batch in ``{batch_size}`` (or ``ISOPROBE_BATCH_SIZE``), and the probe credits that
-batch with what the trial measured. A script that does not train at it turns every such credit into a wrong
-answer: one that ignores the argument and trains a fixed batch (its memory line is flat, and batch 16777216
-"fits"); one with an automatic finder of its own (Accelerate's ``find_executable_batch_size``,
-``TrainingArguments(auto_find_batch_size=True)``, a loop that halves on out-of-memory), which catches its own
-out-of-memory error and trains at what it found (802 "fits" where the script trains at 100). So the shim records,
-for every optimizer step, the input shapes of the model's completed root forwards since the step before
-(``_isoprobe_shim._watch_forwards``), and a trial that ran enough steps is credited only if one of its steps
-trained at the batch asked. Where it did not, the trial is an error that says what the script trained at: no
-trial of that command can measure a batch, and the probe refuses to answer rather than guess.
+The shim records, for every optimizer step, what the step's *training* root forwards (gradients on, a module with
+trainable parameters, not nested in another module's call) took (``_isoprobe_shim``'s ``_isoprobe_forwards``):
+every count its inputs show (each tensor's dimensions, a list's length, a 1-d integer tensor's length less one:
+offsets such as ``cu_seqlens``, the product of a tensor's first two dimensions), how many forwards ran, the sum
+of their first inputs' leading dimensions, the elements of every tensor they took, and the first input's shape of
+the last few. ``isoprobe.report.batch_check`` says why and how the answer uses the judgement.
 
-A step *trained at* batch B when its last forward's input has B as a dimension (any: sequence-first inputs put
-the batch second), or the first two dimensions multiply to B (a batch counted in tokens), or the forwards of the
-same shape that end the step add up to B (gradient accumulation over micro-batches); under a launcher of W ranks,
-B / W per rank counts too (a script that splits a global batch). Lenient on purpose: a small B can match some
-other dimension by chance, and the trial is credited; a large B that is nowhere in the inputs cannot be.
+A step *shows* batch B when B, or under a launcher of W ranks B / W, is one of those counts, or a multiple of
+one (two views of a batch, [2B, ...]; a per-token model on [B*T, F]; FixMatch's B + 2uB), or the number of
+forwards (one per sample), or their leading dimensions' sum (micro-batches). Lenient on purpose: a small B can
+match by chance and be credited; the rule across trials catches a script whose inputs do not grow with B.
 
-One step that trained at B is enough: the last batch of an epoch may be short, and its step's peak is not the
-trial's. A trial whose steps showed no forward at all (a model that is not a ``torch.nn.Module``) is not judged.
-Pure: the supervisor (``child.command``) passes the steps' shapes.
+- ``trained``: some step showed B; ``unclear``: forwards were seen and none showed B (credited, with a note);
+  None: no step showed a forward (a model that is not a ``torch.nn.Module``): not judged.
+- Refused here (``trained_once``): a trial whose last two steps showed no B and took at most half the elements
+  of its steps that did: it trains at another batch after its first steps (a warm-up at the given
+  batch). One short step is not this: the last batch of an epoch may be short.
+
+Pure: the supervisor (``child.command``) passes the steps as the shim wrote them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Sequence
+
+from isoprobe.report.batch_check import RATIO, BatchCheck
 
 Shape = Sequence[int]
 
 
-def step_trained_at(batch: int, forwards: Sequence[Shape], world: int = 1) -> bool | None:
-    """Whether a step whose root forwards took ``forwards`` (in order) trained at ``batch``; None: no forward seen."""
-    shapes = [list(shape) for shape in forwards if shape]
-    if not shapes:
-        return None
+@dataclass(frozen=True)
+class StepInputs:
+    """What one optimizer step's training forwards took, as the shim's step line carries it."""
+
+    forwards: Sequence[Shape] = ()
+    forward_count: int = 0
+    input_elements: int = 0
+    leading_sum: int = 0
+    batch_counts: Sequence[int] = field(default_factory=tuple)
+    tried_counts: Sequence[int] = field(default_factory=tuple)
+
+    @property
+    def seen(self) -> bool:
+        return bool(self.forward_count or any(self.forwards))
+
+
+def _wanted(batch: int, world: int) -> set[int]:
     wanted = {batch}
     if world > 1:
         wanted |= {batch // world, -(-batch // world)}
-    last = shapes[-1]
-    if wanted & set(last):
-        return True
-    if len(last) >= 2 and last[0] * last[1] in wanted:
-        return True
-    micro = 0
-    for shape in reversed(shapes):
-        if shape[1:] != last[1:]:
-            break
-        micro += shape[0]
-        if micro in wanted:
-            return True
-    return False
+    wanted.discard(0)
+    return wanted
 
 
-def trial_trained_at(batch: int, steps: Sequence[Sequence[Shape]], world: int = 1) -> bool | None:
-    """Whether any of a trial's steps (each its forwards, all ranks' steps together) trained at ``batch``; None:
-    no step showed a forward."""
-    verdicts = [step_trained_at(batch, forwards, world) for forwards in steps]
-    known = [v for v in verdicts if v is not None]
-    if not known:
+def step_shows(batch: int, step: StepInputs, world: int = 1) -> str | None:
+    """Where ``step``'s inputs show ``batch`` (words for the result), or None."""
+    wanted = _wanted(batch, world)
+    shapes = [list(s) for s in step.forwards if s]
+    counts = set(step.batch_counts) | {n for shape in shapes for n in shape}
+    if shapes and len(shapes[-1]) >= 2:
+        counts.add(shapes[-1][0] * shapes[-1][1])
+    if wanted & counts:
+        return "a dimension or a list's length of the model's inputs"
+    count = step.forward_count or len(shapes)
+    if count in wanted and count > 1:
+        return "the number of training forwards in a step (one per sample)"
+    leading = step.leading_sum or sum(s[0] for s in shapes)
+    if leading in wanted:
+        return "the training forwards' leading dimensions, summed (micro-batches)"
+    for n in sorted(counts):
+        if any(b >= 2 and n > b and n % b == 0 for b in wanted):
+            return f"a multiple of it ({n}) in the model's inputs"
+    return None
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """A trial's verdict: the record it carries to the parent, and a refusal when it trained at B only at first."""
+
+    check: BatchCheck | None
+    trained_once: str | None = None
+
+
+def judge(batch: int, ranks: Sequence[Sequence[StepInputs]], world: int = 1, placeholder: str = "{batch_size}"
+          ) -> Judgement:
+    """The trial's judgement from each rank's judged steps, in order."""
+    steps = [step for rank in ranks for step in rank]
+    if not any(step.seen for step in steps):
+        return Judgement(None)
+    shown = [(step, step_shows(batch, step, world)) for step in steps if step.seen]
+    found = next((how for _, how in shown if how is not None), None)
+    typical = sorted((step for step, _ in shown), key=lambda s: s.input_elements)[len(shown) // 2]
+    check = BatchCheck(verdict="trained" if found else "unclear", found_as=found,
+                       input_elements=typical.input_elements or None,
+                       shapes=[list(s) for s in typical.forwards if s][-4:])
+    if found is None:
+        tried = next((k for k, step in enumerate(steps, 1) if _wanted(batch, world) & set(step.tried_counts)), None)
+        if tried is not None:
+            return Judgement(check, _tried_message(batch, tried, typical, placeholder))
+    for rank in ranks:
+        once = _trained_once(batch, list(rank), world, placeholder)
+        if once is not None:
+            return Judgement(check, once)
+    return Judgement(check)
+
+
+def _trained_once(batch: int, steps: list[StepInputs], world: int, placeholder: str) -> str | None:
+    """The refusal for a rank whose last two steps showed no B and took at most 1 / RATIO of what its steps that
+    showed B took; None otherwise."""
+    steps = [s for s in steps if s.seen]
+    if len(steps) < 3:
         return None
-    return any(known)
+    at_batch = [k for k, s in enumerate(steps) if step_shows(batch, s, world) is not None]
+    last = steps[-2:]
+    if not at_batch or at_batch[-1] >= len(steps) - 2 or not all(s.input_elements for s in steps):
+        return None
+    most = max(steps[k].input_elements for k in at_batch)
+    if any(RATIO * s.input_elements > most for s in last):
+        return None
+    after = at_batch[-1] + 2
+    shapes = ", ".join(str(list(s)) for s in last[-1].forwards[-2:] if s)
+    return (f"the command trained at batch {batch} ({placeholder}) in its first {after - 1} optimizer step(s) "
+            f"only: from step {after} on its model took inputs of shape {shapes} ({last[-1].input_elements} "
+            f"elements a step, against {most} at batch {batch}): it trains at another batch after a start at the "
+            "one it is given, so the trial's peak is not that batch's. Pass the batch to where every step's batches "
+            "are built (the DataLoader's batch_size), not only to the first step's")
 
 
-def not_trained_message(batch: int, steps: Sequence[Sequence[Shape]], placeholder: str) -> str:
-    """What the user reads when no step trained at ``batch``: what the model's forwards took instead, and why."""
-    seen = []
-    for forwards in steps:
-        shapes = [list(shape) for shape in forwards if shape]
-        if shapes and shapes[-1] not in seen:
-            seen.append(shapes[-1])
-    shown = ", ".join(str(shape) for shape in seen[:4]) + (" ..." if len(seen) > 4 else "")
-    return (f"the command was asked to train at batch {batch} ({placeholder}), but in each of its "
-            f"{len(steps)} optimizer step(s) the model's forward took inputs of shape {shown}, never a batch of "
-            f"{batch}: it does not train at the batch it is given, so no trial can measure one. A batch-size "
-            "finder of its own (Accelerate's find_executable_batch_size, TrainingArguments(auto_find_batch_size="
-            "True), a loop that halves the batch on out-of-memory), a fixed batch that ignores the argument, or "
-            "data with fewer samples than the batch do this. Turn the finder off and pass the batch to where the "
-            "batches are built (the DataLoader's batch_size), and give the data at least one full batch")
+def _tried_message(batch: int, step: int, typical: StepInputs, placeholder: str) -> str:
+    shapes = ", ".join(str(list(s)) for s in typical.forwards[-2:] if s)
+    return (f"the command was asked to train at batch {batch} ({placeholder}): its model was given a batch of "
+            f"{batch} in step {step}, and every step trained on something else (inputs of shape {shapes}): it tried "
+            "the batch, failed, and went on at another, as a batch-size finder of its own does (Accelerate's "
+            "find_executable_batch_size, TrainingArguments(auto_find_batch_size=True), a loop that halves the batch "
+            "on out-of-memory). No trial can measure a batch the script steps back from; turn the finder off and pass "
+            "the batch to where the batches are built (the DataLoader's batch_size)")

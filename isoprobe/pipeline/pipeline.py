@@ -41,6 +41,7 @@ from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.report.device import AllocatorInfo, DistributedInfo
 from isoprobe.report.edge import EdgeMargin, MarginalBatch
+from isoprobe.report.batch_check import NOT_TRAINED, unclear_note
 from isoprobe.report.cycle import describe as describe_cycle
 from isoprobe.report.result import Result
 from isoprobe.search.history import Borrowed
@@ -161,6 +162,9 @@ def run_probe(
     finally:
         settle()  # no trial runs from here on: a signal now is noted, not raised into the close or the result
         executor.close()
+    if any(t.error is not None and t.error.type == NOT_TRAINED for t in runner.trials):
+        # The trials prove the script trains at another batch than it is given: no earlier credit stands either.
+        found = replace(found, max_fitting=None, recommended=None, recommendation=None, short_max=None)
     stop, max_fitting = found.stop, found.max_fitting
     capped_by = limited_by(spec, max_fitting, target.data, target.train_samples) if stop is StopReason.CAPPED else None
     training = [t for t in runner.trials if t.training_batch_size is None]  # the evaluation trials answer apart
@@ -176,6 +180,9 @@ def run_probe(
     max_cycle = _cycle(runner, max_fitting)
     if max_cycle is not None:
         message += f"; at the maximum, {max_cycle}"
+    unclear = [t for t in _at_max(runner, max_fitting) if t.batch_check and t.batch_check.verdict == "unclear"]
+    if unclear and stop in (StopReason.EDGE_FOUND, StopReason.CAPPED):
+        message += "; " + unclear_note(max_fitting, unclear[-1].batch_check)
     allocator = allocator_info(spec, target.backend, environ)
     return Result(
         isoprobe_version=__version__,

@@ -11,9 +11,10 @@ from isoprobe.errors import ProbeError
 from isoprobe.executors import ChildRun
 from isoprobe.pipeline.classify import classify_exit
 from isoprobe.pipeline.plausibility import Asked
-from isoprobe.protocol.messages import StepDone
+from isoprobe.protocol.messages import MESSAGE_CHARS, StepDone
+from isoprobe.report.batch_check import NOT_TRAINED, contradiction, contradiction_message
 from isoprobe.report.outcomes import Outcome
-from isoprobe.report.trial import RankTrial, Trial
+from isoprobe.report.trial import ErrorInfo, RankTrial, Trial
 from isoprobe.search.insights import step_throughput
 
 
@@ -63,6 +64,7 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         first_step_seconds=_rounded(result.first_step_seconds, 3) if result else None,
         started_ahead=result.started_ahead if result else None,
         cycle=result.cycle if result else None,
+        batch_check=result.batch_check if result else None,
         busy_seconds=round(run.busy_seconds, 1) if run.busy_seconds else None,
         busy_at_timeout=run.busy_at_timeout and end.outcome is Outcome.TIMED_OUT,
         eval_seconds=_rounded(result.eval_seconds, 4) if result else None,
@@ -128,3 +130,20 @@ def _gang_trial(run: ChildRun, index: int, batch_size: int, purpose: str, asked:
         "ranks": ranks, "failed_rank": run.failed_rank, "gang_stop_seconds": run.gang_stop_seconds,
         "seconds": round(run.seconds, 3), "heap_churn_bytes": max(churns) if churns else None,
     })
+
+
+def judged_against(trial: Trial, earlier: list[Trial], placeholder: str) -> Trial:
+    """A command trial that fit, judged against the earlier trials of the same question (``report.batch_check``'s
+    rule across trials): an error naming both batches when the two prove the script did not train at the larger
+    one; else the trial as it was."""
+    if trial.outcome is not Outcome.FITS or trial.batch_check is None or trial.training_batch_size is not None:
+        return trial
+    others = [(t.batch_size, t.batch_check) for t in earlier
+              if t.training_batch_size is None and t.allocator == trial.allocator and t.length == trial.length]
+    found = contradiction(trial.batch_size, trial.batch_check, others)
+    if found is None:
+        return trial
+    large, large_check, small, small_check = found
+    message = contradiction_message(large, small, large_check, small_check, placeholder)
+    return trial.model_copy(update={"outcome": Outcome.ERROR, "error": ErrorInfo(
+        type=NOT_TRAINED, message=message[:MESSAGE_CHARS], traceback_tail="")})

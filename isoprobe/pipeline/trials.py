@@ -28,7 +28,8 @@ from isoprobe.search.history import Observation
 from isoprobe.search.margin import Spread
 from isoprobe.pipeline.spread_rule import (Margin, fastest_rise, held_still, margin_against, observation_of,
                                           probe_spread)
-from isoprobe.pipeline.trial_record import trial_from_run
+from isoprobe.pipeline.trial_record import judged_against, trial_from_run
+from isoprobe.spec.command import command_placeholder
 from isoprobe.spec.model import Spec
 from isoprobe.report.steady import SteadyRule
 from isoprobe.report.cycle import CycleRule
@@ -64,6 +65,8 @@ class TrialRunner:
         #: once one of them reached the bound without seeing any (later trials would only wait as long again).
         # model.lightning and model.hf_trainer schedule the user's evaluation early instead (their runners).
         framework = spec.model.lightning is not None or spec.model.hf_trainer is not None
+        #: A probe runs one trial of purpose batch_check at most (``_check_batch``).
+        self.batch_checked = False
         self.cycle_rule = (CycleRule(max_steps=spec.search.cycle_steps, max_seconds=spec.search.cycle_seconds)
                            if (spec.command is not None or framework) and spec.search.cycle_steps else None)
 
@@ -96,6 +99,7 @@ class TrialRunner:
         is classified: a re-run with more memory under a budget, the card's free memory at the failure without."""
         budget = self.target.info.memory_budget_bytes
         trial = self._launch(batch_size, purpose, budget, steps, rule)
+        trial = self._check_batch(trial, budget)
         if not (trial.outcome is Outcome.ERROR and trial.error is not None
                 and maybe_allocation_failure(trial.error.message)):
             return trial
@@ -115,6 +119,26 @@ class TrialRunner:
                     f"the allocator's cache counted as free (this process had {format_bytes(memory.allocated_bytes)} "
                     "allocated): a library could not get its memory, an allocation failure"))
         return trial
+
+    def _check_batch(self, trial: Trial, budget: int | None) -> Trial:
+        """A command trial that fit with its batch nowhere in its model's inputs, and no trial at half its batch or
+        less to compare it with: the command at a quarter of the batch, once a probe, and the trial judged against
+        it (``report.batch_check``): a finder that settled below the batch, or a fixed batch, is refused here."""
+        check = trial.batch_check
+        if (self.spec.command is None or self.batch_checked or trial.outcome is not Outcome.FITS or check is None
+                or check.verdict != "unclear" or trial.batch_size < 4
+                or any(t.batch_check is not None and 2 * t.batch_size <= trial.batch_size
+                       for t in self.same_question())):
+            return trial
+        self.batch_checked = True
+        self.reporter.note(f"trial {trial.index}: batch {trial.batch_size} is nowhere in the model's inputs; running "
+                           f"the command at {trial.batch_size // 4} to compare")
+        reference = self._launch(trial.batch_size // 4, "batch_check", budget)
+        judged = judged_against(trial, [reference], command_placeholder(self.spec))
+        if judged is not trial:
+            self.trials[trial.index - 1] = judged
+            self.reporter.note(f"  trial {trial.index} is an error: {judged.error.message}")
+        return judged
 
     def _reclassify(self, trial: Trial, reason: str) -> Trial:
         """An ambiguous error proven to be an allocation failure: out_of_memory, with the evidence."""
@@ -181,6 +205,8 @@ class TrialRunner:
             trial = trial.model_copy(update={"allocator": self.allocator_label})
         if self.length is not None:
             trial = trial.model_copy(update={"length": self.length})
+        if self.spec.command is not None and purpose != "batch_check":  # that one is the trial it checks' judge
+            trial = judged_against(trial, self.trials, command_placeholder(self.spec))
         self.trials.append(trial)
         self.reporter.trial(trial)
         if trial.reclassified:  # not what the child said: the reason, where people read the progress

@@ -77,6 +77,16 @@ class ShimStep(_Line):
                                       "model's completed forwards since the step before (root module calls with "
                                       "gradients on and trainable parameters; the last few): the batch this step "
                                       "trained at, as isoprobe.child.trained_batch judges it.")
+    forward_count: int = Field(0, ge=0, description="The most training forwards one module ran since the step "
+                               "before (forwards keeps the last few of all).")
+    leading_sum: int = Field(0, ge=0, description="Their first inputs' leading dimensions, summed (micro-batches).")
+    input_elements: int = Field(0, ge=0, description="The elements of every tensor the step's training forwards "
+                                "took (lists, tuples, dicts, objects looked into): trials are compared by it.")
+    batch_counts: list[int] = Field(default_factory=list, max_length=64, description="Every count each module's "
+                                    "last training forward shows: dimensions, the first two's product, list "
+                                    "lengths, offsets' count, a batch object's size.")
+    tried_counts: list[int] = Field(default_factory=list, max_length=64, description="The same of every training "
+                                    "forward of the step, those that raised included (a finder's attempts).")
     eval_forwards: int = Field(0, ge=0, description="The model's evaluation forwards since the step before (root "
                                "module calls without gradients, under inference_mode, or in eval mode): what "
                                "isoprobe.report.cycle reads an evaluation pass from.")

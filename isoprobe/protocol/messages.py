@@ -35,6 +35,7 @@ from isoprobe.report.outcomes import Outcome
 from isoprobe.report.trial import Applied, ErrorInfo, Sizes
 from isoprobe.spec.model import Spec
 from isoprobe.report.steady import SteadyRule
+from isoprobe.report.batch_check import BatchCheck
 from isoprobe.report.cycle import CycleRule, CycleSeen
 from isoprobe.protocol.wiring import (  # noqa: F401 - defined there (the child reads them before torch), named from here
     CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, IMPORT_LINE, LIFELINE_ENV, PRELOAD_ENV, SERVE_ARGUMENT, WAIT_ARGUMENT,
@@ -264,6 +265,7 @@ class TrialResult(_Event):
     first_step_seconds: float | None = Field(None, ge=0, description="report.trial.Trial.first_step_seconds.")
     started_ahead: bool | None = Field(None, description="report.trial.Trial.started_ahead.")
     cycle: CycleSeen | None = Field(None, description="report.trial.Trial.cycle.")
+    batch_check: BatchCheck | None = Field(None, description="report.trial.Trial.batch_check.")
     eval_seconds: float | None = None
     applied: Applied | None = None
     error: ErrorInfo | None = None

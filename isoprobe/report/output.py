@@ -44,6 +44,7 @@ _PURPOSE_LABELS = {
     "recommendation_check": "  [recommendation check]",
     "soak": "  [soak of the recommendation: {steps} steps, peak {first} -> {last}]",
     "memory_check": "  [memory check: re-run with more memory]",
+    "batch_check": "  [batch check: does the command train at the batch it is given?]",
 }
 
 

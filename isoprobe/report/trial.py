@@ -13,6 +13,7 @@ from pydantic import Field
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.steady import SteadyRule
+from isoprobe.report.batch_check import BatchCheck
 from isoprobe.report.cycle import CycleSeen
 from isoprobe.report.strict import Strict
 
@@ -106,7 +107,7 @@ class Trial(Strict):
     index: int = Field(description="1-based order in which the trial ran.")
     batch_size: int
     purpose: Literal["search", "retry", "confirmation", "long_run", "recommendation_check", "soak",
-                     "memory_check"] = Field(
+                     "memory_check", "batch_check"] = Field(
         description=(
             "search: a step of the edge search; retry: the same batch again after a crash or timeout; "
             "confirmation: the maximum run again before it is reported, until its peak is steady; "
@@ -115,7 +116,9 @@ class Trial(Strict):
             "was 0, which now runs no trial; "
             "soak: the recommended batch run for recommendation.soak_steps steps; "
             "memory_check: the previous trial re-run with more memory, to tell an ambiguous library error "
-            "from an allocation failure (its verdict never counts as 'fits')."
+            "from an allocation failure (its verdict never counts as 'fits'); "
+            "batch_check: a command's batch at a quarter of a trial whose model's inputs did not show its batch, "
+            "to compare the two (isoprobe.report.batch_check)."
         )
     )
     outcome: Outcome
@@ -223,6 +226,9 @@ class Trial(Strict):
     cycle: CycleSeen | None = Field(
         None, description="A command's trial: what it saw of the script's cycle (evaluation passes, checkpoint "
         "writes, by step), and whether it waited for it (isoprobe.report.cycle).")
+    batch_check: BatchCheck | None = Field(
+        None, description="A command's trial: what its model's training forwards showed of the batch it was asked "
+        "for (isoprobe.report.batch_check). Null: not a command's trial, or no forward seen.")
     busy_seconds: float | None = Field(
         None, ge=0, description="Seconds added to the trial's timeout because a busy node kept its processes from "
         "the CPU (they waited, runnable, at least half the time they wanted one): the timeout counts the time the "

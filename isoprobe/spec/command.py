@@ -23,6 +23,11 @@ NOT_FOR_COMMANDS = ("model", "input", "target", "data", "optimizer", "lightning"
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def command_placeholder(spec) -> str:
+    """Where the spec's command takes its batch from, as a message names it: '{batch_size}' or '$ISOPROBE_BATCH_SIZE'."""
+    return PLACEHOLDER if spec.batch_from == "argument" else f"${BATCH_ENV}"
+
+
 def command_words(command: str | Sequence[str], shell: bool) -> list[str]:
     """The command as given, as a list: a string split as a POSIX shell splits words (quotes, backslashes), or,
     with ``shell``, kept whole for ``sh -c``. Raises ValueError for a string no shell could split."""

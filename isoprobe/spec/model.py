@@ -74,6 +74,12 @@ class Spec(SpecSection):
         description="Where the command takes its batch size from: 'argument' (the default: '{batch_size}' must be "
                     "in its arguments) or 'env' (the script reads ISOPROBE_BATCH_SIZE, which every trial sets).",
     )
+    batch_check: Literal["on", "off"] = Field(
+        "on",
+        description="Whether a command trial is judged on the batch its model's forwards took (docs/command.md, "
+                    "'Does the script train at the batch it is given?'): 'on' refuses a command whose trials prove "
+                    "it trains at another batch; 'off' for a script whose inputs mislead that reading.",
+    )
     command_dir: str | None = Field(
         None, min_length=1,
         description="The folder the command runs in, relative to the spec file. Unset: the folder isoprobe runs in "

@@ -28,6 +28,7 @@ SCRIPTS = {
     "never_steps.py": ([], ["--batch-size", "--max-steps"]),
     "leaves_daemon.py": ([], ["--batch-size", "--max-steps"]),
     "not_its_batch.py": ([], ["--mode", "--batch-size", "--max-steps"]),
+    "batch_shapes.py": ([], ["--mode", "--batch-size", "--max-steps"]),
     "sanity_check_first.py": ([], ["--batch-size", "--max-steps", "--sanity"]),
     "forges_steps.py": ([], ["--batch-size", "--forge", "--max-steps"]),
     "killed_rank.py": ([], ["--batch-size", "--kill-with", "--at-step", "--max-steps"]),

@@ -28,7 +28,17 @@ FORWARDS_KEPT = 16
 _forwards = []
 #: Evaluation root forwards since the last ``take_evaluations`` (a one-element list: the hook adds to it).
 _evaluations = [0]
+#: Since the last ``take_inputs``, per module (by id): [forwards, leading dimensions' sum, the last one's counts];
+#: and for the step: input elements, and the counts of every forward, abandoned ones included ("tried").
+_modules = {}
+_inputs = {"elements": 0, "tried": set()}
+#: Counts kept per step (the smallest: a batch is rarely the largest dimension of a model's inputs).
+COUNTS_KEPT = 64
+#: Items of one list looked into: a detection model's list of images; the rest are counted by the list's length.
+ITEMS_WALKED = 256
 _depths = {}
+#: Per thread: the arguments of the training root forward in progress, until it completes (then None).
+_pending = {}
 _trainable_modules = weakref.WeakKeyDictionary()
 
 
@@ -44,26 +54,43 @@ def watch(modules):
         if not compiling():
             key = get_ident()
             depths[key] = depths.get(key, 0) + 1
+            if depths[key] == 1:
+                _pending[key] = args if _training_forward(module) else None
 
     def leave(module, args, result):
         if not compiling():
             key = get_ident()
             depths[key] = max(0, depths.get(key, 0) - 1)
+            if depths[key] == 0 and _pending.get(key) is not None:
+                try:  # a training forward that never completed (it raised: a finder's attempt out of memory)
+                    _counts(tuple(_pending[key]), 0, _inputs["tried"])
+                except Exception:
+                    pass
+                _pending[key] = None
 
     def record(module, args, kwargs, result):
         if compiling() or depths.get(get_ident(), 0) != 1:
             return
+        _pending[get_ident()] = None
         try:
             grad = _grad_enabled()
             if not grad or not module.training:
                 _evaluations[0] += 1
             if not grad or not _trainable(module):
                 return
-            shape = _first_shape(args, 0) or _first_shape(tuple((kwargs or {}).values()), 0)
+            values = tuple(args) + tuple((kwargs or {}).values())
+            shape = _first_shape(values, 0)
             if shape is not None:
                 _forwards.append(shape)
                 if len(_forwards) > 4 * FORWARDS_KEPT:
                     del _forwards[:-FORWARDS_KEPT]
+            seen = set()
+            _inputs["elements"] += _counts(values, 0, seen)
+            _inputs["tried"] |= seen
+            entry = _modules.setdefault(id(module), [0, 0, seen])
+            entry[0] += 1
+            entry[1] += shape[0] if shape else 0
+            entry[2] = seen
         except Exception:
             pass
 
@@ -80,10 +107,31 @@ def take():
     return shapes
 
 
+def take_inputs():
+    """What the training forwards since the last call took, as the step line's fields: the most forwards one module
+    ran and their leading dimensions' sum, the elements of every tensor, the counts each module's last forward
+    shows (the batch it trained at: a finder's attempts come before it), and the counts every forward showed."""
+    entries = list(_modules.values())
+    most = max(entries, key=lambda e: e[0]) if entries else [0, 0, set()]
+    last = set().union(*(e[2] for e in entries)) if entries else set()
+    taken = {"forward_count": most[0], "leading_sum": most[1], "input_elements": _inputs["elements"],
+             "batch_counts": sorted(last)[:COUNTS_KEPT], "tried_counts": sorted(_inputs["tried"])[:COUNTS_KEPT]}
+    _modules.clear()
+    _inputs.update(elements=0, tried=set())
+    return taken
+
+
 def take_evaluations():
     """The evaluation root forwards counted since the last call."""
     count, _evaluations[0] = _evaluations[0], 0
     return count
+
+
+def _training_forward(module):
+    try:
+        return _grad_enabled() and _trainable(module)
+    except Exception:
+        return False
 
 
 def _compiling_check():
@@ -124,3 +172,42 @@ def _first_shape(values, depth):
         if found is not None:
             return found
     return None
+
+
+def _counts(values, depth, counts):
+    """Every count ``values`` (a forward's arguments) show, added to ``counts``: each tensor's dimensions, the product
+    of its first two (tokens), a 1-d integer tensor's length less one (offsets: ``cu_seqlens``), a list's length, a
+    batch object's ``num_graphs`` or ``batch_size``. Returns the elements of the tensors found (a list longer than
+    ``ITEMS_WALKED`` is counted from the part looked into). An object's attributes are looked into, a module's
+    are not (its weights are no input)."""
+    elements = 0
+    for value in values:
+        shape = getattr(value, "shape", None)
+        if shape is not None and hasattr(value, "dim"):
+            dims = [int(n) for n in shape]
+            counts.update(dims)
+            if len(dims) >= 2:
+                counts.add(dims[0] * dims[1])
+            elif len(dims) == 1 and dims[0] > 1 and not value.is_floating_point():
+                counts.add(dims[0] - 1)
+            size = 1
+            for n in dims:
+                size *= n
+            elements += size
+        elif depth < 3 and isinstance(value, (list, tuple)):
+            counts.add(len(value))
+            walked = value[:ITEMS_WALKED]
+            part = _counts(walked, depth + 1, counts)
+            elements += part * len(value) // max(1, len(walked))
+        elif depth < 3 and hasattr(value, "keys") and hasattr(value, "values"):
+            elements += _counts(tuple(value.values()), depth + 1, counts)
+        elif depth < 3 and hasattr(value, "__dict__") and not hasattr(value, "_parameters"):
+            for name in ("num_graphs", "batch_size"):  # a batch object (a graph library's) says how many it holds
+                try:
+                    number = getattr(value, name, None)
+                except Exception:  # a property that computes, and fails
+                    number = None
+                if isinstance(number, int) and not isinstance(number, bool):
+                    counts.add(number)
+            elements += _counts(tuple(vars(value).values()), depth + 1, counts)
+    return elements

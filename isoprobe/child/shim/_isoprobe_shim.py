@@ -282,6 +282,7 @@ def _after_step(optimizer, args, kwargs):
         line.update(_memory())
         line["forwards"] = _state["forwards"].take() if _state["forwards"] is not None else []
         line["eval_forwards"] = _state["forwards"].take_evaluations() if _state["forwards"] is not None else 0
+        line.update(_state["forwards"].take_inputs() if _state["forwards"] is not None else {})
         line["saves"], _state["saves"][0] = _state["saves"][0], 0
         _write(line)
         _report_files()
