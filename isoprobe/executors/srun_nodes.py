@@ -15,6 +15,8 @@ import shutil
 import subprocess
 from typing import Mapping
 
+from isoprobe.protocol.wiring import CHILD_MODULE
+
 #: Node states (``sinfo %T``, without the flags it appends) of a node that is in service.
 HEALTHY = {"allocated", "mixed", "idle", "completing", "planned", "reserved"}
 #: How long ``sinfo`` may take: this runs while a signal ends the probe.
@@ -99,7 +101,7 @@ def held_tasks(probe_pid: int, proc: str = "/proc") -> list[str]:
                 command = file.read().replace(b"\0", b" ").decode(errors="replace").strip()
         except OSError:
             continue
-        if "isoprobe.child" in command or "srun_rank" in command:
+        if CHILD_MODULE in command:
             continue  # a rank's own wrapper or child: it started
         node = next((v.split(b"=", 1)[1].decode(errors="replace") for v in environ
                      if v.startswith(b"SLURMD_NODENAME=")), "this machine")

@@ -398,12 +398,14 @@ def test_the_specs_the_check_runs_are_valid_isoprobe_specs(gc):
 
 
 def test_isoprobe_takes_the_command_trial_as_the_check_gives_it(gc):
-    """Here without a GPU isoprobe stops at the device (exit 2), after accepting the spec and the command."""
+    """Here without a GPU isoprobe stops at the device (exit 2), after accepting the spec and the command; the stop
+    prints its document (issue 56), which the check reads as no answer."""
     spec = {"device": "cuda", "memory_budget": 8 * GiB, "recommendation": {"soak_steps": 0},
             "search": {"start_batch_size": 80, "trial_timeout": 120}}
     result, seconds, stderr, returncode = gc.isoprobe_json(
         spec, 60, gc.RESNET_8.plain_args("{batch_size}", 100000, budget=False))
-    assert result is None and returncode == 2 and "sees no GPU" in stderr, stderr
+    assert returncode == 2 and "sees no GPU" in stderr, stderr
+    assert result["stop_reason"] == "bad_spec" and result["max_batch_size"] is None and not result["answered"]
 
 
 # --------------------------------------------------------------------------- the no-GPU path
