@@ -31,8 +31,11 @@ sys.path.insert(0, str(REPO / "benchmarks" / "harness"))
 import command_truth  # noqa: E402
 
 PY = sys.executable
-#: (name, budget, command with {batch_size} and {max_steps}): the held-out scripts, then the five of last round.
+#: (name, budget, command with {batch_size} and {max_steps}): issue 56's shapes, the held-out scripts, then the five of last round.
 CASES = [
+    *[(f"batch_shapes {mode}", "1GiB", [PY, str(COMMANDS / "batch_shapes.py"), "--mode", mode, "--batch-size",
+                                         "{batch_size}", "--max-steps", "{max_steps}"])
+      for mode in ("views", "images", "micro", "packed")],  # issue 56: shapes issue 47's batch check refused
     ("validates_every_k (EMA eval every 12 at 4x)", "1GiB",
      [PY, str(COMMANDS / "validates_every_k.py"), "--batch-size", "{batch_size}", "--max-steps", "{max_steps}",
       "--eval-every", "12"]),
