@@ -35,6 +35,7 @@ the parent never imports torch and never guesses at what a child meant.
     warm_command.py      a command started ahead of its trial: start it while waiting, hand it the batch, or end it
     command_tree.py      what the command's processes reported through the shim, and who is a rank
     command_verdicts.py  how a command trial ended: its ranks' exceptions, a lost rank, forged lines, ...
+    command_seen.py      what the supervisor has seen so far, written as it goes (what a timeout reports)
     trained_batch.py     whether a command's steps trained at the batch asked (the model's forward shapes)
     rank_loss.py         which rank a launcher lost to a signal, from its report and the peers' errors
     shim/        inside the command's own processes: the step hooks, the forwards, the reads (stdlib only)

@@ -34,10 +34,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from isoprobe.child.command_seen import Watch, progress
 from isoprobe.child.command_tree import POLL_SECONDS, SAMPLE_SECONDS, Process, Sampler, Tree
 from isoprobe.child.command_verdicts import (batch_judgement, copy_stderr_tail, exception_verdict, exit_status_of,
                                              exit_verdict, forged_error, over_budget, rank_lost_verdict,
-                                             shows_allocation_failure, stderr_tail)
+                                             shows_allocation_failure)
 from isoprobe.child.command_start import command_cap, request_environment, start_command
 from isoprobe.child.warm_command import go, take
 from isoprobe.protocol.command import GATE_FILE, ShimStep
@@ -57,6 +58,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
     started = time.time()  # the shim stamps each step with time.time(): the start-up is read against it
     folder, process, ahead = _start(request)
     tree = Tree(folder)
+    watch = Watch(folder, events)  # what a trial killed at its timeout says (issue 56)
     stderr_path = folder / "stderr"
     first_step_seconds: float | None = None
     judged = 0  # the trial's steps judged so far (every rank had done them)
@@ -89,6 +91,7 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                 imported = True  # torch's optimizers exist in the command: what a trial's 'imported' phase says
                 events.emit(Imported(memory=MemoryReading()))
             tree.note_endings()
+            watch.look(tree)
             ranks = tree.ranks()
             if ranks:
                 judged_ranks = ranks  # the ranks as last judged: a command that ended on its own has none left
@@ -137,13 +140,13 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
             failed = tree.failure()
             if (failed is None and ended == 0 and judged and request.cycle is not None
                     and _enough(request, judged, list(peaks_by_rank.values()), judged_peaks)
-                    and not shows_allocation_failure(stderr_tail(stderr_path))):
+                    and not shows_allocation_failure(stderr_path)):
                 bound = "ended"  # waiting for its cycle, it ran its whole course: every phase it has was seen
                 verdict = (Outcome.FITS, None, "done")
                 continue
             verdict = ((rank_lost_verdict(process, tree, failed, judged, stderr_path)
                         or exception_verdict(failed, judged, exit_status_of(process, failed))) if failed is not None
-                       else exit_verdict(ended, judged, request, stderr_path))
+                       else exit_verdict(ended, judged, request, stderr_path, progress(tree)))
     finally:
         _end_tree(process)
     batch_check = None

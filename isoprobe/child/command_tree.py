@@ -12,7 +12,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from isoprobe.protocol.command import SHIM_DIR_ENV, ShimException, ShimFiles, ShimHello, ShimStep, parse_lines
+from isoprobe.protocol.command import (SHIM_DIR_ENV, ShimException, ShimFiles, ShimForward, ShimHello, ShimStep,
+                                       parse_lines)
 
 #: How often the supervisor reads the shim's files and the command's state.
 POLL_SECONDS = 0.01
@@ -37,6 +38,7 @@ class Process:
     offset: int = 0
     ended: bool = False  # gone (or a zombie) without an exception line, while the command ran on
     forged: bool = False  # lines the shim cannot have written (a second hello, a step out of sequence)
+    forward: str | None = None  # in its next step: None, its forward "began", or it "returned" (ShimForward)
 
     @property
     def launched_rank(self) -> bool:
@@ -101,8 +103,12 @@ class Tree:
                         own = sampler.since_last_step(pid)
                         churn = sampler.heap_churn_since_last_step(pid)
                     process.steps.append(line)
+                    process.forward = None
                     process.own_peaks.append(own if alone else None)
                     process.heap_churns.append(churn if alone else None)
+                elif isinstance(line, ShimForward):
+                    if process.hello is not None and line.step == len(process.steps) + 1:
+                        process.forward = "returned" if line.returned else (process.forward or "began")
                 elif isinstance(line, ShimException) and process.exception is None:
                     process.exception = line
                 elif isinstance(line, ShimFiles):

@@ -18,13 +18,17 @@ from isoprobe.child.trained_batch import StepInputs, judge
 from isoprobe.protocol.command import SHIM_DIR_ENV
 from isoprobe.protocol.messages import MESSAGE_CHARS, RANK_LOST, TrialRequest
 from isoprobe.report.batch_check import NOT_TRAINED, BatchCheck
-from isoprobe.report.outcomes import Outcome, classify_exception, words_show_allocation_failure
+from isoprobe.report.outcomes import Outcome, classify_exception, ending_error, words_show_allocation_failure
+from isoprobe.report.rank_progress import RankProgress, behind, printed
 from isoprobe.report.trial import ErrorInfo
 from isoprobe.spec.command import command_placeholder
 
 #: Kept of the command's stderr for a verdict's evidence.
 _STDERR_TAIL_CHARS = 6000
 _TRACEBACK_LINES = 30
+#: Read of the command's stderr to find the error it ended with (``shows_allocation_failure``).
+_JUDGED_LINES = 400
+_JUDGED_CHARS = 40000
 def over_budget(request: TrialRequest, ranks: list[Process], judged: int) -> ErrorInfo | None:
     """CUDA: a rank whose reading after step ``judged`` passed the budget (the allocator's need plus the memory
     outside it, as isoprobe's own trials read it) is out of memory: on a card of the budget's size it would have
@@ -149,69 +153,75 @@ def exception_verdict(failed: Process, judged: int, status: int | None = None) -
     return outcome, error, f"step {judged + 1}" if judged or exception.steps else "started"
 
 
-def exit_verdict(status: int, judged: int, request: TrialRequest, stderr_path: Path
-                  ) -> tuple[Outcome, ErrorInfo, str]:
-    """The command ended before the trial had run enough, and no exception line says why."""
+def exit_verdict(status: int, judged: int, request: TrialRequest, stderr_path: Path,
+                 processes: list[RankProgress] | tuple = ()) -> tuple[Outcome, ErrorInfo, str]:
+    """The command ended before the trial had run enough, and no exception line says why. ``processes``: how far
+    each of its processes got (``child.command_seen.progress``), so that ranks apart are named, not blamed on the
+    optimizer (issue 56)."""
     asked = request.steps or request.spec.search.steps
     tail = stderr_tail(stderr_path)
+    last = printed(tail, stderr_tail(stderr_path.with_name("stdout")))
     phase = f"step {judged + 1}" if judged else "started"
-    if status == 0 and shows_allocation_failure(tail):
+    apart = behind(list(processes))
+    made = f"{judged} optimizer step(s)" + (f" that every rank made ({apart})" if apart else "")
+    if status == 0 and shows_allocation_failure(stderr_path):
         # issue 47: a script that catches its own out-of-memory (a try/except around the step, a finder of its own)
         # and exits 0 said "its optimizer may not be a torch.optim.Optimizer". It ran out at this batch.
-        message = (f"the command exited with status 0 after {judged} optimizer step(s), before the trial had run "
-                   "enough, and its stderr shows an allocation failure: it caught its own out-of-memory error at this "
-                   "batch (a try/except around the step, or a batch-size finder of its own) and ended")
-        return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message, traceback_tail=tail), phase
+        message = (f"the command exited with status 0 after {made}, before the trial had run enough, and its stderr "
+                   f"ends with an allocation failure ({_ending(stderr_path)}): it caught its own out-of-memory error "
+                   "at this batch (a try/except around the step, or a batch-size finder of its own) and ended")
+        return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message[:MESSAGE_CHARS],
+                                                traceback_tail=tail), phase
     if status == 0:
-        if judged == 0:
-            message = ("the command exited with status 0 without an optimizer step that isoprobe could see: its "
-                       "optimizer may not be a torch.optim.Optimizer, or it ran no training (check the command)")
+        if apart:
+            message = (f"the command exited with status 0 after {judged} optimizer step(s) that every rank made: "
+                       f"{apart}. A trial's step is one every rank has made: a rank that trains nothing or stops "
+                       "before the others (it returned early, or never reached its optimizer) ends the trial "
+                       "without one")
+        elif judged == 0:
+            message = ("the command exited with status 0 without an optimizer step that isoprobe could see (no "
+                       "process of it stepped): its optimizer may not be a torch.optim.Optimizer, or it ran no "
+                       "training (check the command)")
         else:
             message = (f"the command ended on its own (status 0) after {judged} optimizer step(s), before the "
                        f"{asked} a trial needs: a max-steps setting of its own, or too little data for that many "
                        "batches at this size; let it run longer (the trial ends it)")
-        return Outcome.ERROR, ErrorInfo(type="CommandEnded", message=message, traceback_tail=tail), phase
+        return Outcome.ERROR, ErrorInfo(type="CommandEnded", message=f"{message}; {last}"[:MESSAGE_CHARS],
+                                        traceback_tail=tail), phase
     how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
     report = killed_rank(stderr_tail(stderr_path, lines=200)) if status != 0 else None
-    if report is not None and not shows_allocation_failure(tail):  # a launcher's rank lost to a signal
+    if report is not None and not shows_allocation_failure(stderr_path):  # a launcher's rank lost to a signal
         message = lost_message(f"rank {report.rank} (pid {report.pid})", judged, f"was killed by "
                                f"{report.signal_name}", None, None) + f" (the launcher {how})"
-        return Outcome.CRASHED, ErrorInfo(type=RANK_LOST, message=message, traceback_tail=tail), phase
-    if shows_allocation_failure(tail):
-        message = f"the command {how} after {judged} optimizer step(s), and its stderr shows an allocation failure"
-        return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message,
+        return Outcome.CRASHED, ErrorInfo(type=RANK_LOST, message=message[:MESSAGE_CHARS], traceback_tail=tail), phase
+    if shows_allocation_failure(stderr_path):
+        message = (f"the command {how} after {made}, and its stderr ends with an allocation failure: "
+                   f"{_ending(stderr_path)}")
+        return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message[:MESSAGE_CHARS],
                                                 traceback_tail=tail), phase
-    message = f"the command {how} after {judged} optimizer step(s) (its stderr's last lines follow)"
-    return Outcome.ERROR, ErrorInfo(type="CommandFailed", message=message, traceback_tail=tail), phase
+    message = f"the command {how} after {made}; {last}"
+    return Outcome.ERROR, ErrorInfo(type="CommandFailed", message=message[:MESSAGE_CHARS], traceback_tail=tail), phase
 
 
-#: Lines of a command's stderr that count as its last words when no traceback is there.
-_LAST_WORDS_LINES = 6
+def _ending(stderr_path: Path) -> str:
+    """The error the command's stderr ended with, its first lines (``report.outcomes.ending_error``)."""
+    text = ending_error(stderr_tail(stderr_path, lines=_JUDGED_LINES, chars=_JUDGED_CHARS))
+    return " / ".join(line.strip() for line in text.splitlines()[:4])[:600]
 
 
-def last_words(text: str) -> str:
-    """What a command said as it ended: its last traceback (from the last 'Traceback' line on), else its last
-    few lines. Not the whole tail: a script that mentions ``torch.OutOfMemoryError`` as it starts (a log line, its
-    own handler's banner) and then fails on a missing file ran out of nothing (issue 47: every batch was "out of
-    memory", and the probe said every trial's peak kept rising)."""
-    at = text.rfind("Traceback (most recent call last)")
-    if at >= 0:
-        return text[at:]
-    lines = [line for line in text.splitlines() if line.strip()]
-    return "\n".join(lines[-_LAST_WORDS_LINES:])
+def shows_allocation_failure(stderr_path: Path) -> bool:
+    """The command's stderr ended with an allocation failure (``report.outcomes.words_show_allocation_failure``:
+    the error it ended with, not a mention anywhere in it), read far enough back to pass torchrun's report, a C++
+    stack and faulthandler's dump after an abort."""
+    return words_show_allocation_failure(stderr_tail(stderr_path, lines=_JUDGED_LINES, chars=_JUDGED_CHARS))
 
 
-def shows_allocation_failure(text: str) -> bool:
-    """The command's last words show an allocation failure (``report.outcomes.words_show_allocation_failure``)."""
-    return words_show_allocation_failure(last_words(text))
-
-
-def stderr_tail(path: Path, lines: int = _TRACEBACK_LINES) -> str:
+def stderr_tail(path: Path, lines: int = _TRACEBACK_LINES, chars: int = _STDERR_TAIL_CHARS) -> str:
     try:
         with open(path, "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
-            handle.seek(max(0, size - _STDERR_TAIL_CHARS))
+            handle.seek(max(0, size - chars))
             text = handle.read().decode(errors="replace")
     except OSError:
         return ""

@@ -8,6 +8,7 @@ from isoprobe.executors.srun_nodes import stop_context
 from isoprobe.protocol.messages import RANK_LOST, DataScan
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.report.rank_progress import PRINTED_NOTHING, RANK_BEHIND, TIMED_OUT
 from isoprobe.report.device import DeviceInfo
 from isoprobe.report.recommendation import Recommendation, Soak
 from isoprobe.report.trial import Trial
@@ -258,28 +259,14 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
         return (
             f"batch {last.batch_size} ran past its timeout on a busy node: its processes waited for a CPU more "
             f"than half the time they wanted one, after {last.busy_seconds or 0:g} s were added to the "
-            f"{spec.search.trial_timeout:g} s trial timeout for it; that says nothing about the batch",
+            f"{spec.search.trial_timeout:g} s trial timeout for it; that says nothing about the batch"
+            + (f" (its command had come to this: {last.error.message})" if last.error is not None
+               and last.error.type in (TIMED_OUT, RANK_BEHIND) else ""),
             ["run it where the cores are free (a Slurm job's own CPUs: --exclusive or --cpus-per-task), or raise "
              "search.trial_timeout"],
         )
     if stop is StopReason.TIMED_OUT and last is not None and spec.command is not None:
-        stepped = max(len(last.step_seconds), len(last.step_budget_peak_bytes), len(last.step_peak_bytes))
-        printed = ["see trials[-1].stderr_tail for what the command printed"] if (last.stderr_tail or "").strip() \
-            else ["the command printed nothing on stderr before the timeout"]
-        if stepped:  # steps were seen (some rank stepped): not a shim that saw nothing (issue 47)
-            return (
-                f"batch {last.batch_size} ran past the {spec.search.trial_timeout:g} s trial timeout after "
-                f"{stepped} optimizer step(s) were seen",
-                ["a step takes longer than the timeout allows, or a rank waits for another that never steps (a "
-                 "collective); raise search.trial_timeout, or lower search.steps", *printed],
-            )
-        return (
-            f"batch {last.batch_size}: no optimizer step seen within the {spec.search.trial_timeout:g} s trial "
-            "timeout",
-            ["the shim counts steps of torch.optim.Optimizer (and subclasses): a script whose optimizer is not one "
-             "(a hand-written update, another library's) shows no step; or its set-up takes longer than the "
-             "timeout: raise search.trial_timeout", *printed],
-        )
+        return _command_timed_out(last, spec)
     if stop is StopReason.TIMED_OUT and last is not None:
         return (
             f"batch {last.batch_size} ran past the {spec.search.trial_timeout:g} s trial timeout",
@@ -305,3 +292,32 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
     start, end = stopped_by or (f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an "
                                 "answer", "")
     return f"{start}{best}{seen}{end}", []
+
+
+def _command_timed_out(last: Trial, spec: Spec) -> tuple[str, list[str]]:
+    """A command trial killed at its timeout: what its supervisor had seen (``report.rank_progress``: the rank
+    behind, its steps, the command's last lines), where it wrote it; else the steps every rank made. The cause that
+    the script's optimizer is not torch's only where no process stepped (issue 56: rank 0 stepping alone while
+    rank 1 hung was blamed on it), and "printed nothing" only where the command's own output was read empty."""
+    timeout = f"{spec.search.trial_timeout:g} s trial timeout"
+    stepped = max(len(last.step_seconds), len(last.step_budget_peak_bytes), len(last.step_peak_bytes))
+    seen = last.error if last.error is not None and last.error.type in (TIMED_OUT, RANK_BEHIND) else None
+    slow = ("a step takes longer than the timeout allows, or the ranks wait for each other (a collective none "
+            "completes); raise search.trial_timeout, or lower search.steps")
+    not_torch = ("the shim counts steps of torch.optim.Optimizer (and subclasses): a script whose optimizer is not "
+                 "one (a hand-written update, another library's) shows no step; or its set-up takes longer than "
+                 "the timeout: raise search.trial_timeout")
+    if seen is None:  # the supervisor wrote nothing of what it saw: the steps every rank made are all there is
+        printed = ["see trials[-1].stderr_tail"] if (last.stderr_tail or "").strip() else []
+        if stepped:
+            return f"batch {last.batch_size} ran past the {timeout} after {stepped} optimizer step(s) were seen", \
+                [slow, *printed]
+        return f"batch {last.batch_size}: no optimizer step seen within the {timeout}", [not_torch, *printed]
+    lines = [] if PRINTED_NOTHING in seen.message else \
+        ["the command's last lines, stderr and stdout: trials[-1].error.traceback_tail"]
+    if seen.type == RANK_BEHIND or stepped or last.command_ranks:
+        hint = ("find what the rank behind waits for (a data loader, a file, a barrier only some ranks reach), or "
+                "raise search.trial_timeout if it is only slower") if seen.type == RANK_BEHIND else slow
+        return f"batch {last.batch_size} ran past the {timeout}: {seen.message}", [hint, *lines]
+    return f"batch {last.batch_size}: no optimizer step seen within the {timeout}: {seen.message}", \
+        [not_torch, *lines]

@@ -11,9 +11,11 @@ from isoprobe.errors import ProbeError
 from isoprobe.executors import ChildRun
 from isoprobe.pipeline.classify import classify_exit
 from isoprobe.pipeline.plausibility import Asked
-from isoprobe.protocol.messages import MESSAGE_CHARS, StepDone
+from isoprobe.protocol.command import CommandSeen
+from isoprobe.protocol.messages import MESSAGE_CHARS, StepDone, last_of
 from isoprobe.report.batch_check import NOT_TRAINED, contradiction, contradiction_message
 from isoprobe.report.outcomes import Outcome
+from isoprobe.report.rank_progress import ranks_of, tails, timed_out_words
 from isoprobe.report.trial import ErrorInfo, RankTrial, Trial
 from isoprobe.search.insights import step_throughput
 
@@ -42,6 +44,16 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
     speed, spread = step_throughput(batch_size, steps) if fits else (None, None)
     # Every step's reading, also those of a trial that failed later (a soak that ran out at step 9).
     step_events = [e for e in run.events if isinstance(e, StepDone)]
+    error = result.error if result else None
+    stderr_tail = run.stderr_tail if keep_stderr and run.stderr_tail else None
+    command_ranks = result.command_ranks if result else None
+    seen = last_of(run.events, CommandSeen) if end.outcome is Outcome.TIMED_OUT and result is None else None
+    if seen is not None:  # a command trial killed at its timeout: what its supervisor had seen (issue 56)
+        message, kind = timed_out_words(seen.processes, seen.stderr_tail, seen.stdout_tail)
+        error = ErrorInfo(type=kind, message=message[:MESSAGE_CHARS],
+                          traceback_tail=tails(seen.stderr_tail, seen.stdout_tail))
+        stderr_tail = stderr_tail if (stderr_tail or "").strip() else (seen.stderr_tail or None)
+        command_ranks = sum(1 for p in ranks_of(seen.processes)[0] if p.steps) or None
     return Trial(
         index=index,
         batch_size=batch_size,
@@ -73,12 +85,12 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         warm_start=run.warm,
         forked=run.forked,
         phase=end.phase,
-        error=result.error if result else None,
+        error=error,
         exit_code=run.returncode,
         signal=end.signal_name,
-        stderr_tail=run.stderr_tail if keep_stderr and run.stderr_tail else None,
+        stderr_tail=stderr_tail,
         reclassified=end.evidence,
-        command_ranks=result.command_ranks if result else None,
+        command_ranks=command_ranks,
         budget_swing_bytes=result.budget_swing_bytes if result else None,
         heap_churn_bytes=(result.heap_churn_bytes if result and result.heap_churn_bytes is not None
                           else steps_heap_churn(step_events)),

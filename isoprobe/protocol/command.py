@@ -10,10 +10,13 @@ what these models take.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from isoprobe.report.rank_progress import RankProgress
 
 #: The shim's folder: put first on PYTHONPATH of the command, so that its ``sitecustomize`` runs in every process.
 SHIM_FOLDER = Path(__file__).resolve().parents[1] / "child" / "shim"
@@ -95,6 +98,17 @@ class ShimStep(_Line):
     t: float
 
 
+class ShimForward(_Line):
+    """Where the process is in its next step: its first training root forward since the step before began, or
+    returned (its backward and optimizer step are next). A rank hung before its forward is told from its peers
+    waiting in the backward's collective by it (issue 56)."""
+
+    kind: Literal["forward"]
+    step: int = Field(ge=1, description="The step the forward belongs to: the process's steps so far, plus one.")
+    returned: bool
+    t: float
+
+
 class ShimFiles(_Line):
     """Module files and files read by the process, outside the installed environment, not reported before."""
 
@@ -116,7 +130,25 @@ class ShimException(_Line):
     t: float
 
 
-ShimLine = Annotated[Union[ShimHello, ShimStep, ShimFiles, ShimException], Field(discriminator="kind")]
+class CommandSeen(BaseModel):
+    """An event of a command trial's supervisor (``protocol.messages``): how far each of the command's processes
+    got and what the command printed last, written at the start and then whenever that changes, at most every
+    ``child.command_seen.interval`` seconds. A trial killed at its timeout writes no verdict; this is what it says
+    then: which rank hung and at which step, and the command's last lines (its stdout and stderr are files in the
+    child's folder, which the parent does not read; issue 56 found "the command printed nothing" said of one that
+    printed its steps)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    event: Literal["command"] = "command"
+    t: float = Field(default_factory=time.time)
+    processes: list[RankProgress] = Field(default_factory=list, description="Each process that imported torch's "
+                                          "optimizers, in the order they said hello.")
+    stdout_tail: str = Field("", description="The command's stdout, its last lines.")
+    stderr_tail: str = Field("", description="The command's stderr, its last lines.")
+
+
+ShimLine = Annotated[Union[ShimHello, ShimStep, ShimForward, ShimFiles, ShimException], Field(discriminator="kind")]
 _LINE = TypeAdapter(ShimLine)
 
 

@@ -11,7 +11,7 @@ process boundary is defined here and only here:
   the same model the parent validated, never restated by hand.
 - **Events** (child to parent, one complete JSON line each, appended to the
   file named by ``EVENTS_ENV``): ``started``, ``warm``, ``request``,
-  ``imported``, ``model_built``, ``step``, ``eval``, then exactly one
+  ``imported``, ``model_built``, ``step``, ``eval`` (a command trial's: ``command``), then exactly one
   ``result`` (a trial) or ``inspected`` (the environment check, then its
   ``estimated``). A line that
   is cut short, is not JSON or does not match an event's model is dropped: it
@@ -37,6 +37,7 @@ from isoprobe.spec.model import Spec
 from isoprobe.report.steady import SteadyRule
 from isoprobe.report.batch_check import BatchCheck
 from isoprobe.report.cycle import CycleRule, CycleSeen
+from isoprobe.protocol.command import CommandSeen
 from isoprobe.protocol.wiring import (  # noqa: F401 - defined there (the child reads them before torch), named from here
     CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, IMPORT_LINE, LIFELINE_ENV, PRELOAD_ENV, SERVE_ARGUMENT, WAIT_ARGUMENT,
 )
@@ -397,7 +398,7 @@ class Estimated(_Event):
 
 Event = Annotated[
     Union[Started, Warm, RequestReceived, Imported, ModelBuilt, Forwarded, StepDone, EvalDone, TrialResult,
-          Inspected, Estimated, DataScanning],
+          Inspected, Estimated, DataScanning, CommandSeen],
     Field(discriminator="event"),
 ]
 _EVENT = TypeAdapter(Event)

@@ -13,6 +13,7 @@
     steady.py    the steady-state rule a trial's peaks are judged by (the child and the parent apply it alike)
     cycle.py     the script's cycle: a command trial that decides the maximum waits for its first evaluation pass
     batch_check.py  did a command trial train at its batch: the trial's record, the rule across trials
+    rank_progress.py  how far each rank of a command got, and the words for a rank behind the others
     output.py    progress lines on stderr, the table, the JSON on stdout
     stop.py      the document of a stop the probe gave no result for (a bad spec, a ProbeError, an early signal)
     shell.py     the result as shell variables (``--format env``)

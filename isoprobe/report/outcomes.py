@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import errno
+import re
 
 
 class Outcome(str, enum.Enum):
@@ -83,11 +84,15 @@ _ALLOCATOR_MESSAGES = (
     *_NCCL_OOM_MESSAGES,
 )
 
-#: An allocation failure in a process's last words when no exception line came (C++ code, a rank whose excepthook
-#: the script replaced), as the allocators print it (case as printed): the CPU and CUDA allocators' wording and the
-#: exception types above (a traceback's last line names its type).
-_LAST_WORDS_MARKERS = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory", "torch.OutOfMemoryError",
-                       *sorted(_OOM_TYPE_NAMES))
+#: The allocators' wording as they print it (case as printed), judged in the error a process's stderr ended with
+#: (``ending_error``) when no exception line came (C++ code, a rank whose excepthook the script replaced, a script
+#: that printed the error it caught). The types above count there only as an exception's own line names them
+#: (``_TYPE_LINE``): at the start of a line, as a traceback's last line and ``print(f"{type}: {e}")`` write them, or as
+#: C++'s terminate names what it caught.
+_LAST_WORDS_MARKERS = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory")
+_OOM_TYPES = "|".join(sorted(_OOM_TYPE_NAMES))
+_TYPE_LINE = re.compile(rf"^(?:[\w.]+\.)?(?:{_OOM_TYPES})(?::|$)|instance of '(?:\w+::)*(?:{_OOM_TYPES})'",
+                        re.MULTILINE)
 
 #: An OSError with this errno is the kernel refusing memory: mmap, fork, or brk under the CPU cap
 #: (measured: ``mmap.mmap(-1, n, flags=MAP_PRIVATE)`` above RLIMIT_DATA raises "[Errno 12] Cannot
@@ -118,12 +123,89 @@ def classify_exception(type_names: list[str], message: str) -> Outcome:
 
 
 def words_show_allocation_failure(text: str) -> bool:
-    """A process's last words (no exception line: a command's stderr) show an allocation failure: an allocator's
-    wording or an out-of-memory type as printed, or NCCL's failed cudaMalloc."""
-    lowered = text.lower()
-    return (any(marker in text for marker in _LAST_WORDS_MARKERS)
+    """A process's stderr ended with an allocation failure (no exception line: a command's stderr): the error it
+    ended with (``ending_error``) shows an allocator's wording, an out-of-memory type as an exception's line names
+    it, or NCCL's failed cudaMalloc. Nothing earlier counts: a script that says at start-up that it catches
+    ``torch.OutOfMemoryError`` and later exits 1 on a missing folder ran out of nothing (issue 56)."""
+    ending = ending_error(text)
+    lowered = ending.lower()
+    return (any(marker in ending for marker in _LAST_WORDS_MARKERS) or _TYPE_LINE.search(ending) is not None
             or any(marker in lowered for marker in _NCCL_OOM_MESSAGES)
             or ("ncclunhandledcudaerror" in lowered and "out of memory" in lowered))
+
+
+#: Lines that are nobody's error of their own: torchrun's log lines (``E1128 12:01:02.123000 4242 file.py:874]
+#: ...``), a C++ exception's stack (``Exception raised from ...``, ``frame #3: ...``), faulthandler's dump after
+#: an abort (its headline, its threads, the extension modules). A rank's prefix (``[rank1]:``) is taken off first.
+_LOG_LINE = re.compile(r"^[EWIFD]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+\] ")
+_RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
+_STACK_LINE = re.compile(r"^(?:Exception raised from |frame #\d+: |Thread 0x|Current thread 0x|Extension modules: |"
+                         r"Fatal Python error: Aborted)")
+#: A line that reports an error (lower case): the ending is the last of them; a step's progress line is none.
+_ERROR_WORDS = re.compile(r"error|exception|fail|fatal|abort|out of memory|can't allocate|cannot allocate|killed|"
+                          r"terminate")
+_TRACEBACK = "Traceback (most recent call last)"
+_TERMINATE = "terminate called"
+#: How many lines of an exception's message (its type's line and those under it) belong to it at most.
+_MESSAGE_LINES = 12
+
+
+def ending_error(text: str) -> str:
+    """The error a process's stderr ended with: the last traceback's exception (its type's line and the message
+    under it, never its frames' source lines), the last exception C++ terminated on (``terminate called after
+    throwing an instance of 'T'`` and its ``what()``), or else the last line that reports an error, whichever came
+    last. torchrun's report and log lines, C++ stacks and faulthandler's dump after an abort are nobody's error
+    and are passed over; so are lines that report none (a step's progress, a line printed on the way out)."""
+    lines = _own_lines(text)
+    ending: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        if line is not None and line.startswith(_TRACEBACK):
+            i += 1
+            while i < len(lines) and lines[i] is not None and (lines[i][:1].isspace() or not lines[i]
+                                                               or lines[i].startswith("[Previous line repeated")):
+                i += 1  # its frames: where it was raised, not what
+            ending, i = _block(lines, i)
+        elif line is not None and line.startswith(_TERMINATE):
+            ending, i = _block(lines, i)
+        else:
+            if line and not line[:1].isspace() and _ERROR_WORDS.search(line.lower()):
+                ending = [line]
+            i += 1
+    return "\n".join(ending)
+
+
+def _own_lines(text: str) -> list[str | None]:
+    """The lines of ``text``, a rank's prefix taken off; None for a line that is nobody's error (``_LOG_LINE``,
+    ``_STACK_LINE``, torchrun's failure report: a rule, ``<script> FAILED``, its failures, a rule)."""
+    raw = [_RANK_PREFIX.sub("", line) for line in text.splitlines()]
+    lines: list[str | None] = []
+    in_report = False
+    for i, line in enumerate(raw):
+        rule = line.startswith("=====")
+        if rule and not in_report and i + 1 < len(raw) and raw[i + 1].rstrip().endswith("FAILED"):
+            in_report = True
+        elif rule and in_report:
+            in_report = False
+            lines.append(None)
+            continue
+        lines.append(None if in_report or _LOG_LINE.match(line) or _STACK_LINE.match(line) else line)
+    return lines
+
+
+def _block(lines: list[str | None], i: int) -> tuple[list[str], int]:
+    """An exception's lines from ``i`` on (its type's line, or terminate's, first): to a blank line, a line of
+    nobody's, the next traceback or terminate, or ``_MESSAGE_LINES``."""
+    block: list[str] = []
+    while i < len(lines) and len(block) < _MESSAGE_LINES:
+        line = lines[i]
+        if (line is None or not line.strip() or line.startswith(_TRACEBACK)
+                or (block and line.startswith(_TERMINATE))):
+            break
+        block.append(line)
+        i += 1
+    return block, i
 
 
 #: Library errors that *may* hide a failed allocation but also have other causes, so

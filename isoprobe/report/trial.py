@@ -29,7 +29,9 @@ class CudaMemoryAtFailure(Strict):
 
 
 class ErrorInfo(Strict):
-    """The exception a trial raised (for error and out_of_memory outcomes)."""
+    """The exception a trial raised (for error and out_of_memory outcomes); for a command's trial killed at its
+    timeout, what its supervisor had seen (``CommandRankBehind``: the rank behind the others and its steps;
+    ``CommandTimedOut``), with the command's last lines."""
 
     type: str = Field(description="Exception class, e.g. 'torch.OutOfMemoryError'.")
     message: str = Field(description="First 2000 characters of the exception message.")

@@ -40,6 +40,8 @@ SCRIPTS = {
     "batch_at_import.py": ([], ["--max-steps"]),
     "batch_env_module.py": ([], []),  # the module batch_at_import.py imports: it reads the batch at import
     "reexec_self.py": ([], ["--batch-size", "--max-steps"]),
+    "mentions_oom.py": ([], ["--batch-size", "--fail-at-step", "--silent", "--max-steps"]),
+    "ranks_apart.py": ([], ["--batch-size", "--mode", "--rank", "--at-step", "--max-steps"]),
 }
 
 

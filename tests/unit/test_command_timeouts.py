@@ -1,5 +1,5 @@
 """issue 47, 'misleading': what a command probe that timed out says. 'no optimizer step seen' only where no step
-was seen; the stderr tail suggested only where the command printed something."""
+was seen; the stderr tail suggested only where something was printed."""
 
 from __future__ import annotations
 
@@ -31,6 +31,9 @@ def test_a_trial_whose_steps_were_seen_is_not_one_where_no_step_was_seen():
 
 
 def test_the_stderr_tail_is_pointed_at_only_where_the_command_printed_something():
+    """Without the supervisor's record of the command (``CommandSeen``), the child's own stderr is all there is, and
+    it is not the command's: an empty one says nothing of what the command printed (issue 56 found "printed nothing"
+    said of a command that printed its steps). tests/unit/test_command_endings_said.py has the record's cases."""
     message, suggestions = _said(_timed_out(0, ""))
     assert "no optimizer step seen" in message
-    assert not any("stderr_tail" in s for s in suggestions) and any("printed nothing" in s for s in suggestions)
+    assert not any("stderr_tail" in s for s in suggestions) and not any("printed nothing" in s for s in suggestions)

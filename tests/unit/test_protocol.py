@@ -13,7 +13,9 @@ from pydantic import ValidationError
 
 import isoprobe
 from isoprobe.protocol import messages as protocol
+from isoprobe.protocol.command import CommandSeen
 from isoprobe.report.outcomes import Outcome
+from isoprobe.report.rank_progress import RankProgress
 from isoprobe.protocol.messages import (
     CudaDevice,
     DataScanning,
@@ -111,6 +113,9 @@ EVERY_EVENT = [
                                 seconds=0.4, note="n")),
     Forwarded(step=2),
     DataScanning(stage="scanning", samples=10**9, scanning=1000),
+    CommandSeen(processes=[RankProgress(pid=11, rank=0, world_size=2, steps=3, forward="returned"),
+                           RankProgress(pid=12, rank=1, world_size=2, steps=2, ended=True)],
+                stdout_tail="rank 0 step 3", stderr_tail="rank 1: waiting"),
 ]
 
 

@@ -16,6 +16,10 @@ module in eval mode): the trial waits for the script's first evaluation pass bef
 (``isoprobe.report.cycle``, issue 55). Those are counted whatever their module, a frozen one included (an EMA copy
 has no trainable parameter); the supervisor tells a pass from a frozen teacher's forward in every step.
 
+It also says where the process is in its next step (``marks``): once the step's first training root forward
+begins and once it returns, the shim writes a line, so that a trial that times out with its ranks at the same step
+tells the rank hung before its forward from its peers waiting in the backward's collective (issue 56).
+
 Standard library only, as the rest of the shim; loaded once torch's optimizers are imported.
 """
 
@@ -40,6 +44,9 @@ _depths = {}
 #: Per thread: the arguments of the training root forward in progress, until it completes (then None).
 _pending = {}
 _trainable_modules = weakref.WeakKeyDictionary()
+#: Since the last step: whether a training root forward began, and whether one returned; ``notify`` (set by the
+#: shim) is called with "began" and "returned", once each per step.
+marks = {"began": False, "returned": False, "notify": None}
 
 
 def watch(modules):
@@ -56,6 +63,8 @@ def watch(modules):
             depths[key] = depths.get(key, 0) + 1
             if depths[key] == 1:
                 _pending[key] = args if _training_forward(module) else None
+                if _pending[key] is not None and not marks["began"]:
+                    _mark("began")
 
     def leave(module, args, result):
         if not compiling():
@@ -78,6 +87,8 @@ def watch(modules):
                 _evaluations[0] += 1
             if not grad or not _trainable(module):
                 return
+            if not marks["returned"]:
+                _mark("returned")
             values = tuple(args) + tuple((kwargs or {}).values())
             shape = _first_shape(values, 0)
             if shape is not None:
@@ -118,7 +129,17 @@ def take_inputs():
              "batch_counts": sorted(last)[:COUNTS_KEPT], "tried_counts": sorted(_inputs["tried"])[:COUNTS_KEPT]}
     _modules.clear()
     _inputs.update(elements=0, tried=set())
+    marks.update(began=False, returned=False)
     return taken
+
+
+def _mark(what):
+    marks[what] = True
+    if marks["notify"] is not None:
+        try:
+            marks["notify"](what)
+        except Exception:
+            pass
 
 
 def take_evaluations():

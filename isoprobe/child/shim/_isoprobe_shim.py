@@ -119,6 +119,7 @@ def _register(module):
 
         if _isoprobe_forwards.watch(sys.modules.get("torch.nn.modules.module")):
             _state["forwards"] = _isoprobe_forwards
+            _isoprobe_forwards.marks["notify"] = _forward_mark
     except Exception as exc:  # the steps still count; the trial is then not judged by the batch it trained at
         sys.stderr.write(f"isoprobe shim: cannot watch the model's forwards ({type(exc).__name__}: {exc})\n")
     _state["last"] = time.perf_counter()
@@ -288,6 +289,14 @@ def _after_step(optimizer, args, kwargs):
         _report_files()
     _wait_at_gate(step)
     _state["last"] = time.perf_counter()
+
+
+def _forward_mark(what):
+    """Where this process is in its next step: its first training forward began, or returned (a line each)."""
+    import time
+
+    _write({"kind": "forward", "pid": os.getpid(), "step": _state["steps"] + 1, "returned": what == "returned",
+            "t": time.time()})
 
 
 def _watch_saves():
