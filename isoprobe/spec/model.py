@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from isoprobe.spec.base import SpecSection
 from isoprobe.spec.data import DataSpec
@@ -80,6 +80,12 @@ class Spec(SpecSection):
                     "'Does the script train at the batch it is given?'): 'on' refuses a command whose trials prove "
                     "it trains at another batch; 'off' for a script whose inputs mislead that reading.",
     )
+    @field_validator("batch_check", mode="before")
+    @classmethod
+    def _batch_check_words(cls, value):
+        """YAML reads a bare ``off`` (and ``on``) as a boolean: ``batch_check: off`` means what it says."""
+        return {True: "on", False: "off"}.get(value, value) if isinstance(value, bool) else value
+
     command_dir: str | None = Field(
         None, min_length=1,
         description="The folder the command runs in, relative to the spec file. Unset: the folder isoprobe runs in "

@@ -105,3 +105,16 @@ def test_step_lines_the_shim_did_not_write_are_never_a_trials_steps(scratch, for
     assert [t["outcome"] for t in result["trials"]] == [outcome]
     if outcome == "error":
         assert result["trials"][0]["error"]["type"] == "CommandForgedLines"
+
+
+def test_a_script_whose_inputs_mislead_the_check_can_turn_it_off(scratch):
+    """``batch_check: off`` (issue 56: scripts that refuse the check's reading can say so in the spec): the fixed
+    batch that the check refuses is probed as asked, every trial's check 'off'."""
+    done = run_cli("run", "--no-cache", "--format", "json", "--memory-budget", "1GiB", "--set", "batch_check=off",
+                   "--set", "search.max_batch_size=64", "--", sys.executable, str(SCRIPT), "--mode", "fixed",
+                   "--batch-size", "{batch_size}", timeout=600, cwd=REPO,
+                   env={"TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"})
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = done.json
+    assert result["max_batch_size"] == 64 and result["stop_reason"] == "capped"
+    assert {t["batch_check"]["verdict"] for t in result["trials"]} == {"off"}
