@@ -109,7 +109,10 @@ def rank_lost_verdict(process: subprocess.Popen, tree: Tree, failed: Process, ju
     """A crash, naming the lost rank, when ``failed``'s error is a transport's whose peer is gone and a rank of the
     gang was lost without an error of its own (``child.rank_loss``); None: the failure is what it says."""
     exception = failed.exception
-    if exception is None or not peer_loss(exception.message):
+    # torchrun's own ChildFailedError: under load it can stop the peers before any of them saw the loss, and its
+    # report is then the only words; its root cause names the rank a signal killed (issue 56: "the script's error")
+    launcher = exception is not None and any(t.endswith("ChildFailedError") for t in exception.types)
+    if exception is None or not (peer_loss(exception.message) or launcher):
         return None
     lost = [p for p in tree.processes.values()
             if p is not failed and p.hello is not None and p.exception is None and not alive(p.pid)]
@@ -118,6 +121,16 @@ def rank_lost_verdict(process: subprocess.Popen, tree: Tree, failed: Process, ju
     except subprocess.TimeoutExpired:
         pass
     launcher_words = stderr_tail(stderr_path, lines=200)
+    if launcher:
+        report = killed_rank(launcher_words)  # the report's root cause, if a signal ended it
+        if report is None:
+            return None
+        lost = [p for p in lost if p.pid == report.pid]
+        name = lost[0].name if lost else f"rank {report.rank} (pid {report.pid})"
+        message = lost_message(name, len(lost[0].steps) if lost else exception.steps,
+                               f"was killed by {report.signal_name}", None, None)
+        return Outcome.CRASHED, ErrorInfo(type=RANK_LOST, message=message[:MESSAGE_CHARS],
+                                          traceback_tail=launcher_words[-3000:]), f"step {judged + 1}"
     report = killed_rank(launcher_words, pid=lost[0].pid if lost else None)
     if report is None and lost:
         report = killed_rank(launcher_words, rank=lost[0].hello.rank)

@@ -7,7 +7,7 @@ nothing to parse. Each is now a ``Result`` (``report.stop``): ``answered`` false
 trials run so far; as JSON valid against the published schema (docs/result.schema.json), and as shell variables
 with ``ISOPROBE_ANSWERED=0`` and ``ISOPROBE_STOP_REASON`` (no ``ISOPROBE_BATCH_SIZE`` without a fallback). Here in
 this process, the children scripted (``pipeline.local_executor`` is the seam) or the probe replaced where the stop
-comes from outside it; the real processes are tests/integration/test_every_stop_prints.py.
+comes from outside it; the real processes are tests/integration/test_stop_documents.py.
 """
 
 from __future__ import annotations

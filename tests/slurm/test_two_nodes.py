@@ -204,7 +204,10 @@ def test_a_node_that_goes_down_mid_probe_stops_it_with_slurms_words_never_an_out
         stopped = time.monotonic() - downed
         err = two_node_cluster.output(job_id, "err")
         assert status.read_text().strip() == "4", err
-        assert err.count("isoprobe: trial") == 0 and out.read_text() == "", err  # no trial, no answer
+        stopped_result = json.loads(out.read_text())  # every stop prints its document (issue 56): no trial, no answer
+        assert err.count("isoprobe: trial") == 0 and stopped_result["trials"] == [], err
+        assert not stopped_result["answered"] and stopped_result["max_batch_size"] is None, stopped_result["message"]
+        assert "Node failure on n2" in stopped_result["message"], stopped_result["message"]
         assert "Slurm lost the job step" in err and "Node failure on n2" in err, err
         assert wait_for(lambda: not marked_processes(*marker.split("=", 1)), 20), marked_processes(*marker.split("=", 1))
         print(f"node down: isoprobe stopped {stopped:.2f} s after")

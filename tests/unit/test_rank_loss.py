@@ -76,6 +76,32 @@ def test_a_peers_transport_error_after_a_rank_vanished_names_the_vanished_rank_a
     assert "rank 0 (pid 11)'s error followed from the loss of its peer: Connection reset by peer" in error.message
 
 
+def test_the_launchers_own_error_after_a_rank_was_killed_names_that_rank_not_the_script(tmp_path, monkeypatch):
+    """Under load torchrun can stop rank 1 before it saw rank 0's loss: the only exception is torchrun's own
+    ChildFailedError, and it was "the script's error" (issue 56, CI: the SEGV case); its report's root cause names
+    the rank a signal killed."""
+    from test_command_shim import hello, step, write_lines
+
+    monkeypatch.setattr(command_tree.Tree, "of_this_trial", lambda self, pid, hello: True)  # made-up PIDs
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    launcher = subprocess.Popen([sys.executable, "-c", "pass"])
+    write_lines(tmp_path, launcher.pid, {"kind": "exception", "types": [
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError", "Exception"],
+        "type": "torch.distributed.elastic.multiprocessing.errors.ChildFailedError", "message": "",
+        "traceback": "Traceback ...\n", "thread": None, "steps": 0, "t": 9.0})
+    write_lines(tmp_path, gone.pid, hello(1, 2), step(1, 100))
+    (tmp_path / "stderr").write_text(REPORT.replace("5002", str(gone.pid)))
+    tree = command_tree.Tree(tmp_path)
+    tree.read()
+    outcome, error, _ = command_verdicts.rank_lost_verdict(launcher, tree, tree.failure(), 1, tmp_path / "stderr")
+    assert outcome is Outcome.CRASHED and error.type == "RankLost"
+    assert error.message.startswith(f"rank 1 (pid {gone.pid}) of the command was killed by SIGKILL after 1")
+    # Its report naming no signal as the root cause: the launcher's error is what it says.
+    (tmp_path / "stderr").write_text(REPORT.replace("-9 (pid: 5002) SIGKILL", "1 (pid: 5002)"))
+    assert command_verdicts.rank_lost_verdict(launcher, tree, tree.failure(), 1, tmp_path / "stderr") is None
+
+
 def test_a_launcher_that_ended_on_a_ranks_signal_is_a_crash_naming_that_rank(tmp_path):
     (tmp_path / "stderr").write_text(REPORT)
     outcome, error, _ = command_verdicts.exit_verdict(1, 2, _request(), tmp_path / "stderr")
