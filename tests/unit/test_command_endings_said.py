@@ -304,20 +304,10 @@ model(torch.randn(3, 8))                                 # step 2's forward retu
 
 
 def test_the_shim_marks_where_a_process_is_in_its_next_step_and_the_supervisor_reads_it(tmp_path):
-    import os
-    import subprocess
-    import sys
+    from isoprobe.protocol.command import ShimForward, ShimStep
+    from shim_run import shim_lines
 
-    from isoprobe.protocol.command import SHIM_DIR_ENV, SHIM_FOLDER, ShimForward, ShimStep, parse_lines
-
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", SHIM_DIR_ENV)}
-    env.update(PYTHONPATH=str(SHIM_FOLDER), **{SHIM_DIR_ENV: str(tmp_path)})
-    (tmp_path / "gate").write_text("100")
-    done = subprocess.run([sys.executable, "-c", MARKS_SCRIPT], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    [file] = tmp_path.glob("p*.jsonl")
-    lines = [line for line in parse_lines(file.read_bytes()) if isinstance(line, (ShimForward, ShimStep))]
+    lines = shim_lines(tmp_path, MARKS_SCRIPT, ShimForward, ShimStep)
     assert [(line.kind, line.step, getattr(line, "returned", None)) for line in lines] == [
         ("forward", 1, False), ("forward", 1, True), ("step", 1, None), ("forward", 2, False), ("forward", 2, True)]
     tree = command_tree.Tree(tmp_path)

@@ -11,17 +11,14 @@ script that trained at B in its first step only and at 8 afterwards (161).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from isoprobe.child.command_verdicts import step_inputs
 from isoprobe.child.trained_batch import StepInputs, judge, step_shows
-from isoprobe.protocol.command import SHIM_DIR_ENV, SHIM_FOLDER, ShimStep, parse_lines
+from isoprobe.protocol.command import ShimStep
 from isoprobe.report.batch_check import BatchCheck, contradiction, contradiction_message, unclear_note
+from shim_run import shim_lines
 
 
 def step(*forwards, count=0, elements=0, leading=0, counts=(), tried=()):
@@ -178,14 +175,7 @@ EXPECTED = ["contrastive", "fixmatch", "detection list", "per sample", "ema sub-
 
 
 def test_the_shim_reads_the_batch_of_every_shape_a_real_script_trains_at(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", SHIM_DIR_ENV)}
-    env.update(PYTHONPATH=str(SHIM_FOLDER), **{SHIM_DIR_ENV: str(tmp_path)})
-    (tmp_path / "gate").write_text("100")
-    done = subprocess.run([sys.executable, "-c", SHAPES_SCRIPT], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    [file] = Path(tmp_path).glob("p*.jsonl")
-    steps = [step_inputs(line) for line in parse_lines(file.read_bytes()) if isinstance(line, ShimStep)]
+    steps = [step_inputs(line) for line in shim_lines(tmp_path, SHAPES_SCRIPT, ShimStep)]
     assert len(steps) == len(EXPECTED)
     shown = [name if step_shows(B, s) is not None else None for name, s in zip(EXPECTED, steps)]
     assert shown == EXPECTED, json.dumps([s.__dict__ for s in steps], default=list)
@@ -228,14 +218,7 @@ opt.step()                                                       # no forward si
 
 
 def test_the_shim_records_the_models_completed_training_forwards_and_nothing_else(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", SHIM_DIR_ENV)}
-    env.update(PYTHONPATH=str(SHIM_FOLDER), **{SHIM_DIR_ENV: str(tmp_path)})
-    (tmp_path / "gate").write_text("100")
-    done = subprocess.run([sys.executable, "-c", SCRIPT], env=env, cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode == 0, done.stderr
-    [file] = Path(tmp_path).glob("p*.jsonl")
-    steps = [line for line in parse_lines(file.read_bytes()) if isinstance(line, ShimStep)]
+    steps = shim_lines(tmp_path, SCRIPT, ShimStep)
     assert [step.forwards for step in steps] == [[[5, 8]], [[6, 8]], []]
     assert [(s.forward_count, s.input_elements) for s in steps] == [(1, 40), (1, 48), (0, 0)]
 
@@ -273,14 +256,7 @@ net(torch.randn(6, 5)).sum().backward(); opt.step()
 
 
 def test_the_shim_keeps_a_forward_that_raised_as_tried_not_as_trained(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", SHIM_DIR_ENV)}
-    env.update(PYTHONPATH=str(SHIM_FOLDER), **{SHIM_DIR_ENV: str(tmp_path)})
-    (tmp_path / "gate").write_text("100")
-    done = subprocess.run([sys.executable, "-c", FINDER_SCRIPT], env=env, cwd=tmp_path, capture_output=True,
-                          text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    [file] = Path(tmp_path).glob("p*.jsonl")
-    steps = [line for line in parse_lines(file.read_bytes()) if isinstance(line, ShimStep)]
+    steps = shim_lines(tmp_path, FINDER_SCRIPT, ShimStep)
     assert [(12 in s.tried_counts, 12 in s.batch_counts, 6 in s.batch_counts) for s in steps] == [
         (True, False, True), (False, False, True)]
     assert judge(12, [[step_inputs(s) for s in steps]]).trained_once is not None
