@@ -60,70 +60,60 @@ def _count(runs: list, value) -> int:
 
 
 def judge_edge(isoprobe_max: int | None, isoprobe_first_failing: int | None,
-               plain_runs: dict[int, list[bool | None]], runs_needed: int = 2) -> Verdict:
-    """isoprobe's maximum M against the plain loop's runs (batch -> [True: trained every step, False: out of
-    memory, None: no memory verdict (an error, a timeout)]).
+               plain_runs: dict[int, list[bool | None]]) -> Verdict:
+    """isoprobe's maximum M against the yardstick's runs (batch -> [True: trained every step, False: out of memory,
+    None: no memory verdict (an error, a timeout)]); the yardstick is the plain loop on a card that has only the
+    budget free (the ballast, issue 57), or the whole card where there is no budget.
 
-    M must train in every plain run (else FAIL). M+1 should run out: if it does in any run, the edge is exact.
-    If M+1 trained in every run: where isoprobe called M+1 out of memory (``isoprobe_first_failing == M+1``) and
-    ``runs_needed`` runs all trained, that is a FAIL; otherwise (fewer runs, or isoprobe held M+1 back as
-    marginal, inside the spread) isoprobe was one short, which is acceptable and said.
-    """
+    M must train in every run (one run out of memory: FAIL, isoprobe's answer would crash the job). M+1, or M+2 at
+    the most, must run out: M+1 out of memory is exact (PASS); M+1 trains and M+2 runs out is one short (accepted,
+    said); M+2 trains too is a FAIL (isoprobe more than two short: wasted card). A run without a memory verdict
+    decides nothing (NOT_JUDGED)."""
     if isoprobe_max is None:
         return Verdict(Verdict.FAIL, "isoprobe gave no maximum to check")
     m = isoprobe_max
     at = plain_runs.get(m, [])
     if _count(at, False):
-        return Verdict(Verdict.FAIL, f"isoprobe's maximum {m} ran out of memory in the plain loop "
+        return Verdict(Verdict.FAIL, f"isoprobe's maximum {m} ran out of memory in the yardstick "
                                      f"({_count(at, False)} of {len(at)} runs)")
     if not _count(at, True):
-        return Verdict(Verdict.NOT_JUDGED, f"no plain run at the maximum {m} finished with a memory verdict "
+        return Verdict(Verdict.NOT_JUDGED, f"no yardstick run at the maximum {m} finished with a memory verdict "
                                            f"({len(at)} tried)")
+    called = ("isoprobe called it out of memory" if isoprobe_first_failing == m + 1 else
+              f"isoprobe's first failing batch {isoprobe_first_failing}" if isoprobe_first_failing is not None
+              else "isoprobe reported no failing batch")
     above = plain_runs.get(m + 1, [])
     fits, ooms = _count(above, True), _count(above, False)
-    called = ("isoprobe called it out of memory" if isoprobe_first_failing == m + 1 else
-              f"isoprobe held it back as marginal (first failing {isoprobe_first_failing})"
-              if isoprobe_first_failing is not None else "isoprobe reported no failing batch")
-    if ooms and fits:
-        return Verdict(Verdict.PASS, f"{m} trained ({_count(at, True)} of {len(at)}); {m + 1} is marginal in the "
-                                     f"plain loop too (trained {fits}, ran out {ooms}); {called}")
     if ooms:
+        marginal = f" (marginal: it also trained {fits} time(s))" if fits else ""
         return Verdict(Verdict.PASS, f"exact: {m} trained ({_count(at, True)} of {len(at)} runs), {m + 1} ran out "
-                                     f"of memory ({ooms} of {len(above)})")
+                                     f"of memory{marginal}; {called}")
     if not fits:
-        return Verdict(Verdict.NOT_JUDGED, f"{m} trained in the plain loop, but no run at {m + 1} finished with a "
-                                           f"memory verdict ({len(above)} tried)")
-    if isoprobe_first_failing == m + 1 and fits >= runs_needed:
-        return Verdict(Verdict.FAIL, f"{called}, but the plain loop trained {m + 1} in {fits} of {len(above)} runs "
-                                     f"under the same budget")
-    if isoprobe_first_failing == m + 1:
-        return Verdict(Verdict.ONE_SHORT, f"{m + 1} trained in the plain loop's only finished run ({fits} of "
-                                          f"{len(above)}); {called}: one short, unconfirmed")
-    return Verdict(Verdict.ONE_SHORT, f"{m + 1} trained in the plain loop ({fits} of {len(above)} runs); {called}: "
-                                      "one short")
+        return Verdict(Verdict.NOT_JUDGED, f"{m} trained, but no run at {m + 1} finished with a memory verdict "
+                                           f"({len(above)} tried)")
+    two = plain_runs.get(m + 2, [])
+    if _count(two, False):
+        return Verdict(Verdict.ONE_SHORT, f"{m} and {m + 1} trained, {m + 2} ran out of memory; {called}: one short")
+    if _count(two, True):
+        return Verdict(Verdict.FAIL, f"isoprobe is more than two short: {m + 1} and {m + 2} trained in the "
+                                     f"yardstick; {called}")
+    return Verdict(Verdict.NOT_JUDGED, f"{m} and {m + 1} trained, but no run at {m + 2} finished with a memory "
+                                       f"verdict ({len(two)} tried)")
 
 
 def next_plain_batch(isoprobe_max: int | None, isoprobe_first_failing: int | None,
-                     plain_runs: dict[int, list[bool | None]], runs_needed: int = 2) -> int | None:
-    """The batch the plain loop should run next to judge the edge (``judge_edge``), or None when it is judged.
-
-    The maximum once; the batch above it once; that batch again (up to ``runs_needed`` runs) only while every
-    run of it trained and isoprobe called it out of memory, the one case a second run decides."""
+                     plain_runs: dict[int, list[bool | None]]) -> int | None:
+    """The batch the yardstick should run next to judge the edge (``judge_edge``), or None when it is judged:
+    the maximum, then the batch above it, then (only when that trained) the one above that; each once."""
     if isoprobe_max is None:
         return None
     m = isoprobe_max
-    at = plain_runs.get(m, [])
-    if not at:
-        return m
-    if _count(at, False) or not _count(at, True):
-        return None
-    above = plain_runs.get(m + 1, [])
-    if not above:
-        return m + 1
-    if _count(above, False):
-        return None
-    if isoprobe_first_failing == m + 1 and _count(above, True) < runs_needed and len(above) < runs_needed:
-        return m + 1
+    for batch in (m, m + 1, m + 2):
+        runs = plain_runs.get(batch, [])
+        if not runs:
+            return batch
+        if _count(runs, False) or not _count(runs, True):
+            return None
     return None
 
 
@@ -245,9 +235,10 @@ def _latest_trial(result: dict | None, batch: int) -> dict | None:
     return found[-1] if found else None
 
 
-def readings_table(result: dict | None, plain_lines: dict[int, list[dict]], batches: list[int]) -> list[str]:
-    """isoprobe's trial and the plain loop's runs side by side at each batch (MiB): the same workload, read the
-    same ways. The plain loop's outside column is at its end, with its growth after the warm-up."""
+def readings_table(result: dict | None, plain_runs: list[tuple[str, int, dict]], batches: list[int]) -> list[str]:
+    """isoprobe's trial and the plain loop's runs (``(label, batch, line)``: the yardstick's, then any second reading)
+    side by side at each batch (MiB): the same workload, read the same ways. The plain loop's outside column is at its
+    end, with its growth after the warm-up."""
     rows = ["| batch | run | outcome | reserved peak | allocated peak | peak in budget units | outside the "
             "allocator | retries |", "|---|---|---|---|---|---|---|---|"]
 
@@ -261,10 +252,12 @@ def readings_table(result: dict | None, plain_lines: dict[int, list[dict]], batc
                         f"{n(trial.get('peak_bytes'))} | {n(trial.get('peak_allocated_bytes'))} | "
                         f"{n(trial.get('budget_peak_bytes'))} | {n((trial.get('sizes') or {}).get('cuda_context_bytes'))}"
                         f" | {retries_of(trial) if retries_of(trial) is not None else '-'} |")
-        for number, line in enumerate(plain_lines.get(batch, []), 1):
+        for label, at, line in plain_runs:
+            if at != batch:
+                continue
             growth = line.get("outside_growth_bytes")
             outside = n(line.get("outside_end_bytes")) + (f" (+{n(growth)})" if growth else "")
-            rows.append(f"| {batch} | plain run {number} | {line.get('outcome', 'no verdict')} | "
+            rows.append(f"| {batch} | {label} | {line.get('outcome', 'no verdict')} | "
                         f"{n(line.get('reserved_peak_bytes'))} | {n(line.get('allocated_peak_bytes'))} | "
                         f"{n(line.get('budget_peak_bytes'))} | {outside} | {line.get('num_alloc_retries', '-')} |")
     return rows
@@ -348,142 +341,44 @@ class PartPlan:
     min_s: int
 
 
-#: The run's whole time: one device call of at most 10 minutes, so 9 minutes with the start and the copy back.
-DEADLINE_S = {False: 540, True: 360}
+#: The run's whole time: the device call is at most 10 minutes, its command ``bash .gpu/setup.sh && timeout 560 python3
+#: benchmarks/gpu_check.py``; the set-up takes about half a minute, so the check holds itself to 510 s (``timeout``
+#: stops it at 560 all the same, and the page and the archive are written after every part).
+DEADLINE_S = {False: 510, True: 360}
 #: Seconds kept back at the end for writing the report.
 RESERVE_S = 10
 #: The plain loop's runs: steps, and seconds each may take (a fresh process: imports, CUDA, the model, steps).
-PLAIN_STEPS = {False: 20, True: 10}
+PLAIN_STEPS = {False: 12, True: 8}
 PLAIN_LIMIT_S = {False: 45, True: 35}
+#: Seconds of a part kept for its yardstick after isoprobe's run (the ballast and three plain runs take about 45 s on
+#: an H200; a slower yardstick leaves the part not judged, said so, rather than isoprobe cut short).
+YARDSTICK_S = 45
+#: Seconds the ballast may take to hold the card (a fresh process: torch, CUDA, a few large allocations).
+BALLAST_READY_S = 60
 
+#: The parts, in the order that teaches most first (issue 57): the budget against a card that really has that much
+#: free, the same under expandable segments, a command trial, the default path (no budget, the whole card), a gang
+#: (two GPUs only), then the GPU test tier with what time is left (``full_s`` 0: whatever remains).
 PLAN = (
-    PartPlan("facts", "Device and versions", 45, 45, 5),
-    PartPlan("tier", "GPU test tier", 120, 60, 30),
-    PartPlan("resnet50_8gib", "(a) ResNet50 fp32 Adam 224² under 8 GiB: isoprobe against the plain loop", 200, 140,
-             80),
-    PartPlan("margin", "(d) The margin's readings: the deciding trial of (a)", 0, 0, 0),
+    PartPlan("facts", "Device and versions", 30, 30, 5),
+    PartPlan("resnet50_8gib", "(a) ResNet50 fp32 Adam 224² under 8 GiB: isoprobe against the ballast loop", 150,
+             120, 80),
+    PartPlan("expandable_8gib", "(e) The same under `allocator: expandable_segments:True`", 115, 100, 70),
     PartPlan("command_8gib", "(b) A command trial under 8 GiB: `isoprobe run -- python plain_loop.py` against the "
-                             "plain loop", 140, 100, 70),
-    PartPlan("ddp", "(c) A 2-rank DDP gang under 8 GiB a rank", 150, 120, 100),
-    PartPlan("resnet50_11gib", "(a') ResNet50 fp32 Adam 224² under 11 GiB", 170, 0, 170),
-    PartPlan("mobilenet_16gib", "MobileNetV3-large fp16-mixed Adam 224² under 16 GiB", 150, 0, 150),
+                             "ballast loop", 115, 100, 70),
+    PartPlan("whole_card", "(f) The default path: no budget, the whole card (ResNet50 fp32 Adam 448²)", 110, 0, 80),
+    PartPlan("ddp", "(c) A 2-rank DDP gang under 8 GiB a rank", 120, 0, 100),
+    PartPlan("tier", "GPU test tier", 0, 0, 30),
 )
 
 
 def part_limit(plan: PartPlan, quick: bool, left_s: float) -> float | None:
     """Seconds a part may take with ``left_s`` of the run left, or None to skip it (left out under --quick, or
-    too little time left). Never past the run's end less RESERVE_S."""
-    budget = plan.quick_s if quick else plan.full_s
-    if plan.key == "margin":
-        return 0.0
+    too little time left). Never past the run's end less RESERVE_S. The tier (``full_s`` 0) takes what is left."""
     usable = left_s - RESERVE_S
+    if plan.key == "tier":
+        return float(usable) if usable >= plan.min_s else None
+    budget = plan.quick_s if quick else plan.full_s
     if budget <= 0 or usable < min(plan.min_s, budget):
         return None
     return float(min(budget, usable))
-
-
-# --------------------------------------------------------------------------- the report
-
-
-@dataclass
-class Part:
-    key: str
-    title: str
-    limit_s: float | None = None
-    seconds: float | None = None
-    verdicts: list[tuple[str, Verdict]] = field(default_factory=list)
-    lines: list[str] = field(default_factory=list)
-
-    def judge(self, name: str, verdict: Verdict) -> Verdict:
-        self.verdicts.append((name, verdict))
-        return verdict
-
-
-@dataclass
-class Report:
-    facts: list[str] = field(default_factory=list)
-    parts: list[Part] = field(default_factory=list)
-    quick: bool = False
-    seconds: float | None = None
-    finished: bool = False
-
-    @property
-    def failed(self) -> list[str]:
-        return [name for part in self.parts for name, verdict in part.verdicts if verdict.failed]
-
-
-ABOUT = """\
-`python benchmarks/gpu_check.py [--quick] [--output docs/gpu.md]` checks isoprobe's CUDA answers on a real
-card against an independent truth, in one device call of at most 10 minutes (the whole run is held to
-9 minutes on an H100; `--quick` to 6). Each part has its own time limit and is skipped, with the
-reason, when too little time is left. Exit 0: nothing failed; 1: a check failed (named below); 5: no CUDA
-GPU here (nothing measured, nothing written).
-
-**The truth is a plain loop, not the articles' figures.** `benchmarks/gpu_check_parts/plain_loop.py`
-imports nothing of isoprobe. In a fresh process on the same card it takes the budget as a user's job
-would get it, "the process may use this many bytes on the card, context included": it initialises
-CUDA, runs a small matmul and convolution forward and backward, reads the memory it holds outside
-torch's allocator and sets `per_process_memory_fraction = (budget - outside) / total`. Then it trains
-torchvision's model (`weights=None`) for 20 steps (`--quick`: 10) at one batch: `zero_grad`,
-`outputs = model(x)`, `cross_entropy`, `backward`, `optimizer.step()`. Exit 0: it fits; 3: out of memory.
-
-**The judgement.** isoprobe's maximum M (`isoprobe run --no-cache --format json`) must train in the plain
-loop: M running out of memory is a FAIL. M+1 should run out. If M+1 trains, isoprobe was **one short**,
-which is accepted and printed; but where isoprobe called M+1 out of memory (`first_failing_batch_size`)
-and the plain loop trains it in 2 runs of 2, that is a FAIL. The classic articles' ResNet50 figures ([8, 16)
-under 8 GiB, [16, 32) under 11 GiB; MobileNetV3 515) are what an in-process doubling recipe reached, not
-the edge (isoprobe's ResNet50 slope of about 83 MiB a sample puts it near 80 and 115): they are printed
-beside, never judged.
-
-**The parts**, in order:
-
-1. the GPU test tier, `pytest tests/gpu -m gpu`, stopped at its limit (120 s; `--quick` 60 s);
-2. (a) ResNet50 fp32 Adam 224² under 8 GiB: isoprobe's own trials against the plain loop (200 s; 140 s);
-3. (d) the margin's readings of (a)'s deciding trial: reserved and allocated peaks, the allocator's
-   retries, the memory outside the allocator (`sizes.cuda_context_bytes`), the peak in the budget's units,
-   and the free memory against the spread (`edge_margin`), with isoprobe's and the plain loop's readings
-   side by side at M and M+1;
-4. (b) a command trial under 8 GiB, `isoprobe run -- python plain_loop.py --batch-size {batch_size}`
-   (the shim applies the budget; the script sets none), judged against the same plain loop (140 s; 100 s);
-5. (c) a 2-rank DDP gang under 8 GiB a rank, judged against the plain loop as a gang of two: only with two
-   visible GPUs, since isoprobe puts rank r on GPU r (one GPU per rank); with one, skipped and said so
-   (150 s; 120 s);
-6. with time left (not under `--quick`): (a') ResNet50 under 11 GiB, and MobileNetV3-large fp16-mixed under
-   16 GiB, each judged the same way."""
-
-NOT_YET_RUN = """\
-## Not yet run on a GPU
-
-No GPU has been lent to this work yet: every figure isoprobe has was measured on the CPU backend, and
-nothing on this page is a CUDA measurement. The first session with a GPU runs
-`python benchmarks/gpu_check.py` first; it replaces this section with the device, the versions, each
-part's time and verdict, and the readings. The parts that compute and judge (`judge_edge`,
-`next_plain_batch`, `margin_lines`, `readings_table`, `tier_summary`, `part_limit`, `render`) are tested
-on fake readings in `tests/unit/test_cuda_gpu_check.py`, and the plain loop's argument parsing and loop
-on the CPU, so that run needs no edits."""
-
-
-def render(report: Report | None) -> str:
-    """docs/gpu.md: what the check does, then the run's figures (None: the page before any GPU run)."""
-    parts = ["# isoprobe on a GPU", "", ABOUT, ""]
-    if report is None:
-        return "\n".join(parts + [NOT_YET_RUN]) + "\n"
-    verdict = ("every check passed or was one short" if not report.failed else f"FAILED: {', '.join(report.failed)}")
-    took = f"{report.seconds:.0f} s" if report.seconds is not None else "-"
-    unfinished = "" if report.finished else " (stopped before its end: the parts after the last one below did not run)"
-    parts += ["## The run", "", "Written by `python benchmarks/gpu_check.py" + (" --quick" if report.quick else "")
-              + "`; every figure below was measured by that run.", "", *report.facts,
-              f"- whole run: {took}{unfinished}", f"- verdict: {verdict}", "",
-              "| part | limit | took | verdicts |", "|---|---|---|---|"]
-    for part in report.parts:
-        verdicts = "; ".join(f"{name}: {v.status}" for name, v in part.verdicts) or "-"
-        limit = "-" if part.limit_s is None else f"{part.limit_s:.0f} s"
-        seconds = "-" if part.seconds is None else f"{part.seconds:.0f} s"
-        parts.append(f"| {part.title} | {limit} | {seconds} | {verdicts} |")
-    for part in report.parts:
-        parts += ["", f"## {part.title}", ""]
-        parts += [f"- **{name}**: {verdict}" for name, verdict in part.verdicts]
-        if part.verdicts and part.lines:
-            parts.append("")
-        parts += part.lines
-    return "\n".join(parts) + "\n"

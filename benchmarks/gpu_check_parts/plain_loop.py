@@ -17,9 +17,11 @@ process (a gang of ``--ranks`` spawned processes for DDP, one GPU each), as a us
    ``loss.backward()``, ``optimizer.step()`` (fp16-mixed: autocast and a GradScaler). ``outputs`` lives until
    the next forward rebinds it, as in every ``for x, y in loader:`` loop.
 
-Without ``--budget`` it sets no fraction at all: that is how ``isoprobe run -- python plain_loop.py ...``
-runs it as a command, where isoprobe's shim applies the budget (the steps are then isoprobe's to stop:
-give ``--steps`` large).
+Without ``--budget`` it sets no fraction at all. That is the yardstick (benchmarks/gpu_check.py): run while
+``ballast.py`` holds all but the budget of the card, the card itself is the limit, context and libraries
+included, with nothing of isoprobe's recipe in it; ``--budget`` (the fraction recipe above) is only a second
+reading. It is also how ``isoprobe run -- python plain_loop.py ...`` runs it as a command, where isoprobe's
+shim applies the budget (the steps are then isoprobe's to stop: give ``--steps`` large).
 
 The last stdout line is one JSON object: the outcome, the steps done and the readings (reserved and
 allocated peaks, ``num_alloc_retries``, the memory outside the allocator after the warm-up and at the end,
@@ -116,7 +118,8 @@ def apply_budget(torch, device, budget: int | None, precision: str) -> dict:
     if budget:
         fraction = min(1.0, max(0, budget - outside) / card)
         torch.cuda.set_per_process_memory_fraction(fraction, device)
-    return {"total_bytes": card, "outside_after_warm_up_bytes": outside, "fraction": fraction}
+    return {"total_bytes": card, "free_after_warm_up_bytes": free, "outside_after_warm_up_bytes": outside,
+            "fraction": fraction}
 
 
 def readings(torch, device, budget: int | None, setup: dict) -> dict:

@@ -104,15 +104,16 @@ def test_the_fake_readings_are_what_isoprobes_result_model_accepts():
 
 @pytest.mark.parametrize("m, f, runs, status", [
     (80, 81, {80: [True], 81: [False]}, "pass"),                      # exact
-    (80, 81, {80: [True], 81: [True, False]}, "pass"),                # M+1 marginal in the plain loop too
+    (80, 81, {80: [True], 81: [True, False]}, "pass"),                # M+1 marginal in the yardstick too
     (80, 81, {80: [False]}, "FAIL"),                                  # isoprobe's maximum does not train
     (80, 81, {80: [True, False]}, "FAIL"),
-    (80, 81, {80: [True], 81: [True, True]}, "FAIL"),                 # isoprobe called 81 OOM; 2 of 2 train
-    (80, 81, {80: [True], 81: [True]}, "one short"),                  # one run only: unconfirmed
-    (80, 81, {80: [True], 81: [True, None]}, "one short"),            # the second run had no verdict
-    (80, 83, {80: [True], 81: [True]}, "one short"),                  # isoprobe held 81 back as marginal
-    (80, None, {80: [True], 81: [True, True]}, "one short"),          # no failing batch tried
-    (80, 81, {80: [None]}, "not judged"),                             # the plain loop errored at M
+    (80, 81, {80: [True], 81: [True], 82: [False]}, "one short"),     # M+1 trains, M+2 runs out
+    (80, 83, {80: [True], 81: [True], 82: [False]}, "one short"),
+    (80, 81, {80: [True], 81: [True], 82: [True]}, "FAIL"),           # more than two short
+    (80, None, {80: [True], 81: [True], 82: [True]}, "FAIL"),
+    (80, 81, {80: [True], 81: [True]}, "not judged"),                 # M+2 never ran
+    (80, 81, {80: [True], 81: [True], 82: [None]}, "not judged"),
+    (80, 81, {80: [None]}, "not judged"),                             # the loop errored at M
     (80, 81, {80: [True]}, "not judged"),                             # M+1 never ran
     (80, 81, {80: [True], 81: [None, None]}, "not judged"),
     (None, None, {}, "FAIL"),                                         # isoprobe gave no answer
@@ -143,8 +144,8 @@ def _plan_and_judge(judge, m, f, truth_edge):
 
 @pytest.mark.parametrize("m, f, truth, asked, status", [
     (80, 81, 80, [80, 81], "pass"),
-    (79, 80, 80, [79, 80, 80], "FAIL"),      # one short where isoprobe called 80 OOM: a second run decides
-    (79, 82, 80, [79, 80], "one short"),     # 80, 81 marginal per isoprobe: one run says one short
+    (79, 80, 80, [79, 80, 81], "one short"),
+    (78, 79, 80, [78, 79, 80], "FAIL"),      # more than two short
     (81, 82, 80, [81], "FAIL"),              # the maximum does not train: no more runs needed
     (None, None, 80, [], "FAIL"),
 ])
@@ -202,16 +203,19 @@ def test_the_deciding_trial_is_the_steady_fit_at_the_maximum(judge):
 
 
 def test_readings_table_puts_isoprobe_and_the_plain_loop_side_by_side(judge):
-    plain = {80: [{"outcome": "fits", "reserved_peak_bytes": 7 * GiB, "allocated_peak_bytes": 6 * GiB,
-                   "budget_peak_bytes": 7 * GiB + 400 * MiB, "outside_end_bytes": 450 * MiB,
-                   "outside_growth_bytes": 30 * MiB, "num_alloc_retries": 1}],
-             81: [{"outcome": "out_of_memory", "num_alloc_retries": 4}]}
+    plain = [("ballast loop run 1", 80, {"outcome": "fits", "reserved_peak_bytes": 7 * GiB,
+                                         "allocated_peak_bytes": 6 * GiB, "budget_peak_bytes": 7 * GiB + 400 * MiB,
+                                         "outside_end_bytes": 450 * MiB, "outside_growth_bytes": 30 * MiB,
+                                         "num_alloc_retries": 1}),
+             ("ballast loop run 1", 81, {"outcome": "out_of_memory", "num_alloc_retries": 4}),
+             ("fraction (second reading) loop run 1", 81, {"outcome": "fits"})]
     rows = judge.readings_table(fake_result(), plain, [80, 81])
-    assert len(rows) == 2 + 4
+    assert len(rows) == 2 + 5
     assert rows[2].startswith("| 80 | isoprobe trial #3 | fits | 7762.0 | 7292.0 | 8032.0 | 420.0 | 2 |")
-    assert rows[3] == "| 80 | plain run 1 | fits | 7168.0 | 6144.0 | 7568.0 | 450.0 (+30.0) | 1 |"
+    assert rows[3] == "| 80 | ballast loop run 1 | fits | 7168.0 | 6144.0 | 7568.0 | 450.0 (+30.0) | 1 |"
     assert rows[4].startswith("| 81 | isoprobe trial #2 | out_of_memory | - |")
-    assert rows[5].startswith("| 81 | plain run 1 | out_of_memory | - |")
+    assert rows[5].startswith("| 81 | ballast loop run 1 | out_of_memory | - |")
+    assert rows[6].startswith("| 81 | fraction (second reading) loop run 1 | fits |")
 
 
 # --------------------------------------------------------------------------- the machine, the tier, the time
@@ -252,8 +256,9 @@ def test_tier_summary(judge):
 
 @pytest.mark.parametrize("quick", [False, True])
 def test_the_run_fits_its_device_call_even_when_every_part_takes_its_whole_limit(judge, quick):
-    """9 minutes on an H100 (--quick 6), whatever each part takes: a part never gets more than the run has left."""
-    assert judge.DEADLINE_S[False] <= 9 * 60 and judge.DEADLINE_S[True] <= 6 * 60
+    """Under `timeout 560` after a half-minute set-up, whatever each part takes: a part never gets more than the run
+    has left, and the tier takes only what remains."""
+    assert judge.DEADLINE_S[False] <= 560 - 40 and judge.DEADLINE_S[True] <= 6 * 60
     left, ran = float(judge.DEADLINE_S[quick]), []
     for plan in judge.PLAN:
         limit = judge.part_limit(plan, quick, left)
@@ -261,140 +266,57 @@ def test_the_run_fits_its_device_call_even_when_every_part_takes_its_whole_limit
             ran.append(plan.key)
             left -= limit
     assert left >= judge.RESERVE_S - 1e-9
-    assert ran[:4] == ["facts", "tier", "resnet50_8gib", "margin"] and "command_8gib" in ran
+    assert ran[:4] == ["facts", "resnet50_8gib", "expandable_8gib", "command_8gib"]
     if quick:
-        assert "resnet50_11gib" not in ran and "mobilenet_16gib" not in ran
+        assert "whole_card" not in ran and "ddp" not in ran
 
 
 def test_a_part_is_skipped_with_too_little_time_left_and_limited_to_what_is_left(judge):
     plan = {p.key: p for p in judge.PLAN}
-    assert judge.part_limit(plan["resnet50_8gib"], False, 1000) == 200
-    assert judge.part_limit(plan["resnet50_8gib"], False, 150) == 140
+    assert judge.part_limit(plan["resnet50_8gib"], False, 1000) == 150
+    assert judge.part_limit(plan["resnet50_8gib"], False, 100) == 90
     assert judge.part_limit(plan["resnet50_8gib"], False, 50) is None
-    assert judge.part_limit(plan["resnet50_11gib"], False, 150) is None   # optional: needs its whole budget
-    assert judge.part_limit(plan["resnet50_11gib"], True, 1000) is None   # left out under --quick
-    assert judge.part_limit(plan["margin"], False, 0) == 0
+    assert judge.part_limit(plan["whole_card"], True, 1000) is None   # left out under --quick
+    assert judge.part_limit(plan["tier"], False, 200) == 190          # the tier: what is left
+    assert judge.part_limit(plan["tier"], False, 30) is None
 
 
 # --------------------------------------------------------------------------- the page
 
 
-def test_the_committed_page_is_the_page_before_any_gpu_run(judge):
+def test_the_committed_page_is_the_page_before_any_gpu_run(gc):
     page = (ROOT / "docs" / "gpu.md").read_text()
-    assert page == judge.render(None)
-    assert "## Not yet run on a GPU" in page
+    assert page == gc.render(None)
+    assert "## Not yet run on a GPU" in page and "bash .gpu/setup.sh && PYTHONUNBUFFERED=1 timeout 560" in page
 
 
-def test_render_a_run(judge):
-    report = judge.Report(facts=["- device: NVIDIA H100 80GB HBM3"], quick=True, seconds=301, finished=True)
-    part = judge.Part("resnet50_8gib", "(a) ResNet50", 200, 95)
-    part.judge("ResNet50 under 8 GiB", judge.Verdict("one short", "81 trained in the plain loop"))
+def test_render_a_run(gc):
+    report = gc.Report(facts=["- device: NVIDIA H100 80GB HBM3"], quick=True, seconds=301, finished=True)
+    part = gc.Part("resnet50_8gib", "(a) ResNet50", 200, 95)
+    part.judge("ResNet50 under 8 GiB", gc.Verdict("one short", "81 trained in the yardstick"))
     part.lines.append("- isoprobe: max 80")
-    failing = judge.Part("command_8gib", "(b) command", 140, 60)
-    failing.judge("command trial under 8 GiB", judge.Verdict("FAIL", "isoprobe's maximum 90 ran out of memory"))
-    report.parts += [part, failing, judge.Part("ddp", "(c) DDP")]
-    page = judge.render(report)
+    failing = gc.Part("command_8gib", "(b) command", 140, 60)
+    failing.judge("command trial under 8 GiB", gc.Verdict("FAIL", "isoprobe's maximum 90 ran out of memory"))
+    report.parts += [part, failing, gc.Part("ddp", "(c) DDP")]
+    page = gc.render(report)
     assert "## Not yet run" not in page and "## The run" in page and "--quick" in page
     assert "| (a) ResNet50 | 200 s | 95 s | ResNet50 under 8 GiB: one short |" in page
     assert "- verdict: FAILED: command trial under 8 GiB" in page
-    assert "- **ResNet50 under 8 GiB**: one short: 81 trained in the plain loop" in page
+    assert "- **ResNet50 under 8 GiB**: one short: 81 trained in the yardstick" in page
     assert report.failed == ["command trial under 8 GiB"]
     report.finished = False
-    assert "stopped before its end" in judge.render(report)
-
-
-# --------------------------------------------------------------------------- the orchestration, with fakes
-
-
-def _fake_plain_run(truth_edge, seen):
-    def run_group(argv, limit_s, env=None, grace_s=20):
-        batch = int(argv[argv.index("--batch-size") + 1])
-        seen.append((batch, argv))
-        fits = batch <= truth_edge
-        line = {"outcome": "fits" if fits else "out_of_memory", "batch_size": batch,
-                "reserved_peak_bytes": 7 * GiB, "allocated_peak_bytes": 6 * GiB, "outside_end_bytes": 450 * MiB}
-        return (0 if fits else 3), json.dumps(line) + "\n", "", 11.0
-    return run_group
-
-
-def test_edge_check_judges_isoprobes_answer_with_the_plain_loop(gc, monkeypatch, tmp_path):
-    seen: list = []
-    asked = []
-
-    def isoprobe_json(spec, limit_s, command=None):
-        asked.append((spec, limit_s, command))
-        return fake_result(80, 81), 40.0, "", 0
-
-    monkeypatch.setattr(gc, "isoprobe_json", isoprobe_json)
-    monkeypatch.setattr(gc, "run_group", _fake_plain_run(80, seen))
-    ctx = gc.Context(quick=False, deadline=0, raw_dir=tmp_path)
-    part = gc.Part("resnet50_8gib", "(a)", 200)
-    gc.edge_check(part, ctx, "ResNet50 under 8 GiB", gc.RESNET_8, 200, recipe="[8, 16)")
-    assert [v.status for _, v in part.verdicts] == ["pass"]
-    assert [b for b, _ in seen] == [80, 81]
-    argv = seen[0][1]
-    assert argv[argv.index("--budget") + 1] == str(8 * GiB) and argv[argv.index("--steps") + 1] == "20"
-    spec = asked[0][0]
-    assert spec["memory_budget"] == 8 * GiB and spec["model"]["torchvision"] == "resnet50" and asked[0][2] is None
-    text = "\n".join(part.lines)
-    assert "in-process doubling recipe reaches (the articles; never judged): [8, 16)" in text
-    assert "| 81 | plain run 1 | out_of_memory |" in text
-    assert (tmp_path / "isoprobe-resnet50_8gib.json").exists()
-    # a second part on the same workload reuses the plain runs: no new process
-    part_b = gc.Part("command_8gib", "(b)", 140)
-    gc.edge_check(part_b, ctx, "command", gc.RESNET_8, 140, command=["python", "x.py"], spec={"command": 1})
-    assert len(seen) == 2 and part_b.verdicts[0][1].status == "pass"
-
-
-def test_the_check_fails_where_isoprobe_called_the_batch_above_out_of_memory_and_it_trains(gc, monkeypatch):
-    seen: list = []
-    monkeypatch.setattr(gc, "isoprobe_json", lambda spec, limit_s, command=None: (fake_result(79, 80), 40.0, "", 0))
-    monkeypatch.setattr(gc, "run_group", _fake_plain_run(80, seen))
-    part = gc.Part("resnet50_8gib", "(a)", 200)
-    gc.edge_check(part, gc.Context(quick=True, deadline=0), "ResNet50", gc.RESNET_8, 200)
-    assert [b for b, _ in seen] == [79, 80, 80] and part.verdicts[0][1].failed
-
-
-def test_main_runs_the_parts_in_order_writes_the_page_and_exits_1_on_a_failure(gc, monkeypatch, tmp_path):
-    order = []
-
-    def fake(key, status):
-        def part(part, ctx, report, limit_s):
-            order.append(key)
-            part.judge(key, gc.Verdict(status, "fake"))
-        return part
-
-    monkeypatch.setattr(gc, "gpu_present", lambda environ=os.environ: True)
-    monkeypatch.setattr(gc, "PARTS", {key: fake(key, "FAIL" if key == "command_8gib" else "pass")
-                                      for key in gc.PARTS})
-    monkeypatch.delenv("OUT", raising=False)
-    output = tmp_path / "gpu.md"
-    assert gc.main(["--output", str(output), "--quick"]) == 1
-    assert order == ["facts", "tier", "resnet50_8gib", "margin", "command_8gib", "ddp"]
-    page = output.read_text()
-    assert "FAILED: command_8gib" in page and "left out under --quick" in page
-    order.clear()
-    monkeypatch.setattr(gc, "PARTS", {key: fake(key, "pass") for key in gc.PARTS})
-    assert gc.main(["--output", str(output), "--skip-tier"]) == 0
-    assert "tier" not in order and "--skip-tier" in output.read_text()
-
-
-def test_the_ddp_part_is_skipped_with_its_reason_on_one_gpu(gc):
-    part = gc.Part("ddp", "(c)", 150)
-    gc.part_ddp(part, gc.Context(quick=False, deadline=0, gpus=1), gc.Report(), 150)
-    assert part.verdicts[0][1].status == "skipped" and "rank r on visible GPU r" in part.verdicts[0][1].reason
+    assert "stopped before its end" in gc.render(report)
 
 
 def test_the_specs_the_check_runs_are_valid_isoprobe_specs(gc):
     from isoprobe.spec.model import Spec
 
-    for workload in (gc.RESNET_8, gc.Workload(ranks=2), gc.Workload(budget_bytes=11 * GiB),
-                     gc.Workload(model="mobilenet_v3_large", precision="fp16-mixed", budget_bytes=16 * GiB)):
+    for workload in (gc.RESNET_8, gc.RESNET_8_EXPANDABLE, gc.WHOLE_CARD, gc.Workload(ranks=2)):
         spec = Spec.model_validate(workload.spec())
-        assert spec.memory_budget == workload.budget_bytes
+        assert spec.memory_budget == workload.budget_bytes and spec.allocator == workload.alloc_conf
     Spec.model_validate({"device": "cuda", "memory_budget": 8 * GiB, "recommendation": {"soak_steps": 0},
                          "search": {"start_batch_size": 80, "trial_timeout": 120},
-                         "command": gc.RESNET_8.plain_args("{batch_size}", 100000, budget=False)})
+                         "command": gc.RESNET_8.plain_args("{batch_size}", 100000)})
 
 
 def test_isoprobe_takes_the_command_trial_as_the_check_gives_it(gc):
@@ -402,8 +324,8 @@ def test_isoprobe_takes_the_command_trial_as_the_check_gives_it(gc):
     prints its document (issue 56), which the check reads as no answer."""
     spec = {"device": "cuda", "memory_budget": 8 * GiB, "recommendation": {"soak_steps": 0},
             "search": {"start_batch_size": 80, "trial_timeout": 120}}
-    result, seconds, stderr, returncode = gc.isoprobe_json(
-        spec, 60, gc.RESNET_8.plain_args("{batch_size}", 100000, budget=False))
+    ctx = gc.Context(quick=True, deadline=0)
+    result, seconds, stderr, returncode = gc.isoprobe_json(ctx, spec, 60, gc.RESNET_8.plain_args("{batch_size}", 9))
     assert returncode == 2 and "sees no GPU" in stderr, stderr
     assert result["stop_reason"] == "bad_spec" and result["max_batch_size"] is None and not result["answered"]
 
@@ -413,18 +335,20 @@ def test_isoprobe_takes_the_command_trial_as_the_check_gives_it(gc):
 
 def test_without_a_gpu_the_check_says_so_writes_nothing_and_exits_5(tmp_path):
     output = tmp_path / "gpu.md"
+    out = tmp_path / "out"
+    out.mkdir()
     run = subprocess.run([sys.executable, str(SCRIPT), "--output", str(output)], capture_output=True, text=True,
-                         env={**os.environ, "CUDA_VISIBLE_DEVICES": ""}, timeout=120)
+                         env={**os.environ, "CUDA_VISIBLE_DEVICES": "", "OUT": str(out)}, timeout=120)
     assert run.returncode == _module().NO_GPU_EXIT == 5
     assert "no CUDA GPU visible" in run.stderr and "nothing measured" in run.stderr
-    assert not output.exists()
+    assert not output.exists() and not list(out.iterdir())
 
 
-def test_the_no_gpu_exit_code_is_none_of_isoprobes_own():
+def test_the_no_gpu_exit_code_is_none_of_isoprobes_own(gc):
     from isoprobe.errors import ExitCode
 
-    assert _module().NO_GPU_EXIT not in {int(code) for code in ExitCode}
-    assert _module().gpu_present({"CUDA_VISIBLE_DEVICES": ""}) is False
+    assert gc.NO_GPU_EXIT not in {int(code) for code in ExitCode}
+    assert gc.gpu_present(gc.Runner(), {"CUDA_VISIBLE_DEVICES": ""}) is False
 
 
 # --------------------------------------------------------------------------- the plain loop, the truth
