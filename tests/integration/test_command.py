@@ -186,6 +186,8 @@ FIVE = [
 ]
 #: What a trial's command asks for steps: more than any trial runs (the trial ends the command, not the script).
 LONG_RUN = "100000"
+#: The steps of each script's own run that the answer must train (and the batch above it run out in).
+TRUTH_STEPS = 30
 
 
 @pytest.mark.parametrize("template, budget, start", [case[1:] for case in FIVE], ids=[case[0] for case in FIVE])
@@ -201,8 +203,11 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     script's 38 under 1085 MiB in 4 of 7, where a command's floor of 1 MiB answered it and CI's two runs of it
     both ran out); so they are reported, and asserted on by nothing that one run decides."""
     command = [LONG_RUN if word == "{max_steps}" else word for word in template]
+    # None of the five evaluates: the deciding trial waits for a pass as long as the truth below runs (30 steps,
+    # search.cycle_steps; 60 by default, which doubled that trial's time and showed nothing more). The wait for a
+    # pass that never comes is test_command_cycle.py's.
     done = probe(scratch, command, "--memory-budget", budget, "--set", f"search.start_batch_size={start}",
-                          "--set", "recommendation.soak_steps=0")
+                 "--set", "recommendation.soak_steps=0", "--set", f"search.cycle_steps={TRUTH_STEPS}")
     assert done.returncode == 0, done.stderr[-3000:]
     result = done.json
     marginal = [m["batch_size"] for m in (result["edge_margin"] or {}).get("marginal", [])]
@@ -236,9 +241,10 @@ def test_the_answer_trains_in_the_scripts_own_run_and_the_edge_is_the_scripts(tm
     cap = command_truth.parse_size(budget)
     truth = tmp_path / "truth"
     truth.mkdir()
-    trains = command_truth.run_once(template, result["max_batch_size"], 30, cap, 300, truth, exported=exported)
+    trains = command_truth.run_once(template, result["max_batch_size"], TRUTH_STEPS, cap, 300, truth,
+                                    exported=exported)
     assert trains.outcome == "survived", (result["max_batch_size"], trains.reason, trains.tail)
-    above = command_truth.run_once(template, failing + 1, 30, cap, 300, truth, exported=exported)
+    above = command_truth.run_once(template, failing + 1, TRUTH_STEPS, cap, 300, truth, exported=exported)
     assert above.outcome == "oom", (failing + 1, above.reason, above.tail)
 
 
