@@ -151,7 +151,8 @@ def test_an_edited_script_is_probed_again_and_an_unchanged_one_comes_from_the_ca
     script.write_text((COMMANDS / "plain_loop.py").read_text())
     cache = tmp_path / "cache"
     options = ["run", "--format", "json", "--memory-budget", "1536MiB", "--set", "search.max_batch_size=2",
-               "--set", "search.steady_steps=0", "--", sys.executable, "train.py", "--batch-size", "{batch_size}"]
+               "--set", "search.steady_steps=0", "--set", "search.cycle_steps=0", "--set", "recommendation.soak_steps=0",
+               "--", sys.executable, "train.py", "--batch-size", "{batch_size}"]
     first = run_cli(*options, cwd=tmp_path, cache_dir=cache)
     assert first.returncode == 0 and first.json["trials"], first.stderr[-2000:]
     assert str(script.resolve()) in first.json["sources"]  # the trials' processes ran it: the entry's source

@@ -58,8 +58,10 @@ def test_a_helper_that_stepped_and_exited_before_training_is_not_waited_for(scra
     stepped and exited, was counted as a rank forever, and every trial timed out ("no optimizer step seen", 20
     minutes at the default timeout). Now the helper is no rank once it has ended, and the trials measure the
     script's own steps (at their batch: the helper's batch 2 is no credit for another)."""
+    # Every trial showed the bug (each timed out): short trials, no wait for an evaluation pass, no soak.
     done = run_cli("run", "--no-cache", "--format", "json", "--memory-budget", "1GiB", "--set",
-                   "search.trial_timeout=60", "--set", "search.max_batch_size=16", "--",
+                   "search.trial_timeout=60", "--set", "search.max_batch_size=16", "--set", "search.steady_steps=0",
+                   "--set", "search.cycle_steps=0", "--set", "recommendation.soak_steps=0", "--",
                    sys.executable, str(REPO / "tests" / "commands" / "sanity_check_first.py"), "--batch-size",
                    "{batch_size}", timeout=600, cwd=REPO, env={"TMPDIR": str(scratch), "OMP_NUM_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
