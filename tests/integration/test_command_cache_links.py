@@ -56,7 +56,7 @@ def project():
 
 def probe(project: Path):
     run = run_cli("run", "--format", "json", "--memory-budget", "1536MiB", "--set", "search.start_batch_size=1",
-                  "--set", "search.max_batch_size=1", "--set", "search.steady_steps=0",
+                  "--set", "search.max_batch_size=1", "--set", "search.steady_steps=0", "--set", "search.cycle_steps=0",
                   "--set", "recommendation.soak_steps=0", "--", sys.executable, "train.py", "{batch_size}",
                   cwd=project, cache_dir=project / "cache", env={"TMPDIR": str(project / "tmp"),
                                                                  "OMP_NUM_THREADS": "1"}, timeout=300)
