@@ -10,7 +10,7 @@ process (a gang of ``--ranks`` spawned processes for DDP, one GPU each), as a us
 1. The budget, the way the user's job would get it: "the process may use ``--budget`` bytes on the card,
    context included". CUDA is initialised, a small matmul and a convolution run forward and backward (the
    libraries' handles and kernels load), then the memory the process holds outside torch's allocator is read
-   (``total - free - reserved``) and the allocator is capped at
+   (NVML's figure for this pid less the reserved bytes; ``total - free - reserved`` without NVML) and the allocator is capped at
    ``per_process_memory_fraction = (budget - outside) / total``. No budget: the whole card.
 2. The model from torchvision (``weights=None``), synthetic inputs and targets made once, and ``--steps``
    steps of the plainest loop: ``zero_grad``, ``outputs = model(x)``, ``loss = cross_entropy(outputs, y)``,
@@ -95,9 +95,31 @@ def _autocast(torch, device_type: str, precision: str):
     return contextlib.nullcontext() if dtype is None else torch.autocast(device_type, dtype=dtype)
 
 
+def _own_bytes(device) -> int | None:
+    """What this process holds on its GPU by NVML's count for its pid, or None where NVML cannot say. Under the
+    ballast the card-wide ``total - free`` would count the ballast's memory as this process's."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        handle = pynvml.nvmlDeviceGetHandleByIndex(device.index or 0)
+        for process in pynvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == os.getpid() and process.usedGpuMemory:
+                return int(process.usedGpuMemory)
+    except Exception:
+        return None
+    return None
+
+
 def _outside(torch, device) -> int:
+    """Memory this process holds outside torch's allocator: NVML's per-process figure less the reserved bytes, or
+    (no NVML) the card-wide ``total - free - reserved``, which then counts other processes too."""
+    reserved = torch.cuda.memory_reserved(device)
+    own = _own_bytes(device)
+    if own is not None:
+        return max(0, own - reserved)
     free, total = torch.cuda.mem_get_info(device)
-    return max(0, total - free - torch.cuda.memory_reserved(device))
+    return max(0, total - free - reserved)
 
 
 def apply_budget(torch, device, budget: int | None, precision: str) -> dict:
@@ -113,7 +135,7 @@ def apply_budget(torch, device, budget: int | None, precision: str) -> dict:
     torch.cuda.synchronize(device)
     del a, x, w, total
     free, card = torch.cuda.mem_get_info(device)
-    outside = max(0, card - free - torch.cuda.memory_reserved(device))
+    outside = _outside(torch, device)
     fraction = None
     if budget:
         fraction = min(1.0, max(0, budget - outside) / card)

@@ -38,7 +38,8 @@ the parent never imports torch and never guesses at what a child meant.
     command_seen.py      what the supervisor has seen so far, written as it goes (what a timeout reports)
     trained_batch.py     whether a command's steps trained at the batch asked (the model's forward shapes)
     rank_loss.py         which rank a launcher lost to a signal, from its report and the peers' errors
-    shim/        inside the command's own processes: the step hooks, the forwards, the reads (stdlib only)
+    shim/        inside the command's own processes: the step hooks, the forwards, the CUDA budget, the reads
+                 (stdlib only)
 
 Importing this package imports nothing: torch is imported inside the functions
 that need it, after the ``started`` event (or during a warm child's wait).

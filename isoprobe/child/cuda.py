@@ -20,7 +20,8 @@ from __future__ import annotations
 from typing import Any
 
 from isoprobe.child.cuda_readings import (  # noqa: F401 - the readings' one home, named here too
-    allocator_backend, allocator_need, budget_fraction, card_reading, outside_allocator_bytes, step_readings)
+    allocator_backend, allocator_need, budget_fraction, card_reading, outside_allocator_bytes, own_process_bytes,
+    step_readings)
 
 #: bfloat16 needs compute capability 8.0 (Ampere) or newer. ``torch.cuda.is_bf16_supported()``
 #: is no rule for this: it returns True for emulated bf16 by default (``including_emulation=True``
@@ -73,9 +74,19 @@ def setup(torch, device, precision: str, budget_bytes: int | None) -> dict[str, 
     warm_up(torch, device, precision)
     free, total = torch.cuda.mem_get_info(device)
     if budget_bytes:
-        outside = outside_allocator_bytes(free, total, torch.cuda.memory_reserved(device))
+        outside = outside_allocator_bytes(free, total, torch.cuda.memory_reserved(device),
+                                          own_process_bytes(torch.cuda, device))
         torch.cuda.set_per_process_memory_fraction(budget_fraction(budget_bytes, total, outside), device)
     return {"total_memory_bytes": total}
+
+
+def start_counting(torch, device) -> None:
+    """The trial's readings from here on: the peaks (the weights, allocated already, still count) and the
+    allocator's retries and out-of-memory counts, which accumulate from the process's start
+    (``resetPeakStats`` leaves ``num_alloc_retries`` alone; ``resetAccumulatedStats`` zeroes it): counted from the
+    start, a retry while the model was built read as the batch's."""
+    torch.cuda.reset_peak_memory_stats(device)
+    torch.cuda.reset_accumulated_memory_stats(device)
 
 
 def readings(torch, device, sizes, step_budget_peak: int | None = None) -> dict[str, Any]:

@@ -18,7 +18,24 @@ nothing of isoprobe by name), as ``child/srun_rank.py`` loads its stdlib-only mo
   free inside them (``inactive_split_bytes``, the fragmentation a retry cannot give back) is what the batch needs.
   Under ``backend:cudaMallocAsync`` the fraction caps bytes in use (``pytorch_used_bytes`` against
   ``pytorch_memory_limits``, c10/cuda/CUDAMallocAsyncAllocator.cpp), so the need is the allocated peak.
+- **Under expandable segments the need is the mapped bytes' peak** (``max_memory_reserved``). c10 keeps expandable
+  blocks out of ``inactive_split`` (``free_block``, ``alloc_found_block``: "fully free pages of expandable blocks
+  can always be freed"), so that statistic stays near 0, while the cap counts every mapped page (``map_block`` adds
+  to ``total_allocated_memory`` and ``reserved_bytes``; ``alloc_block`` refuses ``total_allocated_memory + size``
+  above the fraction). The allocated peak alone overstated the margin and called a batch at the cap safe.
+- **What lies outside the allocator is this process's own** (``outside_bytes``): NVML's per-process figure
+  (``nvmlDeviceGetComputeRunningProcesses``, this pid's ``usedGpuMemory``) less the allocator's reserved bytes.
+  ``cudaMemGetInfo`` is card-wide: ``total - free - reserved`` counts a neighbour's memory as this trial's, and a
+  neighbour holding the budget left the fraction at 0. Where NVML cannot say (no pynvml, a container that does not
+  share the host's pid namespace, Windows WDDM, MIG), the card-wide figure stands: conservative, a neighbour's
+  memory is taken off the budget, never added to it.
+- **The fraction is set where it creates no context** (``fraction_creates_context``): torch before 2.10 sets it
+  with ``SetDevice`` and ``cudaMemGetInfo`` (``NativeCachingAllocator::setMemoryFraction``; 2.10 caps against
+  ``device_prop.totalGlobalMem``), a context on every device it is set on, and the device left current;
+  ``get_per_process_memory_fraction`` exists from 2.6 on.
 """
+
+import os
 
 
 def budget_fraction(budget_bytes, total_bytes, outside_bytes, script_fraction=None):
@@ -34,12 +51,12 @@ def budget_fraction(budget_bytes, total_bytes, outside_bytes, script_fraction=No
     return min(1.0, allowed / total_bytes)
 
 
-def outside_allocator_bytes(free_bytes, total_bytes, reserved_bytes):
-    """Memory in use on the card that this process's allocator did not reserve.
-
-    Read where no other process uses the card (a trial's GPU), this is the process's own context, library handles
-    and kernels. Other processes' memory counts here too: on a shared card they take memory from the trial as much.
-    """
+def outside_allocator_bytes(free_bytes, total_bytes, reserved_bytes, own_bytes=None):
+    """Memory this process holds on the card that its allocator did not reserve: its context, library handles and
+    kernels. ``own_bytes`` (NVML's figure for this process) where known; else the card-wide ``total - free``, which
+    counts other processes' memory too (see the module's docstring)."""
+    if own_bytes is not None:
+        return max(0, own_bytes - reserved_bytes)
     return max(0, total_bytes - free_bytes - reserved_bytes)
 
 
@@ -51,18 +68,80 @@ def allocator_backend(cuda):
         return "native"
 
 
-def allocator_need(reserved_peak, allocated_peak, split_peak, asynchronous):
+def allocator_need(reserved_peak, allocated_peak, split_peak, asynchronous, expandable=False):
     """The bytes the allocator needed, in the units its cap counts (see the module's docstring).
 
     Native: the allocated peak plus the peak of free space inside used segments (``inactive_split_bytes``), never
-    above the reserved peak (which holds both); without that statistic, the reserved peak. cudaMallocAsync: the
+    above the reserved peak (which holds both); without that statistic, the reserved peak. Expandable segments: the
+    reserved peak, the mapped pages the cap counts (``inactive_split`` leaves them out). cudaMallocAsync: the
     allocated peak (its reserved peak is the pool's high-water mark).
     """
     if asynchronous:
         return allocated_peak
-    if split_peak is None:
+    if split_peak is None or expandable:
         return reserved_peak
     return min(reserved_peak, allocated_peak + split_peak)
+
+
+#: The allocator's settings, as torch reads them (newer releases read the second too; isoprobe sets both).
+ALLOC_CONF_ENVS = ("PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF")
+
+
+def expandable_segments(stats, environ=None):
+    """Whether the native allocator maps expandable segments: its setting says so (the last
+    ``expandable_segments`` key of the settings torch reads), or its statistics do (memory reserved while no
+    segment was ever counted: ``segment.*`` counts cudaMalloc'd segments only, ``map_block`` only
+    ``reserved_bytes``)."""
+    environ = os.environ if environ is None else environ
+    for name in ALLOC_CONF_ENVS:
+        said = None
+        for token in (environ.get(name) or "").split(","):
+            key, _, value = token.partition(":")
+            if key.strip() == "expandable_segments":
+                said = value.strip().lower() == "true"
+        if said is not None:
+            return said
+    return stats.get("reserved_bytes.all.peak", 0) > 0 and stats.get("segment.all.peak") == 0
+
+
+def fraction_creates_context(version):
+    """torch before 2.10: ``set_per_process_memory_fraction(f, d)`` calls ``SetDevice(d)`` and ``cudaMemGetInfo``
+    (a context on ``d``, and ``d`` left current). An unreadable version counts as old: the careful path."""
+    try:
+        major, minor = (int(part) for part in str(version).split("+")[0].split(".")[:2])
+    except ValueError:
+        return True
+    return (major, minor) < (2, 10)
+
+
+_NVML = {}
+
+
+def own_process_bytes(cuda, device):
+    """What this process holds on ``device`` by NVML's count (context, libraries and allocator together), or None
+    where NVML cannot say (see the module's docstring). NVML is initialised once; a failure is remembered."""
+    if _NVML.get("failed"):
+        return None
+    try:
+        if "module" not in _NVML:
+            import pynvml
+
+            pynvml.nvmlInit()
+            _NVML["module"] = pynvml
+        nvml = _NVML["module"]
+        index = device if isinstance(device, int) else getattr(device, "index", None)
+        to_nvml = getattr(cuda, "_get_nvml_device_index", None)  # CUDA_VISIBLE_DEVICES's order to NVML's
+        nvml_index = to_nvml(index if index is not None else cuda.current_device()) if to_nvml else index
+        handle = nvml.nvmlDeviceGetHandleByIndex(nvml_index)
+        pid = os.getpid()
+        for process in nvml.nvmlDeviceGetComputeRunningProcesses(handle):
+            if process.pid == pid:
+                used = process.usedGpuMemory
+                return int(used) if used else None  # None: NVML_VALUE_NOT_AVAILABLE; 0: a container's view
+        return None  # not listed: a pid namespace of our own
+    except Exception:
+        _NVML["failed"] = True
+        return None
 
 
 def card_reading(cuda, device):
@@ -78,8 +157,9 @@ def card_reading(cuda, device):
     except Exception:  # an allocator without statistics: the reserved peak stands for the need
         stats = {}
     asynchronous = allocator_backend(cuda) == "cudaMallocAsync"
-    need = allocator_need(reserved_peak, allocated_peak, stats.get("inactive_split_bytes.all.peak"), asynchronous)
-    outside = outside_allocator_bytes(free, total, reserved)
+    need = allocator_need(reserved_peak, allocated_peak, stats.get("inactive_split_bytes.all.peak"), asynchronous,
+                          not asynchronous and expandable_segments(stats))
+    outside = outside_allocator_bytes(free, total, reserved, own_process_bytes(cuda, device))
     return {"reserved_peak": reserved_peak, "allocated_peak": allocated_peak, "need": need, "outside": outside,
             "budget_peak_bytes": need + outside, "retries": int(stats.get("num_alloc_retries", 0)),
             "held": cuda.memory_allocated(device)}

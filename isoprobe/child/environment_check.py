@@ -139,13 +139,16 @@ def _cuda_devices(torch, spec: Spec) -> list[CudaDevice]:
     devices = []
     for index in range(count):
         properties = torch.cuda.get_device_properties(index)
-        free = None
+        free = outside = None
         if index == target:
             torch.cuda.set_device(index)
             torch.empty(1, device=f"cuda:{index}")  # the first allocation: the allocator's setting, checked
-            free, _ = torch.cuda.mem_get_info(index)  # this child's own context is already taken out
+            free, total = torch.cuda.mem_get_info(index)  # this child's own context is already taken out
+            own = child_cuda.own_process_bytes(torch.cuda, index)  # not a neighbour's memory (child.cuda_readings)
+            if own is not None:
+                outside = child_cuda.outside_allocator_bytes(free, total, torch.cuda.memory_reserved(index), own)
         devices.append(CudaDevice(name=properties.name, total_memory_bytes=properties.total_memory,
-                                  free_memory_bytes=free))
+                                  free_memory_bytes=free, outside_bytes=outside))
     return devices
 
 

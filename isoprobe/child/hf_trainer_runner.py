@@ -33,6 +33,7 @@ import gc
 import time
 from typing import TYPE_CHECKING, Any
 
+from isoprobe.child import cuda as child_cuda
 from isoprobe.child.frameworks import final_readings, framework_cycle
 from isoprobe.child.memory import cpu_memory
 from isoprobe.child.step_report import StepHook
@@ -60,7 +61,7 @@ def run_trainer(request: TrialRequest, events: Events, progress: Progress, torch
     progress.phase = "model_built"
     events.emit(ModelBuilt(memory=cpu_memory()))
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)  # the weights are allocated already and still count
+        child_cuda.start_counting(torch, device)  # peaks and retries from here on
     hook = StepHook(torch, device, request, events, progress)
     early = request.cycle is not None and evaluates(transformers, trainer)
     stepper = prepare_for_trial(transformers, trainer, hook, early_after=spec.search.steps if early else None)

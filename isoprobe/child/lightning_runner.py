@@ -41,6 +41,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, Any
 
+from isoprobe.child import cuda as child_cuda
 from isoprobe.child.frameworks import final_readings, framework_cycle
 from isoprobe.report import steady
 from isoprobe.child.memory import cpu_memory
@@ -320,7 +321,7 @@ def run(request: TrialRequest, events: Events, progress: Progress, torch: Any, d
         os.environ["LOCAL_RANK"] = str(request.rank.rank)  # Lightning attaches to the gang, launches nothing
         os.environ.setdefault("NODE_RANK", "0")
     if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        child_cuda.start_counting(torch, device)  # peaks and retries from here on
     early = request.cycle is not None and validates(module, datamodule)
     validated: list[int] = []  # the step whose reading first includes the early validation
     arguments = trainer_arguments(spec, device, world_size) | (validation_early(spec) if early else {})

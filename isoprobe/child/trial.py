@@ -111,8 +111,7 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
     if request.rank is not None:  # which rank hung, if the gang times out inside a step (executors.gang.laggard)
         step.on_forwarded = lambda: events.emit(Forwarded(step=len(progress.step_seconds) + 1))
     if cuda:
-        # Peaks from here on; the model's weights are allocated already and still count.
-        torch.cuda.reset_peak_memory_stats(device)
+        child_cuda.start_counting(torch, device)  # peaks and retries from here on
     batch = step.batch(request.batch_size, request.data_indices)
     real_steps = RealSteps(step, lambda: len(progress.step_seconds) + 1)
     hook = StepHook(torch, device, request, events, progress)

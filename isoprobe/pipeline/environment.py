@@ -58,6 +58,9 @@ class Target:
     #: CUDA: the memory free when the environment was checked (other processes and the check's context taken
     #: out). Shown, not predicted against: a trial's reading counts the whole card's use (``search_capacity``).
     free_bytes: int | None = None
+    #: CUDA: what the check's own process held outside its allocator, by NVML's per-process count (None where
+    #: NVML cannot say): a neighbour's memory is not the trial's (``cuda_outside_bytes``).
+    own_outside_bytes: int | None = None
     #: CPU: the environment check's readings after its imports, which are every trial's (``preload``, in
     #: ``inspect_conditions`` and ``trial_conditions`` alike): a trial's peak below them cannot be true
     #: (``pipeline.plausibility``).
@@ -84,9 +87,14 @@ class Target:
 
     @property
     def cuda_outside_bytes(self) -> int | None:
-        """CUDA: what the environment check saw in use on the trials' card outside an allocator (its context and
-        other processes' memory), the first figure a command's shim takes off its budget; None elsewhere."""
-        if self.backend != "cuda" or self.free_bytes is None:
+        """CUDA: what the environment check held on the trials' card outside its allocator, the first figure a
+        command's shim takes off its budget; None elsewhere. Its own, where NVML gives its pid's figure; else all in
+        use on the card, other processes' memory included (conservative: a neighbour then shrinks the cap)."""
+        if self.backend != "cuda":
+            return None
+        if self.own_outside_bytes is not None:
+            return self.own_outside_bytes
+        if self.free_bytes is None:
             return None
         return max(0, self.info.total_memory_bytes - self.free_bytes)
 
@@ -309,8 +317,8 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
         capacity_bytes=budget or device.total_memory_bytes,
         note=note,
     )
-    return Target("cuda", requested_device, info, device.free_memory_bytes, model_imports=tuple(facts.model_imports),
-                  data=facts.data, train_samples=facts.train_samples)
+    return Target("cuda", requested_device, info, device.free_memory_bytes, own_outside_bytes=device.outside_bytes,
+                  model_imports=tuple(facts.model_imports), data=facts.data, train_samples=facts.train_samples)
 
 
 def check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,

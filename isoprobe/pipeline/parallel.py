@@ -109,7 +109,9 @@ def cuda_slots(asked: int | str, target: Target, gpus: list[dict], why: str | No
             "search.parallel", "NVML does not report the slots' free memory, so another process's memory on a slot "
             "could not be seen", "set search.parallel: 1")])
     budget = target.info.memory_budget_bytes
-    need = min(free[0], budget) if budget else free[0]
+    # Under a budget every slot, the target's too, needs the budget free: a card with less would run a trial out of
+    # memory below the budget it emulates (a neighbour's memory is not taken off the budget's cap any more).
+    need = budget if budget else free[0]
     short = [(first + i, f) for i, f in enumerate(free) if f < need - SLOT_FREE_TOLERANCE]
     if short:
         listed = ", ".join(f"cuda:{index} has {format_bytes(f)} free" for index, f in short)

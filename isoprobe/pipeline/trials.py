@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from isoprobe.executors import ChildRun, Conditions, Executor
 from isoprobe.executors.rounds import run_round
-from isoprobe.report.outcomes import Outcome, card_was_full, free_at_failure, maybe_allocation_failure
+from isoprobe.report.outcomes import (Outcome, card_was_full, free_at_failure, handle_creation,
+                                      maybe_allocation_failure)
 from isoprobe.report.output import Reporter
 from isoprobe.pipeline.command_ahead import command_plan
 from isoprobe.pipeline.environment import Target, trial_conditions
@@ -112,11 +113,14 @@ class TrialRunner:
                     f"{headline} under the {format_bytes(budget)} budget, but batch {batch_size} fit with "
                     f"{format_bytes(larger) if larger else 'no cap'} (trial {check.index}): an allocation failure"))
         elif self.target.backend == "cuda" and (memory := trial.error.cuda_memory) is not None:
-            free = free_at_failure(memory.free_bytes, memory.reserved_bytes, memory.allocated_bytes)
+            free = free_at_failure(memory.free_bytes, memory.reserved_bytes, memory.allocated_bytes,
+                                   trial.error.message)
+            cache = ("a library handle's creation, which never gets the allocator's cache back"
+                     if handle_creation(trial.error.message) else "the allocator's cache counted as free")
             if card_was_full(free, memory.total_bytes):
                 trial = self._reclassify(trial, (
                     f"{headline} with {format_bytes(free)} of {format_bytes(memory.total_bytes)} free on the card, "
-                    f"the allocator's cache counted as free (this process had {format_bytes(memory.allocated_bytes)} "
+                    f"{cache} (this process had {format_bytes(memory.allocated_bytes)} "
                     "allocated): a library could not get its memory, an allocation failure"))
         return trial
 

@@ -10,12 +10,10 @@ process boundary is defined here and only here:
   once per probe. The spec travels typed, so the child reads its defaults from
   the same model the parent validated, never restated by hand.
 - **Events** (child to parent, one complete JSON line each, appended to the
-  file named by ``EVENTS_ENV``): ``started``, ``warm``, ``request``,
-  ``imported``, ``model_built``, ``step``, ``eval`` (a command trial's: ``command``), then exactly one
-  ``result`` (a trial) or ``inspected`` (the environment check, then its
-  ``estimated``). A line that
-  is cut short, is not JSON or does not match an event's model is dropped: it
-  is never guessed at, so a child that leaves no valid verdict is ``crashed``.
+  file named by ``EVENTS_ENV``): ``started``, ``warm``, ``request``, ``imported``, ``model_built``, ``step``,
+  ``eval`` (a command trial's: ``command``), then exactly one ``result`` (a trial) or ``inspected`` (the
+  environment check, then its ``estimated``). A line that is cut short, is not JSON or does not match an event's
+  model is dropped: it is never guessed at, so a child that leaves no valid verdict is ``crashed``.
 - **The names** of the environment variables and arguments that wire a child
   to its parent (defined in ``wiring``, re-exported here).
 
@@ -295,6 +293,8 @@ class CudaDevice(_Message):
     name: str
     total_memory_bytes: int
     free_memory_bytes: int | None = Field(None, description="Free when inspected, this child's context taken out.")
+    outside_bytes: int | None = Field(None, description="What this child held outside its allocator (context, "
+                                      "libraries) by NVML's count for its pid; None where NVML cannot say.")
 
 
 class InspectProblem(_Message):

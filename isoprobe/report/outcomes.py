@@ -246,12 +246,28 @@ def card_was_full(free_bytes: int, total_bytes: int) -> bool:
     return free_bytes < max(FULL_CARD_FREE_BYTES, FULL_CARD_FREE_FRACTION * total_bytes)
 
 
-def free_at_failure(free_bytes: int, reserved_bytes: int, allocated_bytes: int) -> int:
-    """What a library could have had at a failure: the card's free memory plus the allocator's cache (reserved,
-    not allocated). cuBLAS's workspace and cuDNN's come from torch's allocator, which frees its cache and retries
-    before it fails; read without the cache, a card whose cache filled it (any large batch without a budget)
-    looked full, and a cuDNN "unable to find an engine" or a 32-bit index limit there read as out of memory."""
+#: A library's handle being created: ``cublasCreate`` (ATen's CublasHandlePool.cpp) and ``cudnnCreate``
+#: (cudnn/Handle.cpp) allocate from the driver, outside torch's allocator, with no free-and-retry of its cache
+#: (DeviceThreadHandles.h: ``Handle(true)`` creates, nothing catches): its NOT_INITIALIZED comes with the cache held.
+_HANDLE_CREATION_MARKERS = ("cublascreate", "cudnncreate", "cublas_status_not_initialized",
+                            "cudnn_status_not_initialized")
+
+
+def free_at_failure(free_bytes: int, reserved_bytes: int, allocated_bytes: int, message: str = "") -> int:
+    """What a library could have had at a failure (``message``: its error): the card's free memory, plus the
+    allocator's cache (reserved, not allocated) where the library asks the allocator. cuBLAS's workspace and cuDNN's
+    come from torch's allocator, which frees its cache and retries before it fails: read without the cache, a card
+    whose cache filled it (any large batch without a budget) looked full, and a cuDNN "unable to find an engine" or a
+    32-bit index limit there read as out of memory. A handle's creation never gets the cache back
+    (``_HANDLE_CREATION_MARKERS``): counted as free there, a card full of cache turned its failure into an error."""
+    if handle_creation(message):
+        return free_bytes
     return free_bytes + max(0, reserved_bytes - allocated_bytes)
+
+
+def handle_creation(message: str) -> bool:
+    """A library's handle failed to be created (``_HANDLE_CREATION_MARKERS``)."""
+    return any(marker in message.lower() for marker in _HANDLE_CREATION_MARKERS)
 
 
 def maybe_allocation_failure(message: str) -> bool:

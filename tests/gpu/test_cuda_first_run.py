@@ -139,3 +139,32 @@ def test_the_inspect_child_holds_a_context_on_the_trials_gpu_only(tmp_path):
     """, env={"CUDA_DEVICE_ORDER": "PCI_BUS_ID", "SPEC_JSON": json.dumps(spec)})
     assert found["holding"] == [1], found
     assert found["free"][0] is None and found["free"][1] > 0
+
+
+def test_a_neighbours_memory_is_not_read_as_the_trials_own():
+    """Issue 57: a second process holds 3 GiB of the card; the trial's memory outside its allocator is its own (NVML's
+    figure for its pid), not the neighbour's. Where NVML lists no figure for this pid, the card-wide one stands: said."""
+    holder = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+        import sys, torch
+        held = torch.empty(3 * 1024**3, dtype=torch.uint8, device="cuda:0")
+        torch.cuda.synchronize()
+        print("held", flush=True)
+        sys.stdin.read()
+    """)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        found = _python("""
+            import json, torch
+            from isoprobe.child import cuda, cuda_readings
+            device = torch.device("cuda:0")
+            cuda.setup(torch, device, "fp32", 8 * 1024**3)
+            reading = cuda_readings.card_reading(torch.cuda, device)
+            print(json.dumps({"own": cuda_readings.own_process_bytes(torch.cuda, device),
+                              "outside": reading["outside"]}))
+        """)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    if found["own"] is None:
+        pytest.skip(f"NVML gives no figure for this pid here: the card-wide figure stands ({found})")
+    assert found["outside"] < 2 * 1024**3, found

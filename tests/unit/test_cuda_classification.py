@@ -83,7 +83,9 @@ def test_without_a_budget_a_full_card_at_the_failure_makes_it_out_of_memory():
     runner, lines = _runner(None, lambda call: _library_error(free=100 * 1024**2))
     trial = runner.run(64)
     assert trial.outcome is Outcome.OUT_OF_MEMORY
-    assert "300.00 MiB of 16.00 GiB free" in trial.reclassified  # the card's 100 MiB and the cache's 200 and "CUBLAS_STATUS_NOT_INITIALIZED" in trial.reclassified
+    # cublasCreate's handle comes from the driver: the allocator's 200 MiB cache is not given back for it (issue 57)
+    assert "100.00 MiB of 16.00 GiB free" in trial.reclassified and "CUBLAS_STATUS_NOT_INITIALIZED" in trial.reclassified
+    assert "a library handle's creation" in trial.reclassified
     assert len(runner.trials) == 1  # no re-run: there is no larger budget than the whole card
     assert any("reclassified as out_of_memory" in line for line in lines)
 

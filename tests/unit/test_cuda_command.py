@@ -5,13 +5,8 @@ The shim (``isoprobe/child/shim/_isoprobe_shim.py``) is imported as a module of 
 ``sys.modules``, as the user's process would have torch; the supervisor (``isoprobe.child.command``) runs in a fresh
 interpreter where it starts a command, since it kills every process below its own when a trial ends.
 
-``LazyFakeCuda`` adds to the fake what the shim relies on and ``FakeCuda`` does not model (say so to its owner):
-CUDA's lazy initialisation with its queued calls (``torch.cuda._lazy_call``, run by ``_lazy_init`` after
-``torch._C._cuda_init()`` and before any allocation), ``is_initialized`` meaning that initialisation (not a context),
-the allocator's statistics read without a context (``THCPModule_memoryStats`` reads the allocator's counters; torch
-returns {} before initialisation), and the native allocator's ``set_per_process_memory_fraction`` creating no context
-(``DeviceCachingAllocator::setMemoryFraction`` caps against ``totalGlobalMem`` from ``cudaGetDeviceProperties``),
-where cudaMallocAsync's does (``CUDAGuard``, ``lazy_init_device``, ``cudaMemGetInfo``).
+``LazyFakeCuda`` (tests/support/lazy_fake_cuda.py) adds CUDA's lazy initialisation to the fake, which the shim
+relies on.
 """
 
 from __future__ import annotations
@@ -31,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 
 from fake_cuda import (GiB, MiB, NCCL_OOM_MESSAGE, DistBackendError, FakeCard, FakeCuda,  # noqa: E402
                        OutOfMemoryError, fake_torch)
+from lazy_fake_cuda import LazyFakeCuda  # noqa: E402
 
 from isoprobe.child import command as supervisor  # noqa: E402
 from isoprobe.child import command_start, command_tree, command_verdicts  # noqa: E402
@@ -44,108 +40,14 @@ BUDGET = 8 * GiB
 CONTEXT = 500 * MiB
 
 
-class LazyFakeCuda(FakeCuda):
-    """``FakeCuda`` with torch's lazy initialisation and the context-free reads of a real torch.cuda (see above)."""
-
-    def __init__(self, *cards, **kwargs):
-        super().__init__(*cards, **kwargs)
-        self.lazy_done = False
-        self.queued: list = []
-        self.set_per_process_memory_fraction = self._set_fraction  # a plain attribute, as torch.cuda's function
-        self.get_per_process_memory_fraction = self._get_fraction
-
-    def _lazy_call(self, callable_) -> None:
-        if self.lazy_done:
-            callable_()
-        else:
-            self.queued.append(callable_)
-
-    def _lazy_init(self) -> None:
-        if self.lazy_done:
-            return
-        self.lazy_done = True  # torch sets _tls.is_initializing: a queued call's own _lazy_init returns at once
-        self.calls.append(("lazy_init",))
-        for queued in self.queued:
-            queued()
-
-    def is_initialized(self) -> bool:
-        return self.lazy_done
-
-    def _device(self, device):
-        self._lazy_init()
-        return super()._device(device)
-
-    def init(self) -> None:
-        self._lazy_init()
-        super().init()
-
-    def current_device(self) -> int:
-        self._lazy_init()
-        return self.current
-
-    def get_device_properties(self, device=None):
-        self._lazy_init()
-        return super().get_device_properties(device)
-
-    def _set_fraction(self, fraction, device=None) -> None:
-        self._lazy_init()
-        if self.backend != "native":
-            return FakeCuda.set_per_process_memory_fraction(self, fraction, device)
-        if not isinstance(fraction, float) or not 0 <= fraction <= 1:
-            raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
-        index = self._index(device)
-        self.devices[index].fraction = fraction
-        self.calls.append(("fraction", fraction, index))
-
-    def _get_fraction(self, device=None) -> float:
-        self._lazy_init()
-        return self.devices[self._index(device)].fraction
-
-    def _stats_only(self, device):
-        """The allocator's own counters: no context (a device never used reads zero)."""
-        if not self.lazy_done:
-            return None
-        state = self.devices[self._index(device)]
-        if self.backend != "native" and not state.initialised:
-            return None  # cudaMallocAsync: 0s without creating a context
-        return state
-
-    def memory_reserved(self, device=None) -> int:
-        state = self._stats_only(device)
-        return state.reserved if state else 0
-
-    def max_memory_reserved(self, device=None) -> int:
-        state = self._stats_only(device)
-        return state.peak_reserved if state else 0
-
-    def max_memory_allocated(self, device=None) -> int:
-        state = self._stats_only(device)
-        return state.peak_allocated if state else 0
-
-    def memory_allocated(self, device=None) -> int:
-        state = self._stats_only(device)
-        return state.allocated if state else 0
-
-    def memory_stats(self, device=None) -> dict:
-        if self._stats_only(device) is None:
-            return {}
-        state = self.devices[self._index(device)]
-        initialised, state.initialised = state.initialised, True  # the parent's reads, without a context
-        try:
-            return FakeCuda.memory_stats(self, device)
-        finally:
-            state.initialised = initialised
-
-    def contexts(self) -> list[int]:
-        return [call[1] for call in self.calls if call[0] == "context"]
-
-
 @pytest.fixture
 def shim(tmp_path, monkeypatch):
     """A fresh copy of the shim's module, its trial folder ``tmp_path`` (the gate open), the hooks' registrar."""
     spec = importlib.util.spec_from_file_location("_isoprobe_shim_under_test", SHIM_FOLDER / "_isoprobe_shim.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    for loaded in ("_isoprobe_child_shim__isoprobe_cuda", "_isoprobe_child_cuda_readings"):  # one process's state
+        monkeypatch.delitem(sys.modules, loaded, raising=False)
     monkeypatch.setenv(module.DIR_ENV, str(tmp_path))
     monkeypatch.setattr(sys, "addaudithook", lambda hook: None)  # not into pytest's own process for good
     monkeypatch.setattr(threading, "excepthook", threading.excepthook)

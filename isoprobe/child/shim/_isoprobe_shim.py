@@ -39,11 +39,6 @@ _SYSTEM_FOLDERS = ("/proc/", "/sys/", "/dev/", "/run/")
 
 _state = {"dir": None, "fd": None, "pid": None, "steps": 0, "last": None, "reported": set(), "reads": set(),
           "roots": (), "modules_done": 0, "lock": None,
-          # CUDA (see _install_cuda_budget): torch's own fraction setter, the budget, the memory outside the
-          # allocator per device (the estimate, then the most a step read), the script's own fractions per device,
-          # and each device's running peak in the budget's units.
-          "cuda": None, "set_fraction": None, "budget": None, "outside": {}, "outside_estimate": 0,
-          "script_fractions": {}, "budget_peaks": {},
           # The batch each step trained at: ``_isoprobe_forwards``, once its hooks are in.
           "forwards": None,
           # torch.save calls since the step before (``_watch_saves``: a checkpoint write is a phase of the cycle).
@@ -137,93 +132,18 @@ def _register(module):
 
 
 # ----------------------------------------------------------------------------------------------- CUDA
-#
-# The budget means what it means in isoprobe's own trials (``isoprobe.child.cuda_readings``, loaded by path): what the process may hold of
-# the card, its context and libraries included. So:
-#
-# - it is applied from before the first allocation: ``torch.cuda._lazy_call`` queues a call that CUDA's lazy
-#   initialisation runs right after ``torch._C._cuda_init()`` (torch/cuda/__init__.py, ``_lazy_init``), which every
-#   first CUDA tensor goes through, and which creates the caching allocator of every device
-#   (c10/cuda/CUDACachingAllocator.cpp, ``NativeCachingAllocator::init``) but no context. There, with the native
-#   allocator, the fraction is set on every device: ``DeviceCachingAllocator::setMemoryFraction`` caps against the
-#   device's ``totalGlobalMem`` read by ``cudaGetDeviceProperties`` in its constructor, which creates no context
-#   (the constructor itself applies ``PYTORCH_CUDA_ALLOC_CONF``'s ``per_process_memory_fraction`` that way).
-#   Under ``backend:cudaMallocAsync`` ``setMemoryFraction`` takes a ``CUDAGuard`` on the device, initialises its
-#   pool and asks ``cudaMemGetInfo`` (c10/cuda/CUDAMallocAsyncAllocator.cpp): a context on every device, so there
-#   the fraction is set only on the devices the process already uses, after a step; the supervisor's judging of
-#   every reading is the budget until then.
-# - the memory outside the allocator is taken off: the estimate the supervisor passes (CUDA_OUTSIDE_ENV), then
-#   what each step reads on the device, when more (lazily loaded kernels, NCCL's buffers come after the start);
-# - a script's own ``set_per_process_memory_fraction(f)`` is honoured on the emulated card, which is the budget:
-#   f of the budget (never above the budget less the outside memory), and ``get_per_process_memory_fraction``
-#   answers its f;
-# - only the devices the process uses are read and capped: a device whose allocator reserved memory
-#   (``max_memory_reserved(d) > 0``: ``THCPModule_memoryStats`` reads the allocator's counters, no CUDA call, and
-#   torch returns {} before CUDA is initialised), never ``current_device()``, which a DDP rank that placed its
-#   model with ``.to(f"cuda:{rank}")`` leaves at 0.
 
 
 def _install_cuda_budget(cuda):
-    """With a budget: cap every device's allocator at CUDA's lazy initialisation, and honour the script's own
-    fractions inside the budget (see above). Nothing without a budget or without torch.cuda."""
-    budget = _int_env(CUDA_BUDGET_ENV)
-    if budget is None or cuda is None or _state["cuda"] is not None:
-        return
-    _state.update(cuda=cuda, budget=budget, set_fraction=cuda.set_per_process_memory_fraction,
-                  outside_estimate=max(0, _int_env(CUDA_OUTSIDE_ENV) or 0))
-    ask_fraction = cuda.get_per_process_memory_fraction
-
-    def set_per_process_memory_fraction(fraction, device=None):
-        if not isinstance(fraction, float) or not 0 <= fraction <= 1:
-            return _state["set_fraction"](fraction, device)  # torch's own error, as without the shim
-        index = _device_index(cuda, device)
-        _state["script_fractions"][index] = fraction
-        _cap(cuda, index)
-
-    def get_per_process_memory_fraction(device=None):
-        ask_fraction(device)  # torch's own checks and initialisation
-        return _state["script_fractions"].get(_device_index(cuda, device), 1.0)
-
-    set_per_process_memory_fraction.__doc__ = _state["set_fraction"].__doc__
-    get_per_process_memory_fraction.__doc__ = ask_fraction.__doc__
-    for owner in (cuda, getattr(cuda, "memory", None)):
-        if owner is not None and getattr(owner, "set_per_process_memory_fraction", None) is _state["set_fraction"]:
-            owner.set_per_process_memory_fraction = set_per_process_memory_fraction
-        if owner is not None and getattr(owner, "get_per_process_memory_fraction", None) is ask_fraction:
-            owner.get_per_process_memory_fraction = get_per_process_memory_fraction
-    cuda._lazy_call(_at_cuda_init)
+    """With a budget: the CUDA budget as isoprobe's own trials mean it (``_isoprobe_cuda``, this folder's)."""
+    torch = sys.modules.get("torch")
+    _cuda().install(cuda, _int_env(CUDA_BUDGET_ENV), _int_env(CUDA_OUTSIDE_ENV), _readings(),
+                    getattr(torch, "__version__", None))
 
 
-def _at_cuda_init():
-    """Run by CUDA's lazy initialisation, before any allocation: every device's cap (native allocator only)."""
-    cuda = _state["cuda"]
-    try:
-        if _readings().allocator_backend(cuda) != "native":
-            return
-        for index in range(cuda.device_count()):
-            _cap(cuda, index)
-    except Exception as exc:  # never into the script's first CUDA call: the supervisor still judges every reading
-        sys.stderr.write(f"isoprobe shim: cannot cap the CUDA allocator ({type(exc).__name__}: {exc})\n")
-
-
-def _cap(cuda, index):
-    total = cuda.get_device_properties(index).total_memory
-    outside = max(_state["outside_estimate"], _state["outside"].get(index, 0))
-    script_fraction = _state["script_fractions"].get(index)
-    fraction = _readings().budget_fraction(_state["budget"], total, outside, script_fraction) if total > 0 else 1.0
-    _state["set_fraction"](float(fraction), index)
-
-
-def _device_index(cuda, device):
-    if device is None:
-        return cuda.current_device()
-    if isinstance(device, int):
-        return device
-    index = getattr(device, "index", None)
-    if isinstance(index, int):
-        return index
-    text = str(device)
-    return int(text.split(":", 1)[1]) if ":" in text else cuda.current_device()
+def _cuda():
+    """``_isoprobe_cuda``: the budget's caps and the step's CUDA readings (see its docstring)."""
+    return _own("child", "shim/_isoprobe_cuda")
 
 
 def _readings():
@@ -231,43 +151,15 @@ def _readings():
     return _own("child", "cuda_readings")
 
 
-def _used_devices(cuda):
-    """The devices whose allocator reserved memory in this process (a context exists there): no other is asked."""
-    used = []
-    for index in range(cuda.device_count()):
-        try:
-            if cuda.max_memory_reserved(index) > 0:
-                used.append(index)
-        except Exception:
-            continue
-    return used
-
-
 def _cuda_memory(cuda):
     """The step's readings of the worst device the process uses, or None when it uses none."""
-    worst = None
-    for index in _used_devices(cuda):
-        cuda.synchronize(index)
-        reading = _readings().card_reading(cuda, index)
-        peak = max(reading["budget_peak_bytes"], _state["budget_peaks"].get(index, 0))  # never below a step's
-        _state["budget_peaks"][index] = peak
-        if _state["budget"] is not None and reading["outside"] > _state["outside"].get(index, 0):
-            _state["outside"][index] = reading["outside"]
-            _cap(cuda, index)  # what came outside the allocator since is taken off its cap too
-        line = {"peak_bytes": reading["reserved_peak"], "held_bytes": reading["held"], "budget_peak_bytes": peak,
-                "held_budget_bytes": reading["held"] + reading["outside"], "peak_allocated_bytes": reading["allocated_peak"], "outside_bytes": reading["outside"],
-                "alloc_retries": reading["retries"], "device": f"cuda:{index}"}
-        if index in _state["script_fractions"]:
-            line["script_memory_fraction"] = _state["script_fractions"][index]
-        if worst is None or peak > worst["budget_peak_bytes"]:
-            worst = line
-    return worst
+    return _cuda().memory(cuda, _readings())
 
 
 def _after_step(optimizer, args, kwargs):
     import time
 
-    if _state["cuda"] is None and _state["steps"] == 0:  # torch.cuda was not imported before its optimizers
+    if _cuda()._state["cuda"] is None and _state["steps"] == 0:  # torch.cuda was imported after its optimizers
         try:
             _install_cuda_budget(sys.modules.get("torch.cuda"))
         except Exception:
@@ -297,6 +189,9 @@ def _forward_mark(what):
 
     _write({"kind": "forward", "pid": os.getpid(), "step": _state["steps"] + 1, "returned": what == "returned",
             "t": time.time()})
+    torch = sys.modules.get("torch")
+    if _state["steps"] == 0 and what != "returned" and torch is not None and torch.cuda.is_initialized():
+        _cuda().forward_began(torch.cuda)  # the retries of the script's set-up are not the batch's
 
 
 def _watch_saves():
@@ -368,7 +263,7 @@ def _memory():
 def _own(package, module):
     """``isoprobe/PACKAGE/MODULE.py`` (standard library only), loaded from its file once: the shim imports nothing
     of isoprobe by name (a package's ``__init__`` may import pydantic), as ``child/srun_rank.py`` loads them."""
-    name = f"_isoprobe_{package}_{module}"
+    name = f"_isoprobe_{package}_{module}".replace("/", "_")
     loaded = sys.modules.get(name)
     if loaded is None:
         import importlib.util
