@@ -27,7 +27,8 @@ trial failed) are answers: a ``Result`` whose ``answered`` is false and whose
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # annotations only: importing the result model costs time, and ``isoprobe`` is imported lazily
     from isoprobe.report.result import Result
@@ -76,18 +77,24 @@ def probe(
     train with it). No signal handler is installed: SIGTERM ends the caller as it
     would anyway, and the trials end with it.
     """
-    from isoprobe.report.outcomes import StopReason
     from isoprobe.errors import shown
-    from isoprobe.spec.overrides import Override, from_mapping
+    from isoprobe.report.outcomes import StopReason
     from isoprobe.spec.load import DATA_SPEC_NAME, check_references, load_spec
+    from isoprobe.spec.overrides import Override, from_mapping
 
     if quiet and progress is not None:
         raise ValueError("give progress (where the lines go) or quiet=True (no lines), not both")
     given = from_mapping(overrides or {})
-    named = {"device": ("device", device), "memory_budget": ("memory_budget", memory_budget),
-             "max_batch_size": ("search.max_batch_size", max_batch_size)}
-    given += [Override(field, value, f"probe({name}={shown(value)})")
-              for name, (field, value) in named.items() if value is not None]
+    named = {
+        "device": ("device", device),
+        "memory_budget": ("memory_budget", memory_budget),
+        "max_batch_size": ("search.max_batch_size", max_batch_size),
+    }
+    given += [
+        Override(field, value, f"probe({name}={shown(value)})")
+        for name, (field, value) in named.items()
+        if value is not None
+    ]
     from_data = not isinstance(spec, (str, os.PathLike))
     spec_path = os.path.join(os.getcwd(), DATA_SPEC_NAME) if from_data else os.fspath(spec)
     loaded = load_spec(spec, given)
@@ -101,8 +108,9 @@ def probe(
 
         say = tell
     set_budget = any(override.field == "memory_budget" for override in given)
-    result = answer_for(loaded, spec_path, say, use_cache=cache, refresh=refresh,
-                        budget_source="command line" if set_budget else "spec")
+    result = answer_for(
+        loaded, spec_path, say, use_cache=cache, refresh=refresh, budget_source="command line" if set_budget else "spec"
+    )
     if result.stop_reason is StopReason.INTERRUPTED:
         raise KeyboardInterrupt
     return result
@@ -112,8 +120,16 @@ def _silent(line: str) -> None:
     """``quiet=True``: the progress lines go nowhere."""
 
 
-def answer_for(spec: Spec, spec_path: str, say: Callable[[str], None], *, use_cache: bool, refresh: bool,
-               budget_source: str, borrowed=None) -> Result:
+def answer_for(
+    spec: Spec,
+    spec_path: str,
+    say: Callable[[str], None],
+    *,
+    use_cache: bool,
+    refresh: bool,
+    budget_source: str,
+    borrowed=None,
+) -> Result:
     """The result for a valid spec: from the cache when it holds the answer, else from a probe (then stored).
 
     The one path from a valid spec to a ``Result``, for ``isoprobe run`` and
@@ -125,13 +141,20 @@ def answer_for(spec: Spec, spec_path: str, say: Callable[[str], None], *, use_ca
     frontier's bounds from its other points (``search.frontier_bounds``), which only steer the search.
     """
     from isoprobe.errors import ProbeError
-    from isoprobe.report.output import Reporter
     from isoprobe.pipeline.answer import answer
+    from isoprobe.report.output import Reporter
 
     reporter = Reporter(say)
     try:
-        return answer(spec, spec_path, reporter, use_cache=use_cache, refresh=refresh,
-                      budget_source=budget_source, borrowed=borrowed)
+        return answer(
+            spec,
+            spec_path,
+            reporter,
+            use_cache=use_cache,
+            refresh=refresh,
+            budget_source=budget_source,
+            borrowed=borrowed,
+        )
     except ProbeError as error:
         error.trials = error.trials or list(reporter.trials)  # the evidence: the trials run before it
         raise

@@ -60,7 +60,7 @@ def shown(value: object, limit: int = 40) -> str:
         text = repr(value)
     except (RecursionError, ValueError):  # ValueError: an int beyond Python's int-to-text limit
         return f"a {type(value).__name__} too deep or too long to show"
-    return text if len(text) <= limit else f"{text[:limit - 10]}... ({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[: limit - 10]}... ({len(text)} characters)"
 
 
 class IsoprobeError(Exception):

@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from isoprobe.report.result import Result
@@ -64,8 +65,17 @@ def find_batch_size(
         spec["training"] = {"eval_pass": True}
     if target_global_batch is not None:
         spec["plan"] = {"target_global_batch": target_global_batch}
-    return probe(spec, device=device, memory_budget=memory_budget, max_batch_size=max_batch_size,
-                 overrides=overrides, cache=cache, refresh=refresh, quiet=quiet, progress=progress)
+    return probe(
+        spec,
+        device=device,
+        memory_budget=memory_budget,
+        max_batch_size=max_batch_size,
+        overrides=overrides,
+        cache=cache,
+        refresh=refresh,
+        quiet=quiet,
+        progress=progress,
+    )
 
 
 def reference(function: Callable[..., Any] | str) -> str:
@@ -75,13 +85,17 @@ def reference(function: Callable[..., Any] | str) -> str:
     name = getattr(function, "__qualname__", None) or getattr(function, "__name__", None)
     module_name = getattr(function, "__module__", None)
     if not name or not module_name or "." in name or "<" in name:
-        raise ValueError(f"find_batch_size needs a function defined at the top level of a module or script, so that "
-                         f"a fresh process can import it by name; got {function!r}")
+        raise ValueError(
+            f"find_batch_size needs a function defined at the top level of a module or script, so that "
+            f"a fresh process can import it by name; got {function!r}"
+        )
     module = sys.modules.get(module_name)
     file = getattr(module, "__file__", None)
     if module_name == "__main__" or "." not in module_name:
         if not file:
-            raise ValueError(f"{name} is defined in {module_name}, which has no file (an interactive session or a "
-                             "notebook): put it in a .py file and import it from there")
+            raise ValueError(
+                f"{name} is defined in {module_name}, which has no file (an interactive session or a "
+                "notebook): put it in a .py file and import it from there"
+            )
         return f"{os.path.abspath(file)}:{name}"
     return f"{module_name}:{name}"

@@ -44,7 +44,8 @@ from __future__ import annotations
 import importlib.util
 import inspect
 import logging
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 from lightning.pytorch.utilities.parsing import lightning_setattr
@@ -60,10 +61,18 @@ _PRECISION = {lightning: ours for ours, lightning in LIGHTNING_PRECISION.items()
 class IsolatedBatchSizeFinder(pl.Callback):
     """Probes the Trainer's own setup in fresh processes before training, then sets the batch size (see the module)."""
 
-    def __init__(self, *, use: Literal["recommended", "max"] = "recommended", batch_arg_name: str = "batch_size",
-                 memory_budget: str | int | None = None, module_kwargs: Mapping[str, Any] | None = None,
-                 datamodule_kwargs: Mapping[str, Any] | None = None, overrides: Mapping[str, Any] | None = None,
-                 cache: bool = True, quiet: bool = False):
+    def __init__(
+        self,
+        *,
+        use: Literal["recommended", "max"] = "recommended",
+        batch_arg_name: str = "batch_size",
+        memory_budget: str | int | None = None,
+        module_kwargs: Mapping[str, Any] | None = None,
+        datamodule_kwargs: Mapping[str, Any] | None = None,
+        overrides: Mapping[str, Any] | None = None,
+        cache: bool = True,
+        quiet: bool = False,
+    ):
         if use not in ("recommended", "max"):
             raise ValueError(f"use: 'recommended' or 'max', not {use!r}")
         self.use, self.batch_arg_name, self.memory_budget = use, batch_arg_name, memory_budget
@@ -80,7 +89,7 @@ class IsolatedBatchSizeFinder(pl.Callback):
         if trainer.is_global_zero:
             try:
                 answer = self._probe(trainer, pl_module)
-            except Exception as exc:  # noqa: BLE001 - every rank must leave the broadcast; rank 0 raises below
+            except Exception as exc:
                 answer = (None, f"{type(exc).__name__}: {exc}")
         if trainer.world_size > 1:
             answer = trainer.strategy.broadcast(answer, src=0)
@@ -94,10 +103,14 @@ class IsolatedBatchSizeFinder(pl.Callback):
     def _probe(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[int | None, str]:
         from isoprobe import probe
 
-        result = probe(spec_for(trainer, pl_module, self.batch_arg_name, self.module_kwargs,
-                                self.datamodule_kwargs),
-                       memory_budget=self.memory_budget, overrides=self.overrides, cache=self.cache,
-                       quiet=self.quiet, progress=None if self.quiet else log.info)
+        result = probe(
+            spec_for(trainer, pl_module, self.batch_arg_name, self.module_kwargs, self.datamodule_kwargs),
+            memory_budget=self.memory_budget,
+            overrides=self.overrides,
+            cache=self.cache,
+            quiet=self.quiet,
+            progress=None if self.quiet else log.info,
+        )
         self.result = result
         size = result.max_batch_size if self.use == "max" else result.recommended_batch_size
         if not result.answered or size is None:
@@ -105,29 +118,40 @@ class IsolatedBatchSizeFinder(pl.Callback):
         return size, f"{result.message} (isoprobe, fresh processes); using the {self.use} batch"
 
 
-def spec_for(trainer: pl.Trainer, module: pl.LightningModule, batch_arg_name: str = "batch_size",
-             module_kwargs: Mapping[str, Any] | None = None,
-             datamodule_kwargs: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def spec_for(
+    trainer: pl.Trainer,
+    module: pl.LightningModule,
+    batch_arg_name: str = "batch_size",
+    module_kwargs: Mapping[str, Any] | None = None,
+    datamodule_kwargs: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
     """The spec (a dict, as ``probe`` takes it) of this Trainer's fit: its module, data module and memory settings."""
-    model: dict[str, Any] = {"lightning": reference(type(module)),
-                             "kwargs": init_arguments(module, module_kwargs, "module_kwargs")}
+    model: dict[str, Any] = {
+        "lightning": reference(type(module)),
+        "kwargs": init_arguments(module, module_kwargs, "module_kwargs"),
+    }
     datamodule = trainer.datamodule
     if datamodule is not None:
         model["datamodule"] = reference(type(datamodule))
         model["datamodule_kwargs"] = init_arguments(datamodule, datamodule_kwargs, "datamodule_kwargs")
     precision = _PRECISION.get(str(trainer.precision))
     if precision is None:
-        raise ValueError(f"precision {trainer.precision!r} is not probed by isoprobe (it runs "
-                         f"{', '.join(_PRECISION)})")
+        raise ValueError(f"precision {trainer.precision!r} is not probed by isoprobe (it runs {', '.join(_PRECISION)})")
     clip = trainer.gradient_clip_algorithm
-    lightning: dict[str, Any] = {"accumulate_grad_batches": trainer.accumulate_grad_batches,
-                                 "batch_arg_name": batch_arg_name}
+    lightning: dict[str, Any] = {
+        "accumulate_grad_batches": trainer.accumulate_grad_batches,
+        "batch_arg_name": batch_arg_name,
+    }
     if trainer.gradient_clip_val is not None:
         lightning["gradient_clip_val"] = float(trainer.gradient_clip_val)
         lightning["gradient_clip_algorithm"] = getattr(clip, "value", clip) or "norm"
     device = trainer.strategy.root_device
-    spec: dict[str, Any] = {"model": model, "lightning": lightning, "training": {"precision": precision},
-                            "device": "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}"}
+    spec: dict[str, Any] = {
+        "model": model,
+        "lightning": lightning,
+        "training": {"precision": precision},
+        "device": "cpu" if device.type == "cpu" else f"cuda:{device.index or 0}",
+    }
     if trainer.world_size > 1:
         from lightning.pytorch.strategies import DDPStrategy
 
@@ -143,8 +167,10 @@ def reference(cls: type) -> str:
     (the child imports it from there, whatever its working directory)."""
     name = cls.__qualname__
     if "." in name:
-        raise ValueError(f"{cls.__module__}.{name} is defined inside another class or function: define it at the "
-                         "top level of a module, where a fresh process can import it")
+        raise ValueError(
+            f"{cls.__module__}.{name} is defined inside another class or function: define it at the "
+            "top level of a module, where a fresh process can import it"
+        )
     if cls.__module__ == "__main__" or "." not in cls.__module__:
         return f"{inspect.getfile(cls)}:{name}"
     top = cls.__module__.split(".")[0]
@@ -164,9 +190,16 @@ def init_arguments(owner: Any, given: Mapping[str, Any] | None, option: str) -> 
     parameters = inspect.signature(type(owner).__init__).parameters
     accepts_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values())
     arguments = {key: value for key, value in saved.items() if key in parameters or accepts_any}
-    required = [name for name, p in list(parameters.items())[1:] if p.default is inspect.Parameter.empty
-                and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD) and name not in arguments]
+    required = [
+        name
+        for name, p in list(parameters.items())[1:]
+        if p.default is inspect.Parameter.empty
+        and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+        and name not in arguments
+    ]
     if required:
-        raise ValueError(f"{type(owner).__name__} needs {', '.join(required)} to be built in a fresh process: "
-                         f"call self.save_hyperparameters() in its __init__, or give {option}={{...}}")
+        raise ValueError(
+            f"{type(owner).__name__} needs {', '.join(required)} to be built in a fresh process: "
+            f"call self.save_hyperparameters() in its __init__, or give {option}={{...}}"
+        )
     return arguments

@@ -46,11 +46,42 @@ LARGE_FILE = 64 * 1024 * 1024
 FOLDER_ENTRIES = 20_000
 FOLDER_STATS = 2_000
 #: The system's own folders: installed software, never the user's files.
-SYSTEM_ROOTS = ("/usr/", "/bin/", "/sbin/", "/lib/", "/lib32/", "/lib64/", "/etc/", "/proc/", "/sys/", "/dev/",
-                "/run/", "/nix/store/", "/snap/")
+SYSTEM_ROOTS = (
+    "/usr/",
+    "/bin/",
+    "/sbin/",
+    "/lib/",
+    "/lib32/",
+    "/lib64/",
+    "/etc/",
+    "/proc/",
+    "/sys/",
+    "/dev/",
+    "/run/",
+    "/nix/store/",
+    "/snap/",
+)
 #: Words of an option's name that say the command writes there (split on - _ . and case).
-_OUTPUT_WORDS = {"out", "output", "outputs", "outdir", "save", "saves", "savedir", "log", "logs", "logdir",
-                 "logging", "ckpt", "ckpts", "checkpoint", "checkpoints", "tensorboard", "wandb", "dump"}
+_OUTPUT_WORDS = {
+    "out",
+    "output",
+    "outputs",
+    "outdir",
+    "save",
+    "saves",
+    "savedir",
+    "log",
+    "logs",
+    "logdir",
+    "logging",
+    "ckpt",
+    "ckpts",
+    "checkpoint",
+    "checkpoints",
+    "tensorboard",
+    "wandb",
+    "dump",
+}
 _SHELL_SEPARATORS = {";", "&&", "||", "|", "&", "(", ")", "{", "}", "!", "exec", "time", "nohup", "env"}
 
 
@@ -76,7 +107,7 @@ def command_paths(words: Sequence[str], shell: bool) -> Iterator[tuple[str, str 
     previous: str | None = None
     run_next = True
     for word in words:
-        if shell and word in _SHELL_SEPARATORS or set(word) <= set(";&|()"):
+        if (shell and word in _SHELL_SEPARATORS) or set(word) <= set(";&|()"):
             run_next, previous = True, None
             continue
         if not word or len(word) > 4096:
@@ -160,7 +191,8 @@ def _installed(path: str, roots: tuple[str, ...]) -> bool:
         parent = os.path.dirname(candidate)
         prefix = os.path.dirname(parent)
         if os.path.basename(parent) in ("bin", "Scripts") and any(
-                os.path.exists(os.path.join(prefix, marker)) for marker in ("pyvenv.cfg", "conda-meta")):
+            os.path.exists(os.path.join(prefix, marker)) for marker in ("pyvenv.cfg", "conda-meta")
+        ):
             return True
     return False
 
@@ -177,8 +209,13 @@ def file_digest(path: str | Path) -> str:
     return sha256_of(real) or "missing"
 
 
-def folder_listing(path: str | Path, skip: set[str] = frozenset(), limit: int = FOLDER_ENTRIES,
-                   stat_limit: int = FOLDER_STATS, recursive: bool = True) -> dict:
+def folder_listing(
+    path: str | Path,
+    skip: set[str] = frozenset(),
+    limit: int = FOLDER_ENTRIES,
+    stat_limit: int = FOLDER_STATS,
+    recursive: bool = True,
+) -> dict:
     """``{"listing": sha256, "entries": n, "sized": m, "complete": bool}``: a folder's entries, walked in sorted
     order: relative names of the first ``limit``, with the size and modification time of the first ``stat_limit``
     files (a ``stat`` each, the listing's cost). Hidden names and ``__pycache__`` are left out, links to folders

@@ -124,8 +124,9 @@ def _link_moved(path: str, recorded: str, sources: Mapping[str, str]) -> str:
     """Words on where a linked path led when probed and leads now: its old target is the source whose path and
     digest make the recorded one (the trials report a link's target as a read too); '' when it leads there still."""
     target = link_target(path)
-    before = next((other for other, digest in sources.items()
-                   if other != path and through_link(other, digest) == recorded), None)
+    before = next(
+        (other for other, digest in sources.items() if other != path and through_link(other, digest) == recorded), None
+    )
     if target is None:
         return f" (it is no longer a symbolic link to {before})" if before else ""
     if before is None:
@@ -145,8 +146,10 @@ def unseen_reads(sources: Mapping[str, str]) -> str | None:
     if not native:
         return None
     more = f" and {len(native) - 1} more" if len(native) > 1 else ""
-    return (f"its trials ran native code of yours ({native[0]}{more}), and a file it reads itself may not be among "
-            "its sources: after editing one, --refresh")
+    return (
+        f"its trials ran native code of yours ({native[0]}{more}), and a file it reads itself may not be among "
+        "its sources: after editing one, --refresh"
+    )
 
 
 class SourcesChanged(ProbeError):
@@ -207,8 +210,9 @@ class SourceRecorder:
                         self.sources[path] = digest
                         self._read_sources.add(path)
                         if path.endswith("/"):  # its files, hashed from an earlier report, are in its listing
-                            for inside in [p for p in self._read_sources
-                                           if p != path and os.path.dirname(p) + "/" == path]:
+                            for inside in [
+                                p for p in self._read_sources if p != path and os.path.dirname(p) + "/" == path
+                            ]:
                                 self._read_sources.discard(inside)
                                 self.sources.pop(inside, None)
             if getattr(event, "threads", None) is not None:
@@ -233,8 +237,10 @@ class SourceRecorder:
             return f"{self.conflicts[0]} changed while it was probed"
         if self.expected_threads is not None and self.threads - {self.expected_threads}:
             ran = ", ".join(str(n) for n in sorted(self.threads))
-            return (f"the trials ran {ran} intra-op thread(s), but the cache key holds {self.expected_threads} "
-                    "(read from OMP_NUM_THREADS, MKL_NUM_THREADS and the usable cores)")
+            return (
+                f"the trials ran {ran} intra-op thread(s), but the cache key holds {self.expected_threads} "
+                "(read from OMP_NUM_THREADS, MKL_NUM_THREADS and the usable cores)"
+            )
         if reason := changed_source(self.sources):  # read, or hashed, early in the probe: still the same?
             return reason.replace("changed since it was probed", "changed while it was probed")
         return None

@@ -39,13 +39,13 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from isoprobe import __version__
-from isoprobe.system.files import KeyLock, read_bounded, sha256_of
 from isoprobe.cache.threads import trial_threads
-from isoprobe.system import hardware
-from isoprobe.system.hardware import cpu_name, ram_bytes, unresolved_reason, visible_devices
 from isoprobe.spec.data import DATA_CALLABLE_FIELDS
 from isoprobe.spec.model import Spec
 from isoprobe.spec.model_section import CALLABLE_FIELDS, is_file_reference
+from isoprobe.system import hardware
+from isoprobe.system.files import KeyLock, read_bounded, sha256_of
+from isoprobe.system.hardware import cpu_name, ram_bytes, unresolved_reason, visible_devices
 
 CACHE_DIR_VARIABLE = "ISOPROBE_CACHE_DIR"
 #: Bumped when the key's recipe or the entry's promises change, so old entries are simply not found
@@ -87,8 +87,13 @@ def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: l
         }
     else:
         # The CPU backend's answer moves with the trials' intra-op threads (``cache.threads``).
-        device = {"backend": "cpu", "requested": spec.device, "cpu": cpu_name(), "ram_bytes": ram_bytes(),
-                  "threads": trial_threads(environ, spec.distributed.threads_per_rank)}
+        device = {
+            "backend": "cpu",
+            "requested": spec.device,
+            "cpu": cpu_name(),
+            "ram_bytes": ram_bytes(),
+            "threads": trial_threads(environ, spec.distributed.threads_per_rank),
+        }
     material = {
         "key_version": KEY_VERSION,
         "isoprobe": __version__,
@@ -120,8 +125,7 @@ def command_material(spec: Spec, environ: Mapping[str, str]) -> dict:
     skip = [Path(tempfile.gettempdir())]
     if environ.get(CACHE_DIR_VARIABLE, "").strip():
         skip.append(cache_directory(environ))
-    named = argument_material(command_words(spec.command, spec.shell), spec.shell, Path(spec.command_dir or "."),
-                              skip)
+    named = argument_material(command_words(spec.command, spec.shell), spec.shell, Path(spec.command_dir or "."), skip)
     return {"environment": {name: environ.get(name) for name in spec.command_env}, **named}
 
 
@@ -146,8 +150,9 @@ def _keyed_spec(spec: Spec) -> dict:
     return dumped
 
 
-def uncacheable_gpu_probe(spec: Spec, gpus: list[dict] | None, environ: Mapping[str, str],
-                          gpu_present: bool | None = None) -> str | None:
+def uncacheable_gpu_probe(
+    spec: Spec, gpus: list[dict] | None, environ: Mapping[str, str], gpu_present: bool | None = None
+) -> str | None:
     """Why this probe must neither read nor write the cache, or None: a CUDA probe without its GPU's facts.
 
     The key holds the GPU's model, memory and driver (from NVML). Where NVML cannot name the
@@ -169,16 +174,21 @@ def uncacheable_gpu_probe(spec: Spec, gpus: list[dict] | None, environ: Mapping[
     devices = hardware.nvml_devices()  # read only here, on a probe already refused a key: seldom
     why = unresolved_reason(devices, visible_devices(environ)) if devices else None
     if why is not None:
-        return (f"the cache is not used: the trials' GPU cannot be named from here, so its memory (the cache key's "
-                f"device facts) is unknown: {why}")
-    return ("the cache is not used: the GPU's model, memory and driver (the cache key's device facts) could not "
-            "be read through NVML, and without them GPUs of different sizes would share answers")
+        return (
+            f"the cache is not used: the trials' GPU cannot be named from here, so its memory (the cache key's "
+            f"device facts) is unknown: {why}"
+        )
+    return (
+        "the cache is not used: the GPU's model, memory and driver (the cache key's device facts) could not "
+        "be read through NVML, and without them GPUs of different sizes would share answers"
+    )
 
 
 def driver_lists_a_gpu() -> bool:
     """Does the NVIDIA driver show a GPU here (its /proc entries, or a /dev/nvidiaN node)? No CUDA, no NVML."""
     return any(Path("/proc/driver/nvidia/gpus").glob("*")) or any(
-        name.name[len("nvidia"):].isdigit() for name in Path("/dev").glob("nvidia[0-9]*"))
+        name.name[len("nvidia") :].isdigit() for name in Path("/dev").glob("nvidia[0-9]*")
+    )
 
 
 def cache_key(material: dict) -> str:

@@ -51,8 +51,9 @@ def physical_cores(cpus: list[int]) -> int:
     for cpu in cpus:
         topology = _CPU_FOLDER / f"cpu{cpu}" / "topology"
         try:
-            cores.add(((topology / "physical_package_id").read_text().strip(),
-                       (topology / "core_id").read_text().strip()))
+            cores.add(
+                ((topology / "physical_package_id").read_text().strip(), (topology / "core_id").read_text().strip())
+            )
         except OSError:
             return len(cpus)
     return max(1, len(cores))

@@ -84,9 +84,14 @@ def _runs(result: Result, batch: int, purposes: tuple[str, ...] | None = None) -
     search.steps steps, and a soak that failed there moved the recommendation, not the edge.
     """
     first = result.spec.allocators[0] if result.spec.allocators and result.device.backend == "cuda" else None
-    return [t.outcome for t in result.trials
-            if t.batch_size == batch and t.allocator == first and t.training_batch_size is None  # not an eval trial
-            and (t.purpose in purposes if purposes else t.purpose not in ("memory_check", "soak"))]
+    return [
+        t.outcome
+        for t in result.trials
+        if t.batch_size == batch
+        and t.allocator == first
+        and t.training_batch_size is None  # not an eval trial
+        and (t.purpose in purposes if purposes else t.purpose not in ("memory_check", "soak"))
+    ]
 
 
 def _answer(result: Result) -> str | None:
@@ -110,8 +115,11 @@ def _answer(result: Result) -> str | None:
         if not unsoaked and Outcome.FITS not in _runs(result, recommended) + _runs(result, recommended, ("soak",)):
             # (with soak_steps 0 no trial runs for the recommendation: at or below the maximum is all it claims)
             return f"no trial in it ran its recommended batch {recommended} successfully"
-        if soaks and not (soaks[-1].survived and soaks[-1].batch_size == recommended
-                          and _runs(result, recommended, ("soak",))[-1:] == [Outcome.FITS]):
+        if soaks and not (
+            soaks[-1].survived
+            and soaks[-1].batch_size == recommended
+            and _runs(result, recommended, ("soak",))[-1:] == [Outcome.FITS]
+        ):
             return f"its recommended batch {recommended} is not the one its last soak ran and survived"
     if (evaluation := result.eval_max_batch_size) is not None:
         runs = [t.outcome for t in result.trials if t.training_batch_size is not None and t.batch_size == evaluation]

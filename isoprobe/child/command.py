@@ -35,11 +35,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from isoprobe.child.command_seen import Watch, progress
-from isoprobe.child.command_tree import POLL_SECONDS, SAMPLE_SECONDS, Process, Sampler, Tree
-from isoprobe.child.command_verdicts import (batch_judgement, copy_stderr_tail, exception_verdict, exit_status_of,
-                                             exit_verdict, forged_error, over_budget, rank_lost_verdict,
-                                             shows_allocation_failure)
 from isoprobe.child.command_start import command_cap, request_environment, start_command
+from isoprobe.child.command_tree import POLL_SECONDS, SAMPLE_SECONDS, Process, Sampler, Tree
+from isoprobe.child.command_verdicts import (
+    batch_judgement,
+    copy_stderr_tail,
+    exception_verdict,
+    exit_status_of,
+    exit_verdict,
+    forged_error,
+    over_budget,
+    rank_lost_verdict,
+    shows_allocation_failure,
+)
 from isoprobe.child.warm_command import go, take
 from isoprobe.protocol.command import GATE_FILE, ShimStep
 from isoprobe.protocol.messages import Imported, MemoryReading, ModelBuilt, StepDone, TrialRequest, TrialResult
@@ -53,7 +61,8 @@ from isoprobe.system.slurm_steps import cancel_slurm_steps, slurm_steps_of, wait
 if TYPE_CHECKING:
     from isoprobe.child.events import Events
 
-def run_command_trial(request: TrialRequest, events: "Events") -> None:
+
+def run_command_trial(request: TrialRequest, events: Events) -> None:
     """Run the command at the request's batch, judge its steps, end its tree, and write one ``TrialResult``."""
     started = time.time()  # the shim stamps each step with time.time(): the start-up is read against it
     folder, process, ahead = _start(request)
@@ -84,8 +93,9 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                 break
             failed = tree.failure()
             if failed is not None:
-                verdict = (rank_lost_verdict(process, tree, failed, judged, stderr_path)
-                           or exception_verdict(failed, judged, exit_status_of(process, failed)))
+                verdict = rank_lost_verdict(process, tree, failed, judged, stderr_path) or exception_verdict(
+                    failed, judged, exit_status_of(process, failed)
+                )
                 break
             if not imported and any(p.hello is not None for p in tree.processes.values()):
                 imported = True  # torch's optimizers exist in the command: what a trial's 'imported' phase says
@@ -96,8 +106,11 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
             if ranks:
                 judged_ranks = ranks  # the ranks as last judged: a command that ended on its own has none left
             expected = tree.expected_ranks()
-            peaks_by_rank = {pid: peaks for pid, peaks in peaks_by_rank.items() if pid in tree.processes
-                             and tree.processes[pid] in ranks}
+            peaks_by_rank = {
+                pid: peaks
+                for pid, peaks in peaks_by_rank.items()
+                if pid in tree.processes and tree.processes[pid] in ranks
+            }
             while ranks and len(ranks) >= expected and min(len(p.steps) for p in ranks) > judged:
                 judged += 1
                 readings = [p.steps[judged - 1] for p in ranks]
@@ -111,9 +124,15 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                 step_seconds.append(max(r.seconds for r in readings))
                 worst = max(readings, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
                 judged_peaks.append(worst.budget_peak_bytes or worst.peak_bytes or 0)
-                events.emit(StepDone(step=judged, seconds=step_seconds[-1], peak_bytes=worst.peak_bytes,
-                                     held_bytes=max((r.held_bytes or 0) for r in readings) or None,
-                                     budget_peak_bytes=worst.budget_peak_bytes))
+                events.emit(
+                    StepDone(
+                        step=judged,
+                        seconds=step_seconds[-1],
+                        peak_bytes=worst.peak_bytes,
+                        held_bytes=max((r.held_bytes or 0) for r in readings) or None,
+                        budget_peak_bytes=worst.budget_peak_bytes,
+                    )
+                )
                 for p in ranks:
                     peaks_by_rank[p.pid] = p.budget_peaks[:judged]
                 over = over_budget(request, ranks, judged)
@@ -122,9 +141,16 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                     break
                 if _enough(request, judged, list(peaks_by_rank.values()), judged_peaks):
                     marginal = request.steady is not None and steady.past_the_margin(judged_peaks, request.steady)
-                    waited = "off" if marginal else cycle.waiting_done(  # marginal: never the maximum, no need
-                        evaluations, request.cycle, time.monotonic() - first_judged_at,
-                        after=request.steady.window if request.steady else 0)
+                    waited = (
+                        "off"
+                        if marginal
+                        else cycle.waiting_done(  # marginal: never the maximum, no need
+                            evaluations,
+                            request.cycle,
+                            time.monotonic() - first_judged_at,
+                            after=request.steady.window if request.steady else 0,
+                        )
+                    )
                     if waited is not None:
                         bound = waited if waited in ("steps", "seconds") else None
                         verdict = (Outcome.FITS, None, "done")
@@ -138,35 +164,66 @@ def run_command_trial(request: TrialRequest, events: "Events") -> None:
                 continue
             tree.read(sampler)  # the last lines of a command that has ended
             failed = tree.failure()
-            if (failed is None and ended == 0 and judged and request.cycle is not None
-                    and _enough(request, judged, list(peaks_by_rank.values()), judged_peaks)
-                    and not shows_allocation_failure(stderr_path)):
+            if (
+                failed is None
+                and ended == 0
+                and judged
+                and request.cycle is not None
+                and _enough(request, judged, list(peaks_by_rank.values()), judged_peaks)
+                and not shows_allocation_failure(stderr_path)
+            ):
                 bound = "ended"  # waiting for its cycle, it ran its whole course: every phase it has was seen
                 verdict = (Outcome.FITS, None, "done")
                 continue
-            verdict = ((rank_lost_verdict(process, tree, failed, judged, stderr_path)
-                        or exception_verdict(failed, judged, exit_status_of(process, failed))) if failed is not None
-                       else exit_verdict(ended, judged, request, stderr_path, progress(tree)))
+            verdict = (
+                (
+                    rank_lost_verdict(process, tree, failed, judged, stderr_path)
+                    or exception_verdict(failed, judged, exit_status_of(process, failed))
+                )
+                if failed is not None
+                else exit_verdict(ended, judged, request, stderr_path, progress(tree))
+            )
     finally:
         _end_tree(process)
     batch_check = None
     if verdict[0] in (Outcome.FITS, Outcome.OUT_OF_MEMORY) and judged:
-        batch_check, refusal = batch_judgement(request, _final_ranks(tree, judged_ranks, bound), judged,
-                                               tree.expected_ranks() if bound != "ended" else len(judged_ranks))
+        batch_check, refusal = batch_judgement(
+            request,
+            _final_ranks(tree, judged_ranks, bound),
+            judged,
+            tree.expected_ranks() if bound != "ended" else len(judged_ranks),
+        )
         if refusal is not None:  # a verdict about another batch than the one asked is no verdict on it
             verdict = (Outcome.ERROR, refusal, verdict[2])
     outcome, error, phase = verdict
     copy_stderr_tail(stderr_path)
     ranks = _final_ranks(tree, judged_ranks, bound)
     report = _readings(ranks, judged) if outcome is Outcome.FITS else _failure_readings(ranks)
-    record = cycle.seen(evaluations, saves, judged_peaks).model_copy(
-        update={"waited": request.cycle is not None, "bound": bound}) if judged else None
+    record = (
+        cycle.seen(evaluations, saves, judged_peaks).model_copy(
+            update={"waited": request.cycle is not None, "bound": bound}
+        )
+        if judged
+        else None
+    )
     if error is not None and outcome is Outcome.ERROR:
         sys.stderr.write(error.traceback_tail)
-    events.emit(TrialResult(outcome=outcome, phase=phase, step_seconds=step_seconds, error=error,
-                            sources=_sources(tree.modules), reads=_reads(tree.reads, tree.modules),
-                            command_ranks=len(ranks) or None, first_step_seconds=first_step_seconds,
-                            started_ahead=ahead, cycle=record, batch_check=batch_check, **report))
+    events.emit(
+        TrialResult(
+            outcome=outcome,
+            phase=phase,
+            step_seconds=step_seconds,
+            error=error,
+            sources=_sources(tree.modules),
+            reads=_reads(tree.reads, tree.modules),
+            command_ranks=len(ranks) or None,
+            first_step_seconds=first_step_seconds,
+            started_ahead=ahead,
+            cycle=record,
+            batch_check=batch_check,
+            **report,
+        )
+    )
 
 
 def _final_ranks(tree: Tree, judged_ranks: list[Process], bound: str | None) -> list[Process]:
@@ -201,6 +258,7 @@ def _first_allowance(request: TrialRequest) -> int:
     (a steady rule judges from the request's steps on)."""
     return request.steps or request.spec.search.steps
 
+
 def _enough(request: TrialRequest, judged: int, peaks_by_rank: list[list[int]], judged_peaks: list[int]) -> bool:
     """As ``StepHook.after_step``: the request's steps, or with a steady rule every rank steady (or at the cap),
     and so is the sequence the parent judges (``judged_peaks``, the StepDone readings: ``classify.still_rising``).
@@ -214,8 +272,7 @@ def _enough(request: TrialRequest, judged: int, peaks_by_rank: list[list[int]], 
     rule = request.steady
     if rule is None:
         return judged >= (request.steps or request.spec.search.steps)
-    return (all(steady.should_stop(peaks, rule) for peaks in peaks_by_rank)
-            and steady.should_stop(judged_peaks, rule))
+    return all(steady.should_stop(peaks, rule) for peaks in peaks_by_rank) and steady.should_stop(judged_peaks, rule)
 
 
 def _open_gate(folder: Path, allowed: int) -> None:
@@ -236,8 +293,13 @@ def _start(request: TrialRequest) -> tuple[Path, subprocess.Popen, bool]:
     folder = Path(tempfile.mkdtemp(prefix="command-", dir=_scratch_folder()))
     _open_gate(folder, _first_allowance(request))
     spec = request.spec
-    process = start_command(argv_for(spec.command, spec.shell, request.batch_size), spec.command_dir,
-                            request_environment(request, folder), folder, command_cap(request.device))
+    process = start_command(
+        argv_for(spec.command, spec.shell, request.batch_size),
+        spec.command_dir,
+        request_environment(request, folder),
+        folder,
+        command_cap(request.device),
+    )
     return folder, process, False
 
 
@@ -273,8 +335,10 @@ def _cancel_steps(steps: list[str]) -> None:
     """End ``steps`` through slurmctld and wait, a while, until ``squeue -s`` no longer lists them: the next
     trial's srun needs their CPUs (a step still listed then is left to Slurm: the trial goes on)."""
     cancel_slurm_steps(steps)
-    wait_slurm_steps_gone(steps, _STEP_GONE_SECONDS, recancel_after=_STEP_RECANCEL_SECONDS,
-                          recancel_every=_STEP_RECANCEL_SECONDS)
+    wait_slurm_steps_gone(
+        steps, _STEP_GONE_SECONDS, recancel_after=_STEP_RECANCEL_SECONDS, recancel_every=_STEP_RECANCEL_SECONDS
+    )
+
 
 def _readings(ranks: list[Process], judged: int) -> dict:
     """The trial's peaks: the worst rank's at the last judged step (each rank's budget is its own). Its base reading
@@ -285,9 +349,14 @@ def _readings(ranks: list[Process], judged: int) -> dict:
     if not last:
         return {}
     worst = max(last, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
-    readings = {"peak_bytes": worst.peak_bytes, "budget_peak_bytes": worst.budget_peak_bytes,
-                "file_resident_bytes": worst.file_resident_bytes, "budget_swing_bytes": _swing(ranks, judged),
-                "heap_churn_bytes": _heap_churn(ranks, judged), "base_bytes": worst.held_budget_bytes}
+    readings = {
+        "peak_bytes": worst.peak_bytes,
+        "budget_peak_bytes": worst.budget_peak_bytes,
+        "file_resident_bytes": worst.file_resident_bytes,
+        "budget_swing_bytes": _swing(ranks, judged),
+        "heap_churn_bytes": _heap_churn(ranks, judged),
+        "base_bytes": worst.held_budget_bytes,
+    }
     return readings | _cuda_readings(worst)
 
 

@@ -42,20 +42,28 @@ def progress(tree: Tree) -> list[RankProgress]:
 def _progress(process: Process) -> RankProgress:
     remote = process.hello.host is not None and process.hello.host != os.uname().nodename
     ended = process.ended or (process.exception is None and not remote and not alive(process.pid))
-    return RankProgress(pid=process.pid, rank=process.hello.rank, world_size=process.hello.world_size,
-                        steps=len(process.steps), forward=process.forward, ended=ended)
+    return RankProgress(
+        pid=process.pid,
+        rank=process.hello.rank,
+        world_size=process.hello.world_size,
+        steps=len(process.steps),
+        forward=process.forward,
+        ended=ended,
+    )
 
 
 def output_tails(folder: Path) -> tuple[str, str]:
     """The command's stderr and stdout, their last lines."""
-    return (stderr_tail(folder / "stderr", lines=TAIL_LINES, chars=TAIL_CHARS).strip("\n"),
-            stderr_tail(folder / "stdout", lines=TAIL_LINES, chars=TAIL_CHARS).strip("\n"))
+    return (
+        stderr_tail(folder / "stderr", lines=TAIL_LINES, chars=TAIL_CHARS).strip("\n"),
+        stderr_tail(folder / "stdout", lines=TAIL_LINES, chars=TAIL_CHARS).strip("\n"),
+    )
 
 
 class Watch:
     """Writes a ``CommandSeen`` when what it sees has changed since the last, no sooner than ``interval``."""
 
-    def __init__(self, folder: Path, events: "Events") -> None:
+    def __init__(self, folder: Path, events: Events) -> None:
         self.folder = folder
         self.events = events
         self.started = time.monotonic()

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING
 
 from isoprobe.child.memory import data_cap
 from isoprobe.protocol.command import SHIM_CUDA_BUDGET_ENV, SHIM_CUDA_OUTSIDE_ENV, SHIM_DIR_ENV, SHIM_FOLDER
@@ -24,8 +25,14 @@ if TYPE_CHECKING:
 OWN_VARIABLES = (EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV, WARM_PLAN_ENV)
 
 
-def command_environment(folder: Path, *, device: str, memory_budget_bytes: int | None,
-                        cuda_outside_bytes: float | None, batch_size: int | None) -> dict[str, str]:
+def command_environment(
+    folder: Path,
+    *,
+    device: str,
+    memory_budget_bytes: int | None,
+    cuda_outside_bytes: float | None,
+    batch_size: int | None,
+) -> dict[str, str]:
     """This child's environment (the backend's variables: the malloc threshold, no GPU on the CPU backend, the
     allocator setting) for the command, less isoprobe's own wiring, plus the batch and the shim. ``batch_size``
     None: no batch variable (a command started before its batch is known gets it when it is)."""
@@ -44,10 +51,15 @@ def command_environment(folder: Path, *, device: str, memory_budget_bytes: int |
     return env
 
 
-def request_environment(request: "TrialRequest", folder: Path) -> dict[str, str]:
+def request_environment(request: TrialRequest, folder: Path) -> dict[str, str]:
     """The command's environment for one trial request."""
-    return command_environment(folder, device=request.device, memory_budget_bytes=request.memory_budget_bytes,
-                               cuda_outside_bytes=request.cuda_outside_bytes, batch_size=request.batch_size)
+    return command_environment(
+        folder,
+        device=request.device,
+        memory_budget_bytes=request.memory_budget_bytes,
+        cuda_outside_bytes=request.cuda_outside_bytes,
+        batch_size=request.batch_size,
+    )
 
 
 def command_cap(device: str) -> int | None:
@@ -56,8 +68,15 @@ def command_cap(device: str) -> int | None:
     return data_cap() if not device.startswith("cuda") else None
 
 
-def start_command(argv: Sequence[str], cwd: str | None, env: dict[str, str], folder: Path, cap: int | None, *,
-                  pass_fds: Sequence[int] = ()) -> subprocess.Popen:
+def start_command(
+    argv: Sequence[str],
+    cwd: str | None,
+    env: dict[str, str],
+    folder: Path,
+    cap: int | None,
+    *,
+    pass_fds: Sequence[int] = (),
+) -> subprocess.Popen:
     """Start ``argv`` in a session of its own, stdin from /dev/null, stdout and stderr to the trial's folder,
     ``RLIMIT_DATA`` set to ``cap`` before exec (inherited by torchrun's ranks and DataLoader workers)."""
 
@@ -66,5 +85,14 @@ def start_command(argv: Sequence[str], cwd: str | None, env: dict[str, str], fol
             set_exact(cap)
 
     with open(folder / "stdout", "wb") as out, open(folder / "stderr", "wb") as err:
-        return subprocess.Popen(list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                start_new_session=True, preexec_fn=prepare, pass_fds=tuple(pass_fds))
+        return subprocess.Popen(
+            list(argv),
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+            preexec_fn=prepare,
+            pass_fds=tuple(pass_fds),
+        )

@@ -12,8 +12,15 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from isoprobe.protocol.command import (SHIM_DIR_ENV, ShimException, ShimFiles, ShimForward, ShimHello, ShimStep,
-                                       parse_lines)
+from isoprobe.protocol.command import (
+    SHIM_DIR_ENV,
+    ShimException,
+    ShimFiles,
+    ShimForward,
+    ShimHello,
+    ShimStep,
+    parse_lines,
+)
 
 #: How often the supervisor reads the shim's files and the command's state.
 POLL_SECONDS = 0.01
@@ -25,6 +32,8 @@ _HEAP_EVERY = 4
 #: The head of /proc/PID/maps read for the ``[heap]`` line: the interpreter's own mappings and the heap come
 #: first (about 700 bytes in a venv's python with torch imported); the rest (tens of KiB of libraries) is skipped.
 _MAPS_HEAD_BYTES = 4096
+
+
 @dataclass
 class Process:
     """What one process of the command's tree has reported."""
@@ -64,7 +73,7 @@ class Tree:
     modules: set[str] = field(default_factory=set)
     reads: set[str] = field(default_factory=set)
 
-    def read(self, sampler: "Sampler | None" = None) -> None:
+    def read(self, sampler: Sampler | None = None) -> None:
         """Take the new complete lines of every process's file; with ``sampler`` (CPU), a step's budget peak is the
         most its process's data segment was sampled at until now (the step's line is written at its end)."""
         for path in self.folder.glob("p*.jsonl"):
@@ -145,8 +154,9 @@ class Tree:
         the command ran on and were no launcher's rank: a helper the script ran (a sanity check of two steps in a
         subprocess) stepped and exited, and waiting for its further steps hung every trial (issue 47)."""
         stepping = [p for p in self.processes.values() if p.steps and not (p.ended and not p.launched_rank)]
-        return sorted(stepping, key=lambda p: (p.hello.rank if p.hello and p.hello.rank is not None else 1 << 30,
-                                               p.pid))
+        return sorted(
+            stepping, key=lambda p: (p.hello.rank if p.hello and p.hello.rank is not None else 1 << 30, p.pid)
+        )
 
     def expected_ranks(self) -> int:
         """How many ranks a step must hear from: the largest WORLD_SIZE a stepping process reported, else how many
@@ -254,7 +264,7 @@ def heap_bytes(pid: int) -> int | None:
     at = head.find(b" [heap]\n")
     if at < 0:
         return None
-    line = head[head.rfind(b"\n", 0, at) + 1:at]
+    line = head[head.rfind(b"\n", 0, at) + 1 : at]
     try:
         low, high = line.split(b" ", 1)[0].split(b"-")
         return int(high, 16) - int(low, 16)

@@ -29,6 +29,8 @@ _TRACEBACK_LINES = 30
 #: Read of the command's stderr to find the error it ended with (``shows_allocation_failure``).
 _JUDGED_LINES = 400
 _JUDGED_CHARS = 40000
+
+
 def over_budget(request: TrialRequest, ranks: list[Process], judged: int) -> ErrorInfo | None:
     """CUDA: a rank whose reading after step ``judged`` passed the budget (the allocator's need plus the memory
     outside it, as isoprobe's own trials read it) is out of memory: on a card of the budget's size it would have
@@ -45,17 +47,22 @@ def over_budget(request: TrialRequest, ranks: list[Process], judged: int) -> Err
         parts = ""
         if step.outside_bytes is not None:
             need = step.budget_peak_bytes - step.outside_bytes
-            parts = (f" (the allocator's need {mib(need)} + {mib(step.outside_bytes)} outside it: context, "
-                     "libraries, kernels, NCCL)")
-        message = (f"{process.name} of the command held {mib(step.budget_peak_bytes)} of {step.device} after "
-                   f"optimizer step {judged}{parts}, above the {mib(budget)} budget: it would not fit on a card "
-                   "of the budget's size")
+            parts = (
+                f" (the allocator's need {mib(need)} + {mib(step.outside_bytes)} outside it: context, "
+                "libraries, kernels, NCCL)"
+            )
+        message = (
+            f"{process.name} of the command held {mib(step.budget_peak_bytes)} of {step.device} after "
+            f"optimizer step {judged}{parts}, above the {mib(budget)} budget: it would not fit on a card "
+            "of the budget's size"
+        )
         return ErrorInfo(type="CommandOverBudget", message=message[:MESSAGE_CHARS], traceback_tail="")
     return None
 
 
-def batch_judgement(request: TrialRequest, ranks: list[Process], judged: int, world: int
-                    ) -> tuple[BatchCheck | None, ErrorInfo | None]:
+def batch_judgement(
+    request: TrialRequest, ranks: list[Process], judged: int, world: int
+) -> tuple[BatchCheck | None, ErrorInfo | None]:
     """What the trial's judged steps, on every rank, showed of the batch asked (``child.trained_batch``), and an
     error when they show it trained at the batch in its first steps only (the trial would credit a batch the
     script stopped training at). ``batch_check: off``: not judged."""
@@ -65,16 +72,20 @@ def batch_judgement(request: TrialRequest, ranks: list[Process], judged: int, wo
     judgement = judge(request.batch_size, steps, world, f"{command_placeholder(request.spec)} = {request.batch_size}")
     if judgement.trained_once is None:
         return judgement.check, None
-    error = ErrorInfo(type=NOT_TRAINED, message=judgement.trained_once[:MESSAGE_CHARS],
-                      traceback_tail="")
+    error = ErrorInfo(type=NOT_TRAINED, message=judgement.trained_once[:MESSAGE_CHARS], traceback_tail="")
     return judgement.check, error
 
 
 def step_inputs(step) -> StepInputs:
     """A shim step line's record of its training forwards, as ``child.trained_batch`` judges it."""
-    return StepInputs(forwards=step.forwards, forward_count=step.forward_count, input_elements=step.input_elements,
-                      leading_sum=step.leading_sum, batch_counts=step.batch_counts,
-                      tried_counts=step.tried_counts)
+    return StepInputs(
+        forwards=step.forwards,
+        forward_count=step.forward_count,
+        input_elements=step.input_elements,
+        leading_sum=step.leading_sum,
+        batch_counts=step.batch_counts,
+        tried_counts=step.tried_counts,
+    )
 
 
 def mib(n: int) -> str:
@@ -104,8 +115,9 @@ def exit_status_of(process: subprocess.Popen, failed: Process) -> int | None:
         return None
 
 
-def rank_lost_verdict(process: subprocess.Popen, tree: Tree, failed: Process, judged: int, stderr_path: Path
-                       ) -> tuple[Outcome, ErrorInfo, str] | None:
+def rank_lost_verdict(
+    process: subprocess.Popen, tree: Tree, failed: Process, judged: int, stderr_path: Path
+) -> tuple[Outcome, ErrorInfo, str] | None:
     """A crash, naming the lost rank, when ``failed``'s error is a transport's whose peer is gone and a rank of the
     gang was lost without an error of its own (``child.rank_loss``); None: the failure is what it says."""
     exception = failed.exception
@@ -114,8 +126,11 @@ def rank_lost_verdict(process: subprocess.Popen, tree: Tree, failed: Process, ju
     launcher = exception is not None and any(t.endswith("ChildFailedError") for t in exception.types)
     if exception is None or not (peer_loss(exception.message) or launcher):
         return None
-    lost = [p for p in tree.processes.values()
-            if p is not failed and p.hello is not None and p.exception is None and not alive(p.pid)]
+    lost = [
+        p
+        for p in tree.processes.values()
+        if p is not failed and p.hello is not None and p.exception is None and not alive(p.pid)
+    ]
     try:  # the launcher's report of its ranks comes when it ends (torchrun: after it has stopped the others)
         process.wait(timeout=EXIT_WAIT_SECONDS)
     except subprocess.TimeoutExpired:
@@ -127,10 +142,14 @@ def rank_lost_verdict(process: subprocess.Popen, tree: Tree, failed: Process, ju
             return None
         lost = [p for p in lost if p.pid == report.pid]
         name = lost[0].name if lost else f"rank {report.rank} (pid {report.pid})"
-        message = lost_message(name, len(lost[0].steps) if lost else exception.steps,
-                               f"was killed by {report.signal_name}", None, None)
-        return Outcome.CRASHED, ErrorInfo(type=RANK_LOST, message=message[:MESSAGE_CHARS],
-                                          traceback_tail=launcher_words[-3000:]), f"step {judged + 1}"
+        message = lost_message(
+            name, len(lost[0].steps) if lost else exception.steps, f"was killed by {report.signal_name}", None, None
+        )
+        return (
+            Outcome.CRASHED,
+            ErrorInfo(type=RANK_LOST, message=message[:MESSAGE_CHARS], traceback_tail=launcher_words[-3000:]),
+            f"step {judged + 1}",
+        )
     report = killed_rank(launcher_words, pid=lost[0].pid if lost else None)
     if report is None and lost:
         report = killed_rank(launcher_words, rank=lost[0].hello.rank)
@@ -141,15 +160,20 @@ def rank_lost_verdict(process: subprocess.Popen, tree: Tree, failed: Process, ju
     how = f"was killed by {report.signal_name}" if report is not None else "ended"
     message = lost_message(name, steps, how, failed.name, exception.message)
     tail = "\n".join(exception.traceback.splitlines()[-_TRACEBACK_LINES:]) + "\n"
-    return Outcome.CRASHED, ErrorInfo(type=RANK_LOST, message=message[:MESSAGE_CHARS], traceback_tail=tail), \
-        f"step {judged + 1}"
+    return (
+        Outcome.CRASHED,
+        ErrorInfo(type=RANK_LOST, message=message[:MESSAGE_CHARS], traceback_tail=tail),
+        f"step {judged + 1}",
+    )
 
 
 def forged_error(process: Process, folder: Path) -> ErrorInfo:
-    message = (f"the trial's folder holds lines for {process.name} that isoprobe's shim cannot have written (a "
-               "second hello, or a step out of sequence): something in the command writes into the folder "
-               f"${SHIM_DIR_ENV} names ({folder}), so no step it reports can be trusted. Leave that folder to "
-               "isoprobe (docs/command.md: what a command can and cannot forge)")
+    message = (
+        f"the trial's folder holds lines for {process.name} that isoprobe's shim cannot have written (a "
+        "second hello, or a step out of sequence): something in the command writes into the folder "
+        f"${SHIM_DIR_ENV} names ({folder}), so no step it reports can be trusted. Leave that folder to "
+        "isoprobe (docs/command.md: what a command can and cannot forge)"
+    )
     return ErrorInfo(type="CommandForgedLines", message=message[:MESSAGE_CHARS], traceback_tail="")
 
 
@@ -161,13 +185,15 @@ def exception_verdict(failed: Process, judged: int, status: int | None = None) -
     if status is not None:
         where += f", exit status {status}"
     message = f"{exception.message} [{where}, after {exception.steps} optimizer step(s)]"
-    error = ErrorInfo(type=exception.type.removeprefix("builtins."), message=message[:MESSAGE_CHARS],
-                      traceback_tail=tail)
+    error = ErrorInfo(
+        type=exception.type.removeprefix("builtins."), message=message[:MESSAGE_CHARS], traceback_tail=tail
+    )
     return outcome, error, f"step {judged + 1}" if judged or exception.steps else "started"
 
 
-def exit_verdict(status: int, judged: int, request: TrialRequest, stderr_path: Path,
-                 processes: list[RankProgress] | tuple = ()) -> tuple[Outcome, ErrorInfo, str]:
+def exit_verdict(
+    status: int, judged: int, request: TrialRequest, stderr_path: Path, processes: list[RankProgress] | tuple = ()
+) -> tuple[Outcome, ErrorInfo, str]:
     """The command ended before the trial had run enough, and no exception line says why. ``processes``: how far
     each of its processes got (``child.command_seen.progress``), so that ranks apart are named, not blamed on the
     optimizer (issue 56)."""
@@ -180,38 +206,60 @@ def exit_verdict(status: int, judged: int, request: TrialRequest, stderr_path: P
     if status == 0 and shows_allocation_failure(stderr_path):
         # issue 47: a script that catches its own out-of-memory (a try/except around the step, a finder of its own)
         # and exits 0 said "its optimizer may not be a torch.optim.Optimizer". It ran out at this batch.
-        message = (f"the command exited with status 0 after {made}, before the trial had run enough, and its stderr "
-                   f"ends with an allocation failure ({_ending(stderr_path)}): it caught its own out-of-memory error "
-                   "at this batch (a try/except around the step, or a batch-size finder of its own) and ended")
-        return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message[:MESSAGE_CHARS],
-                                                traceback_tail=tail), phase
+        message = (
+            f"the command exited with status 0 after {made}, before the trial had run enough, and its stderr "
+            f"ends with an allocation failure ({_ending(stderr_path)}): it caught its own out-of-memory error "
+            "at this batch (a try/except around the step, or a batch-size finder of its own) and ended"
+        )
+        return (
+            Outcome.OUT_OF_MEMORY,
+            ErrorInfo(type="CommandOutOfMemory", message=message[:MESSAGE_CHARS], traceback_tail=tail),
+            phase,
+        )
     if status == 0:
         if apart:
-            message = (f"the command exited with status 0 after {judged} optimizer step(s) that every rank made: "
-                       f"{apart}. A trial's step is one every rank has made: a rank that trains nothing or stops "
-                       "before the others (it returned early, or never reached its optimizer) ends the trial "
-                       "without one")
+            message = (
+                f"the command exited with status 0 after {judged} optimizer step(s) that every rank made: "
+                f"{apart}. A trial's step is one every rank has made: a rank that trains nothing or stops "
+                "before the others (it returned early, or never reached its optimizer) ends the trial "
+                "without one"
+            )
         elif judged == 0:
-            message = ("the command exited with status 0 without an optimizer step that isoprobe could see (no "
-                       "process of it stepped): its optimizer may not be a torch.optim.Optimizer, or it ran no "
-                       "training (check the command)")
+            message = (
+                "the command exited with status 0 without an optimizer step that isoprobe could see (no "
+                "process of it stepped): its optimizer may not be a torch.optim.Optimizer, or it ran no "
+                "training (check the command)"
+            )
         else:
-            message = (f"the command ended on its own (status 0) after {judged} optimizer step(s), before the "
-                       f"{asked} a trial needs: a max-steps setting of its own, or too little data for that many "
-                       "batches at this size; let it run longer (the trial ends it)")
-        return Outcome.ERROR, ErrorInfo(type="CommandEnded", message=f"{message}; {last}"[:MESSAGE_CHARS],
-                                        traceback_tail=tail), phase
+            message = (
+                f"the command ended on its own (status 0) after {judged} optimizer step(s), before the "
+                f"{asked} a trial needs: a max-steps setting of its own, or too little data for that many "
+                "batches at this size; let it run longer (the trial ends it)"
+            )
+        return (
+            Outcome.ERROR,
+            ErrorInfo(type="CommandEnded", message=f"{message}; {last}"[:MESSAGE_CHARS], traceback_tail=tail),
+            phase,
+        )
     how = f"was killed by {signal.Signals(-status).name}" if status < 0 else f"exited with status {status}"
     report = killed_rank(stderr_tail(stderr_path, lines=200)) if status != 0 else None
     if report is not None and not shows_allocation_failure(stderr_path):  # a launcher's rank lost to a signal
-        message = lost_message(f"rank {report.rank} (pid {report.pid})", judged, f"was killed by "
-                               f"{report.signal_name}", None, None) + f" (the launcher {how})"
+        message = (
+            lost_message(
+                f"rank {report.rank} (pid {report.pid})", judged, f"was killed by {report.signal_name}", None, None
+            )
+            + f" (the launcher {how})"
+        )
         return Outcome.CRASHED, ErrorInfo(type=RANK_LOST, message=message[:MESSAGE_CHARS], traceback_tail=tail), phase
     if shows_allocation_failure(stderr_path):
-        message = (f"the command {how} after {made}, and its stderr ends with an allocation failure: "
-                   f"{_ending(stderr_path)}")
-        return Outcome.OUT_OF_MEMORY, ErrorInfo(type="CommandOutOfMemory", message=message[:MESSAGE_CHARS],
-                                                traceback_tail=tail), phase
+        message = (
+            f"the command {how} after {made}, and its stderr ends with an allocation failure: {_ending(stderr_path)}"
+        )
+        return (
+            Outcome.OUT_OF_MEMORY,
+            ErrorInfo(type="CommandOutOfMemory", message=message[:MESSAGE_CHARS], traceback_tail=tail),
+            phase,
+        )
     message = f"the command {how} after {made}; {last}"
     return Outcome.ERROR, ErrorInfo(type="CommandFailed", message=message[:MESSAGE_CHARS], traceback_tail=tail), phase
 

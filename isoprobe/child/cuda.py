@@ -20,8 +20,14 @@ from __future__ import annotations
 from typing import Any
 
 from isoprobe.child.cuda_readings import (  # noqa: F401 - the readings' one home, named here too
-    allocator_backend, allocator_need, budget_fraction, card_reading, outside_allocator_bytes, own_process_bytes,
-    step_readings)
+    allocator_backend,
+    allocator_need,
+    budget_fraction,
+    card_reading,
+    outside_allocator_bytes,
+    own_process_bytes,
+    step_readings,
+)
 
 #: bfloat16 needs compute capability 8.0 (Ampere) or newer. ``torch.cuda.is_bf16_supported()``
 #: is no rule for this: it returns True for emulated bf16 by default (``including_emulation=True``
@@ -74,8 +80,9 @@ def setup(torch, device, precision: str, budget_bytes: int | None) -> dict[str, 
     warm_up(torch, device, precision)
     free, total = torch.cuda.mem_get_info(device)
     if budget_bytes:
-        outside = outside_allocator_bytes(free, total, torch.cuda.memory_reserved(device),
-                                          own_process_bytes(torch.cuda, device))
+        outside = outside_allocator_bytes(
+            free, total, torch.cuda.memory_reserved(device), own_process_bytes(torch.cuda, device)
+        )
         torch.cuda.set_per_process_memory_fraction(budget_fraction(budget_bytes, total, outside), device)
     return {"total_memory_bytes": total}
 
@@ -97,10 +104,12 @@ def readings(torch, device, sizes, step_budget_peak: int | None = None) -> dict[
     """
     reading = card_reading(torch.cuda, device)
     budget_peak = max(reading["budget_peak_bytes"], step_budget_peak or 0)
-    sizes = sizes.model_copy(update={
-        "cuda_context_bytes": reading["outside"],
-        "reserved_unallocated_bytes": max(0, reading["reserved_peak"] - reading["allocated_peak"]),
-    })
+    sizes = sizes.model_copy(
+        update={
+            "cuda_context_bytes": reading["outside"],
+            "reserved_unallocated_bytes": max(0, reading["reserved_peak"] - reading["allocated_peak"]),
+        }
+    )
     return {
         "sizes": sizes,
         "peak_allocated_bytes": reading["allocated_peak"],
@@ -123,9 +132,12 @@ def memory_at_failure(torch, device) -> dict[str, int] | None:
     """
     try:
         free, total = torch.cuda.mem_get_info(device)
-        return {"free_bytes": int(free), "total_bytes": int(total),
-                "reserved_bytes": int(torch.cuda.memory_reserved(device)),
-                "allocated_bytes": int(torch.cuda.memory_allocated(device))}
+        return {
+            "free_bytes": int(free),
+            "total_bytes": int(total),
+            "reserved_bytes": int(torch.cuda.memory_reserved(device)),
+            "allocated_bytes": int(torch.cuda.memory_allocated(device)),
+        }
     except Exception:  # a context broken by the failure itself: no evidence, the error stands
         return None
 

@@ -157,17 +157,31 @@ def card_reading(cuda, device):
     except Exception:  # an allocator without statistics: the reserved peak stands for the need
         stats = {}
     asynchronous = allocator_backend(cuda) == "cudaMallocAsync"
-    need = allocator_need(reserved_peak, allocated_peak, stats.get("inactive_split_bytes.all.peak"), asynchronous,
-                          not asynchronous and expandable_segments(stats))
+    need = allocator_need(
+        reserved_peak,
+        allocated_peak,
+        stats.get("inactive_split_bytes.all.peak"),
+        asynchronous,
+        not asynchronous and expandable_segments(stats),
+    )
     outside = outside_allocator_bytes(free, total, reserved, own_process_bytes(cuda, device))
-    return {"reserved_peak": reserved_peak, "allocated_peak": allocated_peak, "need": need, "outside": outside,
-            "budget_peak_bytes": need + outside, "retries": int(stats.get("num_alloc_retries", 0)),
-            "held": cuda.memory_allocated(device)}
+    return {
+        "reserved_peak": reserved_peak,
+        "allocated_peak": allocated_peak,
+        "need": need,
+        "outside": outside,
+        "budget_peak_bytes": need + outside,
+        "retries": int(stats.get("num_alloc_retries", 0)),
+        "held": cuda.memory_allocated(device),
+    }
 
 
 def step_readings(cuda, device):
     """After a step (``protocol.StepDone`` fields): the reserved peak so far, what is held now, and the budget's
     reading (``card_reading``)."""
     reading = card_reading(cuda, device)
-    return {"peak_bytes": reading["reserved_peak"], "held_bytes": reading["held"],
-            "budget_peak_bytes": reading["budget_peak_bytes"]}
+    return {
+        "peak_bytes": reading["reserved_peak"],
+        "held_bytes": reading["held"],
+        "budget_peak_bytes": reading["budget_peak_bytes"],
+    }

@@ -28,8 +28,9 @@ import math
 import numbers
 import random
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from isoprobe.child.references import import_callable
 from isoprobe.protocol.messages import DataScan
@@ -41,10 +42,12 @@ from isoprobe.spec.model import Spec
 RECHECKED_OTHERS = 256
 
 #: What a dataset whose samples change from read to read is told (the environment check's and a trial's error).
-DETERMINISM = ("isoprobe trains every trial on the dataset's longest samples, found by reading each once, so "
-               "dataset[i] must return the same sample every time, in every build and process: seed any random "
-               "crop, augmentation or sampling from the index (random.Random(i)), or, for the probe, return each "
-               "sample at the longest length it can take")
+DETERMINISM = (
+    "isoprobe trains every trial on the dataset's longest samples, found by reading each once, so "
+    "dataset[i] must return the same sample every time, in every build and process: seed any random "
+    "crop, augmentation or sampling from the index (random.Random(i)), or, for the probe, return each "
+    "sample at the longest length it can take"
+)
 
 
 class DataProblem(Exception):
@@ -105,13 +108,19 @@ def build_dataset(spec: Spec, python_path: list[str]):
     except Exception as exc:  # the factory is the user's code: whatever it raises is their field's problem
         raise DataProblem("data.dataset", exc) from exc
     if isinstance(dataset, torch.utils.data.IterableDataset):
-        raise DataProblem("data.dataset", TypeError(
-            f"returned an IterableDataset ({type(dataset).__name__}), whose samples cannot be taken by index: "
-            "materialise its longest samples into a map-style dataset (a list of samples is one), or make the "
-            "batches with model.batch instead of data"))
+        raise DataProblem(
+            "data.dataset",
+            TypeError(
+                f"returned an IterableDataset ({type(dataset).__name__}), whose samples cannot be taken by index: "
+                "materialise its longest samples into a map-style dataset (a list of samples is one), or make the "
+                "batches with model.batch instead of data"
+            ),
+        )
     if not (hasattr(dataset, "__len__") and hasattr(dataset, "__getitem__")):
-        raise DataProblem("data.dataset", TypeError(
-            f"returned a {type(dataset).__name__}, not a map-style dataset (len(dataset) and dataset[i])"))
+        raise DataProblem(
+            "data.dataset",
+            TypeError(f"returned a {type(dataset).__name__}, not a map-style dataset (len(dataset) and dataset[i])"),
+        )
     try:
         size = len(dataset)
     except Exception as exc:
@@ -139,8 +148,10 @@ def default_length(sample: Any) -> int:
 
     visit(sample)
     if not sizes:
-        raise TypeError(f"a {type(sample).__name__} sample holds no tensor, so it has no default length: give "
-                        "data.length, a function from a sample to its length")
+        raise TypeError(
+            f"a {type(sample).__name__} sample holds no tensor, so it has no default length: give "
+            "data.length, a function from a sample to its length"
+        )
     return max(sizes)
 
 
@@ -156,8 +167,9 @@ def _length_function(spec: Spec, python_path: list[str]):
 def _checked_length(value: Any, index: int) -> float:
     """A length must be a finite number >= 0: anything else is the length function's mistake, named."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) or value < 0:
-        raise TypeError(f"returned {value!r} ({type(value).__name__}) for sample {index}: a length must be a "
-                        "finite number >= 0")
+        raise TypeError(
+            f"returned {value!r} ({type(value).__name__}) for sample {index}: a length must be a finite number >= 0"
+        )
     return float(value)
 
 
@@ -188,14 +200,15 @@ def order(spec: Spec, dataset, python_path: list[str]) -> Order:
     samples = len(dataset)
     indices = scanned_indices(samples, spec.data.scan_limit)
     lengths = [_length(measure, _read(dataset, index), index) for index in indices]
-    return Order(worst_first(indices, lengths), dict(zip(indices, lengths)), samples, len(indices),
-                 time.perf_counter() - started)
+    return Order(
+        worst_first(indices, lengths), dict(zip(indices, lengths)), samples, len(indices), time.perf_counter() - started
+    )
 
 
 def _rechecked(found: Order) -> list[int]:
     """The scanned samples read again: the head of the order (what trials train on) and a seeded sample of the rest."""
     head = found.indices[:INDICES_IN_REQUEST]
-    rest = found.indices[len(head):]
+    rest = found.indices[len(head) :]
     others = random.Random(SAMPLE_SEED).sample(rest, min(RECHECKED_OTHERS, len(rest)))
     return head + sorted(others)
 
@@ -205,20 +218,27 @@ def check_deterministic(spec: Spec, dataset, found: Order, python_path: list[str
     a DataProblem (stage data.determinism) at the first that differs. ``build``: which build was read again."""
     measure = _length_function(spec, python_path)
     if len(dataset) != found.samples:
-        raise DataProblem("data.dataset", ValueError(
-            f"len(dataset) is {len(dataset)} in {build} where the scan's was {found.samples}"),
-            stage="data.determinism")
+        raise DataProblem(
+            "data.dataset",
+            ValueError(f"len(dataset) is {len(dataset)} in {build} where the scan's was {found.samples}"),
+            stage="data.determinism",
+        )
     for index in _rechecked(found):
         length = _length(measure, _read(dataset, index), index)
         if length != found.lengths[index]:
-            raise DataProblem("data.dataset", ValueError(
-                f"dataset[{index}] was {found.lengths[index]:g} long in the scan and {length:g} in another read "
-                f"({build}): the longest batch the scan found is not the longest the data can produce"),
-                stage="data.determinism")
+            raise DataProblem(
+                "data.dataset",
+                ValueError(
+                    f"dataset[{index}] was {found.lengths[index]:g} long in the scan and {length:g} in another read "
+                    f"({build}): the longest batch the scan found is not the longest the data can produce"
+                ),
+                stage="data.determinism",
+            )
 
 
-def scan(spec: Spec, python_path: list[str],
-         report: Callable[..., None] = lambda stage, samples=None, scanning=None: None) -> tuple[DataScan, Any]:
+def scan(
+    spec: Spec, python_path: list[str], report: Callable[..., None] = lambda stage, samples=None, scanning=None: None
+) -> tuple[DataScan, Any]:
     """The environment check's pass: the dataset, its lengths, the longest samples read again (in this build and
     in a second one), and one collated batch of its two longest samples (so that a collate_fn that cannot
     collate them is a spec error too); returns the scan and the collated batch.
@@ -231,7 +251,7 @@ def scan(spec: Spec, python_path: list[str],
     report("scanning", samples, min(samples, spec.data.scan_limit))
     found = order(spec, dataset, python_path)
     check_deterministic(spec, dataset, found, python_path, "the same build")
-    head = found.indices[:min(INDICES_IN_REQUEST, found.scanned)]
+    head = found.indices[: min(INDICES_IN_REQUEST, found.scanned)]
     lengths = list(found.lengths.values())
     collated = collate_samples(spec, [_read(dataset, index) for index in head[:2]], python_path)
     del dataset  # before the second build: a dataset held in memory is not held twice
@@ -240,10 +260,17 @@ def scan(spec: Spec, python_path: list[str],
     report("scanning", samples, min(samples, spec.data.scan_limit))
     check_deterministic(spec, again, found, python_path, "a second build of data.dataset")
     report("done", samples, found.scanned)
-    return DataScan(samples=found.samples, scanned=found.scanned, sampled=found.scanned < found.samples,
-                    head_indices=head, head_lengths=[found.lengths[i] for i in head], length_min=min(lengths),
-                    length_mean=sum(lengths) / len(lengths), length_max=max(lengths),
-                    seconds=round(found.seconds, 3)), collated
+    return DataScan(
+        samples=found.samples,
+        scanned=found.scanned,
+        sampled=found.scanned < found.samples,
+        head_indices=head,
+        head_lengths=[found.lengths[i] for i in head],
+        length_min=min(lengths),
+        length_mean=sum(lengths) / len(lengths),
+        length_max=max(lengths),
+        seconds=round(found.seconds, 3),
+    ), collated
 
 
 def collate_samples(spec: Spec, samples: list, python_path: list[str]):
@@ -275,9 +302,11 @@ def batch_indices(spec: Spec, dataset, batch_size: int, sent: list[int] | None, 
     if len(sent) >= batch_size:
         return sent[:batch_size]
     rebuilt = order(spec, dataset, python_path)
-    if rebuilt.indices[:len(sent)] != sent:
-        raise ValueError(f"data.dataset built a different dataset in this trial than in the environment check (its "
-                         f"longest samples differ): {DETERMINISM}")
+    if rebuilt.indices[: len(sent)] != sent:
+        raise ValueError(
+            f"data.dataset built a different dataset in this trial than in the environment check (its "
+            f"longest samples differ): {DETERMINISM}"
+        )
     if batch_size > rebuilt.samples:
         raise ValueError(f"batch {batch_size} is larger than the dataset ({rebuilt.samples} samples)")
     return rebuilt.first(batch_size)
@@ -295,7 +324,8 @@ def _check_longest_first(spec: Spec, samples: list, indices: list[int], sent: in
                 f"{index}] is {length:g} long here, after dataset[{previous[0]}] of {previous[1]:g}, though the "
                 f"environment check (another process) measured them the other way round. The dataset differs "
                 f"from one process to the next (unseeded randomness, or an order that depends on hash()). "
-                f"{DETERMINISM}")
+                f"{DETERMINISM}"
+            )
         previous = index, length
 
 
@@ -326,6 +356,8 @@ def as_inputs_and_targets(collated) -> tuple[Any, Any]:
         return collated, None
     if isinstance(collated, (tuple, list)) and len(collated) == 2:
         return collated[0], collated[1]
-    raise TypeError(f"the collated batch is a {type(collated).__name__}"
-                    f"{f' of {len(collated)}' if isinstance(collated, (tuple, list)) else ''}: data.collate_fn must "
-                    "return a tensor, a pair (inputs, targets) or a dict of the model's keyword arguments")
+    raise TypeError(
+        f"the collated batch is a {type(collated).__name__}"
+        f"{f' of {len(collated)}' if isinstance(collated, (tuple, list)) else ''}: data.collate_fn must "
+        "return a tensor, a pair (inputs, targets) or a dict of the model's keyword arguments"
+    )

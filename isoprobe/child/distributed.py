@@ -39,8 +39,9 @@ def join(rank: RankAssignment, device) -> None:
     options = {"device_id": device} if device.type == "cuda" else {}
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(rank.backend, store=store, rank=rank.rank, world_size=rank.world_size,
-                            timeout=_GROUP_TIMEOUT, **options)
+    dist.init_process_group(
+        rank.backend, store=store, rank=rank.rank, world_size=rank.world_size, timeout=_GROUP_TIMEOUT, **options
+    )
 
 
 def wrap_model(model, spec: Spec, device):
@@ -60,8 +61,11 @@ def wrap_model(model, spec: Spec, device):
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
         dtype = _MIXED_DTYPES.get(spec.training.precision)
-        policy = MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32) if dtype \
+        policy = (
+            MixedPrecisionPolicy(param_dtype=getattr(torch, dtype), reduce_dtype=torch.float32)
+            if dtype
             else MixedPrecisionPolicy()
+        )
         reshard = True if options.reshard_after_forward is None else options.reshard_after_forward
         if (options.fsdp_wrap or "blocks") == "blocks":
             for block in shardable_blocks(model):

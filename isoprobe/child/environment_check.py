@@ -9,13 +9,12 @@ not a failed trial.
 from __future__ import annotations
 
 import sys
-
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child.reads import files_read, watch_reads
-from isoprobe.child.sources import imported_sources, installed_packages_imported
 from isoprobe.child import cuda as child_cuda
 from isoprobe.child.memory import cpu_memory
+from isoprobe.child.reads import files_read, watch_reads
+from isoprobe.child.sources import imported_sources, installed_packages_imported
 from isoprobe.child.training import build_optimizer, enable_checkpointing
 from isoprobe.child.workload import (
     build_model,
@@ -32,9 +31,9 @@ from isoprobe.protocol.messages import (
     Estimate,
     Estimated,
     Facts,
+    Inspected,
     InspectProblem,
     InspectRequest,
-    Inspected,
 )
 from isoprobe.spec.model import Spec
 
@@ -90,8 +89,9 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
     reads = files_read()
     events.emit(Inspected(facts=Facts(**facts), problems=problems, sources=imported_sources(), reads=reads))
     if not problems and spec.command is not None:
-        events.emit(Estimated(estimate=Estimate(note="a command's step runs in its own script, which the trace "
-                                                     "cannot follow")))
+        events.emit(
+            Estimated(estimate=Estimate(note="a command's step runs in its own script, which the trace cannot follow"))
+        )
     elif not problems:
         # After the check's verdict: the trace runs the model's own step at real batch sizes (on fake tensors),
         # and whatever that does (a hang, an exit, a forged line) may cost the estimate, never the check.
@@ -147,8 +147,14 @@ def _cuda_devices(torch, spec: Spec) -> list[CudaDevice]:
             own = child_cuda.own_process_bytes(torch.cuda, index)  # not a neighbour's memory (child.cuda_readings)
             if own is not None:
                 outside = child_cuda.outside_allocator_bytes(free, total, torch.cuda.memory_reserved(index), own)
-        devices.append(CudaDevice(name=properties.name, total_memory_bytes=properties.total_memory,
-                                  free_memory_bytes=free, outside_bytes=outside))
+        devices.append(
+            CudaDevice(
+                name=properties.name,
+                total_memory_bytes=properties.total_memory,
+                free_memory_bytes=free,
+                outside_bytes=outside,
+            )
+        )
     return devices
 
 
@@ -175,8 +181,11 @@ def _allocator_problems(torch, spec: Spec) -> list[InspectProblem]:
     for what, setting in settings:
         reason = child_cuda.allocator_setting_problem(torch, setting)
         if reason is not None:
-            return [InspectProblem(stage="allocator", type="ValueError",
-                                   message=f"{what} {setting!r}: {reason}"[:MESSAGE_CHARS])]
+            return [
+                InspectProblem(
+                    stage="allocator", type="ValueError", message=f"{what} {setting!r}: {reason}"[:MESSAGE_CHARS]
+                )
+            ]
     return []
 
 
@@ -188,8 +197,9 @@ def _mismatch(message: str) -> list[InspectProblem]:
     return [InspectProblem(stage="target", type="ShapeMismatch", message=message)]
 
 
-def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str, Any],
-                     events: Events | None = None) -> list[InspectProblem]:
+def _check_buildable(
+    torch, spec: Spec, python_path: list[str], facts: dict[str, Any], events: Events | None = None
+) -> list[InspectProblem]:
     """Can the model, optimizer and training options be set up, and does the output fit the target?
 
     On the meta device first: shapes without memory. A model the meta device cannot
@@ -208,7 +218,8 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
         from isoprobe.child.lightning_runner import check_buildable
 
         return check_buildable(torch, spec, python_path, facts) + _check_precision(
-            torch, spec, _trial_device(torch, spec, facts))
+            torch, spec, _trial_device(torch, spec, facts)
+        )
     for stage in ("batch", "loss", "step"):
         reference = getattr(spec.model, stage)
         if reference is not None:
@@ -257,8 +268,9 @@ def _check_buildable(torch, spec: Spec, python_path: list[str], facts: dict[str,
     return problems
 
 
-def _scan_data(spec: Spec, python_path: list[str], facts: dict[str, Any],
-               events: Events | None = None) -> tuple[InspectProblem | None, Any]:
+def _scan_data(
+    spec: Spec, python_path: list[str], facts: dict[str, Any], events: Events | None = None
+) -> tuple[InspectProblem | None, Any]:
     """The dataset's lengths and worst-first order (``child.data``), before any trial: the data section's
     problems (a factory that raises, an empty or iterable dataset, a length that is no number, samples that
     change from read to read, a collate_fn that cannot collate the two longest samples) are spec errors
@@ -329,8 +341,9 @@ def _check_signature(function, call: str, *args: Any, **kwargs: Any) -> None:
     try:
         signature.bind(*args, **kwargs)
     except TypeError as exc:
-        raise TypeError(f"{getattr(function, '__name__', function)}{signature} cannot be called as {call}: {exc}"
-                        ) from None
+        raise TypeError(
+            f"{getattr(function, '__name__', function)}{signature} cannot be called as {call}: {exc}"
+        ) from None
 
 
 def _trial_device(torch, spec: Spec, facts: dict[str, Any]):
@@ -352,9 +365,11 @@ def _check_precision(torch, spec: Spec, device) -> list[InspectProblem]:
         if device.type == "cuda" and dtype is torch.bfloat16:
             capability = torch.cuda.get_device_capability(device)
             if not child_cuda.bf16_supported(capability):
-                raise RuntimeError(f"{torch.cuda.get_device_name(device)} (compute capability "
-                                   f"{capability[0]}.{capability[1]}) does not support bfloat16 natively: it needs "
-                                   "compute capability 8.0 (Ampere) or newer")
+                raise RuntimeError(
+                    f"{torch.cuda.get_device_name(device)} (compute capability "
+                    f"{capability[0]}.{capability[1]}) does not support bfloat16 natively: it needs "
+                    "compute capability 8.0 (Ampere) or newer"
+                )
         a = torch.ones(4, 4, device=device)
         if precision == "bf16-true":
             (a.to(dtype) @ a.to(dtype)).sum()
@@ -392,17 +407,21 @@ def _check_output_shape(torch, spec: Spec, model, facts: dict[str, Any]) -> list
     shape = list(output.shape)
     if task == "language_modeling":
         if len(shape) != 3:
-            return _mismatch(f"language_modeling needs logits (batch, sequence, vocabulary); the model "
-                             f"returned shape {shape}")
+            return _mismatch(
+                f"language_modeling needs logits (batch, sequence, vocabulary); the model returned shape {shape}"
+            )
         return []
     if task == "segmentation" and len(shape) != 4:
         return _mismatch(f"segmentation needs outputs (batch, classes, height, width); the model returned {shape}")
     if target.classes is not None:
         if len(shape) < 2 or shape[1] != target.classes:
-            return _mismatch(f"the model's output has shape {shape} (per sample {shape[1:]}), "
-                             f"so its class dimension is {shape[1] if len(shape) > 1 else 'missing'}, "
-                             f"not target.classes = {target.classes}")
+            return _mismatch(
+                f"the model's output has shape {shape} (per sample {shape[1:]}), "
+                f"so its class dimension is {shape[1] if len(shape) > 1 else 'missing'}, "
+                f"not target.classes = {target.classes}"
+            )
     elif shape[1:] != list(target.shape):
-        return _mismatch(f"the model's output per sample has shape {shape[1:]}, not target.shape = "
-                         f"{list(target.shape)}")
+        return _mismatch(
+            f"the model's output per sample has shape {shape[1:]}, not target.shape = {list(target.shape)}"
+        )
     return []

@@ -67,22 +67,26 @@ def skip_reason(spec: Spec, parameter_count: int | None) -> str | None:
     if spec.model.lightning is not None:
         return "model.lightning: the trace follows isoprobe's own step, not trainer.fit"
     if spec.data is not None:
-        return ("data: the trace makes synthetic batches, and the worst batch's length falls as "
-                "it grows")
+        return "data: the trace makes synthetic batches, and the worst batch's length falls as it grows"
     if spec.distributed.strategy != "none":
         return f"distributed.strategy {spec.distributed.strategy!r}: the trace follows one process"
     if spec.training.compile:
         return "training.compile: the compiled graph's memory differs from the traced eager step"
     if spec.training.mode == "train" and spec.training.precision == "fp16-mixed":
-        return ("fp16-mixed: the gradient scaler reads its inf check back (a data-dependent "
-                "step the trace cannot take)")
+        return "fp16-mixed: the gradient scaler reads its inf check back (a data-dependent step the trace cannot take)"
     if parameter_count is not None and parameter_count > MAX_PARAMETERS:
         return f"{parameter_count:,} parameters would make the trace slow"
     return None
 
 
-def estimate(torch, spec: Spec, python_path: list[str], device, baseline_bytes: int | None,
-             time_limit: float = TIME_LIMIT_SECONDS) -> Estimate:
+def estimate(
+    torch,
+    spec: Spec,
+    python_path: list[str],
+    device,
+    baseline_bytes: int | None,
+    time_limit: float = TIME_LIMIT_SECONDS,
+) -> Estimate:
     """The estimate for ``spec``'s step on ``device``; a failed trace is an Estimate with its reason, never raised.
 
     ``baseline_bytes`` (in the budget's units: the CPU backend's import baseline, or what is in use on the card
@@ -93,12 +97,14 @@ def estimate(torch, spec: Spec, python_path: list[str], device, baseline_bytes: 
         with _hard_deadline(time_limit + HARD_GRACE_SECONDS), _deadline(time_limit):
             return _estimate(torch, spec, python_path, device, baseline_bytes, started)
     except TraceTimeout:
-        return Estimate(note=f"the trace took more than {time_limit:g} s",
-                        seconds=round(time.perf_counter() - started, 3))
+        return Estimate(
+            note=f"the trace took more than {time_limit:g} s", seconds=round(time.perf_counter() - started, 3)
+        )
     except Exception as exc:  # data-dependent ops, custom code, an op without a fake kernel: say so, fall back
         message = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"
-        return Estimate(note=f"the step could not be traced ({message[:300]})",
-                        seconds=round(time.perf_counter() - started, 3))
+        return Estimate(
+            note=f"the step could not be traced ({message[:300]})", seconds=round(time.perf_counter() - started, 3)
+        )
 
 
 def _estimate(torch, spec, python_path, device, baseline_bytes, started) -> Estimate:
@@ -114,8 +120,10 @@ def _estimate(torch, spec, python_path, device, baseline_bytes, started) -> Esti
             traces = [_trace(torch, spec, python_path, device, batch) for batch in (around // 2, around)]
             line = _line(traces) or line
     if line is None:
-        return Estimate(note="the traced peak did not grow with the batch: no per-sample cost to predict with",
-                        seconds=round(time.perf_counter() - started, 3))
+        return Estimate(
+            note="the traced peak did not grow with the batch: no per-sample cost to predict with",
+            seconds=round(time.perf_counter() - started, 3),
+        )
     fixed, slope = line
     last = traces[-1]
     baseline = baseline_bytes or 0
@@ -158,8 +166,9 @@ def runtime_bytes(torch, spec: Spec) -> int | None:
     before = cpu_memory().data
     if before is None:
         return None
-    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(),
-                                torch.nn.Linear(8 * 6 * 6, 2))
+    model = torch.nn.Sequential(
+        torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Flatten(), torch.nn.Linear(8 * 6 * 6, 2)
+    )
     inputs, targets = torch.randn(2, 3, 8, 8), torch.tensor([0, 1])
     optimizer = build_optimizer(spec, list(model.parameters()))
     highest = before
@@ -189,7 +198,11 @@ class _Trace:
     def __init__(self, batch, peak, parameters, gradients, optimizer_state, buffers):
         self.batch, self.peak = batch, peak
         self.parameters, self.gradients, self.optimizer_state, self.buffers = (
-            parameters, gradients, optimizer_state, buffers)
+            parameters,
+            gradients,
+            optimizer_state,
+            buffers,
+        )
 
 
 def _trace(torch, spec: Spec, python_path: list[str], device, batch_size: int) -> _Trace:
@@ -205,8 +218,10 @@ def _trace(torch, spec: Spec, python_path: list[str], device, batch_size: int) -
         with torch.device(device), _no_init(torch):
             model = build_model(spec, python_path)
         step = Step(spec, model, device, python_path)
-        batch = step.batch(batch_size, made=_fake_batch(torch, made, batch_size, device, step.float_dtype)
-                           if made is not None else None)
+        batch = step.batch(
+            batch_size,
+            made=_fake_batch(torch, made, batch_size, device, step.float_dtype) if made is not None else None,
+        )
         for _ in range(2):
             step.run(batch)
         if spec.training.eval_pass:
@@ -218,8 +233,14 @@ def _trace(torch, spec: Spec, python_path: list[str], device, batch_size: int) -
         buffers = _storage_bytes(list(model.buffers()))
         state = None
         if step.optimizer is not None:
-            state = _storage_bytes([v for s in step.optimizer.state.values() for v in s.values()
-                                    if isinstance(v, torch.Tensor) and v.dim() > 0])
+            state = _storage_bytes(
+                [
+                    v
+                    for s in step.optimizer.state.values()
+                    for v in s.values()
+                    if isinstance(v, torch.Tensor) and v.dim() > 0
+                ]
+            )
         peak = live.peak
         del step, model, batch
     return _Trace(batch_size, peak, parameters, gradients, state, buffers)
@@ -264,9 +285,14 @@ def _fake_batch(torch, made, batch_size: int, device, float_dtype):
         if not isinstance(leaf, torch.Tensor):
             faked.append(leaf)
             continue
-        grows = (leaf.dim() >= 1 and isinstance(other, torch.Tensor) and other.dim() == leaf.dim()
-                 and leaf.shape[0] == _PROBE_SIZES[0] and other.shape[0] == _PROBE_SIZES[1]
-                 and leaf.shape[1:] == other.shape[1:])
+        grows = (
+            leaf.dim() >= 1
+            and isinstance(other, torch.Tensor)
+            and other.dim() == leaf.dim()
+            and leaf.shape[0] == _PROBE_SIZES[0]
+            and other.shape[0] == _PROBE_SIZES[1]
+            and leaf.shape[1:] == other.shape[1:]
+        )
         shape = (batch_size, *leaf.shape[1:]) if grows else tuple(leaf.shape)
         faked.append(torch.empty(shape, dtype=leaf.dtype, device=device))
     inputs, targets = tree_unflatten(faked, structure)
@@ -327,8 +353,9 @@ def _no_init(torch):
     not change what the step allocates; torch itself skips them on the meta device.
     """
     init = torch.nn.init
-    names = [name for name in dir(init) if name.endswith("_") and not name.startswith("_")
-             and callable(getattr(init, name))]
+    names = [
+        name for name in dir(init) if name.endswith("_") and not name.startswith("_") and callable(getattr(init, name))
+    ]
     originals = {name: getattr(init, name) for name in names}
 
     def unchanged(tensor, *args, **kwargs):

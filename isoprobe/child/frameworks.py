@@ -23,7 +23,8 @@ Each runner is imported only for its own source, so a trial imports one framewor
 from __future__ import annotations
 
 import importlib
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from isoprobe.child import cuda as child_cuda
 from isoprobe.child.memory import cpu_readings
@@ -62,5 +63,13 @@ def framework_cycle(request: Any, hook: Any, evaluated: list[int], early: bool, 
 
     step = evaluated[0] if evaluated and evaluated[0] <= hook.steps_done else None
     peak = hook.peaks[step - 1] if step is not None else None
-    return {"cycle": CycleSeen(steps=hook.steps_done, evaluation_step=step, evaluation_forwards=batches if step else None,
-                               evaluation_peak_bytes=peak, waited=early, bound=None if early else "unconfigured")}
+    return {
+        "cycle": CycleSeen(
+            steps=hook.steps_done,
+            evaluation_step=step,
+            evaluation_forwards=batches if step else None,
+            evaluation_peak_bytes=peak,
+            waited=early,
+            bound=None if early else "unconfigured",
+        )
+    }

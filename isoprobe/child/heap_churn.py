@@ -9,7 +9,6 @@ from __future__ import annotations
 import ctypes
 import re
 
-
 #: malloc_info's totals over every arena: the heaps' size now and the most they ever reached.
 _SYSTEM_TOTAL = re.compile(rb'<system type="(current|max)" size="(\d+)"/>')
 

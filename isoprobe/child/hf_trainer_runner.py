@@ -81,8 +81,10 @@ def run_trainer(request: TrialRequest, events: Events, progress: Progress, torch
         del trainer, build
         gc.collect()
     if not stepper.stopped:  # max_steps is the hook's most, so only a loop that ran out of batches ends first
-        raise RuntimeError(f"the Trainer stopped after {hook.steps_done} optimizer step(s), before the trial's "
-                           f"{request.steps or spec.search.steps}: its train dataloader ran out of batches")
+        raise RuntimeError(
+            f"the Trainer stopped after {hook.steps_done} optimizer step(s), before the trial's "
+            f"{request.steps or spec.search.steps}: its train dataloader ran out of batches"
+        )
     report.update(final_readings(torch, device, step_peaks=hook.peaks))
     return report | framework_cycle(request, hook, stepper.evaluated, early, EVAL_BATCHES)
 
@@ -94,19 +96,26 @@ def check_trainer(transformers: Any, trainer: Any, batch_size: int, device: Any)
         raise TypeError(f"model.hf_trainer returned {type(trainer).__name__}, not a transformers.Trainer")
     args = trainer.args
     if args.per_device_train_batch_size != batch_size:
-        raise ValueError(f"model.hf_trainer was called with batch_size {batch_size} but returned a Trainer whose "
-                         f"per_device_train_batch_size is {args.per_device_train_batch_size}: pass the function's "
-                         "batch_size to TrainingArguments(per_device_train_batch_size=...)")
+        raise ValueError(
+            f"model.hf_trainer was called with batch_size {batch_size} but returned a Trainer whose "
+            f"per_device_train_batch_size is {args.per_device_train_batch_size}: pass the function's "
+            "batch_size to TrainingArguments(per_device_train_batch_size=...)"
+        )
     chosen = args.device if device is not None else None
-    if chosen is not None and (chosen.type != device.type
-                               or (device.type == "cuda" and (chosen.index or 0) != (device.index or 0))):
-        raise ValueError(f"the Trainer runs on {chosen} but this trial is on {device}: leave the device to "
-                         "isoprobe (no use_cpu=True for a GPU probe; on several GPUs the trials take cuda:0, or set "
-                         "CUDA_VISIBLE_DEVICES)")
+    if chosen is not None and (
+        chosen.type != device.type or (device.type == "cuda" and (chosen.index or 0) != (device.index or 0))
+    ):
+        raise ValueError(
+            f"the Trainer runs on {chosen} but this trial is on {device}: leave the device to "
+            "isoprobe (no use_cpu=True for a GPU probe; on several GPUs the trials take cuda:0, or set "
+            "CUDA_VISIBLE_DEVICES)"
+        )
     samples = train_samples(trainer)  # None: an iterable dataset, and a short one shows as too few steps
     if samples is not None and samples < batch_size and device is not None:  # a backstop: the search stops there
-        raise ValueError(f"the Trainer's train_dataset has {samples} samples, fewer than the batch {batch_size}: "
-                         f"set search.max_batch_size: {samples} (no larger batch exists in this data)")
+        raise ValueError(
+            f"the Trainer's train_dataset has {samples} samples, fewer than the batch {batch_size}: "
+            f"set search.max_batch_size: {samples} (no larger batch exists in this data)"
+        )
 
 
 def check_before_trials(spec: Any, python_path: list[str], facts: dict[str, Any]) -> list[InspectProblem]:
@@ -120,12 +129,17 @@ def check_before_trials(spec: Any, python_path: list[str], facts: dict[str, Any]
     batch = spec.search.start_batch_size
     try:
         trainer = import_callable(spec.model.hf_trainer, python_path)(batch, **spec.model.kwargs)
-    except Exception as exc:  # noqa: BLE001 - the user's function: any exception is named
+    except Exception as exc:
         if classify_exception([c.__name__ for c in type(exc).__mro__], str(exc)) is Outcome.OUT_OF_MEMORY:
             facts["meta_build_warning"] = f"building the Trainer: {type(exc).__name__}: {str(exc)[:500]}"
             return []
-        return [InspectProblem(stage="hf_trainer", type=type(exc).__name__,
-                               message=f"building the Trainer at batch {batch} raised: {exc}"[:MESSAGE_CHARS])]
+        return [
+            InspectProblem(
+                stage="hf_trainer",
+                type=type(exc).__name__,
+                message=f"building the Trainer at batch {batch} raised: {exc}"[:MESSAGE_CHARS],
+            )
+        ]
     try:
         check_trainer(transformers, trainer, batch, None)
         if spec.training.eval_pass:
@@ -138,9 +152,16 @@ def check_before_trials(spec: Any, python_path: list[str], facts: dict[str, Any]
     samples = facts["train_samples"] = train_samples(trainer)
     del trainer
     if samples is not None and samples < batch:
-        return [InspectProblem(stage="hf_trainer", type="ValueError", message=(
-            f"the Trainer's train_dataset holds {samples} samples, fewer than search.start_batch_size {batch}: set "
-            f"search.start_batch_size to at most {samples} (the search stops at {samples}: no larger batch exists)"))]
+        return [
+            InspectProblem(
+                stage="hf_trainer",
+                type="ValueError",
+                message=(
+                    f"the Trainer's train_dataset holds {samples} samples, fewer than search.start_batch_size {batch}: set "
+                    f"search.start_batch_size to at most {samples} (the search stops at {samples}: no larger batch exists)"
+                ),
+            )
+        ]
     gc.collect()
     return []
 
@@ -157,11 +178,15 @@ def eval_dataset(trainer: Any) -> Any:
     """The Trainer's one evaluation set (ValueError naming the fix without one, or with a dict of several)."""
     dataset = trainer.eval_dataset
     if dataset is None:
-        raise ValueError("training.eval_pass runs the Trainer's evaluate(), but the Trainer model.hf_trainer built has "
-                         "no eval_dataset: pass eval_dataset=... to the Trainer, or set training.eval_pass: false")
+        raise ValueError(
+            "training.eval_pass runs the Trainer's evaluate(), but the Trainer model.hf_trainer built has "
+            "no eval_dataset: pass eval_dataset=... to the Trainer, or set training.eval_pass: false"
+        )
     if isinstance(dataset, dict):
-        raise ValueError("training.eval_pass: the Trainer's eval_dataset is a dict of several sets "
-                         f"({', '.join(map(str, dataset))}); give the Trainer one eval_dataset for the probe")
+        raise ValueError(
+            "training.eval_pass: the Trainer's eval_dataset is a dict of several sets "
+            f"({', '.join(map(str, dataset))}); give the Trainer one eval_dataset for the probe"
+        )
     return dataset
 
 
@@ -171,8 +196,12 @@ def evaluates(transformers: Any, trainer: Any) -> bool:
     from transformers.trainer_utils import IntervalStrategy
 
     dataset = trainer.eval_dataset
-    return (trainer.args.eval_strategy != IntervalStrategy.NO and dataset is not None
-            and not isinstance(dataset, dict) and hasattr(dataset, "__len__"))
+    return (
+        trainer.args.eval_strategy != IntervalStrategy.NO
+        and dataset is not None
+        and not isinstance(dataset, dict)
+        and hasattr(dataset, "__len__")
+    )
 
 
 def prepare_for_trial(transformers: Any, trainer: Any, hook: StepHook, early_after: int | None = None):

@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING, Any
 
 from isoprobe.child import cuda as child_cuda
 from isoprobe.child.frameworks import final_readings, framework_cycle
-from isoprobe.report import steady
 from isoprobe.child.memory import cpu_memory
 from isoprobe.child.step_report import StepHook
 from isoprobe.child.workload import import_callable
 from isoprobe.protocol.messages import MESSAGE_CHARS, InspectProblem, ModelBuilt
+from isoprobe.report import steady
 from isoprobe.spec.lightning import LIGHTNING_PRECISION, LightningSpec
 from isoprobe.spec.model import Spec
 
@@ -63,14 +63,18 @@ def build(spec: Spec, python_path: list[str]) -> tuple[Any, Any]:
 
     module = import_callable(spec.model.lightning, python_path)(**spec.model.kwargs)
     if not isinstance(module, pl.LightningModule):
-        raise TypeError(f"model.lightning {spec.model.lightning} gave a {type(module).__name__}, not a "
-                        "lightning.pytorch.LightningModule")
+        raise TypeError(
+            f"model.lightning {spec.model.lightning} gave a {type(module).__name__}, not a "
+            "lightning.pytorch.LightningModule"
+        )
     datamodule = None
     if spec.model.datamodule is not None:
         datamodule = import_callable(spec.model.datamodule, python_path)(**spec.model.datamodule_kwargs)
         if not isinstance(datamodule, pl.LightningDataModule):
-            raise TypeError(f"model.datamodule {spec.model.datamodule} gave a {type(datamodule).__name__}, not a "
-                            "lightning.pytorch.LightningDataModule")
+            raise TypeError(
+                f"model.datamodule {spec.model.datamodule} gave a {type(datamodule).__name__}, not a "
+                "lightning.pytorch.LightningDataModule"
+            )
     return module, datamodule
 
 
@@ -93,8 +97,10 @@ def missing_batch_size(spec: Spec, module: Any, datamodule: Any) -> str | None:
     if batch_size_holders(module, datamodule, name):
         return None
     where = "the module, the data module or their hparams" if datamodule is not None else "the module or its hparams"
-    return (f"{name!r} is in none of {where}, where Lightning's BatchSizeFinder sets the batch size: "
-            f"store it there (self.{name} = ... or save_hyperparameters()) and read it in train_dataloader()")
+    return (
+        f"{name!r} is in none of {where}, where Lightning's BatchSizeFinder sets the batch size: "
+        f"store it there (self.{name} = ... or save_hyperparameters()) and read it in train_dataloader()"
+    )
 
 
 def check_buildable(torch: Any, spec: Spec, python_path: list[str], facts: dict[str, Any]) -> list[InspectProblem]:
@@ -104,7 +110,7 @@ def check_buildable(torch: Any, spec: Spec, python_path: list[str], facts: dict[
     try:
         with torch.device("meta"):
             module, datamodule = build(spec, python_path)
-    except Exception as exc:  # noqa: BLE001 - one real build decides whether it is the meta device or the code
+    except Exception as exc:
         facts["meta_build_warning"] = f"{type(exc).__name__}: {str(exc)[:500]}"
         try:
             module = _built("lightning", lambda: build(spec, python_path)[0])
@@ -114,7 +120,11 @@ def check_buildable(torch: Any, spec: Spec, python_path: list[str], facts: dict[
     facts["parameter_count"] = sum(p.numel() for p in module.parameters())
     facts["parameter_bytes"] = sum(p.numel() * p.element_size() for p in module.parameters())
     missing = missing_batch_size(spec, module, datamodule)
-    return [InspectProblem(stage="batch_arg_name", type="AttributeError", message=missing[:MESSAGE_CHARS])] if missing else []
+    return (
+        [InspectProblem(stage="batch_arg_name", type="AttributeError", message=missing[:MESSAGE_CHARS])]
+        if missing
+        else []
+    )
 
 
 class _Problem(Exception):
@@ -126,7 +136,7 @@ def _built(stage: str, make: Any) -> Any:
     """``make()``, or the problem it raised for ``stage`` (model.lightning or model.datamodule)."""
     try:
         return make()
-    except Exception as exc:  # noqa: BLE001 - the user's code: any exception is a spec problem to name
+    except Exception as exc:
         raise _Problem(InspectProblem(stage=stage, type=type(exc).__name__, message=str(exc)[:MESSAGE_CHARS])) from None
 
 
@@ -167,8 +177,9 @@ def loader_facts(loader: Any) -> tuple[int | None, int | None]:
     return (size if isinstance(size, int) else None), samples
 
 
-def batch_problem(asked: int, leading: list[int], loader_size: int | None, loader_samples: int | None,
-                  batch_idx: int) -> tuple[str, int | None] | None:
+def batch_problem(
+    asked: int, leading: list[int], loader_size: int | None, loader_samples: int | None, batch_idx: int
+) -> tuple[str, int | None] | None:
     """Why a batch that arrived is not a batch of ``asked`` samples, or None. Pure. The reason, and the loader's
     samples where there are fewer than ``asked`` (then no batch of ``asked`` exists in the data at all).
 
@@ -181,16 +192,21 @@ def batch_problem(asked: int, leading: list[int], loader_size: int | None, loade
     if not leading or asked in leading:
         return None
     if loader_samples is not None and loader_samples < asked:
-        return (f"its train_dataloader() holds {loader_samples} samples, fewer than the batch {asked}: no batch of "
-                f"{asked} can be drawn, so a verdict at {asked} would be about a batch of {loader_samples}",
-                loader_samples)
+        return (
+            f"its train_dataloader() holds {loader_samples} samples, fewer than the batch {asked}: no batch of "
+            f"{asked} can be drawn, so a verdict at {asked} would be about a batch of {loader_samples}",
+            loader_samples,
+        )
     if loader_size == asked:
         return None
     if loader_size is None and batch_idx > 0 and all(size < asked for size in leading):
         return None
     made = f"a DataLoader with batch_size={loader_size}" if loader_size is not None else "its loader"
-    return (f"its train_dataloader() gave a batch of {leading[0]} samples where the trial set the batch size to "
-            f"{asked}: {made} does not read the batch size that was set", None)
+    return (
+        f"its train_dataloader() gave a batch of {leading[0]} samples where the trial set the batch size to "
+        f"{asked}: {made} does not read the batch size that was set",
+        None,
+    )
 
 
 #: Validation batches a deciding trial runs (``validation_early``): the user's loader's first ones, at its own batch.
@@ -202,8 +218,9 @@ def validates(module: Any, datamodule: Any) -> bool:
     module's), as Lightning's own check of the validation loop reads them (``is_overridden``)."""
     from lightning.pytorch.utilities.model_helpers import is_overridden
 
-    loader = is_overridden("val_dataloader", module) or (datamodule is not None
-                                                         and is_overridden("val_dataloader", datamodule))
+    loader = is_overridden("val_dataloader", module) or (
+        datamodule is not None and is_overridden("val_dataloader", datamodule)
+    )
     return bool(is_overridden("validation_step", module) and loader)
 
 
@@ -211,8 +228,11 @@ def validation_early(spec: Spec) -> dict[str, Any]:
     """The Trainer's arguments that run the user's validation after the search's steps (``EVAL_BATCHES`` batches,
     counted in training batches across epochs), in a trial that decides the maximum."""
     accumulate = (spec.lightning or LightningSpec()).accumulate_grad_batches
-    return {"limit_val_batches": EVAL_BATCHES, "val_check_interval": spec.search.steps * accumulate,
-            "check_val_every_n_epoch": None}
+    return {
+        "limit_val_batches": EVAL_BATCHES,
+        "val_check_interval": spec.search.steps * accumulate,
+        "check_val_every_n_epoch": None,
+    }
 
 
 def trainer_arguments(spec: Spec, device: Any, world_size: int | None) -> dict[str, Any]:
@@ -225,8 +245,12 @@ def trainer_arguments(spec: Spec, device: Any, world_size: int | None) -> dict[s
         "accumulate_grad_batches": options.accumulate_grad_batches,
         "gradient_clip_val": options.gradient_clip_val,
         "gradient_clip_algorithm": options.gradient_clip_algorithm,
-        "logger": DummyLogger(), "enable_checkpointing": False, "enable_progress_bar": False,
-        "enable_model_summary": False, "limit_val_batches": 0, "num_sanity_val_steps": 0,
+        "logger": DummyLogger(),
+        "enable_checkpointing": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "limit_val_batches": 0,
+        "num_sanity_val_steps": 0,
         "max_epochs": -1,
     }
     if device.type == "cuda":
@@ -237,9 +261,15 @@ def trainer_arguments(spec: Spec, device: Any, world_size: int | None) -> dict[s
         from lightning.pytorch.strategies import DDPStrategy
 
         ddp = spec.distributed
-        options_ddp = {key: value for key, value in (("bucket_cap_mb", ddp.bucket_cap_mb),
-                                                     ("gradient_as_bucket_view", ddp.gradient_as_bucket_view),
-                                                     ("static_graph", ddp.static_graph)) if value is not None}
+        options_ddp = {
+            key: value
+            for key, value in (
+                ("bucket_cap_mb", ddp.bucket_cap_mb),
+                ("gradient_as_bucket_view", ddp.gradient_as_bucket_view),
+                ("static_graph", ddp.static_graph),
+            )
+            if value is not None
+        }
         arguments.update(strategy=DDPStrategy(**options_ddp), devices=world_size, num_nodes=1)
     return arguments
 
@@ -248,15 +278,20 @@ def batch_mismatch(spec: Spec, module: Any, datamodule: Any, problem: str, sampl
     """The whole message for ``batch_problem``'s: whose ``train_dataloader()`` (the spec's reference), the
     attribute that was set, and the fix."""
     name = (spec.lightning or LightningSpec()).batch_arg_name
-    owner = (f"model.datamodule {spec.model.datamodule}" if datamodule is not None and spec.model.datamodule
-             else f"model.lightning {spec.model.lightning}")
+    owner = (
+        f"model.datamodule {spec.model.datamodule}"
+        if datamodule is not None and spec.model.datamodule
+        else f"model.lightning {spec.model.lightning}"
+    )
     holders = " and ".join(batch_size_holders(module, datamodule, name)) or name
     if samples is not None:
         fix = f"set search.max_batch_size: {samples} (no larger batch exists in this data)"
     else:
-        fix = (f"build the DataLoader with the batch size that was set ({holders}), e.g. "
-               f"DataLoader(..., batch_size=self.{'hparams.' if 'hparams' in holders else ''}{name}), "
-               "as Lightning's own BatchSizeFinder also needs")
+        fix = (
+            f"build the DataLoader with the batch size that was set ({holders}), e.g. "
+            f"DataLoader(..., batch_size=self.{'hparams.' if 'hparams' in holders else ''}{name}), "
+            "as Lightning's own BatchSizeFinder also needs"
+        )
     return f"{owner}: {problem} (set on {holders}, in the setup hook): {fix}"
 
 
@@ -325,8 +360,9 @@ def run(request: TrialRequest, events: Events, progress: Progress, torch: Any, d
     early = request.cycle is not None and validates(module, datamodule)
     validated: list[int] = []  # the step whose reading first includes the early validation
     arguments = trainer_arguments(spec, device, world_size) | (validation_early(spec) if early else {})
-    trainer = pl.Trainer(max_steps=hook.most_steps + (steady.WINDOW_STEPS if early else 0), callbacks=[TrialSteps()],
-                         **arguments)
+    trainer = pl.Trainer(
+        max_steps=hook.most_steps + (steady.WINDOW_STEPS if early else 0), callbacks=[TrialSteps()], **arguments
+    )
     try:
         trainer.fit(module, datamodule=datamodule)
     except BaseException as exc:
@@ -335,8 +371,11 @@ def run(request: TrialRequest, events: Events, progress: Progress, torch: Any, d
             raise
         raise inner from None  # classified as itself: an out-of-memory error is one
     if hook.steps_done == 0:
-        raise RuntimeError("trainer.fit ran no optimizer step: train_dataloader() gave no batch at this batch "
-                           "size (drop_last with fewer samples than the batch?)")
+        raise RuntimeError(
+            "trainer.fit ran no optimizer step: train_dataloader() gave no batch at this batch "
+            "size (drop_last with fewer samples than the batch?)"
+        )
     del trainer, module, datamodule
-    return final_readings(torch, device, step_peaks=hook.peaks) | framework_cycle(request, hook, validated, early,
-                                                                                  EVAL_BATCHES)
+    return final_readings(torch, device, step_peaks=hook.peaks) | framework_cycle(
+        request, hook, validated, early, EVAL_BATCHES
+    )

@@ -46,11 +46,21 @@ from isoprobe.child.own_modules import import_own
 from isoprobe.child.preload import import_modules, preload_names, read_modules
 from isoprobe.child.request import cuda_initialized, run_request
 from isoprobe.child.source_only import compile_own_from_source
-from isoprobe.protocol.wiring import (CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, IMPORT_LINE, PRELOAD_ENV, SERVE_ARGUMENT,
-                                      WAIT_ARGUMENT, WARM_PLAN_ENV)
+from isoprobe.protocol.wiring import (
+    CHILD_MODULE,
+    EVENTS_ENV,
+    IDLE_ARGUMENT,
+    IMPORT_LINE,
+    PRELOAD_ENV,
+    SERVE_ARGUMENT,
+    WAIT_ARGUMENT,
+    WARM_PLAN_ENV,
+)
 
-USAGE = (f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}] | {SERVE_ARGUMENT} FD   "
-         f"(with ${EVENTS_ENV} naming the events file)")
+USAGE = (
+    f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}] | {SERVE_ARGUMENT} FD   "
+    f"(with ${EVENTS_ENV} naming the events file)"
+)
 
 
 def started_line(pid: int) -> bytes:
@@ -90,7 +100,7 @@ def wait_for_request(events: Events, idle: bool) -> str | None:
         # them as a child started with them in its preload would (after the rest, up to the first that fails),
         # and reports warm again, so that no second process imports torch while the first trial waits.
         started = time.perf_counter()
-        more = read_modules(line[len(IMPORT_LINE):])
+        more = read_modules(line[len(IMPORT_LINE) :])
         imported = import_modules(more) if complete else []
         complete = complete and len(imported) == len(more)
         modules, seconds = modules + imported, seconds + time.perf_counter() - started
@@ -256,8 +266,12 @@ def main(argv: list[str]) -> int:
         from isoprobe.child.server import serve
 
         # The server stays uncapped; each fork caps itself (system.data_cap.set_data_cap), then credits ``own`` (run_request).
-        return serve(int(argv[2]), events, warm_event(modules, seconds, idle_priority=False, own_data_bytes=own.data),
-                     complete=len(modules) == wanted)
+        return serve(
+            int(argv[2]),
+            events,
+            warm_event(modules, seconds, idle_priority=False, own_data_bytes=own.data),
+            complete=len(modules) == wanted,
+        )
     request_path = argv[1]
     if waits:
         request_path = wait_for_request(events, idle=argv[2:] == [IDLE_ARGUMENT])

@@ -37,8 +37,12 @@ def cpu_memory() -> MemoryReading:
     peak_data = None
     if None not in (readings["VmPeak"], readings["VmSize"], readings["VmData"]):
         peak_data = readings["VmPeak"] - (readings["VmSize"] - readings["VmData"]) - own().data
-    return MemoryReading(peak_rss=_less(readings["VmHWM"], own().rss), rss=_less(readings["VmRSS"], own().rss),
-                         data=_less(readings["VmData"], own().data), peak_data=peak_data)
+    return MemoryReading(
+        peak_rss=_less(readings["VmHWM"], own().rss),
+        rss=_less(readings["VmRSS"], own().rss),
+        data=_less(readings["VmData"], own().data),
+        peak_data=peak_data,
+    )
 
 
 def _less(value: int | None, own_part: int) -> int | None:
@@ -91,5 +95,9 @@ def cpu_readings() -> dict[str, int | None]:
     shared = shared_writable_bytes()
     memory = cpu_memory()
     base = None if memory.data is None else memory.data + shared
-    return {"peak_bytes": memory.peak_rss, "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared),
-            "base_bytes": base, "file_resident_bytes": status_bytes("RssFile")["RssFile"]}
+    return {
+        "peak_bytes": memory.peak_rss,
+        "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared),
+        "base_bytes": base,
+        "file_resident_bytes": status_bytes("RssFile")["RssFile"],
+    }

@@ -33,8 +33,22 @@ import sys
 #: The modules whose native readers are wrapped (``_wrap``).
 _READERS = ("torch", "safetensors", "tokenizers")
 #: Never the user's inputs: the system's folders (``isoprobe.cache.arguments.SYSTEM_ROOTS``, and ``/var/``).
-_SYSTEM = ("/usr/", "/bin/", "/sbin/", "/lib/", "/lib32/", "/lib64/", "/etc/", "/proc/", "/sys/", "/dev/", "/run/",
-           "/nix/store/", "/snap/", "/var/")
+_SYSTEM = (
+    "/usr/",
+    "/bin/",
+    "/sbin/",
+    "/lib/",
+    "/lib32/",
+    "/lib64/",
+    "/etc/",
+    "/proc/",
+    "/sys/",
+    "/dev/",
+    "/run/",
+    "/nix/store/",
+    "/snap/",
+    "/var/",
+)
 #: The trial's folder, as given and as its real path (each read is checked against both).
 _trial_dirs = {}
 
@@ -45,8 +59,9 @@ def read_paths(path, outside, trial_dir):
     real = os.path.realpath(path)
     own = _trial_dirs.get(trial_dir)
     if own is None:
-        own = _trial_dirs[trial_dir] = tuple({os.path.join(os.path.abspath(trial_dir), ""),
-                                             os.path.join(os.path.realpath(trial_dir), "")})
+        own = _trial_dirs[trial_dir] = tuple(
+            {os.path.join(os.path.abspath(trial_dir), ""), os.path.join(os.path.realpath(trial_dir), "")}
+        )
     found = {p for p in {real, path} if outside(p) and "__pycache__" not in p and not p.startswith(own)}
     return found if real in found else set()
 
@@ -95,6 +110,7 @@ def _wrap_torch(torch, note):
 
     original = getattr(torch, "from_file", None)
     if callable(original) and not hasattr(original, "__isoprobe_wrapped__"):
+
         @functools.wraps(original)
         def from_file(*args, **kwargs):
             _note(note, _path_of(args, kwargs, "filename"), "r+b" if _shared(args, kwargs) else "rb")
@@ -106,6 +122,7 @@ def _wrap_torch(torch, note):
     base = getattr(getattr(torch, "_C", None), "StorageBase", None)
     raw = vars(base).get("from_file") if base is not None else None
     if storage is not None and raw is not None and "from_file" not in vars(storage):
+
         def storage_from_file(cls, *args, **kwargs):
             _note(note, _path_of(args, kwargs, "filename"), "r+b" if _shared(args, kwargs) else "rb")
             return raw.__get__(None, cls)(*args, **kwargs)
@@ -115,6 +132,7 @@ def _wrap_torch(torch, note):
     jit = getattr(torch, "jit", None)
     load = getattr(jit, "load", None)
     if callable(load) and not hasattr(load, "__isoprobe_wrapped__"):
+
         @functools.wraps(load)
         def jit_load(*args, **kwargs):
             _note(note, _path_of(args, kwargs, "f"), "rb")  # a file object was opened by Python: seen already

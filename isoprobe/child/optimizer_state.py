@@ -64,7 +64,8 @@ class RealSteps:
                     f"fp16 mixed precision: the gradient scaler skipped all {done + extra} optimizer steps "
                     f"(the gradients overflowed at every scale down to {self.step.scaler.get_scale():g}), so the "
                     "optimizer's state was never allocated and the peak would lack it; check the model's "
-                    "numerics in fp16, or use bf16-mixed or fp32")
+                    "numerics in fp16, or use bf16-mixed or fp32"
+                )
             run_one()
             extra += 1
             self._extra_run = extra

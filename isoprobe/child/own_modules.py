@@ -45,8 +45,10 @@ def import_own(load: Callable[[], object]) -> Own:
     load()
     after = status_bytes("VmData", "VmRSS")
     if counted and None not in (*before.values(), *after.values()):
-        _own = Own(data=_own.data + max(0, after["VmData"] - before["VmData"]),
-                   rss=_own.rss + max(0, after["VmRSS"] - before["VmRSS"]))
+        _own = Own(
+            data=_own.data + max(0, after["VmData"] - before["VmData"]),
+            rss=_own.rss + max(0, after["VmRSS"] - before["VmRSS"]),
+        )
     return _own
 
 

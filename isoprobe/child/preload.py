@@ -28,7 +28,7 @@ def import_modules(modules: list[str]) -> list[str]:
     for module in modules:
         try:
             __import__(module)
-        except Exception:  # noqa: BLE001 - see the docstring: the trial reports it
+        except Exception:
             break
         imported.append(module)
     return imported

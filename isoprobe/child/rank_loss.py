@@ -24,13 +24,25 @@ from dataclasses import dataclass
 
 #: What a rank's transport says when its peer is gone (lower case): gloo's socket errors, NCCL's, the TCP store's.
 PEER_LOSS_WORDS = (
-    "connection reset by peer", "connection closed by peer", "broken pipe", "remote process exited",
-    "remote peer", "connection refused", "ncclremoteerror", "communicator was aborted", "socket closed",
-    "recvbytes", "sendbytes", "unexpected eof", "end of file",
+    "connection reset by peer",
+    "connection closed by peer",
+    "broken pipe",
+    "remote process exited",
+    "remote peer",
+    "connection refused",
+    "ncclremoteerror",
+    "communicator was aborted",
+    "socket closed",
+    "recvbytes",
+    "sendbytes",
+    "unexpected eof",
+    "end of file",
 )
 
-_FAILURE = re.compile(r"rank\s*:\s*(?P<rank>-?\d+)\s*\(local_rank:\s*(?P<local>-?\d+)\)\s*\n\s*exitcode\s*:\s*"
-                      r"(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)")
+_FAILURE = re.compile(
+    r"rank\s*:\s*(?P<rank>-?\d+)\s*\(local_rank:\s*(?P<local>-?\d+)\)\s*\n\s*exitcode\s*:\s*"
+    r"(?P<code>-?\d+)\s*\(pid:\s*(?P<pid>\d+)\)"
+)
 
 
 @dataclass(frozen=True)
@@ -71,16 +83,19 @@ def killed_rank(stderr: str, pid: int | None = None, rank: int | None = None) ->
         root = launcher_exits(stderr[at:]) if at >= 0 else []
         return root[0] if root and root[0].exitcode < 0 else None
     for ending in launcher_exits(stderr):
-        if ending.exitcode < 0 and ((pid is not None and ending.pid == pid) or (rank is not None and
-                                                                               ending.rank == rank)):
+        if ending.exitcode < 0 and (
+            (pid is not None and ending.pid == pid) or (rank is not None and ending.rank == rank)
+        ):
             return ending
     return None
 
 
 def lost_message(lost_name: str, steps: int, how: str, peer_name: str | None, peer_message: str | None) -> str:
     """What the user reads: the lost rank first, how it ended, and that its peer's error followed from it."""
-    text = (f"{lost_name} of the command {how} after {steps} optimizer step(s), with no error of its own: a rank "
-            "killed by a signal (the kernel's OOM killer: see dmesg; a kill from outside; a crash in native code)")
+    text = (
+        f"{lost_name} of the command {how} after {steps} optimizer step(s), with no error of its own: a rank "
+        "killed by a signal (the kernel's OOM killer: see dmesg; a kill from outside; a crash in native code)"
+    )
     if peer_name is not None and peer_message is not None:
         text += f"; {peer_name}'s error followed from the loss of its peer: {peer_message[:300]}"
     return text

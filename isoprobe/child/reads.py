@@ -64,7 +64,7 @@ def _hook(event: str, args: tuple) -> None:
             _writes.add(path)
         if reads:
             _reads.add(path)
-    except Exception:  # noqa: BLE001 - see above
+    except Exception:
         pass
 
 
@@ -92,7 +92,8 @@ def files_read(roots: tuple[str, ...] | None = None) -> list[str]:
         from isoprobe.child.sources import environment_roots
 
         torch_home = os.environ.get("TORCH_HOME") or os.path.join(
-            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch")
+            os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch"
+        )
         roots = environment_roots() + (os.path.join(os.path.realpath(torch_home), ""),)
     written = {os.path.realpath(path) for path in list(_writes)}
     found = set()

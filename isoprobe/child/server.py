@@ -38,15 +38,24 @@ import time
 import traceback
 from array import array
 
+from pydantic import ValidationError
+
 from isoprobe.child.events import Events
 from isoprobe.child.preload import import_modules, read_modules
 from isoprobe.child.request import cuda_initialized, driver_initialised, exit_now, run_request
+from isoprobe.protocol.messages import (
+    SERVER_ORDER,
+    Ended,
+    Extended,
+    Forked,
+    ForkOrder,
+    ImportOrder,
+    RequestReceived,
+    Started,
+    Warm,
+)
 from isoprobe.system.data_cap import set_data_cap
 from isoprobe.system.keeper import Keeper, keep
-from pydantic import ValidationError
-
-from isoprobe.protocol.messages import (SERVER_ORDER, Ended, Extended, ForkOrder, Forked, ImportOrder,
-                                       RequestReceived, Started, Warm)
 
 _ORDER_BYTES = 65536
 #: How often a server with trials running looks for ended keepers (a gang's kill latency is not at stake:
@@ -61,17 +70,21 @@ def serve(channel_fd: int, events: Events, warm: Warm, complete: bool = True) ->
     ``complete``: every module of the preload was imported (after one that failed, none more is, as in a
     spawned child, whose preload stops there too)."""
     if driver_initialised():  # an import ran torch.cuda.is_available() (cuInit) or made a context: forks would fail
-        sys.stderr.write("isoprobe fork server: CUDA's driver was initialised by an import (torch.cuda.is_available() "
-                         "or a context); its forks would fail with 'initialization error': this probe spawns its "
-                         "trials\n")
+        sys.stderr.write(
+            "isoprobe fork server: CUDA's driver was initialised by an import (torch.cuda.is_available() "
+            "or a context); its forks would fail with 'initialization error': this probe spawns its "
+            "trials\n"
+        )
         return 3
     # The threads the imports started (measured: one, waiting on a futex), counted before the first fork: a
     # library's fork handler stops it (measured: none left after the canary), and its stack then waits in
     # glibc's cache for the next thread, in the server and in every fork (see _park_threads).
     threads = len(os.listdir("/proc/self/task")) - 1
     if not forks_safely():
-        sys.stderr.write("isoprobe fork server: a fork of this process hangs or fails in a parallel torch "
-                         "operation (an import started OpenMP's thread pool?): this probe spawns its trials\n")
+        sys.stderr.write(
+            "isoprobe fork server: a fork of this process hangs or fails in a parallel torch "
+            "operation (an import started OpenMP's thread pool?): this probe spawns its trials\n"
+        )
         return 4
     resident = resident_file_ranges()
     events.emit(warm)
@@ -108,8 +121,10 @@ def serve(channel_fd: int, events: Events, warm: Warm, complete: bool = True) ->
             if not _reply(channel, Extended(imported=len(imported), safe=safe)):
                 return 0
             if not safe:
-                sys.stderr.write("isoprobe fork server: after importing the model's modules, CUDA was initialised or a "
-                                 "fork hangs or fails in a parallel torch operation: this probe spawns its trials\n")
+                sys.stderr.write(
+                    "isoprobe fork server: after importing the model's modules, CUDA was initialised or a "
+                    "fork hangs or fails in a parallel torch operation: this probe spawns its trials\n"
+                )
                 return 4
             continue
         if len(fds) != 1:
@@ -121,9 +136,15 @@ def serve(channel_fd: int, events: Events, warm: Warm, complete: bool = True) ->
             try:
                 channel.close()
                 events.close()  # the server's channel, not the trial's
-                keep(Keeper(lifeline, None,
-                            child_main=lambda: _run_forked(order, lifeline, warm.modules, threads, resident,
-                                                           warm.own_data_bytes)))
+                keep(
+                    Keeper(
+                        lifeline,
+                        None,
+                        child_main=lambda: _run_forked(
+                            order, lifeline, warm.modules, threads, resident, warm.own_data_bytes
+                        ),
+                    )
+                )
             finally:
                 os._exit(127)
         os.close(lifeline)
@@ -190,7 +211,7 @@ def forks_safely(timeout: float = CANARY_SECONDS) -> bool:
 
             torch.ones(1 << 20).tanh_().sum()  # 32 chunks of torch's 32768-element grain: every worker is asked
             os._exit(0)
-        except BaseException:  # noqa: BLE001 - any failure means: do not fork trials
+        except BaseException:
             os._exit(1)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -203,8 +224,9 @@ def forks_safely(timeout: float = CANARY_SECONDS) -> bool:
     return False
 
 
-def _run_forked(order: ForkOrder, lifeline: int, modules: list[str], threads: int,
-                resident: array, own_data_bytes: int) -> None:
+def _run_forked(
+    order: ForkOrder, lifeline: int, modules: list[str], threads: int, resident: array, own_data_bytes: int
+) -> None:
     """The trial, in the keeper's fork of the server: its own files, cap and events, then the request. Exits."""
     code = 1
     try:
@@ -216,14 +238,22 @@ def _run_forked(order: ForkOrder, lifeline: int, modules: list[str], threads: in
             set_data_cap(order.memory_limit)  # raised by isoprobe's own share once the request is read (run_request)
         events = Events(order.events)
         events.emit(Started(pid=os.getpid()))
-        events.emit(Warm(modules=modules, seconds=0.0, cuda_initialized=cuda_initialized(), idle_priority=False,
-                         forked=True, own_data_bytes=own_data_bytes))
+        events.emit(
+            Warm(
+                modules=modules,
+                seconds=0.0,
+                cuda_initialized=cuda_initialized(),
+                idle_priority=False,
+                forked=True,
+                own_data_bytes=own_data_bytes,
+            )
+        )
         events.emit(RequestReceived(path=order.request))
         run_request(order.request, events)
         code = 0
     except SystemExit as stop:
         code = stop.code if isinstance(stop.code, int) else 1
-    except BaseException:  # noqa: BLE001 - as an uncaught exception ends a spawned child: traceback, exit 1
+    except BaseException:
         traceback.print_exc()
         code = 1
     finally:
@@ -331,9 +361,11 @@ def _park_threads(count: int) -> None:
 
 def _redirect(order: ForkOrder) -> None:
     """The forked child's standard streams: stdin from /dev/null, stdout and stderr to the order's files."""
-    for target, path, flags in ((0, os.devnull, os.O_RDONLY),
-                                (1, order.stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                                (2, order.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+    for target, path, flags in (
+        (0, os.devnull, os.O_RDONLY),
+        (1, order.stdout, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        (2, order.stderr, os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+    ):
         fd = os.open(path, flags, 0o600)
         os.dup2(fd, target)
         os.close(fd)

@@ -31,7 +31,9 @@ def environment_roots() -> tuple[str, ...]:
     roots |= set(getattr(site, "getsitepackages", list)())
     user_site = site.getusersitepackages() if hasattr(site, "getusersitepackages") else None
     roots.add(user_site if isinstance(user_site, str) else None)
-    roots.add(str(Path(isoprobe.__file__).resolve().parent))  # isoprobe itself (an editable install lives in a checkout)
+    roots.add(
+        str(Path(isoprobe.__file__).resolve().parent)
+    )  # isoprobe itself (an editable install lives in a checkout)
     roots |= {os.environ.get(name) for name in _GENERATED_CODE_VARIABLES}
     try:
         import getpass
@@ -58,8 +60,10 @@ def _module_file(module) -> str | None:
     return file if isinstance(file, str) and file else None
 
 
-def imported_sources(modules: Mapping[str, object] | None = None, roots: tuple[str, ...] | None = None,
-                     ) -> dict[str, str]:
+def imported_sources(
+    modules: Mapping[str, object] | None = None,
+    roots: tuple[str, ...] | None = None,
+) -> dict[str, str]:
     """Real path -> SHA-256 of every loaded module's file outside ``roots`` (default: the installed environment).
 
     A module registered under an installed package's name (torch puts generated
@@ -124,7 +128,9 @@ def installed_packages_imported(before: set[str], modules: Mapping[str, object] 
     """
     modules = dict(sys.modules if modules is None else modules)
     paths = sysconfig.get_paths()
-    site = tuple({os.path.join(os.path.realpath(paths[name]), "") for name in ("purelib", "platlib") if paths.get(name)})
+    site = tuple(
+        {os.path.join(os.path.realpath(paths[name]), "") for name in ("purelib", "platlib") if paths.get(name)}
+    )
     found = []
     for name, module in modules.items():
         if name in before or name.partition(".")[0] in ("isoprobe", "__main__") or "._" in name or name.startswith("_"):

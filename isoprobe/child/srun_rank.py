@@ -147,7 +147,7 @@ def end_child() -> None:
         return
     try:
         load_own("system", "keeper").lift_idle_policy(_child)
-    except Exception:  # noqa: BLE001 - the kill below matters, not the lift
+    except Exception:
         pass
     try:
         os.kill(_child, signal.SIGKILL)
@@ -172,9 +172,16 @@ def stopped(signum: int, _frame) -> None:
 def stepd_lost(_signum: int, _frame) -> None:
     """The node's step daemon ended under the step: say so in ``rankN.lost``, end the child, end."""
     try:
-        write_atomically(_files["lost"], json.dumps({
-            "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename,
-            "stepd_pid": _files.get("stepd_pid"), "step_id": os.environ.get("SLURM_STEP_ID")}))
+        write_atomically(
+            _files["lost"],
+            json.dumps(
+                {
+                    "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename,
+                    "stepd_pid": _files.get("stepd_pid"),
+                    "step_id": os.environ.get("SLURM_STEP_ID"),
+                }
+            ),
+        )
     except OSError:
         pass
     end_child()
@@ -205,10 +212,18 @@ def main(argv: list[str]) -> None:
     local_rank = int(os.environ.get("SLURM_LOCALID", "0"))
     files = rank_files(step_dir, rank)
     watch_step_daemon(files)
-    write_atomically(files["task.json"], json.dumps({
-        "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename,
-        "job_id": os.environ.get("SLURM_JOB_ID"), "step_id": os.environ.get("SLURM_STEP_ID"),
-        "local_rank": local_rank, "pid": os.getpid()}))
+    write_atomically(
+        files["task.json"],
+        json.dumps(
+            {
+                "node": os.environ.get("SLURMD_NODENAME") or os.uname().nodename,
+                "job_id": os.environ.get("SLURM_JOB_ID"),
+                "step_id": os.environ.get("SLURM_STEP_ID"),
+                "local_rank": local_rank,
+                "pid": os.getpid(),
+            }
+        ),
+    )
     wiring = load_own("protocol", "wiring")
     env = dict(os.environ)
     env[wiring.EVENTS_ENV] = files["events.jsonl"]
@@ -243,7 +258,7 @@ def main(argv: list[str]) -> None:
                 os._exit(127)
             idle = [wiring.IDLE_ARGUMENT] if ahead else []
             os.execve(sys.executable, [sys.executable, "-m", wiring.CHILD_MODULE, wiring.WAIT_ARGUMENT, *idle], env)
-        except BaseException as error:  # noqa: BLE001 - the forked copy must never run on as the wrapper
+        except BaseException as error:
             os.write(2, f"isoprobe srun rank: cannot start the child: {error}\n".encode())
         os._exit(127)
     global _child

@@ -17,9 +17,9 @@ from typing import TYPE_CHECKING, Any
 
 from isoprobe.child.heap_churn import heap_churn
 from isoprobe.child.memory import budget_peak, cpu_memory, data_cap
-from isoprobe.system.proc_memory import shared_writable_bytes
 from isoprobe.protocol.messages import StepDone, TrialRequest
 from isoprobe.report import steady
+from isoprobe.system.proc_memory import shared_writable_bytes
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events
@@ -82,8 +82,11 @@ def step_memory(torch: Any, device: Any) -> dict[str, int | None]:
 
         return step_readings(torch.cuda, device)
     memory = cpu_memory()
-    readings = {"peak_bytes": memory.peak_rss, "held_bytes": memory.rss,
-                "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared_writable_bytes())}
+    readings = {
+        "peak_bytes": memory.peak_rss,
+        "held_bytes": memory.rss,
+        "budget_peak_bytes": budget_peak(memory.peak_data, data_cap(), shared_writable_bytes()),
+    }
     return readings | {"heap_churn_bytes": heap_churn()}  # read last: its few KiB of buffer are in no peak above
 
 

@@ -23,8 +23,8 @@ Pure: the supervisor (``child.command``) passes the steps as the shim wrote them
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Sequence
 
 from isoprobe.report.batch_check import RATIO, BatchCheck
 
@@ -84,8 +84,9 @@ class Judgement:
     trained_once: str | None = None
 
 
-def judge(batch: int, ranks: Sequence[Sequence[StepInputs]], world: int = 1, placeholder: str = "{batch_size}"
-          ) -> Judgement:
+def judge(
+    batch: int, ranks: Sequence[Sequence[StepInputs]], world: int = 1, placeholder: str = "{batch_size}"
+) -> Judgement:
     """The trial's judgement from each rank's judged steps, in order."""
     steps = [step for rank in ranks for step in rank]
     if not any(step.seen for step in steps):
@@ -93,9 +94,12 @@ def judge(batch: int, ranks: Sequence[Sequence[StepInputs]], world: int = 1, pla
     shown = [(step, step_shows(batch, step, world)) for step in steps if step.seen]
     found = next((how for _, how in shown if how is not None), None)
     typical = sorted((step for step, _ in shown), key=lambda s: s.input_elements)[len(shown) // 2]
-    check = BatchCheck(verdict="trained" if found else "unclear", found_as=found,
-                       input_elements=typical.input_elements or None,
-                       shapes=[list(s) for s in typical.forwards if s][-4:])
+    check = BatchCheck(
+        verdict="trained" if found else "unclear",
+        found_as=found,
+        input_elements=typical.input_elements or None,
+        shapes=[list(s) for s in typical.forwards if s][-4:],
+    )
     if found is None:
         tried = next((k for k, step in enumerate(steps, 1) if _wanted(batch, world) & set(step.tried_counts)), None)
         if tried is not None:
@@ -122,18 +126,22 @@ def _trained_once(batch: int, steps: list[StepInputs], world: int, placeholder: 
         return None
     after = at_batch[-1] + 2
     shapes = ", ".join(str(list(s)) for s in last[-1].forwards[-2:] if s)
-    return (f"the command trained at batch {batch} ({placeholder}) in its first {after - 1} optimizer step(s) "
-            f"only: from step {after} on its model took inputs of shape {shapes} ({last[-1].input_elements} "
-            f"elements a step, against {most} at batch {batch}): it trains at another batch after a start at the "
-            "one it is given, so the trial's peak is not that batch's. Pass the batch to where every step's batches "
-            "are built (the DataLoader's batch_size), not only to the first step's")
+    return (
+        f"the command trained at batch {batch} ({placeholder}) in its first {after - 1} optimizer step(s) "
+        f"only: from step {after} on its model took inputs of shape {shapes} ({last[-1].input_elements} "
+        f"elements a step, against {most} at batch {batch}): it trains at another batch after a start at the "
+        "one it is given, so the trial's peak is not that batch's. Pass the batch to where every step's batches "
+        "are built (the DataLoader's batch_size), not only to the first step's"
+    )
 
 
 def _tried_message(batch: int, step: int, typical: StepInputs, placeholder: str) -> str:
     shapes = ", ".join(str(list(s)) for s in typical.forwards[-2:] if s)
-    return (f"the command was asked to train at batch {batch} ({placeholder}): its model was given a batch of "
-            f"{batch} in step {step}, and every step trained on something else (inputs of shape {shapes}): it tried "
-            "the batch, failed, and went on at another, as a batch-size finder of its own does (Accelerate's "
-            "find_executable_batch_size, TrainingArguments(auto_find_batch_size=True), a loop that halves the batch "
-            "on out-of-memory). No trial can measure a batch the script steps back from; turn the finder off and pass "
-            "the batch to where the batches are built (the DataLoader's batch_size)")
+    return (
+        f"the command was asked to train at batch {batch} ({placeholder}): its model was given a batch of "
+        f"{batch} in step {step}, and every step trained on something else (inputs of shape {shapes}): it tried "
+        "the batch, failed, and went on at another, as a batch-size finder of its own does (Accelerate's "
+        "find_executable_batch_size, TrainingArguments(auto_find_batch_size=True), a loop that halves the batch "
+        "on out-of-memory). No trial can measure a batch the script steps back from; turn the finder off and pass "
+        "the batch to where the batches are built (the DataLoader's batch_size)"
+    )

@@ -88,14 +88,20 @@ class Step:
             applied.compiled = True
         return model
 
-    def batch(self, batch_size: int, data_indices: list[int] | None = None,
-              made: workload.Batch | None = None) -> workload.Batch:
+    def batch(
+        self, batch_size: int, data_indices: list[int] | None = None, made: workload.Batch | None = None
+    ) -> workload.Batch:
         """The trial's batch of ``batch_size`` (``made``: one built elsewhere, the estimate's fake stand-in for
         model.batch's), with what the step asks of it (targets for a user step, channels_last)."""
         import torch
 
-        batch = made if made is not None else workload.make_batch(
-            self.spec, batch_size, self.device, self.python_path, self.float_dtype, data_indices)
+        batch = (
+            made
+            if made is not None
+            else workload.make_batch(
+                self.spec, batch_size, self.device, self.python_path, self.float_dtype, data_indices
+            )
+        )
         if self.user_step is not None and batch.targets is None and self.spec.data is None:
             batch.targets = workload.step_targets(self.spec, batch.inputs)  # the user's step gets a whole batch
         if self.training.channels_last:
@@ -296,8 +302,10 @@ def _wrap_blocks(module) -> int:
 
     count = 0
     for name, child in list(module.named_children()):
-        if isinstance(child, torch.nn.ModuleList) and len(child) >= 2 and all(
-            len(list(block.children())) > 0 for block in child
+        if (
+            isinstance(child, torch.nn.ModuleList)
+            and len(child) >= 2
+            and all(len(list(block.children())) > 0 for block in child)
         ):
             # A list of blocks that the parent's forward calls in turn (transformer layers).
             for index, block in enumerate(list(child)):
@@ -320,7 +328,7 @@ def _wrap_blocks(module) -> int:
     return count
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _checkpointed_block_class():
     import torch
     from torch.utils.checkpoint import checkpoint, checkpoint_sequential
@@ -360,9 +368,9 @@ def _checkpointed_block_class():
     return _Block, _Sequence
 
 
-def CheckpointedBlock(block):  # noqa: N802 - a class built on first use (torch is imported lazily)
+def CheckpointedBlock(block):
     return _checkpointed_block_class()[0](block)
 
 
-def CheckpointedSequence(sequence, segments: int):  # noqa: N802
+def CheckpointedSequence(sequence, segments: int):
     return _checkpointed_block_class()[1](sequence, segments)

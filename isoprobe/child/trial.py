@@ -15,17 +15,25 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child.reads import files_read, watch_reads
-from isoprobe.child.sources import imported_sources
 from isoprobe.child import cuda as child_cuda
 from isoprobe.child.frameworks import final_readings, framework_runner
 from isoprobe.child.memory import cpu_memory
 from isoprobe.child.optimizer_state import RealSteps
+from isoprobe.child.reads import files_read, watch_reads
+from isoprobe.child.sources import imported_sources
 from isoprobe.child.step_report import Progress, StepHook
 from isoprobe.child.training import Step
 from isoprobe.child.workload import build_model, import_model_library
+from isoprobe.protocol.messages import (
+    MESSAGE_CHARS,
+    EvalDone,
+    Forwarded,
+    Imported,
+    ModelBuilt,
+    TrialRequest,
+    TrialResult,
+)
 from isoprobe.report.outcomes import Outcome, classify_exception, maybe_allocation_failure
-from isoprobe.protocol.messages import MESSAGE_CHARS, EvalDone, Forwarded, Imported, ModelBuilt, TrialRequest, TrialResult
 from isoprobe.report.trial import CudaMemoryAtFailure, ErrorInfo
 
 if TYPE_CHECKING:
@@ -52,8 +60,17 @@ def run_trial(request: TrialRequest, events: Events) -> None:
     if failure is None:
         # Sources at the end: a forward pass may import lazily, and what it ran is what the answer depends on.
         reads = files_read()  # before hashing the sources, whose own opens are no reads of the trial
-        events.emit(TrialResult(outcome=Outcome.FITS, phase=progress.phase, step_seconds=progress.step_seconds,
-                                reads=reads, sources=imported_sources(), threads=_threads(), **report))
+        events.emit(
+            TrialResult(
+                outcome=Outcome.FITS,
+                phase=progress.phase,
+                step_seconds=progress.step_seconds,
+                reads=reads,
+                sources=imported_sources(),
+                threads=_threads(),
+                **report,
+            )
+        )
         return
     # The model, optimizer and batch lived in _train's frame, kept alive by the traceback
     # until the except block ended: collect them before writing, so that reporting an
@@ -65,8 +82,18 @@ def run_trial(request: TrialRequest, events: Events) -> None:
     if not request.device.startswith("cuda"):
         report["peak_bytes"] = cpu_memory().peak_rss
     reads = files_read()
-    events.emit(TrialResult(outcome=outcome, phase=progress.phase, step_seconds=progress.step_seconds, error=error,
-                            reads=reads, sources=imported_sources(), threads=_threads(), **report))
+    events.emit(
+        TrialResult(
+            outcome=outcome,
+            phase=progress.phase,
+            step_seconds=progress.step_seconds,
+            error=error,
+            reads=reads,
+            sources=imported_sources(),
+            threads=_threads(),
+            **report,
+        )
+    )
 
 
 def _threads() -> int | None:
@@ -74,7 +101,7 @@ def _threads() -> int | None:
     torch = sys.modules.get("torch")
     try:
         return torch.get_num_threads() if torch is not None else None
-    except Exception:  # noqa: BLE001 - a torch that cannot say: the cache then has nothing to check against
+    except Exception:
         return None
 
 

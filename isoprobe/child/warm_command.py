@@ -60,8 +60,13 @@ def start_ahead(plan_json: str) -> Ahead | None:
     if shape is None:
         return None
     folder = Path(tempfile.mkdtemp(prefix="command-", dir=os.getcwd()))
-    env = command_environment(folder, device=plan.device, memory_budget_bytes=plan.memory_budget_bytes,
-                              cuda_outside_bytes=plan.cuda_outside_bytes, batch_size=None)
+    env = command_environment(
+        folder,
+        device=plan.device,
+        memory_budget_bytes=plan.memory_budget_bytes,
+        cuda_outside_bytes=plan.cuda_outside_bytes,
+        batch_size=None,
+    )
     cap = command_cap(plan.device)
     read, write = os.pipe()
     try:  # the command as the trial would start it, its placeholders still in: the batch comes on the pipe
@@ -112,14 +117,16 @@ def take(request) -> Ahead | None:
     spec = request.spec
     wanted = warm_shape(argv_for(spec.command, spec.shell, request.batch_size))
     shape = ahead.shape
-    same = (argv_for(spec.command, spec.shell, None) == ahead.plan.argv
-            and wanted is not None and (wanted.interpreter, wanted.module, wanted.target) == (
-                shape.interpreter, shape.module, shape.target)
-            and ahead.plan.cwd == spec.command_dir
-            and _without_batch(request_environment(request, ahead.folder)) == ahead.env
-            and command_cap(request.device) == ahead.cap
-            and ahead.process.poll() is None
-            and is_ready(ahead) is not None)  # not at its wait yet (a busy node): the trial starts it cold, now
+    same = (
+        argv_for(spec.command, spec.shell, None) == ahead.plan.argv
+        and wanted is not None
+        and (wanted.interpreter, wanted.module, wanted.target) == (shape.interpreter, shape.module, shape.target)
+        and ahead.plan.cwd == spec.command_dir
+        and _without_batch(request_environment(request, ahead.folder)) == ahead.env
+        and command_cap(request.device) == ahead.cap
+        and ahead.process.poll() is None
+        and is_ready(ahead) is not None
+    )  # not at its wait yet (a busy node): the trial starts it cold, now
     if not same:
         end(ahead)
         return None
@@ -134,7 +141,7 @@ def go(ahead: Ahead, request) -> subprocess.Popen:
     try:
         view = memoryview(message)
         while view:
-            view = view[os.write(ahead.channel, view):]
+            view = view[os.write(ahead.channel, view) :]
     except OSError:
         pass  # the command is gone: the trial reads its end as any command's
     finally:

@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import importlib
 import importlib.util
-import sys
 from dataclasses import dataclass
 from typing import Any
 
-from isoprobe.child.references import import_callable  # noqa: F401 - named from here by the child's modules
+from isoprobe.child.references import import_callable
 from isoprobe.spec.model import Spec
 
 #: What the loss functions of the built-in tasks expect the model to return, for error messages.
@@ -117,8 +116,9 @@ def _build_huggingface(spec: Spec, config_values: dict):
 # --------------------------------------------------------------------------- the batch
 
 
-def make_batch(spec: Spec, batch_size: int, device, python_path: list[str], float_dtype=None,
-               data_indices: list[int] | None = None) -> Batch:
+def make_batch(
+    spec: Spec, batch_size: int, device, python_path: list[str], float_dtype=None, data_indices: list[int] | None = None
+) -> Batch:
     """A synthetic batch of the worst-case shape, or with ``spec.data`` the dataset's worst batch of
     ``batch_size`` (``data_indices``: the indices the parent sent); ``float_dtype`` overrides floating inputs."""
     import torch
@@ -251,10 +251,17 @@ def forward_loss(spec: Spec, model, batch: Batch, user_loss=None, on_output=None
         # No target and no loss: the model's own, as a Hugging Face model given labels in the batch returns it.
         output = call_model(spec, model, batch.inputs, batch.targets)
         hold(output)
-        return _model_loss(output, "with data and neither target nor model.loss, the model must return its own "
-                                   "loss (output.loss, as a Hugging Face model given labels does)"), output
-    if (spec.model.huggingface is not None and task == "language_modeling" and user_loss is None
-            and not isinstance(batch.inputs, dict)):
+        return _model_loss(
+            output,
+            "with data and neither target nor model.loss, the model must return its own "
+            "loss (output.loss, as a Hugging Face model given labels does)",
+        ), output
+    if (
+        spec.model.huggingface is not None
+        and task == "language_modeling"
+        and user_loss is None
+        and not isinstance(batch.inputs, dict)
+    ):
         # The model's own loss: it shifts the labels and upcasts the logits to float32, as real training does.
         output = model(input_ids=batch.inputs, labels=batch.targets)
         hold(output)

@@ -6,7 +6,6 @@ import argparse
 import sys
 
 
-
 def named_overrides(args: argparse.Namespace) -> dict:
     """The flags that override one spec field each (they win over a ``--set`` of their field)."""
     return {"--device": args.device, "--memory-budget": args.memory_budget, "--max-batch-size": args.max_batch_size}
@@ -32,21 +31,31 @@ def load(args: argparse.Namespace):
 
     command = getattr(args, "command_argv", None)
     if command is not None and not command:
-        usage_error("nothing after '--': give the training command, e.g. -- python train.py --batch-size "
-                    "{batch_size}")
+        usage_error("nothing after '--': give the training command, e.g. -- python train.py --batch-size {batch_size}")
     if args.spec is None:
         if command is None:
-            usage_error("give a spec (isoprobe run SPEC.yaml) or the job's command after '--' (isoprobe run -- "
-                        "python train.py --batch-size {batch_size})")
+            usage_error(
+                "give a spec (isoprobe run SPEC.yaml) or the job's command after '--' (isoprobe run -- "
+                "python train.py --batch-size {batch_size})"
+            )
         args.spec = COMMAND_LINE_SPEC
         spec = load_spec({"command": command}, named_overrides(args), sets=args.set, name=COMMAND_LINE_SPEC)
     else:
         if command is not None and "command" in (written := read_spec_yaml(Path(args.spec))):
-            shown = written["command"] if isinstance(written["command"], str) else " ".join(map(str, written["command"]))
-            raise SpecError(args.spec, [Problem(
-                "command", f"the spec gives a command ({shown[:120]!r}) and the command line gives another after "
-                f"'--' ({' '.join(command)[:120]!r})", "give the command in one place: remove command from the "
-                "spec, or drop what follows '--'")])
+            shown = (
+                written["command"] if isinstance(written["command"], str) else " ".join(map(str, written["command"]))
+            )
+            raise SpecError(
+                args.spec,
+                [
+                    Problem(
+                        "command",
+                        f"the spec gives a command ({shown[:120]!r}) and the command line gives another after "
+                        f"'--' ({' '.join(command)[:120]!r})",
+                        "give the command in one place: remove command from the spec, or drop what follows '--'",
+                    )
+                ],
+            )
         overrides = {**named_overrides(args), **({"command": command} if command is not None else {})}
         spec = load_spec(args.spec, overrides, sets=args.set)
     check_references(spec, args.spec)
@@ -55,8 +64,7 @@ def load(args: argparse.Namespace):
 
 def budget_overridden(args: argparse.Namespace) -> bool:
     """Did the command line set memory_budget (``--memory-budget`` or ``--set memory_budget=...``)?"""
-    return args.memory_budget is not None or any(text.partition("=")[0].strip() == "memory_budget"
-                                                 for text in args.set)
+    return args.memory_budget is not None or any(text.partition("=")[0].strip() == "memory_budget" for text in args.set)
 
 
 def usage_error(message: str, command: str = "run"):
@@ -80,8 +88,11 @@ def single_over(given: list[str] | None, command: str) -> str | None:
         from isoprobe.spec.overrides import shortened
 
         shown = ", ".join(f"--over {shortened(text)}" for text in given)
-        usage_error(f"--over is given {len(given)} times ({shown}): a {command} varies one field. Give one --over "
-                    "and fix the others with --set FIELD=VALUE, or run one per value of the other field", command)
+        usage_error(
+            f"--over is given {len(given)} times ({shown}): a {command} varies one field. Give one --over "
+            "and fix the others with --set FIELD=VALUE, or run one per value of the other field",
+            command,
+        )
     return given[0]
 
 
@@ -95,7 +106,8 @@ def render(result, fmt: str) -> str:
     from isoprobe.report.output import render_table, result_json
 
     if fmt in ("env", "taskprolog"):
-        from isoprobe.report.shell import render as render_shell, result_variables
+        from isoprobe.report.shell import render as render_shell
+        from isoprobe.report.shell import result_variables
 
         usable = result.answered and result.recommended_batch_size is not None
         return render_shell(result_variables(result), [] if usable else [result.message], fmt)
@@ -135,5 +147,7 @@ def read_result(path: str, frontier: bool = False):
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"])
-        raise SpecError(path, [Problem(where, f"not an isoprobe result: {first['msg']}",
-                                       "give the JSON that 'isoprobe run' printed")]) from None
+        raise SpecError(
+            path,
+            [Problem(where, f"not an isoprobe result: {first['msg']}", "give the JSON that 'isoprobe run' printed")],
+        ) from None

@@ -14,13 +14,12 @@ import argparse
 
 def cmd_frontier(args: argparse.Namespace) -> int:
     from isoprobe.api import answer_for
+    from isoprobe.cli.common import budget_overridden
     from isoprobe.pipeline.frontier import run_frontier
     from isoprobe.report.frontier import frontier_table
     from isoprobe.report.output import Reporter
     from isoprobe.report.streams import emit, tell
     from isoprobe.system.stops import Stops
-
-    from isoprobe.cli.common import budget_overridden
 
     # SIGINT/SIGTERM: the first stops the point being probed (its trials so far are kept) and the frontier with it;
     # any later one, and one between two points or while the document is printed, waits (system.stops).
@@ -32,8 +31,15 @@ def cmd_frontier(args: argparse.Namespace) -> int:
         def answer_point(spec, borrowed):
             stops.arm()  # this point's probe may be stopped; between points a signal is noted, then ends the frontier
             try:
-                return answer_for(spec, args.spec, tell, use_cache=not args.no_cache, refresh=args.refresh,
-                                  budget_source=budget_source, borrowed=borrowed)
+                return answer_for(
+                    spec,
+                    args.spec,
+                    tell,
+                    use_cache=not args.no_cache,
+                    refresh=args.refresh,
+                    budget_source=budget_source,
+                    borrowed=borrowed,
+                )
             finally:
                 stops.hold()
 
@@ -75,8 +81,10 @@ def frontier_plan(args: argparse.Namespace):
     specs, problems = [], []
     for value in values:
         # After every --set (the --over field wins over a --set of it), before the named flags (which win for theirs).
-        given = [Override(field, value, f"--over {field}={shortened(repr(value))}"),
-                 *from_mapping(named_overrides(args))]
+        given = [
+            Override(field, value, f"--over {field}={shortened(repr(value))}"),
+            *from_mapping(named_overrides(args)),
+        ]
         try:
             spec = load_spec(args.spec, given, sets=args.set)
             check_references(spec, args.spec)
@@ -89,6 +97,14 @@ def frontier_plan(args: argparse.Namespace):
     try:
         direction = resolve_direction(values, args.direction)
     except ValueError as exc:
-        raise SpecError(args.spec, [Problem(f"{field} (from --over)", str(exc),
-                                            "give numbers, or --direction none to borrow nothing between points")])
+        raise SpecError(
+            args.spec,
+            [
+                Problem(
+                    f"{field} (from --over)",
+                    str(exc),
+                    "give numbers, or --direction none to borrow nothing between points",
+                )
+            ],
+        )
     return FrontierPlan(args.spec, field, values, specs, direction)

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from isoprobe import __version__
 
 if TYPE_CHECKING:  # annotations only (postponed by ``from __future__ import annotations``)
-    from typing import Sequence
+    from collections.abc import Sequence
 
 EXIT_CODES_HELP = """exit codes (run prints its document on every one but 74, 141 and a usage error: the answer, or
 answered false with stop_reason and message; --format env: ISOPROBE_ANSWERED=0, ISOPROBE_STOP_REASON):
@@ -57,8 +57,11 @@ def _parser() -> argparse.ArgumentParser:
     def with_overrides(sub: argparse.ArgumentParser, spec_optional: bool = False) -> None:
         """The spec and the flags that change it: every subcommand that reads a spec takes them all."""
         if spec_optional:
-            sub.add_argument("spec", nargs="?", help="path to the YAML spec (optional after which '-- COMMAND ...' "
-                                                     "is given: then the defaults)")
+            sub.add_argument(
+                "spec",
+                nargs="?",
+                help="path to the YAML spec (optional after which '-- COMMAND ...' is given: then the defaults)",
+            )
         else:
             sub.add_argument("spec", help="path to the YAML spec")
         sub.add_argument("--device", help="override the spec's device: auto, cpu, cuda, cuda:N")
@@ -67,11 +70,15 @@ def _parser() -> argparse.ArgumentParser:
         sub.add_argument("--max-batch-size", help="override search.max_batch_size")
         # Not parsed here either: a bad --set is a spec problem (exit 2, every problem at once; hook mode: fallback).
         sub.add_argument(
-            "--set", action="append", default=[], metavar="FIELD=VALUE", dest="set",
+            "--set",
+            action="append",
+            default=[],
+            metavar="FIELD=VALUE",
+            dest="set",
             help="override any spec field by its dotted path, e.g. --set search.max_batch_size=512 --set "
-                 "training.precision=bf16-mixed; the value is YAML (a list: input.shape=[3,64,64]; empty: null), "
-                 "validated as if written in the spec; repeatable, the last one for a field wins, and "
-                 "--device, --memory-budget and --max-batch-size win over a --set of their field",
+            "training.precision=bf16-mixed; the value is YAML (a list: input.shape=[3,64,64]; empty: null), "
+            "validated as if written in the spec; repeatable, the last one for a field wins, and "
+            "--device, --memory-budget and --max-batch-size win over a --set of their field",
         )
 
     run = commands.add_parser(
@@ -79,31 +86,39 @@ def _parser() -> argparse.ArgumentParser:
         help="probe: find the largest batch that fits and print the result as JSON",
         usage="isoprobe run [SPEC] [options] [-- COMMAND [ARGS...]]",
         description="Probe the spec; one JSON document on stdout, progress on stderr. After '--', the job's own "
-                    "training command, run as it is in each trial with {batch_size} in its arguments replaced by "
-                    "the trial's batch (and ISOPROBE_BATCH_SIZE set): e.g. isoprobe run -- torchrun "
-                    "--nproc-per-node 2 train.py --batch-size {batch_size} (docs/command.md).",
+        "training command, run as it is in each trial with {batch_size} in its arguments replaced by "
+        "the trial's batch (and ISOPROBE_BATCH_SIZE set): e.g. isoprobe run -- torchrun "
+        "--nproc-per-node 2 train.py --batch-size {batch_size} (docs/command.md).",
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     with_overrides(run, spec_optional=True)
     run.add_argument(
-        "--format", choices=RUN_FORMATS, default="auto",
+        "--format",
+        choices=RUN_FORMATS,
+        default="auto",
         help="stdout: json (the machine contract), table (for people), env (export lines for "
-             "eval \"$(isoprobe run ...)\" in sh/bash/dash), taskprolog (export/print lines for a Slurm "
-             "TaskProlog), or auto (default): table when stdout is a terminal, json when it is a pipe or a file",
+        'eval "$(isoprobe run ...)" in sh/bash/dash), taskprolog (export/print lines for a Slurm '
+        "TaskProlog), or auto (default): table when stdout is a terminal, json when it is a pipe or a file",
     )
     cache = run.add_argument_group("result cache (ISOPROBE_CACHE_DIR, default: the user's cache folder)")
     cache.add_argument("--no-cache", action="store_true", help="neither read nor write the cache: always probe")
     cache.add_argument("--refresh", action="store_true", help="probe again and replace the cached answer")
     hook = run.add_argument_group("hook mode (Slurm prologs, job scripts, container entrypoints)")
     hook.add_argument(
-        "--fallback-batch-size", type=_batch_size, metavar="N",
+        "--fallback-batch-size",
+        type=_batch_size,
+        metavar="N",
         help="if the probe cannot answer (bad spec, nothing fits, a failed trial, an internal error), print N as "
-             "ISOPROBE_BATCH_SIZE with a warning and exit 0 instead of failing the job; needs --format env or "
-             "taskprolog",
+        "ISOPROBE_BATCH_SIZE with a warning and exit 0 instead of failing the job; needs --format env or "
+        "taskprolog",
     )
-    hook.add_argument("--log", metavar="FILE", help="also append progress, errors and the result JSON to FILE "
-                                                   "(if it stops taking writes, a warning and the run goes on)")
+    hook.add_argument(
+        "--log",
+        metavar="FILE",
+        help="also append progress, errors and the result JSON to FILE "
+        "(if it stops taking writes, a warning and the run goes on)",
+    )
     _sweep_parser(commands)
     _frontier_parser(commands, with_overrides)
     show = commands.add_parser("show", help="render a saved result (JSON from 'isoprobe run') as a table")
@@ -114,13 +129,19 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("-o", "--output", help="PNG to write (default: next to the result, .png)")
     validate = commands.add_parser("validate", help="check a spec without running anything")
     with_overrides(validate)
-    estimate = commands.add_parser("estimate", help="predict the memory and the maximum from one traced step "
-                                                    "(no trial, no GPU memory): seconds, not minutes",
-                                   epilog="exit codes: 0 an estimate; 2 bad spec or usage; 4 no estimate (the report "
-                                          "says why: a model the trace cannot follow, a distributed spec)")
+    estimate = commands.add_parser(
+        "estimate",
+        help="predict the memory and the maximum from one traced step (no trial, no GPU memory): seconds, not minutes",
+        epilog="exit codes: 0 an estimate; 2 bad spec or usage; 4 no estimate (the report "
+        "says why: a model the trace cannot follow, a distributed spec)",
+    )
     with_overrides(estimate)
-    estimate.add_argument("--format", choices=("auto", "json", "table"), default="auto",
-                          help="table for people, json for scripts; auto (default): table on a terminal, else json")
+    estimate.add_argument(
+        "--format",
+        choices=("auto", "json", "table"),
+        default="auto",
+        help="table for people, json for scripts; auto (default): table on a terminal, else json",
+    )
     schema = commands.add_parser("schema", help="print the JSON Schema of the result (or of the spec)")
     which = schema.add_mutually_exclusive_group()
     which.add_argument("--spec", action="store_true", help="the spec's schema instead of the result's")
@@ -131,24 +152,32 @@ def _parser() -> argparse.ArgumentParser:
 def _frontier_parser(commands, with_overrides) -> None:
     """``isoprobe frontier``'s flags (the work is in isoprobe/pipeline/frontier.py)."""
     frontier = commands.add_parser(
-        "frontier", help="the edge at each value of one field (e.g. sequence lengths): one table, one JSON",
+        "frontier",
+        help="the edge at each value of one field (e.g. sequence lengths): one table, one JSON",
         description="Probe SPEC at every value of --over; each point is a cached probe, the same as "
-                    "'isoprobe run SPEC --set FIELD=VALUE', and borrows the bounds the points before it proved. "
-                    "JSON (the FrontierResult) on stdout, the table on stderr.",
+        "'isoprobe run SPEC --set FIELD=VALUE', and borrows the bounds the points before it proved. "
+        "JSON (the FrontierResult) on stdout, the table on stderr.",
         epilog="exit codes: 0 every point answered (or from the cache); 2 bad spec, --over or usage, before any "
-               "trial; 3 or 4 the first point without an answer (as 'isoprobe run'), 4 also for a point whose probe "
-               "failed before an answer (its error says why; the other points are answered and printed); "
-               "130 interrupted, 143 terminated (the points answered so far are printed)",
+        "trial; 3 or 4 the first point without an answer (as 'isoprobe run'), 4 also for a point whose probe "
+        "failed before an answer (its error says why; the other points are answered and printed); "
+        "130 interrupted, 143 terminated (the points answered so far are printed)",
     )
     with_overrides(frontier)
-    frontier.add_argument("--over", required=True, action="append", metavar="FIELD=V1,V2,...",
-                          help="the field (as --set names it) and its values, e.g. --over input.shape.0=128,256,512; "
-                               "once: a frontier varies one field (a second --over is refused)")
     frontier.add_argument(
-        "--direction", choices=("increasing", "decreasing", "none"),
+        "--over",
+        required=True,
+        action="append",
+        metavar="FIELD=V1,V2,...",
+        help="the field (as --set names it) and its values, e.g. --over input.shape.0=128,256,512; "
+        "once: a frontier varies one field (a second --over is refused)",
+    )
+    frontier.add_argument(
+        "--direction",
+        choices=("increasing", "decreasing", "none"),
         help="how memory moves with the value: increasing (default for numbers: a larger value needs more), "
-             "decreasing, or none (default otherwise: nothing borrowed between points). Only steers the searches: "
-             "every maximum is still run at its own value")
+        "decreasing, or none (default otherwise: nothing borrowed between points). Only steers the searches: "
+        "every maximum is still run at its own value",
+    )
     frontier.add_argument("--no-cache", action="store_true", help="neither read nor write the cache: always probe")
     frontier.add_argument("--refresh", action="store_true", help="probe every point again and replace its answer")
 
@@ -156,45 +185,90 @@ def _frontier_parser(commands, with_overrides) -> None:
 def _sweep_parser(commands) -> None:
     """``isoprobe sweep``'s flags (the work is in isoprobe/sweep/)."""
     sweep = commands.add_parser(
-        "sweep", help="probe many specs (locally, or as Slurm job arrays on several GPU types): one table, one JSON",
+        "sweep",
+        help="probe many specs (locally, or as Slurm job arrays on several GPU types): one table, one JSON",
         description="Probe every SPEC (on every --partition/--constraint with --executor slurm); one row per spec "
-                    "x GPU type. Answers go to the result cache (ISOPROBE_CACHE_DIR: a shared filesystem on a "
-                    "cluster), so a sweep run again answers from it without probing or submitting.",
+        "x GPU type. Answers go to the result cache (ISOPROBE_CACHE_DIR: a shared filesystem on a "
+        "cluster), so a sweep run again answers from it without probing or submitting.",
         epilog="exit codes: 0 every row answered; 2 bad usage (also --executor slurm without Slurm's commands); "
-               "4 a row has no answer (its error says why); 74 --output could not be written (the report still "
-               "went to stdout); 130 interrupted, 143 terminated (the sweep's Slurm jobs are cancelled first)",
+        "4 a row has no answer (its error says why); 74 --output could not be written (the report still "
+        "went to stdout); 130 interrupted, 143 terminated (the sweep's Slurm jobs are cancelled first)",
     )
     sweep.add_argument("specs", nargs="+", metavar="SPEC", help="paths to YAML specs")
-    sweep.add_argument("--executor", choices=("local", "slurm"), default="local",
-                       help="local (default): one after another on this machine; slurm: one job array per GPU type")
-    sweep.add_argument("--format", choices=("auto", "json", "table"), default="auto",
-                       help="stdout: table (people), json (the SweepReport), auto: table on a terminal")
+    sweep.add_argument(
+        "--executor",
+        choices=("local", "slurm"),
+        default="local",
+        help="local (default): one after another on this machine; slurm: one job array per GPU type",
+    )
+    sweep.add_argument(
+        "--format",
+        choices=("auto", "json", "table"),
+        default="auto",
+        help="stdout: table (people), json (the SweepReport), auto: table on a terminal",
+    )
     sweep.add_argument("--output", metavar="FILE", help="also write the JSON report to FILE")
     sweep.add_argument("--refresh", action="store_true", help="probe again and replace the cached answers")
     sweep.add_argument("--device", help="override every spec's device")
     sweep.add_argument("--memory-budget", help="override every spec's memory_budget")
     sweep.add_argument("--max-batch-size", help="override every spec's search.max_batch_size")
-    sweep.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE", dest="set",
-                       help="override a field of every spec, as 'isoprobe run --set' does; repeatable")
-    sweep.add_argument("--over", action="append", metavar="FIELD=V1,V2,...",
-                       help="one row per value of the field (as 'isoprobe frontier --over'): the frontier's points, "
-                            "probed in parallel on Slurm; 'isoprobe frontier' with the same arguments then answers "
-                            "them from the cache; once (a second --over is refused)")
+    sweep.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        dest="set",
+        help="override a field of every spec, as 'isoprobe run --set' does; repeatable",
+    )
+    sweep.add_argument(
+        "--over",
+        action="append",
+        metavar="FIELD=V1,V2,...",
+        help="one row per value of the field (as 'isoprobe frontier --over'): the frontier's points, "
+        "probed in parallel on Slurm; 'isoprobe frontier' with the same arguments then answers "
+        "them from the cache; once (a second --over is refused)",
+    )
     slurm = sweep.add_argument_group("--executor slurm (submitit; SLURM_CONF and the clients as for sbatch)")
-    slurm.add_argument("--partition", action="append", default=[], metavar="NAME[,NAME]",
-                       help="a GPU type as a partition; repeatable or comma-separated: one row per spec per partition")
-    slurm.add_argument("--constraint", action="append", default=[], metavar="FEATURE[,FEATURE]",
-                       help="a GPU type as a node feature (sbatch --constraint); repeatable or comma-separated")
+    slurm.add_argument(
+        "--partition",
+        action="append",
+        default=[],
+        metavar="NAME[,NAME]",
+        help="a GPU type as a partition; repeatable or comma-separated: one row per spec per partition",
+    )
+    slurm.add_argument(
+        "--constraint",
+        action="append",
+        default=[],
+        metavar="FEATURE[,FEATURE]",
+        help="a GPU type as a node feature (sbatch --constraint); repeatable or comma-separated",
+    )
     slurm.add_argument("--gpus-per-task", type=_batch_size, metavar="N", help="GPUs per probe (sbatch --gpus-per-task)")
     slurm.add_argument("--cpus-per-task", type=_batch_size, metavar="N", help="CPUs per probe (sbatch --cpus-per-task)")
-    slurm.add_argument("--time", type=_batch_size, default=60, metavar="MINUTES", help="time limit per probe (default 60)")
-    slurm.add_argument("--array-parallelism", type=_batch_size, default=16, metavar="N",
-                       help="probes of one array running at once (sbatch --array=...%%N; default 16)")
-    slurm.add_argument("--sbatch", action="append", default=[], metavar="KEY=VALUE",
-                       help="an extra sbatch option, e.g. --sbatch account=proj --sbatch qos=short; repeatable")
-    slurm.add_argument("--folder", default="isoprobe-sweeps", metavar="DIR",
-                       help="the sweep's job files (submitit's pickles, logs, rows): private (made 0700) and on a "
-                            "filesystem the nodes share (default ./isoprobe-sweeps)")
+    slurm.add_argument(
+        "--time", type=_batch_size, default=60, metavar="MINUTES", help="time limit per probe (default 60)"
+    )
+    slurm.add_argument(
+        "--array-parallelism",
+        type=_batch_size,
+        default=16,
+        metavar="N",
+        help="probes of one array running at once (sbatch --array=...%%N; default 16)",
+    )
+    slurm.add_argument(
+        "--sbatch",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an extra sbatch option, e.g. --sbatch account=proj --sbatch qos=short; repeatable",
+    )
+    slurm.add_argument(
+        "--folder",
+        default="isoprobe-sweeps",
+        metavar="DIR",
+        help="the sweep's job files (submitit's pickles, logs, rows): private (made 0700) and on a "
+        "filesystem the nodes share (default ./isoprobe-sweeps)",
+    )
 
 
 def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
@@ -203,7 +277,7 @@ def split_command(argv: list[str]) -> tuple[list[str], list[str] | None]:
     if not argv or argv[0] != "run" or "--" not in argv:
         return argv, None
     at = argv.index("--")
-    return argv[:at], argv[at + 1:]
+    return argv[:at], argv[at + 1 :]
 
 
 def _batch_size(text: str) -> int:

@@ -19,8 +19,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         # A hook (a TaskProlog, a job script's first line) in one of a probe's own trial processes: Slurm runs the
         # TaskProlog for every task of the probe's trial steps too. Probing again would wait for the probe's own
         # lock, and no rank would ever start (issue 56); the trial gives its batch itself.
-        tell(f"isoprobe: inside a trial of probe {probe} (ISOPROBE_TRIAL is set): a hook does nothing here; the "
-             "trial sets the batch")
+        tell(
+            f"isoprobe: inside a trial of probe {probe} (ISOPROBE_TRIAL is set): a hook does nothing here; the "
+            "trial sets the batch"
+        )
         return 0
 
     started = time.monotonic()
@@ -29,8 +31,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     # and one that comes once the result is complete, waits: it must not cut the cleanup or the document.
     stops = Stops().install()
     if args.fallback_batch_size is not None and args.format not in ("env", "taskprolog"):
-        usage_error("--fallback-batch-size needs --format env or --format taskprolog (a job reads the fallback "
-                    "from ISOPROBE_BATCH_SIZE)")
+        usage_error(
+            "--fallback-batch-size needs --format env or --format taskprolog (a job reads the fallback "
+            "from ISOPROBE_BATCH_SIZE)"
+        )
     try:
         log = Log(args.log)
     except OSError as exc:
@@ -48,8 +52,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run_and_print(args: argparse.Namespace, log, stops, started: float) -> int:
-    from isoprobe.report.output import summary_lines
     from isoprobe.report.outcomes import StopReason
+    from isoprobe.report.output import summary_lines
     from isoprobe.report.result import exit_code_for
     from isoprobe.report.streams import emit
 
@@ -80,7 +84,8 @@ def _run_as_hook(args: argparse.Namespace, log, stops, started: float) -> int:
     from isoprobe.errors import ExitCode, OutputFailed
     from isoprobe.report.outcomes import StopReason
     from isoprobe.report.result import exit_code_for
-    from isoprobe.report.shell import fallback_variables, render as render_shell
+    from isoprobe.report.shell import fallback_variables
+    from isoprobe.report.shell import render as render_shell
     from isoprobe.report.streams import emit
 
     ended = _ended(args, log, started, hook=True)
@@ -98,8 +103,10 @@ def _run_as_hook(args: argparse.Namespace, log, stops, started: float) -> int:
     warning = f"no probed answer ({result.message}); using the fallback batch size {args.fallback_batch_size}"
     log.say(f"isoprobe: {warning}")
     try:
-        emit(render_shell(fallback_variables(args.fallback_batch_size, reason), [warning], args.format),
-             what="the fallback batch size to stdout (the job gets no ISOPROBE_BATCH_SIZE)")
+        emit(
+            render_shell(fallback_variables(args.fallback_batch_size, reason), [warning], args.format),
+            what="the fallback batch size to stdout (the job gets no ISOPROBE_BATCH_SIZE)",
+        )
     except OutputFailed as error:
         log.write(f"isoprobe: {error}")  # main says it on stderr and exits 74
         raise
@@ -129,8 +136,17 @@ def _ended(args: argparse.Namespace, log, started: float, *, hook: bool) -> _End
 
     def stop(reason: StopReason, message: str, said: list[str], trials=()) -> _Ended:
         seconds = 0.0 if reason is StopReason.BAD_SPEC else time.monotonic() - started  # bad_spec: no probe ran
-        return _Ended(stop_result(reason, message, spec_path=args.spec or COMMAND_LINE_SPEC,
-                                  spec=getattr(args, "loaded_spec", None), trials=trials, seconds=seconds), said)
+        return _Ended(
+            stop_result(
+                reason,
+                message,
+                spec_path=args.spec or COMMAND_LINE_SPEC,
+                spec=getattr(args, "loaded_spec", None),
+                trials=trials,
+                seconds=seconds,
+            ),
+            said,
+        )
 
     try:
         return _Ended(_result_for(args, log))
@@ -145,8 +161,11 @@ def _ended(args: argparse.Namespace, log, started: float, *, hook: bool) -> _End
     except (KeyboardInterrupt, Terminated) as stopped:
         from isoprobe.system.slurm_job import signal_stop
 
-        name, reason = (("SIGINT", StopReason.INTERRUPTED) if isinstance(stopped, KeyboardInterrupt)
-                        else ("SIGTERM", StopReason.TERMINATED))
+        name, reason = (
+            ("SIGINT", StopReason.INTERRUPTED)
+            if isinstance(stopped, KeyboardInterrupt)
+            else ("SIGTERM", StopReason.TERMINATED)
+        )
         start, end = signal_stop(name, "before the first trial")
         return stop(reason, start + end, [f"isoprobe: {start + end}"])
     except Exception as error:  # a bug in isoprobe: its traceback for whoever fixes it, and still the document
@@ -167,5 +186,11 @@ def _result_for(args: argparse.Namespace, log):
     from isoprobe.api import answer_for
 
     spec = args.loaded_spec = load(args)
-    return answer_for(spec, args.spec, log.say, use_cache=not args.no_cache, refresh=args.refresh,
-                      budget_source="command line" if budget_overridden(args) else "spec")
+    return answer_for(
+        spec,
+        args.spec,
+        log.say,
+        use_cache=not args.no_cache,
+        refresh=args.refresh,
+        budget_source="command line" if budget_overridden(args) else "spec",
+    )

@@ -24,26 +24,32 @@ def cmd_validate(args: argparse.Namespace) -> int:
     step = f", the step {spec.model.step}" if spec.model.step else ""
     if spec.model.hf_trainer is not None:  # the user's Trainer brings its data, loss, optimizer and precision
         evaluation = ", with an evaluation pass" if spec.training.eval_pass else ""
-        emit(f"{args.spec}: valid (hf_trainer {spec.model.hf_trainer}: your Trainer's own loop{evaluation}, "
-             f"device {spec.device})")
+        emit(
+            f"{args.spec}: valid (hf_trainer {spec.model.hf_trainer}: your Trainer's own loop{evaluation}, "
+            f"device {spec.device})"
+        )
         return ExitCode.ANSWERED
     if spec.model.lightning is not None:  # the module's own loader, step and optimizer: none of isoprobe's sections
         data = f" with {spec.model.datamodule}" if spec.model.datamodule else ""
         inputs, task, step = f"its train_dataloader(){data}", "its training_step", ", under trainer.fit"
     ranks = spec.distributed.world_size or "the job's or node's"
-    distributed = f", {spec.distributed.strategy} over {ranks} ranks (batches per rank)" if spec.distributed.gang else ""
-    emit(f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
-         f"{spec.training.mode} {spec.training.precision}{step}, optimizer "
-         f"{'configure_optimizers()' if spec.model.lightning else spec.optimizer.name}, device {spec.device}"
-         f"{distributed})")
+    distributed = (
+        f", {spec.distributed.strategy} over {ranks} ranks (batches per rank)" if spec.distributed.gang else ""
+    )
+    emit(
+        f"{args.spec}: valid ({source} model {getattr(spec.model, source)}, {inputs}, {task}, "
+        f"{spec.training.mode} {spec.training.precision}{step}, optimizer "
+        f"{'configure_optimizers()' if spec.model.lightning else spec.optimizer.name}, device {spec.device}"
+        f"{distributed})"
+    )
     return ExitCode.ANSWERED
 
 
 def cmd_estimate(args: argparse.Namespace) -> int:
     """The traced estimate alone: the environment check's child, no trial (isoprobe.pipeline.estimate)."""
     from isoprobe.errors import ExitCode
-    from isoprobe.pipeline.prediction import no_estimate, render_report
     from isoprobe.pipeline.estimate import estimate_spec
+    from isoprobe.pipeline.prediction import no_estimate, render_report
     from isoprobe.report.streams import emit, tell
 
     report = estimate_spec(load(args), args.spec, "command line" if budget_overridden(args) else "spec")

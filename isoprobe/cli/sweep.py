@@ -24,9 +24,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         from isoprobe.sweep.slurm import missing_commands
 
         if missing := missing_commands():  # before any spec is probed on the login node
-            usage_error(f"--executor slurm needs Slurm's client commands on PATH, and {', '.join(missing)} "
-                        f"{'is' if len(missing) == 1 else 'are'} not there: run it on a Slurm login node (or "
-                        "module load slurm), or use --executor local", "sweep")
+            usage_error(
+                f"--executor slurm needs Slurm's client commands on PATH, and {', '.join(missing)} "
+                f"{'is' if len(missing) == 1 else 'are'} not there: run it on a Slurm login node (or "
+                "module load slurm), or use --executor local",
+                "sweep",
+            )
     over = None
     over_text = single_over(args.over, "sweep")  # two --over: exit 2 (a sweep varies one field, as a frontier does)
     if over_text is not None:  # a frontier's points as rows: each the cache entry 'isoprobe frontier' then reads
@@ -54,11 +57,25 @@ def _sweep_and_print(args: argparse.Namespace, stops, targets: list[str], sbatch
     from isoprobe.sweep.model import render_sweep_table
     from isoprobe.sweep.slurm import SlurmOptions
 
-    options = SlurmOptions(folder=Path(args.folder).resolve(), gpus_per_task=args.gpus_per_task,
-                           cpus_per_task=args.cpus_per_task, time_minutes=args.time,
-                           array_parallelism=args.array_parallelism, sbatch=sbatch)
-    report = run_sweep(args.specs, executor=args.executor, say=tell, targets=targets, named=named_overrides(args),
-                       sets=tuple(args.set), refresh=args.refresh, slurm_options=options, over=over)
+    options = SlurmOptions(
+        folder=Path(args.folder).resolve(),
+        gpus_per_task=args.gpus_per_task,
+        cpus_per_task=args.cpus_per_task,
+        time_minutes=args.time,
+        array_parallelism=args.array_parallelism,
+        sbatch=sbatch,
+    )
+    report = run_sweep(
+        args.specs,
+        executor=args.executor,
+        say=tell,
+        targets=targets,
+        named=named_overrides(args),
+        sets=tuple(args.set),
+        refresh=args.refresh,
+        slurm_options=options,
+        over=over,
+    )
     stops.hold()  # the report holds every row: a signal now must not cut it short
     document = report.model_dump_json(indent=2)
     unwritten = None

@@ -90,7 +90,7 @@ class ChildRun:
     forked: bool = False  # forked from the executor's fork server (``warm`` too)
     #: A gang (``spec.distributed``): every rank's own run, in rank order. The fields above are then those of
     #: the rank that decides the trial: the first that failed, else rank 0.
-    ranks: tuple["ChildRun", ...] = ()
+    ranks: tuple[ChildRun, ...] = ()
     #: A gang: the rank whose failure ended the trial (the others were killed for it); None when none failed.
     failed_rank: int | None = None
     #: A gang with a failed rank: seconds from seeing that failure to every rank's process tree being gone.
@@ -114,8 +114,9 @@ class Executor(Protocol):
     def prestart(self, conditions: Conditions) -> None:
         """A hint: the next trials will run under ``conditions`` (an executor may start a process ahead)."""
 
-    def run(self, request: "TrialRequest | InspectRequest", conditions: Conditions, *, timeout: float,
-            name: str) -> ChildRun:
+    def run(
+        self, request: TrialRequest | InspectRequest, conditions: Conditions, *, timeout: float, name: str
+    ) -> ChildRun:
         """Run one request to its end (or kill it ``timeout`` seconds after the request reached a process that
         had finished its imports) and return what it left behind.
 

@@ -25,9 +25,9 @@ from pathlib import Path
 from isoprobe.errors import ProbeError
 from isoprobe.executors import Conditions
 from isoprobe.executors.fork_server_channel import ForkedProcess
-from isoprobe.system.keeper import sigkill_below
 from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, lift_idle_policy, write_atomically
 from isoprobe.protocol.messages import IMPORT_LINE, Inspected, Started, TrialResult, Warm, last_of, read_events
+from isoprobe.system.keeper import sigkill_below
 
 #: How often the parent looks at a child's events while it imports (the cost of a look: one small read).
 _POLL_SECONDS = 0.01
@@ -151,9 +151,11 @@ def stop_child(child: StartedChild, seconds: float | None = None) -> None:
     if not _ended_within(child, seconds):
         _kill_tree(child.process.pid)
         if not _ended_within(child, seconds):
-            raise ProbeError(f"a child process of isoprobe (keeper {child.process.pid}) did not end {seconds:g} s "
-                             "after it was told to, nor as long after SIGKILL; the machine may be overloaded or "
-                             "its disk stuck")
+            raise ProbeError(
+                f"a child process of isoprobe (keeper {child.process.pid}) did not end {seconds:g} s "
+                "after it was told to, nor as long after SIGKILL; the machine may be overloaded or "
+                "its disk stuck"
+            )
     if child.process.stdin is not None and not child.process.stdin.closed:
         try:
             child.process.stdin.close()

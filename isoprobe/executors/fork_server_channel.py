@@ -34,7 +34,7 @@ import time
 
 from pydantic import ValidationError
 
-from isoprobe.protocol.messages import SERVER_REPLY, Ended, Extended, ForkOrder, Forked, ImportOrder
+from isoprobe.protocol.messages import SERVER_REPLY, Ended, Extended, Forked, ForkOrder, ImportOrder
 
 #: The return code a lost trial is given, so that whatever reads only the code sees a kill, never a clean exit.
 LOST_STATUS = int(signal.SIGKILL)  # a raw wait status: killed by SIGKILL
@@ -53,7 +53,7 @@ class ForkedProcess:
 
     stdin = None  # the request travels in the order, not on a pipe
 
-    def __init__(self, server: "ServerChannel", pid: int):
+    def __init__(self, server: ServerChannel, pid: int):
         self.server = server
         self.pid = pid
         self.returncode: int | None = None
@@ -108,8 +108,7 @@ class ServerChannel:
             return None
         reply = self._answer(time.monotonic() + FORK_REPLY_SECONDS)
         if not isinstance(reply, Forked):
-            self._lose(f"the fork server did not answer an order within {FORK_REPLY_SECONDS:g} s "
-                       "(stopped or wedged)")
+            self._lose(f"the fork server did not answer an order within {FORK_REPLY_SECONDS:g} s (stopped or wedged)")
             return None
         return ForkedProcess(self, reply.pid)
 
@@ -141,8 +140,9 @@ class ServerChannel:
         if isinstance(reply, Extended):
             return reply
         if reply is None and not self.lost:
-            self._lose(f"the fork server did not finish importing the model's modules within {timeout:g} s "
-                       "(stopped or wedged)")
+            self._lose(
+                f"the fork server did not finish importing the model's modules within {timeout:g} s (stopped or wedged)"
+            )
         elif reply is not None:
             self._lose("the fork server replied to an order nobody gave")
         return None
@@ -160,8 +160,10 @@ class ServerChannel:
             if process.exited_at is None and process.exited():
                 process.exited_at = now
             if process.exited_at is not None and now - process.exited_at >= ENDED_REPLY_SECONDS:
-                self._lose(f"the fork server did not report the end of trial process {process.pid} within "
-                           f"{ENDED_REPLY_SECONDS:g} s of it (stopped or wedged)")
+                self._lose(
+                    f"the fork server did not report the end of trial process {process.pid} within "
+                    f"{ENDED_REPLY_SECONDS:g} s of it (stopped or wedged)"
+                )
                 break
             until = deadline if process.exited_at is None else min(deadline, process.exited_at + ENDED_REPLY_SECONDS)
             watch = [] if process.exited_at is not None or process.pidfd is None else [process.pidfd]
@@ -215,7 +217,7 @@ def _gone(pid: int) -> bool:
             stat = handle.read()
     except OSError:
         return True
-    return stat[stat.rindex(b")") + 2:][:1] in (b"Z", b"X")
+    return stat[stat.rindex(b")") + 2 :][:1] in (b"Z", b"X")
 
 
 def _returncode(status: int) -> int:

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 from isoprobe.executors import Conditions
 from isoprobe.executors.child_process import StartedChild, await_warm, modules_file, stop_child
@@ -48,8 +48,12 @@ class _Server:
 class ForkServers:
     """The fork server of a ``LocalExecutor``; ``spawn(conditions, fd)`` starts one serving on ``fd``."""
 
-    def __init__(self, backends: frozenset[str], spawn: Callable[[Conditions, int], StartedChild],
-                 next_files: Callable[[], tuple[Path, Path, Path]]):
+    def __init__(
+        self,
+        backends: frozenset[str],
+        spawn: Callable[[Conditions, int], StartedChild],
+        next_files: Callable[[], tuple[Path, Path, Path]],
+    ):
         self.backends = backends  # the backends whose children are forked
         self._spawn = spawn
         self._next_files = next_files
@@ -101,17 +105,22 @@ class ForkServers:
                 return None
             with signals_deferred():
                 stem, events_path, stderr_path = self._next_files()
-                order = ForkOrder(request=str(request_path), events=str(events_path),
-                                  stdout=str(stem.with_suffix(".stdout")), stderr=str(stderr_path),
-                                  memory_limit=conditions.memory_limit)
+                order = ForkOrder(
+                    request=str(request_path),
+                    events=str(events_path),
+                    stdout=str(stem.with_suffix(".stdout")),
+                    stderr=str(stderr_path),
+                    memory_limit=conditions.memory_limit,
+                )
                 lifeline_read, lifeline_write = os.pipe()
                 try:
                     process = server.channel.fork(order, lifeline_read)
                 finally:
                     os.close(lifeline_read)
                 if process is not None:
-                    return StartedChild(process, lifeline_write, events_path, stderr_path, conditions, warm=True,
-                                        forked=True)
+                    return StartedChild(
+                        process, lifeline_write, events_path, stderr_path, conditions, warm=True, forked=True
+                    )
                 os.close(lifeline_write)
                 self.drop_lost()  # it did not take the order: a fresh one, or none (then spawned)
         return None
@@ -164,6 +173,6 @@ def added_imports(started: Conditions, wanted: Conditions) -> tuple[str, ...]:
     """The modules a process started under ``started`` must import to be one started under ``wanted``: what
     ``wanted``'s preload adds after ``started``'s, when that is all that differs (else none: it cannot become one)."""
     same = replace(started, preload=()) == replace(wanted, preload=())
-    if not same or wanted.preload[:len(started.preload)] != started.preload:
+    if not same or wanted.preload[: len(started.preload)] != started.preload:
         return ()
-    return wanted.preload[len(started.preload):]
+    return wanted.preload[len(started.preload) :]

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from isoprobe.errors import Terminated
 from isoprobe.executors import ChildRun, Conditions, run_through_reporting
@@ -34,8 +34,8 @@ from isoprobe.executors.fork_server_choice import SERVER_LOSSES
 from isoprobe.executors.local import Launch, LocalExecutor
 from isoprobe.executors.processes import signals_deferred
 from isoprobe.executors.rounds import earned_timeout, ended_on_its_own, steps_done
-from isoprobe.report.outcomes import Outcome
 from isoprobe.protocol.messages import RankAssignment, TrialRequest, TrialResult, last_of, read_events
+from isoprobe.report.outcomes import Outcome
 
 #: How often the gang's ranks are looked at: the kill latency after a rank fails is about this.
 POLL_SECONDS = 0.02
@@ -46,11 +46,14 @@ def rank_requests(request: TrialRequest, store_path: str) -> list[TrialRequest]:
     world = request.spec.distributed.world_size or 1
     cuda = request.device.startswith("cuda")
     return [
-        request.model_copy(update={
-            "device": f"cuda:{rank}" if cuda else request.device,
-            "rank": RankAssignment(rank=rank, world_size=world, store_path=store_path,
-                                   backend="nccl" if cuda else "gloo"),
-        })
+        request.model_copy(
+            update={
+                "device": f"cuda:{rank}" if cuda else request.device,
+                "rank": RankAssignment(
+                    rank=rank, world_size=world, store_path=store_path, backend="nccl" if cuda else "gloo"
+                ),
+            }
+        )
         for rank in range(world)
     ]
 
@@ -66,7 +69,7 @@ class GangExecutor:
     def __init__(self, local: LocalExecutor):
         self.local = local
 
-    def __enter__(self) -> "GangExecutor":
+    def __enter__(self) -> GangExecutor:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -81,8 +84,9 @@ class GangExecutor:
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
         return run_through_reporting(self, request, conditions, timeout=timeout, name=name)
 
-    def run_reporting(self, request, conditions: Conditions, *, timeout: float, name: str,
-                      finished: Callable[[ChildRun], None]) -> None:
+    def run_reporting(
+        self, request, conditions: Conditions, *, timeout: float, name: str, finished: Callable[[ChildRun], None]
+    ) -> None:
         """``run``, handing the run to ``finished`` with SIGINT/SIGTERM held from the moment the gang's end is seen.
 
         So an interrupt cannot drop a gang that had ended (``executors.rounds``
@@ -105,8 +109,15 @@ class GangExecutor:
             lost.append(again)
             self.local.servers.drop_lost()
 
-    def _run_gang(self, request, conditions: Conditions, timeout: float, name: str, lost_before: tuple[str, ...],
-                  finished: Callable[[ChildRun], None]) -> str | None:
+    def _run_gang(
+        self,
+        request,
+        conditions: Conditions,
+        timeout: float,
+        name: str,
+        lost_before: tuple[str, ...],
+        finished: Callable[[ChildRun], None],
+    ) -> str | None:
         """One attempt at the gang: None once its run was handed to ``finished``, else why it was lost (run it again)."""
         store = self.local.workdir / f"{name}.store"
         launches: list[Launch] = []
@@ -121,9 +132,15 @@ class GangExecutor:
             deciding = runs[failed] if failed is not None else runs[0]
             # One rank's end lost by the fork server loses the gang's: its failure (or its peers') is not the trial's.
             lost = next((run.lost for run in runs if run.lost is not None), None)
-            run = replace(deciding, ranks=runs, failed_rank=failed,
-                          gang_stop_seconds=stop_seconds if failed is not None else None,
-                          seconds=max(run.seconds for run in runs), lost=lost, lost_before=lost_before)
+            run = replace(
+                deciding,
+                ranks=runs,
+                failed_rank=failed,
+                gang_stop_seconds=stop_seconds if failed is not None else None,
+                seconds=max(run.seconds for run in runs),
+                lost=lost,
+                lost_before=lost_before,
+            )
             if lost is not None and (interrupted or len(lost_before) < SERVER_LOSSES):
                 return None if interrupted else lost  # the last attempt was spawned: never lost
             finished(run)
@@ -131,12 +148,18 @@ class GangExecutor:
 
         try:
             for rank_request in rank_requests(request, str(store)):
-                launches.append(self.local.launch(rank_request, conditions, timeout=timeout,
-                                                  name=f"{name}-rank{rank_request.rank.rank}"))
+                launches.append(
+                    self.local.launch(
+                        rank_request, conditions, timeout=timeout, name=f"{name}-rank{rank_request.rank.rank}"
+                    )
+                )
             return _supervise(launches, timeout, conclude, request)
         except (KeyboardInterrupt, Terminated):
-            if not concluded and len(launches) == (request.spec.distributed.world_size or 1) and all(
-                    launch.delivered is not None for launch in launches):
+            if (
+                not concluded
+                and len(launches) == (request.spec.distributed.world_size or 1)
+                and all(launch.delivered is not None for launch in launches)
+            ):
                 ended, failed = _look(launches, interrupted=True)
                 if ended:  # the gang had ended on its own before the signal: a finished trial all the same
                     with signals_deferred():
@@ -147,8 +170,12 @@ class GangExecutor:
                 self.local.stop(launch)
 
 
-def _supervise(launches: list[Launch], timeout: float, conclude: Callable[[int | None], str | None],
-               request: TrialRequest | None = None) -> str | None:
+def _supervise(
+    launches: list[Launch],
+    timeout: float,
+    conclude: Callable[[int | None], str | None],
+    request: TrialRequest | None = None,
+) -> str | None:
     """Wait for the gang's end, then ``conclude(the rank that failed first, or None)`` with signals held.
 
     ``request``: the gang's; a stretched ``timeout`` is earned as the slowest rank completes steps
@@ -180,11 +207,15 @@ def _supervise(launches: list[Launch], timeout: float, conclude: Callable[[int |
                 for launch in launches:  # the usual timeout rule, rank by rank: a verdict before the deadline stands
                     if launch.poll() is None:
                         launch.timed_out, launch.verdict_at_timeout = wait_for_end(launch.child, 0)
-                timed_out = [rank for rank, launch in enumerate(launches) if launch.timed_out
-                             and not launch.verdict_at_timeout]
+                timed_out = [
+                    rank for rank, launch in enumerate(launches) if launch.timed_out and not launch.verdict_at_timeout
+                ]
                 # Level ranks leave no evidence which one held the others, and none is blamed.
-                hung = laggard([len(read_events(launch.events_path)) for launch in launches], timed_out) \
-                    if timed_out else None
+                hung = (
+                    laggard([len(read_events(launch.events_path)) for launch in launches], timed_out)
+                    if timed_out
+                    else None
+                )
                 return conclude(hung)
         time.sleep(POLL_SECONDS)
 
@@ -199,8 +230,13 @@ def _look(launches: list[Launch], interrupted: bool = False) -> tuple[bool, int 
     for launch in launches:
         status = launch.poll()
         ended = ended_on_its_own(status) if interrupted else status is not None
-        states.append((last_of(read_events(launch.events_path), TrialResult), ended,
-                       launch.child.process.returncode if ended else None))
+        states.append(
+            (
+                last_of(read_events(launch.events_path), TrialResult),
+                ended,
+                launch.child.process.returncode if ended else None,
+            )
+        )
     return first_failure(states)
 
 

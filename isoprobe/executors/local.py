@@ -54,9 +54,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from isoprobe.executors import ChildRun, Conditions
-from isoprobe.system import keeper
-from isoprobe.executors.child_process import (StartedChild, await_warm, deliver, extend_imports, modules_file,
-                                              stop_child)
+from isoprobe.executors.child_process import StartedChild, await_warm, deliver, extend_imports, modules_file, stop_child
 from isoprobe.executors.fork_server_channel import ForkedProcess
 from isoprobe.executors.fork_server_choice import ForkServers, added_imports
 from isoprobe.executors.processes import (
@@ -67,8 +65,6 @@ from isoprobe.executors.processes import (
     stderr_tail,
     write_atomically,
 )
-from isoprobe.system.oomkill import memory_cgroup_dir, oom_kill_count
-from isoprobe.protocol.wiring import WARM_PLAN_ENV
 from isoprobe.protocol.messages import (
     CHILD_MODULE,
     IDLE_ARGUMENT,
@@ -80,6 +76,9 @@ from isoprobe.protocol.messages import (
     last_of,
     read_events,
 )
+from isoprobe.protocol.wiring import WARM_PLAN_ENV
+from isoprobe.system import keeper
+from isoprobe.system.oomkill import memory_cgroup_dir, oom_kill_count
 
 #: How much a child that left no event at all must be able to write to the scratch folder now, for its
 #: silence to be its own and not the disk's (an events line is ~100 bytes; a trial's files, kilobytes).
@@ -142,11 +141,10 @@ class LocalExecutor:
         self.fork = frozenset(fork)  # the backends whose children are forked from a fork server
         self._expected: Conditions | None = None
         self._spare: StartedChild | None = None
-        self.servers = ForkServers(self.fork, lambda key, fd: self._spawn(key, spare=False, serve=fd),
-                                   self._next_files)
+        self.servers = ForkServers(self.fork, lambda key, fd: self._spawn(key, spare=False, serve=fd), self._next_files)
         self._count = 0
 
-    def __enter__(self) -> "LocalExecutor":
+    def __enter__(self) -> LocalExecutor:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -162,8 +160,11 @@ class LocalExecutor:
         if not self.warm:
             return
         with signals_deferred():
-            if self._spare is not None and self._spare.conditions != conditions and not self._extend(self._spare,
-                                                                                                       conditions):
+            if (
+                self._spare is not None
+                and self._spare.conditions != conditions
+                and not self._extend(self._spare, conditions)
+            ):
                 spare, self._spare = self._spare, None
                 stop_child(spare)
             if self._spare is None:
@@ -192,7 +193,7 @@ class LocalExecutor:
         run_round(self, [(request, conditions, timeout, name)], lambda slot, run: runs.append(run))
         return runs[0]
 
-    def launch(self, request, conditions: Conditions, *, timeout: float, name: str) -> "Launch":
+    def launch(self, request, conditions: Conditions, *, timeout: float, name: str) -> Launch:
         """Start (or take) a process for ``request`` and deliver it; the caller waits, then ``stop`` and ``collect``.
 
         The pieces of ``run``, for an executor that runs several children at
@@ -239,8 +240,7 @@ class LocalExecutor:
                 break
             if launch.delivered is not None:
                 with signals_deferred():
-                    if (self.warm and not launch.child.forked and self._spare is None
-                            and conditions == self._expected):
+                    if self.warm and not launch.child.forked and self._spare is None and conditions == self._expected:
                         self._spare = self._spawn(conditions, spare=True)  # imports while this one runs
         except BaseException:
             self.stop(launch)
@@ -248,13 +248,13 @@ class LocalExecutor:
         return launch
 
     @staticmethod
-    def stop(launch: "Launch") -> None:
+    def stop(launch: Launch) -> None:
         """End the launch's process tree (if still running) and reap its keeper; safe to call twice."""
         if launch.child is not None:
             stop_child(launch.child)
 
     @staticmethod
-    def collect(launch: "Launch") -> ChildRun:
+    def collect(launch: Launch) -> ChildRun:
         """What a stopped launch's child left behind (``lost``: why the fork server could not say how it ended).
 
         Raises the ``OSError`` of a scratch folder without room when the child left no event at all.
@@ -303,9 +303,11 @@ class LocalExecutor:
         if warm is None or not warm.cuda_initialized:
             return False
         self.warm = False
-        sys.stderr.write("isoprobe: a warm spare created a CUDA context while importing (a module of the model's "
-                         "makes CUDA tensors at import?): it held memory on the card beside the running trial, so "
-                         "trials start cold from now on\n")
+        sys.stderr.write(
+            "isoprobe: a warm spare created a CUDA context while importing (a module of the model's "
+            "makes CUDA tensors at import?): it held memory on the card beside the running trial, so "
+            "trials start cold from now on\n"
+        )
         return True
 
     def _take_spare(self, conditions: Conditions) -> StartedChild | None:
@@ -322,8 +324,13 @@ class LocalExecutor:
         """Start a keeper and its child, which imports ``conditions.preload`` and then waits for its request
         (or, with ``serve``, its channel's descriptor: becomes a fork server)."""
         stem, events_path, stderr_path = self._next_files()
-        env = child_environment(os.environ, backend=conditions.backend, allocator=conditions.allocator,
-                                events_path=events_path, threads=conditions.threads)
+        env = child_environment(
+            os.environ,
+            backend=conditions.backend,
+            allocator=conditions.allocator,
+            events_path=events_path,
+            threads=conditions.threads,
+        )
         if conditions.preload:
             env[PRELOAD_ENV] = ",".join(conditions.preload)
         if conditions.command_plan:

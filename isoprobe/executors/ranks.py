@@ -17,8 +17,8 @@ node cannot run it, that is a spec error (``pipeline.environment``).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from isoprobe.executors.srun_plan import Allocation, LauncherChoice, choose_launcher
 from isoprobe.spec.job import positive_integer, world_size_from_environment
@@ -37,8 +37,15 @@ class WorldSize:
     note: str | None = None
 
 
-def resolve_launcher(spec: Spec, environ: Mapping[str, str], gpu_count: int, *, ram_bytes: int,
-                     cpu_budget: int, missing_clients: tuple[str, ...] = ()) -> LauncherChoice | None:
+def resolve_launcher(
+    spec: Spec,
+    environ: Mapping[str, str],
+    gpu_count: int,
+    *,
+    ram_bytes: int,
+    cpu_budget: int,
+    missing_clients: tuple[str, ...] = (),
+) -> LauncherChoice | None:
     """How the gangs are started (``srun_plan.choose_launcher``); None without a strategy. ``LauncherError``: srun
     asked for outside an allocation, or without the Slurm clients ``missing_clients`` names."""
     options = spec.distributed
@@ -46,8 +53,13 @@ def resolve_launcher(spec: Spec, environ: Mapping[str, str], gpu_count: int, *, 
         return None
     job = _job_world_size(environ)
     wanted = options.world_size or (job[0] if job else 1)
-    return choose_launcher(options.launcher, Allocation.from_environment(environ), wanted,
-                           _node_ranks(gpu_count, ram_bytes, cpu_budget), missing_clients)
+    return choose_launcher(
+        options.launcher,
+        Allocation.from_environment(environ),
+        wanted,
+        _node_ranks(gpu_count, ram_bytes, cpu_budget),
+        missing_clients,
+    )
 
 
 def _node_ranks(gpu_count: int, ram_bytes: int, cpu_budget: int) -> int:
@@ -57,8 +69,15 @@ def _node_ranks(gpu_count: int, ram_bytes: int, cpu_budget: int) -> int:
     return max(2, int(ram_bytes * CPU_RAM_SHARE) // max(1, cpu_budget))
 
 
-def resolve_world_size(spec: Spec, environ: Mapping[str, str], gpu_count: int, *, ram_bytes: int,
-                       cpu_budget: int, across_nodes: bool = False) -> WorldSize:
+def resolve_world_size(
+    spec: Spec,
+    environ: Mapping[str, str],
+    gpu_count: int,
+    *,
+    ram_bytes: int,
+    cpu_budget: int,
+    across_nodes: bool = False,
+) -> WorldSize:
     """The gang's size for ``spec``: the spec's, else the job's (capped to this node), else the node's.
 
     ``across_nodes``: the gangs are Slurm job steps over the allocation (``launcher`` srun), so the job's size
@@ -77,16 +96,24 @@ def resolve_world_size(spec: Spec, environ: Mapping[str, str], gpu_count: int, *
             return WorldSize(gpu_count, "visible GPUs")
         size, source = job
         if size > gpu_count:
-            return WorldSize(gpu_count, source, f"the job has {size} ranks ({source}) but this node has {gpu_count} "
-                             f"GPU(s): probing {gpu_count} ranks, whose shards are no smaller than the job's")
+            return WorldSize(
+                gpu_count,
+                source,
+                f"the job has {size} ranks ({source}) but this node has {gpu_count} "
+                f"GPU(s): probing {gpu_count} ranks, whose shards are no smaller than the job's",
+            )
         return WorldSize(size, source)
     fits_in_ram = _node_ranks(0, ram_bytes, cpu_budget)
     if job is None:
         return WorldSize(min(CPU_DEFAULT_WORLD_SIZE, fits_in_ram), "cpu default")
     size, source = job
     if size > fits_in_ram:
-        return WorldSize(fits_in_ram, source, f"the job has {size} ranks ({source}); on the CPU backend "
-                         f"{fits_in_ram} ranks of the budget fit in this machine's memory: probing {fits_in_ram}")
+        return WorldSize(
+            fits_in_ram,
+            source,
+            f"the job has {size} ranks ({source}); on the CPU backend "
+            f"{fits_in_ram} ranks of the budget fit in this machine's memory: probing {fits_in_ram}",
+        )
     return WorldSize(max(2, size), source)
 
 
@@ -130,8 +157,9 @@ def resolve_threads_per_rank(spec: Spec, environ: Mapping[str, str], world_size:
     return 1 if world_size > 1 else None
 
 
-def with_world_size(spec: Spec, resolved: WorldSize, threads_per_rank: int | None = None,
-                    launcher: str | None = None) -> Spec:
+def with_world_size(
+    spec: Spec, resolved: WorldSize, threads_per_rank: int | None = None, launcher: str | None = None
+) -> Spec:
     """``spec`` with the resolved size (and threads per rank, and launcher) written in: what the key and probe see.
 
     ``threads_per_rank`` None keeps the spec's own (``resolve_threads_per_rank`` returns a stated one as is);
@@ -141,8 +169,12 @@ def with_world_size(spec: Spec, resolved: WorldSize, threads_per_rank: int | Non
     threads = threads_per_rank if threads_per_rank is not None else options.threads_per_rank
     launcher = launcher if launcher is not None else options.launcher
     if not options.gang or (options.world_size, options.threads_per_rank, options.launcher) == (
-            resolved.size, threads, launcher):
+        resolved.size,
+        threads,
+        launcher,
+    ):
         return spec
-    distributed = options.model_copy(update={"world_size": resolved.size, "threads_per_rank": threads,
-                                             "launcher": launcher})
+    distributed = options.model_copy(
+        update={"world_size": resolved.size, "threads_per_rank": threads, "launcher": launcher}
+    )
     return spec.model_copy(update={"distributed": distributed})

@@ -38,8 +38,8 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import replace
-from typing import Callable
 
 from isoprobe.errors import Terminated
 from isoprobe.executors import ChildRun
@@ -111,9 +111,11 @@ class BusyClock:
         if owed <= 0:
             return 0.0
         self.extended += owed
-        sys.stderr.write(f"isoprobe: a busy node: the trial waited for a CPU {used.waiting_share:.0%} of the time it "
-                         f"wanted one over the last {wall:.0f} s; its timeout is extended by {owed:.0f} s, the time "
-                         "it would have had alone\n")
+        sys.stderr.write(
+            f"isoprobe: a busy node: the trial waited for a CPU {used.waiting_share:.0%} of the time it "
+            f"wanted one over the last {wall:.0f} s; its timeout is extended by {owed:.0f} s, the time "
+            "it would have had alone\n"
+        )
         return owed
 
 
@@ -136,14 +138,16 @@ def run_round(executor, jobs: list[tuple], finished: Finished) -> None:
         return _concurrently(executor, jobs, finished)
     inner = getattr(executor, "inner", None)
     if inner is not None and hasattr(executor, "record"):  # the source recorder: record each run as run() does
+
         def recorded(slot: int, run: ChildRun) -> None:
             finished(slot, executor.record(run))
 
         return run_round(inner, jobs, recorded)
     for slot, (request, conditions, timeout, name) in enumerate(jobs):
         if hasattr(executor, "run_reporting"):
-            executor.run_reporting(request, conditions, timeout=timeout, name=name,
-                                   finished=lambda run, slot=slot: finished(slot, run))
+            executor.run_reporting(
+                request, conditions, timeout=timeout, name=name, finished=lambda run, slot=slot: finished(slot, run)
+            )
             continue
         run = executor.run(request, conditions, timeout=timeout, name=name)
         with signals_deferred():

@@ -21,19 +21,17 @@ from __future__ import annotations
 
 import contextvars
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
-from isoprobe.report import steady
 from isoprobe.executors import ChildRun, Conditions
-from isoprobe.report.outcomes import Outcome
 from isoprobe.protocol.messages import (
     EvalDone,
     Facts,
     Imported,
+    Inspected,
     InspectProblem,
     InspectRequest,
-    Inspected,
     MemoryReading,
     ModelBuilt,
     Started,
@@ -41,11 +39,15 @@ from isoprobe.protocol.messages import (
     TrialRequest,
     TrialResult,
 )
+from isoprobe.report import steady
+from isoprobe.report.outcomes import Outcome
 from isoprobe.report.trial import ErrorInfo, Sizes
 
 #: What the CPU allocator says when the cap is hit (c10's DefaultCPUAllocator).
-CPU_OOM_MESSAGE = ("[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to "
-                   "allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)")
+CPU_OOM_MESSAGE = (
+    "[enforce fail at alloc_cpu.cpp:127] DefaultCPUAllocator: can't allocate memory: you tried to "
+    "allocate 1073741824 bytes. Error code 12 (Cannot allocate memory)"
+)
 #: The import baseline of a canned CPU child (the data segment after importing torch; about 800 MiB
 #: here). Below every canned device's fixed part (tests/unit/scripted_probe.py's memory_hog: 720 MiB),
 #: as a real device's fixed part includes its imports.
@@ -61,7 +63,7 @@ class Call:
     request: TrialRequest
     conditions: Conditions
     attempt: int  # 1 the first time this batch size is asked for (under any purpose), 2 the next...
-    number: int   # 1-based count of trial requests so far
+    number: int  # 1-based count of trial requests so far
     timeout: float = 0.0  # the seconds the probe gave this trial
 
     @property
@@ -87,7 +89,7 @@ class ScriptedExecutor:
     prestarts: list[Conditions] = field(default_factory=list)
     closed: bool = False
 
-    def __enter__(self) -> "ScriptedExecutor":
+    def __enter__(self) -> ScriptedExecutor:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -123,9 +125,15 @@ class ScriptedExecutor:
 def _progress(step_seconds: list[float], step_peaks: list[int] | None = None) -> list:
     memory = MemoryReading(data=IMPORT_BASELINE_BYTES, rss=IMPORT_BASELINE_BYTES, peak_rss=IMPORT_BASELINE_BYTES)
     peaks = step_peaks or [None] * len(step_seconds)
-    return [Started(pid=4242), Imported(memory=memory), ModelBuilt(memory=memory),
-            *(StepDone(step=i, seconds=s, peak_bytes=p, held_bytes=p, budget_peak_bytes=p)
-              for i, (s, p) in enumerate(zip(step_seconds, peaks), 1))]
+    return [
+        Started(pid=4242),
+        Imported(memory=memory),
+        ModelBuilt(memory=memory),
+        *(
+            StepDone(step=i, seconds=s, peak_bytes=p, held_bytes=p, budget_peak_bytes=p)
+            for i, (s, p) in enumerate(zip(step_seconds, peaks), 1)
+        ),
+    ]
 
 
 def _asked_steps() -> int | None:
@@ -134,9 +142,18 @@ def _asked_steps() -> int | None:
     return None if request is None else (request.steps or request.spec.search.steps)
 
 
-def fits(peak_bytes: int, *, base_bytes: int | None = None, steps: int | None = None,
-         step_seconds: float | list[float] = 0.1, sizes: Sizes | None = None, seconds: float = 1.0,
-         warm: bool = False, step_growth: int = 0, step_peaks: list[int] | None = None) -> ChildRun:
+def fits(
+    peak_bytes: int,
+    *,
+    base_bytes: int | None = None,
+    steps: int | None = None,
+    step_seconds: float | list[float] = 0.1,
+    sizes: Sizes | None = None,
+    seconds: float = 1.0,
+    warm: bool = False,
+    step_growth: int = 0,
+    step_peaks: list[int] | None = None,
+) -> ChildRun:
     """A child that ran every step and reported ``peak_bytes`` (as both the resident and the budget's peak).
 
     ``steps``: by default the request's (a soak's, else ``search.steps``) when a
@@ -163,30 +180,66 @@ def fits(peak_bytes: int, *, base_bytes: int | None = None, steps: int | None = 
             times.append(timed[(len(times) - 1) % len(timed)])
     peaks = step_peaks or [peak_bytes - step_growth * (len(times) - i) for i in range(1, len(times) + 1)]
     # An evaluation pass where the probe asks one: an evaluation trial, or an hf_trainer's trial with eval_pass.
-    evaluated = [EvalDone(seconds=0.05)] if request is not None and (request.eval_batch_size is not None or (
-        request.spec.training.eval_pass and request.spec.model.hf_trainer is not None)) else []
-    result = TrialResult(outcome=Outcome.FITS, phase="done", step_seconds=times,
-                         peak_bytes=peak_bytes, budget_peak_bytes=peak_bytes,
-                         base_bytes=base_bytes if base_bytes is not None else IMPORT_BASELINE_BYTES, sizes=sizes,
-                         eval_seconds=0.05 if evaluated else None)
-    return ChildRun(returncode=0, timed_out=False, seconds=seconds,
-                    events=[*_progress(times, peaks), *evaluated, result], warm=warm)
+    evaluated = (
+        [EvalDone(seconds=0.05)]
+        if request is not None
+        and (
+            request.eval_batch_size is not None
+            or (request.spec.training.eval_pass and request.spec.model.hf_trainer is not None)
+        )
+        else []
+    )
+    result = TrialResult(
+        outcome=Outcome.FITS,
+        phase="done",
+        step_seconds=times,
+        peak_bytes=peak_bytes,
+        budget_peak_bytes=peak_bytes,
+        base_bytes=base_bytes if base_bytes is not None else IMPORT_BASELINE_BYTES,
+        sizes=sizes,
+        eval_seconds=0.05 if evaluated else None,
+    )
+    return ChildRun(
+        returncode=0, timed_out=False, seconds=seconds, events=[*_progress(times, peaks), *evaluated, result], warm=warm
+    )
 
 
-def failed(outcome: Outcome, error_type: str, message: str, *, traceback_tail: str = "", at_step: int = 1,
-           stderr_tail: str = "", returncode: int = 0, step_peaks: list[int] | None = None) -> ChildRun:
+def failed(
+    outcome: Outcome,
+    error_type: str,
+    message: str,
+    *,
+    traceback_tail: str = "",
+    at_step: int = 1,
+    stderr_tail: str = "",
+    returncode: int = 0,
+    step_peaks: list[int] | None = None,
+) -> ChildRun:
     """A child that caught its own exception in step ``at_step`` and classified it (out_of_memory or error).
 
     ``step_peaks``: the peaks the steps before it reported (``at_step - 1`` of them)."""
-    result = TrialResult(outcome=outcome, phase=f"step {at_step}", step_seconds=[0.1] * (at_step - 1),
-                         error=ErrorInfo(type=error_type, message=message, traceback_tail=traceback_tail))
-    return ChildRun(returncode=returncode, timed_out=False, seconds=1.0,
-                    events=[*_progress([0.1] * (at_step - 1), step_peaks), result],
-                    stderr_tail=stderr_tail)
+    result = TrialResult(
+        outcome=outcome,
+        phase=f"step {at_step}",
+        step_seconds=[0.1] * (at_step - 1),
+        error=ErrorInfo(type=error_type, message=message, traceback_tail=traceback_tail),
+    )
+    return ChildRun(
+        returncode=returncode,
+        timed_out=False,
+        seconds=1.0,
+        events=[*_progress([0.1] * (at_step - 1), step_peaks), result],
+        stderr_tail=stderr_tail,
+    )
 
 
-def out_of_memory(message: str = CPU_OOM_MESSAGE, error_type: str = "RuntimeError", *, at_step: int = 1,
-                  step_peaks: list[int] | None = None) -> ChildRun:
+def out_of_memory(
+    message: str = CPU_OOM_MESSAGE,
+    error_type: str = "RuntimeError",
+    *,
+    at_step: int = 1,
+    step_peaks: list[int] | None = None,
+) -> ChildRun:
     return failed(Outcome.OUT_OF_MEMORY, error_type, message, at_step=at_step, step_peaks=step_peaks)
 
 
@@ -195,12 +248,24 @@ def error(message: str = "deliberate non-memory bug", error_type: str = "KeyErro
     return failed(Outcome.ERROR, error_type, message, traceback_tail=tail, stderr_tail=tail)
 
 
-def crashed(signum: int | None = signal.SIGSEGV, *, stderr_tail: str = "Fatal Python error: Segmentation fault\n",
-            steps_done: int = 0, returncode: int | None = None, oom_kills: int | None = None) -> ChildRun:
+def crashed(
+    signum: int | None = signal.SIGSEGV,
+    *,
+    stderr_tail: str = "Fatal Python error: Segmentation fault\n",
+    steps_done: int = 0,
+    returncode: int | None = None,
+    oom_kills: int | None = None,
+) -> ChildRun:
     """A child that died without a verdict: by ``signum``, or (``signum=None``) by exiting ``returncode``."""
     code = -signum if signum is not None else (returncode or 0)
-    return ChildRun(returncode=code, timed_out=False, seconds=1.0, events=_progress([0.1] * steps_done),
-                    stderr_tail=stderr_tail, oom_kills=oom_kills)
+    return ChildRun(
+        returncode=code,
+        timed_out=False,
+        seconds=1.0,
+        events=_progress([0.1] * steps_done),
+        stderr_tail=stderr_tail,
+        oom_kills=oom_kills,
+    )
 
 
 def timed_out(seconds: float = 60.0) -> ChildRun:
@@ -210,14 +275,27 @@ def timed_out(seconds: float = 60.0) -> ChildRun:
 
 def inspected(facts: Facts | None = None, problems: list[InspectProblem] | None = None) -> ChildRun:
     """The environment check's answer: by default a CPU machine with torch imported in 900 MiB."""
-    facts = facts or Facts(torch_version="2.0.0+scripted", torchvision_version="0.15.0+scripted",
-                           memory_after_import=MemoryReading(data=IMPORT_BASELINE_BYTES))
-    return ChildRun(returncode=0, timed_out=False, seconds=1.0,
-                    events=[Started(pid=4241), Inspected(facts=facts, problems=problems or [])])
+    facts = facts or Facts(
+        torch_version="2.0.0+scripted",
+        torchvision_version="0.15.0+scripted",
+        memory_after_import=MemoryReading(data=IMPORT_BASELINE_BYTES),
+    )
+    return ChildRun(
+        returncode=0,
+        timed_out=False,
+        seconds=1.0,
+        events=[Started(pid=4241), Inspected(facts=facts, problems=problems or [])],
+    )
 
 
-def linear(fixed: int, per_sample: int, *, faults: Callable[[Call], ChildRun | None] | None = None,
-           growth_per_step: int = 0, growth: Callable[[int], int] | None = None) -> Script:
+def linear(
+    fixed: int,
+    per_sample: int,
+    *,
+    faults: Callable[[Call], ChildRun | None] | None = None,
+    growth_per_step: int = 0,
+    growth: Callable[[int], int] | None = None,
+) -> Script:
     """A device whose peak is ``fixed + per_sample * batch``: fits under the request's budget, else out of memory.
 
     ``faults`` (optional) sees every call first; whatever it returns (a crash, a
@@ -250,6 +328,10 @@ def linear(fixed: int, per_sample: int, *, faults: Callable[[Call], ChildRun | N
 def gang(*ranks: ChildRun, failed_rank: int | None = None, stop_seconds: float | None = None) -> ChildRun:
     """A distributed trial's run as ``executors.gang`` returns it: every rank's run, the failed rank's on top."""
     deciding = ranks[failed_rank] if failed_rank is not None else ranks[0]
-    return replace(deciding, ranks=tuple(ranks), failed_rank=failed_rank,
-                   gang_stop_seconds=stop_seconds if failed_rank is not None else None,
-                   seconds=max(run.seconds for run in ranks))
+    return replace(
+        deciding,
+        ranks=tuple(ranks),
+        failed_rank=failed_rank,
+        gang_stop_seconds=stop_seconds if failed_rank is not None else None,
+        seconds=max(run.seconds for run in ranks),
+    )

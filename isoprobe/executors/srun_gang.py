@@ -53,9 +53,9 @@ import shutil
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
-from typing import Callable
 
 from isoprobe.errors import ProbeError, Terminated
 from isoprobe.executors import ChildRun, Conditions, run_through_reporting
@@ -72,12 +72,20 @@ from isoprobe.executors.processes import (
     write_atomically,
 )
 from isoprobe.executors.rounds import earned_timeout, steps_done
-from isoprobe.executors.srun_plan import advice, node_failed, refusal, srun_command
 from isoprobe.executors.srun_nodes import node_trouble, record_stop_context, signalled_words, task_prolog_words
-from isoprobe.executors.srun_step import _ahead_key, _close_turn, _Step, step_states  # noqa: F401 (tests)
-from isoprobe.protocol.messages import PRELOAD_ENV, RankAssignment, TrialRequest, TrialResult, Warm, last_of, read_events
-from isoprobe.system.data_cap import data_limits
+from isoprobe.executors.srun_plan import advice, node_failed, refusal, srun_command
+from isoprobe.executors.srun_step import _ahead_key, _close_turn, _Step, step_states
+from isoprobe.protocol.messages import (
+    PRELOAD_ENV,
+    RankAssignment,
+    TrialRequest,
+    TrialResult,
+    Warm,
+    last_of,
+    read_events,
+)
 from isoprobe.system import keeper
+from isoprobe.system.data_cap import data_limits
 from isoprobe.system.slurm_steps import KILL_THROUGH_SLURMCTLD, wait_slurm_steps_gone
 
 #: How often the step's ranks are looked at (as the local gang's ``POLL_SECONDS``).
@@ -114,9 +122,19 @@ _RANK_ENTRY = str(Path(__file__).resolve().parents[1] / "child" / "srun_rank.py"
 class SrunGangExecutor:
     """Gang trials as Slurm job steps; the environment check and other requests run locally (``local``)."""
 
-    def __init__(self, local: LocalExecutor, *, nodes: int | None, srun: str = "srun", scancel: str = "scancel",
-                 squeue: str = "squeue", scontrol: str = "scontrol", ahead: bool = False, world: int | None = None,
-                 sinfo: str = "sinfo"):
+    def __init__(
+        self,
+        local: LocalExecutor,
+        *,
+        nodes: int | None,
+        srun: str = "srun",
+        scancel: str = "scancel",
+        squeue: str = "squeue",
+        scontrol: str = "scontrol",
+        ahead: bool = False,
+        world: int | None = None,
+        sinfo: str = "sinfo",
+    ):
         self.local = local
         self.nodes = nodes
         self.world = world  # the gang's ranks, where known before the first trial (``prestart``)
@@ -127,7 +145,7 @@ class SrunGangExecutor:
         self._ahead_count = 0
         self._ahead_failures = 0
 
-    def __enter__(self) -> "SrunGangExecutor":
+    def __enter__(self) -> SrunGangExecutor:
         return self
 
     def __exit__(self, *exc_info) -> None:
@@ -153,8 +171,9 @@ class SrunGangExecutor:
     def run(self, request, conditions: Conditions, *, timeout: float, name: str) -> ChildRun:
         return run_through_reporting(self, request, conditions, timeout=timeout, name=name)
 
-    def run_reporting(self, request, conditions: Conditions, *, timeout: float, name: str,
-                      finished: Callable[[ChildRun], None]) -> None:
+    def run_reporting(
+        self, request, conditions: Conditions, *, timeout: float, name: str, finished: Callable[[ChildRun], None]
+    ) -> None:
         """Run one request: a gang trial as a step (asked again once if Slurm refuses it), anything else locally."""
         if not is_gang(request):
             from isoprobe.executors.rounds import run_round
@@ -178,14 +197,17 @@ class SrunGangExecutor:
                 raise ProbeError(
                     f"Slurm lost the job step of a trial (batch {request.batch_size}, {world} ranks): {run}. That is "
                     f"the allocation, not the batch, so the probe stops without an answer. "
-                    f"{advice(run, str(self.local.workdir))}", evidence=run)
+                    f"{advice(run, str(self.local.workdir))}",
+                    evidence=run,
+                )
             if len(refused) > REFUSALS_TOLERATED:
                 before = f" (before that: {refused[0]})" if refused[0] != refused[-1] else ""
                 raise ProbeError(
                     f"Slurm refused the job step of a trial (batch {request.batch_size}, {world} ranks) "
                     f"{len(refused)} times: {refused[-1]}{before}. That is the allocation, not the "
                     f"batch, so the probe stops without an answer. {advice(' '.join(refused), str(self.local.workdir))}",
-                    evidence="\n".join(refused))
+                    evidence="\n".join(refused),
+                )
 
     # --- one step ----------------------------------------------------------------------------------------
 
@@ -200,11 +222,14 @@ class SrunGangExecutor:
             folder.mkdir()
         store = folder / "store"
         for rank in range(world):
-            rank_request = request.model_copy(update={
-                "device": "cuda:0" if cuda else request.device,  # srun_rank leaves the rank one GPU: its cuda:0
-                "rank": RankAssignment(rank=rank, world_size=world, store_path=str(store),
-                                       backend="nccl" if cuda else "gloo"),
-            })
+            rank_request = request.model_copy(
+                update={
+                    "device": "cuda:0" if cuda else request.device,  # srun_rank leaves the rank one GPU: its cuda:0
+                    "rank": RankAssignment(
+                        rank=rank, world_size=world, store_path=str(store), backend="nccl" if cuda else "gloo"
+                    ),
+                }
+            )
             write_atomically(folder / f"rank{rank}.request.json", rank_request.model_dump_json())
         write_atomically(folder / TRIAL_FILE, json.dumps({"trial": name, "batch_size": request.batch_size}))
         try:
@@ -265,33 +290,57 @@ class SrunGangExecutor:
                 self._end(step, lost=step.lost() is not None)
 
     def _start(self, folder: Path, world: int, conditions: Conditions, cuda: bool, ahead: bool = False) -> _Step:
-        env = child_environment(os.environ, backend=conditions.backend, allocator=conditions.allocator,
-                                events_path=folder / "unused.events", threads=conditions.threads)
+        env = child_environment(
+            os.environ,
+            backend=conditions.backend,
+            allocator=conditions.allocator,
+            events_path=folder / "unused.events",
+            threads=conditions.threads,
+        )
         if conditions.preload:
             env[PRELOAD_ENV] = ",".join(conditions.preload)
         # This node's hard limit is not the ranks' (each rank's wrapper lowers the hard limit to its own).
-        limits = None if conditions.memory_limit is None else data_limits(conditions.memory_limit,
-                                                                          resource.RLIM_INFINITY)
-        argv = srun_command(world_size=world, nodes=self.nodes, step_dir=str(folder), python=sys.executable,
-                            rank_entry=_RANK_ENTRY, data_limits=limits, cuda=cuda, ahead=ahead)
+        limits = (
+            None if conditions.memory_limit is None else data_limits(conditions.memory_limit, resource.RLIM_INFINITY)
+        )
+        argv = srun_command(
+            world_size=world,
+            nodes=self.nodes,
+            step_dir=str(folder),
+            python=sys.executable,
+            rank_entry=_RANK_ENTRY,
+            data_limits=limits,
+            cuda=cuda,
+            ahead=ahead,
+        )
         argv[0] = shutil.which(self.srun) or ""  # the keeper execs it as it is: no PATH search there
         if not argv[0]:
-            raise ProbeError(f"distributed.launcher srun: there is no {self.srun} on PATH here; run isoprobe where "
-                             "Slurm's clients are installed (the job's nodes), or set distributed.launcher: local")
+            raise ProbeError(
+                f"distributed.launcher srun: there is no {self.srun} on PATH here; run isoprobe where "
+                "Slurm's clients are installed (the job's nodes), or set distributed.launcher: local"
+            )
         lifeline_read, lifeline_write = os.pipe()
         with signals_deferred(), open(folder / "srun.stdout", "wb") as out, open(folder / "srun.stderr", "wb") as err:
             try:
-                process = subprocess.Popen(keeper.command(lifeline_read, argv, on_stop=str(folder / ON_STOP_FILE)),
-                                           stdin=subprocess.PIPE if ahead else subprocess.DEVNULL, stdout=out,
-                                           stderr=err, env=env, cwd=folder, start_new_session=True,
-                                           pass_fds=(lifeline_read,), preexec_fn=prepare_child(None, os.getpid()))
+                process = subprocess.Popen(
+                    keeper.command(lifeline_read, argv, on_stop=str(folder / ON_STOP_FILE)),
+                    stdin=subprocess.PIPE if ahead else subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=err,
+                    env=env,
+                    cwd=folder,
+                    start_new_session=True,
+                    pass_fds=(lifeline_read,),
+                    preexec_fn=prepare_child(None, os.getpid()),
+                )
             except BaseException:
                 os.close(lifeline_write)
                 raise
             finally:
                 os.close(lifeline_read)
-        return _Step(folder, world, process, lifeline_write, began=time.monotonic(),
-                     turn=process.stdin if ahead else None)
+        return _Step(
+            folder, world, process, lifeline_write, began=time.monotonic(), turn=process.stdin if ahead else None
+        )
 
     def _supervise(self, step: _Step, timeout: float, request: TrialRequest | None = None) -> ChildRun | str:
         """Watch the step until it ends, its ranks' imports time out, or its time is up: a stretched ``timeout``
@@ -320,17 +369,22 @@ class SrunGangExecutor:
                 with signals_deferred():
                     return self._conclude(step, failed, timed_out=())
             if step.step_id() is None and now >= step.began + STEP_START_SECONDS:
-                return self._refused(step, f"Slurm started no rank of the step within {STEP_START_SECONDS:g} s"
-                                     + task_prolog_words(os.getpid()))
+                return self._refused(
+                    step,
+                    f"Slurm started no rank of the step within {STEP_START_SECONDS:g} s"
+                    + task_prolog_words(os.getpid()),
+                )
             if step.delivered is None and now >= import_deadline:
                 if step.step_id() is None:
-                    return self._refused(step, f"no rank started within {import_timeout(timeout):g} s"
-                                         + task_prolog_words(os.getpid()))
+                    return self._refused(
+                        step, f"no rank started within {import_timeout(timeout):g} s" + task_prolog_words(os.getpid())
+                    )
                 with signals_deferred():
                     slow = [rank for rank, e in enumerate(events) if last_of(e, Warm) is None]
                     return self._conclude(step, slow[0], timed_out=tuple(slow))
-            earned = timeout if request is None else earned_timeout(request, timeout,
-                                                                    min(steps_done(e) for e in events))
+            earned = (
+                timeout if request is None else earned_timeout(request, timeout, min(steps_done(e) for e in events))
+            )
             if step.delivered is not None and now >= step.delivered + earned:
                 with signals_deferred():
                     timed_out = tuple(rank for rank, (verdict, _, _) in enumerate(states) if verdict is None)
@@ -348,12 +402,17 @@ class SrunGangExecutor:
         batch = f"batch {request.batch_size}, " if request is not None else ""
         trouble = node_trouble(gone.get("node"), self.sinfo)
         state = f" Slurm says: {'; '.join(trouble)}." if trouble else ""
-        words = (f"Slurm lost the step daemon (slurmstepd) of node {node} under the trial's job step {step_id} "
-                 f"({batch}{step.world} ranks): rank {gone.get('rank')}'s parent there (pid {gone.get('stepd_pid')}) "
-                 f"ended mid-trial.{state} Nothing on {node} can end the step now, and Slurm lists it until the job "
-                 "ends: that is the node, not the batch, so the probe stops without an answer")
-        return ProbeError(f"{words}. Check {node} (its slurmd log; dmesg, for a step daemon the kernel's OOM killer "
-                          "ended) and resubmit the job on healthy nodes", evidence=words)
+        words = (
+            f"Slurm lost the step daemon (slurmstepd) of node {node} under the trial's job step {step_id} "
+            f"({batch}{step.world} ranks): rank {gone.get('rank')}'s parent there (pid {gone.get('stepd_pid')}) "
+            f"ended mid-trial.{state} Nothing on {node} can end the step now, and Slurm lists it until the job "
+            "ends: that is the node, not the batch, so the probe stops without an answer"
+        )
+        return ProbeError(
+            f"{words}. Check {node} (its slurmd log; dmesg, for a step daemon the kernel's OOM killer "
+            "ended) and resubmit the job on healthy nodes",
+            evidence=words,
+        )
 
     def _name_lost_nodes(self) -> None:
         """A signal stops the probe mid-step: if Slurm counts a node of the job out of service (the usual reason a
@@ -370,8 +429,9 @@ class SrunGangExecutor:
         (measured on Slurm 22.05 with the ranks' output in files: the step stayed, its tasks alive, after
         srun was SIGKILLed), so the keeper cancels the step first, through Slurm, on every node."""
         scancel = shutil.which(self.scancel) or self.scancel
-        write_atomically(step.folder / ON_STOP_FILE, json.dumps([[scancel, *KILL_THROUGH_SLURMCTLD, step_id],
-                                                                 [scancel, step_id]]))
+        write_atomically(
+            step.folder / ON_STOP_FILE, json.dumps([[scancel, *KILL_THROUGH_SLURMCTLD, step_id], [scancel, step_id]])
+        )
         step.armed = True
 
     def _refused(self, step: _Step, why: str | None = None) -> str:
@@ -392,8 +452,11 @@ class SrunGangExecutor:
         A failed rank that wrote its verdict is on its way out: it gets ``VERDICT_EXIT_GRACE_SECONDS`` to end on
         its own (its exit then recorded, as a local rank's), before the step is killed under it.
         """
-        if failed is not None and failed not in timed_out and last_of(
-                read_events(step.files(failed)["events.jsonl"]), TrialResult) is not None:
+        if (
+            failed is not None
+            and failed not in timed_out
+            and last_of(read_events(step.files(failed)["events.jsonl"]), TrialResult) is not None
+        ):
             grace = time.monotonic() + VERDICT_EXIT_GRACE_SECONDS
             while step.exit_code(failed) is None and step.process.poll() is None and time.monotonic() < grace:
                 time.sleep(POLL_SECONDS / 4)
@@ -403,19 +466,28 @@ class SrunGangExecutor:
         seconds = time.monotonic() - (step.delivered if step.delivered is not None else step.began)
         runs = tuple(self._collect(step, rank, seconds, rank in timed_out) for rank in range(step.world))
         deciding = runs[failed] if failed is not None else runs[0]
-        return replace(deciding, ranks=runs, failed_rank=failed,
-                       gang_stop_seconds=stop_seconds if failed is not None else None,
-                       seconds=max(run.seconds for run in runs))
+        return replace(
+            deciding,
+            ranks=runs,
+            failed_rank=failed,
+            gang_stop_seconds=stop_seconds if failed is not None else None,
+            seconds=max(run.seconds for run in runs),
+        )
 
     def _collect(self, step: _Step, rank: int, seconds: float, timed_out: bool) -> ChildRun:
         files = step.files(rank)
         events = read_events(files["events.jsonl"])
         code = step.exit_code(rank)
         task = step.task(rank) or {}
-        return ChildRun(returncode=code if code is not None else -9, timed_out=timed_out, seconds=seconds,
-                        events=events, stderr_tail=stderr_tail(files["stderr"]),
-                        verdict_at_timeout=timed_out and last_of(events, TrialResult) is not None,
-                        node=task.get("node"))
+        return ChildRun(
+            returncode=code if code is not None else -9,
+            timed_out=timed_out,
+            seconds=seconds,
+            events=events,
+            stderr_tail=stderr_tail(files["stderr"]),
+            verdict_at_timeout=timed_out and last_of(events, TrialResult) is not None,
+            node=task.get("node"),
+        )
 
     def _end(self, step: _Step, lost: bool = False) -> float:
         """Make sure the step is over on every node: srun's own end, else ``scancel``, else srun killed. Seconds taken.
@@ -455,23 +527,43 @@ class SrunGangExecutor:
         return round(time.monotonic() - began, 4)
 
     def _scancel(self, *args: str) -> None:
-        subprocess.run([self.scancel, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=30, check=False)
+        subprocess.run(
+            [self.scancel, *args],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=30,
+            check=False,
+        )
 
     def _wait_step_gone(self, step_id: str) -> None:
-        if wait_slurm_steps_gone([step_id], STEP_GONE_SECONDS, recancel_after=min(2.0, STEP_RECANCEL_SECONDS),
-                                 recancel_every=STEP_RECANCEL_SECONDS, squeue=self.squeue, scancel=self.scancel,
-                                 job=step_id.split(".")[0]):
-            raise ProbeError(f"the trial's Slurm job step {step_id} was ended (scancel --ctld --signal=KILL, then scancel of "
-                             f"the step, srun gone) but squeue -s still lists it {STEP_GONE_SECONDS:g} s later; the "
-                             f"probe stops rather than start another step beside it. What Slurm says of it: "
-                             f"{self._step_record(step_id)}")
+        if wait_slurm_steps_gone(
+            [step_id],
+            STEP_GONE_SECONDS,
+            recancel_after=min(2.0, STEP_RECANCEL_SECONDS),
+            recancel_every=STEP_RECANCEL_SECONDS,
+            squeue=self.squeue,
+            scancel=self.scancel,
+            job=step_id.split(".")[0],
+        ):
+            raise ProbeError(
+                f"the trial's Slurm job step {step_id} was ended (scancel --ctld --signal=KILL, then scancel of "
+                f"the step, srun gone) but squeue -s still lists it {STEP_GONE_SECONDS:g} s later; the "
+                f"probe stops rather than start another step beside it. What Slurm says of it: "
+                f"{self._step_record(step_id)}"
+            )
 
     def _step_record(self, step_id: str) -> str:
         """``scontrol show step`` of a step that will not go away (its state and nodes), for the error."""
         try:
-            shown = subprocess.run([self.scontrol, "show", "step", "-o", step_id], stdin=subprocess.DEVNULL,
-                                   capture_output=True, text=True, timeout=10, check=False)
+            shown = subprocess.run(
+                [self.scontrol, "show", "step", "-o", step_id],
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                text=True,
+                timeout=10,
+                check=False,
+            )
         except (OSError, subprocess.TimeoutExpired) as error:
             return f"scontrol failed ({error})"
         return (shown.stdout or shown.stderr).strip() or "scontrol said nothing"

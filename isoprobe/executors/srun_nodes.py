@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
-from typing import Mapping
+from collections.abc import Mapping
 
 from isoprobe.protocol.wiring import CHILD_MODULE
 
@@ -54,8 +54,14 @@ def node_trouble(nodes: str | None, sinfo: str = "sinfo") -> list[str]:
     if not nodes or program is None:
         return []
     try:
-        listed = subprocess.run([program, "-h", "-N", "-n", nodes, "-o", "%N|%T|%E"], stdin=subprocess.DEVNULL,
-                                capture_output=True, text=True, timeout=SINFO_SECONDS, check=False)
+        listed = subprocess.run(
+            [program, "-h", "-N", "-n", nodes, "-o", "%N|%T|%E"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=SINFO_SECONDS,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     return troubled(listed.stdout) if listed.returncode == 0 else []
@@ -77,9 +83,11 @@ def signalled_words(environ: Mapping[str, str] | None = None, sinfo: str = "sinf
     trouble = node_trouble(allocation_nodes(os.environ if environ is None else environ), sinfo)
     if not trouble:
         return None
-    return (f"Slurm counts a node of this job out of service ({'; '.join(trouble)}): a job that loses a node is "
-            "cancelled by Slurm after its node timeout, which is the signal that stopped the probe; resubmit the job "
-            "on healthy nodes")
+    return (
+        f"Slurm counts a node of this job out of service ({'; '.join(trouble)}): a job that loses a node is "
+        "cancelled by Slurm after its node timeout, which is the signal that stopped the probe; resubmit the job "
+        "on healthy nodes"
+    )
 
 
 def held_tasks(probe_pid: int, proc: str = "/proc") -> list[str]:
@@ -103,8 +111,10 @@ def held_tasks(probe_pid: int, proc: str = "/proc") -> list[str]:
             continue
         if CHILD_MODULE in command:
             continue  # a rank's own wrapper or child: it started
-        node = next((v.split(b"=", 1)[1].decode(errors="replace") for v in environ
-                     if v.startswith(b"SLURMD_NODENAME=")), "this machine")
+        node = next(
+            (v.split(b"=", 1)[1].decode(errors="replace") for v in environ if v.startswith(b"SLURMD_NODENAME=")),
+            "this machine",
+        )
         found.append(f"pid {name} on {node}: {command[:160]}")
     return sorted(found)
 
@@ -114,6 +124,9 @@ def task_prolog_words(probe_pid: int) -> str:
     held = held_tasks(probe_pid)
     if not held:
         return ""
-    return ("; Slurm started the step's tasks, but they have not left their TaskProlog: " + "; ".join(held[:4])
-            + ". A TaskProlog that runs isoprobe must do nothing in a probe's own trial steps (ISOPROBE_TRIAL is set "
-            "in them; isoprobe run --format env|taskprolog does so itself; docs/slurm.md)")
+    return (
+        "; Slurm started the step's tasks, but they have not left their TaskProlog: "
+        + "; ".join(held[:4])
+        + ". A TaskProlog that runs isoprobe must do nothing in a probe's own trial steps (ISOPROBE_TRIAL is set "
+        "in them; isoprobe run --format env|taskprolog does so itself; docs/slurm.md)"
+    )

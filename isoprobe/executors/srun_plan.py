@@ -15,8 +15,8 @@ cannot meet each other's ranks (the same reason the local gang uses one).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping
 
 from isoprobe.protocol.wiring import AHEAD_ARGUMENT
 
@@ -62,10 +62,13 @@ class Allocation:
     tasks: int | None
 
     @classmethod
-    def from_environment(cls, environ: Mapping[str, str]) -> "Allocation":
+    def from_environment(cls, environ: Mapping[str, str]) -> Allocation:
         nodes = environ.get("SLURM_JOB_NUM_NODES") or environ.get("SLURM_NNODES")
-        return cls(job_id=environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or None,
-                   nodes=_count(nodes), tasks=_count(environ.get("SLURM_NTASKS")))
+        return cls(
+            job_id=environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or None,
+            nodes=_count(nodes),
+            tasks=_count(environ.get("SLURM_NTASKS")),
+        )
 
 
 @dataclass(frozen=True)
@@ -76,8 +79,9 @@ class LauncherChoice:
     reason: str
 
 
-def choose_launcher(asked: str, allocation: Allocation, wanted_ranks: int, node_ranks: int,
-                    missing_clients: tuple[str, ...] = ()) -> LauncherChoice:
+def choose_launcher(
+    asked: str, allocation: Allocation, wanted_ranks: int, node_ranks: int, missing_clients: tuple[str, ...] = ()
+) -> LauncherChoice:
     """``distributed.launcher`` resolved: ``local`` or ``srun``; ``LauncherError`` for srun outside an allocation,
     or where ``missing_clients`` (those of ``SLURM_CLIENTS`` not on PATH, looked up by the caller) leaves it unable
     to run a step: both are known in the parent before the environment check, so they are refused before it.
@@ -94,9 +98,11 @@ def choose_launcher(asked: str, allocation: Allocation, wanted_ranks: int, node_
         return LauncherChoice("local", "distributed.launcher: local")
     if allocation.job_id is None:
         if asked == "srun":
-            raise LauncherError("srun: a job step needs a Slurm allocation, and SLURM_JOB_ID is not set",
-                                "run isoprobe inside the job (its batch script, or an salloc shell), or set "
-                                "distributed.launcher: local (or auto)")
+            raise LauncherError(
+                "srun: a job step needs a Slurm allocation, and SLURM_JOB_ID is not set",
+                "run isoprobe inside the job (its batch script, or an salloc shell), or set "
+                "distributed.launcher: local (or auto)",
+            )
         return LauncherChoice("local", "auto: not in a Slurm allocation")
     if asked == "srun":
         choice = LauncherChoice("srun", f"distributed.launcher: srun, in job {allocation.job_id}")
@@ -109,15 +115,25 @@ def choose_launcher(asked: str, allocation: Allocation, wanted_ranks: int, node_
     if missing_clients:
         chose = "" if asked == "srun" else f" (auto chose srun: {choice.reason.removeprefix('auto: ')})"
         are = "is" if len(missing_clients) == 1 else "are"
-        raise LauncherError(f"srun{chose}: each trial is a Slurm job step, and {', '.join(missing_clients)} {are} not "
-                            "on PATH here",
-                            "run isoprobe where Slurm's client commands (srun, scancel, squeue) are on PATH (in the "
-                            "job, outside a container that lacks them), or set distributed.launcher: local")
+        raise LauncherError(
+            f"srun{chose}: each trial is a Slurm job step, and {', '.join(missing_clients)} {are} not on PATH here",
+            "run isoprobe where Slurm's client commands (srun, scancel, squeue) are on PATH (in the "
+            "job, outside a container that lacks them), or set distributed.launcher: local",
+        )
     return choice
 
 
-def srun_command(*, world_size: int, nodes: int | None, step_dir: str, python: str, rank_entry: str,
-                 data_limits: tuple[int, int] | None, cuda: bool, ahead: bool = False) -> list[str]:
+def srun_command(
+    *,
+    world_size: int,
+    nodes: int | None,
+    step_dir: str,
+    python: str,
+    rank_entry: str,
+    data_limits: tuple[int, int] | None,
+    cuda: bool,
+    ahead: bool = False,
+) -> list[str]:
     """The one ``srun`` that runs a trial's ranks, each through ``child.srun_rank`` (its cap, its files, its GPU).
 
     ``--kill-on-bad-exit=1``: a rank that ends badly (a crash, a kill) ends the
@@ -137,9 +153,17 @@ def srun_command(*, world_size: int, nodes: int | None, step_dir: str, python: s
     written: one line, through Slurm's own connection to each node, rather
     than a file polled on a shared filesystem whose lookups a node may cache.
     """
-    argv = ["srun", f"--ntasks={world_size}", "--kill-on-bad-exit=1", f"--job-name={STEP_NAME}",
-            "--wait=0", "--export=ALL", "--input=all" if ahead else "--input=none",
-            f"--output={step_dir}/rank%t.stdout", f"--error={step_dir}/rank%t.stderr"]
+    argv = [
+        "srun",
+        f"--ntasks={world_size}",
+        "--kill-on-bad-exit=1",
+        f"--job-name={STEP_NAME}",
+        "--wait=0",
+        "--export=ALL",
+        "--input=all" if ahead else "--input=none",
+        f"--output={step_dir}/rank%t.stdout",
+        f"--error={step_dir}/rank%t.stderr",
+    ]
     if ahead:
         argv.append("--overlap")
     if nodes is not None:
@@ -195,10 +219,16 @@ def advice(words: str, trial_folders: str) -> str:
     """What to do about a step Slurm refused or lost, from Slurm's ``words``; ``trial_folders``: where the trials'
     folders are (under TMPDIR)."""
     if node_failed(words):
-        return ("A node of the allocation failed or was set down while a trial ran (sinfo lists it): resubmit the job "
-                "on healthy nodes")
+        return (
+            "A node of the allocation failed or was set down while a trial ran (sinfo lists it): resubmit the job "
+            "on healthy nodes"
+        )
     if "could not connect IO" in words or "launch failed" in words:
-        return (f"A rank could not be started on its node. The trial folders are under TMPDIR ({trial_folders}), "
-                "and every rank opens its files there: TMPDIR must be a folder every node of the allocation sees (a "
-                "shared filesystem, not a node-local /tmp): export TMPDIR=/a/shared/folder before isoprobe")
-    return "Ask for the ranks the job has (SLURM_NTASKS), check the nodes with sinfo, or set distributed.launcher: local"
+        return (
+            f"A rank could not be started on its node. The trial folders are under TMPDIR ({trial_folders}), "
+            "and every rank opens its files there: TMPDIR must be a folder every node of the allocation sees (a "
+            "shared filesystem, not a node-local /tmp): export TMPDIR=/a/shared/folder before isoprobe"
+        )
+    return (
+        "Ask for the ranks the job has (SLURM_NTASKS), check the nodes with sinfo, or set distributed.launcher: local"
+    )

@@ -42,8 +42,10 @@ class _Step:
 
     def files(self, rank: int) -> dict[str, Path]:
         stem = self.folder / f"rank{rank}"
-        return {name: Path(f"{stem}.{name}")
-                for name in ("request.json", "events.jsonl", "task.json", "exit", "stderr", "lost")}
+        return {
+            name: Path(f"{stem}.{name}")
+            for name in ("request.json", "events.jsonl", "task.json", "exit", "stderr", "lost")
+        }
 
     def task(self, rank: int) -> dict | None:
         """What the rank's wrapper recorded when it started (node, job, step), or None: not started (yet)."""

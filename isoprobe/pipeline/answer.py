@@ -85,33 +85,42 @@ def _resolve_ranks(spec: Spec, spec_path: str, environ: dict[str, str], gpus, re
     import shutil
 
     from isoprobe.errors import Problem, SpecError
-    from isoprobe.executors.srun_plan import SLURM_CLIENTS, LauncherError
-    from isoprobe.system.hardware import ram_bytes
-    from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET, check_gang_fits_node
     from isoprobe.executors.ranks import (
         resolve_launcher,
         resolve_threads_per_rank,
         resolve_world_size,
         with_world_size,
     )
+    from isoprobe.executors.srun_plan import SLURM_CLIENTS, LauncherError
+    from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET, check_gang_fits_node
+    from isoprobe.system.hardware import ram_bytes
 
     gpu_count = len(gpus or []) if spec.device != "cpu" else 0
     budget = spec.memory_budget or DEFAULT_CPU_BUDGET
     missing = tuple(c for c in SLURM_CLIENTS if shutil.which(c, path=environ.get("PATH")) is None)
     try:
-        launcher = resolve_launcher(spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget,
-                                    missing_clients=missing if spec.distributed.gang else ())
+        launcher = resolve_launcher(
+            spec,
+            environ,
+            gpu_count,
+            ram_bytes=ram_bytes(),
+            cpu_budget=budget,
+            missing_clients=missing if spec.distributed.gang else (),
+        )
     except LauncherError as exc:
         raise SpecError(spec_path, [Problem("distributed.launcher", str(exc), exc.fix)]) from None
     across = launcher is not None and launcher.launcher == "srun"
-    world = resolve_world_size(spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget,
-                               across_nodes=across)
+    world = resolve_world_size(spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget, across_nodes=across)
     if world.note:
         reporter.note(world.note)
     if across:
         reporter.note(f"distributed: every trial one Slurm job step ({launcher.reason})")
-    resolved = with_world_size(spec, world, resolve_threads_per_rank(spec, environ, world.size),
-                               launcher.launcher if launcher is not None else None)
+    resolved = with_world_size(
+        spec,
+        world,
+        resolve_threads_per_rank(spec, environ, world.size),
+        launcher.launcher if launcher is not None else None,
+    )
     if resolved.device == "cpu":  # the backend is known without torch: the gang's budgets against this node's RAM
         check_gang_fits_node(resolved, spec_path, budget=budget)
     return resolved, world
@@ -130,17 +139,18 @@ class _Context:
         self.borrowed = None  # a frontier's bounds from its other points (search.frontier_bounds)
 
     def probe(self, cache):
-        from isoprobe.cache.store import now_utc
         from isoprobe.cache.sources import SourceRecorder, SourcesChanged, unseen_reads
+        from isoprobe.cache.store import now_utc
         from isoprobe.cache.trust import CACHEABLE, distrust
-        from isoprobe.report.output import result_json
         from isoprobe.pipeline.pipeline import local_executor, run_probe
         from isoprobe.report.device import RunEnvironment
+        from isoprobe.report.output import result_json
         from isoprobe.report.result import CacheInfo
 
         recorder, result = self._probe_one_version(SourceRecorder, SourcesChanged, local_executor, run_probe)
-        result = result.model_copy(update={"environment": RunEnvironment.model_validate(self.environment),
-                                           "sources": recorder.sources})
+        result = result.model_copy(
+            update={"environment": RunEnvironment.model_validate(self.environment), "sources": recorder.sources}
+        )
         if cache is None or result.stop_reason not in CACHEABLE:  # only proven answers are kept
             return result
         if result.device.backend == "cuda" and not self.environment.get("gpus"):  # its key would be a CPU key
@@ -172,36 +182,48 @@ class _Context:
         their verdicts are of two versions: start again from the start, with fresh processes, up to
         ``SOURCE_RESTARTS`` times, then stop (``ProbeError``). Never an answer mixed from two versions (issue 55)."""
         for attempt in range(self.SOURCE_RESTARTS + 1):
-            recorder = recorder_type(self.executor if self.executor is not None else local_executor(self.spec),
-                                     self.expected_threads)
+            recorder = recorder_type(
+                self.executor if self.executor is not None else local_executor(self.spec), self.expected_threads
+            )
             try:
-                result = run_probe(self.spec, self.spec_path, self.reporter, budget_source=self.budget_source,
-                                   environ=self.environ, executor=recorder, world_size_source=self.world_size_source,
-                                   borrowed=self.borrowed)
+                result = run_probe(
+                    self.spec,
+                    self.spec_path,
+                    self.reporter,
+                    budget_source=self.budget_source,
+                    environ=self.environ,
+                    executor=recorder,
+                    world_size_source=self.world_size_source,
+                    borrowed=self.borrowed,
+                )
                 changed = recorder.changed() if result.trials else None
             except changed_type as error:
                 changed = error.message
             if changed is None:
                 return recorder, result
             if attempt < self.SOURCE_RESTARTS and self.executor is None:
-                self.reporter.note(f"{changed}: its trials ran two versions, so no answer comes from them; probing "
-                                   "again from the start")
+                self.reporter.note(
+                    f"{changed}: its trials ran two versions, so no answer comes from them; probing "
+                    "again from the start"
+                )
                 continue
             again = ", and again after the probe started over" if attempt else ""
-            raise ProbeError(f"{changed}{again}: no answer is of one version. Run isoprobe when the script and its "
-                             "modules are no longer being edited")
+            raise ProbeError(
+                f"{changed}{again}: no answer is of one version. Run isoprobe when the script and its "
+                "modules are no longer being edited"
+            )
         raise AssertionError("unreachable")
 
     def cached(self, cache, key):
         """The stored answer, re-planned and re-labelled for this invocation, or None (missing, refused, stale)."""
         from pydantic import ValidationError
 
-        from isoprobe.system.files import UntrustedFile
         from isoprobe.cache.sources import changed_source, unseen_reads
         from isoprobe.cache.trust import distrust
-        from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
         from isoprobe.report.device import RunEnvironment
         from isoprobe.report.result import CacheInfo, Result
+        from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
+        from isoprobe.system.files import UntrustedFile
 
         entry = cache.entry(key)
         try:
@@ -225,16 +247,26 @@ class _Context:
             return self._refuse(f"cache entry {entry} is stale: {reason}; probing again")
         stored_at = stored.cache.stored_at
         unseen = unseen_reads(stored.sources)  # where its sources are known to end: said with the answer
-        self.reporter.note(f"answer from the cache ({entry}, stored {stored_at or '?'}); no trial ran"
-                           + (f"; {unseen}" if unseen else " (--refresh probes again)"))
-        return stored.model_copy(update={
-            "spec_path": self.spec_path,
-            "environment": RunEnvironment.model_validate(self.environment),
-            "accumulation": accumulation_plan(self.spec, micro_batch_ceiling(
-                stored.recommended_batch_size, stored.max_batch_size,
-                bool(stored.recommendation and stored.recommendation.soaks)), self.environ),
-            "cache": CacheInfo(hit=True, key=key, path=str(entry), stored_at=stored_at),
-        })
+        self.reporter.note(
+            f"answer from the cache ({entry}, stored {stored_at or '?'}); no trial ran"
+            + (f"; {unseen}" if unseen else " (--refresh probes again)")
+        )
+        return stored.model_copy(
+            update={
+                "spec_path": self.spec_path,
+                "environment": RunEnvironment.model_validate(self.environment),
+                "accumulation": accumulation_plan(
+                    self.spec,
+                    micro_batch_ceiling(
+                        stored.recommended_batch_size,
+                        stored.max_batch_size,
+                        bool(stored.recommendation and stored.recommendation.soaks),
+                    ),
+                    self.environ,
+                ),
+                "cache": CacheInfo(hit=True, key=key, path=str(entry), stored_at=stored_at),
+            }
+        )
 
     def _refuse(self, note: str) -> None:
         """Say once why an entry is not used (the cache is read again under the lock)."""

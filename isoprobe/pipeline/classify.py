@@ -18,10 +18,10 @@ import signal
 from dataclasses import dataclass, replace
 
 from isoprobe.executors import ChildRun
-from isoprobe.report import steady
-from isoprobe.report.outcomes import Outcome
 from isoprobe.pipeline.plausibility import Asked, implausible, over_budget
 from isoprobe.protocol.messages import Imported, ModelBuilt, Started, StepDone, TrialResult, last_of
+from isoprobe.report import steady
+from isoprobe.report.outcomes import Outcome
 from isoprobe.spec.units import format_bytes
 
 
@@ -50,8 +50,9 @@ def classify_exit(run: ChildRun, asked: Asked | None = None) -> TrialEnd:
     reason = implausible(run.events, asked)
     if reason is not None:
         # Rejected: its numbers are not measurements, so the trial reports none of them (the reason names them).
-        return replace(end, outcome=Outcome.CRASHED, result=None, phase=last_phase(run.events, verdicts=False),
-                       evidence=reason)
+        return replace(
+            end, outcome=Outcome.CRASHED, result=None, phase=last_phase(run.events, verdicts=False), evidence=reason
+        )
     reason = over_budget(end.result, asked)
     if reason is not None:
         return replace(end, outcome=Outcome.OUT_OF_MEMORY, evidence=reason)
@@ -77,9 +78,11 @@ def still_rising(events: list, asked: Asked) -> str | None:
         return None  # past the margin: it fits as far as it ran, and the parent judges it marginal
     window = steady.window_for(churns, rule)
     risen = steady.rise(peaks, window)
-    return (f"its peak was still rising after {len(peaks)} steps (the cap is {rule.max_steps}): "
-            f"{format_bytes(risen or 0)} over the last {window}, to {format_bytes(peaks[-1] if peaks else 0)}; "
-            "a longer run would need more memory")
+    return (
+        f"its peak was still rising after {len(peaks)} steps (the cap is {rule.max_steps}): "
+        f"{format_bytes(risen or 0)} over the last {window}, to {format_bytes(peaks[-1] if peaks else 0)}; "
+        "a longer run would need more memory"
+    )
 
 
 def _from_the_child(run: ChildRun) -> TrialEnd:
@@ -91,8 +94,13 @@ def _from_the_child(run: ChildRun) -> TrialEnd:
     if run.timed_out:
         # Its verdict was written before the deadline; only its exit was late, and the kill was ours, so
         # the verdict stands ("fits then died" is for deaths the child did not get from us).
-        return TrialEnd(result.outcome, result, phase, signal_name,
-                        "killed at the trial timeout after it had written its verdict: the verdict stands")
+        return TrialEnd(
+            result.outcome,
+            result,
+            phase,
+            signal_name,
+            "killed at the trial timeout after it had written its verdict: the verdict stands",
+        )
     if run.returncode == -signal.SIGKILL and run.oom_kills:
         return TrialEnd(
             Outcome.OUT_OF_MEMORY,

@@ -19,15 +19,21 @@ if TYPE_CHECKING:
     from isoprobe.spec.model import Spec
 
 
-def starts_ahead(spec: "Spec") -> bool:
+def starts_ahead(spec: Spec) -> bool:
     """Whether this spec's trials start their command ahead (see the module's docstring)."""
-    return (spec.command is not None and spec.search.command_ahead and spec.search.warm_start
-            and spec.search.fork_server is not True
-            and not spec.distributed.gang and warm_shape(argv_for(spec.command, spec.shell, None)) is not None)
+    return (
+        spec.command is not None
+        and spec.search.command_ahead
+        and spec.search.warm_start
+        and spec.search.fork_server is not True
+        and not spec.distributed.gang
+        and warm_shape(argv_for(spec.command, spec.shell, None)) is not None
+    )
 
 
-def command_plan(spec: "Spec", device: str, memory_budget_bytes: int | None,
-                 cuda_outside_bytes: float | None) -> str | None:
+def command_plan(
+    spec: Spec, device: str, memory_budget_bytes: int | None, cuda_outside_bytes: float | None
+) -> str | None:
     """The plan a trial process started ahead starts the command from (JSON, for ``Conditions.command_plan``);
     None when the command starts when its trial is due. Only what the command's environment depends on is in it
     (the budget and the memory outside the allocator on CUDA alone), so that on the CPU backend the plan is known
@@ -35,6 +41,10 @@ def command_plan(spec: "Spec", device: str, memory_budget_bytes: int | None,
     if not starts_ahead(spec):
         return None
     cuda = device.startswith("cuda")
-    return WarmPlan(argv=argv_for(spec.command, spec.shell, None), cwd=spec.command_dir, device=device,
-                    memory_budget_bytes=memory_budget_bytes if cuda else None,
-                    cuda_outside_bytes=cuda_outside_bytes if cuda else None).model_dump_json()
+    return WarmPlan(
+        argv=argv_for(spec.command, spec.shell, None),
+        cwd=spec.command_dir,
+        device=device,
+        memory_budget_bytes=memory_budget_bytes if cuda else None,
+        cuda_outside_bytes=cuda_outside_bytes if cuda else None,
+    ).model_dump_json()

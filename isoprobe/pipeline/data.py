@@ -18,7 +18,7 @@ def request_indices(scan: DataScan | None, batch_size: int) -> list[int] | None:
     (the trial rebuilds the rest: sending 200 000 indices to every trial would cost more than rebuilding them)."""
     if scan is None:
         return None
-    return scan.head_indices[:min(batch_size, INDICES_IN_REQUEST)]
+    return scan.head_indices[: min(batch_size, INDICES_IN_REQUEST)]
 
 
 def data_cap(cap: int | None, scan: DataScan | None, train_samples: int | None = None) -> int | None:
@@ -37,10 +37,20 @@ def data_info(scan: DataScan | None, max_fitting: int | None) -> DataInfo | None
     worst = None
     if max_fitting is not None:
         known = max_fitting <= len(scan.head_lengths)
-        worst = WorstBatch(batch_size=max_fitting, longest_length=scan.head_lengths[0],
-                           shortest_length=scan.head_lengths[max_fitting - 1] if known else None,
-                           first_indices=scan.head_indices[:min(max_fitting, SHOWN_INDICES)])
-    return DataInfo(samples=scan.samples, scanned=scan.scanned, sampled=scan.sampled,
-                    sample_seed=SAMPLE_SEED if scan.sampled else None, length_min=scan.length_min,
-                    length_mean=scan.length_mean, length_max=scan.length_max, scan_seconds=scan.seconds,
-                    worst_batch=worst)
+        worst = WorstBatch(
+            batch_size=max_fitting,
+            longest_length=scan.head_lengths[0],
+            shortest_length=scan.head_lengths[max_fitting - 1] if known else None,
+            first_indices=scan.head_indices[: min(max_fitting, SHOWN_INDICES)],
+        )
+    return DataInfo(
+        samples=scan.samples,
+        scanned=scan.scanned,
+        sampled=scan.sampled,
+        sample_seed=SAMPLE_SEED if scan.sampled else None,
+        length_min=scan.length_min,
+        length_mean=scan.length_mean,
+        length_max=scan.length_max,
+        scan_seconds=scan.seconds,
+        worst_batch=worst,
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 from isoprobe.errors import Terminated
-from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.pipeline.data import data_cap
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.explain import Found
@@ -17,14 +16,21 @@ from isoprobe.pipeline.recommendation import recommend
 from isoprobe.pipeline.steady_edge import long_run_search
 from isoprobe.pipeline.trials import TrialRunner
 from isoprobe.report.edge import AllocatorComparison, AllocatorOutcome
+from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.search.edge_search import Conclusion, progress, run_search
 from isoprobe.search.history import Borrowed, Limits, Observation, Prior
 from isoprobe.search.steps import doubling_step, guided_step
 from isoprobe.spec.model import Spec
 
 
-def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior | None = None,
-            borrowed: Borrowed | None = None, runner: TrialRunner | None = None) -> Limits:
+def _limits(
+    spec: Spec,
+    target: Target,
+    start: int | None = None,
+    prior: Prior | None = None,
+    borrowed: Borrowed | None = None,
+    runner: TrialRunner | None = None,
+) -> Limits:
     steady = runner is not None and runner.steady_rule is not None
     least = runner.spread(least=True) if steady else None
     return Limits(
@@ -42,8 +48,13 @@ def _limits(spec: Spec, target: Target, start: int | None = None, prior: Prior |
 
 
 def _found(conclusion: Conclusion) -> Found:
-    return Found(conclusion.stop, conclusion.max_fitting, conclusion.first_failing,
-                 conclusion.first_failing_outcome, conclusion.flaky)
+    return Found(
+        conclusion.stop,
+        conclusion.max_fitting,
+        conclusion.first_failing,
+        conclusion.first_failing_outcome,
+        conclusion.flaky,
+    )
 
 
 def edge_search(spec: Spec, target: Target, runner: TrialRunner, start: int | None) -> Found:
@@ -60,8 +71,9 @@ def _long_run(runner: TrialRunner, limits: Limits, conclusion: Conclusion) -> Fo
     return long_run_search(runner, limits, conclusion)
 
 
-def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior: Prior | None = None,
-                         borrowed: Borrowed | None = None) -> Found:
+def search_and_recommend(
+    spec: Spec, target: Target, runner: TrialRunner, prior: Prior | None = None, borrowed: Borrowed | None = None
+) -> Found:
     """The edge search over real trials, then the recommendation; an interrupt keeps the trials so far.
 
     ``prior``: the traced estimate's line (``prediction.prior_of``): the first trial goes near its edge.
@@ -87,8 +99,9 @@ def search_and_recommend(spec: Spec, target: Target, runner: TrialRunner, prior:
         return replace(found, recommended=recommended, recommendation=recommendation)
     except (KeyboardInterrupt, Terminated) as stopped:
         known = progress(history, limits)
-        return Found(stop_reason_of(stopped), known.max_fitting, known.first_failing, known.first_failing_outcome,
-                     known.flaky)
+        return Found(
+            stop_reason_of(stopped), known.max_fitting, known.first_failing, known.first_failing_outcome, known.flaky
+        )
 
 
 def stop_reason_of(stopped: BaseException) -> StopReason:
@@ -109,7 +122,7 @@ def compare_allocators(spec: Spec, target: Target, runner: TrialRunner, first: F
         return AllocatorComparison(
             applies=False,
             note="the CPU backend does not use the CUDA caching allocator: the settings cannot change what "
-                 "fits, so the edge was searched once, with none of them",
+            "fits, so the edge was searched once, with none of them",
         )
     outcomes = [_allocator_outcome(spec.allocators[0], first, runner)]
     start = first.max_fitting

@@ -9,16 +9,15 @@ the field to fix. ``resolve_target`` and ``trial_conditions`` are pure.
 from __future__ import annotations
 
 import resource
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Mapping
+from typing import Literal
 
 from isoprobe.errors import ProbeError, Problem, SpecError
 from isoprobe.executors import ChildRun, Conditions, Executor
-from isoprobe.system.hardware import cpu_name, ram_bytes
-from isoprobe.pipeline.classify import signal_name_of
 from isoprobe.executors.ranks import CPU_RAM_SHARE
-from isoprobe.protocol.wiring import TRIAL_ENV
+from isoprobe.pipeline.classify import signal_name_of
 from isoprobe.protocol.messages import (
     DataScan,
     DataScanning,
@@ -26,19 +25,21 @@ from isoprobe.protocol.messages import (
     Estimated,
     Facts,
     Imported,
+    Inspected,
     InspectProblem,
     InspectRequest,
-    Inspected,
     MemoryReading,
     ModelBuilt,
     Started,
     Warm,
     first_of,
 )
-from isoprobe.system.data_cap import OWN_ALLOWANCE_BYTES
+from isoprobe.protocol.wiring import TRIAL_ENV
 from isoprobe.report.device import AllocatorInfo, DeviceInfo
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
+from isoprobe.system.data_cap import OWN_ALLOWANCE_BYTES
+from isoprobe.system.hardware import cpu_name, ram_bytes
 
 #: CPU backend budget when the spec sets none. Big enough for resnet50 at a
 #: handful of samples (imports take ~0.9 GiB of it), small enough that the
@@ -114,14 +115,22 @@ def inspect_conditions(spec: Spec) -> Conditions:
     baseline what a trial's process really imports (torch._dynamo included),
     with a gang's threads per rank: so its process can be the trials' fork server's.
     """
-    return Conditions(backend="cpu" if spec.device == "cpu" else "cuda", allocator=spec.allocator,
-                      preload=preload(spec), threads=spec.distributed.threads_per_rank)
+    return Conditions(
+        backend="cpu" if spec.device == "cpu" else "cuda",
+        allocator=spec.allocator,
+        preload=preload(spec),
+        threads=spec.distributed.threads_per_rank,
+    )
 
 
 def inspect_environment(spec: Spec, spec_path: str, executor: Executor, python_path: list[str]) -> Facts:
     """Run the inspect child; map what it cannot build to a SpecError, and a child without an answer to a ProbeError."""
-    run = executor.run(InspectRequest(spec=spec, python_path=python_path), inspect_conditions(spec),
-                       timeout=spec.search.trial_timeout, name="inspect")
+    run = executor.run(
+        InspectRequest(spec=spec, python_path=python_path),
+        inspect_conditions(spec),
+        timeout=spec.search.trial_timeout,
+        name="inspect",
+    )
     # The first of each: written before the user's code ran at real batch sizes (the estimate's trace), which
     # could append lines of its own to the channel.
     inspected = first_of(run.events, Inspected)
@@ -145,8 +154,10 @@ def unfinished_trace(run: ChildRun, spec: Spec) -> str:
     if run.timed_out:
         how = f"was still running at the check's timeout (search.trial_timeout, {spec.search.trial_timeout:g} s)"
     elif run.returncode == 1 and _WATCHDOG_HEADLINE in run.stderr_tail:
-        how = ("ran past its own time limit where it could not be interrupted (in C code or a blocking call), "
-               f"and the check's process was ended after {run.seconds:.0f} s")
+        how = (
+            "ran past its own time limit where it could not be interrupted (in C code or a blocking call), "
+            f"and the check's process was ended after {run.seconds:.0f} s"
+        )
     else:
         signal_name = signal_name_of(run.returncode)
         how = f"ended the check's process ({signal_name or f'exit status {run.returncode}'})"
@@ -175,7 +186,7 @@ def inspect_failure(run: ChildRun, spec: Spec) -> str:
         fix = scan[1] if scan is not None else " If the model is this slow to build, raise search.trial_timeout."
     else:
         signal_name = signal_name_of(run.returncode)
-        how = (f"was killed by {signal_name}" if signal_name else f"exited with status {run.returncode}")
+        how = f"was killed by {signal_name}" if signal_name else f"exited with status {run.returncode}"
         how += " without an answer"
         fix = ""
     return f"the environment check (a child process) {how}. {phase}{fix}"
@@ -184,39 +195,53 @@ def inspect_failure(run: ChildRun, spec: Spec) -> str:
 def _data_phase(events: list, spec: Spec, model: str) -> tuple[str, str] | None:
     """Where the check's pass over spec.data's dataset was, if it was the check's last report (``DataScanning``),
     and the fix for a check stopped there; None when the check was not in that pass."""
-    last = next((e for e in reversed(events) if isinstance(e, (Started, Warm, Imported, ModelBuilt, DataScanning))),
-                None)
+    last = next(
+        (e for e in reversed(events) if isinstance(e, (Started, Warm, Imported, ModelBuilt, DataScanning))), None
+    )
     if not isinstance(last, DataScanning) or spec.data is None:
         return None
     dataset = f"data.dataset: {spec.data.dataset}"
     if last.stage == "building":
-        return (f"Its last report was that it was building the dataset ({dataset}, called with data.kwargs): the "
-                "factory had not returned.",
-                " If the dataset is this slow to build, raise search.trial_timeout (every trial builds it too).")
+        return (
+            f"Its last report was that it was building the dataset ({dataset}, called with data.kwargs): the "
+            "factory had not returned.",
+            " If the dataset is this slow to build, raise search.trial_timeout (every trial builds it too).",
+        )
     if last.stage == "scanning":
         sampled = "" if last.scanning == last.samples else f" (data.scan_limit {spec.data.scan_limit})"
-        return (f"Its last report was that it was scanning the dataset ({dataset}): reading {last.scanning} of its "
-                f"{last.samples} samples{sampled} to find the longest, one dataset[i] and one length each (then "
-                "the longest again, to check that they do not change).",
-                " Lower data.scan_limit (the lengths of a seeded sample of that many are read), make dataset[i] "
-                "faster, or raise search.trial_timeout.")
-    return (f"Its last report was that it had scanned the dataset ({dataset}, {last.scanning} of {last.samples} "
-            f"samples); it was then building the model ({model}) on the meta device and checking the "
-            "spec's options.", " If the model is this slow to build, raise search.trial_timeout.")
+        return (
+            f"Its last report was that it was scanning the dataset ({dataset}): reading {last.scanning} of its "
+            f"{last.samples} samples{sampled} to find the longest, one dataset[i] and one length each (then "
+            "the longest again, to check that they do not change).",
+            " Lower data.scan_limit (the lengths of a seeded sample of that many are read), make dataset[i] "
+            "faster, or raise search.trial_timeout.",
+        )
+    return (
+        f"Its last report was that it had scanned the dataset ({dataset}, {last.scanning} of {last.samples} "
+        f"samples); it was then building the model ({model}) on the meta device and checking the "
+        "spec's options.",
+        " If the model is this slow to build, raise search.trial_timeout.",
+    )
 
 
 def _inspect_phase(events: list, model: str) -> tuple[str, bool]:
     """Where the check was, as far as its last event shows, and whether that was still its imports."""
     last = next((e for e in reversed(events) if isinstance(e, (Started, Warm, Imported, ModelBuilt))), None)
     if isinstance(last, ModelBuilt):
-        return (f"Its last report was 'model_built': it had built the model ({model}) and was checking the "
-                "optimizer and the training options.", False)
+        return (
+            f"Its last report was 'model_built': it had built the model ({model}) and was checking the "
+            "optimizer and the training options.",
+            False,
+        )
     if isinstance(last, Imported):
         return f"Its last report was 'imported': it was building the model ({model}).", False
     if isinstance(last, Warm):
-        return (f"It had imported {', '.join(last.modules) or 'nothing ahead'}; after that it looks at the GPUs, "
-                f"builds the model ({model}) on the meta device and checks the spec's options, and reports nothing "
-                "until its answer.", False)
+        return (
+            f"It had imported {', '.join(last.modules) or 'nothing ahead'}; after that it looks at the GPUs, "
+            f"builds the model ({model}) on the meta device and checks the spec's options, and reports nothing "
+            "until its answer.",
+            False,
+        )
     if isinstance(last, Started):
         return "Its last report was 'started': it was importing torch and the model library.", True
     return "It reported nothing: it did not get past starting Python.", True
@@ -226,41 +251,80 @@ _INSPECT_STAGES = {
     # stage: (field, what went wrong, how to fix it)
     "model": ("model", "cannot be built", "check the name, the factory's module and function, and the kwargs"),
     "optimizer": ("optimizer.kwargs", "cannot be built", "check the optimizer's keyword arguments"),
-    "allocator": ("allocator", "rejected by torch",
-                  "check the allocator string (keys such as expandable_segments:True, max_split_size_mb:128)"),
+    "allocator": (
+        "allocator",
+        "rejected by torch",
+        "check the allocator string (keys such as expandable_segments:True, max_split_size_mb:128)",
+    ),
     "input": ("input.shape", "does not fit the model", "set input.shape to what the model takes for one sample"),
-    "target": ("target", "does not match the model's output",
-               "set target.classes (or target.shape) to the model's output, or change the model's kwargs"),
+    "target": (
+        "target",
+        "does not match the model's output",
+        "set target.classes (or target.shape) to the model's output, or change the model's kwargs",
+    ),
     "precision": ("training.precision", "cannot run on this device", "use fp32 or a precision the device supports"),
-    "checkpointing": ("training.gradient_checkpointing", "cannot be applied to this model",
-                      "turn it off, or wrap the model's blocks in nn.Sequential stages in the factory"),
+    "checkpointing": (
+        "training.gradient_checkpointing",
+        "cannot be applied to this model",
+        "turn it off, or wrap the model's blocks in nn.Sequential stages in the factory",
+    ),
     "batch": ("model.batch", "cannot be loaded", "check the module and function name"),
     "loss": ("model.loss", "cannot be loaded", "check the module and function name"),
-    "step": ("model.step", "cannot be used as the training step",
-             "define it as def train_step(model, optimizer, batch, device) in the named module"),
-    "hf_trainer": ("model.hf_trainer", "cannot be used to build the Trainer",
-                   "define it as def build_trainer(batch_size, **kwargs) returning a transformers.Trainer, and give "
-                   "model.kwargs that it takes"),
-    "lightning": ("model.lightning", "cannot be built",
-                  "name a LightningModule class or a function returning one, and check model.kwargs"),
-    "datamodule": ("model.datamodule", "cannot be built",
-                   "name a LightningDataModule class or a function returning one, and check model.datamodule_kwargs"),
-    "data.dataset": ("data.dataset", "cannot be used",
-                     "return a non-empty map-style torch.utils.data.Dataset (len() and dataset[i]) from the function, "
-                     "built the same way each time; check its module, name and data.kwargs"),
-    "data.collate_fn": ("data.collate_fn", "does not make a batch of the longest samples that the model takes",
-                        "return a tensor, a pair (inputs, targets) or a dict of the model's keyword arguments from "
-                        "a list of samples, as your DataLoader's collate_fn does"),
-    "data.determinism": ("data.dataset", "returns different samples for the same index",
-                         "make dataset[i] return the same sample on every read, in every build of the dataset and in "
-                         "every process: seed its randomness from the index, or return each sample at its longest "
-                         "for the probe"),
-    "data.length": ("data.length", "cannot give the samples' lengths",
-                    "return a number from one sample (e.g. len(sample['input_ids'])), or leave data.length unset"),
-    "batch_arg_name": ("lightning.batch_arg_name", "cannot be set",
-                       "give the module or data module that attribute, or name the one it has"),
-    "eval_pass": ("training.eval_pass", "cannot run",
-                  "pass one eval_dataset to the Trainer that model.hf_trainer builds, or set training.eval_pass: false"),
+    "step": (
+        "model.step",
+        "cannot be used as the training step",
+        "define it as def train_step(model, optimizer, batch, device) in the named module",
+    ),
+    "hf_trainer": (
+        "model.hf_trainer",
+        "cannot be used to build the Trainer",
+        "define it as def build_trainer(batch_size, **kwargs) returning a transformers.Trainer, and give "
+        "model.kwargs that it takes",
+    ),
+    "lightning": (
+        "model.lightning",
+        "cannot be built",
+        "name a LightningModule class or a function returning one, and check model.kwargs",
+    ),
+    "datamodule": (
+        "model.datamodule",
+        "cannot be built",
+        "name a LightningDataModule class or a function returning one, and check model.datamodule_kwargs",
+    ),
+    "data.dataset": (
+        "data.dataset",
+        "cannot be used",
+        "return a non-empty map-style torch.utils.data.Dataset (len() and dataset[i]) from the function, "
+        "built the same way each time; check its module, name and data.kwargs",
+    ),
+    "data.collate_fn": (
+        "data.collate_fn",
+        "does not make a batch of the longest samples that the model takes",
+        "return a tensor, a pair (inputs, targets) or a dict of the model's keyword arguments from "
+        "a list of samples, as your DataLoader's collate_fn does",
+    ),
+    "data.determinism": (
+        "data.dataset",
+        "returns different samples for the same index",
+        "make dataset[i] return the same sample on every read, in every build of the dataset and in "
+        "every process: seed its randomness from the index, or return each sample at its longest "
+        "for the probe",
+    ),
+    "data.length": (
+        "data.length",
+        "cannot give the samples' lengths",
+        "return a number from one sample (e.g. len(sample['input_ids'])), or leave data.length unset",
+    ),
+    "batch_arg_name": (
+        "lightning.batch_arg_name",
+        "cannot be set",
+        "give the module or data module that attribute, or name the one it has",
+    ),
+    "eval_pass": (
+        "training.eval_pass",
+        "cannot run",
+        "pass one eval_dataset to the Trainer that model.hf_trainer builds, or set training.eval_pass: false",
+    ),
 }
 
 
@@ -293,8 +357,13 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
     if index >= len(devices):
         raise SpecError(
             source,
-            [Problem("device", f"{requested} does not exist: {len(devices)} GPU(s) visible", "pick cuda:0 .. "
-                     f"cuda:{len(devices) - 1}")],
+            [
+                Problem(
+                    "device",
+                    f"{requested} does not exist: {len(devices)} GPU(s) visible",
+                    f"pick cuda:0 .. cuda:{len(devices) - 1}",
+                )
+            ],
         )
     check_gang_fits_node(spec, source, gpus=len(devices), index=index)
     device = devices[index]
@@ -302,9 +371,13 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
     if budget is not None and budget > device.total_memory_bytes:
         raise SpecError(
             source,
-            [Problem("memory_budget",
-                     f"{format_bytes(budget)} is more than the GPU has ({format_bytes(device.total_memory_bytes)})",
-                     "lower it, or leave it unset to use the whole GPU")],
+            [
+                Problem(
+                    "memory_budget",
+                    f"{format_bytes(budget)} is more than the GPU has ({format_bytes(device.total_memory_bytes)})",
+                    "lower it, or leave it unset to use the whole GPU",
+                )
+            ],
         )
     info = DeviceInfo(
         backend="cuda",
@@ -317,12 +390,21 @@ def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: 
         capacity_bytes=budget or device.total_memory_bytes,
         note=note,
     )
-    return Target("cuda", requested_device, info, device.free_memory_bytes, own_outside_bytes=device.outside_bytes,
-                  model_imports=tuple(facts.model_imports), data=facts.data, train_samples=facts.train_samples)
+    return Target(
+        "cuda",
+        requested_device,
+        info,
+        device.free_memory_bytes,
+        own_outside_bytes=device.outside_bytes,
+        model_imports=tuple(facts.model_imports),
+        data=facts.data,
+        train_samples=facts.train_samples,
+    )
 
 
-def check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, index: int = 0,
-                          budget: int | None = None) -> None:
+def check_gang_fits_node(
+    spec: Spec, source: str, *, gpus: int | None = None, index: int = 0, budget: int | None = None
+) -> None:
     """A gang runs on this node: on CUDA one visible GPU per rank from cuda:0, on the CPU every rank's budget.
 
     A gang run as a Slurm job step (``launcher`` srun) runs on the allocation's nodes, one GPU a rank as Slurm
@@ -336,20 +418,41 @@ def check_gang_fits_node(spec: Spec, source: str, *, gpus: int | None = None, in
     if spec.distributed.launcher == "srun":
         world = 1
     if gpus is not None and index != 0:
-        raise SpecError(source, [Problem("device", f"{spec.device}: a distributed trial's ranks take the visible GPUs "
-                                         f"from cuda:0 on (rank r on cuda:r)",
-                                         "use device: cuda (choose the GPUs with CUDA_VISIBLE_DEVICES)")])
+        raise SpecError(
+            source,
+            [
+                Problem(
+                    "device",
+                    f"{spec.device}: a distributed trial's ranks take the visible GPUs "
+                    f"from cuda:0 on (rank r on cuda:r)",
+                    "use device: cuda (choose the GPUs with CUDA_VISIBLE_DEVICES)",
+                )
+            ],
+        )
     if gpus is not None and world > gpus:
-        raise SpecError(source, [Problem("distributed.world_size", f"{world} ranks need {world} GPUs, one each; "
-                                         f"{gpus} visible here",
-                                         f"set it to at most {gpus} (a smaller gang's shards are larger: the answer "
-                                         "errs on the safe side)")])
+        raise SpecError(
+            source,
+            [
+                Problem(
+                    "distributed.world_size",
+                    f"{world} ranks need {world} GPUs, one each; {gpus} visible here",
+                    f"set it to at most {gpus} (a smaller gang's shards are larger: the answer errs on the safe side)",
+                )
+            ],
+        )
     if budget is not None and world * budget > int(ram_bytes() * CPU_RAM_SHARE):
-        raise SpecError(source, [Problem("distributed.world_size",
-                                         f"{world} ranks of {format_bytes(budget)} each need "
-                                         f"{format_bytes(world * budget)}, more than {CPU_RAM_SHARE:.0%} of this "
-                                         f"machine's {format_bytes(ram_bytes())}",
-                                         "lower distributed.world_size or memory_budget")])
+        raise SpecError(
+            source,
+            [
+                Problem(
+                    "distributed.world_size",
+                    f"{world} ranks of {format_bytes(budget)} each need "
+                    f"{format_bytes(world * budget)}, more than {CPU_RAM_SHARE:.0%} of this "
+                    f"machine's {format_bytes(ram_bytes())}",
+                    "lower distributed.world_size or memory_budget",
+                )
+            ],
+        )
 
 
 def inherited_data_limit() -> int | None:
@@ -367,19 +470,29 @@ def _within_data_limit(spec: Spec, budget: int, source: str, note: str | None) -
         return budget, note
     if budget > hard:
         if spec.memory_budget is not None:
-            raise SpecError(source, [Problem(
-                "memory_budget",
-                f"{format_bytes(budget)} is more than a trial can be given here: this process's hard data limit "
-                f"(RLIMIT_DATA, ulimit -d) is {format_bytes(hard)}, and no process it starts may exceed it",
-                f"set memory_budget (--memory-budget) to at most {hard} bytes ({format_bytes(hard)}), or run "
-                "isoprobe where the hard limit is higher (ulimit -d; a batch system's job limits)")])
+            raise SpecError(
+                source,
+                [
+                    Problem(
+                        "memory_budget",
+                        f"{format_bytes(budget)} is more than a trial can be given here: this process's hard data limit "
+                        f"(RLIMIT_DATA, ulimit -d) is {format_bytes(hard)}, and no process it starts may exceed it",
+                        f"set memory_budget (--memory-budget) to at most {hard} bytes ({format_bytes(hard)}), or run "
+                        "isoprobe where the hard limit is higher (ulimit -d; a batch system's job limits)",
+                    )
+                ],
+            )
         budget = hard
-        limited = (f"memory_budget not set: the default {format_bytes(DEFAULT_CPU_BUDGET)} is above this process's "
-                   f"hard data limit (ulimit -d), so the trials get {format_bytes(hard)}")
+        limited = (
+            f"memory_budget not set: the default {format_bytes(DEFAULT_CPU_BUDGET)} is above this process's "
+            f"hard data limit (ulimit -d), so the trials get {format_bytes(hard)}"
+        )
     else:
-        limited = (f"this process's hard data limit (ulimit -d, {format_bytes(hard)}) leaves no room above the budget "
-                   "for isoprobe's own modules (about 6 MiB, credited to a trial's cap elsewhere): they count "
-                   "against the budget, so the answer may be a sample below a plain process's")
+        limited = (
+            f"this process's hard data limit (ulimit -d, {format_bytes(hard)}) leaves no room above the budget "
+            "for isoprobe's own modules (about 6 MiB, credited to a trial's cap elsewhere): they count "
+            "against the budget, so the answer may be a sample below a plain process's"
+        )
     return budget, limited if note is None else f"{note}; {limited}"
 
 
@@ -410,8 +523,15 @@ def _cpu_target(spec: Spec, facts: Facts, budget_source: str | None, source: str
         import_baseline_bytes=baseline,
         note=note,
     )
-    return Target("cpu", "cpu", info, import_memory=facts.memory_after_import,
-                  model_imports=tuple(facts.model_imports), data=facts.data, train_samples=facts.train_samples)
+    return Target(
+        "cpu",
+        "cpu",
+        info,
+        import_memory=facts.memory_after_import,
+        model_imports=tuple(facts.model_imports),
+        data=facts.data,
+        train_samples=facts.train_samples,
+    )
 
 
 def likely_backend(spec: Spec) -> Literal["cpu", "cuda"]:
@@ -455,16 +575,23 @@ def preload(spec: Spec, model_imports: tuple[str, ...] = ()) -> tuple[str, ...]:
 def model_imports_note(spec: Spec, conditions: Conditions) -> str | None:
     """What the first trial waits for beyond its own start, when the model's code imported installed modules that
     the process started during the environment check had not (``conditions``: the trials'); None when nothing."""
-    added = conditions.preload[len(preload(spec)):]
+    added = conditions.preload[len(preload(spec)) :]
     if not added:
         return None
     shown = ", ".join(added[:3]) + (f" and {len(added) - 3} more" if len(added) > 3 else "")
-    return (f"the model's code imports {len(added)} installed module(s) beyond torch and the model library "
-            f"({shown}): every trial's process imports them before its request, and the first trial waits for that")
+    return (
+        f"the model's code imports {len(added)} installed module(s) beyond torch and the model library "
+        f"({shown}): every trial's process imports them before its request, and the first trial waits for that"
+    )
 
 
-def trial_conditions(spec: Spec, backend: str, memory_limit: int | None, allocator_label: str | None = None,
-                     model_imports: tuple[str, ...] = ()) -> Conditions:
+def trial_conditions(
+    spec: Spec,
+    backend: str,
+    memory_limit: int | None,
+    allocator_label: str | None = None,
+    model_imports: tuple[str, ...] = (),
+) -> Conditions:
     """How every ordinary trial's process is started: the backend, the allocator, the CPU cap, the preload."""
     return Conditions(
         backend=backend,
@@ -485,8 +612,11 @@ def allocator_info(spec: Spec, backend: str, environ: dict[str, str]) -> Allocat
         source = "environment"
     else:
         value, source = None, "none"
-    variables = ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"] if spec.allocator is not None or (
-        spec.allocators and backend == "cuda") else []
+    variables = (
+        ["PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_ALLOC_CONF"]
+        if spec.allocator is not None or (spec.allocators and backend == "cuda")
+        else []
+    )
     return AllocatorInfo(value=value, source=source, variables=variables, applies=backend == "cuda")
 
 

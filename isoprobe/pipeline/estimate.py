@@ -12,8 +12,8 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from isoprobe.pipeline.prediction import EstimateReport, report_of
 from isoprobe.pipeline.environment import inspect_environment, resolve_target
+from isoprobe.pipeline.prediction import EstimateReport, report_of
 from isoprobe.spec.model import Spec
 
 

@@ -55,8 +55,10 @@ def eval_search(spec: Spec, target: Target, runner: TrialRunner, training_batch:
         borrowed=Borrowed(fits=training_max) if training_max >= spec.search.start_batch_size else None,
     )
     step = guided_step if spec.search.strategy == "guided" else doubling_step
-    runner.reporter.note(f"evaluation batch (training.eval_pass): each trial runs the training steps at batch "
-                         f"{training_batch}, then one evaluation pass ({spec.training.eval_grad}) at the batch tried")
+    runner.reporter.note(
+        f"evaluation batch (training.eval_pass): each trial runs the training steps at batch "
+        f"{training_batch}, then one evaluation pass ({spec.training.eval_grad}) at the batch tried"
+    )
     history: list[Observation] = []
     runner.eval_after = training_batch
     try:
@@ -79,27 +81,44 @@ def eval_failure(edge: EvalEdge, trials: list[Trial]) -> tuple[str, list[str]] |
         return None
     wanted = Outcome(edge.stop.value)
     last = next((t for t in reversed(trials) if t.training_batch_size is not None and t.outcome is wanted), None)
-    where = (f"evaluation batch {last.batch_size} (after training steps at batch {edge.training_batch})"
-             if last is not None else f"the evaluation pass after training steps at batch {edge.training_batch}")
+    where = (
+        f"evaluation batch {last.batch_size} (after training steps at batch {edge.training_batch})"
+        if last is not None
+        else f"the evaluation pass after training steps at batch {edge.training_batch}"
+    )
     if edge.stop is StopReason.ERROR:
         error = last.error if last is not None else None
         detail = f"{error.type}: {error.message.splitlines()[0] if error.message else ''}" if error else "an error"
         fitted = f" (evaluation batch {edge.max_fitting} fit before it)" if edge.max_fitting is not None else ""
-        return (f"{where} raised {detail} — an error in the evaluation pass (training.eval_pass), not a memory "
-                f"verdict{fitted}", ["fix the error shown in the evaluation trial's error.traceback_tail (the last trial "
-                            "with training_batch_size set), then run again"])
+        return (
+            f"{where} raised {detail} — an error in the evaluation pass (training.eval_pass), not a memory "
+            f"verdict{fitted}",
+            [
+                "fix the error shown in the evaluation trial's error.traceback_tail (the last trial "
+                "with training_batch_size set), then run again"
+            ],
+        )
     if edge.stop is StopReason.CRASHED:
-        return (f"{where} crashed without a verdict (training.eval_pass)",
-                ["see that trial's stderr_tail; a SIGKILL can be the kernel's OOM killer"])
-    return (f"{where} ran past the search.trial_timeout (training.eval_pass)",
-            ["raise search.trial_timeout, or lower search.steps"])
+        return (
+            f"{where} crashed without a verdict (training.eval_pass)",
+            ["see that trial's stderr_tail; a SIGKILL can be the kernel's OOM killer"],
+        )
+    return (
+        f"{where} ran past the search.trial_timeout (training.eval_pass)",
+        ["raise search.trial_timeout, or lower search.steps"],
+    )
 
 
 def eval_summary(edge: EvalEdge) -> str:
     """The evaluation answer in words, for the result's message."""
     if edge.max_fitting is None:
-        return (f"no evaluation batch fit after training steps at batch {edge.training_batch} "
-                f"({edge.stop.value}): evaluate with a smaller batch than search.start_batch_size, or train smaller")
-    above = (f" and {edge.first_failing} runs out of memory" if edge.first_failing is not None
-             else " (the cap: none above it was tried)")
-    return (f"evaluation batch {edge.max_fitting} fits{above} after training steps at batch {edge.training_batch}")
+        return (
+            f"no evaluation batch fit after training steps at batch {edge.training_batch} "
+            f"({edge.stop.value}): evaluate with a smaller batch than search.start_batch_size, or train smaller"
+        )
+    above = (
+        f" and {edge.first_failing} runs out of memory"
+        if edge.first_failing is not None
+        else " (the cap: none above it was tried)"
+    )
+    return f"evaluation batch {edge.max_fitting} fits{above} after training steps at batch {edge.training_batch}"

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 from isoprobe.executors.srun_nodes import stop_context
 from isoprobe.protocol.messages import RANK_LOST, DataScan
 from isoprobe.report import steady
+from isoprobe.report.device import DeviceInfo
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.report.rank_progress import PRINTED_NOTHING, RANK_BEHIND, TIMED_OUT
-from isoprobe.report.device import DeviceInfo
 from isoprobe.report.recommendation import Recommendation, Soak
 from isoprobe.report.trial import Trial
 from isoprobe.search.soak import RISE_FLOOR_BYTES, RISE_FRACTION
@@ -34,27 +34,34 @@ class Found:
     marginal: tuple[int, ...] = ()
 
 
-
 #: Command trials isoprobe refuses to credit, with what the user can do (``child.command_verdicts``).
 _REFUSALS = {
     "CommandBatchNotTrained": "let the script train at the batch it is given: turn its own batch-size finder off and "
-                              "pass {batch_size} to where its batches are built",
+    "pass {batch_size} to where its batches are built",
     "CommandForgedLines": "leave the folder in $ISOPROBE_SHIM_DIR to isoprobe: nothing in the command may write there",
 }
 
-def limited_by(spec: Spec, max_fitting: int | None, data: DataScan | None = None,
-               train_samples: int | None = None) -> str:
+
+def limited_by(
+    spec: Spec, max_fitting: int | None, data: DataScan | None = None, train_samples: int | None = None
+) -> str:
     """Which cap a capped search stopped at: the dataset, the spec's maximum, or the search's ceiling."""
-    if train_samples is not None and max_fitting == train_samples and (
-        spec.search.max_batch_size is None or train_samples <= spec.search.max_batch_size
+    if (
+        train_samples is not None
+        and max_fitting == train_samples
+        and (spec.search.max_batch_size is None or train_samples <= spec.search.max_batch_size)
     ):
         return "dataset_size"  # the hf_trainer's whole train set fits in one batch
-    if data is not None and max_fitting == data.samples and (
-        spec.search.max_batch_size is None or data.samples <= spec.search.max_batch_size
+    if (
+        data is not None
+        and max_fitting == data.samples
+        and (spec.search.max_batch_size is None or data.samples <= spec.search.max_batch_size)
     ):
         return "dataset_size"  # the whole of the data section's dataset fits in one batch
-    if spec.search.dataset_size is not None and max_fitting == spec.search.dataset_size and (
-        spec.search.max_batch_size is None or spec.search.dataset_size <= spec.search.max_batch_size
+    if (
+        spec.search.dataset_size is not None
+        and max_fitting == spec.search.dataset_size
+        and (spec.search.max_batch_size is None or spec.search.dataset_size <= spec.search.max_batch_size)
     ):
         return "dataset_size"
     if spec.search.max_batch_size is not None and max_fitting == spec.search.max_batch_size:
@@ -85,8 +92,10 @@ def cap_reason(spec: Spec, capped_by: str | None, max_fitting: int | None) -> st
 def _save_memory(spec: Spec) -> list[str]:
     """What the spec could still turn on to need less memory: only the levers it does not use yet."""
     if spec.command is not None:  # the script's own options: isoprobe's sections do not reach into it
-        return ["the script's own memory options, if it has them (mixed precision, gradient checkpointing, a "
-                "lighter optimizer, shorter inputs), or a smaller model"]
+        return [
+            "the script's own memory options, if it has them (mixed precision, gradient checkpointing, a "
+            "lighter optimizer, shorter inputs), or a smaller model"
+        ]
     training = spec.training
     levers = []
     if training.precision == "fp32":
@@ -101,15 +110,21 @@ def _save_memory(spec: Spec) -> list[str]:
 
 # --------------------------------------------------------------------------- a soak's failure, from its evidence
 
-_GROWING = ("memory grows from step to step (recommendation.soaks, and the soak trials' step_budget_peak_bytes): look for "
-            "what the step keeps between steps (tensors appended to a list, a loss kept with its graph, a cache "
-            "that fills)")
-_AT_FIRST_STEP = ("the soak ran out of memory before its first step ended, at a batch no larger than one the search's "
-                  "trials fit: the runs differ, not the steps (near the edge the same batch can fit in one process "
-                  "and not in the next: what else held memory then, the allocator's layout). Run the probe again, "
-                  "or ask more headroom (recommendation.headroom); the soak trial's error says what failed")
-_NO_VERDICT = ("a soak ended without a verdict on memory (crashed or timed out, twice): see that trial's stderr_tail "
-               "and signal (a SIGKILL can be the kernel's OOM killer)")
+_GROWING = (
+    "memory grows from step to step (recommendation.soaks, and the soak trials' step_budget_peak_bytes): look for "
+    "what the step keeps between steps (tensors appended to a list, a loss kept with its graph, a cache "
+    "that fills)"
+)
+_AT_FIRST_STEP = (
+    "the soak ran out of memory before its first step ended, at a batch no larger than one the search's "
+    "trials fit: the runs differ, not the steps (near the edge the same batch can fit in one process "
+    "and not in the next: what else held memory then, the allocator's layout). Run the probe again, "
+    "or ask more headroom (recommendation.headroom); the soak trial's error says what failed"
+)
+_NO_VERDICT = (
+    "a soak ended without a verdict on memory (crashed or timed out, twice): see that trial's stderr_tail "
+    "and signal (a SIGKILL can be the kernel's OOM killer)"
+)
 
 
 def soak_grew(soak: Soak, peaks: list[int]) -> bool:
@@ -130,37 +145,57 @@ def why_soak_failed(soak: Soak, peaks: list[int], steps: int, target_peak: int, 
     (the evidence a failure at the first step is a run-to-run difference, not growth over steps)."""
     done = soak.steps_completed
     if soak.outcome is Outcome.OUT_OF_MEMORY and done == 0:
-        where = (f", where batch {fit.batch_size} had fit {len(fit.step_seconds)} steps in trial {fit.index}"
-                 if fit is not None else "")
+        where = (
+            f", where batch {fit.batch_size} had fit {len(fit.step_seconds)} steps in trial {fit.index}"
+            if fit is not None
+            else ""
+        )
         return f"ran out of memory at its first step (no step completed{where}): not growth over steps"
     if soak.outcome is Outcome.OUT_OF_MEMORY and not soak_grew(soak, peaks):
-        return (f"ran out of memory at step {done + 1} of {steps} after its peak held at {format_bytes(peaks[-1])} "
-                f"for {done} step{'s' if done > 1 else ''}: a jump at that step, not growth from step to step")
+        return (
+            f"ran out of memory at step {done + 1} of {steps} after its peak held at {format_bytes(peaks[-1])} "
+            f"for {done} step{'s' if done > 1 else ''}: a jump at that step, not growth from step to step"
+        )
     if soak.outcome is Outcome.OUT_OF_MEMORY:
-        rate = (f", its peak rising {format_bytes(soak.growth_bytes_per_step)} a step"
-                if soak.growth_bytes_per_step else ", its peak rising")
+        rate = (
+            f", its peak rising {format_bytes(soak.growth_bytes_per_step)} a step"
+            if soak.growth_bytes_per_step
+            else ", its peak rising"
+        )
         return f"ran out of memory after {done} of {steps} steps{rate}"
     growth = soak.growth_bytes_per_step or 0
-    return (f"kept growing ({format_bytes(growth)} a step) above the {format_bytes(target_peak)} target peak "
-            f"(projected {format_bytes(soak.projected_peak_bytes)} after {steps} steps)")
+    return (
+        f"kept growing ({format_bytes(growth)} a step) above the {format_bytes(target_peak)} target peak "
+        f"(projected {format_bytes(soak.projected_peak_bytes)} after {steps} steps)"
+    )
 
 
 def none_survived(soaks: list[Soak], trials: list[Trial]) -> tuple[str, list[str]]:
     """Why no soak survived, from their evidence, and what to try: growth only where a soak's peaks grew."""
     by_index = {t.index: t for t in trials}
-    peaks = [(by_index[s.trial].step_budget_peak_bytes or by_index[s.trial].step_peak_bytes) if s.trial in by_index
-             else [] for s in soaks]
+    peaks = [
+        (by_index[s.trial].step_budget_peak_bytes or by_index[s.trial].step_peak_bytes) if s.trial in by_index else []
+        for s in soaks
+    ]
     tried = "its soak" if len(soaks) == 1 else f"{len(soaks)} soaks"
     if any(soak_grew(s, p) for s, p in zip(soaks, peaks)):
-        return (f"no batch survived {tried}: memory grows from step to step whatever the batch (see the soak "
-                "trials' step_budget_peak_bytes)", [_GROWING])
+        return (
+            f"no batch survived {tried}: memory grows from step to step whatever the batch (see the soak "
+            "trials' step_budget_peak_bytes)",
+            [_GROWING],
+        )
     if all(s.outcome is Outcome.OUT_OF_MEMORY and s.steps_completed == 0 for s in soaks):
         each = "its soak" if len(soaks) == 1 else f"each of {len(soaks)} soaks"
-        return (f"no batch survived {tried}: {each} ran out of memory at its first step, where the search's trials "
-                "fit as large a batch: the runs differ, not the steps", [_AT_FIRST_STEP])
+        return (
+            f"no batch survived {tried}: {each} ran out of memory at its first step, where the search's trials "
+            "fit as large a batch: the runs differ, not the steps",
+            [_AT_FIRST_STEP],
+        )
     suggestions = [_NO_VERDICT] if any(s.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT) for s in soaks) else []
-    return (f"no batch survived {tried} (see each soak's outcome, steps_completed and its trial's step_budget_peak_bytes)",
-            suggestions)
+    return (
+        f"no batch survived {tried} (see each soak's outcome, steps_completed and its trial's step_budget_peak_bytes)",
+        suggestions,
+    )
 
 
 def _with_recommendation(text: str, found: Found, trials: list[Trial]) -> tuple[str, list[str]]:
@@ -168,34 +203,51 @@ def _with_recommendation(text: str, found: Found, trials: list[Trial]) -> tuple[
     soaks = found.recommendation.soaks if found.recommendation else []
     if found.recommended:
         if soaks and soaks[-1].still_rising:
-            return (f"{text}; recommended {found.recommended} (its peak was still rising at the end of its soak)",
-                    [_GROWING, "a longer soak (recommendation.soak_steps) shows how far it goes"])
+            return (
+                f"{text}; recommended {found.recommended} (its peak was still rising at the end of its soak)",
+                [_GROWING, "a longer soak (recommendation.soak_steps) shows how far it goes"],
+            )
         return f"{text}; recommended {found.recommended}", []
     if soaks:
         return f"{text}; no batch is recommended: none survived its soak", none_survived(soaks, trials)[1]
     return text, []
 
 
-def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], capped_by: str | None,
-            stopped_by: tuple[str, str] | None = None):
+def explain(
+    found: Found,
+    spec: Spec,
+    info: DeviceInfo,
+    trials: list[Trial],
+    capped_by: str | None,
+    stopped_by: tuple[str, str] | None = None,
+):
     """The one-sentence answer and what to try next, from what the search established.
 
     ``stopped_by``: for a stop by a signal, the message's start and end as the caller found them
     (``system.slurm_job.signal_stop``: the Slurm job's time limit, where that sent the SIGTERM); by default the
     signal's name alone.
     """
-    stop, max_fitting, first_failing, recommended = found.stop, found.max_fitting, found.first_failing, found.recommended
+    stop, max_fitting, first_failing, recommended = (
+        found.stop,
+        found.max_fitting,
+        found.first_failing,
+        found.recommended,
+    )
     where = f"{info.backend} ({format_bytes(info.capacity_bytes)})"
     if spec.distributed.gang:  # the batches are per rank: say so in the one sentence people read
-        where = (f"{info.backend} ({format_bytes(info.capacity_bytes)} per rank, {spec.distributed.strategy} over "
-                 f"{spec.distributed.world_size or 1} ranks; batches per rank)")
+        where = (
+            f"{info.backend} ({format_bytes(info.capacity_bytes)} per rank, {spec.distributed.strategy} over "
+            f"{spec.distributed.world_size or 1} ranks; batches per rank)"
+        )
     # The trial that decided a failed search: the last one that ended as the search did (after a crash, a
     # retry may have fit; the message is about the crash), else simply the last.
     last = next((t for t in reversed(trials) if t.outcome.value == stop.value), trials[-1] if trials else None)
     if stop is StopReason.EDGE_FOUND and first_failing is None:  # only marginal batches above the maximum
-        text = (f"batch {max_fitting} fits on {where}; {_batches(found.marginal)} fit only inside the spread "
-                "(their peaks left less free memory than a long run's peak moves between runs and over steps: see "
-                "edge_margin), and no larger batch was tried")
+        text = (
+            f"batch {max_fitting} fits on {where}; {_batches(found.marginal)} fit only inside the spread "
+            "(their peaks left less free memory than a long run's peak moves between runs and over steps: see "
+            "edge_margin), and no larger batch was tried"
+        )
         return _with_recommendation(text, found, trials)
     if stop is StopReason.EDGE_FOUND:
         if found.first_failing_outcome is Outcome.OUT_OF_MEMORY:
@@ -208,12 +260,16 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
         if found.flaky:
             text += f"; flaky batches (fit in one run, failed in another): {list(found.flaky)}"
         if found.short_max is not None:
-            text += (f"; both in the long run (trials that step until the peak is steady): {found.short_max} fit "
-                     f"{spec.search.steps} steps but its peak kept rising after them")
+            text += (
+                f"; both in the long run (trials that step until the peak is steady): {found.short_max} fit "
+                f"{spec.search.steps} steps but its peak kept rising after them"
+            )
         if found.marginal:
-            text += (f"; {_batches(found.marginal)} fit too, but with less free memory than a long "
-                     "run's peak moves between runs and over steps (the spread: see edge_margin), so not as the "
-                     "maximum")
+            text += (
+                f"; {_batches(found.marginal)} fit too, but with less free memory than a long "
+                "run's peak moves between runs and over steps (the spread: see edge_margin), so not as the "
+                "maximum"
+            )
         return _with_recommendation(text, found, trials)
     if stop is StopReason.CAPPED:
         text = f"batch {max_fitting} fits; larger batches were not tried: {cap_reason(spec, capped_by, max_fitting)}"
@@ -232,9 +288,10 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
             # Not the script's crash: isoprobe refuses to credit what it read (issue 47); the message says why.
             return f"batch {last.batch_size}: {error.message}", [_REFUSALS[error.type]]
         if spec.command is not None:
-            return (f"batch {last.batch_size}: the command failed with {detail} — the script's error, not a memory "
-                    "verdict", ["fix what trials[-1].error.traceback_tail shows (the command's own last lines), then "
-                                "run again"])
+            return (
+                f"batch {last.batch_size}: the command failed with {detail} — the script's error, not a memory verdict",
+                ["fix what trials[-1].error.traceback_tail shows (the command's own last lines), then run again"],
+            )
         return (
             f"batch {last.batch_size} raised {detail} — an error in the model or spec, not a memory verdict",
             ["fix the error shown in trials[-1].error.traceback_tail, then run again"],
@@ -246,10 +303,14 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
                 ["see trials[-1].reclassified: the child's verdict contradicts what it was asked or measured"],
             )
         if last.error is not None and last.error.type == RANK_LOST:  # a command's rank lost to a signal
-            return (f"batch {last.batch_size} crashed: {last.error.message}",
-                    ["a rank killed by SIGKILL with no error of its own is often the kernel's OOM killer (dmesg, the "
-                     "job's memory limit) or a kill from outside; see trials[-1].stderr_tail for the launcher's "
-                     "report"])
+            return (
+                f"batch {last.batch_size} crashed: {last.error.message}",
+                [
+                    "a rank killed by SIGKILL with no error of its own is often the kernel's OOM killer (dmesg, the "
+                    "job's memory limit) or a kill from outside; see trials[-1].stderr_tail for the launcher's "
+                    "report"
+                ],
+            )
         how = f"killed by {last.signal}" if last.signal else f"exited with status {last.exit_code} without a result"
         return (
             f"batch {last.batch_size} crashed ({how}, last phase: {last.phase})",
@@ -260,10 +321,15 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
             f"batch {last.batch_size} ran past its timeout on a busy node: its processes waited for a CPU more "
             f"than half the time they wanted one, after {last.busy_seconds or 0:g} s were added to the "
             f"{spec.search.trial_timeout:g} s trial timeout for it; that says nothing about the batch"
-            + (f" (its command had come to this: {last.error.message})" if last.error is not None
-               and last.error.type in (TIMED_OUT, RANK_BEHIND) else ""),
-            ["run it where the cores are free (a Slurm job's own CPUs: --exclusive or --cpus-per-task), or raise "
-             "search.trial_timeout"],
+            + (
+                f" (its command had come to this: {last.error.message})"
+                if last.error is not None and last.error.type in (TIMED_OUT, RANK_BEHIND)
+                else ""
+            ),
+            [
+                "run it where the cores are free (a Slurm job's own CPUs: --exclusive or --cpus-per-task), or raise "
+                "search.trial_timeout"
+            ],
         )
     if stop is StopReason.TIMED_OUT and last is not None and spec.command is not None:
         return _command_timed_out(last, spec)
@@ -284,13 +350,17 @@ def explain(found: Found, spec: Spec, info: DeviceInfo, trials: list[Trial], cap
             f"no batch holds the long run: down to batch {first_failing}, every trial's peak kept rising until "
             f"it ran out of memory or reached {spec.search.steady_steps or steady.DEFAULT_MAX_STEPS} steps "
             f"(a leak?); {found.short_max} fit {spec.search.steps} steps",
-            ["look for memory kept from step to step (tensors appended to a list, a loss kept with its graph)",
-             "see trials[].step_budget_peak_bytes: the peak after every step"],
+            [
+                "look for memory kept from step to step (tensors appended to a list, a loss kept with its graph)",
+                "see trials[].step_budget_peak_bytes: the peak after every step",
+            ],
         )
     best = f"; largest batch that fit so far: {max_fitting}" if max_fitting else ""
     seen = f"; {stop_context()}" if stop_context() else ""  # a node of the job Slurm lost, seen when the signal came
-    start, end = stopped_by or (f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an "
-                                "answer", "")
+    start, end = stopped_by or (
+        f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an answer",
+        "",
+    )
     return f"{start}{best}{seen}{end}", []
 
 
@@ -302,22 +372,36 @@ def _command_timed_out(last: Trial, spec: Spec) -> tuple[str, list[str]]:
     timeout = f"{spec.search.trial_timeout:g} s trial timeout"
     stepped = max(len(last.step_seconds), len(last.step_budget_peak_bytes), len(last.step_peak_bytes))
     seen = last.error if last.error is not None and last.error.type in (TIMED_OUT, RANK_BEHIND) else None
-    slow = ("a step takes longer than the timeout allows, or the ranks wait for each other (a collective none "
-            "completes); raise search.trial_timeout, or lower search.steps")
-    not_torch = ("the shim counts steps of torch.optim.Optimizer (and subclasses): a script whose optimizer is not "
-                 "one (a hand-written update, another library's) shows no step; or its set-up takes longer than "
-                 "the timeout: raise search.trial_timeout")
+    slow = (
+        "a step takes longer than the timeout allows, or the ranks wait for each other (a collective none "
+        "completes); raise search.trial_timeout, or lower search.steps"
+    )
+    not_torch = (
+        "the shim counts steps of torch.optim.Optimizer (and subclasses): a script whose optimizer is not "
+        "one (a hand-written update, another library's) shows no step; or its set-up takes longer than "
+        "the timeout: raise search.trial_timeout"
+    )
     if seen is None:  # the supervisor wrote nothing of what it saw: the steps every rank made are all there is
         printed = ["see trials[-1].stderr_tail"] if (last.stderr_tail or "").strip() else []
         if stepped:
-            return f"batch {last.batch_size} ran past the {timeout} after {stepped} optimizer step(s) were seen", \
-                [slow, *printed]
+            return f"batch {last.batch_size} ran past the {timeout} after {stepped} optimizer step(s) were seen", [
+                slow,
+                *printed,
+            ]
         return f"batch {last.batch_size}: no optimizer step seen within the {timeout}", [not_torch, *printed]
-    lines = [] if PRINTED_NOTHING in seen.message else \
-        ["the command's last lines, stderr and stdout: trials[-1].error.traceback_tail"]
+    lines = (
+        []
+        if PRINTED_NOTHING in seen.message
+        else ["the command's last lines, stderr and stdout: trials[-1].error.traceback_tail"]
+    )
     if seen.type == RANK_BEHIND or stepped or last.command_ranks:
-        hint = ("find what the rank behind waits for (a data loader, a file, a barrier only some ranks reach), or "
-                "raise search.trial_timeout if it is only slower") if seen.type == RANK_BEHIND else slow
+        hint = (
+            (
+                "find what the rank behind waits for (a data loader, a file, a barrier only some ranks reach), or "
+                "raise search.trial_timeout if it is only slower"
+            )
+            if seen.type == RANK_BEHIND
+            else slow
+        )
         return f"batch {last.batch_size} ran past the {timeout}: {seen.message}", [hint, *lines]
-    return f"batch {last.batch_size}: no optimizer step seen within the {timeout}: {seen.message}", \
-        [not_torch, *lines]
+    return f"batch {last.batch_size}: no optimizer step seen within the {timeout}: {seen.message}", [not_torch, *lines]

@@ -14,8 +14,9 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from isoprobe.errors import ProbeError, SpecError, Terminated
 from isoprobe.pipeline.edge import stop_reason_of
@@ -54,14 +55,24 @@ def tokens_per_batch(field: str, value: Any, max_batch_size: int | None) -> int 
     the column names the same way (elements along the field per batch).
     """
     parts = field.split(".")
-    if (max_batch_size is None or len(parts) != 3 or parts[:2] != ["input", "shape"] or not parts[2].isdigit()
-            or isinstance(value, bool) or not isinstance(value, int)):
+    if (
+        max_batch_size is None
+        or len(parts) != 3
+        or parts[:2] != ["input", "shape"]
+        or not parts[2].isdigit()
+        or isinstance(value, bool)
+        or not isinstance(value, int)
+    ):
         return None
     return max_batch_size * value
 
 
-def run_frontier(plan: FrontierPlan, reporter: Reporter, answer_point: Callable[..., Any],
-                 stopped: Callable[[], str | None] = lambda: None) -> FrontierResult:
+def run_frontier(
+    plan: FrontierPlan,
+    reporter: Reporter,
+    answer_point: Callable[..., Any],
+    stopped: Callable[[], str | None] = lambda: None,
+) -> FrontierResult:
     """Answer every point, the most memory first, each borrowing the bounds the finished points proved.
 
     ``answer_point(spec, borrowed)`` is the result for one point (``pipeline.answer.answer`` with the
@@ -100,40 +111,60 @@ def run_frontier(plan: FrontierPlan, reporter: Reporter, answer_point: Callable[
             result, error = None, f"internal error: {type(exc).__name__}: {exc}"
         if error is not None and interrupted is None:
             reporter.note(f"frontier: {plan.field}={value} has no answer: {error}")
-        points[index] = _point(plan.field, value, count, result, error, bounds,
-                               round(time.monotonic() - point_started, 3))
+        points[index] = _point(
+            plan.field, value, count, result, error, bounds, round(time.monotonic() - point_started, 3)
+        )
         if result is not None and result.stop_reason in (StopReason.INTERRUPTED, StopReason.TERMINATED):
             interrupted = result.stop_reason.value
         if interrupted:
             break
         if result is not None and result.answered and ranks is not None:
-            out_of_memory = (result.first_failing_batch_size
-                             if result.first_failing_outcome is Outcome.OUT_OF_MEMORY else None)
+            out_of_memory = (
+                result.first_failing_batch_size if result.first_failing_outcome is Outcome.OUT_OF_MEMORY else None
+            )
             proven.append((index, Proven(ranks[index], result.max_batch_size, out_of_memory)))
     for index, value in enumerate(plan.values):  # a frontier stopped by a signal: the points it did not reach
         if index not in points:
-            points[index] = FrontierPoint(value=value, probed=None, max_batch_size=None, recommended_batch_size=None,
-                                          tokens_per_batch=None, trials=0, seconds=0.0, result=None,
-                                          error=f"not probed: the frontier was {interrupted}")
+            points[index] = FrontierPoint(
+                value=value,
+                probed=None,
+                max_batch_size=None,
+                recommended_batch_size=None,
+                tokens_per_batch=None,
+                trials=0,
+                seconds=0.0,
+                result=None,
+                error=f"not probed: the frontier was {interrupted}",
+            )
     listed = [points[i] for i in range(len(plan.values))]
     return FrontierResult(
-        spec_path=plan.spec_path, field=plan.field, direction=plan.direction,
-        answered=all(p.result is not None and p.result.answered for p in listed), interrupted=interrupted,
-        points=listed, total_trials=sum(p.trials for p in listed),
+        spec_path=plan.spec_path,
+        field=plan.field,
+        direction=plan.direction,
+        answered=all(p.result is not None and p.result.answered for p in listed),
+        interrupted=interrupted,
+        points=listed,
+        total_trials=sum(p.trials for p in listed),
         total_seconds=round(time.monotonic() - started, 3),
     )
 
 
-def _point(field: str, value: Any, probed: int, result, error: str | None, bounds: BorrowedBounds | None,
-           seconds: float) -> FrontierPoint:
+def _point(
+    field: str, value: Any, probed: int, result, error: str | None, bounds: BorrowedBounds | None, seconds: float
+) -> FrontierPoint:
     """One answered (or failed) point as the document lists it."""
     hit = result is not None and result.cache is not None and result.cache.hit
     maximum = result.max_batch_size if result is not None else None
     return FrontierPoint(
-        value=value, probed=probed, max_batch_size=maximum,
+        value=value,
+        probed=probed,
+        max_batch_size=maximum,
         recommended_batch_size=result.recommended_batch_size if result is not None else None,
         tokens_per_batch=tokens_per_batch(field, value, maximum),
-        trials=0 if hit or result is None else len(result.trials), seconds=seconds, borrowed=bounds, result=result,
+        trials=0 if hit or result is None else len(result.trials),
+        seconds=seconds,
+        borrowed=bounds,
+        result=result,
         error=error,
     )
 
@@ -146,9 +177,12 @@ def _bounds(borrowed, proven: list[tuple[int, Proven]], values: Sequence[Any]) -
     def source(attribute: str, bound: int | None) -> Any:
         return next((values[i] for i, p in proven if getattr(p, attribute) == bound), None)
 
-    return BorrowedBounds(fits=borrowed.fits, fits_from=source("max_fitting", borrowed.fits) if borrowed.fits else None,
-                          fails=borrowed.fails,
-                          fails_from=source("out_of_memory", borrowed.fails) if borrowed.fails else None)
+    return BorrowedBounds(
+        fits=borrowed.fits,
+        fits_from=source("max_fitting", borrowed.fits) if borrowed.fits else None,
+        fails=borrowed.fails,
+        fails_from=source("out_of_memory", borrowed.fails) if borrowed.fails else None,
+    )
 
 
 def _said(bounds: BorrowedBounds | None) -> str:

@@ -26,10 +26,10 @@ import os
 from dataclasses import replace
 
 from isoprobe.errors import Problem, SpecError
-from isoprobe.report.outcomes import Outcome, maybe_allocation_failure
-from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET, Target
 from isoprobe.pipeline.data import request_indices
+from isoprobe.pipeline.environment import DEFAULT_CPU_BUDGET, Target
 from isoprobe.protocol.messages import TrialRequest
+from isoprobe.report.outcomes import Outcome, maybe_allocation_failure
 from isoprobe.search.history import Observation
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
@@ -71,8 +71,10 @@ def resolve_slots(spec: Spec, target: Target, say, gpus: list[dict] | None = Non
     most = cpu_slot_limit(budget, cores, ram_bytes())
     count = most if asked == "auto" else min(asked, most)
     if asked != "auto" and asked > most:
-        say(f"search.parallel {asked} lowered to {most}: CPU slots are at most min({cores} cores, "
-            f"{CPU_RAM_SHARE:.0%} of RAM // the budget)")
+        say(
+            f"search.parallel {asked} lowered to {most}: CPU slots are at most min({cores} cores, "
+            f"{CPU_RAM_SHARE:.0%} of RAM // the budget)"
+        )
     return ["cpu"] * count
 
 
@@ -86,28 +88,59 @@ def cuda_slots(asked: int | str, target: Target, gpus: list[dict], why: str | No
     """
     first = target.info.index or 0
     if not gpus:
-        raise SpecError("search.parallel", [Problem(
-            "search.parallel", f"{asked} slots asked, but the GPUs after {target.device} cannot be checked: "
-            + (why or "NVML lists none"), "set search.parallel: 1, or make the GPUs known (see the message)")])
+        raise SpecError(
+            "search.parallel",
+            [
+                Problem(
+                    "search.parallel",
+                    f"{asked} slots asked, but the GPUs after {target.device} cannot be checked: "
+                    + (why or "NVML lists none"),
+                    "set search.parallel: 1, or make the GPUs known (see the message)",
+                )
+            ],
+        )
     available = len(gpus) - first
     count = available if asked == "auto" else int(asked)
     if count < 1 or count > available:
         last = first + count - 1
-        raise SpecError("search.parallel", [Problem(
-            "search.parallel", f"{count} slots start at the spec's device {target.device} and need cuda:{first}.."
-            f"cuda:{last}, but {len(gpus)} GPUs are visible (cuda:0..cuda:{len(gpus) - 1})",
-            f"ask for at most {max(available, 1)} slots, or name an earlier device (device: cuda:"
-            f"{max(0, len(gpus) - count)}), or make CUDA_VISIBLE_DEVICES name more GPUs")])
-    slots = gpus[first:first + count]
+        raise SpecError(
+            "search.parallel",
+            [
+                Problem(
+                    "search.parallel",
+                    f"{count} slots start at the spec's device {target.device} and need cuda:{first}.."
+                    f"cuda:{last}, but {len(gpus)} GPUs are visible (cuda:0..cuda:{len(gpus) - 1})",
+                    f"ask for at most {max(available, 1)} slots, or name an earlier device (device: cuda:"
+                    f"{max(0, len(gpus) - count)}), or make CUDA_VISIBLE_DEVICES name more GPUs",
+                )
+            ],
+        )
+    slots = gpus[first : first + count]
     kinds = {(g.get("name"), g.get("total_memory_bytes")) for g in slots}
     if len(kinds) > 1:
-        raise SpecError("search.parallel", [Problem("search.parallel", f"the slots' GPUs differ: {sorted(kinds)}",
-                                                    "make CUDA_VISIBLE_DEVICES name GPUs of one model and size")])
+        raise SpecError(
+            "search.parallel",
+            [
+                Problem(
+                    "search.parallel",
+                    f"the slots' GPUs differ: {sorted(kinds)}",
+                    "make CUDA_VISIBLE_DEVICES name GPUs of one model and size",
+                )
+            ],
+        )
     free = [g.get("free_memory_bytes") for g in slots]
     if any(f is None for f in free):
-        raise SpecError("search.parallel", [Problem(
-            "search.parallel", "NVML does not report the slots' free memory, so another process's memory on a slot "
-            "could not be seen", "set search.parallel: 1")])
+        raise SpecError(
+            "search.parallel",
+            [
+                Problem(
+                    "search.parallel",
+                    "NVML does not report the slots' free memory, so another process's memory on a slot "
+                    "could not be seen",
+                    "set search.parallel: 1",
+                )
+            ],
+        )
     budget = target.info.memory_budget_bytes
     # Under a budget every slot, the target's too, needs the budget free: a card with less would run a trial out of
     # memory below the budget it emulates (a neighbour's memory is not taken off the budget's cap any more).
@@ -115,11 +148,18 @@ def cuda_slots(asked: int | str, target: Target, gpus: list[dict], why: str | No
     short = [(first + i, f) for i, f in enumerate(free) if f < need - SLOT_FREE_TOLERANCE]
     if short:
         listed = ", ".join(f"cuda:{index} has {format_bytes(f)} free" for index, f in short)
-        raise SpecError("search.parallel", [Problem(
-            "search.parallel", f"{listed}, the target {target.device} {format_bytes(free[0])}"
-            + (f" (the budget is {format_bytes(budget)})" if budget else "")
-            + ": another process holds memory there, and a trial in that slot would run out of memory sooner",
-            "free those GPUs, make CUDA_VISIBLE_DEVICES name idle ones, or set search.parallel: 1")])
+        raise SpecError(
+            "search.parallel",
+            [
+                Problem(
+                    "search.parallel",
+                    f"{listed}, the target {target.device} {format_bytes(free[0])}"
+                    + (f" (the budget is {format_bytes(budget)})" if budget else "")
+                    + ": another process holds memory there, and a trial in that slot would run out of memory sooner",
+                    "free those GPUs, make CUDA_VISIBLE_DEVICES name idle ones, or set search.parallel: 1",
+                )
+            ],
+        )
     return [f"cuda:{first + i}" for i in range(count)]
 
 
@@ -130,13 +170,23 @@ def search(runner, limits, history: list[Observation], step):
     devices = resolve_slots(runner.spec, runner.target, runner.reporter.note)
     if len(devices) == 1:
         # The floor the trials so far measured (a command's heap churn) steers the next trial (issue 49).
-        return run_search(runner.observe, limits, history, step=step,
-                          margin=lambda: limits.margin if (s := runner.spread(least=True)) is None else s.bytes)
+        return run_search(
+            runner.observe,
+            limits,
+            history,
+            step=step,
+            margin=lambda: limits.margin if (s := runner.spread(least=True)) is None else s.bytes,
+        )
     from isoprobe.search.parallel import run_parallel_search
 
     runner.reporter.note(f"{len(devices)} slots: up to {len(devices)} trials at once ({', '.join(devices)})")
-    found = run_parallel_search(lambda batches, observed, deciding=None: observe_round(
-        runner, batches, devices, observed, deciding), limits, len(devices), history, step=step)
+    found = run_parallel_search(
+        lambda batches, observed, deciding=None: observe_round(runner, batches, devices, observed, deciding),
+        limits,
+        len(devices),
+        history,
+        step=step,
+    )
     runner.reporter.note(f"edge search: {len(history)} trials in {found.rounds} rounds")
     return found.conclusion
 
@@ -162,27 +212,51 @@ def observe_round(runner, batches: list[int], devices: list[str], observed, deci
     for slot, batch in enumerate(batches):
         earlier = [t for t in runner.trials if t.batch_size == batch and t.purpose in _SEARCH_PURPOSES]
         earlier += [None] * batches[:slot].count(batch)  # the same batch twice in a round: a confirmation
-        purpose = "search" if not earlier else (
-            "retry" if earlier[-1] is not None and earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT)
-            else "confirmation")
+        purpose = (
+            "search"
+            if not earlier
+            else (
+                "retry"
+                if earlier[-1] is not None and earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT)
+                else "confirmation"
+            )
+        )
         purposes.append(purpose)
         # it decides the maximum: until steady
         rule = runner.deciding_rule(batch) if purpose == "confirmation" or (deciding and deciding[slot]) else None
         rules.append(rule)
         waits = runner.cycle_rule if rule is not None else None
         cycles.append(waits)
-        request = TrialRequest(spec=runner.spec, batch_size=batch, device=devices[slot], memory_budget_bytes=budget,
-                               python_path=runner.python_path, steady=rule, cycle=waits,
-                               data_indices=request_indices(runner.target.data, batch))
-        jobs.append((request, conditions, runner.timeout(max(rule.max_steps if rule else 0,
-                                                             waits.max_steps if waits else 0) or None),
-                     f"round{first:03d}-s{slot}-b{batch}"))
+        request = TrialRequest(
+            spec=runner.spec,
+            batch_size=batch,
+            device=devices[slot],
+            memory_budget_bytes=budget,
+            python_path=runner.python_path,
+            steady=rule,
+            cycle=waits,
+            data_indices=request_indices(runner.target.data, batch),
+        )
+        jobs.append(
+            (
+                request,
+                conditions,
+                runner.timeout(max(rule.max_steps if rule else 0, waits.max_steps if waits else 0) or None),
+                f"round{first:03d}-s{slot}-b{batch}",
+            )
+        )
     ambiguous = []
 
     def finished(slot: int, run) -> None:
-        trial = runner.record(run, batches[slot], purposes[slot], runner._asked(budget, rule=rules[slot], cycle=cycles[slot]))
-        if trial.outcome is Outcome.ERROR and trial.error is not None and budget is not None \
-                and maybe_allocation_failure(trial.error.message):
+        trial = runner.record(
+            run, batches[slot], purposes[slot], runner._asked(budget, rule=rules[slot], cycle=cycles[slot])
+        )
+        if (
+            trial.outcome is Outcome.ERROR
+            and trial.error is not None
+            and budget is not None
+            and maybe_allocation_failure(trial.error.message)
+        ):
             ambiguous.append((slot, trial))  # counted once its evidence is in
         else:
             observed(slot, runner.observation(trial))
@@ -192,7 +266,11 @@ def observe_round(runner, batches: list[int], devices: list[str], observed, deci
         larger = runner._larger_budget(budget)
         check = runner._launch(trial.batch_size, "memory_check", larger)
         if check.outcome is Outcome.FITS:
-            trial = runner._reclassify(trial, (
-                f"{trial.error.type} under the budget, but batch {trial.batch_size} fit with more memory "
-                f"(trial {check.index}): an allocation failure"))
+            trial = runner._reclassify(
+                trial,
+                (
+                    f"{trial.error.type} under the budget, but batch {trial.batch_size} fit with more memory "
+                    f"(trial {check.index}): an allocation failure"
+                ),
+            )
         observed(slot, runner.observation(trial))

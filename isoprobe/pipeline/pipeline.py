@@ -18,10 +18,6 @@ from isoprobe import __version__
 from isoprobe.errors import Terminated
 from isoprobe.executors import Executor
 from isoprobe.executors.processes import memory_environment
-from isoprobe.search.insights import memory_breakdown, throughput
-from isoprobe.report.output import Reporter
-from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
-from isoprobe.pipeline.prediction import no_estimate, predicted_max, prediction, prior_of
 from isoprobe.pipeline.command_ahead import command_plan
 from isoprobe.pipeline.data import data_info
 from isoprobe.pipeline.edge import compare_allocators, search_and_recommend, stop_reason_of
@@ -36,15 +32,19 @@ from isoprobe.pipeline.environment import (
 )
 from isoprobe.pipeline.eval_edge import eval_failure, eval_search, eval_summary, wants_eval_search
 from isoprobe.pipeline.explain import Found, explain, limited_by
+from isoprobe.pipeline.prediction import no_estimate, predicted_max, prediction, prior_of
 from isoprobe.pipeline.tokens import token_message, token_search_and_recommend
 from isoprobe.pipeline.trials import TrialRunner
-from isoprobe.report.outcomes import Outcome, StopReason
-from isoprobe.report.device import AllocatorInfo, DistributedInfo
-from isoprobe.report.edge import EdgeMargin, MarginalBatch
 from isoprobe.report.batch_check import NOT_TRAINED, unclear_note
 from isoprobe.report.cycle import describe as describe_cycle
+from isoprobe.report.device import AllocatorInfo, DistributedInfo
+from isoprobe.report.edge import EdgeMargin, MarginalBatch
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.report.output import Reporter
 from isoprobe.report.result import Result
 from isoprobe.search.history import Borrowed
+from isoprobe.search.insights import memory_breakdown, throughput
+from isoprobe.search.plan import accumulation_plan, micro_batch_ceiling
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
 from isoprobe.system.slurm_job import signal_stop
@@ -55,7 +55,6 @@ def local_executor(spec: Spec) -> Executor:
     """The default: isolated child processes on this machine, forked from a server or spawned (warm or not);
     with ``spec.distributed``, each trial a gang of them."""
     from isoprobe.executors.local import LocalExecutor
-
     from isoprobe.pipeline.command_ahead import starts_ahead
 
     forked = {None: ("cpu",), True: ("cpu", "cuda"), False: ()}[spec.search.fork_server]
@@ -70,9 +69,12 @@ def local_executor(spec: Spec) -> Executor:
         from isoprobe.executors.srun_gang import SrunGangExecutor
         from isoprobe.executors.srun_plan import Allocation
 
-        return SrunGangExecutor(LocalExecutor(warm=False), nodes=Allocation.from_environment(os.environ).nodes,
-                                ahead=spec.distributed.steps_ahead,
-                                world=spec.distributed.world_size)
+        return SrunGangExecutor(
+            LocalExecutor(warm=False),
+            nodes=Allocation.from_environment(os.environ).nodes,
+            ahead=spec.distributed.steps_ahead,
+            world=spec.distributed.world_size,
+        )
     from isoprobe.executors.gang import GangExecutor
 
     return GangExecutor(local)
@@ -100,17 +102,25 @@ def run_probe(
     python_path = [str(Path(spec_path).resolve().parent)]
     executor = executor if executor is not None else local_executor(spec)
     try:
-        built = ("builds model.hf_trainer's Trainer once, without training it" if spec.model.hf_trainer is not None
-                 else "reads the devices; the command itself runs in each trial" if spec.command is not None
-                 else "builds the model on the meta device")
+        built = (
+            "builds model.hf_trainer's Trainer once, without training it"
+            if spec.model.hf_trainer is not None
+            else "reads the devices; the command itself runs in each trial"
+            if spec.command is not None
+            else "builds the model on the meta device"
+        )
         reporter.note(f"checking the environment (a child process imports torch and {built})")
         try:
             # The first trial's process imports torch while the inspect child does the same. Inside
             # this try: a signal held while the spare starts lands as it ends, and must still give a
             # JSON document (found by test_interrupt with warm start on: 1 run in the full suite).
             backend = likely_backend(spec)
-            executor.prestart(replace(trial_conditions(spec, backend, spec.memory_budget or DEFAULT_CPU_BUDGET),
-                                      command_plan=command_plan(spec, backend, None, None)))
+            executor.prestart(
+                replace(
+                    trial_conditions(spec, backend, spec.memory_budget or DEFAULT_CPU_BUDGET),
+                    command_plan=command_plan(spec, backend, None, None),
+                )
+            )
             facts = inspect_environment(spec, spec_path, executor, python_path)
         except (KeyboardInterrupt, Terminated) as stopped:
             return _stopped_before_trials(spec, spec_path, stopped, environ, started)
@@ -118,11 +128,15 @@ def run_probe(
         _describe_target(spec, target, reporter)
         _describe_data(target.data, reporter)
         if target.train_samples is not None and (spec.search.cap is None or target.train_samples < spec.search.cap):
-            reporter.note(f"the Trainer's train_dataset holds {target.train_samples} samples: no batch above that is "
-                          "tried (the Trainer never draws a larger one)")
+            reporter.note(
+                f"the Trainer's train_dataset holds {target.train_samples} samples: no batch above that is "
+                "tried (the Trainer never draws a larger one)"
+            )
         if spec.search.unit == "tokens":
-            reporter.note(f"unit tokens: the largest token budget every bucket length of {spec.search.bucket_lengths} "
-                          "fits (floor(budget / L) samples of length L); each trial runs one length")
+            reporter.note(
+                f"unit tokens: the largest token budget every bucket length of {spec.search.bucket_lengths} "
+                "fits (floor(budget / L) samples of length L); each trial runs one length"
+            )
         else:  # the estimate traces input.shape as written: it does not predict another length's edge
             _describe_estimate(facts.estimate, target, reporter)
         runner = TrialRunner(spec, target, executor, python_path, reporter)
@@ -154,8 +168,9 @@ def run_probe(
                 found = replace(found, stop=stop_reason_of(stopped))
         if wants_eval_search(spec) and found.stop in (StopReason.EDGE_FOUND, StopReason.CAPPED):
             try:
-                evaluation = eval_search(spec, target, runner, found.recommended or found.max_fitting,
-                                         found.max_fitting)
+                evaluation = eval_search(
+                    spec, target, runner, found.recommended or found.max_fitting, found.max_fitting
+                )
             except (KeyboardInterrupt, Terminated) as stopped:
                 # The training answer stands; the evaluation edge is unknown, and the exit code says so.
                 found = replace(found, stop=stop_reason_of(stopped))
@@ -215,8 +230,13 @@ def run_probe(
         eval_training_batch_size=evaluation.training_batch if evaluation else None,
         eval_stop_reason=evaluation.stop if evaluation else None,
         prediction=None if tokens is not None else prediction(facts.estimate, target.search_capacity, max_fitting),
-        accumulation=accumulation_plan(spec, micro_batch_ceiling(
-            found.recommended, max_fitting, bool(found.recommendation and found.recommendation.soaks)), environ),
+        accumulation=accumulation_plan(
+            spec,
+            micro_batch_ceiling(
+                found.recommended, max_fitting, bool(found.recommendation and found.recommendation.soaks)
+            ),
+            environ,
+        ),
         allocator_comparison=comparison,
         stop_reason=stop,
         message=message,
@@ -237,33 +257,53 @@ def edge_margin(runner: TrialRunner, found: Found) -> EdgeMargin | None:
     if spread is None or (found.max_fitting is None and not found.marginal):
         return None
     capacity = runner.target.search_capacity
-    ran = [t for t in runner.same_question() if t.training_batch_size is None and t.purpose != "memory_check"
-           and t.allocator == runner.allocator_label]
+    ran = [
+        t
+        for t in runner.same_question()
+        if t.training_batch_size is None and t.purpose != "memory_check" and t.allocator == runner.allocator_label
+    ]
     deciding = [t for t in ran if t.steady_rule is not None]
 
     def free(trial) -> int | None:
         peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
         return None if peak is None else capacity - peak
 
-    at_max = [f for t in deciding if t.batch_size == found.max_fitting and t.outcome is Outcome.FITS
-              and (f := free(t)) is not None]
+    at_max = [
+        f
+        for t in deciding
+        if t.batch_size == found.max_fitting and t.outcome is Outcome.FITS and (f := free(t)) is not None
+    ]
     marginal = []
     for batch in found.marginal:  # its runs: the steady ones, or the short one whose peak was already inside
         runs = [t for t in deciding if t.batch_size == batch] or [t for t in ran if t.batch_size == batch]
         fitting = [f for t in runs if t.outcome is Outcome.FITS and (f := free(t)) is not None]
-        marginal.append(MarginalBatch(batch_size=batch, runs=len(runs), fitted=len(fitting),
-                                      free_bytes=min(fitting) if fitting else 0))
-    return EdgeMargin(capacity_bytes=capacity, spread_bytes=spread.bytes, floor_bytes=spread.floor_bytes,
-                      observed_bytes=spread.observed_bytes, max_free_bytes=min(at_max) if at_max else None,
-                      marginal=marginal)
+        marginal.append(
+            MarginalBatch(
+                batch_size=batch, runs=len(runs), fitted=len(fitting), free_bytes=min(fitting) if fitting else 0
+            )
+        )
+    return EdgeMargin(
+        capacity_bytes=capacity,
+        spread_bytes=spread.bytes,
+        floor_bytes=spread.floor_bytes,
+        observed_bytes=spread.observed_bytes,
+        max_free_bytes=min(at_max) if at_max else None,
+        marginal=marginal,
+    )
 
 
 def _at_max(runner: TrialRunner, max_fitting: int | None) -> list:
     """The training trials that ran the maximum and fit (the same question: length, allocator)."""
     if max_fitting is None:
         return []
-    return [t for t in runner.same_question() if t.batch_size == max_fitting and t.outcome is Outcome.FITS
-            and t.training_batch_size is None and t.purpose in ("search", "retry", "confirmation", "long_run")]
+    return [
+        t
+        for t in runner.same_question()
+        if t.batch_size == max_fitting
+        and t.outcome is Outcome.FITS
+        and t.training_batch_size is None
+        and t.purpose in ("search", "retry", "confirmation", "long_run")
+    ]
 
 
 def _steady(runner: TrialRunner, max_fitting: int | None) -> bool:
@@ -292,20 +332,26 @@ def distributed_info(spec: Spec, backend: str, world_size_source: str, trials=()
     if not options.gang:
         return None
     nodes = [rank.node for trial in trials for rank in (trial.ranks or []) if rank.node is not None]
-    return DistributedInfo(strategy=options.strategy, world_size=options.world_size or 1,
-                           world_size_source=world_size_source, backend="nccl" if backend == "cuda" else "gloo",
-                           threads_per_rank=options.threads_per_rank,
-                           launcher="srun" if options.launcher == "srun" else "local",
-                           nodes=list(dict.fromkeys(nodes)))
+    return DistributedInfo(
+        strategy=options.strategy,
+        world_size=options.world_size or 1,
+        world_size_source=world_size_source,
+        backend="nccl" if backend == "cuda" else "gloo",
+        threads_per_rank=options.threads_per_rank,
+        launcher="srun" if options.launcher == "srun" else "local",
+        nodes=list(dict.fromkeys(nodes)),
+    )
 
 
 def _describe_data(scan, reporter: Reporter) -> None:
     """With spec.data: what the environment check measured, and which batch every trial trains on."""
     if scan is None:
         return
-    measured = (f"a seeded sample of {scan.scanned} measured" if scan.sampled else "every length measured")
-    reporter.note(f"data: {scan.samples} samples ({measured} in {scan.seconds:.1f} s), lengths {scan.length_min:g} "
-                  f"to {scan.length_max:g}, mean {scan.length_mean:.1f}; every trial trains on its B longest")
+    measured = f"a seeded sample of {scan.scanned} measured" if scan.sampled else "every length measured"
+    reporter.note(
+        f"data: {scan.samples} samples ({measured} in {scan.seconds:.1f} s), lengths {scan.length_min:g} "
+        f"to {scan.length_max:g}, mean {scan.length_mean:.1f}; every trial trains on its B longest"
+    )
 
 
 def _describe_estimate(estimate, target, reporter: Reporter) -> None:
@@ -317,9 +363,11 @@ def _describe_estimate(estimate, target, reporter: Reporter) -> None:
         if estimate.note:
             reporter.note(f"{no_estimate(estimate)}; the search starts at search.start_batch_size")
         return
-    reporter.note(f"estimate (one step traced on fake tensors in {estimate.seconds:.1f} s): "
-                  f"{format_bytes(estimate.fixed_bytes)} + {format_bytes(int(estimate.per_sample_bytes))} a sample, "
-                  f"so about {predicted} fit; the trials start near there and prove the edge")
+    reporter.note(
+        f"estimate (one step traced on fake tensors in {estimate.seconds:.1f} s): "
+        f"{format_bytes(estimate.fixed_bytes)} + {format_bytes(int(estimate.per_sample_bytes))} a sample, "
+        f"so about {predicted} fit; the trials start near there and prove the edge"
+    )
 
 
 def _describe_target(spec: Spec, target, reporter: Reporter) -> None:
@@ -333,15 +381,19 @@ def _describe_target(spec: Spec, target, reporter: Reporter) -> None:
         )
     if spec.distributed.gang:
         world = spec.distributed.world_size or 1
-        reporter.note(f"distributed: {spec.distributed.strategy}, every trial a gang of {world} rank(s) "
-                      f"({'nccl, one GPU each' if target.backend == 'cuda' else 'gloo, the budget per rank'}); "
-                      "batches are per rank")
+        reporter.note(
+            f"distributed: {spec.distributed.strategy}, every trial a gang of {world} rank(s) "
+            f"({'nccl, one GPU each' if target.backend == 'cuda' else 'gloo, the budget per rank'}); "
+            "batches are per rank"
+        )
     baseline = ""
     if info.import_baseline_bytes and spec.command is None:
         baseline = f", of which importing torch takes {format_bytes(info.import_baseline_bytes)}"
     elif info.import_baseline_bytes:  # what the check's process measured is isoprobe's, not the command's
-        baseline = (f"; isoprobe's own check took {format_bytes(info.import_baseline_bytes)} after importing torch "
-                    "(the command's processes import what its script imports: their readings show it)")
+        baseline = (
+            f"; isoprobe's own check took {format_bytes(info.import_baseline_bytes)} after importing torch "
+            "(the command's processes import what its script imports: their readings show it)"
+        )
     reporter.note(f"backend {target.backend} ({info.name}), capacity {format_bytes(info.capacity_bytes)}{baseline}")
 
 

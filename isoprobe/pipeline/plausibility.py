@@ -30,9 +30,9 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from isoprobe.report.outcomes import Outcome
 from isoprobe.protocol.messages import EvalDone, MemoryReading, ModelBuilt, StepDone, TrialResult
 from isoprobe.report.cycle import CycleRule
+from isoprobe.report.outcomes import Outcome
 from isoprobe.report.steady import SteadyRule
 from isoprobe.spec.units import format_bytes
 
@@ -70,8 +70,9 @@ def implausible(events: list, asked: Asked) -> str | None:
         reasons.append("no model_built event came before the verdict")
     steps = [e for e in before if isinstance(e, StepDone)]
     numbers = [e.step for e in steps]
-    least, most = (asked.steps, asked.steps) if asked.steady is None else (asked.steady.min_steps,
-                                                                            asked.steady.max_steps)
+    least, most = (
+        (asked.steps, asked.steps) if asked.steady is None else (asked.steady.min_steps, asked.steady.max_steps)
+    )
     if asked.cycle is not None:
         most = max(most, asked.cycle.max_steps + (asked.steady.window if asked.steady is not None else 0))
     if numbers != list(range(1, len(numbers) + 1)) or not least <= len(numbers) <= most:
@@ -117,8 +118,10 @@ def over_budget(result: TrialResult, asked: Asked) -> str | None:
         over.append(f"its resident peak without the mapped files (shared memory included) was {_size(own)}")
     if not over:
         return None
-    return (f"the trial ran its steps, but {' and '.join(over)}, above the {_size(budget)} budget, which the "
-            f"cap did not stop (it does not count shared memory): it would not fit in {format_bytes(budget)}")
+    return (
+        f"the trial ran its steps, but {' and '.join(over)}, above the {_size(budget)} budget, which the "
+        f"cap did not stop (it does not count shared memory): it would not fit in {format_bytes(budget)}"
+    )
 
 
 def cuda_over_budget(result: TrialResult, budget: int) -> str | None:
@@ -127,9 +130,11 @@ def cuda_over_budget(result: TrialResult, budget: int) -> str | None:
         return None
     outside = result.sizes.cuda_context_bytes if result.sizes is not None else None
     parts = f" (outside the allocator: {_size(outside)})" if outside is not None else ""
-    return (f"the trial ran its steps, but the process held {_size(result.budget_peak_bytes)} of the card at its "
-            f"peak{parts}, above the {_size(budget)} budget: memory outside the allocator grew after the fraction "
-            f"was set (lazily loaded kernels, NCCL, compiled kernels), so it would not fit in {format_bytes(budget)}")
+    return (
+        f"the trial ran its steps, but the process held {_size(result.budget_peak_bytes)} of the card at its "
+        f"peak{parts}, above the {_size(budget)} budget: memory outside the allocator grew after the fraction "
+        f"was set (lazily loaded kernels, NCCL, compiled kernels), so it would not fit in {format_bytes(budget)}"
+    )
 
 
 #: How far below the import baseline a CPU trial's budget peak may read and still be a reading, not a broken one.
@@ -147,8 +152,10 @@ def _impossible_memory(result: TrialResult, asked: Asked) -> list[str]:
         if result.peak_bytes is None:
             return ["no peak memory was reported"]
         if result.peak_allocated_bytes is not None and result.peak_allocated_bytes > result.peak_bytes:
-            return [f"allocated peak {_size(result.peak_allocated_bytes)} above the reserved peak "
-                    f"{_size(result.peak_bytes)}, which holds it"]
+            return [
+                f"allocated peak {_size(result.peak_allocated_bytes)} above the reserved peak "
+                f"{_size(result.peak_bytes)}, which holds it"
+            ]
         return []
     reasons = []
     if result.peak_bytes is None or result.budget_peak_bytes is None:
@@ -157,22 +164,30 @@ def _impossible_memory(result: TrialResult, asked: Asked) -> list[str]:
     if baseline is None:
         return reasons
     # Each reading against the import baseline in its own units: the data segment, and resident memory.
-    if (result.budget_peak_bytes is not None and baseline.data
-            and result.budget_peak_bytes < baseline.data - IMPORT_SLACK_BYTES):
-        reasons.append(f"budget peak {_size(result.budget_peak_bytes)} is below the {_size(baseline.data)} data "
-                       "segment that importing torch alone takes")
+    if (
+        result.budget_peak_bytes is not None
+        and baseline.data
+        and result.budget_peak_bytes < baseline.data - IMPORT_SLACK_BYTES
+    ):
+        reasons.append(
+            f"budget peak {_size(result.budget_peak_bytes)} is below the {_size(baseline.data)} data "
+            "segment that importing torch alone takes"
+        )
     # Resident memory, unlike the data segment, can shrink under memory pressure (the kernel drops the
     # libraries' clean code pages and maps them again later): half of it is a floor no trial goes below.
     resident = baseline.rss
     if result.peak_bytes is not None and resident and result.peak_bytes < resident // 2:
-        reasons.append(f"resident peak {_size(result.peak_bytes)} is below half the {_size(resident)} resident "
-                       "after importing torch alone")
+        reasons.append(
+            f"resident peak {_size(result.peak_bytes)} is below half the {_size(resident)} resident "
+            "after importing torch alone"
+        )
     return reasons
 
 
 def _same_times(reported: list[float], measured: list[float]) -> bool:
     return len(reported) == len(measured) and all(
-        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(reported, measured))
+        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(reported, measured)
+    )
 
 
 def _size(count: int) -> str:

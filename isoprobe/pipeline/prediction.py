@@ -47,8 +47,14 @@ def prediction(estimate: Estimate | None, capacity: int | None, measured_max: in
     error = None
     if predicted is not None and measured_max:
         error = round((predicted - measured_max) / measured_max, 4)
-    return Prediction(fixed_bytes=estimate.fixed_bytes, per_sample_bytes=estimate.per_sample_bytes,
-                      predicted_max=predicted, error=error, seconds=estimate.seconds, note=estimate.note)
+    return Prediction(
+        fixed_bytes=estimate.fixed_bytes,
+        per_sample_bytes=estimate.per_sample_bytes,
+        predicted_max=predicted,
+        error=error,
+        seconds=estimate.seconds,
+        note=estimate.note,
+    )
 
 
 class EstimateReport(BaseModel):
@@ -61,8 +67,10 @@ class EstimateReport(BaseModel):
     torch_version: str
     device: DeviceInfo = Field(description="Where the trials would run, and the capacity the maximum is predicted for.")
     estimate: Estimate = Field(description="The traced estimate (per_sample_bytes null: none, and note says why).")
-    predicted_max: int | None = Field(None, description="The largest batch whose predicted peak is within "
-                                                        "device.capacity_bytes; null without an estimate.")
+    predicted_max: int | None = Field(
+        None,
+        description="The largest batch whose predicted peak is within device.capacity_bytes; null without an estimate.",
+    )
     seconds: float = Field(description="Wall time of the command (the environment check's process included).")
     note: str = Field(description="What the numbers are: a prediction; 'isoprobe run' proves the answer.")
 
@@ -70,10 +78,14 @@ class EstimateReport(BaseModel):
 def report_of(spec: Spec, spec_path: str, facts, device: DeviceInfo, capacity: int, seconds: float) -> EstimateReport:
     estimate = facts.estimate or Estimate(note="the environment check sent none back")
     return EstimateReport(
-        spec_path=spec_path, torch_version=facts.torch_version, device=device, estimate=estimate,
-        predicted_max=predicted_max(estimate, capacity), seconds=round(seconds, 3),
+        spec_path=spec_path,
+        torch_version=facts.torch_version,
+        device=device,
+        estimate=estimate,
+        predicted_max=predicted_max(estimate, capacity),
+        seconds=round(seconds, 3),
         note="a prediction from one traced step, no trial run: 'isoprobe run' proves the exact edge "
-             "(the trace sees tensors only: allocator caching, fragmentation and kernel scratch memory are not in it)",
+        "(the trace sees tensors only: allocator caching, fragmentation and kernel scratch memory are not in it)",
     )
 
 
@@ -87,22 +99,31 @@ def no_estimate(estimate: Estimate | None) -> str:
 def render_report(report: EstimateReport) -> str:
     """The report as a table for people."""
     e = report.estimate
-    rows = [("spec", report.spec_path), ("device", f"{report.device.backend} ({report.device.name})"),
-            ("capacity", format_bytes(report.device.capacity_bytes))]
+    rows = [
+        ("spec", report.spec_path),
+        ("device", f"{report.device.backend} ({report.device.name})"),
+        ("capacity", format_bytes(report.device.capacity_bytes)),
+    ]
     if e.per_sample_bytes is None:
         rows.append(("estimate", no_estimate(e)))
     else:
-        rows += [("parameters", format_bytes(e.parameter_bytes)), ("gradients", format_bytes(e.gradient_bytes)),
-                 ("optimizer state", format_bytes(e.optimizer_state_bytes)), ("buffers", format_bytes(e.buffer_bytes))]
+        rows += [
+            ("parameters", format_bytes(e.parameter_bytes)),
+            ("gradients", format_bytes(e.gradient_bytes)),
+            ("optimizer state", format_bytes(e.optimizer_state_bytes)),
+            ("buffers", format_bytes(e.buffer_bytes)),
+        ]
         if e.baseline_bytes is not None:
             label = "import baseline" if report.device.backend == "cpu" else "in use on the card (context)"
             rows.append((label, format_bytes(e.baseline_bytes)))
         if e.runtime_bytes is not None:
             rows.append(("runtime (threads, arenas)", format_bytes(e.runtime_bytes)))
-        rows += [("fixed part", format_bytes(e.fixed_bytes)),
-                 ("activations per sample", format_bytes(e.per_sample_bytes)),
-                 ("predicted maximum", str(report.predicted_max)),
-                 ("traced at batches", ", ".join(str(b) for b in e.traced_batch_sizes))]
+        rows += [
+            ("fixed part", format_bytes(e.fixed_bytes)),
+            ("activations per sample", format_bytes(e.per_sample_bytes)),
+            ("predicted maximum", str(report.predicted_max)),
+            ("traced at batches", ", ".join(str(b) for b in e.traced_batch_sizes)),
+        ]
         if e.note:
             rows.append(("note", e.note))
     rows.append(("took", f"{report.seconds:.1f} s (trace {e.seconds:.1f} s)"))

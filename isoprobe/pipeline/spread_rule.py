@@ -17,8 +17,18 @@ from isoprobe.search.history import Observation
 from isoprobe.search.margin import Spread, clears, near, spread_for
 
 
-def probe_spread(trials: list[Trial], *, allocator: str | None, backend: str, capacity: int, edge_spread: float,
-                 strategy: str, command: bool, least: bool = False, batch: int | None = None) -> Spread | None:
+def probe_spread(
+    trials: list[Trial],
+    *,
+    allocator: str | None,
+    backend: str,
+    capacity: int,
+    edge_spread: float,
+    strategy: str,
+    command: bool,
+    least: bool = False,
+    batch: int | None = None,
+) -> Spread | None:
     """The spread a probe applies to ``batch`` (``search.margin``), from ``trials`` (the same question's).
     ``least``: the least it can be once one more trial has fit, for a trial that has not measured its own heap
     churn yet. ``batch``: the batch it judges; the heap churns and swings of trials far below it do not count
@@ -36,14 +46,22 @@ def probe_spread(trials: list[Trial], *, allocator: str | None, backend: str, ca
             if t.heap_churn_bytes is not None and t.outcome is Outcome.FITS:
                 churns.append((t.batch_size, t.heap_churn_bytes))
     swings, churns = near(swings, batch), near(churns, batch)
-    return spread_for(backend, capacity, [r for r in runs.values() if len(r) > 1], edge_spread,
-                      # A command's processes (torchrun's ranks too) get a command's floor: its reading is the
-                      # data segment the cap counts (search.margin.COMMAND_FLOOR_BYTES).
-                      strategy=strategy, command=command,
-                      # A swing stands in for the heap's hold only where no trial measured the churn that
-                      # bounds it (search.margin.CHURN_MARGIN_BYTES): a swing is already in the trial's peak. The
-                      # least spread leaves swings out: the next trial may measure the churn and drop them.
-                      swings=[] if churns or least else swings, heap_churns=churns, least=least)
+    return spread_for(
+        backend,
+        capacity,
+        [r for r in runs.values() if len(r) > 1],
+        edge_spread,
+        # A command's processes (torchrun's ranks too) get a command's floor: its reading is the
+        # data segment the cap counts (search.margin.COMMAND_FLOOR_BYTES).
+        strategy=strategy,
+        command=command,
+        # A swing stands in for the heap's hold only where no trial measured the churn that
+        # bounds it (search.margin.CHURN_MARGIN_BYTES): a swing is already in the trial's peak. The
+        # least spread leaves swings out: the next trial may measure the churn and drop them.
+        swings=[] if churns or least else swings,
+        heap_churns=churns,
+        least=least,
+    )
 
 
 def fastest_rise(trials: list[Trial], batch: int | None) -> float | None:
@@ -61,7 +79,7 @@ def fastest_rise(trials: list[Trial], batch: int | None) -> float | None:
     return max(rates) if rates else None
 
 
-def margin_against(trial: Trial, spread: Spread | None, capacity: int) -> "Margin | None":
+def margin_against(trial: Trial, spread: Spread | None, capacity: int) -> Margin | None:
     """How much a deciding trial's steady peak left free below ``capacity``, against ``spread`` at its batch."""
     peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
     if spread is None or peak is None:
@@ -93,7 +111,8 @@ def observation_of(trial: Trial, short_steps: int) -> Observation:
     if trial.outcome is not Outcome.FITS:
         long_run = trial.steady_rule is not None and (
             trial.outcome is Outcome.STILL_RISING
-            or (trial.outcome is Outcome.OUT_OF_MEMORY and len(trial.step_seconds) >= short_steps))
+            or (trial.outcome is Outcome.OUT_OF_MEMORY and len(trial.step_seconds) >= short_steps)
+        )
         return Observation(trial.batch_size, trial.outcome, long_run=long_run, steady=trial.steady_rule is not None)
     peak = trial.budget_peak_bytes if trial.budget_peak_bytes is not None else trial.peak_bytes
     return Observation(trial.batch_size, trial.outcome, peak, trial.base_bytes, steady=trial.steady_rule is not None)

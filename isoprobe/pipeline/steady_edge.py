@@ -12,11 +12,11 @@ and the smallest above it that was not; a short fit above it is never the answer
 
 from __future__ import annotations
 
-from isoprobe.search import long_run
-from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.pipeline.explain import Found
 from isoprobe.pipeline.spread_rule import held_still
 from isoprobe.pipeline.trials import TrialRunner
+from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.search import long_run
 from isoprobe.search.edge_search import Conclusion
 from isoprobe.search.history import Limits, not_reproduced
 from isoprobe.search.margin import samples_to_clear
@@ -34,8 +34,14 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
     if rule is None or failed is None:
         raise ValueError("a long-run search needs a steady rule and a long-run failure")
     # The trial that showed it: a steady one that failed or fit inside the spread, or a short one already inside it.
-    deciding = next(t for t in reversed(runner.trials) if t.batch_size == failed and t.training_batch_size is None
-                    and t.purpose != "memory_check" and (t.steady_rule is not None or runner.marginal(t)))
+    deciding = next(
+        t
+        for t in reversed(runner.trials)
+        if t.batch_size == failed
+        and t.training_batch_size is None
+        and t.purpose != "memory_check"
+        and (t.steady_rule is not None or runner.marginal(t))
+    )
     line = memory_line(conclusion.history, limits)
     slope = line.slope if line else None
     ran: dict[int, bool] = {failed: False}
@@ -49,14 +55,20 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
     if deciding.outcome is Outcome.FITS:  # marginal: it fit, but inside the spread
         margin = runner.margin_of(deciding)
         jump = samples_to_clear(margin.free, margin.spread, slope) if margin else 1
-        runner.reporter.note(f"searching below {failed} for the largest batch whose steady peak leaves more than "
-                             "the spread free")
+        runner.reporter.note(
+            f"searching below {failed} for the largest batch whose steady peak leaves more than the spread free"
+        )
     else:
         jump = long_run.first_jump(deciding.step_budget_peak_bytes, runner.spec.search.steps, limits.capacity, slope)
-        how = f"still rising after {done} steps" if deciding.outcome is Outcome.STILL_RISING else \
-            f"{deciding.outcome.value} at step {done + 1}"
-        runner.reporter.note(f"batch {failed} fit {runner.spec.search.steps} steps but not the long run ({how}): "
-                             "searching below it with trials that run until their peak is steady")
+        how = (
+            f"still rising after {done} steps"
+            if deciding.outcome is Outcome.STILL_RISING
+            else f"{deciding.outcome.value} at step {done + 1}"
+        )
+        runner.reporter.note(
+            f"batch {failed} fit {runner.spec.search.steps} steps but not the long run ({how}): "
+            "searching below it with trials that run until their peak is steady"
+        )
     flaky = set(conclusion.flaky)
     while (batch := long_run.next_long_run_batch(ran, jump)) is not None:
         attempts = []
@@ -69,8 +81,9 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
             return Found(StopReason.ERROR, _largest(ran), None, None, tuple(sorted(flaky)), short_max=failed)
         # As in the short search's verdicts: a batch fits only if every attempt fit, one crash or timeout that
         # the retry did not reproduce aside (``history.not_reproduced``: a process that died once is no evidence).
-        fit_every_time = (all(t.outcome is Outcome.FITS for t in attempts)
-                          or not_reproduced([t.outcome for t in attempts]))
+        fit_every_time = all(t.outcome is Outcome.FITS for t in attempts) or not_reproduced(
+            [t.outcome for t in attempts]
+        )
         if trial.outcome is Outcome.FITS and not fit_every_time:
             flaky.add(batch)
         ran[batch] = fit_every_time and not runner.observation(trial).long_run
@@ -86,10 +99,24 @@ def long_run_search(runner: TrialRunner, limits: Limits, conclusion: Conclusion)
     short_max = failed if deciding.outcome is not Outcome.FITS else None
     if lower is None:
         # Down to batch 1 (or an error), nothing held: its memory rose until it ran out or hit the step cap.
-        return Found(StopReason.STILL_RISING, None, upper, outcomes.get(upper), tuple(sorted(flaky)),
-                     short_max=failed, marginal=marginal)
-    return Found(StopReason.EDGE_FOUND, lower, upper, outcomes.get(upper), tuple(sorted(flaky)), short_max=short_max,
-                 marginal=marginal)
+        return Found(
+            StopReason.STILL_RISING,
+            None,
+            upper,
+            outcomes.get(upper),
+            tuple(sorted(flaky)),
+            short_max=failed,
+            marginal=marginal,
+        )
+    return Found(
+        StopReason.EDGE_FOUND,
+        lower,
+        upper,
+        outcomes.get(upper),
+        tuple(sorted(flaky)),
+        short_max=short_max,
+        marginal=marginal,
+    )
 
 
 def _steady_below(runner: TrialRunner, failed: int) -> dict[int, bool]:
@@ -97,8 +124,12 @@ def _steady_below(runner: TrialRunner, failed: int) -> dict[int, bool]:
     run: every run of it fit, and none was marginal under the spread as it stands now."""
     runs: dict[int, list] = {}
     for trial in runner.same_question():
-        if (trial.batch_size < failed and trial.training_batch_size is None and trial.purpose != "memory_check"
-                and trial.allocator == runner.allocator_label):
+        if (
+            trial.batch_size < failed
+            and trial.training_batch_size is None
+            and trial.purpose != "memory_check"
+            and trial.allocator == runner.allocator_label
+        ):
             runs.setdefault(trial.batch_size, []).append(trial)
     proven: dict[int, bool] = {}
     for batch, trials in runs.items():

@@ -17,15 +17,19 @@ from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.explain import Found
 from isoprobe.pipeline.recommendation import recommend
 from isoprobe.pipeline.trials import TrialRunner
-from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.report.edge import LengthEdgeInfo, TokenBudget
+from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.search.token_budget import TokenSearch, search_budget
 from isoprobe.spec.model import Spec
 
 #: How a token search that stopped on a trial's outcome stops the probe (as a batch search would).
-_STOPS = {Outcome.ERROR: StopReason.ERROR, Outcome.CRASHED: StopReason.CRASHED,
-          Outcome.TIMED_OUT: StopReason.TIMED_OUT, Outcome.STILL_RISING: StopReason.STILL_RISING,
-          Outcome.OUT_OF_MEMORY: StopReason.START_DOES_NOT_FIT}
+_STOPS = {
+    Outcome.ERROR: StopReason.ERROR,
+    Outcome.CRASHED: StopReason.CRASHED,
+    Outcome.TIMED_OUT: StopReason.TIMED_OUT,
+    Outcome.STILL_RISING: StopReason.STILL_RISING,
+    Outcome.OUT_OF_MEMORY: StopReason.START_DOES_NOT_FIT,
+}
 
 
 def spec_at_length(spec: Spec, length: int) -> Spec:
@@ -51,12 +55,20 @@ def token_search_and_recommend(spec: Spec, target: Target, runner: TrialRunner) 
             # The binding batch's confirmation steps until its peak is steady, as the batch search's
             # confirmation of its maximum does.
             return runner.run(samples, purpose, rule=runner.steady_rule if purpose == "confirmation" else None).outcome
+
         return oracle
 
     try:
-        answer = search_budget(trial("search"), spec.search.bucket_lengths, start=spec.search.start_batch_size,
-                               cap=spec.search.cap, confirm=trial("confirmation"), retries=spec.search.retries,
-                               retry=trial("retry"), confirmations=spec.search.confirmations_for("tokens"))
+        answer = search_budget(
+            trial("search"),
+            spec.search.bucket_lengths,
+            start=spec.search.start_batch_size,
+            cap=spec.search.cap,
+            confirm=trial("confirmation"),
+            retries=spec.search.retries,
+            retry=trial("retry"),
+            confirmations=spec.search.confirmations_for("tokens"),
+        )
     except (KeyboardInterrupt, Terminated) as stopped:
         return TokensFound(Found(stop_reason_of(stopped), None, None), None)
     searched = len(runner.trials)
@@ -86,12 +98,30 @@ def _found(answer: TokenSearch, cap: int | None) -> Found:
 
 
 def _info(answer: TokenSearch, recommended_tokens: int | None, trials: int) -> TokenBudget:
-    lengths = [LengthEdgeInfo(length=e.length, max_fitting_samples=e.max_fitting, first_failing_samples=e.first_failing,
-                              budget_limit=e.budget_limit, trials=e.trials) for e in answer.edges]
-    binding_samples = (answer.budget // answer.binding_length
-                       if answer.budget is not None and answer.binding_length is not None else None)
-    return TokenBudget(max_tokens=answer.budget, binding_length=answer.binding_length, binding_samples=binding_samples,
-                       recommended_tokens=recommended_tokens, capped=answer.capped, lengths=lengths, trials=trials)
+    lengths = [
+        LengthEdgeInfo(
+            length=e.length,
+            max_fitting_samples=e.max_fitting,
+            first_failing_samples=e.first_failing,
+            budget_limit=e.budget_limit,
+            trials=e.trials,
+        )
+        for e in answer.edges
+    ]
+    binding_samples = (
+        answer.budget // answer.binding_length
+        if answer.budget is not None and answer.binding_length is not None
+        else None
+    )
+    return TokenBudget(
+        max_tokens=answer.budget,
+        binding_length=answer.binding_length,
+        binding_samples=binding_samples,
+        recommended_tokens=recommended_tokens,
+        capped=answer.capped,
+        lengths=lengths,
+        trials=trials,
+    )
 
 
 def token_message(tokens: TokenBudget, batch_message: str) -> str:
@@ -99,7 +129,11 @@ def token_message(tokens: TokenBudget, batch_message: str) -> str:
     if tokens.max_tokens is None:
         return f"no token budget: {batch_message}"
     if tokens.binding_length is None:
-        return (f"token budget {tokens.max_tokens}: every bucket length fit the sample cap (search.max_batch_size), "
-                f"so the cap binds, not memory; {batch_message}")
-    return (f"token budget {tokens.max_tokens}: every bucket length fits floor({tokens.max_tokens} / L) samples; "
-            f"the binding length is {tokens.binding_length}, where {batch_message}")
+        return (
+            f"token budget {tokens.max_tokens}: every bucket length fit the sample cap (search.max_batch_size), "
+            f"so the cap binds, not memory; {batch_message}"
+        )
+    return (
+        f"token budget {tokens.max_tokens}: every bucket length fits floor({tokens.max_tokens} / L) samples; "
+        f"the binding length is {tokens.binding_length}, where {batch_message}"
+    )

@@ -50,8 +50,9 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
     seen = last_of(run.events, CommandSeen) if end.outcome is Outcome.TIMED_OUT and result is None else None
     if seen is not None:  # a command trial killed at its timeout: what its supervisor had seen (issue 56)
         message, kind = timed_out_words(seen.processes, seen.stderr_tail, seen.stdout_tail)
-        error = ErrorInfo(type=kind, message=message[:MESSAGE_CHARS],
-                          traceback_tail=tails(seen.stderr_tail, seen.stdout_tail))
+        error = ErrorInfo(
+            type=kind, message=message[:MESSAGE_CHARS], traceback_tail=tails(seen.stderr_tail, seen.stdout_tail)
+        )
         stderr_tail = stderr_tail if (stderr_tail or "").strip() else (seen.stderr_tail or None)
         command_ranks = sum(1 for p in ranks_of(seen.processes)[0] if p.steps) or None
     return Trial(
@@ -92,8 +93,9 @@ def trial_from_run(run: ChildRun, index: int, batch_size: int, purpose: str, ask
         reclassified=end.evidence,
         command_ranks=command_ranks,
         budget_swing_bytes=result.budget_swing_bytes if result else None,
-        heap_churn_bytes=(result.heap_churn_bytes if result and result.heap_churn_bytes is not None
-                          else steps_heap_churn(step_events)),
+        heap_churn_bytes=(
+            result.heap_churn_bytes if result and result.heap_churn_bytes is not None else steps_heap_churn(step_events)
+        ),
     )
 
 
@@ -108,10 +110,13 @@ def steps_heap_churn(step_events: list[StepDone]) -> int | None:
 def lost_run(run: ChildRun, batch_size: int) -> str:
     """What people read when isoprobe's own machinery kept failing a trial: no answer rather than a lower one."""
     times = len(run.lost_before) + 1
-    return (f"isoprobe's fork server failed while it ran a trial of batch {batch_size} ({run.lost}"
-            + (f"; {times} times in a row" if times > 1 else "") + "). That says nothing about the batch, so "
-            "the probe stops without an answer rather than count it. Run it again; if this repeats, set "
-            "search.fork_server: false to spawn each trial instead")
+    return (
+        f"isoprobe's fork server failed while it ran a trial of batch {batch_size} ({run.lost}"
+        + (f"; {times} times in a row" if times > 1 else "")
+        + "). That says nothing about the batch, so "
+        "the probe stops without an answer rather than count it. Run it again; if this repeats, set "
+        "search.fork_server: false to spawn each trial instead"
+    )
 
 
 def _gang_trial(run: ChildRun, index: int, batch_size: int, purpose: str, asked: Asked | None) -> Trial:
@@ -127,21 +132,37 @@ def _gang_trial(run: ChildRun, index: int, batch_size: int, purpose: str, asked:
     deciding = run.failed_rank
     if deciding is None:
         unfit = [rank for rank, trial in enumerate(per_rank) if trial.outcome is not Outcome.FITS]
-        deciding = unfit[0] if unfit else max(
-            range(len(per_rank)), key=lambda r: (per_rank[r].budget_peak_bytes or per_rank[r].peak_bytes or 0, -r))
+        deciding = (
+            unfit[0]
+            if unfit
+            else max(
+                range(len(per_rank)), key=lambda r: (per_rank[r].budget_peak_bytes or per_rank[r].peak_bytes or 0, -r)
+            )
+        )
     ranks = [
-        RankTrial(rank=rank, outcome=trial.outcome, peak_bytes=trial.peak_bytes,
-                  budget_peak_bytes=trial.budget_peak_bytes, base_bytes=trial.base_bytes, sizes=trial.sizes,
-                  exit_code=trial.exit_code,
-                  stopped_by_gang=run.failed_rank is not None and rank != run.failed_rank,
-                  node=run.ranks[rank].node)
+        RankTrial(
+            rank=rank,
+            outcome=trial.outcome,
+            peak_bytes=trial.peak_bytes,
+            budget_peak_bytes=trial.budget_peak_bytes,
+            base_bytes=trial.base_bytes,
+            sizes=trial.sizes,
+            exit_code=trial.exit_code,
+            stopped_by_gang=run.failed_rank is not None and rank != run.failed_rank,
+            node=run.ranks[rank].node,
+        )
         for rank, trial in enumerate(per_rank)
     ]
     churns = [trial.heap_churn_bytes for trial in per_rank if trial.heap_churn_bytes is not None]
-    return per_rank[deciding].model_copy(update={
-        "ranks": ranks, "failed_rank": run.failed_rank, "gang_stop_seconds": run.gang_stop_seconds,
-        "seconds": round(run.seconds, 3), "heap_churn_bytes": max(churns) if churns else None,
-    })
+    return per_rank[deciding].model_copy(
+        update={
+            "ranks": ranks,
+            "failed_rank": run.failed_rank,
+            "gang_stop_seconds": run.gang_stop_seconds,
+            "seconds": round(run.seconds, 3),
+            "heap_churn_bytes": max(churns) if churns else None,
+        }
+    )
 
 
 def judged_against(trial: Trial, earlier: list[Trial], placeholder: str) -> Trial:
@@ -150,12 +171,19 @@ def judged_against(trial: Trial, earlier: list[Trial], placeholder: str) -> Tria
     one; else the trial as it was."""
     if trial.outcome is not Outcome.FITS or trial.batch_check is None or trial.training_batch_size is not None:
         return trial
-    others = [(t.batch_size, t.batch_check) for t in earlier
-              if t.training_batch_size is None and t.allocator == trial.allocator and t.length == trial.length]
+    others = [
+        (t.batch_size, t.batch_check)
+        for t in earlier
+        if t.training_batch_size is None and t.allocator == trial.allocator and t.length == trial.length
+    ]
     found = contradiction(trial.batch_size, trial.batch_check, others)
     if found is None:
         return trial
     large, large_check, small, small_check = found
     message = contradiction_message(large, small, large_check, small_check, placeholder)
-    return trial.model_copy(update={"outcome": Outcome.ERROR, "error": ErrorInfo(
-        type=NOT_TRAINED, message=message[:MESSAGE_CHARS], traceback_tail="")})
+    return trial.model_copy(
+        update={
+            "outcome": Outcome.ERROR,
+            "error": ErrorInfo(type=NOT_TRAINED, message=message[:MESSAGE_CHARS], traceback_tail=""),
+        }
+    )

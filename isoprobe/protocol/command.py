@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
@@ -43,8 +43,11 @@ class ShimHello(_Line):
 
     kind: Literal["hello"]
     ppid: int
-    host: str | None = Field(None, description="The node the process runs on (uname's nodename): the supervisor "
-                             "checks a process of its own node against /proc before it takes its steps.")
+    host: str | None = Field(
+        None,
+        description="The node the process runs on (uname's nodename): the supervisor "
+        "checks a process of its own node against /proc before it takes its steps.",
+    )
     rank: int | None = Field(None, description="RANK, as torchrun, accelerate launch and DeepSpeed set it.")
     local_rank: int | None = None
     world_size: int | None = Field(None, description="WORLD_SIZE: how many ranks the launcher starts.")
@@ -60,39 +63,78 @@ class ShimStep(_Line):
     seconds: float = Field(ge=0)
     peak_bytes: int | None = None
     held_bytes: int | None = None
-    budget_peak_bytes: int | None = Field(None, description="The peak so far in the budget's units: CPU, the data "
-                                          "segment; CUDA, the allocator's need plus the memory outside it "
-                                          "(isoprobe.child.cuda_readings.card_reading's arithmetic), of the worst device.")
-    held_budget_bytes: int | None = Field(None, ge=0, description="What the process holds right after the step, its "
-                                          "batch's activations freed, in the budget's units (CPU: the data segment "
-                                          "now; CUDA: memory_allocated plus the memory outside the allocator): the "
-                                          "trial's base reading (protocol.messages.TrialResult.base_bytes), as the "
-                                          "shim read it; the supervisor's sampling never raises it.")
-    file_resident_bytes: int | None = Field(None, description="CPU: RssFile after the step, as "
-                                            "protocol.messages.TrialResult.file_resident_bytes.")
+    budget_peak_bytes: int | None = Field(
+        None,
+        description="The peak so far in the budget's units: CPU, the data "
+        "segment; CUDA, the allocator's need plus the memory outside it "
+        "(isoprobe.child.cuda_readings.card_reading's arithmetic), of the worst device.",
+    )
+    held_budget_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="What the process holds right after the step, its "
+        "batch's activations freed, in the budget's units (CPU: the data segment "
+        "now; CUDA: memory_allocated plus the memory outside the allocator): the "
+        "trial's base reading (protocol.messages.TrialResult.base_bytes), as the "
+        "shim read it; the supervisor's sampling never raises it.",
+    )
+    file_resident_bytes: int | None = Field(
+        None, description="CPU: RssFile after the step, as protocol.messages.TrialResult.file_resident_bytes."
+    )
     peak_allocated_bytes: int | None = Field(None, description="CUDA: max_memory_allocated of that device.")
-    outside_bytes: int | None = Field(None, ge=0, description="CUDA: the memory outside the allocator after the "
-                                      "step (total - free - reserved): context, libraries, kernels, NCCL.")
+    outside_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="CUDA: the memory outside the allocator after the "
+        "step (total - free - reserved): context, libraries, kernels, NCCL.",
+    )
     alloc_retries: int | None = Field(None, ge=0, description="CUDA: num_alloc_retries of that device.")
-    script_memory_fraction: float | None = Field(None, ge=0, le=1, description="CUDA: the fraction the script "
-                                                 "set itself on that device, honoured as a fraction of the budget.")
-    forwards: list[list[int]] = Field(default_factory=list, max_length=64, description="The input shapes of the "
-                                      "model's completed forwards since the step before (root module calls with "
-                                      "gradients on and trainable parameters; the last few): the batch this step "
-                                      "trained at, as isoprobe.child.trained_batch judges it.")
-    forward_count: int = Field(0, ge=0, description="The most training forwards one module ran since the step "
-                               "before (forwards keeps the last few of all).")
+    script_memory_fraction: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description="CUDA: the fraction the script set itself on that device, honoured as a fraction of the budget.",
+    )
+    forwards: list[list[int]] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The input shapes of the "
+        "model's completed forwards since the step before (root module calls with "
+        "gradients on and trainable parameters; the last few): the batch this step "
+        "trained at, as isoprobe.child.trained_batch judges it.",
+    )
+    forward_count: int = Field(
+        0,
+        ge=0,
+        description="The most training forwards one module ran since the step "
+        "before (forwards keeps the last few of all).",
+    )
     leading_sum: int = Field(0, ge=0, description="Their first inputs' leading dimensions, summed (micro-batches).")
-    input_elements: int = Field(0, ge=0, description="The elements of every tensor the step's training forwards "
-                                "took (lists, tuples, dicts, objects looked into): trials are compared by it.")
-    batch_counts: list[int] = Field(default_factory=list, max_length=64, description="Every count each module's "
-                                    "last training forward shows: dimensions, the first two's product, list "
-                                    "lengths, offsets' count, a batch object's size.")
-    tried_counts: list[int] = Field(default_factory=list, max_length=64, description="The same of every training "
-                                    "forward of the step, those that raised included (a finder's attempts).")
-    eval_forwards: int = Field(0, ge=0, description="The model's evaluation forwards since the step before (root "
-                               "module calls without gradients, under inference_mode, or in eval mode): what "
-                               "isoprobe.report.cycle reads an evaluation pass from.")
+    input_elements: int = Field(
+        0,
+        ge=0,
+        description="The elements of every tensor the step's training forwards "
+        "took (lists, tuples, dicts, objects looked into): trials are compared by it.",
+    )
+    batch_counts: list[int] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Every count each module's "
+        "last training forward shows: dimensions, the first two's product, list "
+        "lengths, offsets' count, a batch object's size.",
+    )
+    tried_counts: list[int] = Field(
+        default_factory=list,
+        max_length=64,
+        description="The same of every training forward of the step, those that raised included (a finder's attempts).",
+    )
+    eval_forwards: int = Field(
+        0,
+        ge=0,
+        description="The model's evaluation forwards since the step before (root "
+        "module calls without gradients, under inference_mode, or in eval mode): what "
+        "isoprobe.report.cycle reads an evaluation pass from.",
+    )
     saves: int = Field(0, ge=0, description="torch.save calls since the step before (a checkpoint write).")
     device: str
     t: float
@@ -142,13 +184,14 @@ class CommandSeen(BaseModel):
 
     event: Literal["command"] = "command"
     t: float = Field(default_factory=time.time)
-    processes: list[RankProgress] = Field(default_factory=list, description="Each process that imported torch's "
-                                          "optimizers, in the order they said hello.")
+    processes: list[RankProgress] = Field(
+        default_factory=list, description="Each process that imported torch's optimizers, in the order they said hello."
+    )
     stdout_tail: str = Field("", description="The command's stdout, its last lines.")
     stderr_tail: str = Field("", description="The command's stderr, its last lines.")
 
 
-ShimLine = Annotated[Union[ShimHello, ShimStep, ShimForward, ShimFiles, ShimException], Field(discriminator="kind")]
+ShimLine = Annotated[ShimHello | ShimStep | ShimForward | ShimFiles | ShimException, Field(discriminator="kind")]
 _LINE = TypeAdapter(ShimLine)
 
 

@@ -29,17 +29,23 @@ from typing import Annotated, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
-from isoprobe.report.outcomes import Outcome
-from isoprobe.report.trial import Applied, ErrorInfo, Sizes
-from isoprobe.spec.model import Spec
-from isoprobe.report.steady import SteadyRule
-from isoprobe.report.batch_check import BatchCheck
-from isoprobe.report.cycle import CycleRule, CycleSeen
 from isoprobe.protocol.command import CommandSeen
 from isoprobe.protocol.wiring import (  # noqa: F401 - defined there (the child reads them before torch), named from here
-    CHILD_MODULE, EVENTS_ENV, IDLE_ARGUMENT, IMPORT_LINE, LIFELINE_ENV, PRELOAD_ENV, SERVE_ARGUMENT, WAIT_ARGUMENT,
+    CHILD_MODULE,
+    EVENTS_ENV,
+    IDLE_ARGUMENT,
+    IMPORT_LINE,
+    LIFELINE_ENV,
+    PRELOAD_ENV,
+    SERVE_ARGUMENT,
+    WAIT_ARGUMENT,
 )
-
+from isoprobe.report.batch_check import BatchCheck
+from isoprobe.report.cycle import CycleRule, CycleSeen
+from isoprobe.report.outcomes import Outcome
+from isoprobe.report.steady import SteadyRule
+from isoprobe.report.trial import Applied, ErrorInfo, Sizes
+from isoprobe.spec.model import Spec
 
 #: Exception messages are cut to this many characters (ErrorInfo.message, InspectProblem.message), so that
 #: an event stays one bounded line whatever the user's code raised.
@@ -79,31 +85,42 @@ class TrialRequest(_Message):
         None, description="CUDA: applied as the per-process memory fraction. CPU: the rlimit (set by the executor)."
     )
     cuda_outside_bytes: int | None = Field(
-        None, ge=0, description="CUDA, a command trial: what the environment check saw in use on the card outside "
+        None,
+        ge=0,
+        description="CUDA, a command trial: what the environment check saw in use on the card outside "
         "an allocator (its context, other processes), taken off the budget where the command's shim caps the "
-        "allocator at CUDA's initialisation, before the command's own first step has measured it.")
+        "allocator at CUDA's initialisation, before the command's own first step has measured it.",
+    )
     python_path: list[str] = Field(default_factory=list, description="Folders put in front of sys.path (the spec's).")
     steps: int | None = Field(
         None, ge=1, description="Training steps to run instead of search.steps (the recommendation's soak)."
     )
     steady: SteadyRule | None = Field(
-        None, description="Set for a trial that decides the edge: after its steps it keeps stepping until its "
-                          "peak is steady or the rule's cap (isoprobe.report.steady); None: exactly its steps."
+        None,
+        description="Set for a trial that decides the edge: after its steps it keeps stepping until its "
+        "peak is steady or the rule's cap (isoprobe.report.steady); None: exactly its steps.",
     )
-    cycle: CycleRule | None = Field(None, description="A deciding trial (or a soak) steps on until it has seen the "
-                                    "script's first evaluation pass, or the rule's bound (report.cycle). None: no wait.")
+    cycle: CycleRule | None = Field(
+        None,
+        description="A deciding trial (or a soak) steps on until it has seen the "
+        "script's first evaluation pass, or the rule's bound (report.cycle). None: no wait.",
+    )
     rank: RankAssignment | None = Field(
         None, description="Set for each rank of a distributed trial (the gang executor's fan-out); None: one process."
     )
     data_indices: list[int] | None = Field(
-        None, description="With spec.data: the batch's dataset indices, longest first, when there are at most "
+        None,
+        description="With spec.data: the batch's dataset indices, longest first, when there are at most "
         "spec.data.INDICES_IN_REQUEST of them; else that many, and the trial rebuilds the rest with the same rule "
-        "(spec.data.scanned_indices, worst_first) and checks that it starts with these."
+        "(spec.data.scanned_indices, worst_first) and checks that it starts with these.",
     )
     eval_batch_size: int | None = Field(
-        None, ge=1, description="Set for an evaluation trial (training.eval_pass): batch_size's training steps run "
-                                "first, then the training batch is dropped and one evaluation pass runs at this batch; "
-                                "the trial's verdict is the evaluation's. None: a training trial (no evaluation pass).")
+        None,
+        ge=1,
+        description="Set for an evaluation trial (training.eval_pass): batch_size's training steps run "
+        "first, then the training batch is dropped and one evaluation pass runs at this batch; "
+        "the trial's verdict is the evaluation's. None: a training trial (no evaluation pass).",
+    )
 
 
 class InspectRequest(_Message):
@@ -114,7 +131,7 @@ class InspectRequest(_Message):
     python_path: list[str] = Field(default_factory=list)
 
 
-Request = Annotated[Union[TrialRequest, InspectRequest], Field(discriminator="mode")]
+Request = Annotated[TrialRequest | InspectRequest, Field(discriminator="mode")]
 _REQUEST = TypeAdapter(Request)
 
 
@@ -140,11 +157,15 @@ class MemoryReading(_Message):
 
 
 #: The ``sources`` of a trial's and of the inspect child's last event (``isoprobe.cache.sources``).
-_SOURCES = ("The user's module files this child imported (outside the installed environment), as real path -> "
-            "SHA-256, read at its end: the cache trusts an answer only while they are unchanged.")
+_SOURCES = (
+    "The user's module files this child imported (outside the installed environment), as real path -> "
+    "SHA-256, read at its end: the cache trusts an answer only while they are unchanged."
+)
 #: The ``reads`` of the same events (``isoprobe.child.reads``).
-_READS = ("The user's files this child opened for reading (outside the installed environment, not written by it), "
-          "as real paths; the parent hashes them into the entry's sources, so a changed config file is stale.")
+_READS = (
+    "The user's files this child opened for reading (outside the installed environment, not written by it), "
+    "as real paths; the parent hashes them into the entry's sources, so a changed config file is stale."
+)
 
 
 class _Event(_Message):
@@ -166,8 +187,11 @@ class Warm(_Event):
     idle_priority: bool
     forked: bool = Field(False, description="Forked from the probe's fork server, which did the imports.")
     own_data_bytes: int = Field(
-        0, ge=0, description="What isoprobe's own modules add to this process's data segment, measured after the "
-        "preload (child.own_modules.credit_own): credited to a CPU cap and left out of the memory readings.")
+        0,
+        ge=0,
+        description="What isoprobe's own modules add to this process's data segment, measured after the "
+        "preload (child.own_modules.credit_own): credited to a CPU cap and left out of the memory readings.",
+    )
 
 
 class RequestReceived(_Event):
@@ -191,7 +215,8 @@ class DataScanning(_Event):
 
     event: Literal["data_scan"] = "data_scan"
     stage: Literal["building", "scanning", "done"] = Field(
-        description="building: calling data.dataset's factory; scanning: reading the lengths; done: the pass is over.")
+        description="building: calling data.dataset's factory; scanning: reading the lengths; done: the pass is over."
+    )
     samples: int | None = Field(None, ge=0, description="len(dataset), once built.")
     scanning: int | None = Field(None, ge=0, description="How many samples' lengths the scan reads (data.scan_limit).")
 
@@ -207,13 +232,15 @@ class StepDone(_Event):
         None, description="Memory held right after the step (CUDA torch.cuda.memory_allocated, CPU VmRSS)."
     )
     budget_peak_bytes: int | None = Field(
-        None, description="The peak so far in TrialResult.budget_peak_bytes's units (CPU: the data segment the cap "
-                          "counts; CUDA: the allocator's need plus the memory outside it): what a steady rule judges."
+        None,
+        description="The peak so far in TrialResult.budget_peak_bytes's units (CPU: the data segment the cap "
+        "counts; CUDA: the allocator's need plus the memory outside it): what a steady rule judges.",
     )
     heap_churn_bytes: int | None = Field(
-        None, description="CPU: how far glibc's heaps reached above what they hold right after the step "
-                          "(child.heap_churn.heap_churn); the trial's report.result.Trial.heap_churn_bytes is read "
-                          "from these. Null: not read (CUDA, or no glibc)."
+        None,
+        description="CPU: how far glibc's heaps reached above what they hold right after the step "
+        "(child.heap_churn.heap_churn); the trial's report.result.Trial.heap_churn_bytes is read "
+        "from these. Null: not read (CUDA, or no glibc).",
     )
 
 
@@ -254,9 +281,10 @@ class TrialResult(_Event):
     base_bytes: int | None = None
     alloc_retries: int | None = Field(None, description="CUDA: report.result.Trial.alloc_retries.")
     file_resident_bytes: int | None = Field(
-        None, description="CPU: resident pages of mapped files at the end (RssFile: the libraries' code, mostly). "
+        None,
+        description="CPU: resident pages of mapped files at the end (RssFile: the libraries' code, mostly). "
         "How many of them are resident depends on the page cache, not on the trial, so the resident over-budget "
-        "rule (probe.plausibility.over_budget) leaves them out of peak_bytes."
+        "rule (probe.plausibility.over_budget) leaves them out of peak_bytes.",
     )
     total_memory_bytes: int | None = None
     sizes: Sizes | None = None
@@ -271,17 +299,22 @@ class TrialResult(_Event):
     sources: dict[str, str] = Field(default_factory=dict, description=_SOURCES)
     reads: list[str] = Field(default_factory=list, description=_READS)
     command_ranks: int | None = Field(
-        None, description="A command trial (spec.command): how many of the command's processes made optimizer steps.")
+        None, description="A command trial (spec.command): how many of the command's processes made optimizer steps."
+    )
     budget_swing_bytes: int | None = Field(
-        None, description="A command trial on the CPU backend: report.result.Trial.budget_swing_bytes.")
+        None, description="A command trial on the CPU backend: report.result.Trial.budget_swing_bytes."
+    )
     heap_churn_bytes: int | None = Field(
-        None, description="A command trial on the CPU backend: report.result.Trial.heap_churn_bytes.")
+        None, description="A command trial on the CPU backend: report.result.Trial.heap_churn_bytes."
+    )
     threads: int | None = Field(
-        None, description="torch.get_num_threads() in the trial, after its imports: the cache keeps a CPU answer "
-        "only if every trial ran the intra-op threads its key holds (``cache.threads``). None: torch not imported.")
+        None,
+        description="torch.get_num_threads() in the trial, after its imports: the cache keeps a CPU answer "
+        "only if every trial ran the intra-op threads its key holds (``cache.threads``). None: torch not imported.",
+    )
 
     @model_validator(mode="after")
-    def _crashed_only_for_a_lost_rank(self) -> "TrialResult":
+    def _crashed_only_for_a_lost_rank(self) -> TrialResult:
         # A child never says it crashed: how it ended says that. The one exception is a command trial's supervisor,
         # which ran on after a rank of the command was lost to a signal and names it (``RankLost``).
         if self.outcome is Outcome.CRASHED and (self.error is None or self.error.type != RANK_LOST):
@@ -293,16 +326,37 @@ class CudaDevice(_Message):
     name: str
     total_memory_bytes: int
     free_memory_bytes: int | None = Field(None, description="Free when inspected, this child's context taken out.")
-    outside_bytes: int | None = Field(None, description="What this child held outside its allocator (context, "
-                                      "libraries) by NVML's count for its pid; None where NVML cannot say.")
+    outside_bytes: int | None = Field(
+        None,
+        description="What this child held outside its allocator (context, "
+        "libraries) by NVML's count for its pid; None where NVML cannot say.",
+    )
 
 
 class InspectProblem(_Message):
     """Something in the spec that cannot be set up; the parent maps ``stage`` to the spec field to fix."""
 
-    stage: Literal["model", "optimizer", "allocator", "input", "target", "precision", "checkpointing", "batch",
-                   "loss", "step", "hf_trainer", "lightning", "datamodule", "batch_arg_name", "data.dataset",
-                   "data.collate_fn", "data.length", "eval_pass", "data.determinism"]
+    stage: Literal[
+        "model",
+        "optimizer",
+        "allocator",
+        "input",
+        "target",
+        "precision",
+        "checkpointing",
+        "batch",
+        "loss",
+        "step",
+        "hf_trainer",
+        "lightning",
+        "datamodule",
+        "batch_arg_name",
+        "data.dataset",
+        "data.collate_fn",
+        "data.length",
+        "eval_pass",
+        "data.determinism",
+    ]
     type: str
     message: str
 
@@ -314,8 +368,9 @@ class Estimate(_Message):
     ``note`` says why (skipped, or the trace failed); the search then starts as it does without one.
     """
 
-    fixed_bytes: int | None = Field(None, description="The line's intercept: the traced step's fixed part plus "
-                                     "baseline_bytes and runtime_bytes.")
+    fixed_bytes: int | None = Field(
+        None, description="The line's intercept: the traced step's fixed part plus baseline_bytes and runtime_bytes."
+    )
     per_sample_bytes: float | None = Field(None, description="The line's slope: what one more sample costs.")
     traced_batch_sizes: list[int] = Field(default_factory=list, description="The batches the line was traced at.")
     traced_peak_bytes: list[int] = Field(default_factory=list, description="Their traced peaks (no baseline).")
@@ -323,14 +378,23 @@ class Estimate(_Message):
     gradient_bytes: int | None = None
     optimizer_state_bytes: int | None = None
     buffer_bytes: int | None = None
-    baseline_bytes: int | None = Field(None, description="What every trial holds before its model exists, added to "
-                                       "the fixed part: CPU, the import baseline (data segment); CUDA, what is in use "
-                                       "on the card after the check's context (others' memory included).")
-    runtime_bytes: int | None = Field(None, description="CPU: what a real stand-in step added to the data segment "
-                                      "beyond its tensors (thread pools, malloc arenas), in fixed_bytes.")
+    baseline_bytes: int | None = Field(
+        None,
+        description="What every trial holds before its model exists, added to "
+        "the fixed part: CPU, the import baseline (data segment); CUDA, what is in use "
+        "on the card after the check's context (others' memory included).",
+    )
+    runtime_bytes: int | None = Field(
+        None,
+        description="CPU: what a real stand-in step added to the data segment "
+        "beyond its tensors (thread pools, malloc arenas), in fixed_bytes.",
+    )
     seconds: float = Field(0.0, description="How long the estimate took in the environment check.")
-    note: str | None = Field(None, description="Why there is no estimate: the reason alone (\"search.estimate is "
-                             "false\"), which whoever shows it prefixes once (pipeline.prediction.no_estimate).")
+    note: str | None = Field(
+        None,
+        description='Why there is no estimate: the reason alone ("search.estimate is '
+        'false"), which whoever shows it prefixes once (pipeline.prediction.no_estimate).',
+    )
 
 
 class DataScan(_Message):
@@ -364,16 +428,22 @@ class Facts(_Message):
     meta_build_warning: str | None = None
     meta_forward_warning: str | None = None
     model_imports: list[str] = Field(
-        default_factory=list, description="Installed packages (top-level names) the model's code imported while it "
+        default_factory=list,
+        description="Installed packages (top-level names) the model's code imported while it "
         "was built, beyond the model's library: the trials' warm children and fork server import them before "
-        "the request, so that a forked trial holds what a fresh process does.")
+        "the request, so that a forked trial holds what a fresh process does.",
+    )
     data: DataScan | None = Field(None, description="With spec.data: the dataset's lengths (``child.data``).")
     train_samples: int | None = Field(
-        None, description="With model.hf_trainer: the length of the Trainer's train_dataset (None: an iterable one). "
-        "No batch above it is tried: the Trainer never draws one.")
+        None,
+        description="With model.hf_trainer: the length of the Trainer's train_dataset (None: an iterable one). "
+        "No batch above it is tried: the Trainer never draws one.",
+    )
     estimate: Estimate | None = Field(
-        None, description="The traced memory estimate; None where not attempted. The child reports it in its own "
-        "event (``Estimated``) after ``Inspected``; the parent puts it here (``pipeline.environment``).")
+        None,
+        description="The traced memory estimate; None where not attempted. The child reports it in its own "
+        "event (``Estimated``) after ``Inspected``; the parent puts it here (``pipeline.environment``).",
+    )
 
 
 class Inspected(_Event):
@@ -397,8 +467,7 @@ class Estimated(_Event):
 
 
 Event = Annotated[
-    Union[Started, Warm, RequestReceived, Imported, ModelBuilt, Forwarded, StepDone, EvalDone, TrialResult,
-          Inspected, Estimated, DataScanning, CommandSeen],
+    Started | Warm | RequestReceived | Imported | ModelBuilt | Forwarded | StepDone | EvalDone | TrialResult | Inspected | Estimated | DataScanning | CommandSeen,
     Field(discriminator="event"),
 ]
 _EVENT = TypeAdapter(Event)
@@ -437,7 +506,6 @@ def first_of(events: list, kind: type):
     return next((e for e in events if isinstance(e, kind)), None)
 
 
-
 # --------------------------------------------------------------------------- the fork server's channel
 
 
@@ -464,8 +532,10 @@ class ImportOrder(_Message):
     """
 
     order: Literal["import"] = "import"
-    modules_file: str = Field(description="A file naming the modules, one a line: up to ``MAX_MODEL_IMPORTS`` of "
-                              "them, more than one message may hold.")
+    modules_file: str = Field(
+        description="A file naming the modules, one a line: up to ``MAX_MODEL_IMPORTS`` of "
+        "them, more than one message may hold."
+    )
 
 
 class Forked(_Message):
@@ -493,7 +563,7 @@ class Extended(_Message):
     safe: bool
 
 
-ServerReply = Annotated[Union[Forked, Ended, Extended], Field(discriminator="reply")]
+ServerReply = Annotated[Forked | Ended | Extended, Field(discriminator="reply")]
 SERVER_REPLY = TypeAdapter(ServerReply)
 #: What the fork server reads from its channel: an order to import more, or one to fork (``ForkOrder``).
 SERVER_ORDER = TypeAdapter(Union[ImportOrder, ForkOrder])

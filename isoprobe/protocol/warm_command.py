@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,13 +51,18 @@ class WarmPlan(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     argv: list[str] = Field(description="The command's words with the batch placeholder still in them.")
-    cwd: str | None = Field(description="The command's working directory (spec.command_dir; None: the trial "
-                                        "process's own, as a trial started then would have it).")
+    cwd: str | None = Field(
+        description="The command's working directory (spec.command_dir; None: the trial "
+        "process's own, as a trial started then would have it)."
+    )
     device: str = Field(description="The trials' device (cpu, cuda, cuda:N): the command's environment follows it.")
-    memory_budget_bytes: int | None = Field(description="The trials' budget (the CUDA budget variable the shim "
-                                                        "reads when torch's optimizers load, during the imports).")
-    cuda_outside_bytes: float | None = Field(description="CUDA: the environment check's memory outside the "
-                                                         "allocator, as trial requests carry it.")
+    memory_budget_bytes: int | None = Field(
+        description="The trials' budget (the CUDA budget variable the shim "
+        "reads when torch's optimizers load, during the imports)."
+    )
+    cuda_outside_bytes: float | None = Field(
+        description="CUDA: the environment check's memory outside the allocator, as trial requests carry it."
+    )
 
 
 @dataclass(frozen=True)
@@ -69,7 +74,6 @@ class WarmShape:
     target: str
     arguments: tuple[str, ...]  # the words after the target (with the batch in them, or the placeholder): the
     # interpreter's sys.argv[1:], which the trial's arguments replace in the process started ahead
-
 
 
 def warm_shape(argv: Sequence[str]) -> WarmShape | None:

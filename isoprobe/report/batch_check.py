@@ -31,7 +31,8 @@ whose inputs mislead them. Pure: no processes, no torch.
 
 from __future__ import annotations
 
-from typing import Iterable, Literal
+from collections.abc import Iterable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -51,20 +52,28 @@ class BatchCheck(BaseModel):
 
     verdict: Literal["trained", "unclear", "off"] = Field(
         description="'trained': some step's training forwards showed the batch (or, under a launcher of W ranks, "
-                    "batch / W) as a dimension, a list's length, an offsets tensor's count, a multiple of it, the "
-                    "number of forwards or their leading dimensions' sum; 'unclear': forwards were seen and the "
-                    "batch was nowhere in them (credited, the answer says so, and the rule across trials still "
-                    "applies); 'off': batch_check is off.")
+        "batch / W) as a dimension, a list's length, an offsets tensor's count, a multiple of it, the "
+        "number of forwards or their leading dimensions' sum; 'unclear': forwards were seen and the "
+        "batch was nowhere in them (credited, the answer says so, and the rule across trials still "
+        "applies); 'off': batch_check is off."
+    )
     found_as: str | None = Field(None, description="Where the batch was found, for 'trained' (e.g. 'a list's length').")
     input_elements: int | None = Field(
-        None, ge=0, description="The elements of every tensor the training forwards of the trial's typical (median) "
-                                "step took: what trials at different batches are compared by.")
-    shapes: list[list[int]] = Field(default_factory=list, max_length=8, description="The first input's shape of "
-                                    "that step's last training forwards, as evidence.")
+        None,
+        ge=0,
+        description="The elements of every tensor the training forwards of the trial's typical (median) "
+        "step took: what trials at different batches are compared by.",
+    )
+    shapes: list[list[int]] = Field(
+        default_factory=list,
+        max_length=8,
+        description="The first input's shape of that step's last training forwards, as evidence.",
+    )
 
 
-def contradiction(batch: int, check: BatchCheck | None, others: Iterable[tuple[int, BatchCheck | None]]
-                  ) -> tuple[int, BatchCheck, int, BatchCheck] | None:
+def contradiction(
+    batch: int, check: BatchCheck | None, others: Iterable[tuple[int, BatchCheck | None]]
+) -> tuple[int, BatchCheck, int, BatchCheck] | None:
     """The first pair (larger batch and its check, smaller batch and its check) among this trial and ``others`` (their
     batches and checks) that shows the script did not train at the larger batch: at RATIO times the batch or more,
     its typical step took no more input elements; or, against a smaller batch of 8 or more whose reading was exact
@@ -76,7 +85,8 @@ def contradiction(batch: int, check: BatchCheck | None, others: Iterable[tuple[i
         if other is None or other.verdict == "off" or not other.input_elements or other_batch == batch:
             continue
         (large, large_check), (small, small_check) = sorted(
-            [(batch, check), (other_batch, other)], key=lambda pair: pair[0], reverse=True)
+            [(batch, check), (other_batch, other)], key=lambda pair: pair[0], reverse=True
+        )
         if large < RATIO * small:
             continue
         exact = large_check.verdict == small_check.verdict == "trained"
@@ -88,32 +98,42 @@ def contradiction(batch: int, check: BatchCheck | None, others: Iterable[tuple[i
         if other is None or other.verdict == "off" or not other.input_elements or other_batch == batch:
             continue
         (large, large_check), (small, small_check) = sorted(
-            [(batch, check), (other_batch, other)], key=lambda pair: pair[0], reverse=True)
-        if (small_check.verdict == "trained" and small >= SMALLEST_COMPARED
-                and RATIO * large_check.input_elements * small < small_check.input_elements * large):
+            [(batch, check), (other_batch, other)], key=lambda pair: pair[0], reverse=True
+        )
+        if (
+            small_check.verdict == "trained"
+            and small >= SMALLEST_COMPARED
+            and RATIO * large_check.input_elements * small < small_check.input_elements * large
+        ):
             return large, large_check, small, small_check
     return None
 
 
-def contradiction_message(large: int, small: int, large_check: BatchCheck, small_check: BatchCheck,
-                          placeholder: str) -> str:
+def contradiction_message(
+    large: int, small: int, large_check: BatchCheck, small_check: BatchCheck, placeholder: str
+) -> str:
     """What the user reads when two trials prove that the script did not train at the larger batch."""
+
     def shown(check: BatchCheck) -> str:
         return f" (inputs {', '.join(str(s) for s in check.shapes[:2])})" if check.shapes else ""
 
-    return (f"the command was asked to train at batch {large} and at batch {small} ({placeholder}), and its model "
-            f"took {large_check.input_elements} input elements in a step at {large}{shown(large_check)}, no more "
-            f"than the {small_check.input_elements} at {small}{shown(small_check)}: it does not train at the batch "
-            "it is given, so no trial can measure one. A batch-size finder of its own (Accelerate's "
-            "find_executable_batch_size, TrainingArguments(auto_find_batch_size=True), a loop that halves the "
-            "batch on out-of-memory), a fixed batch that ignores the argument, or data with fewer samples than the "
-            "batch do this. Turn the finder off and pass the batch to where the batches are built (the "
-            "DataLoader's batch_size), and give the data at least one full batch; if the script does train at its "
-            "batch and its inputs only look this way, set batch_check: off")
+    return (
+        f"the command was asked to train at batch {large} and at batch {small} ({placeholder}), and its model "
+        f"took {large_check.input_elements} input elements in a step at {large}{shown(large_check)}, no more "
+        f"than the {small_check.input_elements} at {small}{shown(small_check)}: it does not train at the batch "
+        "it is given, so no trial can measure one. A batch-size finder of its own (Accelerate's "
+        "find_executable_batch_size, TrainingArguments(auto_find_batch_size=True), a loop that halves the "
+        "batch on out-of-memory), a fixed batch that ignores the argument, or data with fewer samples than the "
+        "batch do this. Turn the finder off and pass the batch to where the batches are built (the "
+        "DataLoader's batch_size), and give the data at least one full batch; if the script does train at its "
+        "batch and its inputs only look this way, set batch_check: off"
+    )
 
 
 def unclear_note(batch: int, check: BatchCheck) -> str:
     """The answer's note when the maximum's trial showed its batch nowhere in the model's inputs."""
     shapes = f" (its model's inputs: {', '.join(str(s) for s in check.shapes[:2])})" if check.shapes else ""
-    return (f"the batch check found no batch of {batch} in what the maximum's trial fed its model{shapes}; the "
-            "answer assumes the script trains at the batch it is given (set batch_check: off if it does)")
+    return (
+        f"the batch check found no batch of {batch} in what the maximum's trial fed its model{shapes}; the "
+        "answer assumes the script trains at the batch it is given (set batch_check: off if it does)"
+    )

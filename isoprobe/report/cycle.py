@@ -33,10 +33,12 @@ class CycleRule(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    max_steps: int = Field(ge=1, description="The most optimizer steps the trial runs waiting for an evaluation pass "
-                                             "(search.cycle_steps).")
-    max_seconds: float = Field(gt=0, description="The most seconds, from the end of its first step, it waits "
-                                                 "(search.cycle_seconds).")
+    max_steps: int = Field(
+        ge=1, description="The most optimizer steps the trial runs waiting for an evaluation pass (search.cycle_steps)."
+    )
+    max_seconds: float = Field(
+        gt=0, description="The most seconds, from the end of its first step, it waits (search.cycle_seconds)."
+    )
 
 
 class CycleSeen(BaseModel):
@@ -46,24 +48,36 @@ class CycleSeen(BaseModel):
 
     steps: int = Field(ge=0, description="Optimizer steps the trial judged.")
     evaluation_step: int | None = Field(
-        None, ge=1, description="The step whose interval held the script's first evaluation pass (more evaluation "
-        "forwards than every step since the second); that step's reading includes the pass. Null: none seen.")
+        None,
+        ge=1,
+        description="The step whose interval held the script's first evaluation pass (more evaluation "
+        "forwards than every step since the second); that step's reading includes the pass. Null: none seen.",
+    )
     evaluation_forwards: int | None = Field(
-        None, ge=0, description="The evaluation forwards of that pass (root module calls without gradients or in "
-        "eval mode).")
+        None,
+        ge=0,
+        description="The evaluation forwards of that pass (root module calls without gradients or in eval mode).",
+    )
     evaluation_peak_bytes: int | None = Field(
-        None, ge=0, description="The peak, in the budget's units, of the step that held the pass.")
+        None, ge=0, description="The peak, in the budget's units, of the step that held the pass."
+    )
     every_step_forwards: int = Field(
-        0, ge=0, description="Evaluation forwards found in every step since the second (a frozen teacher, or an "
-        "evaluation run every step): part of each step, covered by each step's reading.")
+        0,
+        ge=0,
+        description="Evaluation forwards found in every step since the second (a frozen teacher, or an "
+        "evaluation run every step): part of each step, covered by each step's reading.",
+    )
     checkpoint_steps: list[int] = Field(
-        default_factory=list, description="Steps whose interval held a torch.save call (a checkpoint write).")
+        default_factory=list, description="Steps whose interval held a torch.save call (a checkpoint write)."
+    )
     waited: bool = Field(False, description="The trial was asked to wait for the cycle (it decides the maximum).")
     bound: str | None = Field(
-        None, description="Why it stopped waiting without a pass: 'steps' (search.cycle_steps), 'seconds' "
+        None,
+        description="Why it stopped waiting without a pass: 'steps' (search.cycle_steps), 'seconds' "
         "(search.cycle_seconds), 'ended' (the command ended on its own after its steps: its whole run was "
         "seen), or 'unconfigured' (model.lightning, model.hf_trainer: the user's fit does not evaluate). Null: it "
-        "saw a pass, or was not waiting.")
+        "saw a pass, or was not waiting.",
+    )
 
 
 def evaluation_step(counts: list[int]) -> int | None:
@@ -79,15 +93,17 @@ def seen(counts: list[int], saves: list[int], peaks: list[int]) -> CycleSeen:
     """The record of a trial's judged steps: their evaluation forwards, torch.save calls and peaks."""
     step = evaluation_step(counts)
     every = min(counts[1:]) if len(counts) > 1 else 0
-    return CycleSeen(steps=len(counts), evaluation_step=step,
-                     evaluation_forwards=counts[step - 1] - every if step is not None else None,
-                     evaluation_peak_bytes=peaks[step - 1] if step is not None and step <= len(peaks) else None,
-                     every_step_forwards=every,
-                     checkpoint_steps=[i + 1 for i, n in enumerate(saves) if n])
+    return CycleSeen(
+        steps=len(counts),
+        evaluation_step=step,
+        evaluation_forwards=counts[step - 1] - every if step is not None else None,
+        evaluation_peak_bytes=peaks[step - 1] if step is not None and step <= len(peaks) else None,
+        every_step_forwards=every,
+        checkpoint_steps=[i + 1 for i, n in enumerate(saves) if n],
+    )
 
 
-def waiting_done(counts: list[int], rule: CycleRule | None, seconds_since_first: float, after: int = 0
-                 ) -> str | None:
+def waiting_done(counts: list[int], rule: CycleRule | None, seconds_since_first: float, after: int = 0) -> str | None:
     """Whether a trial may stop as far as its cycle goes: 'seen' (a pass, the step after it and ``after`` more),
     'steps' or 'seconds' (the bound), 'off' (no rule); None: it steps on.
 
@@ -111,23 +127,41 @@ def describe(record: CycleSeen | None, rule_steps: int | None = None, format_byt
     if record is None:
         return None
     size = (lambda n: format_bytes(n)) if format_bytes is not None else (lambda n: f"{n} bytes")
-    saves = (f"; torch.save at step{'s' if len(record.checkpoint_steps) > 1 else ''} "
-             f"{', '.join(map(str, record.checkpoint_steps[:8]))}" if record.checkpoint_steps else "")
+    saves = (
+        f"; torch.save at step{'s' if len(record.checkpoint_steps) > 1 else ''} "
+        f"{', '.join(map(str, record.checkpoint_steps[:8]))}"
+        if record.checkpoint_steps
+        else ""
+    )
     if record.evaluation_step is not None:
         peak = f", peak {size(record.evaluation_peak_bytes)}" if record.evaluation_peak_bytes is not None else ""
-        return (f"evaluation seen at step {record.evaluation_step} ({record.evaluation_forwards} evaluation "
-                f"forward(s){peak}); {record.steps} steps in all{saves}")
+        return (
+            f"evaluation seen at step {record.evaluation_step} ({record.evaluation_forwards} evaluation "
+            f"forward(s){peak}); {record.steps} steps in all{saves}"
+        )
     if record.bound == "unconfigured":
-        return (f"the fit evaluates nothing (no validation_step with a val_dataloader, or an eval_strategy of 'no'): "
-                f"{record.steps} training steps seen, as the real fit runs them{saves}")
+        return (
+            f"the fit evaluates nothing (no validation_step with a val_dataloader, or an eval_strategy of 'no'): "
+            f"{record.steps} training steps seen, as the real fit runs them{saves}"
+        )
     if record.bound == "ended":
         return f"the command's whole run seen: it ended on its own after {record.steps} steps{saves}"
-    every = (f"; {record.every_step_forwards} evaluation forward(s) in every step, covered by every step's reading"
-             if record.every_step_forwards else "")
+    every = (
+        f"; {record.every_step_forwards} evaluation forward(s) in every step, covered by every step's reading"
+        if record.every_step_forwards
+        else ""
+    )
     if not record.waited:
-        return (f"no evaluation pass within {record.steps} steps (not waited for: an earlier trial saw none within "
-                f"the bound){every}{saves}")
-    bound = (f"within {record.steps} steps" if record.bound != "seconds"
-             else f"within search.cycle_seconds ({record.steps} steps)")
-    return (f"no evaluation pass {bound}: the answer covers training steps only; set search.cycle_steps (and "
-            f"search.cycle_seconds) to reach the script's first evaluation{every}{saves}")
+        return (
+            f"no evaluation pass within {record.steps} steps (not waited for: an earlier trial saw none within "
+            f"the bound){every}{saves}"
+        )
+    bound = (
+        f"within {record.steps} steps"
+        if record.bound != "seconds"
+        else f"within search.cycle_seconds ({record.steps} steps)"
+    )
+    return (
+        f"no evaluation pass {bound}: the answer covers training steps only; set search.cycle_steps (and "
+        f"search.cycle_seconds) to reach the script's first evaluation{every}{saves}"
+    )

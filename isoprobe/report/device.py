@@ -83,17 +83,20 @@ class DistributedInfo(Strict):
     )
     backend: Literal["gloo", "nccl"] = Field(description="The collectives' backend: nccl on CUDA, gloo on the CPU.")
     threads_per_rank: int | None = Field(
-        None, description="The CPU threads (OMP_NUM_THREADS) each rank ran with, as torchrun would start it "
-        "(distributed.threads_per_rank); null: the ranks kept the environment's setting, unreadable here."
+        None,
+        description="The CPU threads (OMP_NUM_THREADS) each rank ran with, as torchrun would start it "
+        "(distributed.threads_per_rank); null: the ranks kept the environment's setting, unreadable here.",
     )
     per_rank: Literal[True] = Field(
         True, description="max_batch_size, recommended_batch_size and every trial's batch are per-rank micro-batches."
     )
     launcher: Literal["local", "srun"] = Field(
-        "local", description="How each trial's ranks were started: local child processes on this node, or one "
-        "Slurm job step per trial over the allocation (distributed.launcher, resolved)."
+        "local",
+        description="How each trial's ranks were started: local child processes on this node, or one "
+        "Slurm job step per trial over the allocation (distributed.launcher, resolved).",
     )
     nodes: list[str] = Field(
-        default_factory=list, description="srun: the nodes the trials' ranks ran on, in rank order of first "
-        "appearance (each rank's own is trials[].ranks[].node); empty for a local gang."
+        default_factory=list,
+        description="srun: the nodes the trials' ranks ran on, in rank order of first "
+        "appearance (each rank's own is trials[].ranks[].node); empty for a local gang.",
     )

@@ -39,12 +39,27 @@ def render_frontier(frontier: Any, output: str | Path) -> Path:
     evals = [(x, (p.get("result") or {}).get("eval_max_batch_size")) for x, p in zip(xs, points)]  # no result: none
     if any(y is not None for _, y in evals):
         known = [(x, y) for x, y in evals if y is not None]
-        handles.append(ax.plot([x for x, _ in known], [y for _, y in known], color="tab:purple", marker="^",
-                               linestyle=":", label="largest evaluation batch (training.eval_pass)")[0])
+        handles.append(
+            ax.plot(
+                [x for x, _ in known],
+                [y for _, y in known],
+                color="tab:purple",
+                marker="^",
+                linestyle=":",
+                label="largest evaluation batch (training.eval_pass)",
+            )[0]
+        )
     for x, p in zip(xs, points):
         if p.get("max_batch_size") is not None:
-            ax.annotate(str(p["max_batch_size"]), (x, p["max_batch_size"]), textcoords="offset points",
-                        xytext=(0, 7), ha="center", fontsize=9, color="tab:blue")
+            ax.annotate(
+                str(p["max_batch_size"]),
+                (x, p["max_batch_size"]),
+                textcoords="offset points",
+                xytext=(0, 7),
+                ha="center",
+                fontsize=9,
+                color="tab:blue",
+            )
     if numeric and len(set(values)) > 1 and min(values) > 0 and max(values) / min(values) >= 8:
         ax.set_xscale("log", base=2)
     ax.set_xticks(xs, [str(v) for v in values])
@@ -56,16 +71,29 @@ def render_frontier(frontier: Any, output: str | Path) -> Path:
     tokens = [(x, p["tokens_per_batch"]) for x, p in zip(xs, points) if p.get("tokens_per_batch") is not None]
     if tokens:
         right = ax.twinx()
-        handles.append(right.plot([x for x, _ in tokens], [t for _, t in tokens], color="tab:orange", alpha=0.6,
-                                  marker="d", label="tokens per batch (max x value)")[0])
+        handles.append(
+            right.plot(
+                [x for x, _ in tokens],
+                [t for _, t in tokens],
+                color="tab:orange",
+                alpha=0.6,
+                marker="d",
+                label="tokens per batch (max x value)",
+            )[0]
+        )
         right.set_ylabel("tokens per batch", color="tab:orange")
         right.tick_params(axis="y", colors="tab:orange")
         right.set_ylim(0, max(t for _, t in tokens) * 1.15)
 
-    fig.suptitle(f"isoprobe frontier: {Path(frontier['spec_path']).name} over {frontier['field']}",
-                 fontsize=13, fontweight="bold")
-    ax.set_title(f"{frontier['total_trials']} trials in {frontier['total_seconds']:.0f} s; "
-                 f"direction {frontier['direction']}", fontsize=10)
+    fig.suptitle(
+        f"isoprobe frontier: {Path(frontier['spec_path']).name} over {frontier['field']}",
+        fontsize=13,
+        fontweight="bold",
+    )
+    ax.set_title(
+        f"{frontier['total_trials']} trials in {frontier['total_seconds']:.0f} s; direction {frontier['direction']}",
+        fontsize=10,
+    )
     fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=9, frameon=False)
     output = Path(output)
     fig.savefig(output, format="png")

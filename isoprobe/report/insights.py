@@ -16,15 +16,18 @@ class MemoryModel(Strict):
 
     intercept_bytes: float
     per_sample_bytes: float
-    points: int = Field(description="Number of fitting batches the line was fitted to (1: the line from that batch's "
-                                    "base reading to its peak).")
+    points: int = Field(
+        description="Number of fitting batches the line was fitted to (1: the line from that batch's "
+        "base reading to its peak)."
+    )
     batch_sizes: list[int] = Field(
         default_factory=list,
         description="The batches the line went through, largest first, each at its highest peak: every fitting batch "
-                    "from half max_batch_size up; where that is the maximum alone, it and the batch below whose line "
-                    "to it is steepest (a small batch's reading can sit on a floor no batch sets, which only lifts "
-                    "it, and which small batches ran is the search's path). Empty in results written before it was "
-                    "recorded.")
+        "from half max_batch_size up; where that is the maximum alone, it and the batch below whose line "
+        "to it is steepest (a small batch's reading can sit on a floor no batch sets, which only lifts "
+        "it, and which small batches ran is the search's path). Empty in results written before it was "
+        "recorded.",
+    )
 
 
 class ThroughputPoint(Strict):
@@ -41,7 +44,9 @@ class Throughput(Strict):
     fastest_batch_size: int = Field(
         description="The smallest tested batch within `tolerance` of the best measured throughput."
     )
-    tolerance: float = Field(description="recommendation.throughput_tolerance: the fraction of the best that counts as as fast.")
+    tolerance: float = Field(
+        description="recommendation.throughput_tolerance: the fraction of the best that counts as as fast."
+    )
     note: str = Field(description="What the points are (and are not): tested batches only, timing noise.")
 
 
@@ -49,13 +54,16 @@ class MemoryBreakdown(Strict):
     """Where the memory goes: the four categories people learn, measured in the child and from the line."""
 
     parameter_bytes: int | None = Field(None, description="The model's parameters: count x element size.")
-    gradient_bytes: int | None = Field(None, description="The gradients after a backward pass (same size as the trainable parameters).")
+    gradient_bytes: int | None = Field(
+        None, description="The gradients after a backward pass (same size as the trainable parameters)."
+    )
     optimizer_state_bytes: int | None = Field(
         None, description="Tensors in the optimizer's state after its first step (Adam: two per parameter)."
     )
     activation_bytes_per_sample: float | None = Field(
-        None, description="Slope of the peak over the batch size, from the memory line: what one more sample costs "
-        "(with one batch measured, from its base reading to its peak: an upper bound)."
+        None,
+        description="Slope of the peak over the batch size, from the memory line: what one more sample costs "
+        "(with one batch measured, from its base reading to its peak: an upper bound).",
     )
     fixed_bytes: float | None = Field(
         None,
@@ -68,9 +76,12 @@ class MemoryBreakdown(Strict):
         None, description="CUDA only: device memory in use that torch's allocator does not hold (context, libraries)."
     )
     reserved_unallocated_bytes: int | None = Field(
-        None, description="CUDA only: reserved by the caching allocator but not allocated at the peak (fragmentation, cache)."
+        None,
+        description="CUDA only: reserved by the caching allocator but not allocated at the peak (fragmentation, cache).",
     )
-    from_batch_size: int | None = Field(None, description="The trial the child-side numbers come from (the largest that fit).")
+    from_batch_size: int | None = Field(
+        None, description="The trial the child-side numbers come from (the largest that fit)."
+    )
 
 
 class Prediction(Strict):
@@ -81,12 +92,14 @@ class Prediction(Strict):
     """
 
     fixed_bytes: int | None = Field(
-        None, description="Parameters, gradients, optimizer state and buffers as traced; on the CPU backend plus "
-                          "the import baseline and the runtime a real stand-in step added."
+        None,
+        description="Parameters, gradients, optimizer state and buffers as traced; on the CPU backend plus "
+        "the import baseline and the runtime a real stand-in step added.",
     )
     per_sample_bytes: float | None = Field(None, description="Activations per sample: the traced peak's slope.")
-    predicted_max: int | None = Field(None, description="The largest batch whose predicted peak is within the "
-                                                        "capacity the search used.")
+    predicted_max: int | None = Field(
+        None, description="The largest batch whose predicted peak is within the capacity the search used."
+    )
     error: float | None = Field(
         None, description="(predicted_max - max_batch_size) / max_batch_size: +0.1 predicted 10 % too many samples."
     )

@@ -16,12 +16,12 @@ import re
 class Outcome(str, enum.Enum):
     """The six ways a trial ends. Only FITS counts as success; unknown is never FITS."""
 
-    FITS = "fits"                    # every training step completed and the child reported it
+    FITS = "fits"  # every training step completed and the child reported it
     OUT_OF_MEMORY = "out_of_memory"  # an allocation failed (CUDA OOM, CPU allocator under the cap)
-    ERROR = "error"                  # any other exception: a bug in the model or spec, not a memory verdict
-    CRASHED = "crashed"              # killed by a signal, or exited without a complete result
-    TIMED_OUT = "timed_out"          # ran past the trial timeout; its process group was killed
-    STILL_RISING = "still_rising"    # a deciding trial ran every step, its peak still rising at the cap (steady.py)
+    ERROR = "error"  # any other exception: a bug in the model or spec, not a memory verdict
+    CRASHED = "crashed"  # killed by a signal, or exited without a complete result
+    TIMED_OUT = "timed_out"  # ran past the trial timeout; its process group was killed
+    STILL_RISING = "still_rising"  # a deciding trial ran every step, its peak still rising at the cap (steady.py)
 
 
 class StopReason(str, enum.Enum):
@@ -33,19 +33,19 @@ class StopReason(str, enum.Enum):
     prints one document. One enumeration for all, so a search's stop is the result's.
     """
 
-    EDGE_FOUND = "edge_found"                  # max fits (every time) and max + 1 fails
-    CAPPED = "capped"                          # the largest allowed batch fits (every time); see ``limited_by``
+    EDGE_FOUND = "edge_found"  # max fits (every time) and max + 1 fails
+    CAPPED = "capped"  # the largest allowed batch fits (every time); see ``limited_by``
     START_DOES_NOT_FIT = "start_does_not_fit"  # not even the start batch fits
-    ERROR = "error"                            # a trial raised a non-memory exception (a bug, not a verdict), or the
-                                               # probe could not go on (ProbeError: the environment check failed, the
-                                               # system refused what a trial needs, Slurm lost a node's step daemon)
-    CRASHED = "crashed"                        # nothing fits, and the start batch's verdict is crashed
-    TIMED_OUT = "timed_out"                    # nothing fits, and the start batch's verdict is timed out
-    STILL_RISING = "still_rising"              # no batch holds the long run: down to 1, each one's peak kept rising
-    INTERRUPTED = "interrupted"                # SIGINT (Ctrl-C)
-    TERMINATED = "terminated"                  # SIGTERM (a Slurm job's time limit, scancel, a node lost)
-    BAD_SPEC = "bad_spec"                      # the spec or an override cannot be used: no probe ran (exit 2)
-    INTERNAL_ERROR = "internal_error"          # a bug in isoprobe itself stopped the probe (exit 1)
+    ERROR = "error"  # a trial raised a non-memory exception (a bug, not a verdict), or the
+    # probe could not go on (ProbeError: the environment check failed, the
+    # system refused what a trial needs, Slurm lost a node's step daemon)
+    CRASHED = "crashed"  # nothing fits, and the start batch's verdict is crashed
+    TIMED_OUT = "timed_out"  # nothing fits, and the start batch's verdict is timed out
+    STILL_RISING = "still_rising"  # no batch holds the long run: down to 1, each one's peak kept rising
+    INTERRUPTED = "interrupted"  # SIGINT (Ctrl-C)
+    TERMINATED = "terminated"  # SIGTERM (a Slurm job's time limit, scancel, a node lost)
+    BAD_SPEC = "bad_spec"  # the spec or an override cannot be used: no probe ran (exit 2)
+    INTERNAL_ERROR = "internal_error"  # a bug in isoprobe itself stopped the probe (exit 1)
 
 
 #: Exception class names (anywhere in the MRO) that are allocation failures by type: torch's
@@ -59,26 +59,26 @@ _OOM_TYPE_NAMES = {"OutOfMemoryError", "MemoryError", "_ArrayMemoryError"}
 #: or, from its watchdog, prints it before it aborts the rank (SIGABRT, no exception line). Lower case.
 _NCCL_OOM_MESSAGES = (
     "cuda failure 2 'out of memory'",
-    "cuda failure 'out of memory'",                        # NCCL releases whose CUDACHECK leaves the number out
+    "cuda failure 'out of memory'",  # NCCL releases whose CUDACHECK leaves the number out
 )
 
 #: Where torch reports a failed allocation as a plain RuntimeError (or a subclass), the allocator's
 #: own wording, compared case-insensitively. Read from the installed torch 2.14 (``strings`` on
 #: torch/lib/*.so, headers under torch/include, the bundled nvidia libraries), not guessed:
 _ALLOCATOR_MESSAGES = (
-    "cuda out of memory",                                  # libc10_cuda: the caching allocator (RuntimeError before 2.x)
-    "cuda error: out of memory",                           # C10_CUDA_CHECK: cudaErrorMemoryAllocation (libcudart's text)
-    "cudaerrormemoryallocation",                           # libtorch_cuda: the status by name
+    "cuda out of memory",  # libc10_cuda: the caching allocator (RuntimeError before 2.x)
+    "cuda error: out of memory",  # C10_CUDA_CHECK: cudaErrorMemoryAllocation (libcudart's text)
+    "cudaerrormemoryallocation",  # libtorch_cuda: the status by name
     "cuda ran out of memory outside pytorch's allocator",  # libtorch_cuda: cuDNN's own allocations
-    "defaultcpuallocator: can't allocate memory",          # libc10: the CPU allocator (what the CPU cap makes fail)
-    "c10 out of memory",                                   # libc10: "C10 Out of Memory. Trying to allocate ..."
-    "unable to mmap memory",                               # libtorch_cpu: "Torch: unable to mmap memory: you tried ..."
-    "cannot allocate memory",                              # strerror(ENOMEM), appended by torch to a failed mmap/alloc
-    "cublas_status_alloc_failed",                          # ATen/cuda/Exceptions.h: "CUDA error: " + the cuBLAS status
-    "cusolver_status_alloc_failed",                        # libtorch_cuda
-    "cusparse_status_alloc_failed",                        # libcusparse's status string
-    "cufft_alloc_failed",                                  # libtorch_cuda
-    "cudnn_status_alloc_failed",                           # "cuDNN error: " + the status (cuDNN 8's name)
+    "defaultcpuallocator: can't allocate memory",  # libc10: the CPU allocator (what the CPU cap makes fail)
+    "c10 out of memory",  # libc10: "C10 Out of Memory. Trying to allocate ..."
+    "unable to mmap memory",  # libtorch_cpu: "Torch: unable to mmap memory: you tried ..."
+    "cannot allocate memory",  # strerror(ENOMEM), appended by torch to a failed mmap/alloc
+    "cublas_status_alloc_failed",  # ATen/cuda/Exceptions.h: "CUDA error: " + the cuBLAS status
+    "cusolver_status_alloc_failed",  # libtorch_cuda
+    "cusparse_status_alloc_failed",  # libcusparse's status string
+    "cufft_alloc_failed",  # libtorch_cuda
+    "cudnn_status_alloc_failed",  # "cuDNN error: " + the status (cuDNN 8's name)
     "cudnn_status_internal_error_host_allocation_failed",  # libcudnn_graph.so.9 (cuDNN 9's names)
     "cudnn_status_internal_error_device_allocation_failed",
     *_NCCL_OOM_MESSAGES,
@@ -91,8 +91,9 @@ _ALLOCATOR_MESSAGES = (
 #: C++'s terminate names what it caught.
 _LAST_WORDS_MARKERS = ("DefaultCPUAllocator: can't allocate memory", "CUDA out of memory")
 _OOM_TYPES = "|".join(sorted(_OOM_TYPE_NAMES))
-_TYPE_LINE = re.compile(rf"^(?:[\w.]+\.)?(?:{_OOM_TYPES})(?::|$)|instance of '(?:\w+::)*(?:{_OOM_TYPES})'",
-                        re.MULTILINE)
+_TYPE_LINE = re.compile(
+    rf"^(?:[\w.]+\.)?(?:{_OOM_TYPES})(?::|$)|instance of '(?:\w+::)*(?:{_OOM_TYPES})'", re.MULTILINE
+)
 
 #: An OSError with this errno is the kernel refusing memory: mmap, fork, or brk under the CPU cap
 #: (measured: ``mmap.mmap(-1, n, flags=MAP_PRIVATE)`` above RLIMIT_DATA raises "[Errno 12] Cannot
@@ -129,9 +130,12 @@ def words_show_allocation_failure(text: str) -> bool:
     ``torch.OutOfMemoryError`` and later exits 1 on a missing folder ran out of nothing (issue 56)."""
     ending = ending_error(text)
     lowered = ending.lower()
-    return (any(marker in ending for marker in _LAST_WORDS_MARKERS) or _TYPE_LINE.search(ending) is not None
-            or any(marker in lowered for marker in _NCCL_OOM_MESSAGES)
-            or ("ncclunhandledcudaerror" in lowered and "out of memory" in lowered))
+    return (
+        any(marker in ending for marker in _LAST_WORDS_MARKERS)
+        or _TYPE_LINE.search(ending) is not None
+        or any(marker in lowered for marker in _NCCL_OOM_MESSAGES)
+        or ("ncclunhandledcudaerror" in lowered and "out of memory" in lowered)
+    )
 
 
 #: Lines that are nobody's error of their own: torchrun's log lines (``E1128 12:01:02.123000 4242 file.py:874]
@@ -139,11 +143,15 @@ def words_show_allocation_failure(text: str) -> bool:
 #: an abort (its headline, its threads, the extension modules). A rank's prefix (``[rank1]:``) is taken off first.
 _LOG_LINE = re.compile(r"^[EWIFD]\d{4} \d\d:\d\d:\d\d\.\d+ +\d+ \S+\] ")
 _RANK_PREFIX = re.compile(r"^\[(?:rank|default)\d+\]:")
-_STACK_LINE = re.compile(r"^(?:Exception raised from |frame #\d+: |Thread 0x|Current thread 0x|Extension modules: |"
-                         r"Fatal Python error: Aborted)")
+_STACK_LINE = re.compile(
+    r"^(?:Exception raised from |frame #\d+: |Thread 0x|Current thread 0x|Extension modules: |"
+    r"Fatal Python error: Aborted)"
+)
 #: A line that reports an error (lower case): the ending is the last of them; a step's progress line is none.
-_ERROR_WORDS = re.compile(r"error|exception|fail|fatal|abort|out of memory|can't allocate|cannot allocate|killed|"
-                          r"terminate")
+_ERROR_WORDS = re.compile(
+    r"error|exception|fail|fatal|abort|out of memory|can't allocate|cannot allocate|killed|"
+    r"terminate"
+)
 _TRACEBACK = "Traceback (most recent call last)"
 _TERMINATE = "terminate called"
 #: How many lines of an exception's message (its type's line and those under it) belong to it at most.
@@ -163,8 +171,11 @@ def ending_error(text: str) -> str:
         line = lines[i]
         if line is not None and line.startswith(_TRACEBACK):
             i += 1
-            while i < len(lines) and lines[i] is not None and (lines[i][:1].isspace() or not lines[i]
-                                                               or lines[i].startswith("[Previous line repeated")):
+            while (
+                i < len(lines)
+                and lines[i] is not None
+                and (lines[i][:1].isspace() or not lines[i] or lines[i].startswith("[Previous line repeated"))
+            ):
                 i += 1  # its frames: where it was raised, not what
             ending, i = _block(lines, i)
         elif line is not None and line.startswith(_TERMINATE):
@@ -200,8 +211,7 @@ def _block(lines: list[str | None], i: int) -> tuple[list[str], int]:
     block: list[str] = []
     while i < len(lines) and len(block) < _MESSAGE_LINES:
         line = lines[i]
-        if (line is None or not line.strip() or line.startswith(_TRACEBACK)
-                or (block and line.startswith(_TERMINATE))):
+        if line is None or not line.strip() or line.startswith(_TRACEBACK) or (block and line.startswith(_TERMINATE)):
             break
         block.append(line)
         i += 1
@@ -249,8 +259,12 @@ def card_was_full(free_bytes: int, total_bytes: int) -> bool:
 #: A library's handle being created: ``cublasCreate`` (ATen's CublasHandlePool.cpp) and ``cudnnCreate``
 #: (cudnn/Handle.cpp) allocate from the driver, outside torch's allocator, with no free-and-retry of its cache
 #: (DeviceThreadHandles.h: ``Handle(true)`` creates, nothing catches): its NOT_INITIALIZED comes with the cache held.
-_HANDLE_CREATION_MARKERS = ("cublascreate", "cudnncreate", "cublas_status_not_initialized",
-                            "cudnn_status_not_initialized")
+_HANDLE_CREATION_MARKERS = (
+    "cublascreate",
+    "cudnncreate",
+    "cublas_status_not_initialized",
+    "cudnn_status_not_initialized",
+)
 
 
 def free_at_failure(free_bytes: int, reserved_bytes: int, allocated_bytes: int, message: str = "") -> int:

@@ -6,7 +6,7 @@ Every view renders from the ``Result`` model (or, while a probe runs, from the
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.result import Result
@@ -71,8 +71,10 @@ def trial_line(trial: Trial) -> str:
     if trial.purpose in ("search", "retry") and trial.steady_rule is not None and trial.outcome is Outcome.FITS:
         label += _DECIDING  # the batch right below the smallest failure: its fit is the maximum's proof
     purpose = label.format(
-        steps=len(trial.step_seconds), first=format_bytes(peaks[0] if peaks else None),
-        last=format_bytes(peaks[-1] if peaks else None))
+        steps=len(trial.step_seconds),
+        first=format_bytes(peaks[0] if peaks else None),
+        last=format_bytes(peaks[-1] if peaks else None),
+    )
     if trial.training_batch_size is not None:
         purpose = f"  [evaluation, after training steps at batch {trial.training_batch_size}]" + purpose
     length = f" x {trial.length}" if trial.length is not None else ""  # search.unit tokens: samples x bucket length
@@ -112,39 +114,48 @@ def result_json(result: Result) -> str:
 
 def _margin_line(margin) -> str:
     """The spread rule as applied (``Result.edge_margin``): the maximum's free memory, and any marginal batch."""
-    line = (f"spread: {format_bytes(margin.spread_bytes)} (floor {format_bytes(margin.floor_bytes)}"
-            + (f", seen in this probe {format_bytes(margin.observed_bytes)}" if margin.observed_bytes is not None else "")
-            + f"); the maximum's steady peak left {format_bytes(margin.max_free_bytes)} free")
+    line = (
+        f"spread: {format_bytes(margin.spread_bytes)} (floor {format_bytes(margin.floor_bytes)}"
+        + (f", seen in this probe {format_bytes(margin.observed_bytes)}" if margin.observed_bytes is not None else "")
+        + f"); the maximum's steady peak left {format_bytes(margin.max_free_bytes)} free"
+    )
     for m in margin.marginal:
-        line += (f"; marginal {m.batch_size}: fit {m.fitted} of {m.runs} long runs, "
-                 f"{format_bytes(m.free_bytes)} free")
+        line += f"; marginal {m.batch_size}: fit {m.fitted} of {m.runs} long runs, {format_bytes(m.free_bytes)} free"
     return line
 
 
 def _data_line(data) -> str:
     """The data section's dataset and the samples the maximum trained on (``Result.data``)."""
-    scanned = (f"lengths of a seeded sample of {data.scanned}" if data.sampled else "every sample's length")
-    line = (f"data: {data.samples} samples ({scanned}: {data.length_min:g} to {data.length_max:g}, mean "
-            f"{data.length_mean:.1f})")
+    scanned = f"lengths of a seeded sample of {data.scanned}" if data.sampled else "every sample's length"
+    line = (
+        f"data: {data.samples} samples ({scanned}: {data.length_min:g} to {data.length_max:g}, mean "
+        f"{data.length_mean:.1f})"
+    )
     worst = data.worst_batch
     if worst is not None:
         shortest = f"{worst.shortest_length:g}" if worst.shortest_length is not None else "?"
-        line += (f"; the maximum's batch is the {worst.batch_size} longest, lengths {shortest} to "
-                 f"{worst.longest_length:g}, from index {worst.first_indices[0]}")
+        line += (
+            f"; the maximum's batch is the {worst.batch_size} longest, lengths {shortest} to "
+            f"{worst.longest_length:g}, from index {worst.first_indices[0]}"
+        )
     return line
 
 
 def _token_lines(tokens) -> list[str]:
     """search.unit tokens: the budget, then each bucket length's edge (``Result.tokens``)."""
-    lines = [f"tokens: max {tokens.max_tokens}, recommended {tokens.recommended_tokens}, binding length "
-             f"{tokens.binding_length} ({tokens.trials} trials)"]
+    lines = [
+        f"tokens: max {tokens.max_tokens}, recommended {tokens.recommended_tokens}, binding length "
+        f"{tokens.binding_length} ({tokens.trials} trials)"
+    ]
     for edge in tokens.lengths:
         fits = "-" if edge.max_fitting_samples is None else edge.max_fitting_samples
         if edge.first_failing_samples is None:
             lines.append(f"  length {edge.length:>6}: at least {fits} samples fit (not binding; {edge.trials} trials)")
         else:
-            lines.append(f"  length {edge.length:>6}: {fits} fit, {edge.first_failing_samples} out of memory: at most "
-                         f"{edge.budget_limit} tokens ({edge.trials} trials)")
+            lines.append(
+                f"  length {edge.length:>6}: {fits} fit, {edge.first_failing_samples} out of memory: at most "
+                f"{edge.budget_limit} tokens ({edge.trials} trials)"
+            )
     return lines
 
 
@@ -156,15 +167,16 @@ def render_table(result: Result) -> str:
     """
     lines: list[str] = []
     device = result.device
-    where = (f"{device.backend} {device.name}, capacity {format_bytes(device.capacity_bytes)}"
-             if device else "no device")
+    where = f"{device.backend} {device.name}, capacity {format_bytes(device.capacity_bytes)}" if device else "no device"
     workload = result.spec.workload if result.spec is not None else f"{result.spec_path} (not a valid spec)"
     lines.append(f"isoprobe {result.isoprobe_version}: {workload} on {where}")
     lines.append(f"answer: {result.message}")
     if result.distributed is not None:
         info = result.distributed
-        lines.append(f"distributed: {info.strategy}, {info.world_size} ranks ({info.world_size_source}, "
-                     f"{info.backend}): every batch here is a per-rank micro-batch")
+        lines.append(
+            f"distributed: {info.strategy}, {info.world_size} ranks ({info.world_size_source}, "
+            f"{info.backend}): every batch here is a per-rank micro-batch"
+        )
     if result.edge_margin is not None:
         lines.append(_margin_line(result.edge_margin))
     if result.data is not None:
@@ -172,13 +184,21 @@ def render_table(result: Result) -> str:
     if result.tokens is not None:
         lines += _token_lines(result.tokens)
     if result.cache is not None:
-        lines.append(f"cache: {'hit, no trial ran now' if result.cache.hit else 'stored'} "
-                     f"({result.cache.path}, probed {result.cache.stored_at})")
+        lines.append(
+            f"cache: {'hit, no trial ran now' if result.cache.hit else 'stored'} "
+            f"({result.cache.path}, probed {result.cache.stored_at})"
+        )
     job = result.environment
     if job is not None and (job.slurm_job_id or job.cuda_visible_devices is not None):
-        lines.append(f"job: {job.hostname}" + (f", Slurm job {job.slurm_job_id} on {job.slurm_node}" if job.slurm_job_id else "")
-                     + (f", GPUs {job.cuda_visible_devices!r} ({job.visible_devices_source})"
-                        if job.cuda_visible_devices is not None else ""))
+        lines.append(
+            f"job: {job.hostname}"
+            + (f", Slurm job {job.slurm_job_id} on {job.slurm_node}" if job.slurm_job_id else "")
+            + (
+                f", GPUs {job.cuda_visible_devices!r} ({job.visible_devices_source})"
+                if job.cuda_visible_devices is not None
+                else ""
+            )
+        )
     lines.append("")
     header = f"{'#':>3}  {'batch':>6}  {'outcome':<16} {'peak':>10}  {'budget peak':>11}  {'samples/s':>10}  {'seconds':>8}  purpose"
     lines.append(header)
@@ -196,19 +216,34 @@ def render_table(result: Result) -> str:
         lines += ["", f"recommended: {result.recommended_batch_size} ({result.recommendation.note})"]
     if result.job_environment:
         settings = " ".join(f"{name}={value}" for name, value in sorted(result.job_environment.items()))
-        lines += ["", f"holds with: {settings} (every trial ran with it: run the job with it too; --format env "
-                      "exports it)"]
+        lines += [
+            "",
+            f"holds with: {settings} (every trial ran with it: run the job with it too; --format env exports it)",
+        ]
     if result.eval_stop_reason is not None:
-        lines += ["", f"evaluation: max {result.eval_max_batch_size}, first failing "
-                      f"{result.eval_first_failing_batch_size} ({result.eval_stop_reason.value}; after training steps "
-                      f"at batch {result.eval_training_batch_size})"]
+        lines += [
+            "",
+            f"evaluation: max {result.eval_max_batch_size}, first failing "
+            f"{result.eval_first_failing_batch_size} ({result.eval_stop_reason.value}; after training steps "
+            f"at batch {result.eval_training_batch_size})",
+        ]
     if result.throughput is not None:
         t = result.throughput
-        lines += ["", f"throughput: fastest {t.fastest_batch_size} "
-                      f"(best {t.best_samples_per_second:.2f} samples/s; {t.note})"]
+        lines += [
+            "",
+            f"throughput: fastest {t.fastest_batch_size} (best {t.best_samples_per_second:.2f} samples/s; {t.note})",
+        ]
     if result.memory_breakdown is not None:
-        lines += ["", "memory breakdown" + (f" (sizes from batch {result.memory_breakdown.from_batch_size})"
-                                            if result.memory_breakdown.from_batch_size else "") + ":"]
+        lines += [
+            "",
+            "memory breakdown"
+            + (
+                f" (sizes from batch {result.memory_breakdown.from_batch_size})"
+                if result.memory_breakdown.from_batch_size
+                else ""
+            )
+            + ":",
+        ]
         lines += [f"  {name:<28} {value}" for name, value in breakdown_rows(result)]
     if result.accumulation is not None:
         lines += ["", f"accumulation: {result.accumulation.note}"]
@@ -217,8 +252,10 @@ def render_table(result: Result) -> str:
         lines += ["", f"allocators: {comparison.note}"]
         for outcome in comparison.outcomes:
             best = "  <- best" if outcome.setting == comparison.best else ""
-            lines.append(f"  {outcome.setting:<32} max {outcome.max_batch_size}  first failing "
-                         f"{outcome.first_failing_batch_size}  ({outcome.trials} trials){best}")
+            lines.append(
+                f"  {outcome.setting:<32} max {outcome.max_batch_size}  first failing "
+                f"{outcome.first_failing_batch_size}  ({outcome.trials} trials){best}"
+            )
     lines += ["", f"{len(result.trials)} trials in {result.total_seconds:.1f} s"]
     return "\n".join(lines)
 
@@ -232,9 +269,16 @@ def breakdown_rows(result: Result) -> list[tuple[str, str]]:
         ("parameters", format_bytes(b.parameter_bytes) if b.parameter_bytes is not None else "-"),
         ("gradients", format_bytes(b.gradient_bytes) if b.gradient_bytes is not None else "-"),
         ("optimizer state", format_bytes(b.optimizer_state_bytes) if b.optimizer_state_bytes is not None else "-"),
-        ("activations per sample", f"{format_bytes(int(b.activation_bytes_per_sample))} (slope of the peak)"
-         if b.activation_bytes_per_sample is not None else "-"),
-        ("fixed part", f"{format_bytes(int(b.fixed_bytes))} (the line at batch 0)" if b.fixed_bytes is not None else "-"),
+        (
+            "activations per sample",
+            f"{format_bytes(int(b.activation_bytes_per_sample))} (slope of the peak)"
+            if b.activation_bytes_per_sample is not None
+            else "-",
+        ),
+        (
+            "fixed part",
+            f"{format_bytes(int(b.fixed_bytes))} (the line at batch 0)" if b.fixed_bytes is not None else "-",
+        ),
     ]
     if b.cuda_context_bytes is not None:
         rows.append(("CUDA context and libraries", format_bytes(b.cuda_context_bytes)))

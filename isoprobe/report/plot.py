@@ -138,24 +138,46 @@ def render(result: Any, output: str | Path) -> Path:
 
     if fits:
         budget_units = any(t.get("budget_peak_bytes") not in (None, t.get("peak_bytes")) for t in fits)
-        handles.append(ax.scatter(
-            [t["batch_size"] for t in fits], [_peak(t) / GIB for t in fits],
-            marker="o", s=42, color="tab:blue", zorder=4,
-            label="fits: peak memory" + (" (budget_peak_bytes)" if budget_units else ""),
-        ))
+        handles.append(
+            ax.scatter(
+                [t["batch_size"] for t in fits],
+                [_peak(t) / GIB for t in fits],
+                marker="o",
+                s=42,
+                color="tab:blue",
+                zorder=4,
+                label="fits: peak memory" + (" (budget_peak_bytes)" if budget_units else ""),
+            )
+        )
     if checks:
-        handles.append(ax.scatter(
-            [t["batch_size"] for t in checks], [_peak(t) / GIB for t in checks],
-            marker="o", s=150, facecolors="none", edgecolors="tab:blue", linewidths=1.4, zorder=6,
-            label="memory check: fits with more memory\n(never counts as fitting)",
-        ))
+        handles.append(
+            ax.scatter(
+                [t["batch_size"] for t in checks],
+                [_peak(t) / GIB for t in checks],
+                marker="o",
+                s=150,
+                facecolors="none",
+                edgecolors="tab:blue",
+                linewidths=1.4,
+                zorder=6,
+                label="memory check: fits with more memory\n(never counts as fitting)",
+            )
+        )
     for outcome, (marker, colour, label) in _FAILURE_STYLE.items():
         batches = sorted({t["batch_size"] for t in failed if t.get("outcome") == outcome})
         if batches:
-            handles.append(ax.scatter(
-                batches, [fail_level / GIB] * len(batches), marker=marker, s=70, color=colour,
-                linewidths=2, zorder=5, label=f"{label}: {_batch_list(batches)}",
-            ))
+            handles.append(
+                ax.scatter(
+                    batches,
+                    [fail_level / GIB] * len(batches),
+                    marker=marker,
+                    s=70,
+                    color=colour,
+                    linewidths=2,
+                    zorder=5,
+                    label=f"{label}: {_batch_list(batches)}",
+                )
+            )
 
     batches_seen = [t["batch_size"] for t in trials]
     line = _memory_line(result)
@@ -164,8 +186,13 @@ def render(result: Any, output: str | Path) -> Path:
         low = min(batches_seen)
         high = max(batches_seen + ([first_failing] if first_failing else []))
         (handle,) = ax.plot(
-            [low, high], [(intercept + slope * low) / GIB, (intercept + slope * high) / GIB],
-            color="tab:blue", alpha=0.55, linewidth=1.5, zorder=3, label=label,
+            [low, high],
+            [(intercept + slope * low) / GIB, (intercept + slope * high) / GIB],
+            color="tab:blue",
+            alpha=0.55,
+            linewidth=1.5,
+            zorder=3,
+            label=label,
         )
         handles.append(handle)
 
@@ -173,8 +200,10 @@ def render(result: Any, output: str | Path) -> Path:
         handles.append(ax.axhline(capacity / GIB, color="tab:red", linewidth=1.5, label=_capacity_label(device)))
 
     if max_batch is not None:
-        label = f"maximum: {max_batch}" if result.get("answered") else (
-            f"largest that fit: {max_batch}, not a proven maximum (stopped: {result.get('stop_reason')})"
+        label = (
+            f"maximum: {max_batch}"
+            if result.get("answered")
+            else (f"largest that fit: {max_batch}, not a proven maximum (stopped: {result.get('stop_reason')})")
         )
         if first_failing is not None:
             label += f" (first failing: {first_failing}, {result.get('first_failing_outcome') or 'failed'})"
@@ -182,8 +211,11 @@ def render(result: Any, output: str | Path) -> Path:
             label += f" (capped by {result['limited_by']})"
         handles.append(ax.axvline(max_batch, color="tab:green", linestyle=":", linewidth=2, label=label))
     if recommended is not None:
-        handles.append(ax.axvline(recommended, color="tab:olive", linestyle="-.", linewidth=1.5,
-                                  label=f"recommended: {recommended}"))
+        handles.append(
+            ax.axvline(
+                recommended, color="tab:olive", linestyle="-.", linewidth=1.5, label=f"recommended: {recommended}"
+            )
+        )
 
     ax.set_xlabel("batch size")
     ax.set_ylabel("peak memory (GiB)")
@@ -192,9 +224,11 @@ def render(result: Any, output: str | Path) -> Path:
     ax.set_xlim(0, (max(batches_seen + [first_failing or 0, 1])) * 1.05)
     ax.grid(True, alpha=0.3)
 
-    speeds = [t for t in trials
-              if t.get("outcome") == "fits" and t.get("purpose") != "memory_check"
-              and t.get("samples_per_second") is not None]
+    speeds = [
+        t
+        for t in trials
+        if t.get("outcome") == "fits" and t.get("purpose") != "memory_check" and t.get("samples_per_second") is not None
+    ]
     if speeds:
         right = ax.twinx()
         best: dict[int, float] = {}
@@ -206,10 +240,17 @@ def render(result: Any, output: str | Path) -> Path:
         fastest = (result.get("throughput") or {}).get("fastest_batch_size")
         if fastest is not None:
             label += f"; fastest batch: {fastest}"
-        handles.append(right.scatter(
-            [t["batch_size"] for t in speeds], [t["samples_per_second"] for t in speeds],
-            marker="s", s=34, color="tab:orange", zorder=4, label=label,
-        ))
+        handles.append(
+            right.scatter(
+                [t["batch_size"] for t in speeds],
+                [t["samples_per_second"] for t in speeds],
+                marker="s",
+                s=34,
+                color="tab:orange",
+                zorder=4,
+                label=label,
+            )
+        )
         right.set_ylabel("samples per second", color="tab:orange")
         right.tick_params(axis="y", colors="tab:orange")
         right.set_ylim(0, max(best.values()) * 1.15)

@@ -33,8 +33,10 @@ class RankProgress(Strict):
     world_size: int | None = Field(None, description="WORLD_SIZE, as its launcher set it; null: none.")
     steps: int = Field(0, ge=0, description="The optimizer steps it had made.")
     forward: Literal["began", "returned"] | None = Field(
-        None, description="Where it was in its next step: the model's training forward had begun, or returned "
-        "(its backward and optimizer step next); null: neither yet (its data, or a wait before the forward).")
+        None,
+        description="Where it was in its next step: the model's training forward had begun, or returned "
+        "(its backward and optimizer step next); null: neither yet (its data, or a wait before the forward).",
+    )
     ended: bool = Field(False, description="Gone, with no exception of its own, while the command ran on.")
 
     @property
@@ -91,10 +93,13 @@ def behind(processes: list[RankProgress]) -> str | None:
     marks = any(p.forward for p in ranks)  # the shim saw the model's forwards (a torch.nn.Module's)
     words = [_fell_behind(p, marks) for p in lagging[:_NAMED]]
     if missing:
-        numbers = ", ".join(str(r) for r in missing[:_NAMED]) + (f" and {len(missing) - _NAMED} more"
-                                                                if len(missing) > _NAMED else "")
-        words.append(f"rank{'s' if len(missing) > 1 else ''} {numbers} never reached torch's optimizers (no process "
-                     f"of the command said it was {'them' if len(missing) > 1 else 'it'})")
+        numbers = ", ".join(str(r) for r in missing[:_NAMED]) + (
+            f" and {len(missing) - _NAMED} more" if len(missing) > _NAMED else ""
+        )
+        words.append(
+            f"rank{'s' if len(missing) > 1 else ''} {numbers} never reached torch's optimizers (no process "
+            f"of the command said it was {'them' if len(missing) > 1 else 'it'})"
+        )
     if len(lagging) > _NAMED:
         words.append(f"{len(lagging) - _NAMED} more rank(s) as far")
     others = ", ".join(_got_to(p) for p in ahead[:_NAMED])
@@ -105,8 +110,9 @@ def behind(processes: list[RankProgress]) -> str | None:
 
 def _fell_behind(process: RankProgress, marks: bool) -> str:
     made = "made no optimizer step" if not process.steps else f"stopped after optimizer step {process.steps}"
-    return (f"{process.name} {made}{_within(process, behind=marks)}"
-            + (" and ended with no error of its own" if process.ended else ""))
+    return f"{process.name} {made}{_within(process, behind=marks)}" + (
+        " and ended with no error of its own" if process.ended else ""
+    )
 
 
 def _got_to(process: RankProgress) -> str:
@@ -129,8 +135,9 @@ def level(processes: list[RankProgress]) -> str | None:
     if not any_stepped(processes) or behind(processes) is not None:
         return None
     ranks, _ = ranks_of(processes)
-    names = ", ".join(p.name for p in ranks[:_NAMED]) + (f" and {len(ranks) - _NAMED} more" if len(ranks) > _NAMED
-                                                          else "")
+    names = ", ".join(p.name for p in ranks[:_NAMED]) + (
+        f" and {len(ranks) - _NAMED} more" if len(ranks) > _NAMED else ""
+    )
     return f"{names} made {ranks[0].steps} optimizer step(s){' each' if len(ranks) > 1 else ''}"
 
 
@@ -150,8 +157,10 @@ def printed(stderr: str, stdout: str) -> str:
 
 def tails(stderr: str, stdout: str) -> str:
     """Both tails as one text, each under its name (a trial's ``traceback_tail``)."""
-    return (f"--- the command's stderr, last lines ---\n{stderr.rstrip() or '(nothing)'}\n"
-            f"--- its stdout, last lines ---\n{stdout.rstrip() or '(nothing)'}\n")
+    return (
+        f"--- the command's stderr, last lines ---\n{stderr.rstrip() or '(nothing)'}\n"
+        f"--- its stdout, last lines ---\n{stdout.rstrip() or '(nothing)'}\n"
+    )
 
 
 #: The error types of a command trial killed at its timeout, as the parent records it from the supervisor's last
@@ -168,13 +177,21 @@ def timed_out_words(processes: list[RankProgress], stderr: str, stdout: str) -> 
     apart = behind(processes)
     kind = RANK_BEHIND if apart is not None else TIMED_OUT
     if apart is not None:
-        story = (f"{apart}: the rank behind hangs, or waits for something its peers do not (they wait for it in a "
-                 "collective, or at isoprobe's gate after their steps)")
+        story = (
+            f"{apart}: the rank behind hangs, or waits for something its peers do not (they wait for it in a "
+            "collective, or at isoprobe's gate after their steps)"
+        )
     elif (even := level(processes)) is not None:
-        story = (f"{even}, and none made the next: a step that takes longer than the timeout, or ranks that all "
-                 "wait (a collective none of them completes)") if len(ranks_of(processes)[0]) > 1 else (
-            f"{even}, and not the next: a step that takes longer than the timeout, or a wait of its own")
+        story = (
+            (
+                f"{even}, and none made the next: a step that takes longer than the timeout, or ranks that all "
+                "wait (a collective none of them completes)"
+            )
+            if len(ranks_of(processes)[0]) > 1
+            else (f"{even}, and not the next: a step that takes longer than the timeout, or a wait of its own")
+        )
     else:
         story = "no process of the command made an optimizer step" + (
-            ", though the model's training forward passes ran" if any(p.forward for p in processes) else "")
+            ", though the model's training forward passes ran" if any(p.forward for p in processes) else ""
+        )
     return f"{story}; {printed(stderr, stdout)}", kind

@@ -58,13 +58,19 @@ class SteadyRule(BaseModel):
     window: int = Field(WINDOW_STEPS, ge=1, description="Steps over which the peak must not rise.")
     tolerance_bytes: int = Field(TOLERANCE_BYTES, ge=0, description="A rise over the window up to this is steady.")
     stop_at_bytes: int | None = Field(
-        None, ge=0, description="A running peak at or above this (the capacity less the spread, in the budget's "
+        None,
+        ge=0,
+        description="A running peak at or above this (the capacity less the spread, in the budget's "
         "units) ends the trial after min_steps: it leaves no more than the spread free, so however long it runs it "
-        "cannot be the maximum (the parent judges it marginal). Null: no such stop.")
+        "cannot be the maximum (the parent judges it marginal). Null: no such stop.",
+    )
     quiet_window: int | None = Field(
-        None, ge=1, description="Steps the peak must hold still instead of window where the trial's heap is quiet: "
+        None,
+        ge=1,
+        description="Steps the peak must hold still instead of window where the trial's heap is quiet: "
         "its heap churn read after every step but the first and never above quiet_churn_bytes (QUIET_WINDOW_STEPS, "
-        "one process of isoprobe's own on the CPU backend). Null: window, always.")
+        "one process of isoprobe's own on the CPU backend). Null: window, always.",
+    )
     quiet_churn_bytes: int = Field(QUIET_CHURN_BYTES, ge=0, description="The most heap churn of a quiet step.")
 
 
@@ -76,8 +82,11 @@ def rule_for(search_steps: int, max_steps: int | None, quiet: bool = False) -> S
     if cap == 0:
         return None
     # A cap below the window's steps could never see a steady peak: it is raised to the least that can.
-    return SteadyRule(min_steps=search_steps, max_steps=max(cap, search_steps, WINDOW_STEPS + 1),
-                      quiet_window=QUIET_WINDOW_STEPS if quiet else None)
+    return SteadyRule(
+        min_steps=search_steps,
+        max_steps=max(cap, search_steps, WINDOW_STEPS + 1),
+        quiet_window=QUIET_WINDOW_STEPS if quiet else None,
+    )
 
 
 def is_quiet(churns: list[int | None], rule: SteadyRule) -> bool:
@@ -85,8 +94,11 @@ def is_quiet(churns: list[int | None], rule: SteadyRule) -> bool:
     ``StepDone.heap_churn_bytes``, read after every step but the first (which builds what the run keeps) and none
     above ``quiet_churn_bytes``."""
     after_first = churns[1:]
-    return (rule.quiet_window is not None and bool(after_first)
-            and all(c is not None and c <= rule.quiet_churn_bytes for c in after_first))
+    return (
+        rule.quiet_window is not None
+        and bool(after_first)
+        and all(c is not None and c <= rule.quiet_churn_bytes for c in after_first)
+    )
 
 
 def window_for(churns: list[int | None], rule: SteadyRule) -> int:
@@ -114,8 +126,12 @@ def past_the_margin(peaks: list[int], rule: SteadyRule) -> bool:
     """Whether the running peak, after the minimum steps, already leaves no more than the spread free
     (``SteadyRule.stop_at_bytes``): the trial has shown all it can (issue 35: a marginal deciding trial ran
     7 steps, 28 s, to be ruled out by a peak it had reached at its third)."""
-    return (rule.stop_at_bytes is not None and len(peaks) >= rule.min_steps and bool(peaks)
-            and peaks[-1] >= rule.stop_at_bytes)
+    return (
+        rule.stop_at_bytes is not None
+        and len(peaks) >= rule.min_steps
+        and bool(peaks)
+        and peaks[-1] >= rule.stop_at_bytes
+    )
 
 
 def should_stop(peaks: list[int], rule: SteadyRule, churns: list[int | None] = ()) -> bool:
@@ -163,4 +179,3 @@ def watching_for(rule: SteadyRule, rate: float | None) -> SteadyRule:
     needed = -(-2 * rule.tolerance_bytes // int(max(1.0, rate)))
     window = min(max(rule.window, needed), rule.max_steps - 1)
     return rule.model_copy(update={"window": window, "quiet_window": None})
-

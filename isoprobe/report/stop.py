@@ -19,8 +19,9 @@ from isoprobe.report.outcomes import StopReason
 from isoprobe.report.result import Result
 
 
-def stop_result(reason: StopReason, message: str, *, spec_path: str, spec=None, trials=(), seconds: float = 0.0,
-                suggestions=()) -> Result:
+def stop_result(
+    reason: StopReason, message: str, *, spec_path: str, spec=None, trials=(), seconds: float = 0.0, suggestions=()
+) -> Result:
     """A ``Result`` for a stop without an answer: ``spec`` None where it was not valid (bad_spec), ``trials`` the
     ones run before the stop (a ``ProbeError``'s), ``seconds`` the command's time so far."""
     return Result(

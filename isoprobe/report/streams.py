@@ -51,7 +51,7 @@ def _write_all(text: str) -> None:
     stream.flush()  # whatever was printed before goes first
     data = memoryview(text.encode(stream.encoding or "utf-8", stream.errors or "strict"))
     while data:
-        data = data[os.write(descriptor, data):]  # a short write (a signal, a full pipe): the rest, again
+        data = data[os.write(descriptor, data) :]  # a short write (a signal, a full pipe): the rest, again
 
 
 def detach_stdout() -> None:
@@ -84,8 +84,9 @@ def open_for_appending(path: str | os.PathLike) -> int:
     """
     import fcntl
 
-    descriptor = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
-                         0o644)
+    descriptor = os.open(
+        path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644
+    )
     flags = fcntl.fcntl(descriptor, fcntl.F_GETFL)
     fcntl.fcntl(descriptor, fcntl.F_SETFL, flags & ~os.O_NONBLOCK)
     return descriptor
@@ -110,11 +111,13 @@ class Log:
         data = (text.rstrip("\n") + "\n").encode("utf-8", errors="replace")
         try:
             while data:
-                data = data[os.write(self._descriptor, data):]
+                data = data[os.write(self._descriptor, data) :]
         except OSError as exc:
             self.close()
-            tell(f"isoprobe: --log {self.path}: cannot write ({exc.strerror or exc}); the log stops here, "
-                 "the run goes on")
+            tell(
+                f"isoprobe: --log {self.path}: cannot write ({exc.strerror or exc}); the log stops here, "
+                "the run goes on"
+            )
 
     def say(self, line: str) -> None:
         """A line for people: stderr, and the log."""

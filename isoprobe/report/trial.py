@@ -11,18 +11,19 @@ from typing import Literal
 
 from pydantic import Field
 
-from isoprobe.report.outcomes import Outcome
-from isoprobe.report.steady import SteadyRule
 from isoprobe.report.batch_check import BatchCheck
 from isoprobe.report.cycle import CycleSeen
+from isoprobe.report.outcomes import Outcome
+from isoprobe.report.steady import SteadyRule
 from isoprobe.report.strict import Strict
 
 
 class CudaMemoryAtFailure(Strict):
     """The card's memory when a CUDA trial failed, before the failed step's tensors were freed."""
 
-    free_bytes: int = Field(description="Free on the card (cudaMemGetInfo): what a library outside the allocator "
-                            "could still get.")
+    free_bytes: int = Field(
+        description="Free on the card (cudaMemGetInfo): what a library outside the allocator could still get."
+    )
     total_bytes: int = Field(description="The card's total memory as CUDA reports it.")
     reserved_bytes: int = Field(description="Reserved by this process's caching allocator.")
     allocated_bytes: int = Field(description="Allocated to tensors by this process.")
@@ -37,8 +38,10 @@ class ErrorInfo(Strict):
     message: str = Field(description="First 2000 characters of the exception message.")
     traceback_tail: str = Field("", description="Last lines of the traceback, for errors in the user's model.")
     cuda_memory: CudaMemoryAtFailure | None = Field(
-        None, description="CUDA: the card as the failure left it, read for errors that may hide an allocation "
-        "failure (the evidence where no budget allows a re-run).")
+        None,
+        description="CUDA: the card as the failure left it, read for errors that may hide an allocation "
+        "failure (the evidence where no budget allows a re-run).",
+    )
 
 
 class Applied(Strict):
@@ -46,9 +49,13 @@ class Applied(Strict):
 
     mode: Literal["train", "inference"] | None = None
     precision: str | None = Field(None, description="The spec's training.precision.")
-    weights_dtype: str | None = Field(None, description="dtype of the model's first parameter (bfloat16 under bf16-true).")
+    weights_dtype: str | None = Field(
+        None, description="dtype of the model's first parameter (bfloat16 under bf16-true)."
+    )
     loss_dtype: str | None = Field(None, description="dtype of the loss the backward pass started from.")
-    output_dtype: str | None = Field(None, description="dtype of the model's output (bfloat16 or float16 under autocast).")
+    output_dtype: str | None = Field(
+        None, description="dtype of the model's output (bfloat16 or float16 under autocast)."
+    )
     grad_scaler: bool | None = Field(None, description="A GradScaler scaled the loss (fp16-mixed).")
     channels_last: bool | None = Field(None, description="The model's 4-d weights are in channels_last layout.")
     input_channels_last: bool | None = Field(None, description="The image batch is in channels_last layout.")
@@ -69,7 +76,8 @@ class Applied(Strict):
         ),
     )
     input_lifetime: Literal["through_next_batch", "one_batch"] | None = Field(
-        None, description="training.input_lifetime as the trial's own loop ran it (None: a framework's loop ran).")
+        None, description="training.input_lifetime as the trial's own loop ran it (None: a framework's loop ran)."
+    )
 
 
 class Sizes(Strict):
@@ -78,7 +86,9 @@ class Sizes(Strict):
     parameter_bytes: int | None = None
     gradient_bytes: int | None = None
     optimizer_state_bytes: int | None = None
-    cuda_context_bytes: int | None = Field(None, description="CUDA: in use on the device but not held by torch's allocator.")
+    cuda_context_bytes: int | None = Field(
+        None, description="CUDA: in use on the device but not held by torch's allocator."
+    )
     reserved_unallocated_bytes: int | None = Field(None, description="CUDA: peak reserved minus peak allocated.")
 
 
@@ -98,8 +108,9 @@ class RankTrial(Strict):
         False, description="Killed by the supervisor because another rank failed first (its own outcome is moot)."
     )
     node: str | None = Field(
-        None, description="The Slurm node this rank ran on (SLURMD_NODENAME), when the trial was a job step "
-        "(distributed.launcher srun); null for a local gang, whose ranks all run on environment.hostname."
+        None,
+        description="The Slurm node this rank ran on (SLURMD_NODENAME), when the trial was a job step "
+        "(distributed.launcher srun); null for a local gang, whose ranks all run on environment.hostname.",
     )
 
 
@@ -108,8 +119,9 @@ class Trial(Strict):
 
     index: int = Field(description="1-based order in which the trial ran.")
     batch_size: int
-    purpose: Literal["search", "retry", "confirmation", "long_run", "recommendation_check", "soak",
-                     "memory_check", "batch_check"] = Field(
+    purpose: Literal[
+        "search", "retry", "confirmation", "long_run", "recommendation_check", "soak", "memory_check", "batch_check"
+    ] = Field(
         description=(
             "search: a step of the edge search; retry: the same batch again after a crash or timeout; "
             "confirmation: the maximum run again before it is reported, until its peak is steady; "
@@ -178,28 +190,33 @@ class Trial(Strict):
     step_budget_peak_bytes: list[int] = Field(
         default_factory=list,
         description="The peak so far after each completed step in budget_peak_bytes's units: what the steady rule "
-                    "judges (a trial with steady_rule ran until it held still over the window, or to the cap).",
+        "judges (a trial with steady_rule ran until it held still over the window, or to the cap).",
     )
     budget_swing_bytes: int | None = Field(
-        None, description="A command trial on the CPU backend: the most one step's own peak (the data segment "
-                          "sampled between the end of the step before and the end of this one) rose above a later "
-                          "step's, in the worst rank (report.steady.swing_bytes). The same batch needing that much "
-                          "more at one step than at another can need it again at any step of a long run, so it "
-                          "widens the spread (edge_margin.observed_bytes) where no trial measured heap_churn_bytes, "
-                          "which bounds such a hold. Null: not measured.")
+        None,
+        description="A command trial on the CPU backend: the most one step's own peak (the data segment "
+        "sampled between the end of the step before and the end of this one) rose above a later "
+        "step's, in the worst rank (report.steady.swing_bytes). The same batch needing that much "
+        "more at one step than at another can need it again at any step of a long run, so it "
+        "widens the spread (edge_margin.observed_bytes) where no trial measured heap_churn_bytes, "
+        "which bounds such a hold. Null: not measured.",
+    )
     heap_churn_bytes: int | None = Field(
-        None, description="CPU backend: the most glibc's heaps grew and gave back within one step after the first, "
-                          "in the trial's process (a gang's: its worst rank; a command's: any of its processes). "
-                          "Blocks freed within a step can stay held into the next one in some address-space layouts "
-                          "and not in others, so another run can need up to this much more than the trial read: the "
-                          "floor of one process or of a command (edge_margin.floor_bytes) is the most of it in the "
-                          "probe's fitting trials plus 1.5 MiB (a command's: 1 MiB; search.margin). Read by isoprobe's "
-                          "own trials after each step from malloc_info (the heaps' most less what they hold then: "
-                          "never below the step's own), by a command's trial from [heap] in /proc/PID/maps every "
-                          "4 ms. Null: not measured (CUDA, a single step, no glibc).")
+        None,
+        description="CPU backend: the most glibc's heaps grew and gave back within one step after the first, "
+        "in the trial's process (a gang's: its worst rank; a command's: any of its processes). "
+        "Blocks freed within a step can stay held into the next one in some address-space layouts "
+        "and not in others, so another run can need up to this much more than the trial read: the "
+        "floor of one process or of a command (edge_margin.floor_bytes) is the most of it in the "
+        "probe's fitting trials plus 1.5 MiB (a command's: 1 MiB; search.margin). Read by isoprobe's "
+        "own trials after each step from malloc_info (the heaps' most less what they hold then: "
+        "never below the step's own), by a command's trial from [heap] in /proc/PID/maps every "
+        "4 ms. Null: not measured (CUDA, a single step, no glibc).",
+    )
     steady_rule: SteadyRule | None = Field(
-        None, description="Set for a trial that decides the maximum (confirmation, long_run): it kept stepping "
-                          "until its peak was steady or the cap; its outcome is still_rising where it never was.",
+        None,
+        description="Set for a trial that decides the maximum (confirmation, long_run): it kept stepping "
+        "until its peak was steady or the cap; its outcome is still_rising where it never was.",
     )
     samples_per_second: float | None = Field(
         None,
@@ -217,29 +234,44 @@ class Trial(Strict):
     )
     eval_seconds: float | None = Field(None, description="training.eval_pass: wall time of the evaluation pass.")
     first_step_seconds: float | None = Field(
-        None, description="A command's trial: wall time from the command's start to the end of its first optimizer "
+        None,
+        description="A command's trial: wall time from the command's start to the end of its first optimizer "
         "step (the slowest rank's): the interpreter, its imports and the script's set-up, plus one step; what the "
-        "trial pays before its first reading.")
+        "trial pays before its first reading.",
+    )
     started_ahead: bool | None = Field(
-        None, description="A command's trial: true when the command's interpreter was started ahead of the trial "
+        None,
+        description="A command's trial: true when the command's interpreter was started ahead of the trial "
         "(search.warm_start, a `python SCRIPT` or `python -m MODULE` command) and waited, having run nothing of the "
         "script's, until the trial was due; first_step_seconds then counts from the trial's start, not the "
-        "interpreter's. false: started when the trial was due.")
+        "interpreter's. false: started when the trial was due.",
+    )
     cycle: CycleSeen | None = Field(
-        None, description="A command's trial: what it saw of the script's cycle (evaluation passes, checkpoint "
-        "writes, by step), and whether it waited for it (isoprobe.report.cycle).")
+        None,
+        description="A command's trial: what it saw of the script's cycle (evaluation passes, checkpoint "
+        "writes, by step), and whether it waited for it (isoprobe.report.cycle).",
+    )
     batch_check: BatchCheck | None = Field(
-        None, description="A command's trial: what its model's training forwards showed of the batch it was asked "
-        "for (isoprobe.report.batch_check). Null: not a command's trial, or no forward seen.")
+        None,
+        description="A command's trial: what its model's training forwards showed of the batch it was asked "
+        "for (isoprobe.report.batch_check). Null: not a command's trial, or no forward seen.",
+    )
     busy_seconds: float | None = Field(
-        None, ge=0, description="Seconds added to the trial's timeout because a busy node kept its processes from "
+        None,
+        ge=0,
+        description="Seconds added to the trial's timeout because a busy node kept its processes from "
         "the CPU (they waited, runnable, at least half the time they wanted one): the timeout counts the time the "
-        "trial could run, up to 8 times search.trial_timeout. Null: never starved at a deadline.")
+        "trial could run, up to 8 times search.trial_timeout. Null: never starved at a deadline.",
+    )
     busy_at_timeout: bool = Field(
-        False, description="It timed out still starved, its extensions used up: the node was too busy to tell, and "
-        "the timeout says nothing about the batch.")
+        False,
+        description="It timed out still starved, its extensions used up: the node was too busy to tell, and "
+        "the timeout says nothing about the batch.",
+    )
     applied: Applied | None = Field(None, description="What the step really ran with (trials that got that far).")
-    sizes: Sizes | None = Field(None, description="Parameters, gradients and optimizer state, measured (trials that fit).")
+    sizes: Sizes | None = Field(
+        None, description="Parameters, gradients and optimizer state, measured (trials that fit)."
+    )
     allocator: str | None = Field(
         None, description="When comparing allocators: the setting this trial ran under ('default': torch's own)."
     )
@@ -256,8 +288,9 @@ class Trial(Strict):
         False, description="The process had imported torch before the request arrived (search.warm_start)."
     )
     forked: bool = Field(
-        False, description="The process was forked from the probe's fork server, which had imported torch "
-        "once for every trial (search.fork_server); it still ran alone, with its own memory, cap and device."
+        False,
+        description="The process was forked from the probe's fork server, which had imported torch "
+        "once for every trial (search.fork_server); it still ran alone, with its own memory, cap and device.",
     )
     phase: str | None = Field(
         None, description="Last phase the child reported: started, imported, model_built, step N, done."
@@ -280,13 +313,17 @@ class Trial(Strict):
         None, description="The rank whose failure ended the trial (the others were killed at once); null if none."
     )
     command_ranks: int | None = Field(
-        None, description="A command trial (spec.command): how many of the command's processes made optimizer steps "
+        None,
+        description="A command trial (spec.command): how many of the command's processes made optimizer steps "
         "(its ranks: torchrun's, accelerate launch's). Each had the budget; the readings above are the worst "
-        "rank's. Null: not a command trial.")
+        "rank's. Null: not a command trial.",
+    )
     gang_stop_seconds: float | None = Field(
         None, description="Seconds from seeing failed_rank's failure to every rank's processes being gone."
     )
     training_batch_size: int | None = Field(
-        None, description="Set on an evaluation trial (training.eval_pass): the training batch whose steps ran "
-                          "first; batch_size is then the evaluation batch, and the outcome is the evaluation's. "
-                          "Null: a training trial.")
+        None,
+        description="Set on an evaluation trial (training.eval_pass): the training batch whose steps ran "
+        "first; batch_size is then the evaluation batch, and the outcome is the evaluation's. "
+        "Null: a training trial.",
+    )

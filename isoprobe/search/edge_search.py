@@ -65,14 +65,22 @@ flaky or crashing batch can only make the answer smaller, never larger.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Callable
 
 from isoprobe.report.outcomes import Outcome, StopReason
 from isoprobe.search.frontier_bounds import bracket
 from isoprobe.search.history import Limits, Observation, bounds, proofs_due, verdicts
-from isoprobe.search.steps import (DESCENT, Step, edge_first, first_batch, guided_step, miss_descent,
-                                   predicted_marginal, probes_the_edge)
+from isoprobe.search.steps import (
+    DESCENT,
+    Step,
+    edge_first,
+    first_batch,
+    guided_step,
+    miss_descent,
+    predicted_marginal,
+    probes_the_edge,
+)
 
 
 def plan_next(
@@ -151,11 +159,20 @@ def decides(history: list[Observation] | tuple[Observation, ...], limits: Limits
     # the margin: a short fit there would be marginal at best, and tell nothing (``steps.predicted_marginal``).
     # With a prior (issue 49), its predicted edge, the first trial: a fit there is the maximum when the estimate is
     # exact, the common case it is built for; when it is low, the window's extra steps are the cost.
-    first_at_prior = (limits.correct_misses and limits.prior is not None and lower is None and upper is None
-                      and batch == first_batch(limits))
-    return batch >= ceiling or first_at_prior or batch == edge_first(history, limits) or (
-        upper is None and probes_the_edge(history, limits, batch)) or (
-        upper is not None and predicted_marginal(history, limits, batch))
+    first_at_prior = (
+        limits.correct_misses
+        and limits.prior is not None
+        and lower is None
+        and upper is None
+        and batch == first_batch(limits)
+    )
+    return (
+        batch >= ceiling
+        or first_at_prior
+        or batch == edge_first(history, limits)
+        or (upper is None and probes_the_edge(history, limits, batch))
+        or (upper is not None and predicted_marginal(history, limits, batch))
+    )
 
 
 @dataclass(frozen=True)
@@ -163,10 +180,10 @@ class Conclusion:
     """The search's answer, read off the history."""
 
     stop: StopReason
-    max_fitting: int | None       # largest batch that fit every time it ran
-    first_failing: int | None     # smallest failing batch above it
+    max_fitting: int | None  # largest batch that fit every time it ran
+    first_failing: int | None  # smallest failing batch above it
     first_failing_outcome: Outcome | None = None
-    flaky: tuple[int, ...] = ()   # batches that both fit and failed
+    flaky: tuple[int, ...] = ()  # batches that both fit and failed
     history: tuple[Observation, ...] = field(default=())
 
     long_run_failure: int | None = None  # the confirmation that failed in the long run: the steady search's start

@@ -18,8 +18,9 @@ Pure: no processes, no clock.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, Sequence
+from typing import Literal
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.search.history import Borrowed, Limits, Observation, bounds, verdicts
@@ -62,9 +63,9 @@ def bracket(history: Sequence[Observation], limits: Limits) -> tuple[int | None,
 class Proven:
     """What a finished point proved: its place in the memory order and its edge."""
 
-    rank: int                   # 0: the value that needs the least memory
-    max_fitting: int | None     # the largest batch that fit at this point
-    out_of_memory: int | None   # the smallest batch above it that ran out of memory there (not a crash or timeout)
+    rank: int  # 0: the value that needs the least memory
+    max_fitting: int | None  # the largest batch that fit at this point
+    out_of_memory: int | None  # the smallest batch above it that ran out of memory there (not a crash or timeout)
 
 
 def memory_ranks(values: Sequence[object], direction: Direction) -> list[int] | None:

@@ -123,8 +123,9 @@ def line_points(points: list[tuple[int, int]], max_batch: int) -> list[tuple[int
     return [(top, highest[top]), (below, highest[below])]
 
 
-def recommendation_line(points: list[tuple[int, int]], max_batch: int,
-                        anchor: tuple[int, int] | None = None) -> tuple[Line | None, list[tuple[int, int]]]:
+def recommendation_line(
+    points: list[tuple[int, int]], max_batch: int, anchor: tuple[int, int] | None = None
+) -> tuple[Line | None, list[tuple[int, int]]]:
     """The memory line the recommendation predicts with, and the points it went through (``line_points``); with a
     single batch measured, the line from ``anchor`` (``line_with_anchor``)."""
     chosen = line_points(points, max_batch)
@@ -203,8 +204,10 @@ def advise(
                 batch += 1
             elif batch >= 1 and line.at(batch) > target + 0.5:
                 batch -= 1
-        notes.append(f"largest batch whose predicted peak stays {format_bytes(reserve)} below the capacity "
-                     f"({_line_words(line, chosen, max_batch)})")
+        notes.append(
+            f"largest batch whose predicted peak stays {format_bytes(reserve)} below the capacity "
+            f"({_line_words(line, chosen, max_batch)})"
+        )
         if batch < 1:
             batch = 1
             decided_by = "headroom_unreachable"
@@ -226,15 +229,26 @@ def advise(
     if proven is not None and proven[0] > batch:
         batch = proven[0]
         decided_by = "measured_within"
-        notes.append(f"{batch} fitted with a measured peak of {format_bytes(proven[1])}, within the target: "
-                     "never recommend less than a batch proven to keep the headroom")
+        notes.append(
+            f"{batch} fitted with a measured peak of {format_bytes(proven[1])}, within the target: "
+            "never recommend less than a batch proven to keep the headroom"
+        )
     usable_line = line is not None and line.slope > 0
     if usable_line and decided_by == "line":
         if close := _borderline(line, chosen, capacity, target, batch, step, max_batch):
             notes.append(close)
     predicted = int(line.at(batch)) if usable_line else None
-    return Advice(batch, capacity, reserve, target, line, predicted, "; ".join(notes), decided_by,
-                  tuple(b for b, _ in chosen) if line is not None else ())
+    return Advice(
+        batch,
+        capacity,
+        reserve,
+        target,
+        line,
+        predicted,
+        "; ".join(notes),
+        decided_by,
+        tuple(b for b, _ in chosen) if line is not None else (),
+    )
 
 
 def _line_words(line: Line, chosen: list[tuple[int, int]], max_batch: int) -> str:
@@ -243,29 +257,39 @@ def _line_words(line: Line, chosen: list[tuple[int, int]], max_batch: int) -> st
     if line.points == 1:
         return "line from the fitting trial's base reading to its peak"
     batches = sorted(b for b, _ in chosen)
-    words = (f"line over the fitting batches {', '.join(map(str, batches))}" if len(batches) <= 3
-             else f"line over the {len(batches)} fitting batches from {batches[0]} to {batches[-1]}")
+    words = (
+        f"line over the fitting batches {', '.join(map(str, batches))}"
+        if len(batches) <= 3
+        else f"line over the {len(batches)} fitting batches from {batches[0]} to {batches[-1]}"
+    )
     if batches[0] < LINE_FROM_FRACTION * max_batch:
-        words += (f"; no other batch from half of {max_batch} up fitted, so the line reaches down to {batches[0]}, "
-                  "whose reading may sit on a floor no batch sets: a run whose search measured a batch nearer the "
-                  "maximum may recommend more")
+        words += (
+            f"; no other batch from half of {max_batch} up fitted, so the line reaches down to {batches[0]}, "
+            "whose reading may sit on a floor no batch sets: a run whose search measured a batch nearer the "
+            "maximum may recommend more"
+        )
     return words
 
 
-def _borderline(line: Line, chosen: list[tuple[int, int]], capacity: int, target: int, batch: int, step: int,
-                max_batch: int) -> str | None:
+def _borderline(
+    line: Line, chosen: list[tuple[int, int]], capacity: int, target: int, batch: int, step: int, max_batch: int
+) -> str | None:
     """A note where the line's choice is a coin toss between runs: the chosen batch's predicted peak, or the next
     candidate's, lies closer to the target than ``borderline_bytes``; None where it does not."""
     tolerance = borderline_bytes(line, chosen, capacity)
     below = target - line.at(batch)
     if 0 <= below <= tolerance:
-        return (f"borderline: {batch}'s predicted peak is {format_bytes(int(below))} below the target, within the "
-                f"{format_bytes(tolerance)} a run's readings move; another run may recommend "
-                f"{max(1, batch - step)}")
+        return (
+            f"borderline: {batch}'s predicted peak is {format_bytes(int(below))} below the target, within the "
+            f"{format_bytes(tolerance)} a run's readings move; another run may recommend "
+            f"{max(1, batch - step)}"
+        )
     above = line.at(batch + step) - target if batch + step <= max_batch else None
     if above is not None and 0 < above <= tolerance:
-        return (f"borderline: {batch + step}'s predicted peak is {format_bytes(int(above))} over the target, within "
-                f"the {format_bytes(tolerance)} a run's readings move; another run may recommend {batch + step}")
+        return (
+            f"borderline: {batch + step}'s predicted peak is {format_bytes(int(above))} over the target, within "
+            f"the {format_bytes(tolerance)} a run's readings move; another run may recommend {batch + step}"
+        )
     return None
 
 

@@ -62,7 +62,7 @@ class Borrowed:
     wrong guess about the direction costs trials, never the answer.
     """
 
-    fits: int | None = None   # a batch that fit where the setup needs at least as much memory
+    fits: int | None = None  # a batch that fit where the setup needs at least as much memory
     fails: int | None = None  # a batch that ran out of memory where the setup needs at most as much memory
 
 
@@ -73,10 +73,10 @@ class Limits:
     start: int = 2
     cap: int | None = None
     ceiling: int = DEFAULT_CEILING
-    retries: int = 1        # extra attempts for a batch whose trial crashed or timed out
+    retries: int = 1  # extra attempts for a batch whose trial crashed or timed out
     confirmations: int = 1  # extra runs of the final maximum after the first fit (0: none); ``proofs_due``
     capacity: int | None = None  # memory the peaks are compared with (guided step); None: no prediction
-    prior: Prior | None = None   # a line estimated before any trial (guided step, with a capacity); None: none
+    prior: Prior | None = None  # a line estimated before any trial (guided step, with a capacity); None: none
     #: The least a maximum must leave free below the capacity (``search.margin.least_floor_bytes``): the prior's
     #: edge is the largest batch predicted to leave more (``steps.prior_edge``). 0: none.
     margin: int = 0
@@ -127,7 +127,7 @@ class Verdict:
     fits_count: int
     flaky: bool
     long_run: bool = False  # an attempt that decides the maximum failed after the search's steps
-    steady_fits: int = 0    # attempts that stepped until steady and fit (``Observation.steady``)
+    steady_fits: int = 0  # attempts that stepped until steady and fit (``Observation.steady``)
 
 
 def proofs_due(verdict: Verdict, limits: Limits) -> int:
@@ -159,8 +159,11 @@ def verdicts(history: list[Observation] | tuple[Observation, ...], limits: Limit
         unreproduced = not_reproduced(outcomes)
         # A long-run failure after short fits is growth, not flakiness; a crash or timeout next to a fit is, once
         # a fresh run has reproduced it (one that no run reproduced is no evidence at all: ``not_reproduced``).
-        flaky = not unreproduced and 0 < fits < len(outcomes) and (batch not in long_run or any(
-            o in (Outcome.CRASHED, Outcome.TIMED_OUT) for o in failures))
+        flaky = (
+            not unreproduced
+            and 0 < fits < len(outcomes)
+            and (batch not in long_run or any(o in (Outcome.CRASHED, Outcome.TIMED_OUT) for o in failures))
+        )
         if not failures or unreproduced:
             outcome: Outcome | None = Outcome.FITS
         elif Outcome.ERROR in failures:
@@ -186,8 +189,12 @@ def not_reproduced(outcomes: list[Outcome] | tuple[Outcome, ...]) -> bool:
     batch that sometimes dies is not one to run overnight); a memory verdict is never set aside. A maximum still
     needs its confirmation runs to fit (``proofs_due`` counts fits only)."""
     failures = [o for o in outcomes if o is not Outcome.FITS]
-    return len(failures) == 1 and failures[0] in (Outcome.CRASHED, Outcome.TIMED_OUT) and len(outcomes) > 1 \
+    return (
+        len(failures) == 1
+        and failures[0] in (Outcome.CRASHED, Outcome.TIMED_OUT)
+        and len(outcomes) > 1
         and Outcome.FITS in outcomes
+    )
 
 
 def bounds(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> tuple[int | None, int | None]:
@@ -197,7 +204,8 @@ def bounds(history: list[Observation] | tuple[Observation, ...], limits: Limits)
     fits = [b for b, v in judged.items() if v.outcome is Outcome.FITS and not v.long_run]
     lower = max(fits) if fits else None
     fails = [
-        b for b, v in judged.items()
+        b
+        for b, v in judged.items()
         if v.outcome not in (None, Outcome.FITS, Outcome.ERROR) and (lower is None or b > lower)
     ]
     return lower, (min(fails) if fails else None)

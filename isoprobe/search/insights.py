@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import statistics
 
-from isoprobe.report.outcomes import Outcome
-from isoprobe.search.headroom import line_with_anchor
 from isoprobe.report.insights import MemoryBreakdown, Throughput, ThroughputPoint
+from isoprobe.report.outcomes import Outcome
 from isoprobe.report.trial import Trial
+from isoprobe.search.headroom import line_with_anchor
 
 
 def step_throughput(batch_size: int, step_seconds: list[float]) -> tuple[float | None, float | None]:
@@ -56,8 +56,11 @@ def throughput(trials: list[Trial], tolerance: float) -> Throughput | None:
     noise = f"; timed steps spread up to {max(spreads):.0%}" if spreads else "; one timed step per trial, no spread"
     return Throughput(
         points=[
-            ThroughputPoint(batch_size=b, samples_per_second=round(t.samples_per_second, 3),
-                            step_seconds_spread=t.step_seconds_spread)
+            ThroughputPoint(
+                batch_size=b,
+                samples_per_second=round(t.samples_per_second, 3),
+                step_seconds_spread=t.step_seconds_spread,
+            )
             for b, t in sorted(best_runs.items())
         ],
         best_samples_per_second=round(max(speeds.values()), 3),
@@ -75,8 +78,14 @@ def base_anchor(trials: list[Trial], up_to: int | None = None) -> tuple[int, int
     base reading: the anchor of a memory line through one measured batch (``headroom.line_with_anchor``). Where
     that batch ran more than once, its lowest base (the steeper line, towards a smaller batch), whatever the order
     the trials ran in."""
-    fits = [t for t in trials if t.outcome is Outcome.FITS and t.base_bytes and (t.budget_peak_bytes or t.peak_bytes)
-            and (up_to is None or t.batch_size <= up_to)]
+    fits = [
+        t
+        for t in trials
+        if t.outcome is Outcome.FITS
+        and t.base_bytes
+        and (t.budget_peak_bytes or t.peak_bytes)
+        and (up_to is None or t.batch_size <= up_to)
+    ]
     if not fits:
         return None
     top = max(t.batch_size for t in fits)
@@ -92,7 +101,9 @@ def memory_breakdown(trials: list[Trial]) -> MemoryBreakdown | None:
     intercept the fixed part.
     """
     fitting = [t for t in trials if t.outcome is Outcome.FITS and t.purpose != "memory_check"]
-    points = [(t.batch_size, t.budget_peak_bytes or t.peak_bytes) for t in fitting if t.budget_peak_bytes or t.peak_bytes]
+    points = [
+        (t.batch_size, t.budget_peak_bytes or t.peak_bytes) for t in fitting if t.budget_peak_bytes or t.peak_bytes
+    ]
     # One batch measured (an exact estimate's search): the line from its base reading, as the recommendation's.
     line = line_with_anchor(points, base_anchor(fitting))
     measured = max((t for t in fitting if t.sizes is not None), key=lambda t: t.batch_size, default=None)

@@ -88,8 +88,9 @@ class Spread:
         return max(self.floor_bytes, self.observed_bytes or 0)
 
 
-def floor_bytes(backend: str, capacity: int, strategy: str = "none", command: bool = False,
-                heap_churns: list[int] = ()) -> int:
+def floor_bytes(
+    backend: str, capacity: int, strategy: str = "none", command: bool = False, heap_churns: list[int] = ()
+) -> int:
     """The backend's floor for a capacity, per process or per rank of a gang of ``strategy``. On the CPU backend,
     for one process or a command's processes whose fitting trials measured their heap churn (``heap_churns``): the
     most of it plus ``churn_margin``; a command's without it, ``COMMAND_FLOOR_BYTES``."""
@@ -112,8 +113,14 @@ def churn_margin(command: bool) -> int:
     return CHURN_MARGIN_BYTES if command else OWN_CHURN_MARGIN_BYTES
 
 
-def least_floor_bytes(backend: str, capacity: int, strategy: str = "none", command: bool = False,
-                      heap_churns: list[int] = (), override: int | None = None) -> int:
+def least_floor_bytes(
+    backend: str,
+    capacity: int,
+    strategy: str = "none",
+    command: bool = False,
+    heap_churns: list[int] = (),
+    override: int | None = None,
+) -> int:
     """The least floor the probe can have once one more trial has fit: what a trial's stop at the margin
     (``report.steady.past_the_margin``) may use before that trial has measured its own heap churn. A floor from
     the churn only grows with more trials; where none measured it yet, the next one may read none at all."""
@@ -152,7 +159,7 @@ def observed_bytes(runs: list[list[int]]) -> int | None:
     """
     found: int | None = None
     for i, first in enumerate(runs):
-        for second in runs[i + 1:]:
+        for second in runs[i + 1 :]:
             shared = min(len(first), len(second))
             if shared:
                 gap = max(abs(a - b) for a, b in zip(first[:shared], second[:shared]))
@@ -160,9 +167,17 @@ def observed_bytes(runs: list[list[int]]) -> int | None:
     return found
 
 
-def spread_for(backend: str, capacity: int, same_batch_runs: list[list[list[int]]] = (),
-               override: int | None = None, strategy: str = "none", command: bool = False,
-               swings: list[int] = (), heap_churns: list[int] = (), least: bool = False) -> Spread:
+def spread_for(
+    backend: str,
+    capacity: int,
+    same_batch_runs: list[list[list[int]]] = (),
+    override: int | None = None,
+    strategy: str = "none",
+    command: bool = False,
+    swings: list[int] = (),
+    heap_churns: list[int] = (),
+    least: bool = False,
+) -> Spread:
     """The spread for a probe on ``backend``: ``same_batch_runs`` holds, per batch that ran more than once,
     each run's per-step peaks; ``override`` (search.edge_spread as bytes) replaces the floor; ``strategy``: the
     gang's (``distributed.strategy``), "none" for one process or a command's own ranks; ``command``: the

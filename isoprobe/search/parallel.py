@@ -34,8 +34,8 @@ the whole round is in.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.search.edge_search import Conclusion, conclude, decides, plan_next
@@ -43,8 +43,9 @@ from isoprobe.search.history import Limits, Observation, bounds, proofs_due, ver
 from isoprobe.search.steps import Step
 
 
-def plan_round(history: list[Observation] | tuple[Observation, ...], limits: Limits, slots: int,
-               step: Step | None = None) -> list[int]:
+def plan_round(
+    history: list[Observation] | tuple[Observation, ...], limits: Limits, slots: int, step: Step | None = None
+) -> list[int]:
     """Up to ``slots`` batches to run at once next (a batch may repeat: its confirmations); [] when done."""
     if slots < 1:
         raise ValueError("slots must be >= 1")
@@ -56,8 +57,11 @@ def plan_round(history: list[Observation] | tuple[Observation, ...], limits: Lim
     tried = Counter(o.batch_size for o in history)
 
     def add(batch: int) -> None:
-        if len(planned) < slots and 1 <= batch <= limits.highest and \
-                tried[batch] + planned.count(batch) < limits.most_attempts:
+        if (
+            len(planned) < slots
+            and 1 <= batch <= limits.highest
+            and tried[batch] + planned.count(batch) < limits.most_attempts
+        ):
             planned.append(batch)
 
     judged = verdicts(history, limits)
@@ -98,8 +102,9 @@ def plan_round(history: list[Observation] | tuple[Observation, ...], limits: Lim
     return planned
 
 
-def round_deciding(history: list[Observation] | tuple[Observation, ...], limits: Limits,
-                   batches: list[int]) -> list[bool]:
+def round_deciding(
+    history: list[Observation] | tuple[Observation, ...], limits: Limits, batches: list[int]
+) -> list[bool]:
     """Which of a round's batches step until steady: those that would decide the maximum if they fit
     (``decides``, against the history before the round), and a batch's second run in the same round."""
     return [decides(history, limits, batch) or batch in batches[:slot] for slot, batch in enumerate(batches)]
@@ -148,8 +153,7 @@ def run_parallel_search(
 
         def observed(slot: int, observation: Observation) -> None:
             if answered[slot] is not None or observation.batch_size != batches[slot]:
-                raise AssertionError(f"slot {slot} of round {batches} answered {observation}, "
-                                     f"after {answered[slot]}")
+                raise AssertionError(f"slot {slot} of round {batches} answered {observation}, after {answered[slot]}")
             answered[slot] = observation
             history.append(observation)
 

@@ -25,7 +25,6 @@ from isoprobe.spec.job import world_size_from_environment
 STEPS_BOUND_FACTOR = 2
 
 
-
 @dataclass(frozen=True)
 class Plan:
     micro_batch_size: int
@@ -91,9 +90,7 @@ def plan_accumulation(
         global_batch_size=global_batch,
         target_global_batch=target_global_batch,
         difference=global_batch - target_global_batch,
-        note=describe(
-            target_global_batch, micro, steps, world_size, min_micro_batch, max_micro_batch, fewest
-        ),
+        note=describe(target_global_batch, micro, steps, world_size, min_micro_batch, max_micro_batch, fewest),
     )
 
 
@@ -201,7 +198,8 @@ def accumulation_plan(spec, largest: int | None, environ: Mapping[str, str]):
     else:
         gang = spec.distributed.world_size if spec.distributed.gang else None
         world, source = world_size_from_environment(environ) or (
-            (gang, "distributed.world_size") if gang else (1, "default"))
+            (gang, "distributed.world_size") if gang else (1, "default")
+        )
     plan = plan_accumulation(target, world, largest, min(spec.search.start_batch_size, largest))
     if plan is None:
         return None

@@ -64,7 +64,7 @@ def judge(fits: bool, steps: int, peaks: list[int], target_peak_bytes: int) -> S
     in a longer run. A peak still rising but below the line survives, flagged.
     """
     growth = _growth(peaks)
-    tail = peaks[-max(2, math.ceil(len(peaks) / 3)):] if len(peaks) >= 3 else []
+    tail = peaks[-max(2, math.ceil(len(peaks) / 3)) :] if len(peaks) >= 3 else []
     rise = tail[-1] - tail[0] if tail else 0
     still_rising = bool(tail) and rise > rise_noise_bytes(tail[-1])
     projected = None
@@ -75,8 +75,9 @@ def judge(fits: bool, steps: int, peaks: list[int], target_peak_bytes: int) -> S
     return SoakJudgement(survived, still_rising, growth, projected)
 
 
-def lower_batch(batch: int, judgement: SoakJudgement, per_sample_bytes: float | None, target_peak_bytes: int,
-                multiple_of: int = 1) -> int:
+def lower_batch(
+    batch: int, judgement: SoakJudgement, per_sample_bytes: float | None, target_peak_bytes: int, multiple_of: int = 1
+) -> int:
     """The batch to soak next after ``batch`` did not survive: below it by what the growth costs.
 
     With a measured growth and a memory line, the batch whose projected end
@@ -104,8 +105,14 @@ class ProvenByMaximum:
     growth_bytes: int
 
 
-def proven_by_maximum(batch: int, maximum: int, maximum_peaks: list[int], short_steps: int,
-                      predicted_peak_bytes: int | None, target_peak_bytes: int) -> ProvenByMaximum | None:
+def proven_by_maximum(
+    batch: int,
+    maximum: int,
+    maximum_peaks: list[int],
+    short_steps: int,
+    predicted_peak_bytes: int | None,
+    target_peak_bytes: int,
+) -> ProvenByMaximum | None:
     """Whether the maximum's steady run proves ``batch`` without a soak of its own (None: it does not).
 
     ``maximum_peaks``: the running peak after each step of the maximum's deciding trial, which stepped until its

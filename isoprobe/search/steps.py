@@ -11,8 +11,8 @@ Pure: no processes, no clock.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.search.history import Limits, Observation, bounds, verdicts
@@ -182,8 +182,9 @@ def miss_descent(limits: Limits, upper: int, misses: int) -> int:
     return max(limits.start, min(upper - 1, math.floor(reference / math.exp(math.log1p(ERROR_BOUND) * exponent))))
 
 
-def corrected_line(history: tuple[Observation, ...] | list[Observation], limits: Limits, upper: int | None,
-                   misses: int = 0) -> MemoryLine | None:
+def corrected_line(
+    history: tuple[Observation, ...] | list[Observation], limits: Limits, upper: int | None, misses: int = 0
+) -> MemoryLine | None:
     """The line once something has failed (or from an estimate): what the fits and the failures say together.
 
     Through the largest batch measured (``top``, its mean peak), with the steepest slope the readings give:
@@ -428,7 +429,7 @@ def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, up
     else:
         candidate = edge + 1 if upper is None or edge + 1 < upper else edge
     middle = top if upper is None else (lower + upper) // 2
-    if misses > 0:    # it keeps under-predicting: gallop upwards
+    if misses > 0:  # it keeps under-predicting: gallop upwards
         candidate = max(candidate, min(lower + 2 ** min(misses - 1, 62), middle))
     elif misses < 0:  # it keeps over-predicting: gallop downwards (only inside a bracket)
         candidate = min(candidate, max(top + 1 - 2 ** min(-misses - 1, 62), middle))

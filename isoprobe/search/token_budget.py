@@ -41,8 +41,8 @@ budget's binding batch is one that ran at its own length.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 from isoprobe.report.outcomes import Outcome
 
@@ -58,9 +58,9 @@ class LengthEdge:
     """What the search proved at one bucket length: the edge where it mattered, a floor where it did not."""
 
     length: int
-    max_fitting: int | None      # the largest sample count proven to fit here (by a trial here or at a longer length)
-    first_failing: int | None    # the smallest proven to fail here (here or at a shorter length); None: not needed
-    trials: int                  # trials run at this length
+    max_fitting: int | None  # the largest sample count proven to fit here (by a trial here or at a longer length)
+    first_failing: int | None  # the smallest proven to fail here (here or at a shorter length); None: not needed
+    trials: int  # trials run at this length
 
     @property
     def budget_limit(self) -> int | None:
@@ -75,9 +75,9 @@ class TokenSearch:
     budget: int | None
     binding_length: int | None
     edges: tuple[LengthEdge, ...]
-    trials: tuple[tuple[int, int, Outcome], ...]   # (samples, length, outcome), in the order they ran
-    stop: Outcome | None = None                    # the non-memory outcome that stopped the search, if one did
-    capped: bool = False                           # every length fits the sample cap: the cap, not memory, binds
+    trials: tuple[tuple[int, int, Outcome], ...]  # (samples, length, outcome), in the order they ran
+    stop: Outcome | None = None  # the non-memory outcome that stopped the search, if one did
+    capped: bool = False  # every length fits the sample cap: the cap, not memory, binds
 
     def edge(self, length: int) -> LengthEdge:
         return next(e for e in self.edges if e.length == length)
@@ -104,9 +104,16 @@ class _Stopped(Exception):
         self.outcome = outcome
 
 
-def search_budget(fits: Oracle, lengths: list[int], start: int = 1, cap: int | None = None,
-                  confirm: Oracle | None = None, retries: int = 0, retry: Oracle | None = None,
-                  confirmations: int = 1) -> TokenSearch:
+def search_budget(
+    fits: Oracle,
+    lengths: list[int],
+    start: int = 1,
+    cap: int | None = None,
+    confirm: Oracle | None = None,
+    retries: int = 0,
+    retry: Oracle | None = None,
+    confirmations: int = 1,
+) -> TokenSearch:
     """The largest token budget every bucket of ``lengths`` fits, over the trial oracle ``fits``.
 
     ``confirm``: the oracle for the binding batch's confirmations (default ``fits``); the product's run until
@@ -198,8 +205,12 @@ def search_budget(fits: Oracle, lengths: list[int], start: int = 1, cap: int | N
     except _Stopped as stopped:
         stop = stopped.outcome
     per_length = tuple(
-        LengthEdge(length, known.lower(length) or None, _needed_upper(length, known, bound),
-                   sum(1 for _, at, _ in trials if at == length))
+        LengthEdge(
+            length,
+            known.lower(length) or None,
+            _needed_upper(length, known, bound),
+            sum(1 for _, at, _ in trials if at == length),
+        )
         for length in sorted(ordered)
     )
     if stop is not None:
@@ -216,7 +227,9 @@ def _binding(ordered: list[int], known: _Knowledge, bound: int | None) -> int | 
     """The length whose limit is the minimum (the longest of a tie: its batches are the fewest, longest samples)."""
     if bound is None:
         return None
-    return next(length for length in ordered if known.upper(length) is not None and length * known.upper(length) == bound)
+    return next(
+        length for length in ordered if known.upper(length) is not None and length * known.upper(length) == bound
+    )
 
 
 def _needed_upper(length: int, known: _Knowledge, bound: int | None) -> int | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import shlex
-from typing import Sequence
+from collections.abc import Sequence
 
 #: Replaced, wherever it appears in an argument, by the trial's batch size.
 PLACEHOLDER = "{batch_size}"
@@ -38,8 +38,10 @@ def command_words(command: str | Sequence[str], shell: bool) -> list[str]:
     try:
         return shlex.split(command)
     except ValueError as exc:  # an unclosed quote: the message says which
-        raise ValueError(f"command: cannot split {command!r} into words as a shell would ({exc}); close the "
-                         "quote, or give the command as a list of arguments") from None
+        raise ValueError(
+            f"command: cannot split {command!r} into words as a shell would ({exc}); close the "
+            "quote, or give the command as a list of arguments"
+        ) from None
 
 
 def argv_for(command: str | Sequence[str], shell: bool, batch_size: int | None) -> list[str]:
@@ -59,24 +61,24 @@ def uses_placeholder(command: str | Sequence[str]) -> bool:
 def shown_command(command: str | Sequence[str], limit: int = 160) -> str:
     """The command for a person: one line, quoted as a shell would need it, shortened past ``limit``."""
     text = command if isinstance(command, str) else shlex.join(list(command))
-    return text if len(text) <= limit else f"{text[:limit - 3]}..."
+    return text if len(text) <= limit else f"{text[: limit - 3]}..."
 
 
 def command_problems(command: str | Sequence[str], shell: bool, batch_from: str, command_env: Sequence[str]) -> None:
     """Raise the first thing that makes the command unusable, worded as the spec's other checks (``field: ...``)."""
     if isinstance(command, str) and not command.strip():
-        raise ValueError("command: is empty; give the training command, e.g. python train.py --batch-size "
-                         "{batch_size}")
+        raise ValueError("command: is empty; give the training command, e.g. python train.py --batch-size {batch_size}")
     if not isinstance(command, str) and shell:
         raise ValueError("shell: true runs the command as one shell line; give command as a string, not a list")
     words = command_words(command, shell)
     if not words or not words[0].strip():
-        raise ValueError("command: is empty; give the training command, e.g. python train.py --batch-size "
-                         "{batch_size}")
+        raise ValueError("command: is empty; give the training command, e.g. python train.py --batch-size {batch_size}")
     if batch_from == "argument" and not uses_placeholder(command):
-        raise ValueError(f"command: has no {PLACEHOLDER} in its arguments, so every trial would run the same batch; "
-                         f"put {PLACEHOLDER} where the batch size goes (e.g. --batch-size {PLACEHOLDER}), or set "
-                         f"batch_from: env if the script reads ${BATCH_ENV} itself")
+        raise ValueError(
+            f"command: has no {PLACEHOLDER} in its arguments, so every trial would run the same batch; "
+            f"put {PLACEHOLDER} where the batch size goes (e.g. --batch-size {PLACEHOLDER}), or set "
+            f"batch_from: env if the script reads ${BATCH_ENV} itself"
+        )
     for name in command_env:
         if not ENV_NAME.fullmatch(name):
             raise ValueError(f"command_env: {name!r} is not an environment variable's name")

@@ -79,7 +79,7 @@ class DataSpec(SpecSection):
     )
 
     @model_validator(mode="after")
-    def _references(self) -> "DataSpec":
+    def _references(self) -> DataSpec:
         for name in DATA_CALLABLE_FIELDS:
             value = getattr(self, name)
             if value is not None and not CALLABLE_REFERENCE.fullmatch(value):

@@ -105,21 +105,27 @@ class DistributedSpec(SpecSection):
     )
 
     @model_validator(mode="after")
-    def _options_fit_the_strategy(self) -> "DistributedSpec":
+    def _options_fit_the_strategy(self) -> DistributedSpec:
         if self.strategy == "none":
             if self.world_size not in (None, 1):
                 raise ValueError("world_size: needs a strategy (ddp, zero1 or fsdp); with strategy none it is 1")
             if self.launcher != "auto":
                 raise ValueError("launcher: needs a strategy (ddp, zero1 or fsdp); one process is never a job step")
             if self.steps_ahead:
-                raise ValueError("steps_ahead: needs a strategy (ddp, zero1 or fsdp) and launcher srun; one process "
-                                 "is never a job step")
+                raise ValueError(
+                    "steps_ahead: needs a strategy (ddp, zero1 or fsdp) and launcher srun; one process "
+                    "is never a job step"
+                )
             if self.threads_per_rank is not None:
-                raise ValueError("threads_per_rank: needs a strategy (ddp, zero1 or fsdp); one process uses "
-                                 "OMP_NUM_THREADS as it finds it")
+                raise ValueError(
+                    "threads_per_rank: needs a strategy (ddp, zero1 or fsdp); one process uses "
+                    "OMP_NUM_THREADS as it finds it"
+                )
         if self.steps_ahead and self.launcher == "local":
-            raise ValueError("steps_ahead: starts Slurm job steps ahead, and launcher local starts none (its ranks are "
-                             "forked warm already); remove steps_ahead or set launcher: srun")
+            raise ValueError(
+                "steps_ahead: starts Slurm job steps ahead, and launcher local starts none (its ranks are "
+                "forked warm already); remove steps_ahead or set launcher: srun"
+            )
         given = [name for name in _DDP_OPTIONS + _FSDP_OPTIONS if getattr(self, name) is not None]
         for name in given:
             owner = ("ddp", "zero1") if name in _DDP_OPTIONS else ("fsdp",)

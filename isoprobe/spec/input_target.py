@@ -23,7 +23,9 @@ class InputSpec(SpecSection):
     """One sample of the model's input; the batch dimension is added in front."""
 
     shape: list[Annotated[int, Field(ge=1)]] = Field(
-        min_length=1, max_length=8, description="Per-sample input shape without the batch dimension, e.g. [3, 224, 224]."
+        min_length=1,
+        max_length=8,
+        description="Per-sample input shape without the batch dimension, e.g. [3, 224, 224].",
     )
     dtype: Literal["float32", "float16", "bfloat16", "float64", "int64"] = Field(
         "float32", description="Element type of the synthetic input."
@@ -35,7 +37,7 @@ class InputSpec(SpecSection):
     )
 
     @model_validator(mode="after")
-    def _plausible_size(self) -> "InputSpec":
+    def _plausible_size(self) -> InputSpec:
         elements = 1
         for dimension in self.shape:
             elements *= dimension
@@ -44,7 +46,7 @@ class InputSpec(SpecSection):
         return self
 
     @model_validator(mode="after")
-    def _high_only_for_integers(self) -> "InputSpec":
+    def _high_only_for_integers(self) -> InputSpec:
         if self.dtype == "int64" and self.high is None:
             raise ValueError("dtype int64 needs 'high' (inputs are drawn from [0, high))")
         if self.dtype != "int64" and self.high is not None:
@@ -75,12 +77,10 @@ class TargetSpec(SpecSection):
     shape: list[Annotated[int, Field(ge=1)]] | None = Field(
         None, min_length=1, description="Regression: per-sample target shape; the loss is mean squared error."
     )
-    boxes_per_image: int = Field(
-        8, ge=1, le=1000, description="Detection: synthetic ground-truth boxes per image."
-    )
+    boxes_per_image: int = Field(8, ge=1, le=1000, description="Detection: synthetic ground-truth boxes per image.")
 
     @model_validator(mode="after")
-    def _fields_fit_the_task(self) -> "TargetSpec":
+    def _fields_fit_the_task(self) -> TargetSpec:
         task = self.resolved_task
         if task is None:
             raise ValueError(

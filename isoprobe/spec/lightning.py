@@ -18,15 +18,21 @@ from pydantic import Field
 from isoprobe.spec.base import SpecSection
 
 #: ``training.precision`` -> the Trainer's ``precision`` argument (the same recipes under Lightning's names).
-LIGHTNING_PRECISION = {"fp32": "32-true", "fp16-mixed": "16-mixed", "bf16-mixed": "bf16-mixed",
-                       "bf16-true": "bf16-true"}
+LIGHTNING_PRECISION = {
+    "fp32": "32-true",
+    "fp16-mixed": "16-mixed",
+    "bf16-mixed": "bf16-mixed",
+    "bf16-true": "bf16-true",
+}
 
 
 class LightningSpec(SpecSection):
     """The Trainer's arguments that change memory, for ``model.lightning`` (the rest of the Trainer is Lightning's)."""
 
     gradient_clip_val: float | None = Field(
-        None, ge=0, description="Trainer(gradient_clip_val=...): clip the gradients at this norm or value; null: no clipping."
+        None,
+        ge=0,
+        description="Trainer(gradient_clip_val=...): clip the gradients at this norm or value; null: no clipping.",
     )
     gradient_clip_algorithm: Literal["norm", "value"] | None = Field(
         None, description="Trainer(gradient_clip_algorithm=...): norm or value; null: Lightning's default (norm)."

@@ -17,18 +17,19 @@ from __future__ import annotations
 import difflib
 import os
 import re
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
 from isoprobe.errors import Problem, SpecError, shown
-from isoprobe.spec.overrides import Override, apply, from_mapping, origin_of, parse_sets
-from isoprobe.spec.safe_read import NOT_A_PIPE, Refused, kind_of, read_regular_file
 from isoprobe.spec.data import DATA_CALLABLE_FIELDS
 from isoprobe.spec.model import Spec
 from isoprobe.spec.model_section import CALLABLE_FIELDS, EXTRAS, is_file_reference
+from isoprobe.spec.overrides import Override, apply, from_mapping, origin_of, parse_sets
 from isoprobe.spec.plain import plain_copy
+from isoprobe.spec.safe_read import NOT_A_PIPE, Refused, kind_of, read_regular_file
 from isoprobe.spec.yaml_file import read_spec_yaml
 
 #: A spec given as data (the Python API) has no file: errors name it so, and relative paths resolve against
@@ -103,12 +104,12 @@ def _problem_from(error: dict[str, Any], origins: Mapping[str, str]) -> Problem:
     kind = error["type"]
     message = error["msg"]
     if message.startswith("Value error, "):
-        message = message[len("Value error, "):]
+        message = message[len("Value error, ") :]
     named = re.match(r"([a-z_]+(?:\.[a-z_]+)*): ", message)
     if named and kind == "value_error":
         # A check across fields (a model validator) names the field at the front of its message,
         # relative to the section it validates (the whole spec: the full dotted path).
-        location, message = location + named.group(1).split("."), message[named.end():]
+        location, message = location + named.group(1).split("."), message[named.end() :]
     field = ".".join(location)
     fix = ""
     if kind == "extra_forbidden":
@@ -188,8 +189,14 @@ def _command_dir(given: str | None, base: Path, source: str) -> str:
     folder = (base / given).resolve() if given is not None else Path.cwd().resolve()
     if not folder.is_dir():
         what = "no such folder" if not folder.exists() else "not a folder"
-        raise SpecError(source, [Problem("command_dir", f"{what}: {folder}",
-                                         "give the folder the command runs in, relative to the spec file")])
+        raise SpecError(
+            source,
+            [
+                Problem(
+                    "command_dir", f"{what}: {folder}", "give the folder the command runs in, relative to the spec file"
+                )
+            ],
+        )
     return str(folder)
 
 
@@ -212,8 +219,16 @@ def _resolved_references(section, fields: tuple[str, ...], prefix: str, base: Pa
                 [Problem(f"{prefix}.{name}", f"no such file: {file}", "paths are relative to the spec file's folder")],
             ) from None
         if kind is not None:
-            raise SpecError(source, [Problem(f"{prefix}.{name}", f"{file} is {kind}, not a Python file",
-                                             "give a .py file" if kind == "a directory" else NOT_A_PIPE)])
+            raise SpecError(
+                source,
+                [
+                    Problem(
+                        f"{prefix}.{name}",
+                        f"{file} is {kind}, not a Python file",
+                        "give a .py file" if kind == "a directory" else NOT_A_PIPE,
+                    )
+                ],
+            )
         update[name] = f"{file}:{function}"
     return update
 
@@ -224,12 +239,21 @@ def _dependency(base: Path, entry: str, source: str) -> str:
     try:
         kind = kind_of(file.stat().st_mode)
     except OSError:
-        raise SpecError(source, [Problem("model.depends_on", f"no such file: {file}",
-                                         "paths are relative to the spec file's folder")]) from None
+        raise SpecError(
+            source,
+            [Problem("model.depends_on", f"no such file: {file}", "paths are relative to the spec file's folder")],
+        ) from None
     if kind is not None:
-        raise SpecError(source, [Problem("model.depends_on", f"{file} is {kind}, not a regular file",
-                                         "list the files in it that the model reads" if kind == "a directory"
-                                         else NOT_A_PIPE)])
+        raise SpecError(
+            source,
+            [
+                Problem(
+                    "model.depends_on",
+                    f"{file} is {kind}, not a regular file",
+                    "list the files in it that the model reads" if kind == "a directory" else NOT_A_PIPE,
+                )
+            ],
+        )
     return str(file)
 
 
@@ -254,13 +278,18 @@ def check_references(spec: Spec, source: str) -> None:
 
         module = spec.model.library
         if importlib.util.find_spec(module) is None:
-            problems.append(Problem(f"model.{source_name}", f"needs the {module} package, which is not installed",
-                                    EXTRAS[source_name]))
+            problems.append(
+                Problem(
+                    f"model.{source_name}", f"needs the {module} package, which is not installed", EXTRAS[source_name]
+                )
+            )
     name = spec.model.torchvision
     known = torchvision_model_names()
     if name is not None and known is not None and name not in known:
         close = suggest(name, known)
-        fix = f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "see torchvision.models.list_models()"
+        fix = (
+            f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "see torchvision.models.list_models()"
+        )
         problems.append(Problem("model.torchvision", f"torchvision has no model named {name!r}", fix))
     if problems:
         raise SpecError(source, problems)
@@ -281,22 +310,42 @@ def command_program_problems(spec: Spec) -> list[Problem]:
     found = (folder / program).is_file() if "/" in program else shutil.which(program) is not None
     if not found:
         where = f"in {folder}" if "/" in program else "on PATH"
-        return [Problem("command", f"no program {program!r} {where}",
-                        "give the program as the job runs it (python, torchrun, accelerate, a script's path)")]
+        return [
+            Problem(
+                "command",
+                f"no program {program!r} {where}",
+                "give the program as the job runs it (python, torchrun, accelerate, a script's path)",
+            )
+        ]
     if Path(program).name.startswith("python") and (ignored := _site_skipping_flags(argv[1:])):
-        return [Problem("command", f"python runs with {ignored}, which skips site or PYTHONPATH: isoprobe's start-up "
-                        "shim (how it sees the command's optimizer steps) would never load, and every trial would "
-                        "time out with no step seen", f"drop {ignored} from the command for the probe")]
+        return [
+            Problem(
+                "command",
+                f"python runs with {ignored}, which skips site or PYTHONPATH: isoprobe's start-up "
+                "shim (how it sees the command's optimizer steps) would never load, and every trial would "
+                "time out with no step seen",
+                f"drop {ignored} from the command for the probe",
+            )
+        ]
     if Path(program).name.startswith("python") and len(argv) > 1 and not argv[1].startswith("-"):
         script = folder / argv[1]
         if script.is_dir() and not (script / "__main__.py").is_file():
-            return [Problem("command", f"{argv[1]!r} in {folder} is a folder, not a script: python runs a folder "
-                            "only when it holds a __main__.py", "name the training script inside it "
-                            f"({argv[1].rstrip('/')}/train.py, say), or add its __main__.py")]
+            return [
+                Problem(
+                    "command",
+                    f"{argv[1]!r} in {folder} is a folder, not a script: python runs a folder "
+                    "only when it holds a __main__.py",
+                    f"name the training script inside it ({argv[1].rstrip('/')}/train.py, say), or add its __main__.py",
+                )
+            ]
         if argv[1].endswith(".py") and not script.exists():
-            return [Problem("command", f"no script {argv[1]!r} in {folder}",
-                            "paths in the command are relative to command_dir (default: the folder isoprobe runs "
-                            "in)")]
+            return [
+                Problem(
+                    "command",
+                    f"no script {argv[1]!r} in {folder}",
+                    "paths in the command are relative to command_dir (default: the folder isoprobe runs in)",
+                )
+            ]
     return []
 
 
@@ -340,8 +389,13 @@ def _factory_problems(factory: str | None, spec_dir: Path, field: str = "model.f
         try:
             text = read_regular_file(file, MAX_FACTORY_BYTES, what="a Python file").decode("utf-8")
         except Refused as exc:
-            return [Problem(field, f"{file} {exc.reason}",
-                            NOT_A_PIPE if exc.kind not in (None, "a directory") else "give a .py file")]
+            return [
+                Problem(
+                    field,
+                    f"{file} {exc.reason}",
+                    NOT_A_PIPE if exc.kind not in (None, "a directory") else "give a .py file",
+                )
+            ]
         except (OSError, UnicodeDecodeError) as exc:
             return [Problem(field, f"cannot read {file}: {exc}", "")]
         try:
@@ -351,8 +405,13 @@ def _factory_problems(factory: str | None, spec_dir: Path, field: str = "model.f
         except ValueError as exc:  # older Pythons: "source code string cannot contain null bytes" (3.11.7: SyntaxError)
             return [Problem(field, f"{file} cannot be parsed: {exc}", "fix the Python file")]
         except (RecursionError, MemoryError) as exc:  # one expression of 200,000 terms: Python cannot compile it either
-            return [Problem(field, f"{file} is nested too deeply for Python's parser ({type(exc).__name__})",
-                            "split the long expression into several statements")]
+            return [
+                Problem(
+                    field,
+                    f"{file} is nested too deeply for Python's parser ({type(exc).__name__})",
+                    "split the long expression into several statements",
+                )
+            ]
         defined = {
             getattr(node, "name", None) for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))
         }
@@ -362,8 +421,9 @@ def _factory_problems(factory: str | None, spec_dir: Path, field: str = "model.f
                 defined |= {t.id for t in targets if isinstance(t, ast.Name)}
             elif isinstance(node, (ast.Import, ast.ImportFrom)):
                 defined |= {(a.asname or a.name).split(".")[0] for a in node.names}
-        if function not in defined and not any(isinstance(n, ast.ImportFrom) and
-                                               any(a.name == "*" for a in n.names) for n in tree.body):
+        if function not in defined and not any(
+            isinstance(n, ast.ImportFrom) and any(a.name == "*" for a in n.names) for n in tree.body
+        ):
             close = difflib.get_close_matches(function, sorted(n for n in defined if n), n=1)
             hint = f"did you mean {close[0]!r}?" if close else f"define {function}() in {file.name}"
             return [Problem(field, f"{file.name} defines no {function!r}", hint)]
@@ -380,6 +440,11 @@ def _factory_problems(factory: str | None, spec_dir: Path, field: str = "model.f
         if added:
             sys.path.remove(str(spec_dir.resolve()))
     if found is None:
-        return [Problem(field, f"no module named {top!r} on the import path",
-                        "install it, or put it next to the spec, or use 'path/to/file.py:function'")]
+        return [
+            Problem(
+                field,
+                f"no module named {top!r} on the import path",
+                "install it, or put it next to the spec, or use 'path/to/file.py:function'",
+            )
+        ]
     return []

@@ -17,16 +17,24 @@ from pydantic import Field, model_validator
 from isoprobe.spec.base import SpecSection
 from isoprobe.spec.data import CALLABLE_REFERENCE as _CALLABLE_REFERENCE
 
-
 #: The model sources, in the order a reader meets them; exactly one is given.
 MODEL_SOURCES = ("torchvision", "timm", "huggingface", "factory", "hf_trainer", "lightning")
 #: The library (importable module and distribution) each named model source builds with; a factory has none.
 #: The one place this mapping lives: the child imports it, the cache keys its version, the warm spare preloads it.
-MODEL_LIBRARIES = {"torchvision": "torchvision", "timm": "timm", "huggingface": "transformers",
-                   "hf_trainer": "transformers", "lightning": "lightning"}
+MODEL_LIBRARIES = {
+    "torchvision": "torchvision",
+    "timm": "timm",
+    "huggingface": "transformers",
+    "hf_trainer": "transformers",
+    "lightning": "lightning",
+}
 #: What a user installs for a source whose library is not a core dependency.
-EXTRAS = {"timm": "pip install 'isoprobe[timm]'", "huggingface": "pip install 'isoprobe[huggingface]'",
-          "hf_trainer": "pip install 'isoprobe[huggingface]'", "lightning": "pip install 'isoprobe[lightning]'"}
+EXTRAS = {
+    "timm": "pip install 'isoprobe[timm]'",
+    "huggingface": "pip install 'isoprobe[huggingface]'",
+    "hf_trainer": "pip install 'isoprobe[huggingface]'",
+    "lightning": "pip install 'isoprobe[lightning]'",
+}
 #: The spec fields that name a callable: 'module:function' or 'file.py:function'.
 CALLABLE_FIELDS = ("factory", "batch", "loss", "step", "hf_trainer", "lightning", "datamodule")
 
@@ -42,10 +50,12 @@ def is_file_reference(target: str) -> bool:
 
 def one_source_message(given: list[str]) -> str:
     """The one wording for a model section with no source or several (``ModelSpec``, ``Spec``)."""
-    return ("give exactly one of 'torchvision' (a model name), 'timm' (a model name), 'huggingface' "
-            "(a model type), 'factory' ('module:function'), 'hf_trainer' ('module:function' building a "
-            "transformers.Trainer) or 'lightning' ('module:LightningModuleClass'); "
-            f"got {', '.join(given) or 'none'}")
+    return (
+        "give exactly one of 'torchvision' (a model name), 'timm' (a model name), 'huggingface' "
+        "(a model type), 'factory' ('module:function'), 'hf_trainer' ('module:function' building a "
+        "transformers.Trainer) or 'lightning' ('module:LightningModuleClass'); "
+        f"got {', '.join(given) or 'none'}"
+    )
 
 
 class ModelSpec(SpecSection):
@@ -159,7 +169,7 @@ class ModelSpec(SpecSection):
     )
 
     @model_validator(mode="after")
-    def _at_most_one_source(self) -> "ModelSpec":
+    def _at_most_one_source(self) -> ModelSpec:
         # None at all is the spec's to judge (``Spec``): a spec with a ``command`` has no model section.
         given = [name for name in MODEL_SOURCES if getattr(self, name) is not None]
         if len(given) > 1:

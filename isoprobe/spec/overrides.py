@@ -21,8 +21,9 @@ its field. Nothing here imports pydantic or YAML.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from isoprobe.errors import Problem, shown
 
@@ -47,7 +48,7 @@ class Override:
 
 def shortened(text: str, limit: int = 60) -> str:
     """A user's text for a message: a ``--set`` value may be 5000 digits long, a message may not."""
-    return text if len(text) <= limit else f"{text[:limit - 20]}... ({len(text)} characters)"
+    return text if len(text) <= limit else f"{text[: limit - 20]}... ({len(text)} characters)"
 
 
 def parse_sets(texts: Iterable[str], source: str) -> tuple[list[Override], list[Problem]]:
@@ -138,12 +139,17 @@ def apply(raw: dict[str, Any], overrides: Iterable[Override]) -> tuple[dict[str,
             key: str | int = part
             if isinstance(node, list):  # a list element by its index: --set input.shape.0=512
                 if not (part.isdigit() and part.isascii() and int(part) < len(node)):
-                    problems.append((where, Problem(
-                        f"{override.field} (from {override.origin})",
-                        f"{where} is the list {shown(node)}: {shortened(part)!r} is not the index of one of its "
-                        f"{len(node)} element(s)",
-                        f"give an index from 0 to {len(node) - 1}, or set {where} itself, e.g. --set '{where}=[...]'",
-                    )))
+                    problems.append(
+                        (
+                            where,
+                            Problem(
+                                f"{override.field} (from {override.origin})",
+                                f"{where} is the list {shown(node)}: {shortened(part)!r} is not the index of one of its "
+                                f"{len(node)} element(s)",
+                                f"give an index from 0 to {len(node) - 1}, or set {where} itself, e.g. --set '{where}=[...]'",
+                            ),
+                        )
+                    )
                     break
                 key = int(part)
             if depth == len(parts) - 1:
@@ -153,15 +159,20 @@ def apply(raw: dict[str, Any], overrides: Iterable[Override]) -> tuple[dict[str,
             child = node[key] if isinstance(node, list) else node.get(key)
             if child is None:
                 child = node[key] = {}
-                origins.setdefault(".".join(parts[:depth + 1]), override.origin)
+                origins.setdefault(".".join(parts[: depth + 1]), override.origin)
             following = parts[depth + 1]
             if not (isinstance(child, dict) or (isinstance(child, list) and following.isdigit())):
-                where = ".".join(parts[:depth + 1])
-                problems.append((where, Problem(
-                    f"{override.field} (from {override.origin})",
-                    f"{where} is {type(child).__name__} {shown(child)}, not a section of fields",
-                    f"set {where} itself, e.g. --set '{where}=...'",
-                )))
+                where = ".".join(parts[: depth + 1])
+                problems.append(
+                    (
+                        where,
+                        Problem(
+                            f"{override.field} (from {override.origin})",
+                            f"{where} is {type(child).__name__} {shown(child)}, not a section of fields",
+                            f"set {where} itself, e.g. --set '{where}=...'",
+                        ),
+                    )
+                )
                 break
             node = child
     return origins, problems
@@ -176,8 +187,10 @@ def origin_of(field: str, origins: Mapping[str, str]) -> str | None:
     return best[1] if best else None
 
 
-_OVER_FIX = ("write --over FIELD=V1,V2,..., e.g. --over input.shape.0=128,256,512 (a dotted field path as --set "
-             "takes it, '=', YAML values separated by commas)")
+_OVER_FIX = (
+    "write --over FIELD=V1,V2,..., e.g. --over input.shape.0=128,256,512 (a dotted field path as --set "
+    "takes it, '=', YAML values separated by commas)"
+)
 
 
 def parse_over(text: str, source: str) -> tuple[str, list[Any]]:
@@ -207,11 +220,13 @@ def parse_over(text: str, source: str) -> tuple[str, list[Any]]:
     try:
         values = parse_yaml(f"[{values_text}]", source, field) if values_text.strip() else []
     except SpecError as error:
-        raise SpecError(source, [Problem(f"{p.field} (from {origin})", p.message, _OVER_FIX)
-                                 for p in error.problems]) from None
+        raise SpecError(
+            source, [Problem(f"{p.field} (from {origin})", p.message, _OVER_FIX) for p in error.problems]
+        ) from None
     if not values or any(value is None for value in values):
-        raise refused(f"{field} (from {origin})", "no value to probe at (an empty list, or an empty value between "
-                                                  "commas)")
+        raise refused(
+            f"{field} (from {origin})", "no value to probe at (an empty list, or an empty value between commas)"
+        )
     seen: list[Any] = []
     for value in values:
         if value in seen:

@@ -16,7 +16,7 @@ import math
 from typing import Any
 
 from isoprobe.errors import Problem
-from isoprobe.spec.yaml_file import NUMBER_FIX, MAX_NUMBER_DIGITS, MAX_SPEC_DEPTH, MAX_SPEC_VALUES
+from isoprobe.spec.yaml_file import MAX_NUMBER_DIGITS, MAX_SPEC_DEPTH, MAX_SPEC_VALUES, NUMBER_FIX
 
 #: What a spec value may be besides a mapping or a list: what YAML builds and JSON carries to the trial.
 _SCALARS = (str, bool, int, float, type(None))
@@ -46,24 +46,44 @@ def plain_copy(data: Any, prefix: str = "") -> tuple[Any, list[Problem]]:
         value, path, depth, into, key = stack.pop()
         count += 1
         if count > MAX_SPEC_VALUES:
-            problems.append(Problem(prefix, f"holds more than {MAX_SPEC_VALUES} values",
-                                    "write the spec out plainly; it needs a few dozen values"))
+            problems.append(
+                Problem(
+                    prefix,
+                    f"holds more than {MAX_SPEC_VALUES} values",
+                    "write the spec out plainly; it needs a few dozen values",
+                )
+            )
             break
         if isinstance(value, (dict, list, tuple)) and depth > MAX_SPEC_DEPTH:
-            problems.append(Problem(_short_path(path), f"nested too deeply to be a spec (more than {MAX_SPEC_DEPTH} "
-                                    "levels)", "a spec needs a few levels; look for a value that contains itself"))
+            problems.append(
+                Problem(
+                    _short_path(path),
+                    f"nested too deeply to be a spec (more than {MAX_SPEC_DEPTH} levels)",
+                    "a spec needs a few levels; look for a value that contains itself",
+                )
+            )
         elif isinstance(value, (dict, list, tuple)) and count + len(value) > MAX_SPEC_VALUES:
-            problems.append(Problem(_short_path(path), f"holds more than {MAX_SPEC_VALUES} values",
-                                    "write the spec out plainly; it needs a few dozen values"))
+            problems.append(
+                Problem(
+                    _short_path(path),
+                    f"holds more than {MAX_SPEC_VALUES} values",
+                    "write the spec out plainly; it needs a few dozen values",
+                )
+            )
             break
         elif isinstance(value, dict):
             copy: dict = {}
             into[key] = copy
             entries = []
             for name, item in value.items():
-                if not isinstance(name, _SCALARS) or isinstance(name, float) and not math.isfinite(name):
-                    problems.append(Problem(_short_path(path), f"a key of type {type(name).__name__} cannot be a "
-                                            "field's name", _PLAIN_FIX))
+                if not isinstance(name, _SCALARS) or (isinstance(name, float) and not math.isfinite(name)):
+                    problems.append(
+                        Problem(
+                            _short_path(path),
+                            f"a key of type {type(name).__name__} cannot be a field's name",
+                            _PLAIN_FIX,
+                        )
+                    )
                     continue
                 copy[name] = None  # the keys in the order given; the values are filled in as they are popped
                 entries.append((item, _joined(path, name), depth + 1, copy, name))
@@ -71,16 +91,24 @@ def plain_copy(data: Any, prefix: str = "") -> tuple[Any, list[Problem]]:
         elif isinstance(value, (list, tuple)):
             items = [None] * len(value)
             into[key] = items
-            stack.extend((item, _joined(path, index), depth + 1, items, index)
-                         for index, item in reversed(list(enumerate(value))))
+            stack.extend(
+                (item, _joined(path, index), depth + 1, items, index)
+                for index, item in reversed(list(enumerate(value)))
+            )
         elif isinstance(value, _SCALARS):
             message = _implausible_value(value)
             if message:
                 problems.append(Problem(_short_path(path), message, NUMBER_FIX))
             into[key] = value
         else:
-            problems.append(Problem(_short_path(path), f"a value of type {type(value).__name__} is not one a spec can hold "
-                                    "(JSON cannot carry it to the trial)", _PLAIN_FIX))
+            problems.append(
+                Problem(
+                    _short_path(path),
+                    f"a value of type {type(value).__name__} is not one a spec can hold "
+                    "(JSON cannot carry it to the trial)",
+                    _PLAIN_FIX,
+                )
+            )
     return top[0], problems
 
 

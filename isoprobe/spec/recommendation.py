@@ -31,7 +31,10 @@ class RecommendationSpec(SpecSection):
         ),
     )
     multiple_of: int = Field(
-        1, ge=1, le=MAX_BATCH_SIZE, description="Round the recommended batch down to a multiple of this (e.g. 8 for tensor cores)."
+        1,
+        ge=1,
+        le=MAX_BATCH_SIZE,
+        description="Round the recommended batch down to a multiple of this (e.g. 8 for tensor cores).",
     )
     objective: Literal["max", "throughput"] = Field(
         "max",
@@ -73,7 +76,5 @@ class PlanSpec(SpecSection):
         None,
         ge=1,
         le=1 << 20,
-        description=(
-            "Data-parallel ranks. Unset: WORLD_SIZE (torchrun) or SLURM_NTASKS from the environment, else 1."
-        ),
+        description=("Data-parallel ranks. Unset: WORLD_SIZE (torchrun) or SLURM_NTASKS from the environment, else 1."),
     )

@@ -89,4 +89,3 @@ def read_regular_file(path: str | os.PathLike, limit: int, *, what: str) -> byte
     if size > limit:
         raise Refused(f"larger than {limit} bytes: not {what}", None)
     return b"".join(chunks)
-

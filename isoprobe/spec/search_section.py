@@ -37,7 +37,10 @@ class SearchSpec(SpecSection):
     """Where the search starts, where it must stop, and what one trial is."""
 
     start_batch_size: int = Field(
-        2, ge=1, le=MAX_BATCH_SIZE, description="First batch tried. 2 by default: BatchNorm needs more than one sample in training."
+        2,
+        ge=1,
+        le=MAX_BATCH_SIZE,
+        description="First batch tried. 2 by default: BatchNorm needs more than one sample in training.",
     )
     max_batch_size: int | None = Field(
         None, ge=1, le=MAX_BATCH_SIZE, description="Never try a batch above this. The answer is this value if it fits."
@@ -55,7 +58,9 @@ class SearchSpec(SpecSection):
         ),
     )
     steady_steps: int | None = Field(
-        None, ge=0, le=10000,
+        None,
+        ge=0,
+        le=10000,
         description=(
             "The most steps a trial that decides the maximum runs while its peak still rises (the trial right below "
             "the smallest failure, whose fit makes it the maximum; a maximum whose only fit was a shorter trial runs "
@@ -66,7 +71,9 @@ class SearchSpec(SpecSection):
         ),
     )
     cycle_steps: int = Field(
-        DEFAULT_CYCLE_STEPS, ge=0, le=100000,
+        DEFAULT_CYCLE_STEPS,
+        ge=0,
+        le=100000,
         description=(
             "A command probe: the most optimizer steps a trial that decides the maximum (and the recommendation's "
             "soak) runs waiting for the script's first evaluation pass (forwards without gradients or in eval mode, "
@@ -77,12 +84,15 @@ class SearchSpec(SpecSection):
         ),
     )
     cycle_seconds: float = Field(
-        DEFAULT_CYCLE_SECONDS, gt=0, le=7 * 24 * 3600,
+        DEFAULT_CYCLE_SECONDS,
+        gt=0,
+        le=7 * 24 * 3600,
         description="A command probe: the most seconds, from its first step, a deciding trial waits for the "
-                    "script's first evaluation pass (with search.cycle_steps, whichever comes first).",
+        "script's first evaluation pass (with search.cycle_steps, whichever comes first).",
     )
     edge_spread: ByteCountOrZero | None = Field(
-        None, le=MAX_BYTES,
+        None,
+        le=MAX_BYTES,
         description=(
             "How far a batch's long-run peak may move between fresh processes and over steps (the spread): the "
             "maximum reported is a batch whose steady peak leaves more than this free below the capacity; one that "
@@ -93,9 +103,11 @@ class SearchSpec(SpecSection):
         ),
     )
     trial_timeout: float = Field(
-        600.0, gt=0, le=7 * 24 * 3600,
+        600.0,
+        gt=0,
+        le=7 * 24 * 3600,
         description="Seconds one trial may take from the moment its process, imports done, receives the request; "
-                    "then it and everything it started is killed.",
+        "then it and everything it started is killed.",
     )
     retries: int = Field(
         1,
@@ -127,6 +139,7 @@ class SearchSpec(SpecSection):
         if self.confirmations is not None:
             return self.confirmations
         return 0 if search == "batch" else 1
+
     strategy: Literal["guided", "doubling"] = Field(
         "guided",
         description=(
@@ -213,19 +226,23 @@ class SearchSpec(SpecSection):
     )
 
     @model_validator(mode="after")
-    def _start_within_caps(self) -> "SearchSpec":
+    def _start_within_caps(self) -> SearchSpec:
         for name in ("max_batch_size", "dataset_size"):
             cap = getattr(self, name)
             if cap is not None and self.start_batch_size > cap:
                 raise ValueError(f"start_batch_size {self.start_batch_size} is above {name} {cap}")
         if self.unit == "tokens" and self.bucket_lengths is None:
-            raise ValueError("bucket_lengths: unit tokens needs the lengths your sampler pads its buckets to, e.g. "
-                             "search.bucket_lengths: [128, 256, 512]")
+            raise ValueError(
+                "bucket_lengths: unit tokens needs the lengths your sampler pads its buckets to, e.g. "
+                "search.bucket_lengths: [128, 256, 512]"
+            )
         if self.bucket_lengths is not None and self.unit != "tokens":
             raise ValueError("bucket_lengths: applies to unit tokens; set search.unit: tokens, or remove it")
         if self.unit == "tokens" and self.parallel != 1:
-            raise ValueError("unit: tokens runs one trial at a time (each length's trial decides where the next "
-                             "goes); set search.parallel to 1")
+            raise ValueError(
+                "unit: tokens runs one trial at a time (each length's trial decides where the next "
+                "goes); set search.parallel to 1"
+            )
         return self
 
     @property

@@ -17,7 +17,6 @@ from pydantic import BeforeValidator
 from isoprobe.errors import shown
 from isoprobe.spec.units import MAX_BYTES, parse_bytes
 
-
 ByteCount = Annotated[int, BeforeValidator(parse_bytes)]
 #: A size where 0 means "none" (search.edge_spread: 0 turns the spread rule off).
 ByteCountOrZero = Annotated[int, BeforeValidator(lambda value: 0 if value == 0 or value == "0" else parse_bytes(value))]

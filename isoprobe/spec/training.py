@@ -48,7 +48,8 @@ class TrainingSpec(SpecSection):
         ),
     )
     channels_last: bool = Field(
-        False, description="Convert the model and the image batch to the channels_last memory format (convolutional models)."
+        False,
+        description="Convert the model and the image batch to the channels_last memory format (convolutional models).",
     )
     gradient_checkpointing: bool = Field(
         False,
@@ -64,7 +65,9 @@ class TrainingSpec(SpecSection):
         description="Run the model through torch.compile. Compile time is reported apart from the step time.",
     )
     compile_backend: str = Field(
-        "inductor", min_length=1, description="The torch.compile backend when compile is true, e.g. inductor or aot_eager."
+        "inductor",
+        min_length=1,
+        description="The torch.compile backend when compile is true, e.g. inductor or aot_eager.",
     )
     cudnn_benchmark: bool = Field(
         False,
@@ -107,15 +110,13 @@ class TrainingSpec(SpecSection):
     eval_grad: Literal["no_grad", "inference_mode"] = Field(
         "no_grad",
         description="How the evaluation pass turns gradients off, as your validation loop does: torch.no_grad() "
-                    "(Lightning's and Hugging Face's default) or torch.inference_mode().",
+        "(Lightning's and Hugging Face's default) or torch.inference_mode().",
     )
 
     @model_validator(mode="after")
-    def _consistent(self) -> "TrainingSpec":
+    def _consistent(self) -> TrainingSpec:
         if self.mode == "inference" and self.gradient_checkpointing:
-            raise ValueError(
-                "gradient_checkpointing: saves memory for the backward pass; mode inference has none"
-            )
+            raise ValueError("gradient_checkpointing: saves memory for the backward pass; mode inference has none")
         if self.mode == "inference" and self.eval_pass:
             raise ValueError("eval_pass: adds an evaluation pass to training; in mode inference every step is one")
         return self

@@ -48,8 +48,9 @@ MAX_NUMBER_DIGITS = 30
 _INT_TAG = "tag:yaml.org,2002:int"
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _REFUSED_TAGS = ("binary", "set", "omap", "pairs")
-NUMBER_FIX = ("a spec's numbers are batch sizes, steps, seconds, fractions and byte counts: "
-               "write one such as 256, 0.1 or '16GiB'")
+NUMBER_FIX = (
+    "a spec's numbers are batch sizes, steps, seconds, fractions and byte counts: write one such as 256, 0.1 or '16GiB'"
+)
 
 
 class _TooDeep(Exception):
@@ -68,7 +69,7 @@ class _ValueProblem(Exception):
         self.node, self.message, self.fix = node, message, fix
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _spec_loader() -> type:
     """PyYAML's safe loader, bounded in depth, refusing duplicate keys and values a spec cannot hold.
 
@@ -93,7 +94,7 @@ def _spec_loader() -> type:
             if len(self.indents) + self.flow_level + opening > MAX_SPEC_DEPTH:
                 raise _TooDeep(self.get_mark())
 
-        def fetch_flow_collection_start(self, TokenClass):  # noqa: N803 - PyYAML's name
+        def fetch_flow_collection_start(self, TokenClass):
             self._check_depth(1)
             super().fetch_flow_collection_start(TokenClass)
 
@@ -110,8 +111,9 @@ def _spec_loader() -> type:
                 raise
             except Exception as exc:  # a constructor's own failure (e.g. int() or datetime) is this value's problem
                 written = shown(node.value) if isinstance(node, yaml.ScalarNode) else "this value"
-                raise _ValueProblem(node, f"cannot read {written}: {exc}",
-                                    "write plain values: numbers, text, lists and mappings") from None
+                raise _ValueProblem(
+                    node, f"cannot read {written}: {exc}", "write plain values: numbers, text, lists and mappings"
+                ) from None
 
     def construct_unique_mapping(loader: _SpecLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
         loader.flatten_mapping(node)
@@ -134,8 +136,11 @@ def _spec_loader() -> type:
 
     def refuse(loader: _SpecLoader, node) -> None:
         tag = node.tag.rsplit(":", 1)[-1]
-        raise _ValueProblem(node, f"YAML's !!{tag} makes a value that a spec cannot hold",
-                            "write plain values: numbers, text, lists and mappings")
+        raise _ValueProblem(
+            node,
+            f"YAML's !!{tag} makes a value that a spec cannot hold",
+            "write plain values: numbers, text, lists and mappings",
+        )
 
     _SpecLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_unique_mapping)
     _SpecLoader.add_constructor("tag:yaml.org,2002:timestamp", construct_as_text)
@@ -188,11 +193,16 @@ def parse_yaml(text: str, source: str, field: str = "") -> Any:
             source, [Problem(where, f"not valid YAML: {reason}", "fix the YAML syntax at that place")]
         ) from None
     except _TooDeep as exc:
-        raise SpecError(source, [Problem(
-            field or f"line {exc.mark.line + 1}, column {exc.mark.column + 1}",
-            f"nested too deeply to be a spec (more than {MAX_SPEC_DEPTH} levels)",
-            "a spec needs a few levels; look for brackets that are never closed",
-        )]) from None
+        raise SpecError(
+            source,
+            [
+                Problem(
+                    field or f"line {exc.mark.line + 1}, column {exc.mark.column + 1}",
+                    f"nested too deeply to be a spec (more than {MAX_SPEC_DEPTH} levels)",
+                    "a spec needs a few levels; look for brackets that are never closed",
+                )
+            ],
+        ) from None
     except _ValueProblem as exc:
         raise SpecError(source, [Problem(paths.get(id(exc.node), field), exc.message, exc.fix)]) from None
     except RecursionError:  # a path the depth bound does not cover; never a traceback
@@ -203,8 +213,13 @@ def parse_yaml(text: str, source: str, field: str = "") -> Any:
     if _count_values(data, MAX_SPEC_VALUES) > MAX_SPEC_VALUES:
         raise SpecError(
             source,
-            [Problem(field, f"expands to more than {MAX_SPEC_VALUES} values (YAML aliases?)",
-                     "write the spec out plainly; it needs a few dozen values")],
+            [
+                Problem(
+                    field,
+                    f"expands to more than {MAX_SPEC_VALUES} values (YAML aliases?)",
+                    "write the spec out plainly; it needs a few dozen values",
+                )
+            ],
         )
     return data
 
@@ -225,8 +240,11 @@ def _read_text(path: Path) -> str:
     except UnicodeDecodeError as exc:
         raise SpecError(
             source,
-            [Problem("", f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})",
-                     "save the spec as UTF-8")],
+            [
+                Problem(
+                    "", f"not UTF-8 text (byte 0x{raw[exc.start]:02x} at offset {exc.start})", "save the spec as UTF-8"
+                )
+            ],
         ) from None
 
 

@@ -18,18 +18,25 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from isoprobe.sweep.model import LOCAL_TARGET, SweepReport, SweepRow
-from isoprobe.sweep.model import SweepItem
+from isoprobe.sweep.model import LOCAL_TARGET, SweepItem, SweepReport, SweepRow
 
 __all__ = ["SweepItem", "SweepReport", "SweepRow", "make_items", "run_sweep"]
 
 
-def make_items(specs: list[str], targets: list[str], cache_dir: str, *, named: dict | None = None,
-               sets: tuple[str, ...] = (), refresh: bool = False, rows_dir: str | None = None,
-               over: list[str] | None = None) -> list[SweepItem]:
+def make_items(
+    specs: list[str],
+    targets: list[str],
+    cache_dir: str,
+    *,
+    named: dict | None = None,
+    sets: tuple[str, ...] = (),
+    refresh: bool = False,
+    rows_dir: str | None = None,
+    over: list[str] | None = None,
+) -> list[SweepItem]:
     """One item per spec x value x target, spec-major (the rows of one spec stay together).
 
     ``over``: ``FIELD=VALUE`` texts (``--over``'s values, one each), applied after ``sets``: each row is
@@ -39,16 +46,35 @@ def make_items(specs: list[str], targets: list[str], cache_dir: str, *, named: d
     for spec in specs:
         for point in over or [None]:
             for target in targets:
-                items.append(SweepItem(spec=os.path.abspath(spec), shown=spec if point is None else f"{spec} {point}",
-                                       target=target, cache_dir=cache_dir, index=len(items), named=dict(named or {}),
-                                       sets=tuple(sets) + ((point,) if point else ()), refresh=refresh,
-                                       rows_dir=rows_dir))
+                items.append(
+                    SweepItem(
+                        spec=os.path.abspath(spec),
+                        shown=spec if point is None else f"{spec} {point}",
+                        target=target,
+                        cache_dir=cache_dir,
+                        index=len(items),
+                        named=dict(named or {}),
+                        sets=tuple(sets) + ((point,) if point else ()),
+                        refresh=refresh,
+                        rows_dir=rows_dir,
+                    )
+                )
     return items
 
 
-def run_sweep(specs: list[str], *, executor: str, say: Callable[[str], None], targets: list[str] | None = None,
-              named: dict | None = None, sets: tuple[str, ...] = (), refresh: bool = False,
-              slurm_options=None, submitter=None, over: list[str] | None = None) -> SweepReport:
+def run_sweep(
+    specs: list[str],
+    *,
+    executor: str,
+    say: Callable[[str], None],
+    targets: list[str] | None = None,
+    named: dict | None = None,
+    sets: tuple[str, ...] = (),
+    refresh: bool = False,
+    slurm_options=None,
+    submitter=None,
+    over: list[str] | None = None,
+) -> SweepReport:
     """Probe every spec on every target; the report (``interrupted`` when a signal stopped it)."""
     from isoprobe.cache.store import cache_directory
 
@@ -66,8 +92,22 @@ def run_sweep(specs: list[str], *, executor: str, say: Callable[[str], None], ta
         run_folder = private_folder(Path(slurm_options.folder)) / time.strftime(f"%Y%m%d-%H%M%S-{os.getpid()}")
         private_folder(run_folder)
         options = slurm_options.__class__(**{**slurm_options.__dict__, "folder": run_folder})
-        items = make_items(specs, targets or [], cache_dir, named=named, sets=sets, refresh=refresh,
-                           rows_dir=str(run_folder / "rows"), over=over)
+        items = make_items(
+            specs,
+            targets or [],
+            cache_dir,
+            named=named,
+            sets=sets,
+            refresh=refresh,
+            rows_dir=str(run_folder / "rows"),
+            over=over,
+        )
         rows, submitted, arrays, stopped = run_slurm(items, options, say, submitter)
-    return SweepReport(executor=executor, rows=rows, submitted=submitted, array_jobs=arrays,
-                       interrupted=stopped, seconds=round(time.monotonic() - began, 2))
+    return SweepReport(
+        executor=executor,
+        rows=rows,
+        submitted=submitted,
+        array_jobs=arrays,
+        interrupted=stopped,
+        seconds=round(time.monotonic() - began, 2),
+    )

@@ -9,18 +9,18 @@ sweep with it; the rows not probed say so.
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
-from isoprobe.sweep.model import SweepRow, failed_row
-from isoprobe.sweep.model import SweepItem
+from isoprobe.sweep.model import SweepItem, SweepRow, failed_row
 from isoprobe.sweep.task import run_item
 
 #: Stop reasons of a probe that a signal ended.
 _STOPPED = ("interrupted", "terminated")
 
 
-def run_local(items: list[SweepItem], say: Callable[[str], None],
-              run: Callable[[SweepItem], str] = run_item) -> tuple[list[SweepRow], str | None]:
+def run_local(
+    items: list[SweepItem], say: Callable[[str], None], run: Callable[[SweepItem], str] = run_item
+) -> tuple[list[SweepRow], str | None]:
     """The rows, in order, and None, or 'interrupted'/'terminated' when a signal stopped the sweep."""
     from isoprobe.errors import Terminated
     from isoprobe.system.stops import installed

@@ -74,8 +74,9 @@ def write_record(item: SweepItem, spec: Spec, cache_key: str) -> Path | None:
         return None
     path = record_path(item.cache_dir, record_key(item, spec))
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = SweepRecord(cache_key=cache_key, target=item.target, spec=item.spec,
-                         node=os.environ.get("SLURMD_NODENAME"))
+    record = SweepRecord(
+        cache_key=cache_key, target=item.target, spec=item.spec, node=os.environ.get("SLURMD_NODENAME")
+    )
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.write_text(record.model_dump_json())
     os.chmod(temporary, 0o644)  # read by other users' sweeps, as the entries are
@@ -87,11 +88,11 @@ def recorded_result(item: SweepItem, spec: Spec) -> tuple[Result | None, str | N
     """The trusted cached ``Result`` a task recorded for ``item`` (as a hit), or (None, why not) to probe."""
     from pydantic import ValidationError
 
-    from isoprobe.cache.store import ResultCache
-    from isoprobe.system.files import UntrustedFile, read_bounded
     from isoprobe.cache.sources import changed_source
+    from isoprobe.cache.store import ResultCache
     from isoprobe.cache.trust import distrust
     from isoprobe.report.result import CacheInfo, Result
+    from isoprobe.system.files import UntrustedFile, read_bounded
 
     path = record_path(item.cache_dir, record_key(item, spec))
     try:
@@ -114,7 +115,9 @@ def recorded_result(item: SweepItem, spec: Spec) -> tuple[Result | None, str | N
     if reason := distrust(stored, key=record.cache_key, spec=expected) or changed_source(stored.sources or {}):
         return None, f"the recorded entry is not used: {reason}"
     entry = cache.entry(record.cache_key)
-    return stored.model_copy(update={
-        "spec_path": item.spec,
-        "cache": CacheInfo(hit=True, key=record.cache_key, path=str(entry), stored_at=stored.cache.stored_at),
-    }), None
+    return stored.model_copy(
+        update={
+            "spec_path": item.spec,
+            "cache": CacheInfo(hit=True, key=record.cache_key, path=str(entry), stored_at=stored.cache.stored_at),
+        }
+    ), None

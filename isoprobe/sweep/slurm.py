@@ -24,12 +24,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Protocol
+from typing import Protocol
 
-from isoprobe.sweep.model import SweepRow, failed_row, row_from_result
-from isoprobe.sweep.model import SweepItem
+from isoprobe.sweep.model import SweepItem, SweepRow, failed_row, row_from_result
 from isoprobe.sweep.task import row_path
 
 #: How often the rows and squeue are looked at.
@@ -67,8 +67,9 @@ class Submitter(Protocol):
         """For a task that ended without a row: the last line of its stderr."""
 
 
-def run_slurm(items: list[SweepItem], options: SlurmOptions, say: Callable[[str], None],
-              submitter: Submitter | None = None):
+def run_slurm(
+    items: list[SweepItem], options: SlurmOptions, say: Callable[[str], None], submitter: Submitter | None = None
+):
     """(rows in order, submitted count, array ids, None or 'interrupted'/'terminated')."""
     from isoprobe.errors import SpecError, Terminated
 
@@ -100,7 +101,9 @@ def run_slurm(items: list[SweepItem], options: SlurmOptions, say: Callable[[str]
         for target, group in list(pending.items()):
             try:
                 array_id, task_ids = submitter.submit(target, group)
-            except Exception as exc:  # sbatch refused (a partition that does not exist, an account): this GPU type's rows
+            except (
+                Exception
+            ) as exc:  # sbatch refused (a partition that does not exist, an account): this GPU type's rows
                 del pending[target]
                 reason = " ".join(str(exc).split())[:500] or type(exc).__name__
                 say(f"isoprobe: submitting {len(group)} probes on {target} failed: {reason}")
@@ -119,8 +122,10 @@ def run_slurm(items: list[SweepItem], options: SlurmOptions, say: Callable[[str]
         _read_rows([i for g in pending.values() for i in g if i.index not in rows], options, task_of, rows)
         for group in pending.values():
             for item in group:
-                rows.setdefault(item.index, failed_row(item.shown, item.target, f"cancelled: the sweep was {stopped}",
-                                                       task_of.get(item.index)))
+                rows.setdefault(
+                    item.index,
+                    failed_row(item.shown, item.target, f"cancelled: the sweep was {stopped}", task_of.get(item.index)),
+                )
     return [rows[item.index] for item in items], submitted, arrays, stopped
 
 
@@ -132,8 +137,9 @@ def _read_rows(items: list[SweepItem], options: SlurmOptions, task_of: dict[int,
         except FileNotFoundError:
             continue
         except (OSError, ValueError) as exc:
-            rows[item.index] = failed_row(item.shown, item.target, f"its row {path} is unreadable: {exc}",
-                                          task_of.get(item.index))
+            rows[item.index] = failed_row(
+                item.shown, item.target, f"its row {path} is unreadable: {exc}", task_of.get(item.index)
+            )
 
 
 def _collect(items, task_of, options, submitter: Submitter, rows: dict[int, SweepRow]) -> None:
@@ -153,9 +159,12 @@ def _collect(items, task_of, options, submitter: Submitter, rows: dict[int, Swee
                 gone_since.pop(item.index, None)
                 continue
             if now - gone_since.setdefault(item.index, now) >= ROW_GRACE_SECONDS:
-                rows[item.index] = failed_row(item.shown, item.target,
-                                              f"the Slurm task {task} ended without an answer: "
-                                              f"{submitter.why_failed(task)}", task)
+                rows[item.index] = failed_row(
+                    item.shown,
+                    item.target,
+                    f"the Slurm task {task} ended without an answer: {submitter.why_failed(task)}",
+                    task,
+                )
         time.sleep(POLL_SECONDS)
 
 
@@ -174,8 +183,10 @@ def _cancel(submitter: Submitter, arrays: list[str], say: Callable[[str], None])
             submitter.cancel(arrays, kill=True)
             killed = True
         time.sleep(0.2)
-    say(f"isoprobe: job arrays {', '.join(arrays)} still listed by squeue after {CANCEL_TIMEOUT_SECONDS:.0f} s; "
-        f"check with squeue --me")
+    say(
+        f"isoprobe: job arrays {', '.join(arrays)} still listed by squeue after {CANCEL_TIMEOUT_SECONDS:.0f} s; "
+        f"check with squeue --me"
+    )
 
 
 class SubmititSubmitter:
@@ -191,8 +202,11 @@ class SubmititSubmitter:
         from isoprobe.sweep.task import run_item
 
         executor = submitit.AutoExecutor(folder=self.options.folder / "submitit" / "%j", cluster="slurm")
-        parameters: dict = {"name": "isoprobe-sweep", "timeout_min": self.options.time_minutes,
-                            "slurm_array_parallelism": self.options.array_parallelism}
+        parameters: dict = {
+            "name": "isoprobe-sweep",
+            "timeout_min": self.options.time_minutes,
+            "slurm_array_parallelism": self.options.array_parallelism,
+        }
         kind, _, value = target.partition("=")
         parameters["slurm_partition" if kind == "partition" else "slurm_constraint"] = value
         if self.options.gpus_per_task:
@@ -209,7 +223,9 @@ class SubmititSubmitter:
 
     def active(self) -> set[str] | None:
         try:
-            done = subprocess.run(["squeue", "--me", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=30)
+            done = subprocess.run(
+                ["squeue", "--me", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=30
+            )
         except (OSError, subprocess.TimeoutExpired):
             return None
         return set(done.stdout.split()) if done.returncode == 0 else None

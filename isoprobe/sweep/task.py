@@ -42,8 +42,9 @@ def run_item(item: SweepItem) -> str:
     say = (lambda line: tell(f"[{item.shown}] {line}")) if item.rows_dir is None else tell
     try:
         spec = item.load()
-        result = answer_for(spec, item.spec, say, use_cache=True, refresh=item.refresh,
-                            budget_source=item.budget_source())
+        result = answer_for(
+            spec, item.spec, say, use_cache=True, refresh=item.refresh, budget_source=item.budget_source()
+        )
     except SpecError as error:
         row = failed_row(item.shown, item.target, f"bad spec: {error.render()}", job_id)
     except ProbeError as error:

@@ -32,7 +32,7 @@ class CpuTime:
     running_ns: int = 0
     waiting_ns: int = 0
 
-    def since(self, earlier: "CpuTime") -> "CpuTime":
+    def since(self, earlier: CpuTime) -> CpuTime:
         """The time between ``earlier`` and this reading (threads that ended meanwhile are not counted in either)."""
         return CpuTime(max(0, self.running_ns - earlier.running_ns), max(0, self.waiting_ns - earlier.waiting_ns))
 

@@ -40,8 +40,14 @@ class UntrustedFile(OSError):
         return self.reason
 
 
-_KINDS = ((stat.S_ISDIR, "a folder"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-          (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"), (stat.S_ISLNK, "a symbolic link"))
+_KINDS = (
+    (stat.S_ISDIR, "a folder"),
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISLNK, "a symbolic link"),
+)
 
 
 def _kind(mode: int) -> str:
@@ -148,7 +154,7 @@ class KeyLock:
             os.close(self._descriptor)  # closing the last descriptor releases the flock
             self._descriptor = None
 
-    def __enter__(self) -> "KeyLock":
+    def __enter__(self) -> KeyLock:
         self.acquire()
         return self
 
@@ -166,8 +172,9 @@ class KeyLock:
     def _open(self) -> int:
         for _ in range(3):
             try:
-                descriptor = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                                     0o664)
+                descriptor = os.open(
+                    self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o664
+                )
             except PermissionError:
                 # Another user's lock file without group write: a read-only descriptor takes a local flock.
                 descriptor = os.open(self.path, _READ)
@@ -196,6 +203,8 @@ class KeyLock:
         except FileNotFoundError:
             pass  # another run removed it first
         except OSError as exc:
-            raise UntrustedFile(f"the lock file {self.path} is {kind}, not a regular file, and cannot be removed "
-                                f"({exc.strerror or exc})") from None
+            raise UntrustedFile(
+                f"the lock file {self.path} is {kind}, not a regular file, and cannot be removed "
+                f"({exc.strerror or exc})"
+            ) from None
         self.notes.append(f"removed {self.path}: it was {kind}, not a regular lock file")

@@ -25,9 +25,9 @@ import functools
 import os
 import platform
 import socket
-from pathlib import Path
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 #: In order of precedence; the first one set decides.
 VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
@@ -80,7 +80,7 @@ def nvml_gpus(visible: Visible) -> list[dict] | None:
     return [{k: d[k] for k in ("nvml_index", "uuid", "name", "total_memory_bytes", "driver_version")} for d in gpus]
 
 
-def visible_gpus(visible: Visible, devices: list[dict] | None | bool = True) -> tuple[list[dict] | None, str | None]:
+def visible_gpus(visible: Visible, devices: list[dict] | bool | None = True) -> tuple[list[dict] | None, str | None]:
     """The visible GPUs with all of ``nvml_devices``' facts (free memory too), or None and why not.
 
     ``devices``: NVML's devices, or True to read them here."""
@@ -116,20 +116,26 @@ def unresolved_reason(devices: list[dict], visible: Visible) -> str | None:
     mig = [d for d in devices if d.get("mig_enabled")]
     if mig:
         mig_parents = tuple(d["uuid"] for d in mig)
-        if entries is None or any(entry.isdigit() or entry.startswith(mig_parents) or
-                                  any(parent.startswith(entry) for parent in mig_parents) for entry in entries):
-            return (f"MIG is enabled on {', '.join(d['uuid'] for d in mig)} and CUDA_VISIBLE_DEVICES ({named}) does "
-                    "not name a MIG instance by its MIG- UUID: CUDA picks the instance, and which one (its size) "
-                    "cannot be told without CUDA; name the instance (nvidia-smi -L lists the MIG- UUIDs)")
+        if entries is None or any(
+            entry.isdigit() or entry.startswith(mig_parents) or any(parent.startswith(entry) for parent in mig_parents)
+            for entry in entries
+        ):
+            return (
+                f"MIG is enabled on {', '.join(d['uuid'] for d in mig)} and CUDA_VISIBLE_DEVICES ({named}) does "
+                "not name a MIG instance by its MIG- UUID: CUDA picks the instance, and which one (its size) "
+                "cannot be told without CUDA; name the instance (nvidia-smi -L lists the MIG- UUIDs)"
+            )
     if visible.pci_order or not (entries is None or any(entry.isdigit() for entry in entries)):
         return None
     kinds = {(d.get("name"), d.get("total_memory_bytes")) for d in devices}
     if len(kinds) <= 1:
         return None
-    return (f"CUDA_VISIBLE_DEVICES ({named}) names GPUs by number on a node with GPUs of different kinds, and "
-            f"CUDA_DEVICE_ORDER is {visible.order or 'unset (FASTEST_FIRST)'}: CUDA's numbers then need not be "
-            "NVML's (PCI order), so which GPU is which cannot be told without CUDA; set CUDA_DEVICE_ORDER=PCI_BUS_ID "
-            "for your job too, or name the GPUs by UUID")
+    return (
+        f"CUDA_VISIBLE_DEVICES ({named}) names GPUs by number on a node with GPUs of different kinds, and "
+        f"CUDA_DEVICE_ORDER is {visible.order or 'unset (FASTEST_FIRST)'}: CUDA's numbers then need not be "
+        "NVML's (PCI order), so which GPU is which cannot be told without CUDA; set CUDA_DEVICE_ORDER=PCI_BUS_ID "
+        "for your job too, or name the GPUs by UUID"
+    )
 
 
 def select_visible(devices: list[dict], visible: Visible) -> list[dict]:
@@ -154,8 +160,12 @@ def select_visible(devices: list[dict], visible: Visible) -> list[dict]:
             key = "minor_number" if slurm else "nvml_index"
             match = [d for d in devices if d.get(key) == int(entry)]
         elif entry.startswith("MIG-"):
-            match = [_mig_entry(d, instance) for d in devices for instance in d.get("mig_devices", ())
-                     if instance["uuid"].startswith(entry)]
+            match = [
+                _mig_entry(d, instance)
+                for d in devices
+                for instance in d.get("mig_devices", ())
+                if instance["uuid"].startswith(entry)
+            ]
         else:
             match = [d for d in devices if d["uuid"].startswith(entry)]
         if len(match) != 1:
@@ -166,8 +176,11 @@ def select_visible(devices: list[dict], visible: Visible) -> list[dict]:
 
 def _mig_entry(parent: dict, instance: dict) -> dict:
     """A MIG instance as ``select_visible`` lists it: its parent's index and driver, its own UUID, name and memory."""
-    return {**{k: v for k, v in parent.items() if k not in ("mig_enabled", "mig_devices")}, **instance,
-            "mig_instance": True}
+    return {
+        **{k: v for k, v in parent.items() if k not in ("mig_enabled", "mig_devices")},
+        **instance,
+        "mig_instance": True,
+    }
 
 
 def slurm_cuda_visible(entries: list[str], devices: list[dict] | None) -> str | None:
@@ -223,17 +236,19 @@ def nvml_devices() -> list[dict] | None:
                 memory = pynvml.nvmlDeviceGetMemoryInfo(handle)
                 name = _text(pynvml.nvmlDeviceGetName(handle))
                 mig = _mig_enabled(pynvml, handle)
-                devices.append({
-                    "nvml_index": int(pynvml.nvmlDeviceGetIndex(handle)),
-                    "minor_number": _minor_number(pynvml, handle),
-                    "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
-                    "name": name,
-                    "total_memory_bytes": int(memory.total),
-                    "free_memory_bytes": _free(memory),
-                    "driver_version": driver,
-                    "mig_enabled": mig,
-                    "mig_devices": _mig_devices(pynvml, handle, name) if mig else [],
-                })
+                devices.append(
+                    {
+                        "nvml_index": int(pynvml.nvmlDeviceGetIndex(handle)),
+                        "minor_number": _minor_number(pynvml, handle),
+                        "uuid": _text(pynvml.nvmlDeviceGetUUID(handle)),
+                        "name": name,
+                        "total_memory_bytes": int(memory.total),
+                        "free_memory_bytes": _free(memory),
+                        "driver_version": driver,
+                        "mig_enabled": mig,
+                        "mig_devices": _mig_devices(pynvml, handle, name) if mig else [],
+                    }
+                )
             except Exception:  # NVML_ERROR_NO_PERMISSION: another job's GPU behind a cgroup
                 continue
         return devices
@@ -290,8 +305,14 @@ def _mig_devices(pynvml, handle, parent_name: str) -> list[dict]:
                 name = _text(pynvml.nvmlDeviceGetName(instance))
             except Exception:
                 name = f"{parent_name} MIG"
-            instances.append({"uuid": _text(pynvml.nvmlDeviceGetUUID(instance)), "name": name,
-                              "total_memory_bytes": int(memory.total), "free_memory_bytes": _free(memory)})
+            instances.append(
+                {
+                    "uuid": _text(pynvml.nvmlDeviceGetUUID(instance)),
+                    "name": name,
+                    "total_memory_bytes": int(memory.total),
+                    "free_memory_bytes": _free(memory),
+                }
+            )
         except Exception:  # NVML_ERROR_NOT_FOUND: no instance in this slot
             continue
     return instances

@@ -67,8 +67,9 @@ def _sibling(name: str):
         return importlib.import_module(f"{__package__}.{name}")
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(f"isoprobe_keeper_{name}", os.path.join(os.path.dirname(
-        os.path.abspath(__file__)), f"{name}.py"))
+    spec = importlib.util.spec_from_file_location(
+        f"isoprobe_keeper_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -172,7 +173,7 @@ def descendants(root: int) -> list[tuple[int, str]]:
         try:
             with open(f"/proc/{name}/stat", "rb") as handle:
                 stat = handle.read()
-            state, ppid = stat[stat.rindex(b")") + 2:].split()[:2]
+            state, ppid = stat[stat.rindex(b")") + 2 :].split()[:2]
         except (OSError, ValueError):
             continue  # gone meanwhile
         children.setdefault(int(ppid), []).append((int(name), state.decode()))
@@ -243,7 +244,7 @@ class Keeper:
                     self.child_main()  # exits itself
                     os._exit(CANNOT_START)
                 os.execv(self.child_argv[0], self.child_argv)
-            except BaseException as error:  # noqa: BLE001 - whatever it is, the child must not run on as a keeper
+            except BaseException as error:
                 what = self.child_argv[0] if self.child_argv else "the forked child"
                 os.write(2, f"isoprobe keeper: cannot start {what}: {error}\n".encode())
             os._exit(CANNOT_START)
@@ -347,8 +348,14 @@ def run_on_stop(path: str | None) -> None:
         return
     for argv in commands if isinstance(commands, list) else []:
         try:
-            subprocess.run([str(part) for part in argv], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=ON_STOP_SECONDS, check=False)
+            subprocess.run(
+                [str(part) for part in argv],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=ON_STOP_SECONDS,
+                check=False,
+            )
         except (OSError, ValueError, subprocess.SubprocessError):
             pass
 
@@ -414,8 +421,12 @@ def keep(keeper: Keeper, on_stop: str | None = None) -> None:
     # two-node test cluster: 1 run in 6 of isoprobe SIGKILLed right as its command's srun started the step, whose
     # tasks then ran on): with srun gone, ask again until squeue -s drops the steps, for a bounded while.
     if steps:
-        slurm_steps.wait_slurm_steps_gone(steps, ON_STOP_STEPS_GONE_SECONDS, recancel_after=ON_STOP_RECANCEL_SECONDS,
-                              recancel_every=ON_STOP_RECANCEL_SECONDS)
+        slurm_steps.wait_slurm_steps_gone(
+            steps,
+            ON_STOP_STEPS_GONE_SECONDS,
+            recancel_after=ON_STOP_RECANCEL_SECONDS,
+            recancel_every=ON_STOP_RECANCEL_SECONDS,
+        )
     exit_as(keeper.child_status if keeper.child_status is not None else signal.SIGKILL)
 
 

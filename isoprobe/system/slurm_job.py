@@ -20,14 +20,16 @@ import os
 import re
 import shutil
 import subprocess
-from typing import Mapping
+from collections.abc import Mapping
 
 #: How long ``scontrol`` may take: it runs between the SIGTERM and the document, inside Slurm's KillWait.
 SCONTROL_SECONDS = 2.0
 
 #: What the message suggests when the time limit stopped the probe.
-TIME_LIMIT_FIX = ("raise the job's --time, or probe once in a job of its own: the answer is cached, and the next job "
-                  "reads it from the cache in under a second")
+TIME_LIMIT_FIX = (
+    "raise the job's --time, or probe once in a job of its own: the answer is cached, and the next job "
+    "reads it from the cache in under a second"
+)
 
 _FIELD = r"(?:^|\s){}=(\S*)"
 
@@ -42,8 +44,15 @@ def time_limit_reached(environ: Mapping[str, str] | None = None, scontrol: str =
     if program is None:
         return None
     try:
-        shown = subprocess.run([program, "show", "job", "-o", job], stdin=subprocess.DEVNULL, capture_output=True,
-                               text=True, timeout=SCONTROL_SECONDS, check=False, env=dict(environ))
+        shown = subprocess.run(
+            [program, "show", "job", "-o", job],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=SCONTROL_SECONDS,
+            check=False,
+            env=dict(environ),
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return limit_if_reached(shown.stdout) if shown.returncode == 0 else None

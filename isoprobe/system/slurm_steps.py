@@ -42,8 +42,14 @@ def slurm_steps_of(sruns: set[int]) -> list[str]:
     if scontrol is None:
         return []
     try:
-        listed = subprocess.run([scontrol, "show", "step", "-o"], stdin=subprocess.DEVNULL, capture_output=True,
-                                text=True, timeout=CLIENT_SECONDS, check=False)
+        listed = subprocess.run(
+            [scontrol, "show", "step", "-o"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=CLIENT_SECONDS,
+            check=False,
+        )
     except (OSError, subprocess.SubprocessError):
         return []
     return steps_of_sruns(listed.stdout, sruns, socket.gethostname())
@@ -73,14 +79,28 @@ def cancel_slurm_steps(steps: list[str], scancel: str = "scancel") -> None:
         return
     for args in ([*KILL_THROUGH_SLURMCTLD, *steps], steps):
         try:
-            subprocess.run([program, *args], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                           stderr=subprocess.DEVNULL, timeout=CLIENT_SECONDS, check=False)
+            subprocess.run(
+                [program, *args],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                timeout=CLIENT_SECONDS,
+                check=False,
+            )
         except (OSError, subprocess.SubprocessError):
             pass
 
 
-def wait_slurm_steps_gone(steps: list[str], seconds: float, *, recancel_after: float, recancel_every: float,
-                          squeue: str = "squeue", scancel: str = "scancel", job: str | None = None) -> list[str]:
+def wait_slurm_steps_gone(
+    steps: list[str],
+    seconds: float,
+    *,
+    recancel_after: float,
+    recancel_every: float,
+    squeue: str = "squeue",
+    scancel: str = "scancel",
+    job: str | None = None,
+) -> list[str]:
     """Wait until ``squeue -s`` lists none of ``steps`` (ended already), asking Slurm again to kill and cancel those
     still listed ``recancel_after`` seconds in and then every ``recancel_every``: a loaded machine can hold up
     Slurm's end of a killed step. The steps still listed after ``seconds``; none once they are gone, or where
@@ -93,8 +113,14 @@ def wait_slurm_steps_gone(steps: list[str], seconds: float, *, recancel_after: f
     next_cancel = began + recancel_after
     left = list(steps)
     while program is not None and time.monotonic() < began + seconds:
-        listed = subprocess.run([program, "-h", "-s", *(["-j", job] if job else []), "-o", "%i"],
-                                stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30, check=False)
+        listed = subprocess.run(
+            [program, "-h", "-s", *(["-j", job] if job else []), "-o", "%i"],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
         left = [step for step in steps if step in listed.stdout.split()]
         if listed.returncode != 0 or not left:
             return []

@@ -32,8 +32,19 @@ the process may hold of the card, its context and libraries included. So:
 
 import sys
 
-_state = {"cuda": None, "readings": None, "set_fraction": None, "budget": None, "outside": {}, "outside_estimate": 0,
-          "script_fractions": {}, "budget_peaks": {}, "capped": set(), "at_init": False, "retries_from": None}
+_state = {
+    "cuda": None,
+    "readings": None,
+    "set_fraction": None,
+    "budget": None,
+    "outside": {},
+    "outside_estimate": 0,
+    "script_fractions": {},
+    "budget_peaks": {},
+    "capped": set(),
+    "at_init": False,
+    "retries_from": None,
+}
 
 
 def install(cuda, budget, outside_estimate, readings, torch_version):
@@ -41,9 +52,14 @@ def install(cuda, budget, outside_estimate, readings, torch_version):
     budget. Nothing without a budget, without torch.cuda, or when already installed."""
     if budget is None or cuda is None or _state["cuda"] is not None:
         return
-    _state.update(cuda=cuda, readings=readings, budget=budget, set_fraction=cuda.set_per_process_memory_fraction,
-                  outside_estimate=max(0, outside_estimate or 0),
-                  at_init=not readings.fraction_creates_context(torch_version))
+    _state.update(
+        cuda=cuda,
+        readings=readings,
+        budget=budget,
+        set_fraction=cuda.set_per_process_memory_fraction,
+        outside_estimate=max(0, outside_estimate or 0),
+        at_init=not readings.fraction_creates_context(torch_version),
+    )
     ask_fraction = getattr(cuda, "get_per_process_memory_fraction", None)  # torch 2.6 on
 
     def set_per_process_memory_fraction(fraction, device=None):
@@ -61,8 +77,11 @@ def install(cuda, budget, outside_estimate, readings, torch_version):
     for owner in (cuda, getattr(cuda, "memory", None)):
         if owner is not None and getattr(owner, "set_per_process_memory_fraction", None) is _state["set_fraction"]:
             owner.set_per_process_memory_fraction = set_per_process_memory_fraction
-        if ask_fraction is not None and owner is not None \
-                and getattr(owner, "get_per_process_memory_fraction", None) is ask_fraction:
+        if (
+            ask_fraction is not None
+            and owner is not None
+            and getattr(owner, "get_per_process_memory_fraction", None) is ask_fraction
+        ):
             get_per_process_memory_fraction.__doc__ = ask_fraction.__doc__
             owner.get_per_process_memory_fraction = get_per_process_memory_fraction
     cuda._lazy_call(_at_cuda_init)
@@ -84,8 +103,9 @@ def _cap(cuda, index):
     total = cuda.get_device_properties(index).total_memory
     outside = max(_state["outside_estimate"], _state["outside"].get(index, 0))
     script_fraction = _state["script_fractions"].get(index)
-    fraction = _state["readings"].budget_fraction(_state["budget"], total, outside, script_fraction) \
-        if total > 0 else 1.0
+    fraction = (
+        _state["readings"].budget_fraction(_state["budget"], total, outside, script_fraction) if total > 0 else 1.0
+    )
     guard = getattr(cuda, "device", None)  # torch.cuda.device: the current device put back on leaving
     if _state["at_init"] or not callable(guard):
         _state["set_fraction"](float(fraction), index)
@@ -139,15 +159,22 @@ def memory(cuda, readings):
         reading = readings.card_reading(cuda, index)
         peak = max(reading["budget_peak_bytes"], _state["budget_peaks"].get(index, 0))  # never below a step's
         _state["budget_peaks"][index] = peak
-        if _state["budget"] is not None and (reading["outside"] > _state["outside"].get(index, 0)
-                                             or index not in _state["capped"]):
+        if _state["budget"] is not None and (
+            reading["outside"] > _state["outside"].get(index, 0) or index not in _state["capped"]
+        ):
             _state["outside"][index] = max(reading["outside"], _state["outside"].get(index, 0))
             _cap(cuda, index)  # a device in use now, or what came outside the allocator since, is capped
         retries = reading["retries"] - (_state["retries_from"] or {}).get(index, 0)
-        line = {"peak_bytes": reading["reserved_peak"], "held_bytes": reading["held"], "budget_peak_bytes": peak,
-                "held_budget_bytes": reading["held"] + reading["outside"],
-                "peak_allocated_bytes": reading["allocated_peak"], "outside_bytes": reading["outside"],
-                "alloc_retries": max(0, retries), "device": f"cuda:{index}"}
+        line = {
+            "peak_bytes": reading["reserved_peak"],
+            "held_bytes": reading["held"],
+            "budget_peak_bytes": peak,
+            "held_budget_bytes": reading["held"] + reading["outside"],
+            "peak_allocated_bytes": reading["allocated_peak"],
+            "outside_bytes": reading["outside"],
+            "alloc_retries": max(0, retries),
+            "device": f"cuda:{index}",
+        }
         if index in _state["script_fractions"]:
             line["script_memory_fraction"] = _state["script_fractions"][index]
         if worst is None or peak > worst["budget_peak_bytes"]:

@@ -125,8 +125,13 @@ def take_inputs():
     entries = list(_modules.values())
     most = max(entries, key=lambda e: e[0]) if entries else [0, 0, set()]
     last = set().union(*(e[2] for e in entries)) if entries else set()
-    taken = {"forward_count": most[0], "leading_sum": most[1], "input_elements": _inputs["elements"],
-             "batch_counts": sorted(last)[:COUNTS_KEPT], "tried_counts": sorted(_inputs["tried"])[:COUNTS_KEPT]}
+    taken = {
+        "forward_count": most[0],
+        "leading_sum": most[1],
+        "input_elements": _inputs["elements"],
+        "batch_counts": sorted(last)[:COUNTS_KEPT],
+        "tried_counts": sorted(_inputs["tried"])[:COUNTS_KEPT],
+    }
     _modules.clear()
     _inputs.update(elements=0, tried=set())
     marks.update(began=False, returned=False)

@@ -37,12 +37,23 @@ _MESSAGE_CHARS = 2000
 _TRACEBACK_CHARS = 8000
 _SYSTEM_FOLDERS = ("/proc/", "/sys/", "/dev/", "/run/")
 
-_state = {"dir": None, "fd": None, "pid": None, "steps": 0, "last": None, "reported": set(), "reads": set(),
-          "roots": (), "modules_done": 0, "lock": None,
-          # The batch each step trained at: ``_isoprobe_forwards``, once its hooks are in.
-          "forwards": None,
-          # torch.save calls since the step before (``_watch_saves``: a checkpoint write is a phase of the cycle).
-          "saves": [0], "saves_watched": False}
+_state = {
+    "dir": None,
+    "fd": None,
+    "pid": None,
+    "steps": 0,
+    "last": None,
+    "reported": set(),
+    "reads": set(),
+    "roots": (),
+    "modules_done": 0,
+    "lock": None,
+    # The batch each step trained at: ``_isoprobe_forwards``, once its hooks are in.
+    "forwards": None,
+    # torch.save calls since the step before (``_watch_saves``: a checkpoint write is a phase of the cycle).
+    "saves": [0],
+    "saves_watched": False,
+}
 
 
 def hooked_spec(name, path):
@@ -122,9 +133,19 @@ def _register(module):
     rank, world = _int_env("RANK"), _int_env("WORLD_SIZE")
     if rank is None and (_int_env("SLURM_STEP_NUM_TASKS") or 1) > 1:
         rank, world = _int_env("SLURM_PROCID"), _int_env("SLURM_STEP_NUM_TASKS")
-    _write({"kind": "hello", "pid": os.getpid(), "ppid": os.getppid(), "host": os.uname().nodename, "rank": rank,
-            "local_rank": _int_env("LOCAL_RANK"), "world_size": world,
-            "argv": [str(a)[:200] for a in sys.argv[:20]], "t": time.time()})
+    _write(
+        {
+            "kind": "hello",
+            "pid": os.getpid(),
+            "ppid": os.getppid(),
+            "host": os.uname().nodename,
+            "rank": rank,
+            "local_rank": _int_env("LOCAL_RANK"),
+            "world_size": world,
+            "argv": [str(a)[:200] for a in sys.argv[:20]],
+            "t": time.time(),
+        }
+    )
     try:
         _install_cuda_budget(sys.modules.get("torch.cuda"))
     except Exception as exc:  # the supervisor still judges every step's reading against the budget
@@ -137,8 +158,9 @@ def _register(module):
 def _install_cuda_budget(cuda):
     """With a budget: the CUDA budget as isoprobe's own trials mean it (``_isoprobe_cuda``, this folder's)."""
     torch = sys.modules.get("torch")
-    _cuda().install(cuda, _int_env(CUDA_BUDGET_ENV), _int_env(CUDA_OUTSIDE_ENV), _readings(),
-                    getattr(torch, "__version__", None))
+    _cuda().install(
+        cuda, _int_env(CUDA_BUDGET_ENV), _int_env(CUDA_OUTSIDE_ENV), _readings(), getattr(torch, "__version__", None)
+    )
 
 
 def _cuda():
@@ -187,8 +209,15 @@ def _forward_mark(what):
     """Where this process is in its next step: its first training forward began, or returned (a line each)."""
     import time
 
-    _write({"kind": "forward", "pid": os.getpid(), "step": _state["steps"] + 1, "returned": what == "returned",
-            "t": time.time()})
+    _write(
+        {
+            "kind": "forward",
+            "pid": os.getpid(),
+            "step": _state["steps"] + 1,
+            "returned": what == "returned",
+            "t": time.time(),
+        }
+    )
     torch = sys.modules.get("torch")
     if _state["steps"] == 0 and what != "returned" and torch is not None and torch.cuda.is_initialized():
         _cuda().forward_began(torch.cuda)  # the retries of the script's set-up are not the batch's
@@ -256,8 +285,14 @@ def _memory():
     # resident pages (RssFile) go with it, to be left out of that check as for isoprobe's own trials: how many of
     # the libraries' pages are resident depends on the page cache (a fresh install's are all cached, and the
     # kernel maps a faulting page's cached neighbours too), not on the batch.
-    return {"peak_bytes": status["VmHWM"], "held_bytes": status["VmRSS"], "budget_peak_bytes": status["VmData"],
-            "held_budget_bytes": status["VmData"], "file_resident_bytes": status["RssFile"], "device": "cpu"}
+    return {
+        "peak_bytes": status["VmHWM"],
+        "held_bytes": status["VmRSS"],
+        "budget_peak_bytes": status["VmData"],
+        "held_budget_bytes": status["VmData"],
+        "file_resident_bytes": status["RssFile"],
+        "device": "cpu",
+    }
 
 
 def _own(package, module):
@@ -340,8 +375,7 @@ def _report_files():
             modules.add(os.path.realpath(file))
     _state["modules_done"] = names  # each module once: a step's cost stays the few imported since the last
     # The reads' real paths, the symbolic links on their way, and (at steps 1, 2, 4...) what native code holds.
-    reads = _own("child", "native_reads").step_reads(_state["reads"], _state["steps"], _audit, _outside,
-                                                     _state["dir"])
+    reads = _own("child", "native_reads").step_reads(_state["reads"], _state["steps"], _audit, _outside, _state["dir"])
     new_modules = sorted(p for p in modules if _outside(p) and p not in _state["reported"])
     new_reads = sorted(reads - _state["reported"])
     if new_modules or new_reads:
@@ -360,10 +394,19 @@ def report_exception(kind, value, trace, thread):
 
         names = [cls.__name__ for cls in getattr(kind, "__mro__", (kind,))]
         text = "".join(traceback.format_exception(kind, value, trace))[-_TRACEBACK_CHARS:]
-        _write({"kind": "exception", "pid": os.getpid(), "types": names,
+        _write(
+            {
+                "kind": "exception",
+                "pid": os.getpid(),
+                "types": names,
                 "type": f"{getattr(kind, '__module__', '')}.{getattr(kind, '__qualname__', kind)}",
-                "message": str(value)[:_MESSAGE_CHARS], "traceback": text, "thread": thread,
-                "steps": _state["steps"], "t": time.time()})
+                "message": str(value)[:_MESSAGE_CHARS],
+                "traceback": text,
+                "thread": thread,
+                "steps": _state["steps"],
+                "t": time.time(),
+            }
+        )
     except Exception:
         pass
 
@@ -376,8 +419,9 @@ def _write(line):
         pid = os.getpid()
         if _state["pid"] != pid:
             _state["pid"] = pid
-            _state["fd"] = os.open(os.path.join(_state["dir"], f"p{pid}.jsonl"),
-                                   os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+            _state["fd"] = os.open(
+                os.path.join(_state["dir"], f"p{pid}.jsonl"), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600
+            )
         os.write(_state["fd"], json.dumps(line).encode() + b"\n")
     except Exception:
         pass

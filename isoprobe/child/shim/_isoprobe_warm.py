@@ -43,13 +43,14 @@ def wait_here():
         os._exit(0)  # the trial went another way: this interpreter is not needed, and runs nothing of the script
     words = [os.fsdecode(word) for word in message.split(b"\0")]
     count = int(words[0])
-    for assignment in words[1:1 + count]:
+    for assignment in words[1 : 1 + count]:
         name, _, value = assignment.partition("=")
         os.environ[name] = value
-    arguments = words[1 + count:]
+    arguments = words[1 + count :]
     if len(arguments) != len(sys.argv) - 1:
-        sys.stderr.write(f"isoprobe: the trial's {len(arguments)} arguments do not replace the command's "
-                         f"{len(sys.argv) - 1}\n")
+        sys.stderr.write(
+            f"isoprobe: the trial's {len(arguments)} arguments do not replace the command's {len(sys.argv) - 1}\n"
+        )
         os._exit(2)
     sys.argv[1:] = arguments
     sys.modules.pop(__name__, None)  # as a cold start: no module of isoprobe's in the script's sys.modules
