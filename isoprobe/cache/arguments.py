@@ -33,6 +33,7 @@ import shlex
 import stat
 import sys
 from collections.abc import Iterator, Sequence
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 
 from isoprobe.system.files import sha256_of
@@ -211,7 +212,7 @@ def file_digest(path: str | Path) -> str:
 
 def folder_listing(
     path: str | Path,
-    skip: set[str] = frozenset(),
+    skip: AbstractSet[str] = frozenset(),
     limit: int = FOLDER_ENTRIES,
     stat_limit: int = FOLDER_STATS,
     recursive: bool = True,

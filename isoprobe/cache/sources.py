@@ -68,9 +68,10 @@ def source_digest(path: str, known: dict[str, str | None] | None = None) -> str 
     real = path if target is None else target
     if real not in known:
         known[real] = _own_digest(real)
-    if target is None or known[real] is None:
-        return known[real]
-    return through_link(target, known[real])
+    digest = known[real]
+    if target is None or digest is None:
+        return digest
+    return through_link(target, digest)
 
 
 def link_target(path: str) -> str | None:

@@ -37,6 +37,7 @@ import tempfile
 from collections.abc import Mapping
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 from isoprobe import __version__
 from isoprobe.cache.threads import trial_threads
@@ -74,8 +75,8 @@ def cache_directory(environ: Mapping[str, str]) -> Path:
 
 def key_material(spec: Spec, spec_path: str, environ: Mapping[str, str], gpus: list[dict] | None) -> dict:
     """Everything that changes the answer, as plain data (the key is its hash; tests read it)."""
-    cuda = spec.device != "cpu" and bool(gpus)
-    if cuda:
+    device: dict[str, Any]
+    if spec.device != "cpu" and gpus:
         device = {
             "backend": "cuda",
             "requested": spec.device,
@@ -122,6 +123,8 @@ def command_material(spec: Spec, environ: Mapping[str, str]) -> dict:
     from isoprobe.cache.arguments import argument_material
     from isoprobe.spec.command import command_words
 
+    if spec.command is None:
+        raise ValueError("command_material: the spec has no command")
     skip = [Path(tempfile.gettempdir())]
     if environ.get(CACHE_DIR_VARIABLE, "").strip():
         skip.append(cache_directory(environ))
@@ -200,8 +203,9 @@ def _package_versions(spec: Spec) -> dict[str, str | None]:
     from importlib import metadata
 
     names = ["torch", "torchvision"]
-    if spec.model.library not in (None, *names):
-        names.append(spec.model.library)
+    library = spec.model.library
+    if library is not None and library not in names:
+        names.append(library)
     versions: dict[str, str | None] = {}
     for name in names:
         try:

@@ -46,6 +46,8 @@ def _identity(result: Result, key: str, spec: Spec) -> str | None:
         return f"the key inside it ({inside}) is not the one in its name"
     if result.isoprobe_version != __version__:
         return f"it was written by isoprobe {result.isoprobe_version}, and this is {__version__}"
+    if result.spec is None:  # the readers refuse such an entry first; kept here so the rules below can rely on it
+        return "it holds no spec"
     if result.spec.model_dump(mode="json") != spec.model_dump(mode="json"):
         return "its spec is not the one asked for"
     if result.device is None:
@@ -77,13 +79,21 @@ def _numbering(result: Result, key: str, spec: Spec) -> str | None:
     return None
 
 
+def _spec(result: Result) -> Spec:
+    """The entry's spec, which ``_identity`` has made sure of before any later rule reads it."""
+    if result.spec is None:
+        raise ValueError("a cache entry without a spec reached a rule past _identity")
+    return result.spec
+
+
 def _runs(result: Result, batch: int, purposes: tuple[str, ...] | None = None) -> list[Outcome]:
     """Every run of ``batch`` under the budget and the first allocator setting (what the answer is about).
 
     Soaks are left out unless ``purposes`` names them: the maximum is about
     search.steps steps, and a soak that failed there moved the recommendation, not the edge.
     """
-    first = result.spec.allocators[0] if result.spec.allocators and result.device.backend == "cuda" else None
+    allocators, device = _spec(result).allocators, result.device
+    first = allocators[0] if allocators and device is not None and device.backend == "cuda" else None
     return [
         t.outcome
         for t in result.trials
@@ -103,7 +113,7 @@ def _answer(result: Result) -> str | None:
         return f"no trial in it ran its maximum {best}"
     if any(outcome is not Outcome.FITS for outcome in runs):
         return f"its maximum {best} did not fit in every trial of it that ran {best}"
-    cap = result.spec.search.cap
+    cap = _spec(result).search.cap
     if cap is not None and best > cap:
         return f"its maximum {best} is above the spec's cap {cap}"
     recommended = result.recommended_batch_size
@@ -143,7 +153,7 @@ def _nothing_fits(result: Result) -> str | None:
     fitting = sorted({t.batch_size for t in result.trials if Outcome.FITS in _runs(result, t.batch_size)})
     if fitting:
         return f"it says nothing fits, but batch {fitting[0]} fit in it"
-    start = result.spec.search.start_batch_size
+    start = _spec(result).search.start_batch_size
     if result.first_failing_batch_size != start or result.first_failing_outcome is not Outcome.OUT_OF_MEMORY:
         return f"it says nothing fits, but does not say that the start batch {start} ran out of memory"
     return _failed(result, start)

@@ -28,6 +28,7 @@ import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 #: In order of precedence; the first one set decides.
 VISIBILITY_VARIABLES = ("CUDA_VISIBLE_DEVICES", "SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
@@ -80,7 +81,9 @@ def nvml_gpus(visible: Visible) -> list[dict] | None:
     return [{k: d[k] for k in ("nvml_index", "uuid", "name", "total_memory_bytes", "driver_version")} for d in gpus]
 
 
-def visible_gpus(visible: Visible, devices: list[dict] | bool | None = True) -> tuple[list[dict] | None, str | None]:
+def visible_gpus(
+    visible: Visible, devices: list[dict] | Literal[True] | None = True
+) -> tuple[list[dict] | None, str | None]:
     """The visible GPUs with all of ``nvml_devices``' facts (free memory too), or None and why not.
 
     ``devices``: NVML's devices, or True to read them here."""
@@ -292,7 +295,7 @@ def _mig_enabled(pynvml, handle) -> bool:
 def _mig_devices(pynvml, handle, parent_name: str) -> list[dict]:
     """The MIG instances of a GPU in MIG mode: UUID (``MIG-...``), name (the profile's, e.g. ``... MIG 1g.10gb``,
     where the driver gives one), memory. Empty slots of the ``nvmlDeviceGetMaxMigDeviceCount`` are skipped."""
-    instances = []
+    instances: list[dict] = []
     try:
         slots = int(pynvml.nvmlDeviceGetMaxMigDeviceCount(handle))
     except Exception:

@@ -70,6 +70,8 @@ def _sibling(name: str):
     spec = importlib.util.spec_from_file_location(
         f"isoprobe_keeper_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
     )
+    if spec is None or spec.loader is None:
+        raise ImportError(f"isoprobe keeper: cannot load {name}.py beside {__file__}")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -177,10 +179,11 @@ def descendants(root: int) -> list[tuple[int, str]]:
         except (OSError, ValueError):
             continue  # gone meanwhile
         children.setdefault(int(ppid), []).append((int(name), state.decode()))
-    found, frontier = [], [root]
+    found: list[tuple[int, str]] = []
+    frontier = [root]
     while frontier:
-        for pid, state in children.get(frontier.pop(), ()):
-            found.append((pid, state))
+        for pid, pid_state in children.get(frontier.pop(), ()):
+            found.append((pid, pid_state))
             frontier.append(pid)
     return found
 
@@ -243,6 +246,8 @@ class Keeper:
                 if self.child_main is not None:
                     self.child_main()  # exits itself
                     os._exit(CANNOT_START)
+                if self.child_argv is None:  # neither given: reported below, as any failure to start
+                    raise ValueError("no child_argv and no child_main")
                 os.execv(self.child_argv[0], self.child_argv)
             except BaseException as error:
                 what = self.child_argv[0] if self.child_argv else "the forked child"

@@ -92,7 +92,7 @@ def main_as_pid1(main: Main, argv: Sequence[str] | None = None) -> int:
     return _supervise(child, waited)
 
 
-def _supervise(child: int, waited: set[int]) -> int:
+def _supervise(child: int, waited: set[signal.Signals]) -> int:
     """PID 1's loop: forward signals to ``child``, reap every process, return ``child``'s exit status."""
     while True:
         try:
