@@ -1,4 +1,5 @@
-"""The edge search over real trials, then the recommendation (``pipeline.recommendation``), and the allocator comparison.
+"""The edge search over real trials, then the recommendation (``pipeline.recommendation``), and the allocator
+comparison.
 
 Each function drives the pure search (``isoprobe.search.edge_search``) with a
 ``TrialRunner`` as its oracle and turns the conclusion into a ``Found``.

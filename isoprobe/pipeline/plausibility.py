@@ -186,7 +186,7 @@ def _impossible_memory(result: TrialResult, asked: Asked) -> list[str]:
 
 def _same_times(reported: list[float], measured: list[float]) -> bool:
     return len(reported) == len(measured) and all(
-        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(reported, measured)
+        math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9) for a, b in zip(reported, measured, strict=True)
     )
 
 

@@ -1,4 +1,5 @@
-"""The estimate before any trial, on the parent's side: the search's prior, the result's prediction, ``isoprobe estimate``.
+"""The estimate before any trial, on the parent's side: the search's prior, the result's prediction,
+``isoprobe estimate``.
 
 The child traces one training step without real memory (``child.estimate``)
 and sends a ``protocol.Estimate``. Here it becomes three things, none of which

@@ -249,7 +249,8 @@ def step_budget_peaks(trial: Trial) -> list[int]:
 
 
 def _fit_at_or_above(runner: TrialRunner, batch: int) -> Trial | None:
-    """The search's largest fitting trial at ``batch`` or above: what a soak that failed at its first step differs from."""
+    """The search's largest fitting trial at ``batch`` or above: what a soak that failed at its first step differs
+    from."""
     fits = [
         t
         for t in runner.same_question()

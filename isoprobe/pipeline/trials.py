@@ -108,8 +108,9 @@ class TrialRunner:
     def run(
         self, batch_size: int, purpose: str = "search", steps: int | None = None, rule: SteadyRule | None = None
     ) -> Trial:
-        """One trial (``steps``: instead of search.steps; ``rule``: steps on until steady); an ambiguous library error needs evidence before it
-        is classified: a re-run with more memory under a budget, the card's free memory at the failure without."""
+        """One trial (``steps``: instead of search.steps; ``rule``: steps on until steady); an ambiguous library
+        error needs evidence before it is classified: a re-run with more memory under a budget, the card's free
+        memory at the failure without."""
         budget = self.target.info.memory_budget_bytes
         trial = self._launch(batch_size, purpose, budget, steps, rule)
         trial = self._check_batch(trial, budget)

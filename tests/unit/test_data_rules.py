@@ -159,7 +159,7 @@ def _inspect_run(*events):
 def test_a_check_stopped_in_the_data_scan_names_the_data_scan_not_the_model_build():
     """Issue 34: a dataset whose scan outlived the check's timeout was blamed on the model build. The check
     reports where its scan is (``DataScanning``) and the failure names the scan, its size and the fix."""
-    from isoprobe.pipeline.environment import inspect_failure
+    from isoprobe.pipeline.inspect_failure import inspect_failure
     from isoprobe.protocol.messages import DataScanning, Started, Warm
 
     spec = Spec.model_validate({"model": {"factory": "m.py:f"}, "target": {"task": "language_modeling"},

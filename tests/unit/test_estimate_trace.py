@@ -230,7 +230,7 @@ def test_search_estimate_false_skips_the_trace_and_says_why():
 def _reasons_for_no_estimate(models) -> list[str]:
     """Every producer of Estimate.note, each with a reason it gives (issue 34's 'no estimate: not estimated:')."""
     from isoprobe.executors import ChildRun
-    from isoprobe.pipeline.environment import unfinished_trace
+    from isoprobe.pipeline.inspect_failure import unfinished_trace
 
     raw = {"model": {"torchvision": "resnet18"}, "input": {"shape": [3, 32, 32]}, "target": {"classes": 10}}
     skipped = [child_estimate.skip_reason(Spec.model_validate({**raw, **extra}), count) for extra, count in (
