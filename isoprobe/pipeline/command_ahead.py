@@ -38,7 +38,7 @@ def command_plan(
     None when the command starts when its trial is due. Only what the command's environment depends on is in it
     (the budget and the memory outside the allocator on CUDA alone), so that on the CPU backend the plan is known
     before the environment check and the first trial's command imports beside it."""
-    if not starts_ahead(spec):
+    if not starts_ahead(spec) or spec.command is None:
         return None
     cuda = device.startswith("cuda")
     return WarmPlan(

@@ -395,7 +395,7 @@ def model_imports_note(spec: Spec, conditions: Conditions) -> str | None:
 
 def trial_conditions(
     spec: Spec,
-    backend: str,
+    backend: Literal["cpu", "cuda"],
     memory_limit: int | None,
     allocator_label: str | None = None,
     model_imports: tuple[str, ...] = (),
@@ -411,6 +411,8 @@ def trial_conditions(
 
 
 def allocator_info(spec: Spec, backend: str, environ: dict[str, str]) -> AllocatorInfo:
+    """The allocator setting the trials ran with, and where it came from (``Result.allocator``)."""
+    value: str | None
     if spec.allocators and backend == "cuda":
         value, source = spec.allocators[0], "spec"
     elif spec.allocator is not None:

@@ -23,7 +23,7 @@ def probe_spread(
     allocator: str | None,
     backend: str,
     capacity: int,
-    edge_spread: float,
+    edge_spread: int | None,
     strategy: str,
     command: bool,
     least: bool = False,
@@ -45,7 +45,7 @@ def probe_spread(
                 swings.append((t.batch_size, t.budget_swing_bytes))
             if t.heap_churn_bytes is not None and t.outcome is Outcome.FITS:
                 churns.append((t.batch_size, t.heap_churn_bytes))
-    swings, churns = near(swings, batch), near(churns, batch)
+    near_swings, near_churns = near(swings, batch), near(churns, batch)
     return spread_for(
         backend,
         capacity,
@@ -58,8 +58,8 @@ def probe_spread(
         # A swing stands in for the heap's hold only where no trial measured the churn that
         # bounds it (search.margin.CHURN_MARGIN_BYTES): a swing is already in the trial's peak. The
         # least spread leaves swings out: the next trial may measure the churn and drop them.
-        swings=[] if churns or least else swings,
-        heap_churns=churns,
+        swings=[] if near_churns or least else near_swings,
+        heap_churns=near_churns,
         least=least,
     )
 
@@ -102,7 +102,8 @@ def held_still(trial: Trial) -> bool:
     if trial.steady_rule is None:
         return False
     peaks = trial.step_budget_peak_bytes or trial.step_peak_bytes
-    return steady.is_steady(peaks, trial.steady_rule, [None] + [trial.heap_churn_bytes] * (len(peaks) - 1))
+    churns: list[int | None] = [None, *[trial.heap_churn_bytes] * (len(peaks) - 1)]
+    return steady.is_steady(peaks, trial.steady_rule, churns)
 
 
 def observation_of(trial: Trial, short_steps: int) -> Observation:
