@@ -24,7 +24,8 @@ ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 def command_placeholder(spec) -> str:
-    """Where the spec's command takes its batch from, as a message names it: '{batch_size}' or '$ISOPROBE_BATCH_SIZE'."""
+    """Where the spec's command takes its batch from, as a message names it: '{batch_size}' or
+    '$ISOPROBE_BATCH_SIZE'."""
     return PLACEHOLDER if spec.batch_from == "argument" else f"${BATCH_ENV}"
 
 

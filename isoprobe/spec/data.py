@@ -104,4 +104,4 @@ def worst_first(indices: list[int], lengths: list[float]) -> list[int]:
     """
     if len(indices) != len(lengths):
         raise ValueError(f"{len(indices)} indices but {len(lengths)} lengths")
-    return [index for _, index in sorted(zip(lengths, indices), key=lambda pair: (-pair[0], pair[1]))]
+    return [index for _, index in sorted(zip(lengths, indices, strict=True), key=lambda pair: (-pair[0], pair[1]))]

@@ -63,7 +63,8 @@ class DistributedSpec(SpecSection):
     steps_ahead: bool = Field(
         False,
         description=(
-            "launcher srun (or auto where it picks srun): start each trial's job step before the trial is due (the first during the environment "
+            "launcher srun (or auto where it picks srun): start each trial's job step before the trial is due "
+            "(the first during the environment "
             "check, each next one beside the running trial, srun --overlap), its ranks importing at idle priority "
             "until their requests are written: the imports (seconds a trial) leave the trial's path where the "
             "nodes have CPU to spare (docs/slurm.md). Off by default: on the two-node test cluster a rank of such "

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
+from pydantic_core import ErrorDetails
 
 from isoprobe.errors import Problem, SpecError, shown
 from isoprobe.spec.data import DATA_CALLABLE_FIELDS
@@ -98,7 +99,7 @@ def _with_origin(problem: Problem, origins: Mapping[str, str]) -> Problem:
     return Problem(f"{problem.field} (from {origin})", problem.message, problem.fix) if origin else problem
 
 
-def _problem_from(error: dict[str, Any], origins: Mapping[str, str]) -> Problem:
+def _problem_from(error: ErrorDetails, origins: Mapping[str, str]) -> Problem:
     """Turn one pydantic error into a sentence a user can act on."""
     location = [str(part) for part in error["loc"]]
     kind = error["type"]
@@ -169,15 +170,16 @@ def _describe(location: list[str]) -> str:
 def _resolve_paths(spec: Spec, base: Path, source: str) -> Spec:
     """Make file-form references (factory, batch, loss, data.dataset...) absolute, so the child finds them from
     any folder."""
-    update = _resolved_references(spec.model, CALLABLE_FIELDS, "model", base, source)
+    update: dict[str, Any] = _resolved_references(spec.model, CALLABLE_FIELDS, "model", base, source)
     if spec.model.depends_on:
         update["depends_on"] = [_dependency(base, entry, source) for entry in spec.model.depends_on]
-    data_update = _resolved_references(spec.data, DATA_CALLABLE_FIELDS, "data", base, source) if spec.data else {}
-    sections = {}
+    sections: dict[str, Any] = {}
     if update:
         sections["model"] = spec.model.model_copy(update=update)
-    if data_update:
-        sections["data"] = spec.data.model_copy(update=data_update)
+    if spec.data:
+        data_update = _resolved_references(spec.data, DATA_CALLABLE_FIELDS, "data", base, source)
+        if data_update:
+            sections["data"] = spec.data.model_copy(update=data_update)
     if spec.command is not None:
         sections["command_dir"] = _command_dir(spec.command_dir, base, source)
     return spec.model_copy(update=sections) if sections else spec
@@ -277,20 +279,20 @@ def check_references(spec: Spec, source: str) -> None:
         import importlib.util
 
         module = spec.model.library
-        if importlib.util.find_spec(module) is None:
+        if module is not None and importlib.util.find_spec(module) is None:  # every source in EXTRAS has one
             problems.append(
                 Problem(
                     f"model.{source_name}", f"needs the {module} package, which is not installed", EXTRAS[source_name]
                 )
             )
-    name = spec.model.torchvision
+    torchvision_name = spec.model.torchvision
     known = torchvision_model_names()
-    if name is not None and known is not None and name not in known:
-        close = suggest(name, known)
+    if torchvision_name is not None and known is not None and torchvision_name not in known:
+        close = suggest(torchvision_name, known)
         fix = (
             f"did you mean {' or '.join(repr(c) for c in close)}?" if close else "see torchvision.models.list_models()"
         )
-        problems.append(Problem("model.torchvision", f"torchvision has no model named {name!r}", fix))
+        problems.append(Problem("model.torchvision", f"torchvision has no model named {torchvision_name!r}", fix))
     if problems:
         raise SpecError(source, problems)
 
@@ -302,8 +304,10 @@ def command_program_problems(spec: Spec) -> list[Problem]:
 
     from isoprobe.spec.command import argv_for
 
-    if spec.shell:
-        return []  # the shell resolves the line: its first word may be a variable, a builtin, a function
+    if spec.shell or spec.command is None:
+        # The shell resolves the line: its first word may be a variable, a builtin, a function. (Without a
+        # command there is no program to look for.)
+        return []
     argv = argv_for(spec.command, False, 1)
     program = argv[0]
     folder = Path(spec.command_dir or ".")

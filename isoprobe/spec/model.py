@@ -41,7 +41,7 @@ from isoprobe.spec.size_fields import ByteCount, ByteCountOrZero, Headroom
 from isoprobe.spec.training import OptimizerSpec, TrainingSpec
 from isoprobe.spec.units import MAX_BYTES
 
-__all__ = [
+__all__ = [  # noqa: RUF022 - grouped by the module each name moved to (the comments), not sorted
     "Spec",
     "DEVICE_PATTERN",
     # the sections, each in its module
@@ -184,7 +184,9 @@ class Spec(SpecSection):
     plan: PlanSpec = Field(default_factory=PlanSpec)
     distributed: DistributedSpec = Field(
         default_factory=DistributedSpec,
-        description="The real job's data-parallel strategy and ranks: with one, the answer is the per-rank micro-batch.",
+        description=(
+            "The real job's data-parallel strategy and ranks: with one, the answer is the per-rank micro-batch."
+        ),
     )
     lightning: LightningSpec | None = Field(
         None, description="With model.lightning: the Trainer's arguments that change memory (defaults: Lightning's)."
@@ -197,12 +199,14 @@ class Spec(SpecSection):
             from isoprobe.spec.command import shown_command
 
             return f"command {shown_command(self.command)}"
-        return f"{self.model.source} {getattr(self.model, self.model.source)}"
+        source = self.model.source
+        assert source is not None, "the validator refuses a spec with neither a command nor a model source"
+        return f"{source} {getattr(self.model, source)}"
 
     @model_validator(mode="after")
     def _sections_fit_together(self) -> Spec:
         if self.command is not None:
-            _command_fits(self)
+            _command_fits(self, self.command)
             return self
         if self.model.source is None and "model" not in self.model_fields_set:
             raise ValueError(
@@ -235,62 +239,62 @@ class Spec(SpecSection):
         if self.data is not None:
             _data_fits(self)
             return self
-        if self.input is None and self.model.batch is None and not framework:
-            raise ValueError(
-                "input: this section is required (the per-sample shape), unless model.batch makes the batches"
-            )
-        if (
-            self.target is None
-            and self.model.loss is None
-            and not (self.model.step and self.model.batch)
-            and not framework
-        ):
-            raise ValueError(
-                "target: this section is required (the task and its classes or shape), unless model.loss "
-                "is given (or model.step with model.batch)"
-            )
-        if self.model.step is not None:
-            if self.model.loss is not None:
-                raise ValueError("model: model.step computes its own loss; give model.step or model.loss, not both")
-            if self.training.mode != "train":
-                raise ValueError("training: mode inference runs no training step; model.step needs mode train")
-            if self.training.precision.endswith("-mixed"):
-                raise ValueError(
-                    f"training: precision {self.training.precision} autocasts isoprobe's own step; with "
-                    "model.step, autocast (and scale) inside your step and set training.precision to "
-                    "fp32 (or bf16-true, which converts the model)"
-                )
-        task = self.target.resolved_task if self.target is not None else None
-        if task == "language_modeling" and self.model.batch is None:
-            if self.input is None or self.input.dtype != "int64" or len(self.input.shape) != 1:
-                raise ValueError(
-                    "input: language_modeling takes token ids: input {shape: [sequence_length], dtype: int64, "
-                    "high: vocabulary_size}"
-                )
-        if task == "detection" and self.model.batch is None and (self.input is None or len(self.input.shape) != 3):
-            raise ValueError("input.shape: detection takes images: [channels, height, width]")
-        if (
-            self.training.channels_last
-            and self.model.batch is None
-            and (self.input is None or len(self.input.shape) != 3)
-        ):
-            raise ValueError("training.channels_last: applies to image batches, input.shape [channels, height, width]")
-        if self.allocators is not None:
-            if self.allocator is not None:
-                raise ValueError("allocators: give either 'allocator' (one setting) or 'allocators' (to compare)")
-            if len(set(self.allocators)) != len(self.allocators):
-                raise ValueError("allocators: each setting once")
-        if self.model.huggingface is not None and task not in (None, "language_modeling", "classification"):
-            raise ValueError("target.task: huggingface models take language_modeling or classification here")
+        _own_batches_fit(self, framework)
         return self
 
 
-def _command_fits(spec: Spec) -> None:
+def _own_batches_fit(spec: Spec, framework: bool) -> None:
+    """Without a command, a Trainer or data, isoprobe makes the batches (from input, or model.batch) and the step
+    (its loss, or model.step): the sections that describe them must be there and agree. Spec's validator reaches
+    this last, once each case that brings its own batches has returned; ``framework``: a LightningModule, whose
+    own code does what input, target and optimizer say."""
+    if spec.input is None and spec.model.batch is None and not framework:
+        raise ValueError("input: this section is required (the per-sample shape), unless model.batch makes the batches")
+    if spec.target is None and spec.model.loss is None and not (spec.model.step and spec.model.batch) and not framework:
+        raise ValueError(
+            "target: this section is required (the task and its classes or shape), unless model.loss "
+            "is given (or model.step with model.batch)"
+        )
+    if spec.model.step is not None:
+        if spec.model.loss is not None:
+            raise ValueError("model: model.step computes its own loss; give model.step or model.loss, not both")
+        if spec.training.mode != "train":
+            raise ValueError("training: mode inference runs no training step; model.step needs mode train")
+        if spec.training.precision.endswith("-mixed"):
+            raise ValueError(
+                f"training: precision {spec.training.precision} autocasts isoprobe's own step; with "
+                "model.step, autocast (and scale) inside your step and set training.precision to "
+                "fp32 (or bf16-true, which converts the model)"
+            )
+    task = spec.target.resolved_task if spec.target is not None else None
+    if (
+        task == "language_modeling"
+        and spec.model.batch is None
+        and (spec.input is None or spec.input.dtype != "int64" or len(spec.input.shape) != 1)
+    ):
+        raise ValueError(
+            "input: language_modeling takes token ids: input {shape: [sequence_length], dtype: int64, "
+            "high: vocabulary_size}"
+        )
+    if task == "detection" and spec.model.batch is None and (spec.input is None or len(spec.input.shape) != 3):
+        raise ValueError("input.shape: detection takes images: [channels, height, width]")
+    if spec.training.channels_last and spec.model.batch is None and (spec.input is None or len(spec.input.shape) != 3):
+        raise ValueError("training.channels_last: applies to image batches, input.shape [channels, height, width]")
+    if spec.allocators is not None:
+        if spec.allocator is not None:
+            raise ValueError("allocators: give either 'allocator' (one setting) or 'allocators' (to compare)")
+        if len(set(spec.allocators)) != len(spec.allocators):
+            raise ValueError("allocators: each setting once")
+    if spec.model.huggingface is not None and task not in (None, "language_modeling", "classification"):
+        raise ValueError("target.task: huggingface models take language_modeling or classification here")
+
+
+def _command_fits(spec: Spec, command: str | list[str]) -> None:
     """With a command the script builds its model, data, loss and optimizer itself, and launches its own ranks:
     every section that would describe them again is named, not ignored."""
     from isoprobe.spec.command import NOT_FOR_COMMANDS, command_problems
 
-    command_problems(spec.command, spec.shell, spec.batch_from, spec.command_env)
+    command_problems(command, spec.shell, spec.batch_from, spec.command_env)
     defaults = {"model": ModelSpec(), "optimizer": OptimizerSpec()}
     given = [
         name

@@ -196,4 +196,5 @@ class ModelSpec(SpecSection):
     @property
     def library(self) -> str | None:
         """The module the source builds with (MODEL_LIBRARIES: lightning's trainer too), or None for a factory."""
-        return MODEL_LIBRARIES.get(self.source)
+        source = self.source
+        return MODEL_LIBRARIES.get(source) if source is not None else None

@@ -144,9 +144,10 @@ def apply(raw: dict[str, Any], overrides: Iterable[Override]) -> tuple[dict[str,
                             where,
                             Problem(
                                 f"{override.field} (from {override.origin})",
-                                f"{where} is the list {shown(node)}: {shortened(part)!r} is not the index of one of its "
-                                f"{len(node)} element(s)",
-                                f"give an index from 0 to {len(node) - 1}, or set {where} itself, e.g. --set '{where}=[...]'",
+                                f"{where} is the list {shown(node)}: {shortened(part)!r} is not the index of one "
+                                f"of its {len(node)} element(s)",
+                                f"give an index from 0 to {len(node) - 1}, or set {where} itself, "
+                                f"e.g. --set '{where}=[...]'",
                             ),
                         )
                     )
@@ -156,7 +157,7 @@ def apply(raw: dict[str, Any], overrides: Iterable[Override]) -> tuple[dict[str,
                 node[key] = override.value
                 origins[override.field] = override.origin
                 break
-            child = node[key] if isinstance(node, list) else node.get(key)
+            child = node[key] if isinstance(key, int) else node.get(key)  # an int key: node is a list
             if child is None:
                 child = node[key] = {}
                 origins.setdefault(".".join(parts[: depth + 1]), override.origin)

@@ -71,7 +71,9 @@ class TrainingSpec(SpecSection):
     )
     cudnn_benchmark: bool = Field(
         False,
-        description="torch.backends.cudnn.benchmark: cuDNN autotuning, which can pick algorithms with larger workspaces.",
+        description=(
+            "torch.backends.cudnn.benchmark: cuDNN autotuning, which can pick algorithms with larger workspaces."
+        ),
     )
     output_lifetime: Literal["through_backward", "freed_before_backward"] = Field(
         "through_backward",
