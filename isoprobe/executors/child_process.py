@@ -101,12 +101,14 @@ def _tell(child: StartedChild, line: str, *, last: bool) -> bool:
     """Write one line to a waiting child's stdin (``last``: then close it); False if it is gone."""
     if child.process.poll() is not None:
         return False
+    stdin = child.process.stdin
+    assert stdin is not None, "only a spawned child is told anything (a forked one gets its request in the order)"
     try:
-        child.process.stdin.write(f"{line}\n".encode())
+        stdin.write(f"{line}\n".encode())
         if last:
-            child.process.stdin.close()
+            stdin.close()
         else:
-            child.process.stdin.flush()
+            stdin.flush()
     except (BrokenPipeError, OSError):
         return False
     return True

@@ -31,6 +31,7 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 
 from pydantic import ValidationError
 
@@ -182,11 +183,12 @@ class ServerChannel:
         if process.returncode is not None:
             process.close()
 
-    def _reply(self, timeout: float, also: list[int] = ()) -> Forked | Ended | Extended | None:
+    def _reply(self, timeout: float, also: Sequence[int] = ()) -> Forked | Ended | Extended | None:
         """The next reply; None at the timeout, when one of ``also`` becomes readable, or once the server is lost."""
         if self.lost:
             return None
-        readable, _, _ = select.select([self.channel, *also], [], [], max(0.0, timeout))
+        watched: list[socket.socket | int] = [self.channel, *also]
+        readable, _, _ = select.select(watched, [], [], max(0.0, timeout))
         if self.channel not in readable:
             return None
         try:

@@ -26,10 +26,11 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from typing import cast
 
 from isoprobe.errors import Terminated
 from isoprobe.executors import ChildRun, Conditions, run_through_reporting
-from isoprobe.executors.child_process import wait_for_end
+from isoprobe.executors.child_process import StartedChild, wait_for_end
 from isoprobe.executors.fork_server_choice import SERVER_LOSSES
 from isoprobe.executors.local import Launch, LocalExecutor
 from isoprobe.executors.processes import signals_deferred
@@ -118,7 +119,8 @@ class GangExecutor:
         lost_before: tuple[str, ...],
         finished: Callable[[ChildRun], None],
     ) -> str | None:
-        """One attempt at the gang: None once its run was handed to ``finished``, else why it was lost (run it again)."""
+        """One attempt at the gang: None once its run was handed to ``finished``, else why it was lost (run it
+        again)."""
         store = self.local.workdir / f"{name}.store"
         launches: list[Launch] = []
         concluded = False
@@ -147,12 +149,8 @@ class GangExecutor:
             return None
 
         try:
-            for rank_request in rank_requests(request, str(store)):
-                launches.append(
-                    self.local.launch(
-                        rank_request, conditions, timeout=timeout, name=f"{name}-rank{rank_request.rank.rank}"
-                    )
-                )
+            for rank, rank_request in enumerate(rank_requests(request, str(store))):  # in rank order
+                launches.append(self.local.launch(rank_request, conditions, timeout=timeout, name=f"{name}-rank{rank}"))
             return _supervise(launches, timeout, conclude, request)
         except (KeyboardInterrupt, Terminated):
             if (
@@ -188,12 +186,12 @@ def _supervise(
     if undelivered:
         with signals_deferred():
             return conclude(undelivered[0])
-    delivered = max(launch.delivered for launch in launches)
+    delivered = max(launch.delivered for launch in launches if launch.delivered is not None)  # each, by now
 
     def earned() -> float:
         if request is None:
             return delivered + timeout
-        done = min(steps_done(read_events(launch.events_path)) for launch in launches)
+        done = min(steps_done(_events(launch)) for launch in launches)
         return delivered + earned_timeout(request, timeout, done)
 
     deadline = earned()
@@ -205,19 +203,21 @@ def _supervise(
         if time.monotonic() >= deadline and (deadline := earned()) <= time.monotonic():
             with signals_deferred():  # the gang's time is up: what follows is its end, recorded whole
                 for launch in launches:  # the usual timeout rule, rank by rank: a verdict before the deadline stands
-                    if launch.poll() is None:
-                        launch.timed_out, launch.verdict_at_timeout = wait_for_end(launch.child, 0)
+                    if launch.poll() is None:  # still running: a launch has a child (poll() is -1 without one)
+                        child = cast(StartedChild, launch.child)
+                        launch.timed_out, launch.verdict_at_timeout = wait_for_end(child, 0)
                 timed_out = [
                     rank for rank, launch in enumerate(launches) if launch.timed_out and not launch.verdict_at_timeout
                 ]
                 # Level ranks leave no evidence which one held the others, and none is blamed.
-                hung = (
-                    laggard([len(read_events(launch.events_path)) for launch in launches], timed_out)
-                    if timed_out
-                    else None
-                )
+                hung = laggard([len(_events(launch)) for launch in launches], timed_out) if timed_out else None
                 return conclude(hung)
         time.sleep(POLL_SECONDS)
+
+
+def _events(launch: Launch) -> list:
+    """What a rank's child has written so far (a launch that started no child: nothing)."""
+    return read_events(launch.events_path) if launch.events_path is not None else []
 
 
 def _look(launches: list[Launch], interrupted: bool = False) -> tuple[bool, int | None]:
@@ -232,9 +232,9 @@ def _look(launches: list[Launch], interrupted: bool = False) -> tuple[bool, int 
         ended = ended_on_its_own(status) if interrupted else status is not None
         states.append(
             (
-                last_of(read_events(launch.events_path), TrialResult),
+                last_of(_events(launch), TrialResult),
                 ended,
-                launch.child.process.returncode if ended else None,
+                status if ended else None,
             )
         )
     return first_failure(states)

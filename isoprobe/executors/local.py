@@ -90,7 +90,7 @@ class Launch:
     """One request's process between its start and its collection (``LocalExecutor.launch``)."""
 
     began: float
-    cgroup: object = None
+    cgroup: Path | None = None
     kills_before: int | None = None
     child: StartedChild | None = None
     delivered: float | None = None  # when the request reached a process that had finished its imports
@@ -238,7 +238,7 @@ class LocalExecutor:
                 # Started for this request and gone before it could be delivered, or not ready in time.
                 launch.timed_out = ready is None
                 break
-            if launch.delivered is not None:
+            if launch.delivered is not None and launch.child is not None:  # delivered: to a child
                 with signals_deferred():
                     if self.warm and not launch.child.forked and self._spare is None and conditions == self._expected:
                         self._spare = self._spawn(conditions, spare=True)  # imports while this one runs
@@ -260,14 +260,17 @@ class LocalExecutor:
         Raises the ``OSError`` of a scratch folder without room when the child left no event at all.
         """
         child = launch.child
+        assert child is not None, "a launch returns with a child (or raises)"
         seconds = time.monotonic() - (launch.delivered if launch.delivered is not None else launch.began)
         kills_after = oom_kill_count(launch.cgroup)
         events = read_events(child.events_path)
         lost = child.process.lost if isinstance(child.process, ForkedProcess) else None
         if not events and lost is None:
             _check_room(child.events_path.parent)
+        returncode = child.process.returncode
+        assert returncode is not None, "stopped: its keeper was reaped (stop_child raises if it cannot be)"
         return ChildRun(
-            returncode=child.process.returncode,
+            returncode=returncode,
             timed_out=launch.timed_out,
             seconds=seconds,
             events=events,

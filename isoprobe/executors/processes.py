@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Mapping
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -49,7 +50,7 @@ def memory_environment(backend: str) -> dict[str, str]:
 
 
 def child_environment(
-    base: dict[str, str], *, backend: str, allocator: str | None, events_path: Path, threads: int | None = None
+    base: Mapping[str, str], *, backend: str, allocator: str | None, events_path: Path, threads: int | None = None
 ) -> dict[str, str]:
     """The environment one trial runs in. Pure, so what each child gets is testable."""
     env = dict(base)

@@ -155,9 +155,6 @@ def run_round(executor, jobs: list[tuple], finished: Finished) -> None:
 
 
 def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
-    from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS
-    from isoprobe.protocol.messages import Inspected, TrialResult, last_of, read_events
-
     launches: list = [None] * len(jobs)
     deadlines: list[float] = [0.0] * len(jobs)
     graced = [False] * len(jobs)
@@ -185,8 +182,9 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
             waiting.discard(i)
             local.stop(launches[i])
             run = replace(local.collect(launches[i]), lost_before=tuple(lost[i]))
-            if clocks[i] is not None and clocks[i].extended:
-                run = replace(run, busy_seconds=clocks[i].extended, busy_at_timeout=clocks[i].busy_at_end)
+            clock = clocks[i]
+            if clock is not None and clock.extended:
+                run = replace(run, busy_seconds=clock.extended, busy_at_timeout=clock.busy_at_end)
             if run.lost is None or len(lost[i]) >= SERVER_LOSSES:  # the last attempt was spawned: never lost
                 if run.lost is None or not interrupted:
                     finished(i, run)
@@ -209,19 +207,9 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
                 if launch.poll() is not None:
                     end(i)
                 elif now >= deadlines[i]:
-                    events = read_events(launch.events_path)
-                    request, _, timeout, _ = jobs[i]
-                    earned = launch.delivered + earned_timeout(request, timeout, steps_done(events))
-                    if earned > now and not graced[i]:  # it stepped on since: the time its steps earned
-                        deadlines[i] = earned
-                        continue
-                    verdict = last_of(events, TrialResult) is not None or last_of(events, Inspected) is not None
-                    if verdict and not graced[i]:  # on its way out: the usual grace
-                        graced[i], deadlines[i] = True, now + VERDICT_EXIT_GRACE_SECONDS
-                        continue
-                    owed = clocks[i].owed(now) if clocks[i] is not None and not graced[i] else 0.0
-                    if owed > 0:  # a busy node kept it from the CPU: not the batch's time, and not counted
-                        deadlines[i] = now + owed
+                    later = _later_deadline(launch, jobs[i], graced[i], clocks[i], now)
+                    if later is not None:
+                        deadlines[i], graced[i] = later
                         continue
                     launch.timed_out, launch.verdict_at_timeout = True, graced[i]
                     end(i)
@@ -236,3 +224,28 @@ def _concurrently(local, jobs: list[tuple], finished: Finished) -> None:
         for launch in launches:  # on an interrupt too: no child of the round outlives it
             if launch is not None:
                 local.stop(launch)
+
+
+def _later_deadline(launch, job: tuple, graced: bool, clock: BusyClock | None, now: float) -> tuple[float, bool] | None:
+    """At a slot's deadline, the deadline it is given instead and whether that is its grace; None: it timed out.
+
+    Apart from ``_concurrently``'s loop because this is the timeout rule itself: a trial that stepped on since
+    has earned the time of its steps (``earned_timeout``); one whose verdict is written is on its way out and
+    gets the usual grace, once; one a busy node kept from the CPU is owed that time (``BusyClock``), which is
+    not the batch's. Once graced, only the grace counts.
+    """
+    from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS
+    from isoprobe.protocol.messages import Inspected, TrialResult, last_of, read_events
+
+    events = read_events(launch.events_path)
+    request, _, timeout, _ = job
+    earned = launch.delivered + earned_timeout(request, timeout, steps_done(events))
+    if earned > now and not graced:  # it stepped on since: the time its steps earned
+        return earned, False
+    verdict = last_of(events, TrialResult) is not None or last_of(events, Inspected) is not None
+    if verdict and not graced:  # on its way out: the usual grace
+        return now + VERDICT_EXIT_GRACE_SECONDS, True
+    owed = clock.owed(now) if clock is not None and not graced else 0.0
+    if owed > 0:  # a busy node kept it from the CPU: not the batch's time, and not counted
+        return now + owed, graced
+    return None

@@ -68,7 +68,8 @@ class Call:
 
     @property
     def batch_size(self) -> int:
-        """The batch the trial is about: an evaluation trial's evaluation batch (its steps run at request.batch_size)."""
+        """The batch the trial is about: an evaluation trial's evaluation batch (its steps run at
+        request.batch_size)."""
         return self.request.eval_batch_size or self.request.batch_size
 
     @property
@@ -124,14 +125,14 @@ class ScriptedExecutor:
 
 def _progress(step_seconds: list[float], step_peaks: list[int] | None = None) -> list:
     memory = MemoryReading(data=IMPORT_BASELINE_BYTES, rss=IMPORT_BASELINE_BYTES, peak_rss=IMPORT_BASELINE_BYTES)
-    peaks = step_peaks or [None] * len(step_seconds)
+    peaks: list[int | None] = list(step_peaks) if step_peaks else [None] * len(step_seconds)
     return [
         Started(pid=4242),
         Imported(memory=memory),
         ModelBuilt(memory=memory),
         *(
             StepDone(step=i, seconds=s, peak_bytes=p, held_bytes=p, budget_peak_bytes=p)
-            for i, (s, p) in enumerate(zip(step_seconds, peaks), 1)
+            for i, (s, p) in enumerate(zip(step_seconds, peaks, strict=True), 1)
         ),
     ]
 

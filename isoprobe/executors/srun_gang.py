@@ -205,7 +205,8 @@ class SrunGangExecutor:
                 raise ProbeError(
                     f"Slurm refused the job step of a trial (batch {request.batch_size}, {world} ranks) "
                     f"{len(refused)} times: {refused[-1]}{before}. That is the allocation, not the "
-                    f"batch, so the probe stops without an answer. {advice(' '.join(refused), str(self.local.workdir))}",
+                    "batch, so the probe stops without an answer. "
+                    f"{advice(' '.join(refused), str(self.local.workdir))}",
                     evidence="\n".join(refused),
                 )
 
@@ -274,9 +275,11 @@ class SrunGangExecutor:
 
     def _give_turn(self, step: _Step) -> None:
         """Tell a step started ahead that its requests are written: one line, forwarded by srun to every rank."""
+        turn = step.turn
+        assert turn is not None, "a step started ahead holds srun's stdin until its turn"
         try:
-            step.turn.write(b"go\n")
-            step.turn.flush()
+            turn.write(b"go\n")
+            turn.flush()
         except OSError:  # srun ended meanwhile: the supervision finds the step over, or refused
             pass
         finally:

@@ -11,6 +11,7 @@ import json
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 from isoprobe.executors import Conditions
 from isoprobe.executors.gang import first_failure
@@ -35,7 +36,7 @@ class _Step:
     delivered: float | None = None
     stderr_size: int = 0
     loss_words: str | None = None
-    turn: object | None = None
+    turn: IO[bytes] | None = None
     key: tuple | None = None
     armed: bool = False  # its scancel written for srun's keeper (``_arm_cancel``)
     daemon_lost: dict | None = None  # a rank's record of its node's step daemon lost (``lost_daemon``)
@@ -120,7 +121,7 @@ def step_states(events: list[list], exits: list[int | None], srun_ended: bool) -
     when no rank ended on its own with a failure; else a peer that Slurm killed
     first would be blamed for the rank that crashed.
     """
-    own = [(last_of(e, TrialResult), code is not None, code) for e, code in zip(events, exits)]
+    own = [(last_of(e, TrialResult), code is not None, code) for e, code in zip(events, exits, strict=True)]
     if not srun_ended or first_failure(own)[1] is not None:
         return own
     return [(verdict, True, code if code is not None else -9) for verdict, _, code in own]
