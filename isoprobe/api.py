@@ -95,10 +95,11 @@ def probe(
         for name, (field, value) in named.items()
         if value is not None
     ]
-    from_data = not isinstance(spec, (str, os.PathLike))
-    spec_path = os.path.join(os.getcwd(), DATA_SPEC_NAME) if from_data else os.fspath(spec)
+    # A spec given as data has no file: its name is as if it were a file in the current folder.
+    spec_path = os.fspath(spec) if isinstance(spec, (str, os.PathLike)) else os.path.join(os.getcwd(), DATA_SPEC_NAME)
     loaded = load_spec(spec, given)
     check_references(loaded, spec_path)
+    say: Callable[[str], None]
     if quiet:
         say = _silent
     elif progress is not None:

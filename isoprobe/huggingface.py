@@ -79,7 +79,8 @@ def find_batch_size(
 
 
 def reference(function: Callable[..., Any] | str) -> str:
-    """``"file.py:function"`` or ``"module:function"`` for a function the child can import by name (ValueError if none)."""
+    """``"file.py:function"`` or ``"module:function"`` for a function the child can import by name (ValueError if
+    none)."""
     if isinstance(function, str):
         return function
     name = getattr(function, "__qualname__", None) or getattr(function, "__name__", None)

@@ -130,7 +130,8 @@ def spec_for(
         "lightning": reference(type(module)),
         "kwargs": init_arguments(module, module_kwargs, "module_kwargs"),
     }
-    datamodule = trainer.datamodule
+    # Lightning's data connector sets it on each Trainer (None until fit is given one); the class declares none.
+    datamodule = trainer.datamodule  # type: ignore[attr-defined]  # an instance attribute Lightning adds
     if datamodule is not None:
         model["datamodule"] = reference(type(datamodule))
         model["datamodule_kwargs"] = init_arguments(datamodule, datamodule_kwargs, "datamodule_kwargs")

@@ -77,7 +77,9 @@ def frontier_plan(args: argparse.Namespace):
     from isoprobe.spec.load import check_references, load_spec
     from isoprobe.spec.overrides import Override, from_mapping, parse_over, shortened
 
-    field, values = parse_over(single_over(args.over, "frontier"), args.spec)
+    over = single_over(args.over, "frontier")
+    assert over is not None, "the frontier's parser requires --over"
+    field, values = parse_over(over, args.spec)
     specs, problems = [], []
     for value in values:
         # After every --set (the --over field wins over a --set of it), before the named flags (which win for theirs).
@@ -106,5 +108,5 @@ def frontier_plan(args: argparse.Namespace):
                     "give numbers, or --direction none to borrow nothing between points",
                 )
             ],
-        )
+        ) from exc
     return FrontierPlan(args.spec, field, values, specs, direction)

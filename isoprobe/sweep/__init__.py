@@ -42,9 +42,10 @@ def make_items(
     ``over``: ``FIELD=VALUE`` texts (``--over``'s values, one each), applied after ``sets``: each row is
     the probe ``isoprobe run SPEC --set FIELD=VALUE`` runs, so ``isoprobe frontier`` then reads its entry.
     """
-    items = []
+    items: list[SweepItem] = []
+    points: list[str | None] = list(over) if over else [None]  # without --over: one row, the spec as it is
     for spec in specs:
-        for point in over or [None]:
+        for point in points:
             for target in targets:
                 items.append(
                     SweepItem(

@@ -28,7 +28,9 @@ class SweepRow(Strict):
 
     spec: str = Field(description="The spec file's path, as given on the command line.")
     target: str = Field(
-        description="Where it was probed: 'local', or the Slurm 'partition=NAME' or 'constraint=FEATURE' of its GPU type."
+        description=(
+            "Where it was probed: 'local', or the Slurm 'partition=NAME' or 'constraint=FEATURE' of its GPU type."
+        )
     )
     answered: bool = Field(
         description="True when max_batch_size is a proven answer (the exit code 0 of 'isoprobe run')."
@@ -129,7 +131,11 @@ def render_sweep_table(report: SweepReport) -> str:
             )
         )
     widths = [max(len(line[i]) for line in lines) for i in range(len(header) - 1)]
-    text = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)) + "  " + line[-1] for line in lines]
+    # widths leaves out the last column (outcome, not padded): zip stops before it.
+    text = [
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=False)) + "  " + line[-1]
+        for line in lines
+    ]
     answered = sum(row.answered for row in report.rows)
     cached = sum(row.cached for row in report.rows)
     arrays = f" in {', '.join(report.array_jobs)}" if report.array_jobs else ""

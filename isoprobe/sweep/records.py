@@ -115,9 +115,10 @@ def recorded_result(item: SweepItem, spec: Spec) -> tuple[Result | None, str | N
     if reason := distrust(stored, key=record.cache_key, spec=expected) or changed_source(stored.sources or {}):
         return None, f"the recorded entry is not used: {reason}"
     entry = cache.entry(record.cache_key)
+    stored_at = stored.cache.stored_at if stored.cache is not None else None  # distrust refuses an entry without
     return stored.model_copy(
         update={
             "spec_path": item.spec,
-            "cache": CacheInfo(hit=True, key=record.cache_key, path=str(entry), stored_at=stored.cache.stored_at),
+            "cache": CacheInfo(hit=True, key=record.cache_key, path=str(entry), stored_at=stored_at),
         }
     ), None

@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from isoprobe.sweep.model import SweepItem, SweepRow, failed_row, row_from_result
 from isoprobe.sweep.task import row_path
@@ -111,7 +111,7 @@ def run_slurm(
                     rows[item.index] = failed_row(item.shown, item.target, f"the job array was not submitted: {reason}")
                 continue
             arrays.append(array_id)
-            task_of.update({item.index: task for item, task in zip(group, task_ids)})
+            task_of.update({item.index: task for item, task in zip(group, task_ids, strict=True)})
             say(f"isoprobe: submitted job array {array_id} ({len(group)} probes on {target})")
         _collect([item for group in pending.values() for item in group], task_of, options, submitter, rows)
         stopped = None
@@ -194,7 +194,7 @@ class SubmititSubmitter:
 
     def __init__(self, options: SlurmOptions):
         self.options = options
-        self.jobs: dict[str, object] = {}
+        self.jobs: dict[str, Any] = {}  # submitit's jobs by task id (submitit has no types)
 
     def submit(self, target: str, items: list[SweepItem]) -> tuple[str, list[str]]:
         import submitit
