@@ -11,8 +11,16 @@ from __future__ import annotations
 import enum
 import errno
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from isoprobe.errors import ExitCode
 
 
+# What each outcome means to the search, the report and the exit code is declared once, in ``MEANINGS`` below
+# (``outcome.meaning``): a new member needs an entry there, and nowhere else decides by its name. (Said here, not in
+# the docstring: that is the published schemas' description, which stays as it is.)
 class Outcome(str, enum.Enum):
     """The six ways a trial ends. Only FITS counts as success; unknown is never FITS."""
 
@@ -22,6 +30,11 @@ class Outcome(str, enum.Enum):
     CRASHED = "crashed"  # killed by a signal, or exited without a complete result
     TIMED_OUT = "timed_out"  # ran past the trial timeout; its process group was killed
     STILL_RISING = "still_rising"  # a deciding trial ran every step, its peak still rising at the cap (steady.py)
+
+    @property
+    def meaning(self) -> Meaning:
+        """What this outcome means everywhere a decision is taken on it (``MEANINGS``)."""
+        return MEANINGS[self]
 
 
 class StopReason(str, enum.Enum):
@@ -46,6 +59,135 @@ class StopReason(str, enum.Enum):
     TERMINATED = "terminated"  # SIGTERM (a Slurm job's time limit, scancel, a node lost)
     BAD_SPEC = "bad_spec"  # the spec or an override cannot be used: no probe ran (exit 2)
     INTERNAL_ERROR = "internal_error"  # a bug in isoprobe itself stopped the probe (exit 1)
+
+
+@dataclass(frozen=True)
+class PlotStyle:
+    """How ``isoprobe plot`` draws a trial that ended so: matplotlib's marker and colour, and the legend's words."""
+
+    marker: str
+    colour: str
+    label: str
+
+
+@dataclass(frozen=True)
+class Meaning:
+    """What one outcome means to every part of isoprobe that decides on it, declared once (issue 58).
+
+    Before this, each site kept its own list of outcomes (the search's verdicts and bounds, the conclusion's stop,
+    the plot's styles, the message's words, the exit codes): a class added in one place fell into another's
+    default, and ``still_rising`` trials were counted as failed but never drawn. Every site reads this instead,
+    and ``tests/unit/test_outcome_table.py`` fails for a member without a complete entry.
+    """
+
+    #: The trial fit: only FITS. Every other outcome is a failure of the batch, and unknown is never a fit.
+    fits: bool
+    #: The failure says the batch needs more memory than it had (it ran out, or its peak never held still): the
+    #: edge is memory. A failure without it may bound the search, but "not proven to be memory".
+    memory_verdict: bool
+    #: One trial that ended so ends the search at once, without an answer (an error: a bug, not a verdict), and it
+    #: is never a bound: a batch judged so neither raises nor lowers the bracket.
+    stops_search: bool
+    #: No verdict on the batch yet: a process died, not why; the batch runs again in a fresh process (up to
+    #: ``Limits.retries``) before the failure counts (``history.verdicts``).
+    retried: bool
+    #: One such failure next to a fit, in a fresh process, is set aside until another run reproduces it
+    #: (``history.not_reproduced``): a node's hiccup says nothing about the batch.
+    must_reproduce: bool
+    #: Which failure decides a batch whose attempts failed in several ways: the lowest number among the attempts'
+    #: classes that are not ``retried`` (an error before out of memory before still rising). None for the retried
+    #: classes (their last failure decides once the retries are spent) and for FITS.
+    precedence: int | None
+    #: How a search stops when it ends on this outcome without a fitting batch (a batch search whose smallest
+    #: failure failed so, or a token search stopped by it). None for FITS: a fit ends in edge_found or capped.
+    stop: StopReason | None
+    #: The exit code that outcome leads to (``result.exit_code_for`` of ``stop``; FITS: an answer).
+    exit_code: ExitCode
+    #: How ``isoprobe plot`` draws it (a failure at the capacity line: it has no peak to show).
+    plot: PlotStyle
+    #: How a message names a batch that ended so, after its number ("batch 33 runs out of memory").
+    prose: str
+
+
+#: Every outcome's meaning: the one declaration the search (``search.history``, ``search.edge_search``), the
+#: classification (``pipeline.classify``), the messages (``pipeline.explain``), the plot (``report.plot``) and the
+#: exit codes (``report.result``) read. Read-only.
+MEANINGS: Mapping[Outcome, Meaning] = MappingProxyType(
+    {
+        Outcome.FITS: Meaning(
+            fits=True,
+            memory_verdict=False,
+            stops_search=False,
+            retried=False,
+            must_reproduce=False,
+            precedence=None,
+            stop=None,
+            exit_code=ExitCode.ANSWERED,
+            plot=PlotStyle("o", "tab:blue", "fits: peak memory"),
+            prose="fits",
+        ),
+        Outcome.ERROR: Meaning(
+            fits=False,
+            memory_verdict=False,
+            stops_search=True,
+            retried=False,
+            must_reproduce=False,
+            precedence=0,
+            stop=StopReason.ERROR,
+            exit_code=ExitCode.NO_ANSWER,
+            plot=PlotStyle("D", "dimgray", "error (not a memory verdict)"),
+            prose="error (counted as failing; not proven to be memory)",
+        ),
+        Outcome.OUT_OF_MEMORY: Meaning(
+            fits=False,
+            memory_verdict=True,
+            stops_search=False,
+            retried=False,
+            must_reproduce=False,
+            precedence=1,
+            stop=StopReason.START_DOES_NOT_FIT,
+            exit_code=ExitCode.START_DOES_NOT_FIT,
+            plot=PlotStyle("x", "tab:red", "out of memory"),
+            prose="runs out of memory",
+        ),
+        Outcome.STILL_RISING: Meaning(
+            fits=False,
+            memory_verdict=True,
+            stops_search=False,
+            retried=False,  # it ran every step: no retry can tell more
+            must_reproduce=False,
+            precedence=2,
+            stop=StopReason.STILL_RISING,
+            exit_code=ExitCode.NO_ANSWER,
+            plot=PlotStyle("^", "tab:pink", "still rising at the step cap"),
+            prose="is still rising at the step cap (search.steady_steps)",
+        ),
+        Outcome.CRASHED: Meaning(
+            fits=False,
+            memory_verdict=False,
+            stops_search=False,
+            retried=True,
+            must_reproduce=True,
+            precedence=None,
+            stop=StopReason.CRASHED,
+            exit_code=ExitCode.NO_ANSWER,
+            plot=PlotStyle("v", "tab:purple", "crashed"),
+            prose="crashed (counted as failing; not proven to be memory)",
+        ),
+        Outcome.TIMED_OUT: Meaning(
+            fits=False,
+            memory_verdict=False,
+            stops_search=False,
+            retried=True,
+            must_reproduce=True,
+            precedence=None,
+            stop=StopReason.TIMED_OUT,
+            exit_code=ExitCode.NO_ANSWER,
+            plot=PlotStyle(">", "tab:brown", "timed out"),
+            prose="timed_out (counted as failing; not proven to be memory)",
+        ),
+    }
+)
 
 
 #: Exception class names (anywhere in the MRO) that are allocation failures by type: torch's

@@ -13,7 +13,7 @@ the accumulation plan). Every name is re-exported here, so ``report.result`` sti
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Final, Literal
 
 from pydantic import Field
 
@@ -30,64 +30,63 @@ from isoprobe.report.edge import (
     WorstBatch,
 )
 from isoprobe.report.insights import MemoryBreakdown, MemoryModel, Prediction, Throughput, ThroughputPoint
-from isoprobe.report.outcomes import Outcome, StopReason
+from isoprobe.report.outcomes import MEANINGS, Outcome, StopReason
 from isoprobe.report.recommendation import AccumulationPlan, Recommendation, Soak
 from isoprobe.report.strict import Strict
 from isoprobe.report.trial import Applied, CudaMemoryAtFailure, ErrorInfo, RankTrial, Sizes, Trial
 from isoprobe.spec.model import Spec
 
+#: This module's names and those re-exported from the modules that hold them, in one sorted list.
 __all__ = [
     "MAX_RESULT_BYTES",
     "SCHEMA_VERSION",
-    "exit_code_for",
-    "CacheInfo",
-    "Result",
-    # re-exported from the modules that hold them
-    "Outcome",
-    "StopReason",
-    "Applied",
-    "CudaMemoryAtFailure",
-    "ErrorInfo",
-    "RankTrial",
-    "Sizes",
-    "Trial",
+    "AccumulationPlan",
+    "AllocatorComparison",
     "AllocatorInfo",
+    "AllocatorOutcome",
+    "Applied",
+    "CacheInfo",
+    "CudaMemoryAtFailure",
+    "DataInfo",
     "DeviceInfo",
     "DistributedInfo",
-    "GpuFacts",
-    "RunEnvironment",
-    "AllocatorComparison",
-    "AllocatorOutcome",
-    "DataInfo",
     "EdgeMargin",
+    "ErrorInfo",
+    "GpuFacts",
     "LengthEdgeInfo",
     "MarginalBatch",
-    "TokenBudget",
-    "WorstBatch",
     "MemoryBreakdown",
     "MemoryModel",
+    "Outcome",
     "Prediction",
+    "RankTrial",
+    "Recommendation",
+    "Result",
+    "RunEnvironment",
+    "Sizes",
+    "Soak",
+    "StopReason",
     "Throughput",
     "ThroughputPoint",
-    "AccumulationPlan",
-    "Recommendation",
-    "Soak",
+    "TokenBudget",
+    "Trial",
+    "WorstBatch",
+    "exit_code_for",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Final = 1
 
 #: A result is a few kB per trial; far more is not a result (and is never read whole into memory).
 MAX_RESULT_BYTES = 64 << 20
 
 
+#: The stops a trial's outcome leads to take their exit code from the outcome's declaration
+#: (``report.outcomes.MEANINGS``: error, crashed, timed out and still rising 4, out of memory at the start 3);
+#: the others are the search's answers and the command's own stops.
 _EXIT_CODES = {
     StopReason.EDGE_FOUND: ExitCode.ANSWERED,
     StopReason.CAPPED: ExitCode.ANSWERED,
-    StopReason.START_DOES_NOT_FIT: ExitCode.START_DOES_NOT_FIT,
-    StopReason.ERROR: ExitCode.NO_ANSWER,
-    StopReason.CRASHED: ExitCode.NO_ANSWER,
-    StopReason.TIMED_OUT: ExitCode.NO_ANSWER,
-    StopReason.STILL_RISING: ExitCode.NO_ANSWER,
+    **{meaning.stop: meaning.exit_code for meaning in MEANINGS.values() if meaning.stop is not None},
     StopReason.INTERRUPTED: ExitCode.INTERRUPTED,
     StopReason.TERMINATED: ExitCode.TERMINATED,
     StopReason.BAD_SPEC: ExitCode.BAD_SPEC,
