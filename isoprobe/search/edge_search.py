@@ -57,6 +57,8 @@ all its attempts:
   still rising (a deciding trial's peak never held still, ``steady``), else
   the class of its last failure. A batch with both fitting and failing
   attempts is *flaky*.
+Which outcome is a fit, an error, retried or decisive is declared once, in
+``report.outcomes.MEANINGS``; this module and ``history`` only read it.
 Only fitting batches raise the lower bound and only failing batches lower the
 upper bound, so the answer is always a batch that fit every time it ran, and a
 flaky or crashing batch can only make the answer smaller, never larger.
@@ -65,7 +67,7 @@ flaky or crashing batch can only make the answer smaller, never larger.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from isoprobe.report.outcomes import Outcome, StopReason
@@ -83,9 +85,7 @@ from isoprobe.search.steps import (
 )
 
 
-def plan_next(
-    history: list[Observation] | tuple[Observation, ...], limits: Limits, step: Step | None = None
-) -> int | None:
+def plan_next(history: Sequence[Observation], limits: Limits, step: Step | None = None) -> int | None:
     """The next batch to try, or None when the history already holds the answer.
 
     What every strategy shares lives here: stop on an error, retry a crash or
@@ -97,7 +97,7 @@ def plan_next(
     step = guided_step if step is None else step
     history = tuple(history)
     judged = verdicts(history, limits)
-    if any(v.outcome is Outcome.ERROR for v in judged.values()):
+    if any(v.outcome is not None and v.outcome.meaning.stops_search for v in judged.values()):
         return None
     if any(v.long_run for v in judged.values()):
         return None  # the maximum failed in the long run: the short search is over (probe.steady_edge goes on)
@@ -118,7 +118,7 @@ def plan_next(
         # predicted edge, the edge next, then one below it, then DESCENT.
         if limits.prior is None or upper <= limits.start:
             return None
-        failed = sum(1 for v in judged.values() if v.outcome not in (None, Outcome.FITS))
+        failed = sum(1 for v in judged.values() if v.outcome is not None and not v.outcome.meaning.fits)
         if limits.correct_misses:
             return miss_descent(limits, upper, failed)
         if failed <= 2 and upper > limits.start:  # the first trial, or it and the predicted edge, failed
@@ -141,7 +141,7 @@ def plan_next(
     return lower if proofs_due(judged[lower], limits) > 0 else None
 
 
-def decides(history: list[Observation] | tuple[Observation, ...], limits: Limits, batch: int) -> bool:
+def decides(history: Sequence[Observation], limits: Limits, batch: int) -> bool:
     """Whether a trial of ``batch`` should step until its peak is steady: with ``limits.steady``, when a fit would
     make it the maximum (the batch right below the smallest failure, or the largest allowed), or it is the maximum
     run again. The trial that fits first at the edge is then its proof, and no second process runs it; every other
@@ -204,7 +204,7 @@ class Progress:
     flaky: tuple[int, ...]
 
 
-def progress(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> Progress:
+def progress(history: Sequence[Observation], limits: Limits) -> Progress:
     """The bounds, how the upper one failed, and the flaky batches, from any history."""
     judged = verdicts(history, limits)
     lower, upper = bounds(history, limits)
@@ -216,7 +216,7 @@ def progress(history: list[Observation] | tuple[Observation, ...], limits: Limit
     )
 
 
-def conclude(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> Conclusion:
+def conclude(history: Sequence[Observation], limits: Limits) -> Conclusion:
     """Read the answer off a finished history; raise ValueError for an unfinished one.
 
     An interrupted search has no conclusion: ``progress`` tells what is known so far.
@@ -231,7 +231,7 @@ def conclude(history: list[Observation] | tuple[Observation, ...], limits: Limit
     def answer(stop: StopReason) -> Conclusion:
         return Conclusion(stop, lower, known.first_failing, upper_outcome, known.flaky, history)
 
-    errors = [b for b, v in judged.items() if v.outcome is Outcome.ERROR]
+    errors = [b for b, v in judged.items() if v.outcome is not None and v.outcome.meaning.stops_search]
     if errors:
         return answer(StopReason.ERROR)
     long_run = [b for b, v in judged.items() if v.long_run]
@@ -240,16 +240,14 @@ def conclude(history: list[Observation] | tuple[Observation, ...], limits: Limit
         return replace(answer(StopReason.EDGE_FOUND), long_run_failure=min(long_run))
     if plan_next(history, limits) is not None:
         raise ValueError("the search is not finished")
-    if lower is None:
-        stop = {Outcome.CRASHED: StopReason.CRASHED, Outcome.TIMED_OUT: StopReason.TIMED_OUT}.get(
-            upper_outcome, StopReason.START_DOES_NOT_FIT
-        )
-        return answer(stop)
+    if lower is None:  # nothing fits: the stop its smallest failure leads to (out of memory: the start does not fit)
+        stop = upper_outcome.meaning.stop if upper_outcome is not None else None
+        return answer(stop or StopReason.START_DOES_NOT_FIT)
     return answer(StopReason.CAPPED if known.first_failing is None else StopReason.EDGE_FOUND)
 
 
 def run_search(
-    oracle: Callable[[int], Observation],
+    oracle: Callable[..., Observation],  # oracle(batch), or oracle(batch, deciding) with limits.steady
     limits: Limits,
     history: list[Observation] | None = None,
     step: Step | None = None,

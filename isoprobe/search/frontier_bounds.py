@@ -22,8 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from isoprobe.report.outcomes import Outcome
-from isoprobe.search.history import Borrowed, Limits, Observation, bounds, verdicts
+from isoprobe.search.history import Borrowed, Limits, Observation, bounds, bounds_above, verdicts
 
 #: increasing: a larger value needs more memory (a sequence length, an image size); decreasing: less
 #: (gradient checkpointing segments, say); none: nothing is borrowed, every point is searched alone.
@@ -43,8 +42,8 @@ def bracket(history: Sequence[Observation], limits: Limits) -> tuple[int | None,
     if borrowed is None:
         return lower, upper
     judged = verdicts(history, limits)
-    failed = [b for b, v in judged.items() if v.outcome not in (None, Outcome.FITS, Outcome.ERROR)]
-    fit = [b for b, v in judged.items() if v.outcome is Outcome.FITS]
+    failed = [b for b, v in judged.items() if bounds_above(v)]
+    fit = [b for b, v in judged.items() if v.outcome is not None and v.outcome.meaning.fits]
     fits, fails = borrowed.fits, borrowed.fails
     if fits is not None and (not limits.start <= fits <= limits.highest or any(b <= fits for b in failed)):
         fits = None
@@ -76,10 +75,12 @@ def memory_ranks(values: Sequence[object], direction: Direction) -> list[int] | 
     """
     if direction == "none":
         return None
+    numbers: list[float] = []
     for value in values:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise ValueError(f"{value!r} is not a number: --direction {direction} orders numbers")
-    order = sorted(range(len(values)), key=lambda i: values[i], reverse=direction == "decreasing")
+        numbers.append(value)
+    order = sorted(range(len(numbers)), key=lambda i: numbers[i], reverse=direction == "decreasing")
     ranks = [0] * len(values)
     for rank, index in enumerate(order):
         ranks[index] = rank

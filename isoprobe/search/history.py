@@ -1,13 +1,16 @@
 """What the trials have shown: observations, the search's limits, and each batch's verdict.
 
-The rules of evidence the whole search stands on (``search.py`` explains them):
+The rules of evidence the whole search stands on (``edge_search.py`` explains them):
 a batch fits only if every attempt fit (one crash or timeout that a fresh run did not reproduce
-aside), a crash or timeout is retried before it counts, and only a failure lowers the upper bound. Pure: no processes, no clock.
+aside), a crash or timeout is retried before it counts, and only a failure lowers the upper bound.
+Which outcome is which (a fit, retried, reproduced, decisive, a bound) is read from
+``report.outcomes.MEANINGS``, never listed here. Pure: no processes, no clock.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from isoprobe.report.outcomes import Outcome
@@ -139,7 +142,7 @@ def proofs_due(verdict: Verdict, limits: Limits) -> int:
     return max(0, due)
 
 
-def verdicts(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> dict[int, Verdict]:
+def verdicts(history: Sequence[Observation], limits: Limits) -> dict[int, Verdict]:
     """Every tried batch's verdict (see the module docstring for the rules)."""
     attempts: dict[int, list[Outcome]] = {}
     long_run: set[int] = set()
@@ -150,37 +153,48 @@ def verdicts(history: list[Observation] | tuple[Observation, ...], limits: Limit
         attempts.setdefault(observation.batch_size, []).append(observation.outcome)
         if observation.long_run:
             long_run.add(observation.batch_size)
-        if observation.steady and observation.outcome is Outcome.FITS and not observation.long_run:
+        if observation.steady and observation.outcome.meaning.fits and not observation.long_run:
             steady[observation.batch_size] = steady.get(observation.batch_size, 0) + 1
     judged = {}
     for batch, outcomes in attempts.items():
-        fits = outcomes.count(Outcome.FITS)
-        failures = [o for o in outcomes if o is not Outcome.FITS]
+        fits = sum(1 for o in outcomes if o.meaning.fits)
+        failures = [o for o in outcomes if not o.meaning.fits]
         unreproduced = not_reproduced(outcomes)
         # A long-run failure after short fits is growth, not flakiness; a crash or timeout next to a fit is, once
         # a fresh run has reproduced it (one that no run reproduced is no evidence at all: ``not_reproduced``).
         flaky = (
             not unreproduced
             and 0 < fits < len(outcomes)
-            and (batch not in long_run or any(o in (Outcome.CRASHED, Outcome.TIMED_OUT) for o in failures))
+            and (batch not in long_run or any(o.meaning.retried for o in failures))
         )
-        if not failures or unreproduced:
-            outcome: Outcome | None = Outcome.FITS
-        elif Outcome.ERROR in failures:
-            outcome = Outcome.ERROR
-        elif Outcome.OUT_OF_MEMORY in failures:
-            outcome = Outcome.OUT_OF_MEMORY
-        elif Outcome.STILL_RISING in failures:
-            outcome = Outcome.STILL_RISING  # ran every step, so no retry can tell more
-        elif fits == 0 and len(outcomes) <= limits.retries:
-            outcome = None  # crashed or timed out, and a fresh process may still tell
-        else:
-            outcome = failures[-1]
+        outcome = Outcome.FITS if not failures or unreproduced else _failed_as(failures, limits, fits)
         judged[batch] = Verdict(batch, outcome, len(outcomes), fits, flaky, batch in long_run, steady.get(batch, 0))
     return judged
 
 
-def not_reproduced(outcomes: list[Outcome] | tuple[Outcome, ...]) -> bool:
+def _failed_as(failures: list[Outcome], limits: Limits, fits: int) -> Outcome | None:
+    """A failing batch's verdict: its decisive failure of least ``precedence`` (an error, then out of memory, then
+    still rising: each ran to its end, so no retry can tell more); else, while a retry is due for a batch that never
+    fit, None (a crash or timeout, and a fresh process may still tell); else its last failure. Read from the table,
+    so a new failure class is decisive or retried as declared, never retried by default."""
+    decisive = [o for o in failures if not o.meaning.retried]
+    if decisive:
+        return min(decisive, key=_precedence)
+    attempts = fits + len(failures)
+    if fits == 0 and attempts <= limits.retries:
+        return None
+    return failures[-1]
+
+
+def _precedence(outcome: Outcome) -> int:
+    """The order in which a decisive failure decides a batch (``Meaning.precedence``, set for every one)."""
+    precedence = outcome.meaning.precedence
+    if precedence is None:  # the table's test rules this out; a clear error beats a silent order
+        raise ValueError(f"outcome {outcome.value} is decisive but declares no precedence")
+    return precedence
+
+
+def not_reproduced(outcomes: Sequence[Outcome]) -> bool:
     """One crash or timeout among a batch's runs, and a fresh run that fit: the batch's verdict is its fits.
 
     A crash says a process died, not why; the run after it, in a fresh process, is the batch's evidence. Counted as
@@ -188,24 +202,27 @@ def not_reproduced(outcomes: list[Outcome] | tuple[Outcome, ...]) -> bool:
     holds. Only once: a second crash or timeout at the batch is reproduced, and the batch fails with its class (a
     batch that sometimes dies is not one to run overnight); a memory verdict is never set aside. A maximum still
     needs its confirmation runs to fit (``proofs_due`` counts fits only)."""
-    failures = [o for o in outcomes if o is not Outcome.FITS]
+    failures = [o for o in outcomes if not o.meaning.fits]
     return (
         len(failures) == 1
-        and failures[0] in (Outcome.CRASHED, Outcome.TIMED_OUT)
+        and failures[0].meaning.must_reproduce
         and len(outcomes) > 1
-        and Outcome.FITS in outcomes
+        and any(o.meaning.fits for o in outcomes)
     )
 
 
-def bounds(history: list[Observation] | tuple[Observation, ...], limits: Limits) -> tuple[int | None, int | None]:
+def bounds(history: Sequence[Observation], limits: Limits) -> tuple[int | None, int | None]:
     """(largest batch that fit every time, smallest failing batch above it); either may be None."""
     judged = verdicts(history, limits)
     # A batch whose deciding trial fit only inside the spread (marginal: ``search.margin``) is no lower bound.
-    fits = [b for b, v in judged.items() if v.outcome is Outcome.FITS and not v.long_run]
+    fits = [b for b, v in judged.items() if v.outcome is not None and v.outcome.meaning.fits and not v.long_run]
     lower = max(fits) if fits else None
-    fails = [
-        b
-        for b, v in judged.items()
-        if v.outcome not in (None, Outcome.FITS, Outcome.ERROR) and (lower is None or b > lower)
-    ]
+    fails = [b for b, v in judged.items() if bounds_above(v) and (lower is None or b > lower)]
     return lower, (min(fails) if fails else None)
+
+
+def bounds_above(verdict: Verdict) -> bool:
+    """Whether a batch's verdict is a failure that bounds the search from above: judged (no retry due), not a fit,
+    and not one that stops the search (an error is a bug, not a bound)."""
+    outcome = verdict.outcome
+    return outcome is not None and not outcome.meaning.fits and not outcome.meaning.stops_search

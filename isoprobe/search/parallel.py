@@ -34,18 +34,15 @@ the whole round is in.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from isoprobe.report.outcomes import Outcome
 from isoprobe.search.edge_search import Conclusion, conclude, decides, plan_next
 from isoprobe.search.history import Limits, Observation, bounds, proofs_due, verdicts
 from isoprobe.search.steps import Step
 
 
-def plan_round(
-    history: list[Observation] | tuple[Observation, ...], limits: Limits, slots: int, step: Step | None = None
-) -> list[int]:
+def plan_round(history: Sequence[Observation], limits: Limits, slots: int, step: Step | None = None) -> list[int]:
     """Up to ``slots`` batches to run at once next (a batch may repeat: its confirmations); [] when done."""
     if slots < 1:
         raise ValueError("slots must be >= 1")
@@ -102,9 +99,7 @@ def plan_round(
     return planned
 
 
-def round_deciding(
-    history: list[Observation] | tuple[Observation, ...], limits: Limits, batches: list[int]
-) -> list[bool]:
+def round_deciding(history: Sequence[Observation], limits: Limits, batches: list[int]) -> list[bool]:
     """Which of a round's batches step until steady: those that would decide the maximum if they fit
     (``decides``, against the history before the round), and a batch's second run in the same round."""
     return [decides(history, limits, batch) or batch in batches[:slot] for slot, batch in enumerate(batches)]
@@ -125,8 +120,9 @@ class ParallelConclusion:
 
 #: Told one slot's observation as soon as it is known: ``observed(slot, observation)``.
 Observed = Callable[[int, Observation], None]
-#: Runs one round's batches at once and tells ``observed`` each slot's observation as it comes.
-RoundOracle = Callable[[list[int], Observed], None]
+#: Runs one round's batches at once and tells ``observed`` each slot's observation as it comes: ``oracle(batches,
+#: observed)``, or with ``Limits.steady`` ``oracle(batches, observed, deciding)`` (hence the open arguments).
+RoundOracle = Callable[..., None]
 
 
 def run_parallel_search(
@@ -150,13 +146,7 @@ def run_parallel_search(
     rounds = 0
     while batches := plan_round(history, limits, slots, step):
         answered: list[Observation | None] = [None] * len(batches)
-
-        def observed(slot: int, observation: Observation) -> None:
-            if answered[slot] is not None or observation.batch_size != batches[slot]:
-                raise AssertionError(f"slot {slot} of round {batches} answered {observation}, after {answered[slot]}")
-            answered[slot] = observation
-            history.append(observation)
-
+        observed = _recorder(batches, answered, history)
         if limits.steady:
             oracle(batches, observed, round_deciding(history, limits, batches))
         else:
@@ -164,9 +154,22 @@ def run_parallel_search(
         if None in answered:
             raise AssertionError(f"asked for batches {batches}, the oracle answered {answered}")
         rounds += 1
-        if any(o.outcome is Outcome.ERROR for o in answered):
+        if any(o is not None and o.outcome.meaning.stops_search for o in answered):
             break  # a bug in the model: conclude says error
     return ParallelConclusion(conclude(history, limits), rounds)
+
+
+def _recorder(batches: list[int], answered: list[Observation | None], history: list[Observation]) -> Observed:
+    """The ``observed`` of one round: each slot answers once, for its own batch, and joins the history at once.
+    Built per round (not a closure in the loop) so that it holds that round's lists, not the loop's latest."""
+
+    def observed(slot: int, observation: Observation) -> None:
+        if answered[slot] is not None or observation.batch_size != batches[slot]:
+            raise AssertionError(f"slot {slot} of round {batches} answered {observation}, after {answered[slot]}")
+        answered[slot] = observation
+        history.append(observation)
+
+    return observed
 
 
 def one_at_a_time(oracle: Callable[[int], Observation]) -> RoundOracle:
