@@ -19,6 +19,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
+from isoprobe.report.outcomes import MEANINGS, Outcome, PlotStyle
 from isoprobe.spec.units import format_bytes
 
 GIB = 1024**3
@@ -45,12 +46,20 @@ def _figure_class():
 # --------------------------------------------------------------------------- what is drawn, as data
 
 
-_FAILURE_STYLE = {  # outcome -> (marker, colour, label); drawn at the capacity level: failures have no peak
-    "out_of_memory": ("x", "tab:red", "out of memory"),
-    "crashed": ("v", "tab:purple", "crashed"),
-    "timed_out": (">", "tab:brown", "timed out"),
-    "error": ("D", "dimgray", "error (not a memory verdict)"),
-}
+def _failure_styles() -> dict[str, PlotStyle]:
+    """outcome value -> how its trials are drawn, for every outcome that is not a fit, from the one declaration
+    (``report.outcomes.MEANINGS``): drawn at the capacity level, since a failure has no peak to show. Keyed by the
+    JSON's strings, and never a list of its own: one kept here once left ``still_rising`` trials undrawn."""
+    return {outcome.value: meaning.plot for outcome, meaning in MEANINGS.items() if not meaning.fits}
+
+
+def _fitted(trial: dict) -> bool:
+    """A trial that fit: its outcome (the JSON's string) read through the outcome's declaration."""
+    outcome = trial.get("outcome")
+    return outcome in _FITTING
+
+
+_FITTING = {outcome.value for outcome, meaning in MEANINGS.items() if meaning.fits}
 
 
 def _peak(trial: dict) -> int | None:
@@ -91,7 +100,7 @@ def _memory_line(result: dict) -> tuple[float, float, str] | None:
         units_differ = any(
             t.get("budget_peak_bytes") is not None and t.get("budget_peak_bytes") != t.get("peak_bytes")
             for t in result.get("trials", [])
-            if t.get("outcome") == "fits" and t.get("purpose") != "memory_check"
+            if _fitted(t) and t.get("purpose") != "memory_check"
         )
         if units_differ:
             label += "\n(fitted to peak_bytes, not to the budget's units)"
@@ -118,42 +127,69 @@ def render(result: Any, output: str | Path) -> Path:
 
     trials: list[dict] = list(result.get("trials") or [])
     device: dict | None = result.get("device")
-    capacity = device.get("capacity_bytes") if device else None
-    max_batch = result.get("max_batch_size")
-    first_failing = result.get("first_failing_batch_size")
-    recommended = result.get("recommended_batch_size")
+    capacity: int | None = device.get("capacity_bytes") if device else None
 
     fig = Figure(figsize=(10, 6.6), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
     ax = fig.add_subplot()
     handles: list = []
 
-    fits = [t for t in trials if t.get("outcome") == "fits" and t.get("purpose") != "memory_check" and _peak(t)]
-    checks = [t for t in trials if t.get("outcome") == "fits" and t.get("purpose") == "memory_check" and _peak(t)]
-    failed = [t for t in trials if t.get("outcome") != "fits"]
-    peaks = [_peak(t) for t in fits + checks]
+    peaks = _draw_trials(ax, trials, capacity, handles)
+    _draw_line_and_capacity(ax, result, trials, device, handles)
+    _draw_answers(ax, result, handles)
+    ax.set_xlabel("batch size")
+    ax.set_ylabel("peak memory (GiB)")
+    tops = [p / GIB for p in peaks] + ([capacity / GIB] if capacity else [])
+    ax.set_ylim(0, (max(tops) if tops else 1) * 1.12)
+    batches_seen = [t["batch_size"] for t in trials]
+    ax.set_xlim(0, max([*batches_seen, result.get("first_failing_batch_size") or 0, 1]) * 1.05)
+    ax.grid(True, alpha=0.3)
+    _draw_speeds(ax, result, trials, handles)
 
-    # Failures sit on the capacity line (or the top of the measured peaks without a device).
+    backend = device.get("backend", "?") if device else "no device"
+    where = f"{backend} ({device['name']})" if device and device.get("name") else backend
+    subtitle = f"{where}, capacity {format_bytes(capacity)}" if capacity else where
+    fig.suptitle(f"isoprobe: {_model_name(result)}", fontsize=13, fontweight="bold")
+    if result.get("message"):
+        subtitle += "\n" + textwrap.shorten(result["message"], width=150, placeholder=" ...")
+    ax.set_title(subtitle, fontsize=10)
+    if handles:
+        fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=9, frameon=False)
+
+    output = Path(output)
+    fig.savefig(output, format="png")
+    return output
+
+
+def _draw_trials(ax: Any, trials: list[dict], capacity: int | None, handles: list) -> list[int]:
+    """The trials as points: each fit at its peak, each memory check as a ring, each failure at the capacity line
+    (or the top of the measured peaks without a device) in its outcome's declared style. Returns the peaks drawn,
+    which set the height of the axis."""
+    fits = [t for t in trials if _fitted(t) and t.get("purpose") != "memory_check" and _peak(t)]
+    checks = [t for t in trials if _fitted(t) and t.get("purpose") == "memory_check" and _peak(t)]
+    failed = [t for t in trials if not _fitted(t)]
+    peaks = [p for t in fits + checks if (p := _peak(t)) is not None]
     fail_level = capacity if capacity else (max(peaks) if peaks else 0)
 
     if fits:
+        style = MEANINGS[Outcome.FITS].plot
         budget_units = any(t.get("budget_peak_bytes") not in (None, t.get("peak_bytes")) for t in fits)
         handles.append(
             ax.scatter(
                 [t["batch_size"] for t in fits],
-                [_peak(t) / GIB for t in fits],
-                marker="o",
+                [_gib(_peak(t)) for t in fits],
+                marker=style.marker,
                 s=42,
-                color="tab:blue",
+                color=style.colour,
                 zorder=4,
-                label="fits: peak memory" + (" (budget_peak_bytes)" if budget_units else ""),
+                label=style.label + (" (budget_peak_bytes)" if budget_units else ""),
             )
         )
     if checks:
         handles.append(
             ax.scatter(
                 [t["batch_size"] for t in checks],
-                [_peak(t) / GIB for t in checks],
+                [_gib(_peak(t)) for t in checks],
                 marker="o",
                 s=150,
                 facecolors="none",
@@ -163,23 +199,33 @@ def render(result: Any, output: str | Path) -> Path:
                 label="memory check: fits with more memory\n(never counts as fitting)",
             )
         )
-    for outcome, (marker, colour, label) in _FAILURE_STYLE.items():
+    for outcome, style in _failure_styles().items():
         batches = sorted({t["batch_size"] for t in failed if t.get("outcome") == outcome})
         if batches:
             handles.append(
                 ax.scatter(
                     batches,
                     [fail_level / GIB] * len(batches),
-                    marker=marker,
+                    marker=style.marker,
                     s=70,
-                    color=colour,
+                    color=style.colour,
                     linewidths=2,
                     zorder=5,
-                    label=f"{label}: {_batch_list(batches)}",
+                    label=f"{style.label}: {_batch_list(batches)}",
                 )
             )
+    return peaks
 
+
+def _gib(value: int | None) -> float:
+    """Bytes as GiB for an axis; only called on trials filtered to have a peak."""
+    return (value or 0) / GIB
+
+
+def _draw_line_and_capacity(ax: Any, result: dict, trials: list[dict], device: dict | None, handles: list) -> None:
+    """The memory line the result reports, across the batches tried (to the first failure), and the capacity."""
     batches_seen = [t["batch_size"] for t in trials]
+    first_failing = result.get("first_failing_batch_size")
     line = _memory_line(result)
     if line is not None and batches_seen:
         intercept, slope, label = line
@@ -195,10 +241,17 @@ def render(result: Any, output: str | Path) -> Path:
             label=label,
         )
         handles.append(handle)
+    if device and device.get("capacity_bytes"):
+        handles.append(
+            ax.axhline(device["capacity_bytes"] / GIB, color="tab:red", linewidth=1.5, label=_capacity_label(device))
+        )
 
-    if capacity:
-        handles.append(ax.axhline(capacity / GIB, color="tab:red", linewidth=1.5, label=_capacity_label(device)))
 
+def _draw_answers(ax: Any, result: dict, handles: list) -> None:
+    """The maximum (or the largest that fit, where it is no proven maximum) and the recommended batch, as verticals."""
+    max_batch = result.get("max_batch_size")
+    first_failing = result.get("first_failing_batch_size")
+    recommended = result.get("recommended_batch_size")
     if max_batch is not None:
         label = (
             f"maximum: {max_batch}"
@@ -217,57 +270,41 @@ def render(result: Any, output: str | Path) -> Path:
             )
         )
 
-    ax.set_xlabel("batch size")
-    ax.set_ylabel("peak memory (GiB)")
-    tops = [p / GIB for p in peaks] + ([capacity / GIB] if capacity else [])
-    ax.set_ylim(0, (max(tops) if tops else 1) * 1.12)
-    ax.set_xlim(0, (max(batches_seen + [first_failing or 0, 1])) * 1.05)
-    ax.grid(True, alpha=0.3)
 
+def _draw_speeds(ax: Any, result: dict, trials: list[dict], handles: list) -> None:
+    """Samples per second of the trials that fit, on a second axis: the best per batch as a line, each trial a
+    point (memory checks ran with more memory than the answer has, so they are left out)."""
     speeds = [
         t
         for t in trials
-        if t.get("outcome") == "fits" and t.get("purpose") != "memory_check" and t.get("samples_per_second") is not None
+        if _fitted(t) and t.get("purpose") != "memory_check" and t.get("samples_per_second") is not None
     ]
-    if speeds:
-        right = ax.twinx()
-        best: dict[int, float] = {}
-        for t in speeds:
-            best[t["batch_size"]] = max(best.get(t["batch_size"], 0.0), t["samples_per_second"])
-        xs = sorted(best)
-        right.plot(xs, [best[x] for x in xs], color="tab:orange", alpha=0.5, linewidth=1, zorder=2)
-        label = "samples per second (fits)"
-        fastest = (result.get("throughput") or {}).get("fastest_batch_size")
-        if fastest is not None:
-            label += f"; fastest batch: {fastest}"
-        handles.append(
-            right.scatter(
-                [t["batch_size"] for t in speeds],
-                [t["samples_per_second"] for t in speeds],
-                marker="s",
-                s=34,
-                color="tab:orange",
-                zorder=4,
-                label=label,
-            )
+    if not speeds:
+        return
+    right = ax.twinx()
+    best: dict[int, float] = {}
+    for t in speeds:
+        best[t["batch_size"]] = max(best.get(t["batch_size"], 0.0), t["samples_per_second"])
+    xs = sorted(best)
+    right.plot(xs, [best[x] for x in xs], color="tab:orange", alpha=0.5, linewidth=1, zorder=2)
+    label = "samples per second (fits)"
+    fastest = (result.get("throughput") or {}).get("fastest_batch_size")
+    if fastest is not None:
+        label += f"; fastest batch: {fastest}"
+    handles.append(
+        right.scatter(
+            [t["batch_size"] for t in speeds],
+            [t["samples_per_second"] for t in speeds],
+            marker="s",
+            s=34,
+            color="tab:orange",
+            zorder=4,
+            label=label,
         )
-        right.set_ylabel("samples per second", color="tab:orange")
-        right.tick_params(axis="y", colors="tab:orange")
-        right.set_ylim(0, max(best.values()) * 1.15)
-
-    backend = device.get("backend", "?") if device else "no device"
-    where = f"{backend} ({device['name']})" if device and device.get("name") else backend
-    subtitle = f"{where}, capacity {format_bytes(capacity)}" if capacity else where
-    fig.suptitle(f"isoprobe: {_model_name(result)}", fontsize=13, fontweight="bold")
-    if result.get("message"):
-        subtitle += "\n" + textwrap.shorten(result["message"], width=150, placeholder=" ...")
-    ax.set_title(subtitle, fontsize=10)
-    if handles:
-        fig.legend(handles=handles, loc="outside lower center", ncol=2, fontsize=9, frameon=False)
-
-    output = Path(output)
-    fig.savefig(output, format="png")
-    return output
+    )
+    right.set_ylabel("samples per second", color="tab:orange")
+    right.tick_params(axis="y", colors="tab:orange")
+    right.set_ylim(0, max(best.values()) * 1.15)
 
 
 def _batch_list(batches: list[int], limit: int = 6) -> str:
