@@ -45,8 +45,8 @@ def classify_exit(run: ChildRun, asked: Asked | None = None) -> TrialEnd:
     the verdict's claim), and ``plausibility.over_budget`` out of memory.
     """
     end = _from_the_child(run)
-    if asked is None or end.outcome is not Outcome.FITS:
-        return end
+    if asked is None or not end.outcome.meaning.fits or end.result is None:
+        return end  # only a fit is vetted (a fit from the child always comes with its verdict)
     reason = implausible(run.events, asked)
     if reason is not None:
         # Rejected: its numbers are not measurements, so the trial reports none of them (the reason names them).
@@ -111,7 +111,7 @@ def _from_the_child(run: ChildRun) -> TrialEnd:
         )
     if result is None:
         return TrialEnd(Outcome.CRASHED, None, phase, signal_name)
-    if result.outcome is Outcome.FITS and run.returncode != 0:
+    if result.outcome.meaning.fits and run.returncode != 0:
         # It said 'fits', then died on the way out: unknown is never 'fits'.
         return TrialEnd(Outcome.CRASHED, result, phase, signal_name)
     # A failure verdict stands even if the exit was unclean: both say 'not this batch'.

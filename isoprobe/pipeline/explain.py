@@ -141,8 +141,9 @@ def soak_grew(soak: Soak, peaks: list[int]) -> bool:
 def why_soak_failed(soak: Soak, peaks: list[int], steps: int, target_peak: int, fit: Trial | None) -> str:
     """What a soak that did not survive shows, in words: how far it got and what its peaks did there.
 
-    ``peaks``: its trial's step_budget_peak_bytes (the capacity's units); ``fit``: the search's largest fitting trial at this batch or above
-    (the evidence a failure at the first step is a run-to-run difference, not growth over steps)."""
+    ``peaks``: its trial's step_budget_peak_bytes (the capacity's units); ``fit``: the search's largest fitting
+    trial at this batch or above (the evidence a failure at the first step is a run-to-run difference, not growth
+    over steps)."""
     done = soak.steps_completed
     if soak.outcome is Outcome.OUT_OF_MEMORY and done == 0:
         where = (
@@ -178,7 +179,7 @@ def none_survived(soaks: list[Soak], trials: list[Trial]) -> tuple[str, list[str
         for s in soaks
     ]
     tried = "its soak" if len(soaks) == 1 else f"{len(soaks)} soaks"
-    if any(soak_grew(s, p) for s, p in zip(soaks, peaks)):
+    if any(soak_grew(s, p) for s, p in zip(soaks, peaks, strict=True)):
         return (
             f"no batch survived {tried}: memory grows from step to step whatever the batch (see the soak "
             "trials' step_budget_peak_bytes)",
@@ -191,7 +192,7 @@ def none_survived(soaks: list[Soak], trials: list[Trial]) -> tuple[str, list[str
             "fit as large a batch: the runs differ, not the steps",
             [_AT_FIRST_STEP],
         )
-    suggestions = [_NO_VERDICT] if any(s.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT) for s in soaks) else []
+    suggestions = [_NO_VERDICT] if any(s.outcome.meaning.retried for s in soaks) else []
     return (
         f"no batch survived {tried} (see each soak's outcome, steps_completed and its trial's step_budget_peak_bytes)",
         suggestions,
@@ -220,103 +221,146 @@ def explain(
     trials: list[Trial],
     capped_by: str | None,
     stopped_by: tuple[str, str] | None = None,
-):
+) -> tuple[str, list[str]]:
     """The one-sentence answer and what to try next, from what the search established.
 
     ``stopped_by``: for a stop by a signal, the message's start and end as the caller found them
     (``system.slurm_job.signal_stop``: the Slurm job's time limit, where that sent the SIGTERM); by default the
-    signal's name alone.
+    signal's name alone. Each stop reason's words are in a function of their own, below.
     """
-    stop, max_fitting, first_failing, recommended = (
-        found.stop,
-        found.max_fitting,
-        found.first_failing,
-        found.recommended,
+    stop = found.stop
+    where = _where(spec, info)
+    last = _deciding_trial(stop, trials)
+    if stop is StopReason.EDGE_FOUND:
+        return _edge_found(found, spec, where, trials)
+    if stop is StopReason.CAPPED:
+        text = (
+            f"batch {found.max_fitting} fits; larger batches were not tried: "
+            f"{cap_reason(spec, capped_by, found.max_fitting)}"
+        )
+        return _with_recommendation(text, found, trials)
+    if stop is StopReason.START_DOES_NOT_FIT:
+        return _start_does_not_fit(spec, info, where)
+    if stop is StopReason.ERROR and last is not None:
+        return _errored(last, spec)
+    if stop is StopReason.CRASHED and last is not None:
+        return _crashed(last)
+    if stop is StopReason.TIMED_OUT and last is not None:
+        return _timed_out(last, spec)
+    if stop is StopReason.STILL_RISING:
+        return _still_rising(found, spec)
+    best = f"; largest batch that fit so far: {found.max_fitting}" if found.max_fitting else ""
+    seen = f"; {stop_context()}" if stop_context() else ""  # a node of the job Slurm lost, seen when the signal came
+    start, end = stopped_by or (
+        f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an answer",
+        "",
     )
-    where = f"{info.backend} ({format_bytes(info.capacity_bytes)})"
-    if spec.distributed.gang:  # the batches are per rank: say so in the one sentence people read
-        where = (
+    return f"{start}{best}{seen}{end}", []
+
+
+def _where(spec: Spec, info: DeviceInfo) -> str:
+    """The device as the sentence names it; for a gang, per rank, since its batches are per rank (people read only
+    the one sentence)."""
+    if spec.distributed.gang:
+        return (
             f"{info.backend} ({format_bytes(info.capacity_bytes)} per rank, {spec.distributed.strategy} over "
             f"{spec.distributed.world_size or 1} ranks; batches per rank)"
         )
-    # The trial that decided a failed search: the last one that ended as the search did (after a crash, a
-    # retry may have fit; the message is about the crash), else simply the last.
-    last = next((t for t in reversed(trials) if t.outcome.value == stop.value), trials[-1] if trials else None)
-    if stop is StopReason.EDGE_FOUND and first_failing is None:  # only marginal batches above the maximum
+    return f"{info.backend} ({format_bytes(info.capacity_bytes)})"
+
+
+def _deciding_trial(stop: StopReason, trials: list[Trial]) -> Trial | None:
+    """The trial that decided a failed search: the last one whose outcome leads to the stop the search made
+    (``Meaning.stop``: after a crash, a retry may have fit, and the message is about the crash), else the last."""
+    return next((t for t in reversed(trials) if t.outcome.meaning.stop is stop), trials[-1] if trials else None)
+
+
+def _edge_found(found: Found, spec: Spec, where: str, trials: list[Trial]) -> tuple[str, list[str]]:
+    """An edge: the maximum, how the batch above it failed (in its outcome's declared words), and what else the
+    search saw near it (flaky batches, a short maximum the long run did not hold, marginal batches)."""
+    if found.first_failing is None:  # only marginal batches above the maximum
         text = (
-            f"batch {max_fitting} fits on {where}; {_batches(found.marginal)} fit only inside the spread "
+            f"batch {found.max_fitting} fits on {where}; {_batches(found.marginal)} fit only inside the spread "
             "(their peaks left less free memory than a long run's peak moves between runs and over steps: see "
             "edge_margin), and no larger batch was tried"
         )
         return _with_recommendation(text, found, trials)
-    if stop is StopReason.EDGE_FOUND:
-        if found.first_failing_outcome is Outcome.OUT_OF_MEMORY:
-            how = "runs out of memory"
-        elif found.first_failing_outcome is Outcome.STILL_RISING:
-            how = "is still rising at the step cap (search.steady_steps)"
-        else:
-            how = f"{found.first_failing_outcome.value} (counted as failing; not proven to be memory)"
-        text = f"batch {max_fitting} fits and {first_failing} {how} on {where}"
-        if found.flaky:
-            text += f"; flaky batches (fit in one run, failed in another): {list(found.flaky)}"
-        if found.short_max is not None:
-            text += (
-                f"; both in the long run (trials that step until the peak is steady): {found.short_max} fit "
-                f"{spec.search.steps} steps but its peak kept rising after them"
-            )
-        if found.marginal:
-            text += (
-                f"; {_batches(found.marginal)} fit too, but with less free memory than a long "
-                "run's peak moves between runs and over steps (the spread: see edge_margin), so not as the "
-                "maximum"
-            )
-        return _with_recommendation(text, found, trials)
-    if stop is StopReason.CAPPED:
-        text = f"batch {max_fitting} fits; larger batches were not tried: {cap_reason(spec, capped_by, max_fitting)}"
-        return _with_recommendation(text, found, trials)
-    if stop is StopReason.START_DOES_NOT_FIT:
-        suggestions = _save_memory(spec)
-        if info.backend == "cpu":
-            suggestions.insert(0, "a larger memory_budget (--memory-budget) for the CPU backend")
-        if spec.search.start_batch_size > 2:
-            suggestions.insert(0, "a smaller search.start_batch_size")
-        return f"not even the start batch {spec.search.start_batch_size} fits on {where}", suggestions
-    if stop is StopReason.ERROR and last is not None:
-        error = last.error
-        detail = f"{error.type}: {error.message.splitlines()[0] if error.message else ''}" if error else "an error"
-        if spec.command is not None and error is not None and error.type in _REFUSALS:
-            # Not the script's crash: isoprobe refuses to credit what it read (issue 47); the message says why.
-            return f"batch {last.batch_size}: {error.message}", [_REFUSALS[error.type]]
-        if spec.command is not None:
-            return (
-                f"batch {last.batch_size}: the command failed with {detail} — the script's error, not a memory verdict",
-                ["fix what trials[-1].error.traceback_tail shows (the command's own last lines), then run again"],
-            )
-        return (
-            f"batch {last.batch_size} raised {detail} — an error in the model or spec, not a memory verdict",
-            ["fix the error shown in trials[-1].error.traceback_tail, then run again"],
+    outcome = found.first_failing_outcome
+    how = outcome.meaning.prose if outcome is not None else "fails"
+    text = f"batch {found.max_fitting} fits and {found.first_failing} {how} on {where}"
+    if found.flaky:
+        text += f"; flaky batches (fit in one run, failed in another): {list(found.flaky)}"
+    if found.short_max is not None:
+        text += (
+            f"; both in the long run (trials that step until the peak is steady): {found.short_max} fit "
+            f"{spec.search.steps} steps but its peak kept rising after them"
         )
-    if stop is StopReason.CRASHED and last is not None:
-        if last.reclassified:
-            return (
-                f"batch {last.batch_size} crashed: its 'fits' was rejected ({last.reclassified})",
-                ["see trials[-1].reclassified: the child's verdict contradicts what it was asked or measured"],
-            )
-        if last.error is not None and last.error.type == RANK_LOST:  # a command's rank lost to a signal
-            return (
-                f"batch {last.batch_size} crashed: {last.error.message}",
-                [
-                    "a rank killed by SIGKILL with no error of its own is often the kernel's OOM killer (dmesg, the "
-                    "job's memory limit) or a kill from outside; see trials[-1].stderr_tail for the launcher's "
-                    "report"
-                ],
-            )
-        how = f"killed by {last.signal}" if last.signal else f"exited with status {last.exit_code} without a result"
-        return (
-            f"batch {last.batch_size} crashed ({how}, last phase: {last.phase})",
-            ["see trials[-1].stderr_tail; a SIGKILL can be the kernel's OOM killer"],
+    if found.marginal:
+        text += (
+            f"; {_batches(found.marginal)} fit too, but with less free memory than a long "
+            "run's peak moves between runs and over steps (the spread: see edge_margin), so not as the "
+            "maximum"
         )
-    if stop is StopReason.TIMED_OUT and last is not None and last.busy_at_timeout:
+    return _with_recommendation(text, found, trials)
+
+
+def _start_does_not_fit(spec: Spec, info: DeviceInfo, where: str) -> tuple[str, list[str]]:
+    """Not even the start batch fits: the levers the spec does not use yet, a smaller start, a larger CPU budget."""
+    suggestions = _save_memory(spec)
+    if info.backend == "cpu":
+        suggestions.insert(0, "a larger memory_budget (--memory-budget) for the CPU backend")
+    if spec.search.start_batch_size > 2:
+        suggestions.insert(0, "a smaller search.start_batch_size")
+    return f"not even the start batch {spec.search.start_batch_size} fits on {where}", suggestions
+
+
+def _errored(last: Trial, spec: Spec) -> tuple[str, list[str]]:
+    """An error stopped the search: a bug in the model or the script, or a command trial isoprobe refused to credit
+    (issue 47); never a memory verdict, and the words say so."""
+    error = last.error
+    detail = f"{error.type}: {error.message.splitlines()[0] if error.message else ''}" if error else "an error"
+    if spec.command is not None and error is not None and error.type in _REFUSALS:
+        # Not the script's crash: isoprobe refuses to credit what it read (issue 47); the message says why.
+        return f"batch {last.batch_size}: {error.message}", [_REFUSALS[error.type]]
+    if spec.command is not None:
+        return (
+            f"batch {last.batch_size}: the command failed with {detail} — the script's error, not a memory verdict",
+            ["fix what trials[-1].error.traceback_tail shows (the command's own last lines), then run again"],
+        )
+    return (
+        f"batch {last.batch_size} raised {detail} — an error in the model or spec, not a memory verdict",
+        ["fix the error shown in trials[-1].error.traceback_tail, then run again"],
+    )
+
+
+def _crashed(last: Trial) -> tuple[str, list[str]]:
+    """A crash that persisted over its retries: a rejected 'fits', a command's rank lost to a signal, or a process
+    killed or gone without a result; each points at where its evidence is."""
+    if last.reclassified:
+        return (
+            f"batch {last.batch_size} crashed: its 'fits' was rejected ({last.reclassified})",
+            ["see trials[-1].reclassified: the child's verdict contradicts what it was asked or measured"],
+        )
+    if last.error is not None and last.error.type == RANK_LOST:  # a command's rank lost to a signal
+        return (
+            f"batch {last.batch_size} crashed: {last.error.message}",
+            [
+                "a rank killed by SIGKILL with no error of its own is often the kernel's OOM killer (dmesg, the "
+                "job's memory limit) or a kill from outside; see trials[-1].stderr_tail for the launcher's "
+                "report"
+            ],
+        )
+    how = f"killed by {last.signal}" if last.signal else f"exited with status {last.exit_code} without a result"
+    return (
+        f"batch {last.batch_size} crashed ({how}, last phase: {last.phase})",
+        ["see trials[-1].stderr_tail; a SIGKILL can be the kernel's OOM killer"],
+    )
+
+
+def _timed_out(last: Trial, spec: Spec) -> tuple[str, list[str]]:
+    """A timeout that persisted: on a busy node it says nothing about the batch; a command's, what its supervisor
+    saw (``_command_timed_out``); else the timeout itself."""
+    if last.busy_at_timeout:
         return (
             f"batch {last.batch_size} ran past its timeout on a busy node: its processes waited for a CPU more "
             f"than half the time they wanted one, after {last.busy_seconds or 0:g} s were added to the "
@@ -331,37 +375,33 @@ def explain(
                 "search.trial_timeout"
             ],
         )
-    if stop is StopReason.TIMED_OUT and last is not None and spec.command is not None:
+    if spec.command is not None:
         return _command_timed_out(last, spec)
-    if stop is StopReason.TIMED_OUT and last is not None:
-        return (
-            f"batch {last.batch_size} ran past the {spec.search.trial_timeout:g} s trial timeout",
-            ["raise search.trial_timeout, or lower search.steps"],
-        )
-    if stop is StopReason.STILL_RISING and first_failing is None and found.marginal:
+    return (
+        f"batch {last.batch_size} ran past the {spec.search.trial_timeout:g} s trial timeout",
+        ["raise search.trial_timeout, or lower search.steps"],
+    )
+
+
+def _still_rising(found: Found, spec: Spec) -> tuple[str, list[str]]:
+    """No batch holds the long run: every batch fit only inside the spread (too little room, issue 35), or each
+    one's peak kept rising (growth: a leak?)."""
+    if found.first_failing is None and found.marginal:
         # Down to batch 1 every batch fit, but inside the spread: not growth, too little room (issue 35).
         return (
             f"no batch leaves more than the spread free: {_batches(found.marginal)} fit, each with less free memory "
             "than a long run's peak moves between runs and over steps (see edge_margin)",
             ["raise the memory budget, or lower search.edge_spread if your runs vary less (0 turns the rule off)"],
         )
-    if stop is StopReason.STILL_RISING:
-        return (
-            f"no batch holds the long run: down to batch {first_failing}, every trial's peak kept rising until "
-            f"it ran out of memory or reached {spec.search.steady_steps or steady.DEFAULT_MAX_STEPS} steps "
-            f"(a leak?); {found.short_max} fit {spec.search.steps} steps",
-            [
-                "look for memory kept from step to step (tensors appended to a list, a loss kept with its graph)",
-                "see trials[].step_budget_peak_bytes: the peak after every step",
-            ],
-        )
-    best = f"; largest batch that fit so far: {max_fitting}" if max_fitting else ""
-    seen = f"; {stop_context()}" if stop_context() else ""  # a node of the job Slurm lost, seen when the signal came
-    start, end = stopped_by or (
-        f"stopped by {'SIGTERM' if stop is StopReason.TERMINATED else 'SIGINT'} before an answer",
-        "",
+    return (
+        f"no batch holds the long run: down to batch {found.first_failing}, every trial's peak kept rising until "
+        f"it ran out of memory or reached {spec.search.steady_steps or steady.DEFAULT_MAX_STEPS} steps "
+        f"(a leak?); {found.short_max} fit {spec.search.steps} steps",
+        [
+            "look for memory kept from step to step (tensors appended to a list, a loss kept with its graph)",
+            "see trials[].step_budget_peak_bytes: the peak after every step",
+        ],
     )
-    return f"{start}{best}{seen}{end}", []
 
 
 def _command_timed_out(last: Trial, spec: Spec) -> tuple[str, list[str]]:
