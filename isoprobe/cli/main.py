@@ -45,6 +45,8 @@ RUN_FORMATS = ("auto", "json", "table", "env", "taskprolog")
 
 
 def _parser() -> argparse.ArgumentParser:
+    """The ``isoprobe`` command line: each subcommand's flags are built by a function of its own, in the order
+    ``--help`` lists them, so that a command's flags read in one place."""
     parser = argparse.ArgumentParser(
         prog="isoprobe",
         description="Find the exact largest training batch that fits, one fresh process per trial.",
@@ -53,34 +55,44 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"isoprobe {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    _run_parser(commands)
+    _sweep_parser(commands)
+    _frontier_parser(commands)
+    _reading_parsers(commands)
+    return parser
 
-    def with_overrides(sub: argparse.ArgumentParser, spec_optional: bool = False) -> None:
-        """The spec and the flags that change it: every subcommand that reads a spec takes them all."""
-        if spec_optional:
-            sub.add_argument(
-                "spec",
-                nargs="?",
-                help="path to the YAML spec (optional after which '-- COMMAND ...' is given: then the defaults)",
-            )
-        else:
-            sub.add_argument("spec", help="path to the YAML spec")
-        sub.add_argument("--device", help="override the spec's device: auto, cpu, cuda, cuda:N")
-        sub.add_argument("--memory-budget", help="override memory_budget, e.g. 8GiB or '16 GB'")
-        # Not type=int: the value is checked with the spec (named, and in hook mode answered with the fallback).
-        sub.add_argument("--max-batch-size", help="override search.max_batch_size")
-        # Not parsed here either: a bad --set is a spec problem (exit 2, every problem at once; hook mode: fallback).
+
+def _with_overrides(sub: argparse.ArgumentParser, spec_optional: bool = False) -> None:
+    """The spec and the flags that change it: every subcommand that reads a spec takes them all."""
+    if spec_optional:
         sub.add_argument(
-            "--set",
-            action="append",
-            default=[],
-            metavar="FIELD=VALUE",
-            dest="set",
-            help="override any spec field by its dotted path, e.g. --set search.max_batch_size=512 --set "
-            "training.precision=bf16-mixed; the value is YAML (a list: input.shape=[3,64,64]; empty: null), "
-            "validated as if written in the spec; repeatable, the last one for a field wins, and "
-            "--device, --memory-budget and --max-batch-size win over a --set of their field",
+            "spec",
+            nargs="?",
+            help="path to the YAML spec (optional after which '-- COMMAND ...' is given: then the defaults)",
         )
+    else:
+        sub.add_argument("spec", help="path to the YAML spec")
+    sub.add_argument("--device", help="override the spec's device: auto, cpu, cuda, cuda:N")
+    sub.add_argument("--memory-budget", help="override memory_budget, e.g. 8GiB or '16 GB'")
+    # Not type=int: the value is checked with the spec (named, and in hook mode answered with the fallback).
+    sub.add_argument("--max-batch-size", help="override search.max_batch_size")
+    # Not parsed here either: a bad --set is a spec problem (exit 2, every problem at once; hook mode: fallback).
+    sub.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="FIELD=VALUE",
+        dest="set",
+        help="override any spec field by its dotted path, e.g. --set search.max_batch_size=512 --set "
+        "training.precision=bf16-mixed; the value is YAML (a list: input.shape=[3,64,64]; empty: null), "
+        "validated as if written in the spec; repeatable, the last one for a field wins, and "
+        "--device, --memory-budget and --max-batch-size win over a --set of their field",
+    )
 
+
+def _run_parser(commands) -> None:
+    """``isoprobe run``'s flags: the spec's, the output format, the cache and hook mode (the work is in
+    isoprobe/cli/run.py). Its own function as the command with the most flags, ``--help`` lists first."""
     run = commands.add_parser(
         "run",
         help="probe: find the largest batch that fits and print the result as JSON",
@@ -92,7 +104,7 @@ def _parser() -> argparse.ArgumentParser:
         epilog=EXIT_CODES_HELP,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    with_overrides(run, spec_optional=True)
+    _with_overrides(run, spec_optional=True)
     run.add_argument(
         "--format",
         choices=RUN_FORMATS,
@@ -119,8 +131,11 @@ def _parser() -> argparse.ArgumentParser:
         help="also append progress, errors and the result JSON to FILE "
         "(if it stops taking writes, a warning and the run goes on)",
     )
-    _sweep_parser(commands)
-    _frontier_parser(commands, with_overrides)
+
+
+def _reading_parsers(commands) -> None:
+    """The commands that run no trial: ``show`` and ``plot`` (a saved result), ``validate`` and ``estimate`` (a
+    spec checked or traced) and ``schema``; listed in ``--help`` after the ones that probe."""
     show = commands.add_parser("show", help="render a saved result (JSON from 'isoprobe run') as a table")
     show.add_argument("result", help="path to a result JSON file")
     show.add_argument("--format", choices=("table", "json", "env", "taskprolog"), default="table")
@@ -128,14 +143,14 @@ def _parser() -> argparse.ArgumentParser:
     plot.add_argument("result", help="path to a result JSON file")
     plot.add_argument("-o", "--output", help="PNG to write (default: next to the result, .png)")
     validate = commands.add_parser("validate", help="check a spec without running anything")
-    with_overrides(validate)
+    _with_overrides(validate)
     estimate = commands.add_parser(
         "estimate",
         help="predict the memory and the maximum from one traced step (no trial, no GPU memory): seconds, not minutes",
         epilog="exit codes: 0 an estimate; 2 bad spec or usage; 4 no estimate (the report "
         "says why: a model the trace cannot follow, a distributed spec)",
     )
-    with_overrides(estimate)
+    _with_overrides(estimate)
     estimate.add_argument(
         "--format",
         choices=("auto", "json", "table"),
@@ -146,10 +161,9 @@ def _parser() -> argparse.ArgumentParser:
     which = schema.add_mutually_exclusive_group()
     which.add_argument("--spec", action="store_true", help="the spec's schema instead of the result's")
     which.add_argument("--frontier", action="store_true", help="the schema of 'isoprobe frontier''s document")
-    return parser
 
 
-def _frontier_parser(commands, with_overrides) -> None:
+def _frontier_parser(commands) -> None:
     """``isoprobe frontier``'s flags (the work is in isoprobe/pipeline/frontier.py)."""
     frontier = commands.add_parser(
         "frontier",
@@ -162,7 +176,7 @@ def _frontier_parser(commands, with_overrides) -> None:
         "failed before an answer (its error says why; the other points are answered and printed); "
         "130 interrupted, 143 terminated (the points answered so far are printed)",
     )
-    with_overrides(frontier)
+    _with_overrides(frontier)
     frontier.add_argument(
         "--over",
         required=True,
@@ -228,6 +242,12 @@ def _sweep_parser(commands) -> None:
         "probed in parallel on Slurm; 'isoprobe frontier' with the same arguments then answers "
         "them from the cache; once (a second --over is refused)",
     )
+    _sweep_slurm_flags(sweep)
+
+
+def _sweep_slurm_flags(sweep) -> None:
+    """``isoprobe sweep``'s ``--executor slurm`` group: where and how its job arrays run (sbatch's options). Apart
+    from the sweep's own flags because the local executor reads none of them."""
     slurm = sweep.add_argument_group("--executor slurm (submitit; SLURM_CONF and the clients as for sbatch)")
     slurm.add_argument(
         "--partition",

@@ -46,13 +46,7 @@ def plain_copy(data: Any, prefix: str = "") -> tuple[Any, list[Problem]]:
         value, path, depth, into, key = stack.pop()
         count += 1
         if count > MAX_SPEC_VALUES:
-            problems.append(
-                Problem(
-                    prefix,
-                    f"holds more than {MAX_SPEC_VALUES} values",
-                    "write the spec out plainly; it needs a few dozen values",
-                )
-            )
+            problems.append(_too_many_values(prefix))
             break
         if isinstance(value, (dict, list, tuple)) and depth > MAX_SPEC_DEPTH:
             problems.append(
@@ -63,31 +57,12 @@ def plain_copy(data: Any, prefix: str = "") -> tuple[Any, list[Problem]]:
                 )
             )
         elif isinstance(value, (dict, list, tuple)) and count + len(value) > MAX_SPEC_VALUES:
-            problems.append(
-                Problem(
-                    _short_path(path),
-                    f"holds more than {MAX_SPEC_VALUES} values",
-                    "write the spec out plainly; it needs a few dozen values",
-                )
-            )
+            problems.append(_too_many_values(_short_path(path)))
             break
         elif isinstance(value, dict):
             copy: dict = {}
             into[key] = copy
-            entries = []
-            for name, item in value.items():
-                if not isinstance(name, _SCALARS) or (isinstance(name, float) and not math.isfinite(name)):
-                    problems.append(
-                        Problem(
-                            _short_path(path),
-                            f"a key of type {type(name).__name__} cannot be a field's name",
-                            _PLAIN_FIX,
-                        )
-                    )
-                    continue
-                copy[name] = None  # the keys in the order given; the values are filled in as they are popped
-                entries.append((item, _joined(path, name), depth + 1, copy, name))
-            stack.extend(reversed(entries))
+            stack.extend(reversed(_mapping_entries(value, path, depth, copy, problems)))
         elif isinstance(value, (list, tuple)):
             items = [None] * len(value)
             into[key] = items
@@ -110,6 +85,31 @@ def plain_copy(data: Any, prefix: str = "") -> tuple[Any, list[Problem]]:
                 )
             )
     return top[0], problems
+
+
+def _too_many_values(where: str) -> Problem:
+    """The one problem of data with more values than a spec needs (the walk stops at it: nothing after counts)."""
+    return Problem(
+        where, f"holds more than {MAX_SPEC_VALUES} values", "write the spec out plainly; it needs a few dozen values"
+    )
+
+
+def _mapping_entries(
+    value: dict, path: str, depth: int, copy: dict, problems: list[Problem]
+) -> list[tuple[Any, str, int, Any, Any]]:
+    """A mapping's entries for ``plain_copy`` to walk, in the order given, each key set in ``copy`` (its value
+    filled in as the entry is popped); a key no field can have (a tuple, an object, a NaN) is a problem and left
+    out. Apart from the walk because these rules are the keys', which no other value has."""
+    entries = []
+    for name, item in value.items():
+        if not isinstance(name, _SCALARS) or (isinstance(name, float) and not math.isfinite(name)):
+            problems.append(
+                Problem(_short_path(path), f"a key of type {type(name).__name__} cannot be a field's name", _PLAIN_FIX)
+            )
+            continue
+        copy[name] = None
+        entries.append((item, _joined(path, name), depth + 1, copy, name))
+    return entries
 
 
 def _implausible_value(value: Any) -> str | None:
