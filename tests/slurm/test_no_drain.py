@@ -110,9 +110,11 @@ def _settled_states(cluster, seconds: float = 60) -> dict[str, str]:
 def test_loaded_runs_of_the_oom_gang_and_the_hook_leave_every_node_idle(two_node_cluster, tmp_path_factory):
     """Both cores busy (two spinning processes beside the cluster's): ``ISOPROBE_LOADED_RUNS`` times, the
     out-of-memory gang probe (rank 1 on n2 out of memory at batch 4, rank 0 on n1 killed by Slurm) and the pre-job
-    hook (a probe whose out-of-memory trials kill a rank on n1, training at its answer, then one above it, where a
+    hook (a probe whose out-of-memory trials kill a rank on n1, training at its maximum, then one above it, where a
     rank runs out and Slurm kills its peer). After each, no node has left idle and no slurmd logged an unkillable
-    step. The budget of the hook's workload is found once, by a local gang, before the load starts."""
+    step. The budget of the hook's workload is found once a session, by a local gang, before the load starts
+    (test_two_nodes.hook_budget, shared with the unloaded hook test there, which also trains at the recommended
+    batch: a training that fits ends no step, so it is not repeated here)."""
     cluster = two_node_cluster
     budget = hook_budget(cluster, tmp_path_factory.mktemp("loaded-calibration"))
     failures_before = _kill_task_failures(cluster)
@@ -133,8 +135,8 @@ def test_loaded_runs_of_the_oom_gang_and_the_hook_leave_every_node_idle(two_node
 
             spec = write_spec(folder, {**HOOK_WORKLOAD, "memory_budget": budget,
                                        "distributed": {"strategy": "ddp", "world_size": 2}}, "hook")
-            first = run_on_two_nodes(cluster, _hook_job(spec, folder, budget, '"$ISOPROBE_BATCH_SIZE"',
-                                                        '"$ISOPROBE_MAX_BATCH_SIZE"'), timeout=900)
+            first = run_on_two_nodes(cluster, _hook_job(spec, folder, budget, '"$ISOPROBE_MAX_BATCH_SIZE"'),
+                                     timeout=900)
             assert first.state == "COMPLETED", first.describe()
             said = _said(first.stdout)
             assert said["hit"] == "0" and said[f"train_{said['max']}"] == "0", first.describe()

@@ -264,9 +264,21 @@ HOOK_WORKLOAD = {
 }
 
 
-def hook_budget(cluster, folder: Path) -> str:
+#: hook_budget's answer, by the cluster's folder: found once a session (the Slurm tier runs in one worker), for this
+#: module's hook test and test_no_drain.py's loaded one alike (each ran its own local gang probe before).
+_HOOK_BUDGETS: dict[str, int] = {}
+
+
+def hook_budget(cluster, folder: Path) -> int:
     """The budget that puts the edge of HOOK_WORKLOAD's local gang half a sample inside it, found by a local gang
-    run on the cluster (``slurm_jobs.budget_with_the_edge_inside``)."""
+    run on the cluster (``slurm_jobs.budget_with_the_edge_inside``), once a session (``_HOOK_BUDGETS``)."""
+    key = str(cluster.logs)
+    if key not in _HOOK_BUDGETS:
+        _HOOK_BUDGETS[key] = _local_hook_budget(cluster, folder)
+    return _HOOK_BUDGETS[key]
+
+
+def _local_hook_budget(cluster, folder: Path) -> int:
     local_spec = {**HOOK_WORKLOAD, "memory_budget": "1400MiB",
                   "search": {"start_batch_size": 2, "steps": 2, "confirmations": 0, "steady_steps": 0},
                   "recommendation": {"soak_steps": 0},
