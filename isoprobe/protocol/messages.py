@@ -2,13 +2,11 @@
 
 Both sides import this module, and it imports no torch, so the parent can read
 what a child wrote without ever loading torch. Everything that crosses the
-process boundary is defined here and only here:
+process boundary is defined in this package, and named from this module:
 
-- **Requests** (parent to child, a JSON file whose path is on the child's
-  command line or, for a warm child, on its stdin): ``TrialRequest`` runs
-  training steps at one batch size, ``InspectRequest`` checks the environment
-  once per probe. The spec travels typed, so the child reads its defaults from
-  the same model the parent validated, never restated by hand.
+- **Requests** (parent to child: ``TrialRequest``, ``InspectRequest``) and the
+  fork server's orders and replies, defined in ``protocol.requests`` and
+  re-exported here.
 - **Events** (child to parent, one complete JSON line each, appended to the
   file named by ``EVENTS_ENV``): ``started``, ``warm``, ``request``, ``imported``, ``model_built``, ``step``,
   ``eval`` (a command trial's: ``command``), then exactly one ``result`` (a trial) or ``inspected`` (the
@@ -25,11 +23,28 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Annotated, Literal, Union
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 
 from isoprobe.protocol.command import CommandSeen
+from isoprobe.protocol.requests import (  # noqa: F401 - defined there (what the parent sends), named from here too
+    SERVER_ORDER,
+    SERVER_REPLY,
+    Ended,
+    Extended,
+    Forked,
+    ForkOrder,
+    ImportOrder,
+    InspectRequest,
+    Message,
+    RankAssignment,
+    Request,
+    ServerReply,
+    TrialRequest,
+    read_request,
+    request_json,
+)
 from isoprobe.protocol.wiring import (  # noqa: F401 - defined there (the child reads them before torch), named from here
     CHILD_MODULE,
     EVENTS_ENV,
@@ -41,113 +56,19 @@ from isoprobe.protocol.wiring import (  # noqa: F401 - defined there (the child 
     WAIT_ARGUMENT,
 )
 from isoprobe.report.batch_check import BatchCheck
-from isoprobe.report.cycle import CycleRule, CycleSeen
+from isoprobe.report.cycle import CycleSeen
 from isoprobe.report.outcomes import Outcome
-from isoprobe.report.steady import SteadyRule
 from isoprobe.report.trial import Applied, ErrorInfo, Sizes
-from isoprobe.spec.model import Spec
 
 #: Exception messages are cut to this many characters (ErrorInfo.message, InspectProblem.message), so that
 #: an event stays one bounded line whatever the user's code raised.
 MESSAGE_CHARS = 2000
 
 
-class _Message(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# --------------------------------------------------------------------------- requests
-
-
-class RankAssignment(_Message):
-    """One rank of a gang (``spec.distributed``): which rank this child is, and where the gang meets.
-
-    The rendezvous is a ``torch.distributed.FileStore`` on a file in the trial's
-    own folder, not a TCP port: two probes (or two trials) on one node cannot
-    meet each other's ranks, and there is no port to find free and race for.
-    The collectives' own connections (gloo, nccl) use ports the kernel assigns.
-    """
-
-    rank: int = Field(ge=0)
-    world_size: int = Field(ge=1)
-    store_path: str = Field(description="The gang's FileStore file, one per trial.")
-    backend: Literal["gloo", "nccl"] = Field(description="gloo on the CPU backend, nccl on CUDA.")
-
-
-class TrialRequest(_Message):
-    """Run the spec's training steps at one batch size and report the peak memory."""
-
-    mode: Literal["trial"] = "trial"
-    spec: Spec
-    batch_size: int = Field(ge=1)
-    device: str = Field(description="torch device string the trial runs on: 'cpu' or 'cuda:N'.")
-    memory_budget_bytes: int | None = Field(
-        None, description="CUDA: applied as the per-process memory fraction. CPU: the rlimit (set by the executor)."
-    )
-    cuda_outside_bytes: int | None = Field(
-        None,
-        ge=0,
-        description="CUDA, a command trial: what the environment check saw in use on the card outside "
-        "an allocator (its context, other processes), taken off the budget where the command's shim caps the "
-        "allocator at CUDA's initialisation, before the command's own first step has measured it.",
-    )
-    python_path: list[str] = Field(default_factory=list, description="Folders put in front of sys.path (the spec's).")
-    steps: int | None = Field(
-        None, ge=1, description="Training steps to run instead of search.steps (the recommendation's soak)."
-    )
-    steady: SteadyRule | None = Field(
-        None,
-        description="Set for a trial that decides the edge: after its steps it keeps stepping until its "
-        "peak is steady or the rule's cap (isoprobe.report.steady); None: exactly its steps.",
-    )
-    cycle: CycleRule | None = Field(
-        None,
-        description="A deciding trial (or a soak) steps on until it has seen the "
-        "script's first evaluation pass, or the rule's bound (report.cycle). None: no wait.",
-    )
-    rank: RankAssignment | None = Field(
-        None, description="Set for each rank of a distributed trial (the gang executor's fan-out); None: one process."
-    )
-    data_indices: list[int] | None = Field(
-        None,
-        description="With spec.data: the batch's dataset indices, longest first, when there are at most "
-        "spec.data.INDICES_IN_REQUEST of them; else that many, and the trial rebuilds the rest with the same rule "
-        "(spec.data.scanned_indices, worst_first) and checks that it starts with these.",
-    )
-    eval_batch_size: int | None = Field(
-        None,
-        ge=1,
-        description="Set for an evaluation trial (training.eval_pass): batch_size's training steps run "
-        "first, then the training batch is dropped and one evaluation pass runs at this batch; "
-        "the trial's verdict is the evaluation's. None: a training trial (no evaluation pass).",
-    )
-
-
-class InspectRequest(_Message):
-    """Report versions and devices, and check that the model, optimizer and options can be set up."""
-
-    mode: Literal["inspect"] = "inspect"
-    spec: Spec
-    python_path: list[str] = Field(default_factory=list)
-
-
-Request = Annotated[TrialRequest | InspectRequest, Field(discriminator="mode")]
-_REQUEST = TypeAdapter(Request)
-
-
-def request_json(request: TrialRequest | InspectRequest) -> str:
-    return request.model_dump_json()
-
-
-def read_request(path: str | Path) -> TrialRequest | InspectRequest:
-    """The child's side: its request file, typed (a malformed one raises ValidationError)."""
-    return _REQUEST.validate_json(Path(path).read_bytes())
-
-
 # --------------------------------------------------------------------------- events
 
 
-class MemoryReading(_Message):
+class MemoryReading(Message):
     """The child's own memory from /proc/self/status, in bytes (None where the kernel does not say)."""
 
     peak_rss: int | None = None
@@ -168,7 +89,7 @@ _READS = (
 )
 
 
-class _Event(_Message):
+class _Event(Message):
     t: float = Field(default_factory=time.time, description="Wall-clock time the child wrote the event.")
 
 
@@ -322,7 +243,7 @@ class TrialResult(_Event):
         return self
 
 
-class CudaDevice(_Message):
+class CudaDevice(Message):
     name: str
     total_memory_bytes: int
     free_memory_bytes: int | None = Field(None, description="Free when inspected, this child's context taken out.")
@@ -333,7 +254,7 @@ class CudaDevice(_Message):
     )
 
 
-class InspectProblem(_Message):
+class InspectProblem(Message):
     """Something in the spec that cannot be set up; the parent maps ``stage`` to the spec field to fix."""
 
     stage: Literal[
@@ -361,7 +282,7 @@ class InspectProblem(_Message):
     message: str
 
 
-class Estimate(_Message):
+class Estimate(Message):
     """The memory estimate before any trial (``child.estimate``): one traced step, in the budget's units.
 
     Peak ~ ``fixed_bytes + per_sample_bytes * batch``. Without ``per_sample_bytes`` there is no estimate and
@@ -397,7 +318,7 @@ class Estimate(_Message):
     )
 
 
-class DataScan(_Message):
+class DataScan(Message):
     """The environment check's pass over the spec's dataset (``child.data``): its size and the longest samples."""
 
     samples: int = Field(ge=1, description="len(dataset).")
@@ -411,7 +332,7 @@ class DataScan(_Message):
     seconds: float = Field(description="How long the lengths took.")
 
 
-class Facts(_Message):
+class Facts(Message):
     """What the environment check found: versions, devices, and the model's size."""
 
     torch_version: str
@@ -467,7 +388,19 @@ class Estimated(_Event):
 
 
 Event = Annotated[
-    Started | Warm | RequestReceived | Imported | ModelBuilt | Forwarded | StepDone | EvalDone | TrialResult | Inspected | Estimated | DataScanning | CommandSeen,
+    Started
+    | Warm
+    | RequestReceived
+    | Imported
+    | ModelBuilt
+    | Forwarded
+    | StepDone
+    | EvalDone
+    | TrialResult
+    | Inspected
+    | Estimated
+    | DataScanning
+    | CommandSeen,
     Field(discriminator="event"),
 ]
 _EVENT = TypeAdapter(Event)
@@ -504,66 +437,3 @@ def last_of(events: list, kind: type):
 def first_of(events: list, kind: type):
     """The first event of one kind, or None."""
     return next((e for e in events if isinstance(e, kind)), None)
-
-
-# --------------------------------------------------------------------------- the fork server's channel
-
-
-class ForkOrder(_Message):
-    """Parent to fork server (``child.server``): fork one child for one request.
-
-    One SOCK_SEQPACKET message each, with the child's lifeline (the read end of
-    a pipe only the parent writes) beside it as SCM_RIGHTS.
-    """
-
-    request: str = Field(description="The request's path, as a spawned child reads it from stdin.")
-    events: str = Field(description="The file the forked child appends its events to.")
-    stdout: str
-    stderr: str
-    memory_limit: int | None = Field(None, description="RLIMIT_DATA for the forked child (the CPU cap); None: none.")
-
-
-class ImportOrder(_Message):
-    """Parent to fork server: import these modules too (the model's, known after the environment check), then
-    prove again that a fork can run a parallel torch operation, before the next ``ForkOrder``.
-
-    So the trials' process imports what a server started with the longer preload would have, without
-    a second server importing torch again while the first trial waits (``executors.fork_server_choice``).
-    """
-
-    order: Literal["import"] = "import"
-    modules_file: str = Field(
-        description="A file naming the modules, one a line: up to ``MAX_MODEL_IMPORTS`` of "
-        "them, more than one message may hold."
-    )
-
-
-class Forked(_Message):
-    """Fork server to parent: the order's process (the keeper of the forked child) runs with this PID."""
-
-    reply: Literal["forked"] = "forked"
-    pid: int
-
-
-class Ended(_Message):
-    """Fork server to parent: that process ended with this raw wait status (its child's, as a keeper's is)."""
-
-    reply: Literal["ended"] = "ended"
-    pid: int
-    status: int
-
-
-class Extended(_Message):
-    """Fork server to parent, for an ``ImportOrder``: how many of the modules it imported (up to the first that
-    failed, as a spawned child's preload), and whether its forks are still safe (no CUDA context, the canary
-    fork ran)."""
-
-    reply: Literal["extended"] = "extended"
-    imported: int
-    safe: bool
-
-
-ServerReply = Annotated[Forked | Ended | Extended, Field(discriminator="reply")]
-SERVER_REPLY = TypeAdapter(ServerReply)
-#: What the fork server reads from its channel: an order to import more, or one to fork (``ForkOrder``).
-SERVER_ORDER = TypeAdapter(Union[ImportOrder, ForkOrder])
