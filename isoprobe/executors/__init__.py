@@ -29,8 +29,9 @@ Their parts:
 - ``rounds``: requests run to their end, one at a time or several at once.
 - ``fork_server_channel``: the parent's side of the fork server (``child.server``): start it, order forks.
 - ``fork_server_choice``: which fork server forks a request, and when this probe stops forking.
-- ``srun_plan`` (pure): the launcher, the ``srun`` command, Slurm's refusals; ``srun_step``: one trial's
-  job step as the executor sees it; ``srun_nodes``: what Slurm says of the allocation's nodes.
+- ``srun_plan`` (pure): the launcher, the ``srun`` command, Slurm's refusals; ``srun_launch``: a trial's job
+  step started (srun under its keeper); ``srun_step``: one trial's job step as the executor sees it;
+  ``srun_nodes``: what Slurm says of the allocation's nodes (and the errors that name them).
 
 What a new executor must provide is the three methods of ``Executor``. One
 that runs several trials at once, a gang of ranks per trial, or a trial as a

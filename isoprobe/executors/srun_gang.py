@@ -14,7 +14,7 @@ terminate request that arms the node's ``UnkillableStepTimeout``: ``slurm_steps.
 srun's own ``--kill-on-bad-exit`` for a rank that ends badly).
 
 Supervision. srun itself runs under a keeper (``system.keeper``) with a
-lifeline, as every local child does. If isoprobe dies (SIGKILL included) the
+lifeline, as every local child does (``srun_launch.start_step``). If isoprobe dies (SIGKILL included) the
 keeper first runs ``scancel`` of the step (its ``--on-stop`` file, written as
 soon as the step's id is known), then SIGKILLs srun: killing srun alone is not
 enough (measured on Slurm 22.05: with the ranks' output going to files, the
@@ -48,14 +48,11 @@ from __future__ import annotations
 
 import json
 import os
-import resource
 import shutil
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 
 from isoprobe.errors import ProbeError, Terminated
 from isoprobe.executors import ChildRun, Conditions, run_through_reporting
@@ -64,19 +61,16 @@ from isoprobe.executors.gang import first_failure, is_gang, laggard
 from isoprobe.executors.local import LocalExecutor
 from isoprobe.executors.processes import (
     VERDICT_EXIT_GRACE_SECONDS,
-    child_environment,
     import_timeout,
-    prepare_child,
     signals_deferred,
-    stderr_tail,
     write_atomically,
 )
 from isoprobe.executors.rounds import earned_timeout, steps_done
-from isoprobe.executors.srun_nodes import node_trouble, record_stop_context, signalled_words, task_prolog_words
-from isoprobe.executors.srun_plan import advice, node_failed, refusal, srun_command
-from isoprobe.executors.srun_step import _ahead_key, _close_turn, _Step, step_states
+from isoprobe.executors.srun_launch import ON_STOP_FILE, start_step
+from isoprobe.executors.srun_nodes import daemon_lost_error, name_lost_nodes, task_prolog_words
+from isoprobe.executors.srun_plan import advice, node_failed, refusal
+from isoprobe.executors.srun_step import _ahead_key, _close_turn, _Step, rank_run, step_states
 from isoprobe.protocol.messages import (
-    PRELOAD_ENV,
     RankAssignment,
     TrialRequest,
     TrialResult,
@@ -84,8 +78,6 @@ from isoprobe.protocol.messages import (
     last_of,
     read_events,
 )
-from isoprobe.system import keeper
-from isoprobe.system.data_cap import data_limits
 from isoprobe.system.slurm_steps import KILL_THROUGH_SLURMCTLD, wait_slurm_steps_gone
 
 #: How often the step's ranks are looked at (as the local gang's ``POLL_SECONDS``).
@@ -108,15 +100,12 @@ LOST_STEP_ID_SECONDS = 3.0
 STEP_GONE_SECONDS = 60.0
 #: How often the wait for a listed step asks Slurm again to kill its tasks and cancel it.
 STEP_RECANCEL_SECONDS = 5.0
-#: The commands srun's keeper runs if isoprobe dies mid-step (``keeper.run_on_stop``): ``scancel`` of the step.
-ON_STOP_FILE = "on-stop.json"
 #: What a step's folder says of the trial it ran (its name and batch): a step started ahead is named before its
 #: trial is known (``aheadNNN.step``), so a reader (benchmarks/studies/step_trial_time.py) finds the trial here.
 TRIAL_FILE = "trial.json"
 #: Steps started ahead that may end or be lost while they wait before the probe stops starting them: each such step
 #: is replaced by one started on demand, and a Slurm that refuses ``--overlap`` would otherwise cost a step a trial.
 AHEAD_FAILURES_TOLERATED = 1
-_RANK_ENTRY = str(Path(__file__).resolve().parents[1] / "child" / "srun_rank.py")
 
 
 class SrunGangExecutor:
@@ -185,7 +174,7 @@ class SrunGangExecutor:
             try:
                 run = self._run_step(request, conditions, timeout, attempt)
             except (KeyboardInterrupt, Terminated):
-                self._name_lost_nodes()
+                name_lost_nodes(self.sinfo)
                 raise
             if isinstance(run, ChildRun):
                 with signals_deferred():
@@ -235,7 +224,7 @@ class SrunGangExecutor:
         write_atomically(folder / TRIAL_FILE, json.dumps({"trial": name, "batch_size": request.batch_size}))
         try:
             if step is None:
-                step = self._start(folder, world, conditions, cuda)
+                step = start_step(folder, world, conditions, cuda, nodes=self.nodes, srun=self.srun)
             else:
                 self._give_turn(step)
             if self.ahead:
@@ -256,7 +245,7 @@ class SrunGangExecutor:
         folder.mkdir()
         world, _, cuda = key
         with signals_deferred():  # an interrupt lands once the step is recorded, where close() finds it
-            self._ahead = self._start(folder, world, conditions, cuda, ahead=True)
+            self._ahead = start_step(folder, world, conditions, cuda, nodes=self.nodes, srun=self.srun, ahead=True)
             self._ahead.key = key
 
     def _take_ahead(self, key: tuple) -> _Step | None:
@@ -292,59 +281,6 @@ class SrunGangExecutor:
             with signals_deferred():
                 self._end(step, lost=step.lost() is not None)
 
-    def _start(self, folder: Path, world: int, conditions: Conditions, cuda: bool, ahead: bool = False) -> _Step:
-        env = child_environment(
-            os.environ,
-            backend=conditions.backend,
-            allocator=conditions.allocator,
-            events_path=folder / "unused.events",
-            threads=conditions.threads,
-        )
-        if conditions.preload:
-            env[PRELOAD_ENV] = ",".join(conditions.preload)
-        # This node's hard limit is not the ranks' (each rank's wrapper lowers the hard limit to its own).
-        limits = (
-            None if conditions.memory_limit is None else data_limits(conditions.memory_limit, resource.RLIM_INFINITY)
-        )
-        argv = srun_command(
-            world_size=world,
-            nodes=self.nodes,
-            step_dir=str(folder),
-            python=sys.executable,
-            rank_entry=_RANK_ENTRY,
-            data_limits=limits,
-            cuda=cuda,
-            ahead=ahead,
-        )
-        argv[0] = shutil.which(self.srun) or ""  # the keeper execs it as it is: no PATH search there
-        if not argv[0]:
-            raise ProbeError(
-                f"distributed.launcher srun: there is no {self.srun} on PATH here; run isoprobe where "
-                "Slurm's clients are installed (the job's nodes), or set distributed.launcher: local"
-            )
-        lifeline_read, lifeline_write = os.pipe()
-        with signals_deferred(), open(folder / "srun.stdout", "wb") as out, open(folder / "srun.stderr", "wb") as err:
-            try:
-                process = subprocess.Popen(
-                    keeper.command(lifeline_read, argv, on_stop=str(folder / ON_STOP_FILE)),
-                    stdin=subprocess.PIPE if ahead else subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=err,
-                    env=env,
-                    cwd=folder,
-                    start_new_session=True,
-                    pass_fds=(lifeline_read,),
-                    preexec_fn=prepare_child(None, os.getpid()),
-                )
-            except BaseException:
-                os.close(lifeline_write)
-                raise
-            finally:
-                os.close(lifeline_read)
-        return _Step(
-            folder, world, process, lifeline_write, began=time.monotonic(), turn=process.stdin if ahead else None
-        )
-
     def _supervise(self, step: _Step, timeout: float, request: TrialRequest | None = None) -> ChildRun | str:
         """Watch the step until it ends, its ranks' imports time out, or its time is up: a stretched ``timeout``
         (a trial of more steps than the search's) is earned as the slowest rank completes steps, as a local
@@ -355,7 +291,8 @@ class SrunGangExecutor:
                 if watched is not None and not watched.armed and (step_id := watched.step_id()) is not None:
                     self._arm_cancel(watched, step_id)
             if (gone := step.lost_daemon()) is not None:
-                raise self._daemon_lost(step, gone, request)
+                batch = request.batch_size if request is not None else None
+                raise daemon_lost_error(gone, step.step_id(), step.world, batch, self.sinfo)
             srun_ended = step.process.poll() is not None
             if (lost := step.lost()) is not None:
                 return self._refused(step, lost)
@@ -394,38 +331,6 @@ class SrunGangExecutor:
                     hung = laggard([len(e) for e in events], list(timed_out)) if timed_out else None
                     return self._conclude(step, hung, timed_out=timed_out)
             time.sleep(POLL_SECONDS)
-
-    def _daemon_lost(self, step: _Step, gone: dict, request: TrialRequest | None) -> ProbeError:
-        """A node's step daemon ended under the step (a rank's wrapper saw its parent go: ``child.srun_rank``): nothing
-        on that node will tell Slurm the step ended, so it stays listed until the job ends, and waiting for it (the
-        trial's timeout, then the wait for the listing) would only delay the same end. The probe stops now, naming
-        the node; the step is ended on the other nodes first (``_end``, in ``_run_step``'s cleanup)."""
-        node = gone.get("node") or "its node"
-        step_id = step.step_id() or "(its id unknown)"
-        batch = f"batch {request.batch_size}, " if request is not None else ""
-        trouble = node_trouble(gone.get("node"), self.sinfo)
-        state = f" Slurm says: {'; '.join(trouble)}." if trouble else ""
-        words = (
-            f"Slurm lost the step daemon (slurmstepd) of node {node} under the trial's job step {step_id} "
-            f"({batch}{step.world} ranks): rank {gone.get('rank')}'s parent there (pid {gone.get('stepd_pid')}) "
-            f"ended mid-trial.{state} Nothing on {node} can end the step now, and Slurm lists it until the job "
-            "ends: that is the node, not the batch, so the probe stops without an answer"
-        )
-        return ProbeError(
-            f"{words}. Check {node} (its slurmd log; dmesg, for a step daemon the kernel's OOM killer "
-            "ended) and resubmit the job on healthy nodes",
-            evidence=words,
-        )
-
-    def _name_lost_nodes(self) -> None:
-        """A signal stops the probe mid-step: if Slurm counts a node of the job out of service (the usual reason a
-        running job is cancelled under a probe: a node lost, Slurm's node timeout passed), say which, at once and in
-        the result's message (``srun_nodes.stop_context``)."""
-        words = signalled_words(sinfo=self.sinfo)
-        record_stop_context(words)
-        if words:
-            sys.stderr.write(f"isoprobe: {words}\n")
-            sys.stderr.flush()
 
     def _arm_cancel(self, step: _Step, step_id: str) -> None:
         """Tell srun's keeper how to end the step if isoprobe dies: killing srun alone leaves its tasks running
@@ -467,7 +372,7 @@ class SrunGangExecutor:
         if (lost := step.lost()) is not None:  # a rank killed with a step Slurm lost: not the batch's outcome
             return lost
         seconds = time.monotonic() - (step.delivered if step.delivered is not None else step.began)
-        runs = tuple(self._collect(step, rank, seconds, rank in timed_out) for rank in range(step.world))
+        runs = tuple(rank_run(step, rank, seconds, rank in timed_out) for rank in range(step.world))
         deciding = runs[failed] if failed is not None else runs[0]
         return replace(
             deciding,
@@ -475,21 +380,6 @@ class SrunGangExecutor:
             failed_rank=failed,
             gang_stop_seconds=stop_seconds if failed is not None else None,
             seconds=max(run.seconds for run in runs),
-        )
-
-    def _collect(self, step: _Step, rank: int, seconds: float, timed_out: bool) -> ChildRun:
-        files = step.files(rank)
-        events = read_events(files["events.jsonl"])
-        code = step.exit_code(rank)
-        task = step.task(rank) or {}
-        return ChildRun(
-            returncode=code if code is not None else -9,
-            timed_out=timed_out,
-            seconds=seconds,
-            events=events,
-            stderr_tail=stderr_tail(files["stderr"]),
-            verdict_at_timeout=timed_out and last_of(events, TrialResult) is not None,
-            node=task.get("node"),
         )
 
     def _end(self, step: _Step, lost: bool = False) -> float:

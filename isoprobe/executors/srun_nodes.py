@@ -13,8 +13,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Mapping
 
+from isoprobe.errors import ProbeError
 from isoprobe.protocol.wiring import CHILD_MODULE
 
 #: Node states (``sinfo %T``, without the flags it appends) of a node that is in service.
@@ -129,4 +131,40 @@ def task_prolog_words(probe_pid: int) -> str:
         + "; ".join(held[:4])
         + ". A TaskProlog that runs isoprobe must do nothing in a probe's own trial steps (ISOPROBE_TRIAL is set "
         "in them; isoprobe run --format env|taskprolog does so itself; docs/slurm.md)"
+    )
+
+
+def name_lost_nodes(sinfo: str = "sinfo") -> None:
+    """A signal stops the probe mid-step: if Slurm counts a node of the job out of service (the usual reason a
+    running job is cancelled under a probe: a node lost, Slurm's node timeout passed), say which, at once and in
+    the result's message (``stop_context``)."""
+    words = signalled_words(sinfo=sinfo)
+    record_stop_context(words)
+    if words:
+        sys.stderr.write(f"isoprobe: {words}\n")
+        sys.stderr.flush()
+
+
+def daemon_lost_error(
+    gone: Mapping, step_id: str | None, world: int, batch_size: int | None, sinfo: str = "sinfo"
+) -> ProbeError:
+    """A node's step daemon ended under the step (a rank's wrapper saw its parent go, and wrote ``gone``:
+    ``child.srun_rank``): nothing on that node will tell Slurm the step ended, so it stays listed until the job
+    ends, and waiting for it (the trial's timeout, then the wait for the listing) would only delay the same end.
+    The error that stops the probe now, naming the node (``srun_gang`` ends the step on the other nodes first)."""
+    node = gone.get("node") or "its node"
+    step_id = step_id or "(its id unknown)"
+    batch = f"batch {batch_size}, " if batch_size is not None else ""
+    trouble = node_trouble(gone.get("node"), sinfo)
+    state = f" Slurm says: {'; '.join(trouble)}." if trouble else ""
+    words = (
+        f"Slurm lost the step daemon (slurmstepd) of node {node} under the trial's job step {step_id} "
+        f"({batch}{world} ranks): rank {gone.get('rank')}'s parent there (pid {gone.get('stepd_pid')}) "
+        f"ended mid-trial.{state} Nothing on {node} can end the step now, and Slurm lists it until the job "
+        "ends: that is the node, not the batch, so the probe stops without an answer"
+    )
+    return ProbeError(
+        f"{words}. Check {node} (its slurmd log; dmesg, for a step daemon the kernel's OOM killer "
+        "ended) and resubmit the job on healthy nodes",
+        evidence=words,
     )

@@ -1,8 +1,8 @@
 """One trial's Slurm job step as the executor sees it: srun under its keeper, the ranks' files, how each rank ended.
 
-Split from ``executors.srun_gang`` (which starts, supervises and ends steps): this is the bookkeeping, what a step's
-folder and srun's stderr say, and the rule that turns the ranks' ends into the gang's (``step_states``). It runs no
-process itself.
+Split from ``executors.srun_gang`` (which supervises and ends steps; ``srun_launch`` starts them): this is the
+bookkeeping, what a step's folder and srun's stderr say, each rank's run (``rank_run``) and the rule that turns the
+ranks' ends into the gang's (``step_states``). It runs no process itself.
 """
 
 from __future__ import annotations
@@ -13,11 +13,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
-from isoprobe.executors import Conditions
+from isoprobe.executors import ChildRun, Conditions
 from isoprobe.executors.gang import first_failure
 from isoprobe.executors.processes import stderr_tail
 from isoprobe.executors.srun_plan import loss
-from isoprobe.protocol.messages import TrialResult, last_of
+from isoprobe.protocol.messages import TrialResult, last_of, read_events
 
 
 @dataclass
@@ -110,6 +110,23 @@ def _close_turn(step: _Step) -> None:
         except OSError:
             pass
         step.turn = None
+
+
+def rank_run(step: _Step, rank: int, seconds: float, timed_out: bool) -> ChildRun:
+    """What one rank of an ended step left, as a local rank's run (a rank without an exit file: killed, -9)."""
+    files = step.files(rank)
+    events = read_events(files["events.jsonl"])
+    code = step.exit_code(rank)
+    task = step.task(rank) or {}
+    return ChildRun(
+        returncode=code if code is not None else -9,
+        timed_out=timed_out,
+        seconds=seconds,
+        events=events,
+        stderr_tail=stderr_tail(files["stderr"]),
+        verdict_at_timeout=timed_out and last_of(events, TrialResult) is not None,
+        node=task.get("node"),
+    )
 
 
 def step_states(events: list[list], exits: list[int | None], srun_ended: bool) -> list[tuple]:
