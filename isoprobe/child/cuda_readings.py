@@ -114,7 +114,8 @@ def fraction_creates_context(version):
     return (major, minor) < (2, 10)
 
 
-_NVML = {}
+#: NVML once initialised (``"module"``: pynvml), or ``"failed"``: True once it could not be.
+_NVML: "dict[str, object]" = {}
 
 
 def own_process_bytes(cuda, device):

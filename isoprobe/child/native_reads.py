@@ -50,7 +50,7 @@ _SYSTEM = (
     "/var/",
 )
 #: The trial's folder, as given and as its real path (each read is checked against both).
-_trial_dirs = {}
+_trial_dirs: "dict[str, tuple[str, ...]]" = {}
 
 
 def read_paths(path, outside, trial_dir):

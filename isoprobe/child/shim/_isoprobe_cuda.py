@@ -32,7 +32,12 @@ the process may hold of the card, its context and libraries included. So:
 
 import sys
 
-_state = {
+#: typing's flag without importing typing into the user's process (annotations here are strings: never evaluated).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+_state: "dict[str, Any]" = {
     "cuda": None,
     "readings": None,
     "set_fraction": None,

@@ -27,23 +27,28 @@ import sys
 import threading
 import weakref
 
+#: typing's flag without importing typing into the user's process (annotations here are strings: never evaluated).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 #: Root forwards kept per step (the last ones: a step's batch is its last forward's, or its micro-batches' sum).
 FORWARDS_KEPT = 16
-_forwards = []
+_forwards: "list[list[int]]" = []
 #: Evaluation root forwards since the last ``take_evaluations`` (a one-element list: the hook adds to it).
 _evaluations = [0]
 #: Since the last ``take_inputs``, per module (by id): [forwards, leading dimensions' sum, the last one's counts];
 #: and for the step: input elements, and the counts of every forward, abandoned ones included ("tried").
-_modules = {}
+_modules: "dict[int, list[Any]]" = {}
 _inputs = {"elements": 0, "tried": set()}
 #: Counts kept per step (the smallest: a batch is rarely the largest dimension of a model's inputs).
 COUNTS_KEPT = 64
 #: Items of one list looked into: a detection model's list of images; the rest are counted by the list's length.
 ITEMS_WALKED = 256
-_depths = {}
+_depths: "dict[int, int]" = {}
 #: Per thread: the arguments of the training root forward in progress, until it completes (then None).
-_pending = {}
-_trainable_modules = weakref.WeakKeyDictionary()
+_pending: "dict[int, tuple | None]" = {}
+_trainable_modules: "weakref.WeakKeyDictionary[Any, bool]" = weakref.WeakKeyDictionary()
 #: Since the last step: whether a training root forward began, and whether one returned; ``notify`` (set by the
 #: shim) is called with "began" and "returned", once each per step.
 marks = {"began": False, "returned": False, "notify": None}

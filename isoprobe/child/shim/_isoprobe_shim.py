@@ -21,6 +21,11 @@ Standard library only, and small: it lives in the process that is being measured
 import os
 import sys
 
+#: typing's flag without importing typing into the user's process (annotations here are strings: never evaluated).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
 # What the functions below import, they import when they first run: after torch has imported those modules
 # anyway, so that the shim adds as little as it can to the heap it measures (see sitecustomize).
 
@@ -37,7 +42,7 @@ _MESSAGE_CHARS = 2000
 _TRACEBACK_CHARS = 8000
 _SYSTEM_FOLDERS = ("/proc/", "/sys/", "/dev/", "/run/")
 
-_state = {
+_state: "dict[str, Any]" = {
     "dir": None,
     "fd": None,
     "pid": None,
@@ -366,7 +371,7 @@ def _report_files():
 
     modules = set()
     names = len(sys.modules)
-    for name, module in itertools.islice(list(sys.modules.items()), _state["modules_done"], None):
+    for module in itertools.islice(list(sys.modules.values()), _state["modules_done"], None):
         try:
             file = getattr(module, "__file__", None) if module is not None else None
         except Exception:

@@ -23,11 +23,16 @@ itself afterwards, from its first line, as it would have.
 import os
 import sys
 
+#: typing's flag without importing typing into the user's process (annotations here are strings: never evaluated).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 _OPTIMIZER_MODULE = "torch.optim.optimizer"
 #: Files opened for reading before the shim was loaded (absolute paths), and the shim's hook once it is: then every
 #: ``open`` goes to it (an audit hook cannot be removed, so this one stays and hands over).
-_reads = set()
-_handler = []
+_reads: "set[str]" = set()
+_handler: "list[Callable[[str, tuple], object]]" = []
 _PREFIXES = tuple({os.path.join(p, "") for p in (sys.prefix, sys.base_prefix, sys.exec_prefix) if p})
 
 
