@@ -14,9 +14,9 @@ what ``child.step_report.StepHook`` does for isoprobe's own loop:
   judges them as any trial's;
 - the ranks wait at a *gate* after each step until this supervisor has judged it, so no rank runs a step the
   verdict does not know of; when the trial has run enough, the whole tree is killed between two steps;
-- the verdict is classified, never guessed (``child.command_verdicts``): an allocation failure that reached the top of any rank
-  is out of memory (that rank named, the others killed at once); another exception is the script's error; a
-  command that ends with status 0 before the steps asked ended on its own, which is an error that says so.
+- the verdict is classified, never guessed (``child.command_verdicts``): an allocation failure that reached the
+  top of any rank is out of memory (that rank named, the others killed at once); another exception is the script's
+  error; a command that ends with status 0 before the steps asked ended on its own, which is an error that says so.
 
 The cap (CPU backend) is the budget itself on every process of the command (``RLIMIT_DATA`` set before exec,
 inherited by torchrun's ranks and DataLoader workers): a plain process's cap, as the independent runs of
@@ -31,11 +31,12 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from isoprobe.child.command_seen import Watch, progress
-from isoprobe.child.command_start import command_cap, request_environment, start_command
+from isoprobe.child.command_start import command_cap, request_argv, request_environment, start_command
 from isoprobe.child.command_tree import POLL_SECONDS, SAMPLE_SECONDS, Process, Sampler, Tree
 from isoprobe.child.command_verdicts import (
     batch_judgement,
@@ -54,7 +55,6 @@ from isoprobe.protocol.messages import Imported, MemoryReading, ModelBuilt, Step
 from isoprobe.report import cycle, steady
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.trial import ErrorInfo
-from isoprobe.spec.command import argv_for
 from isoprobe.system.keeper import sigkill_below, srun_processes
 from isoprobe.system.slurm_steps import cancel_slurm_steps, slurm_steps_of, wait_slurm_steps_gone
 
@@ -62,145 +62,198 @@ if TYPE_CHECKING:
     from isoprobe.child.events import Events
 
 
+#: A trial's verdict: its outcome, the error (None for a fit) and the phase it ended in.
+Verdict = tuple[Outcome, ErrorInfo | None, str]
+
+
+@dataclass
+class _Judging:
+    """What the supervisor has judged of the command's steps so far: the state its loop's helpers share, and what
+    the trial's result reports at the end."""
+
+    request: TrialRequest
+    events: Events
+    folder: Path
+    started: float  # time.time() at the trial's start: the shim stamps each step with time.time()
+    allowed: int  # steps every rank may run before its next wait at the gate
+    judged: int = 0  # the trial's steps judged so far (every rank had done them)
+    first_step_seconds: float | None = None
+    peaks_by_rank: dict[int, list[int]] = field(default_factory=dict)
+    step_seconds: list[float] = field(default_factory=list)
+    judged_peaks: list[int] = field(default_factory=list)  # each judged step's worst reading, as its StepDone has it
+    evaluations: list[int] = field(default_factory=list)  # each judged step's evaluation forwards (the rank with most)
+    saves: list[int] = field(default_factory=list)  # each judged step's torch.save calls (the rank with most)
+    first_judged_at: float | None = None  # when the first step was judged: the cycle's bound in seconds counts from it
+    bound: str | None = None  # why the trial stopped waiting for the cycle without a pass (report.cycle.CycleSeen)
+    judged_ranks: list[Process] = field(default_factory=list)  # the ranks as last judged
+    imported: bool = False  # whether the Imported phase was said
+
+    @property
+    def stderr_path(self) -> Path:
+        return self.folder / "stderr"
+
+
 def run_command_trial(request: TrialRequest, events: Events) -> None:
     """Run the command at the request's batch, judge its steps, end its tree, and write one ``TrialResult``."""
     started = time.time()  # the shim stamps each step with time.time(): the start-up is read against it
     folder, process, ahead = _start(request)
     tree = Tree(folder)
-    watch = Watch(folder, events)  # what a trial killed at its timeout says (issue 56)
-    stderr_path = folder / "stderr"
-    first_step_seconds: float | None = None
-    judged = 0  # the trial's steps judged so far (every rank had done them)
-    allowed = _first_allowance(request)
-    peaks_by_rank: dict[int, list[int]] = {}
-    step_seconds: list[float] = []
-    judged_peaks: list[int] = []  # each judged step's worst reading, as its StepDone carries it to the parent
-    evaluations: list[int] = []  # each judged step's evaluation forwards (the rank with most): report.cycle
-    saves: list[int] = []  # each judged step's torch.save calls (the rank with most)
-    first_judged_at: float | None = None  # when the first step was judged: the cycle's bound in seconds counts from it
-    bound: str | None = None  # why the trial stopped waiting for the cycle without a pass (report.cycle.CycleSeen)
-    judged_ranks: list = []
-    verdict: tuple[Outcome, ErrorInfo | None, str] | None = None
-    imported = False
+    state = _Judging(request, events, folder, started, _first_allowance(request))
     sampler = Sampler() if not request.device.startswith("cuda") else None
     try:
-        while verdict is None:
-            ended = process.poll()
-            tree.read(sampler)
-            forged = tree.forged()
-            if forged is not None:
-                verdict = (Outcome.ERROR, forged_error(forged, folder), f"step {judged + 1}")
-                break
-            failed = tree.failure()
-            if failed is not None:
-                verdict = rank_lost_verdict(process, tree, failed, judged, stderr_path) or exception_verdict(
-                    failed, judged, exit_status_of(process, failed)
-                )
-                break
-            if not imported and any(p.hello is not None for p in tree.processes.values()):
-                imported = True  # torch's optimizers exist in the command: what a trial's 'imported' phase says
-                events.emit(Imported(memory=MemoryReading()))
-            tree.note_endings()
-            watch.look(tree)
-            ranks = tree.ranks()
-            if ranks:
-                judged_ranks = ranks  # the ranks as last judged: a command that ended on its own has none left
-            expected = tree.expected_ranks()
-            peaks_by_rank = {
-                pid: peaks
-                for pid, peaks in peaks_by_rank.items()
-                if pid in tree.processes and tree.processes[pid] in ranks
-            }
-            while ranks and len(ranks) >= expected and min(len(p.steps) for p in ranks) > judged:
-                judged += 1
-                readings = [p.steps[judged - 1] for p in ranks]
-                evaluations.append(max(r.eval_forwards for r in readings))
-                saves.append(max(r.saves for r in readings))
-                if judged == 1:  # the model exists once an optimizer has stepped: what a trial's phases say
-                    first_judged_at = time.monotonic()
-                    first = readings[0]
-                    first_step_seconds = max(0.0, max(r.t for r in readings) - started)
-                    events.emit(ModelBuilt(memory=MemoryReading(peak_rss=first.peak_bytes, rss=first.held_bytes)))
-                step_seconds.append(max(r.seconds for r in readings))
-                worst = max(readings, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
-                judged_peaks.append(worst.budget_peak_bytes or worst.peak_bytes or 0)
-                events.emit(
-                    StepDone(
-                        step=judged,
-                        seconds=step_seconds[-1],
-                        peak_bytes=worst.peak_bytes,
-                        held_bytes=max((r.held_bytes or 0) for r in readings) or None,
-                        budget_peak_bytes=worst.budget_peak_bytes,
-                    )
-                )
-                for p in ranks:
-                    peaks_by_rank[p.pid] = p.budget_peaks[:judged]
-                over = over_budget(request, ranks, judged)
-                if over is not None:
-                    verdict = (Outcome.OUT_OF_MEMORY, over, f"step {judged}")
-                    break
-                if _enough(request, judged, list(peaks_by_rank.values()), judged_peaks):
-                    marginal = request.steady is not None and steady.past_the_margin(judged_peaks, request.steady)
-                    waited = (
-                        "off"
-                        if marginal
-                        else cycle.waiting_done(  # marginal: never the maximum, no need
-                            evaluations,
-                            request.cycle,
-                            time.monotonic() - first_judged_at,
-                            after=request.steady.window if request.steady else 0,
-                        )
-                    )
-                    if waited is not None:
-                        bound = waited if waited in ("steps", "seconds") else None
-                        verdict = (Outcome.FITS, None, "done")
-                        break
-                if judged + 1 > allowed:
-                    allowed = judged + 1
-                    _open_gate(folder, allowed)
-            if verdict is not None or ended is None:
-                if verdict is None:
-                    _sample_for(POLL_SECONDS, sampler, tree)
-                continue
-            tree.read(sampler)  # the last lines of a command that has ended
-            failed = tree.failure()
-            if (
-                failed is None
-                and ended == 0
-                and judged
-                and request.cycle is not None
-                and _enough(request, judged, list(peaks_by_rank.values()), judged_peaks)
-                and not shows_allocation_failure(stderr_path)
-            ):
-                bound = "ended"  # waiting for its cycle, it ran its whole course: every phase it has was seen
-                verdict = (Outcome.FITS, None, "done")
-                continue
-            verdict = (
-                (
-                    rank_lost_verdict(process, tree, failed, judged, stderr_path)
-                    or exception_verdict(failed, judged, exit_status_of(process, failed))
-                )
-                if failed is not None
-                else exit_verdict(ended, judged, request, stderr_path, progress(tree))
-            )
+        verdict = _supervise(process, tree, state, sampler)
     finally:
         _end_tree(process)
+    _emit_result(tree, state, verdict, ahead)
+
+
+def _supervise(process: subprocess.Popen, tree: Tree, state: _Judging, sampler: Sampler | None) -> Verdict:
+    """Read the shim's lines until a verdict: a forged line or a failure at once, else each step as every rank has
+    done it (``_judge_new_steps``), else what the command's end says (``_ended_verdict``)."""
+    watch = Watch(state.folder, state.events)  # what a trial killed at its timeout says (issue 56)
+    while True:
+        ended = process.poll()
+        tree.read(sampler)
+        forged = tree.forged()
+        if forged is not None:
+            return Outcome.ERROR, forged_error(forged, state.folder), f"step {state.judged + 1}"
+        failed = tree.failure()
+        if failed is not None:
+            return _failure_verdict(process, tree, failed, state)
+        if not state.imported and any(p.hello is not None for p in tree.processes.values()):
+            state.imported = True  # torch's optimizers exist in the command: what a trial's 'imported' phase says
+            state.events.emit(Imported(memory=MemoryReading()))
+        tree.note_endings()
+        watch.look(tree)
+        verdict = _judge_new_steps(tree, state)
+        if verdict is not None:
+            return verdict
+        if ended is None:
+            _sample_for(POLL_SECONDS, sampler, tree)
+            continue
+        tree.read(sampler)  # the last lines of a command that has ended
+        return _ended_verdict(process, tree, state, ended)
+
+
+def _failure_verdict(process: subprocess.Popen, tree: Tree, failed: Process, state: _Judging) -> Verdict:
+    """An exception reached the top of ``failed``: a lost rank's crash where that is what it shows, else the
+    exception's own verdict."""
+    return rank_lost_verdict(process, tree, failed, state.judged, state.stderr_path) or exception_verdict(
+        failed, state.judged, exit_status_of(process, failed)
+    )
+
+
+def _ended_verdict(process: subprocess.Popen, tree: Tree, state: _Judging, ended: int) -> Verdict:
+    """The verdict of a command that ended before the trial had one: a failure its lines show; a fit where, waiting
+    for its cycle, it ran its whole course (every phase it has was seen); else what its exit status says."""
+    failed = tree.failure()
+    if failed is not None:
+        return _failure_verdict(process, tree, failed, state)
+    if (
+        ended == 0
+        and state.judged
+        and state.request.cycle is not None
+        and _enough(state.request, state.judged, list(state.peaks_by_rank.values()), state.judged_peaks)
+        and not shows_allocation_failure(state.stderr_path)
+    ):
+        state.bound = "ended"
+        return Outcome.FITS, None, "done"
+    return exit_verdict(ended, state.judged, state.request, state.stderr_path, progress(tree))
+
+
+def _judge_new_steps(tree: Tree, state: _Judging) -> Verdict | None:
+    """Judge every step all the expected ranks have done since the last look, opening the gate one step further
+    after each; a verdict as soon as one step is over the budget or the trial has run enough."""
+    ranks = tree.ranks()
+    if ranks:
+        state.judged_ranks = ranks  # a command that ended on its own has none left
+    expected = tree.expected_ranks()
+    state.peaks_by_rank = {
+        pid: peaks
+        for pid, peaks in state.peaks_by_rank.items()
+        if pid in tree.processes and tree.processes[pid] in ranks
+    }
+    while ranks and len(ranks) >= expected and min(len(p.steps) for p in ranks) > state.judged:
+        _record_step(ranks, state)
+        verdict = _step_verdict(ranks, state)
+        if verdict is not None:
+            return verdict
+        if state.judged + 1 > state.allowed:
+            state.allowed = state.judged + 1
+            _open_gate(state.folder, state.allowed)
+    return None
+
+
+def _record_step(ranks: list[Process], state: _Judging) -> None:
+    """Take the next step every rank has done as judged: its readings (the worst rank's), the phase it completes
+    (the model exists once an optimizer has stepped), and its ``StepDone`` for the parent."""
+    state.judged += 1
+    judged = state.judged
+    readings = [p.steps[judged - 1] for p in ranks]
+    state.evaluations.append(max(r.eval_forwards for r in readings))
+    state.saves.append(max(r.saves for r in readings))
+    if judged == 1:
+        state.first_judged_at = time.monotonic()
+        first = readings[0]
+        state.first_step_seconds = max(0.0, max(r.t for r in readings) - state.started)
+        state.events.emit(ModelBuilt(memory=MemoryReading(peak_rss=first.peak_bytes, rss=first.held_bytes)))
+    state.step_seconds.append(max(r.seconds for r in readings))
+    worst = max(readings, key=lambda r: r.budget_peak_bytes or r.peak_bytes or 0)
+    state.judged_peaks.append(worst.budget_peak_bytes or worst.peak_bytes or 0)
+    state.events.emit(
+        StepDone(
+            step=judged,
+            seconds=state.step_seconds[-1],
+            peak_bytes=worst.peak_bytes,
+            held_bytes=max((r.held_bytes or 0) for r in readings) or None,
+            budget_peak_bytes=worst.budget_peak_bytes,
+        )
+    )
+    for p in ranks:
+        state.peaks_by_rank[p.pid] = p.budget_peaks[:judged]
+
+
+def _step_verdict(ranks: list[Process], state: _Judging) -> Verdict | None:
+    """The verdict after the step just judged, if it brings one: out of memory over the budget; a fit once the
+    trial has run enough and, unless the batch is past the steady margin (never the maximum), waited for the cycle."""
+    request, judged = state.request, state.judged
+    over = over_budget(request, ranks, judged)
+    if over is not None:
+        return Outcome.OUT_OF_MEMORY, over, f"step {judged}"
+    if not _enough(request, judged, list(state.peaks_by_rank.values()), state.judged_peaks):
+        return None
+    if request.steady is not None and steady.past_the_margin(state.judged_peaks, request.steady):
+        waited: str | None = "off"  # marginal: never the maximum, no need to wait for the cycle
+    else:
+        since = time.monotonic() - state.first_judged_at if state.first_judged_at is not None else 0.0
+        after = request.steady.window if request.steady else 0
+        waited = cycle.waiting_done(state.evaluations, request.cycle, since, after=after)
+    if waited is None:
+        return None
+    state.bound = waited if waited in ("steps", "seconds") else None
+    return Outcome.FITS, None, "done"
+
+
+def _emit_result(tree: Tree, state: _Judging, verdict: Verdict, ahead: bool) -> None:
+    """Write the trial's ``TrialResult``: the verdict (an error where the steps were of another batch than the one
+    asked: ``batch_judgement``), the readings of the ranks it reads, the files they ran and read, the cycle seen."""
+    request, judged, bound = state.request, state.judged, state.bound
     batch_check = None
     if verdict[0] in (Outcome.FITS, Outcome.OUT_OF_MEMORY) and judged:
         batch_check, refusal = batch_judgement(
             request,
-            _final_ranks(tree, judged_ranks, bound),
+            _final_ranks(tree, state.judged_ranks, bound),
             judged,
-            tree.expected_ranks() if bound != "ended" else len(judged_ranks),
+            tree.expected_ranks() if bound != "ended" else len(state.judged_ranks),
         )
         if refusal is not None:  # a verdict about another batch than the one asked is no verdict on it
             verdict = (Outcome.ERROR, refusal, verdict[2])
     outcome, error, phase = verdict
-    copy_stderr_tail(stderr_path)
-    ranks = _final_ranks(tree, judged_ranks, bound)
+    copy_stderr_tail(state.stderr_path)
+    ranks = _final_ranks(tree, state.judged_ranks, bound)
     report = _readings(ranks, judged) if outcome is Outcome.FITS else _failure_readings(ranks)
     record = (
-        cycle.seen(evaluations, saves, judged_peaks).model_copy(
+        cycle.seen(state.evaluations, state.saves, state.judged_peaks).model_copy(
             update={"waited": request.cycle is not None, "bound": bound}
         )
         if judged
@@ -208,16 +261,16 @@ def run_command_trial(request: TrialRequest, events: Events) -> None:
     )
     if error is not None and outcome is Outcome.ERROR:
         sys.stderr.write(error.traceback_tail)
-    events.emit(
+    state.events.emit(
         TrialResult(
             outcome=outcome,
             phase=phase,
-            step_seconds=step_seconds,
+            step_seconds=state.step_seconds,
             error=error,
             sources=_sources(tree.modules),
             reads=_reads(tree.reads, tree.modules),
             command_ranks=len(ranks) or None,
-            first_step_seconds=first_step_seconds,
+            first_step_seconds=state.first_step_seconds,
             started_ahead=ahead,
             cycle=record,
             batch_check=batch_check,
@@ -292,10 +345,9 @@ def _start(request: TrialRequest) -> tuple[Path, subprocess.Popen, bool]:
         return ahead.folder, go(ahead, request), True
     folder = Path(tempfile.mkdtemp(prefix="command-", dir=_scratch_folder()))
     _open_gate(folder, _first_allowance(request))
-    spec = request.spec
     process = start_command(
-        argv_for(spec.command, spec.shell, request.batch_size),
-        spec.command_dir,
+        request_argv(request, request.batch_size),
+        request.spec.command_dir,
         request_environment(request, folder),
         folder,
         command_cap(request.device),
@@ -372,9 +424,9 @@ def _failure_readings(ranks: list[Process]) -> dict:
     if not steps:
         return {}
     readings = {"peak_bytes": max((s.peak_bytes or 0) for s in steps) or None, "budget_swing_bytes": _swing(ranks)}
-    cuda = [s for s in steps if s.device.startswith("cuda") and s.budget_peak_bytes is not None]
+    cuda = [s.budget_peak_bytes for s in steps if s.device.startswith("cuda") and s.budget_peak_bytes is not None]
     if cuda:  # the reading that ended an over-budget trial, in the budget's units
-        readings["budget_peak_bytes"] = max(s.budget_peak_bytes for s in cuda)
+        readings["budget_peak_bytes"] = max(cuda)
     return readings
 
 

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 
 from isoprobe.child.command_tree import Process, Tree, alive
 from isoprobe.child.command_verdicts import stderr_tail
-from isoprobe.protocol.command import CommandSeen
+from isoprobe.protocol.command import CommandSeen, ShimHello
 from isoprobe.report.rank_progress import RankProgress
 
 if TYPE_CHECKING:
@@ -36,16 +36,17 @@ def interval(elapsed: float) -> float:
 
 def progress(tree: Tree) -> list[RankProgress]:
     """Each process that said hello, as far as it got."""
-    return [_progress(p) for p in tree.processes.values() if p.hello is not None]
+    return [_progress(p, p.hello) for p in tree.processes.values() if p.hello is not None]
 
 
-def _progress(process: Process) -> RankProgress:
-    remote = process.hello.host is not None and process.hello.host != os.uname().nodename
+def _progress(process: Process, hello: ShimHello) -> RankProgress:
+    """How far ``process`` got; ``hello``: its hello (only a process that said one is a rank)."""
+    remote = hello.host is not None and hello.host != os.uname().nodename
     ended = process.ended or (process.exception is None and not remote and not alive(process.pid))
     return RankProgress(
         pid=process.pid,
-        rank=process.hello.rank,
-        world_size=process.hello.world_size,
+        rank=hello.rank,
+        world_size=hello.world_size,
         steps=len(process.steps),
         forward=process.forward,
         ended=ended,

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 from isoprobe.child.memory import data_cap
 from isoprobe.protocol.command import SHIM_CUDA_BUDGET_ENV, SHIM_CUDA_OUTSIDE_ENV, SHIM_DIR_ENV, SHIM_FOLDER
 from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV, WARM_PLAN_ENV
-from isoprobe.spec.command import BATCH_ENV
+from isoprobe.spec.command import BATCH_ENV, argv_for
 from isoprobe.system.data_cap import set_exact
 
 if TYPE_CHECKING:
@@ -60,6 +60,15 @@ def request_environment(request: TrialRequest, folder: Path) -> dict[str, str]:
         cuda_outside_bytes=request.cuda_outside_bytes,
         batch_size=request.batch_size,
     )
+
+
+def request_argv(request: TrialRequest, batch_size: int | None) -> list[str]:
+    """The argv of the request's command at ``batch_size`` (None: its placeholders left in). A command trial's spec
+    always has a command (the parent sends command trials for nothing else): None is refused, not run."""
+    spec = request.spec
+    if spec.command is None:
+        raise ValueError("a command trial was asked for a spec without a command")
+    return argv_for(spec.command, spec.shell, batch_size)
 
 
 def command_cap(device: str) -> int | None:

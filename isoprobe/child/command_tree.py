@@ -166,8 +166,8 @@ class Tree:
 
     def failure(self) -> Process | None:
         """The first process whose exception reached its top (by time)."""
-        failed = [p for p in self.processes.values() if p.exception is not None]
-        return min(failed, key=lambda p: p.exception.t) if failed else None
+        failed = [(p, p.exception.t) for p in self.processes.values() if p.exception is not None]
+        return min(failed, key=lambda pair: pair[1])[0] if failed else None
 
 
 class Sampler:

@@ -151,12 +151,15 @@ def rank_lost_verdict(
             f"step {judged + 1}",
         )
     report = killed_rank(launcher_words, pid=lost[0].pid if lost else None)
-    if report is None and lost:
-        report = killed_rank(launcher_words, rank=lost[0].hello.rank)
-    if not lost and report is None:
+    first_hello = lost[0].hello if lost else None  # every lost process said hello
+    if report is None and first_hello is not None:
+        report = killed_rank(launcher_words, rank=first_hello.rank)
+    if lost:
+        name, steps = lost[0].name, len(lost[0].steps)
+    elif report is not None:
+        name, steps = f"rank {report.rank} (pid {report.pid})", exception.steps
+    else:
         return None
-    name = lost[0].name if lost else f"rank {report.rank} (pid {report.pid})"
-    steps = len(lost[0].steps) if lost else exception.steps
     how = f"was killed by {report.signal_name}" if report is not None else "ended"
     message = lost_message(name, steps, how, failed.name, exception.message)
     tail = "\n".join(exception.traceback.splitlines()[-_TRACEBACK_LINES:]) + "\n"
@@ -178,7 +181,10 @@ def forged_error(process: Process, folder: Path) -> ErrorInfo:
 
 
 def exception_verdict(failed: Process, judged: int, status: int | None = None) -> tuple[Outcome, ErrorInfo, str]:
+    """The verdict of ``failed``'s exception (``Tree.failure``: a process whose exception reached its top)."""
     exception = failed.exception
+    if exception is None:
+        raise ValueError(f"{failed.name} has no exception to judge")
     outcome = classify_exception(exception.types, exception.message)
     tail = "\n".join(exception.traceback.splitlines()[-_TRACEBACK_LINES:]) + "\n"
     where = f"in {failed.name} of the command" + (f" (thread {exception.thread})" if exception.thread else "")

@@ -19,10 +19,20 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from isoprobe.child.command_start import command_cap, command_environment, request_environment, start_command
+from isoprobe.child.command_start import (
+    command_cap,
+    command_environment,
+    request_argv,
+    request_environment,
+    start_command,
+)
 from isoprobe.protocol.warm_command import FD_ENV, READY_FILE, WarmPlan, WarmShape, go_message, warm_shape
-from isoprobe.spec.command import BATCH_ENV, argv_for
+from isoprobe.spec.command import BATCH_ENV
+
+if TYPE_CHECKING:
+    from isoprobe.protocol.messages import TrialRequest
 
 #: How often the wait for the interpreter started ahead looks again.
 _READY_POLL_SECONDS = 0.02
@@ -107,7 +117,7 @@ def is_ready(ahead: Ahead) -> Ready | None:
     return None
 
 
-def take(request) -> Ahead | None:
+def take(request: TrialRequest) -> Ahead | None:
     """The command started ahead, if it is the one this request's trial would start but for the batch (then the
     caller opens the gate and calls ``go``); else None, and whatever was started ahead is ended."""
     global _ahead
@@ -115,10 +125,10 @@ def take(request) -> Ahead | None:
     if ahead is None:
         return None
     spec = request.spec
-    wanted = warm_shape(argv_for(spec.command, spec.shell, request.batch_size))
+    wanted = warm_shape(request_argv(request, request.batch_size))
     shape = ahead.shape
     same = (
-        argv_for(spec.command, spec.shell, None) == ahead.plan.argv
+        request_argv(request, None) == ahead.plan.argv
         and wanted is not None
         and (wanted.interpreter, wanted.module, wanted.target) == (shape.interpreter, shape.module, shape.target)
         and ahead.plan.cwd == spec.command_dir
@@ -133,10 +143,11 @@ def take(request) -> Ahead | None:
     return ahead
 
 
-def go(ahead: Ahead, request) -> subprocess.Popen:
+def go(ahead: Ahead, request: TrialRequest) -> subprocess.Popen:
     """Hand the command its trial: the batch's variable and the words after the script, with the batch in them."""
-    spec = request.spec
-    wanted = warm_shape(argv_for(spec.command, spec.shell, request.batch_size))
+    wanted = warm_shape(request_argv(request, request.batch_size))
+    if wanted is None:  # ``take`` hands over only a command this request's argv has the shape of
+        raise ValueError("the command started ahead has no shape at this request's batch")
     message = go_message({BATCH_ENV: str(request.batch_size)}, wanted.arguments)
     try:
         view = memoryview(message)
