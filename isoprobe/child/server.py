@@ -29,6 +29,7 @@ What each fidelity measure below was measured to fix, and by how much: docs/meas
 
 from __future__ import annotations
 
+import functools
 import os
 import select
 import signal
@@ -37,6 +38,7 @@ import sys
 import time
 import traceback
 from array import array
+from dataclasses import dataclass
 
 from pydantic import ValidationError
 
@@ -63,6 +65,18 @@ _ORDER_BYTES = 65536
 _REAP_SECONDS = 0.02
 
 
+@dataclass
+class _Preloaded:
+    """What the server has imported and every fork inherits: the ``Warm`` each trial reports, whether all of the
+    preload was imported (after one that failed none more is), the threads the imports started (parked again in
+    each fork) and the resident file pages (mapped again in each fork). An ``ImportOrder`` extends them."""
+
+    warm: Warm
+    complete: bool
+    threads: int
+    resident: array
+
+
 def serve(channel_fd: int, events: Events, warm: Warm, complete: bool = True) -> int:
     """Report ``warm`` (the imports are done: ``child.main``), then fork one keeper and trial per order until the
     channel closes; an ``ImportOrder`` (the model's modules, after the environment check) extends the imports.
@@ -86,7 +100,7 @@ def serve(channel_fd: int, events: Events, warm: Warm, complete: bool = True) ->
             "operation (an import started OpenMP's thread pool?): this probe spawns its trials\n"
         )
         return 4
-    resident = resident_file_ranges()
+    preloaded = _Preloaded(warm, complete, threads, resident_file_ranges())
     events.emit(warm)
     channel = socket.socket(fileno=channel_fd)
     channel.set_inheritable(False)
@@ -109,48 +123,65 @@ def serve(channel_fd: int, events: Events, warm: Warm, complete: bool = True) ->
             sys.stderr.write(f"isoprobe fork server: bad order: {error}\n")
             return 2
         if isinstance(order, ImportOrder):
-            for fd in fds:
-                os.close(fd)
-            modules = read_modules(order.modules_file)
-            imported, more_threads, safe = import_more(modules, complete)
-            complete = complete and len(imported) == len(modules)
-            threads += more_threads
-            warm = warm.model_copy(update={"modules": [*warm.modules, *imported]})
-            if safe:
-                resident = resident_file_ranges()  # the new modules' pages too
-            if not _reply(channel, Extended(imported=len(imported), safe=safe)):
-                return 0
-            if not safe:
-                sys.stderr.write(
-                    "isoprobe fork server: after importing the model's modules, CUDA was initialised or a "
-                    "fork hangs or fails in a parallel torch operation: this probe spawns its trials\n"
-                )
-                return 4
+            status = _import_order(channel, order, fds, preloaded)
+            if status is not None:
+                return status
             continue
         if len(fds) != 1:
             sys.stderr.write("isoprobe fork server: an order came without its lifeline\n")
             return 2
-        lifeline = fds[0]
-        pid = os.fork()
-        if pid == 0:
-            try:
-                channel.close()
-                events.close()  # the server's channel, not the trial's
-                keep(
-                    Keeper(
-                        lifeline,
-                        None,
-                        child_main=lambda: _run_forked(
-                            order, lifeline, warm.modules, threads, resident, warm.own_data_bytes
-                        ),
-                    )
-                )
-            finally:
-                os._exit(127)
-        os.close(lifeline)
+        pid = _fork_keeper(channel, events, order, fds[0], preloaded)
         running.add(pid)
         if not _reply(channel, Forked(pid=pid)):
             return 0  # the parent is gone: its lifelines are closed, so the keepers end their trials
+
+
+def _import_order(channel: socket.socket, order: ImportOrder, fds: list[int], preloaded: _Preloaded) -> int | None:
+    """Import an ``ImportOrder``'s modules into the server (``import_more``), so that the next forks inherit them,
+    and reply ``Extended``; the server's exit status where it must stop (the parent is gone: 0; forks are no
+    longer safe: 4, the probe spawns its trials), else None."""
+    for fd in fds:
+        os.close(fd)
+    modules = read_modules(order.modules_file)
+    imported, more_threads, safe = import_more(modules, preloaded.complete)
+    preloaded.complete = preloaded.complete and len(imported) == len(modules)
+    preloaded.threads += more_threads
+    preloaded.warm = preloaded.warm.model_copy(update={"modules": [*preloaded.warm.modules, *imported]})
+    if safe:
+        preloaded.resident = resident_file_ranges()  # the new modules' pages too
+    if not _reply(channel, Extended(imported=len(imported), safe=safe)):
+        return 0
+    if not safe:
+        sys.stderr.write(
+            "isoprobe fork server: after importing the model's modules, CUDA was initialised or a "
+            "fork hangs or fails in a parallel torch operation: this probe spawns its trials\n"
+        )
+        return 4
+    return None
+
+
+def _fork_keeper(channel: socket.socket, events: Events, order: ForkOrder, lifeline: int, preloaded: _Preloaded) -> int:
+    """Fork the order's keeper, which forks its trial (``_run_forked``) under it and contains it; the keeper's PID.
+    The trial's arguments are bound here, when the order comes (not read later from the server's state)."""
+    trial = functools.partial(
+        _run_forked,
+        order,
+        lifeline,
+        preloaded.warm.modules,
+        preloaded.threads,
+        preloaded.resident,
+        preloaded.warm.own_data_bytes,
+    )
+    pid = os.fork()
+    if pid == 0:
+        try:
+            channel.close()
+            events.close()  # the server's channel, not the trial's
+            keep(Keeper(lifeline, None, child_main=trial))
+        finally:
+            os._exit(127)
+    os.close(lifeline)
+    return pid
 
 
 def _report_ended(channel: socket.socket, running: set[int]) -> bool:
@@ -317,7 +348,7 @@ def populate(runs: array) -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     flat = iter(runs)
-    for address, length in zip(flat, flat):
+    for address, length in zip(flat, flat, strict=False):  # one iterator twice: (address, length) pairs
         if libc.madvise(address, length, _MADV_POPULATE_READ) != 0:
             for page in range(address, address + length, _PAGE):  # before Linux 5.14: touch each page
                 ctypes.string_at(page, 1)

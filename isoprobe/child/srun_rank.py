@@ -72,6 +72,8 @@ def load_own(package: str, module: str):
     package's ``__init__``, which may import pydantic, and this wrapper runs isolated, before the rank's cap."""
     path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package, f"{module}.py")
     spec = importlib.util.spec_from_file_location(f"isoprobe_srun_{module}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"isoprobe srun_rank: cannot load {path}")
     loaded = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(loaded)
     return loaded
@@ -200,18 +202,9 @@ def watch_step_daemon(files: dict[str, str]) -> None:
         stepd_lost(STEPD_LOST, None)
 
 
-def main(argv: list[str]) -> None:
-    ahead = argv[1:2] == [AHEAD_ARGUMENT]
-    if ahead:
-        argv = argv[:1] + argv[2:]
-    if len(argv) not in (2, 4) or not all(value.isdigit() for value in argv[2:]):
-        os.write(2, b"usage: srun_rank.py [--ahead] STEP_DIR [SOFT_DATA_LIMIT HARD_DATA_LIMIT]  (run by srun)\n")
-        os._exit(2)
-    step_dir = argv[1]
-    rank = int(os.environ["SLURM_PROCID"])
-    local_rank = int(os.environ.get("SLURM_LOCALID", "0"))
-    files = rank_files(step_dir, rank)
-    watch_step_daemon(files)
+def write_task(files: dict[str, str], local_rank: int) -> None:
+    """The rank's ``task.json``: where it runs (node, Slurm job and step, local rank) and the wrapper's PID, for
+    the parent to find and end it."""
     write_atomically(
         files["task.json"],
         json.dumps(
@@ -224,6 +217,58 @@ def main(argv: list[str]) -> None:
             }
         ),
     )
+
+
+def exec_child(
+    env: dict[str, str],
+    pipe: tuple[int, int],
+    handled: set[signal.Signals],
+    previous: set[int | signal.Signals],
+    wrapper: int,
+    ahead: bool,
+    wiring,
+) -> None:
+    """In the wrapper's fork: become the rank's child (``python -m isoprobe.child --wait``), its request's path to
+    come on stdin from ``pipe``; never returns (exits 127 where it cannot start). It dies with the wrapper
+    (``PR_SET_PDEATHSIG``), and exits at once if the wrapper died before that was set."""
+    read_end, write_end = pipe
+    try:
+        for signum in handled:
+            signal.signal(signum, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+        os.dup2(read_end, 0)
+        os.close(read_end)
+        os.close(write_end)
+        if ahead:
+            # A session of its own, as a local child's (its keeper's setsid): Slurm's task session also holds
+            # the step daemon's launcher process, and the child's priority while it imports ahead is set per
+            # session (its scheduler autogroup, ``child.main._lower_autogroup``). Slurm still ends it: by its
+            # process tree (proctrack), and by the death signal below when this wrapper dies. A step started
+            # when due keeps the child in the task's session, as before steps ahead existed.
+            os.setsid()
+        ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != wrapper:
+            os._exit(127)
+        idle = [wiring.IDLE_ARGUMENT] if ahead else []
+        os.execve(sys.executable, [sys.executable, "-m", wiring.CHILD_MODULE, wiring.WAIT_ARGUMENT, *idle], env)
+    except BaseException as error:
+        os.write(2, f"isoprobe srun rank: cannot start the child: {error}\n".encode())
+    os._exit(127)
+
+
+def main(argv: list[str]) -> None:
+    ahead = argv[1:2] == [AHEAD_ARGUMENT]
+    if ahead:
+        argv = argv[:1] + argv[2:]
+    if len(argv) not in (2, 4) or not all(value.isdigit() for value in argv[2:]):
+        os.write(2, b"usage: srun_rank.py [--ahead] STEP_DIR [SOFT_DATA_LIMIT HARD_DATA_LIMIT]  (run by srun)\n")
+        os._exit(2)
+    step_dir = argv[1]
+    rank = int(os.environ["SLURM_PROCID"])
+    local_rank = int(os.environ.get("SLURM_LOCALID", "0"))
+    files = rank_files(step_dir, rank)
+    watch_step_daemon(files)
+    write_task(files, local_rank)
     wiring = load_own("protocol", "wiring")
     env = dict(os.environ)
     env[wiring.EVENTS_ENV] = files["events.jsonl"]
@@ -239,28 +284,7 @@ def main(argv: list[str]) -> None:
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, handled)  # no handler of the wrapper's may run in the fork
     pid = os.fork()
     if pid == 0:
-        try:
-            for signum in handled:
-                signal.signal(signum, signal.SIG_DFL)
-            signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-            os.dup2(read_end, 0)
-            os.close(read_end)
-            os.close(write_end)
-            if ahead:
-                # A session of its own, as a local child's (its keeper's setsid): Slurm's task session also holds
-                # the step daemon's launcher process, and the child's priority while it imports ahead is set per
-                # session (its scheduler autogroup, ``child.main._lower_autogroup``). Slurm still ends it: by its
-                # process tree (proctrack), and by the death signal below when this wrapper dies. A step started
-                # when due keeps the child in the task's session, as before steps ahead existed.
-                os.setsid()
-            ctypes.CDLL(None).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != wrapper:
-                os._exit(127)
-            idle = [wiring.IDLE_ARGUMENT] if ahead else []
-            os.execve(sys.executable, [sys.executable, "-m", wiring.CHILD_MODULE, wiring.WAIT_ARGUMENT, *idle], env)
-        except BaseException as error:
-            os.write(2, f"isoprobe srun rank: cannot start the child: {error}\n".encode())
-        os._exit(127)
+        exec_child(env, (read_end, write_end), handled, previous, wrapper, ahead, wiring)
     global _child
     _child = pid
     signal.pthread_sigmask(signal.SIG_SETMASK, previous)
