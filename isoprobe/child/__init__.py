@@ -19,7 +19,8 @@ the parent never imports torch and never guesses at what a child meant.
     references.py  resolving 'module:function' and 'file.py:function' to the user's callable
     estimate.py  the memory estimate before any trial: one step traced without real memory
     cuda.py      CUDA in a child: initialisation, the libraries' warm-up, applying the budget
-    cuda_readings.py  the CUDA readings in the budget's units: the trials', the step reports' and the shim's (stdlib only)
+    cuda_readings.py  the CUDA readings in the budget's units: the trials', the step reports' and the shim's
+                      (stdlib only)
     distributed.py  a rank of a gang trial: join the gang, wrap model and optimizer as the real job does
     optimizer_state.py  fp16 mixed precision: the optimizer really stepped, so its state is in the peak
     source_only.py  isoprobe's own modules compiled from source in every child (no stale bytecode)

@@ -34,7 +34,7 @@ from typing import Any
 
 from isoprobe.child.references import import_callable
 from isoprobe.protocol.messages import DataScan
-from isoprobe.spec.data import INDICES_IN_REQUEST, SAMPLE_SEED, scanned_indices, worst_first
+from isoprobe.spec.data import INDICES_IN_REQUEST, SAMPLE_SEED, DataSpec, scanned_indices, worst_first
 from isoprobe.spec.model import Spec
 
 #: Besides the head of the order (the samples trials train on), the check reads this many other scanned
@@ -71,7 +71,8 @@ class DataProblem(Exception):
         if hasattr(self.cause, "add_note"):
             self.cause.add_note(note)  # Python 3.11+: the traceback shows it
         else:
-            self.cause.__notes__ = [*getattr(self.cause, "__notes__", []), note]
+            notes = [*getattr(self.cause, "__notes__", []), note]
+            self.cause.__notes__ = notes  # type: ignore[attr-defined]  # Python 3.10: __notes__ is 3.11's (PEP 678)
         return self.cause
 
 
@@ -95,6 +96,13 @@ class Order:
         return head + list(itertools.islice(unscanned, count - len(head)))
 
 
+def _data(spec: Spec) -> DataSpec:
+    """``spec.data``: nothing here runs for a spec without a data section (its trials take no samples)."""
+    if spec.data is None:
+        raise ValueError("the spec has no data section")
+    return spec.data
+
+
 def _import(reference: str, python_path: list[str]):
     return import_callable(reference, python_path)
 
@@ -104,7 +112,8 @@ def build_dataset(spec: Spec, python_path: list[str]):
     import torch
 
     try:
-        dataset = _import(spec.data.dataset, python_path)(**spec.data.kwargs)
+        data = _data(spec)
+        dataset = _import(data.dataset, python_path)(**data.kwargs)
     except Exception as exc:  # the factory is the user's code: whatever it raises is their field's problem
         raise DataProblem("data.dataset", exc) from exc
     if isinstance(dataset, torch.utils.data.IterableDataset):
@@ -156,10 +165,11 @@ def default_length(sample: Any) -> int:
 
 
 def _length_function(spec: Spec, python_path: list[str]):
-    if spec.data.length is None:
+    length = _data(spec).length
+    if length is None:
         return default_length
     try:
-        return _import(spec.data.length, python_path)
+        return _import(length, python_path)
     except Exception as exc:
         raise DataProblem("data.length", exc) from exc
 
@@ -198,10 +208,14 @@ def order(spec: Spec, dataset, python_path: list[str]) -> Order:
     measure = _length_function(spec, python_path)
     started = time.perf_counter()
     samples = len(dataset)
-    indices = scanned_indices(samples, spec.data.scan_limit)
+    indices = scanned_indices(samples, _data(spec).scan_limit)
     lengths = [_length(measure, _read(dataset, index), index) for index in indices]
     return Order(
-        worst_first(indices, lengths), dict(zip(indices, lengths)), samples, len(indices), time.perf_counter() - started
+        worst_first(indices, lengths),
+        dict(zip(indices, lengths, strict=True)),
+        samples,
+        len(indices),
+        time.perf_counter() - started,
     )
 
 
@@ -248,7 +262,7 @@ def scan(
     report("building")
     dataset = build_dataset(spec, python_path)
     samples = len(dataset)
-    report("scanning", samples, min(samples, spec.data.scan_limit))
+    report("scanning", samples, min(samples, _data(spec).scan_limit))
     found = order(spec, dataset, python_path)
     check_deterministic(spec, dataset, found, python_path, "the same build")
     head = found.indices[: min(INDICES_IN_REQUEST, found.scanned)]
@@ -257,7 +271,7 @@ def scan(
     del dataset  # before the second build: a dataset held in memory is not held twice
     report("building")
     again = build_dataset(spec, python_path)
-    report("scanning", samples, min(samples, spec.data.scan_limit))
+    report("scanning", samples, min(samples, _data(spec).scan_limit))
     check_deterministic(spec, again, found, python_path, "a second build of data.dataset")
     report("done", samples, found.scanned)
     return DataScan(
@@ -278,7 +292,8 @@ def collate_samples(spec: Spec, samples: list, python_path: list[str]):
     import torch
 
     try:
-        function = _import(spec.data.collate_fn, python_path) if spec.data.collate_fn else None
+        collate_fn = _data(spec).collate_fn
+        function = _import(collate_fn, python_path) if collate_fn else None
     except Exception as exc:
         raise DataProblem("data.collate_fn", exc) from exc
     try:
@@ -316,7 +331,7 @@ def _check_longest_first(spec: Spec, samples: list, indices: list[int], sent: in
     """The first ``sent`` samples were sent longest first (the check's order): they must be so here too."""
     measure = _length_function(spec, python_path)
     previous = None
-    for index, sample in zip(indices[:sent], samples):
+    for index, sample in zip(indices[:sent], samples, strict=False):  # samples: every index's, checked: the sent
         length = _length(measure, sample, index)
         if previous is not None and length > previous[1]:
             raise ValueError(

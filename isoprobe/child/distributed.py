@@ -50,13 +50,14 @@ def wrap_model(model, spec: Spec, device):
 
     options = spec.distributed
     if options.strategy in ("ddp", "zero1"):
-        ddp_options = {
-            "bucket_cap_mb": options.bucket_cap_mb,
-            "gradient_as_bucket_view": bool(options.gradient_as_bucket_view),
-            "static_graph": bool(options.static_graph),
-        }
         device_ids = [device] if device.type == "cuda" else None
-        return torch.nn.parallel.DistributedDataParallel(model, device_ids=device_ids, **ddp_options)
+        return torch.nn.parallel.DistributedDataParallel(
+            model,
+            device_ids=device_ids,
+            bucket_cap_mb=options.bucket_cap_mb,
+            gradient_as_bucket_view=bool(options.gradient_as_bucket_view),
+            static_graph=bool(options.static_graph),
+        )
     if options.strategy == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
@@ -85,7 +86,7 @@ def shardable_blocks(model) -> list:
     """
     import torch
 
-    blocks = []
+    blocks: list[torch.nn.Module] = []
 
     def visit(module) -> None:
         for child in module.children():

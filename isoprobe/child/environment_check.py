@@ -22,6 +22,7 @@ from isoprobe.child.workload import (
     import_model_library,
     make_batch,
     primary_output,
+    target_shape,
     task_of,
 )
 from isoprobe.protocol.messages import (
@@ -420,8 +421,8 @@ def _check_output_shape(torch, spec: Spec, model, facts: dict[str, Any]) -> list
                 f"so its class dimension is {shape[1] if len(shape) > 1 else 'missing'}, "
                 f"not target.classes = {target.classes}"
             )
-    elif shape[1:] != list(target.shape):
+    elif shape[1:] != target_shape(target):
         return _mismatch(
-            f"the model's output per sample has shape {shape[1:]}, not target.shape = {list(target.shape)}"
+            f"the model's output per sample has shape {shape[1:]}, not target.shape = {target_shape(target)}"
         )
     return []

@@ -129,7 +129,7 @@ def _estimate(torch, spec, python_path, device, baseline_bytes, started) -> Esti
     baseline = baseline_bytes or 0
     runtime = runtime_bytes(torch, spec) if baseline_bytes is not None and device.type == "cpu" else None
     return Estimate(
-        fixed_bytes=int(round(fixed)) + baseline + (runtime or 0),
+        fixed_bytes=round(fixed) + baseline + (runtime or 0),
         per_sample_bytes=slope,
         traced_batch_sizes=[t.batch for t in traces],
         traced_peak_bytes=[t.peak for t in traces],
@@ -281,7 +281,7 @@ def _fake_batch(torch, made, batch_size: int, device, float_dtype):
     if len(others) != len(leaves):
         raise TypeError("model.batch returned differently structured batches at 2 and 3 samples")
     faked = []
-    for leaf, other in zip(leaves, others):
+    for leaf, other in zip(leaves, others, strict=True):
         if not isinstance(leaf, torch.Tensor):
             faked.append(leaf)
             continue

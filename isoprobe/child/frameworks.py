@@ -23,7 +23,7 @@ Each runner is imported only for its own source, so a trial imports one framewor
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from isoprobe.child import cuda as child_cuda
@@ -37,16 +37,18 @@ FRAMEWORK_RUNNERS: dict[str, str] = {
 }
 
 
-def framework_runner(source: str) -> Callable[..., dict[str, Any]] | None:
-    """The runner for ``source``, or None when isoprobe's own ``Step`` runs the trial."""
-    target = FRAMEWORK_RUNNERS.get(source)
+def framework_runner(source: str | None) -> Callable[..., dict[str, Any]] | None:
+    """The runner for ``source``, or None when isoprobe's own ``Step`` runs the trial (or no source is named)."""
+    target = FRAMEWORK_RUNNERS.get(source) if source is not None else None
     if target is None:
         return None
     module, _, function = target.partition(":")
     return getattr(importlib.import_module(module), function)
 
 
-def final_readings(torch: Any, device: Any, sizes: Sizes | None = None, step_peaks: list[int] = ()) -> dict[str, Any]:
+def final_readings(
+    torch: Any, device: Any, sizes: Sizes | None = None, step_peaks: Sequence[int] = ()
+) -> dict[str, Any]:
     """The peak readings a trial reports with its verdict (``TrialResult`` fields), as ``child.trial`` reads them;
     ``step_peaks``: the steps' budget readings (on CUDA the verdict's is never below them)."""
     if device.type == "cuda":

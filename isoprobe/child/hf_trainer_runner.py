@@ -55,6 +55,8 @@ def run_trainer(request: TrialRequest, events: Events, progress: Progress, torch
     import transformers
 
     spec = request.spec
+    if spec.model.hf_trainer is None:  # this runner is only ever chosen for an hf_trainer source
+        raise ValueError("run_trainer needs model.hf_trainer")
     build = import_callable(spec.model.hf_trainer, request.python_path)
     trainer = build(request.batch_size, **spec.model.kwargs)
     check_trainer(transformers, trainer, request.batch_size, device)
@@ -157,8 +159,9 @@ def check_before_trials(spec: Any, python_path: list[str], facts: dict[str, Any]
                 stage="hf_trainer",
                 type="ValueError",
                 message=(
-                    f"the Trainer's train_dataset holds {samples} samples, fewer than search.start_batch_size {batch}: set "
-                    f"search.start_batch_size to at most {samples} (the search stops at {samples}: no larger batch exists)"
+                    f"the Trainer's train_dataset holds {samples} samples, fewer than search.start_batch_size "
+                    f"{batch}: set search.start_batch_size to at most {samples} (the search stops at {samples}: "
+                    "no larger batch exists)"
                 ),
             )
         ]
@@ -247,7 +250,7 @@ def _stepper(transformers: Any, hook: StepHook, early_after: int | None = None):
 
     class IsoprobeSteps(transformers.TrainerCallback):
         stopped = False
-        evaluated: list[int] = []
+        evaluated: list[int]  # the instance's own list, set below
 
         def on_step_begin(self, args, state, control, **kwargs):
             hook.begin()

@@ -39,6 +39,7 @@ launching processes of its own.
 from __future__ import annotations
 
 import os
+from collections.abc import Sized
 from typing import TYPE_CHECKING, Any
 
 from isoprobe.child import cuda as child_cuda
@@ -61,6 +62,8 @@ def build(spec: Spec, python_path: list[str]) -> tuple[Any, Any]:
     """The module and the data module (or None), from their classes or factories; TypeError if one is not."""
     import lightning.pytorch as pl
 
+    if spec.model.lightning is None:  # this runner is only ever chosen for a lightning source
+        raise ValueError("build needs model.lightning")
     module = import_callable(spec.model.lightning, python_path)(**spec.model.kwargs)
     if not isinstance(module, pl.LightningModule):
         raise TypeError(
@@ -171,7 +174,7 @@ def loader_facts(loader: Any) -> tuple[int | None, int | None]:
     size = loader.batch_size if loader.batch_size is not None else getattr(loader.batch_sampler, "batch_size", None)
     sampler = getattr(loader.batch_sampler, "sampler", None) or loader.sampler
     try:
-        samples = len(sampler)
+        samples = len(sampler) if isinstance(sampler, Sized) else None
     except TypeError:  # an iterable dataset's sampler has no length
         samples = None
     return (size if isinstance(size, int) else None), samples
@@ -261,7 +264,7 @@ def trainer_arguments(spec: Spec, device: Any, world_size: int | None) -> dict[s
         from lightning.pytorch.strategies import DDPStrategy
 
         ddp = spec.distributed
-        options_ddp = {
+        options_ddp: dict[str, Any] = {
             key: value
             for key, value in (
                 ("bucket_cap_mb", ddp.bucket_cap_mb),

@@ -265,7 +265,8 @@ def main(argv: list[str]) -> int:
         own = load_own("isoprobe.child.server")  # the server's code is in every fork too
         from isoprobe.child.server import serve
 
-        # The server stays uncapped; each fork caps itself (system.data_cap.set_data_cap), then credits ``own`` (run_request).
+        # The server stays uncapped; each fork caps itself (system.data_cap.set_data_cap), then credits ``own``
+        # (run_request).
         return serve(
             int(argv[2]),
             events,
@@ -274,9 +275,10 @@ def main(argv: list[str]) -> int:
         )
     request_path = argv[1]
     if waits:
-        request_path = wait_for_request(events, idle=argv[2:] == [IDLE_ARGUMENT])
-        if request_path is None:
+        waited = wait_for_request(events, idle=argv[2:] == [IDLE_ARGUMENT])
+        if waited is None:
             return 0
+        request_path = waited
         from isoprobe.protocol.messages import RequestReceived
 
         events.emit(RequestReceived(path=request_path))

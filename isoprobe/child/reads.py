@@ -94,7 +94,7 @@ def files_read(roots: tuple[str, ...] | None = None) -> list[str]:
         torch_home = os.environ.get("TORCH_HOME") or os.path.join(
             os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "torch"
         )
-        roots = environment_roots() + (os.path.join(os.path.realpath(torch_home), ""),)
+        roots = (*environment_roots(), os.path.join(os.path.realpath(torch_home), ""))
     written = {os.path.realpath(path) for path in list(_writes)}
     found = set()
     for path in list(_reads):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import time
+from collections.abc import Callable
 
 from isoprobe.child import distributed, workload
 from isoprobe.report.trial import Applied, Sizes
@@ -53,7 +54,7 @@ class Step:
         self.applied.grad_scaler = self.scaler is not None
         self.sizes: Sizes | None = None
         #: Called between the forward pass (with the loss) and backward; a gang's rank says it got that far.
-        self.on_forwarded = None
+        self.on_forwarded: Callable[[], None] | None = None
 
     def _prepare(self, model):
         import torch
@@ -130,13 +131,16 @@ class Step:
                 output = workload.forward_only(self.spec, self.model, batch)
                 self._note_output(output)
             return
+        optimizer = self.optimizer
+        if optimizer is None:  # built for every mode but inference, which returned above
+            raise ValueError(f"a {self.mode} step has no optimizer")
         if self.user_step is not None:
             # The user's own step: their loss, backward, clipping, scheduler, EMA... what it allocates is what fits.
-            self.user_step(self.model, self.optimizer, (batch.inputs, batch.targets), self.device)
+            self.user_step(self.model, optimizer, (batch.inputs, batch.targets), self.device)
             if self.sizes is None:
                 self.sizes = self._measure_sizes()
             return
-        self.optimizer.zero_grad(set_to_none=True)
+        optimizer.zero_grad(set_to_none=True)
         with self._autocast():
             loss, output = workload.forward_loss(self.spec, self.model, batch, self.user_loss, self._hold)
         if self.applied.loss_dtype is None:
@@ -148,11 +152,11 @@ class Step:
             self.on_forwarded()
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
-            self.scaler.step(self.optimizer)
+            self.scaler.step(optimizer)
             self.scaler.update()
         else:
             loss.backward()
-            self.optimizer.step()
+            optimizer.step()
         if self.sizes is None:
             self.sizes = self._measure_sizes()
 
@@ -235,7 +239,12 @@ def _tensors_channels_last(inputs) -> bool:
     import torch
 
     found = []
-    workload.adapt_inputs(inputs, lambda t: found.append(t) or t)
+
+    def keep(tensor):
+        found.append(tensor)
+        return tensor
+
+    workload.adapt_inputs(inputs, keep)
     images = [t for t in found if t.dim() == 4]
     return bool(images) and all(
         t.is_contiguous(memory_format=torch.channels_last) and not t.is_contiguous() for t in images

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from isoprobe.child.references import import_callable
+from isoprobe.spec.input_target import InputSpec, TargetSpec
 from isoprobe.spec.model import Spec
 
 #: What the loss functions of the built-in tasks expect the model to return, for error messages.
@@ -78,9 +79,11 @@ def build_model(spec: Spec, python_path: list[str]):
         kwargs.setdefault("pretrained", False)
         model = timm.create_model(model_spec.timm, **kwargs)
     elif model_spec.huggingface is not None:
-        model = _build_huggingface(spec, kwargs)
-    else:
+        model = _build_huggingface(spec, model_spec.huggingface, kwargs)
+    elif model_spec.factory is not None:
         model = import_callable(model_spec.factory, python_path)(**kwargs)
+    else:  # the spec's validation asks for exactly one source
+        raise ValueError("the model section names no source (torchvision, timm, huggingface or factory)")
     if not isinstance(model, torch.nn.Module):
         raise TypeError(f"the model builder returned {type(model).__name__}, not a torch.nn.Module")
     return model
@@ -95,22 +98,20 @@ def _is_torchvision_detection(name: str) -> bool:
         return False
 
 
-def _build_huggingface(spec: Spec, config_values: dict):
-    """``AutoConfig.for_model`` + ``from_config``: the architecture at random init, no download, no cache."""
+def _build_huggingface(spec: Spec, name: str, config_values: dict):
+    """``AutoConfig.for_model`` + ``from_config``: the architecture ``name`` at random init, no download, no cache."""
     import transformers
 
     task = task_of(spec)
-    if task == "classification":
+    if task == "classification" and spec.target is not None:  # (a task is only ever a target's)
         config_values.setdefault("num_labels", spec.target.classes)
-    config = transformers.AutoConfig.for_model(spec.model.huggingface, **config_values)
+    config = transformers.AutoConfig.for_model(name, **config_values)
     if task == "language_modeling":
         config.use_cache = False  # a training step keeps no key/value cache
-        auto = transformers.AutoModelForCausalLM
-    elif task == "classification":
-        auto = transformers.AutoModelForSequenceClassification
-    else:
-        auto = transformers.AutoModel
-    return auto.from_config(config)
+        return transformers.AutoModelForCausalLM.from_config(config)
+    if task == "classification":
+        return transformers.AutoModelForSequenceClassification.from_config(config)
+    return transformers.AutoModel.from_config(config)
 
 
 # --------------------------------------------------------------------------- the batch
@@ -133,14 +134,17 @@ def make_batch(
         inputs, targets = made
         return Batch(_cast_floats(inputs, float_dtype), targets)
     task = task_of(spec)
-    shape = (batch_size, *spec.input.shape)
-    dtype = getattr(torch, spec.input.dtype)
+    input_spec = _input(spec)
+    shape = (batch_size, *input_spec.shape)
+    dtype = getattr(torch, input_spec.dtype)
     if float_dtype is not None and dtype.is_floating_point:
         dtype = float_dtype
     if task == "detection":
         return _detection_batch(spec, batch_size, device, dtype)
-    if spec.input.dtype == "int64":
-        inputs = torch.randint(0, spec.input.high, shape, device=device)
+    if input_spec.dtype == "int64":
+        if input_spec.high is None:  # the spec's validation asks int64 inputs for it
+            raise ValueError("input.high is needed for int64 inputs")
+        inputs = torch.randint(0, input_spec.high, shape, device=device)
     else:
         inputs = torch.randn(shape, dtype=dtype, device=device)
     if task == "language_modeling":
@@ -176,7 +180,28 @@ def step_targets(spec: Spec, inputs):
     if target.classes is not None:
         shape = (batch, *inputs.shape[-2:]) if task_of(spec) == "segmentation" else (batch,)
         return torch.randint(0, target.classes, shape, device=device)
-    return torch.randn((batch, *target.shape), device=device)
+    return torch.randn((batch, *target_shape(target)), device=device)
+
+
+def _input(spec: Spec) -> InputSpec:
+    """``spec.input``: a synthetic batch is only ever made for a spec that has one (the spec's validation)."""
+    if spec.input is None:
+        raise ValueError("a synthetic batch needs the spec's input section")
+    return spec.input
+
+
+def _target(spec: Spec) -> TargetSpec:
+    """``spec.target``: targets are only ever drawn for a spec that has one (model.loss replaces it otherwise)."""
+    if spec.target is None:
+        raise ValueError("targets need the spec's target section")
+    return spec.target
+
+
+def target_shape(target: TargetSpec) -> list[int]:
+    """A regression target's shape: a target without classes has one (the spec's validation)."""
+    if target.shape is None:
+        raise ValueError("the target has neither classes nor a shape")
+    return target.shape
 
 
 def _cast_floats(value, dtype):
@@ -197,9 +222,11 @@ def _detection_batch(spec: Spec, batch_size: int, device, dtype) -> Batch:
     """Images at full size and ``boxes_per_image`` valid boxes each (torchvision's detection format)."""
     import torch
 
-    channels, height, width = spec.input.shape
-    count = spec.target.boxes_per_image
-    classes = spec.target.classes
+    channels, height, width = _input(spec).shape
+    target = _target(spec)
+    count, classes = target.boxes_per_image, target.classes
+    if classes is None:  # the spec's validation asks detection for its classes
+        raise ValueError("detection needs target.classes")
     images, targets = [], []
     generator = torch.Generator().manual_seed(0)
     for _ in range(batch_size):
@@ -313,12 +340,12 @@ def make_targets(spec: Spec, output):
     """Targets of the exact shape the loss needs, drawn once from the first output and reused every step."""
     import torch
 
-    target = spec.target
+    target = _target(spec)
     batch = output.shape[0]
     if target.classes is not None:
         # (B, C) -> (B,); (B, C, H, W) -> (B, H, W): per-pixel classes for dense outputs.
         return torch.randint(0, target.classes, (batch, *output.shape[2:]), device=output.device)
-    return torch.randn((batch, *target.shape), dtype=output.dtype, device=output.device)
+    return torch.randn((batch, *target_shape(target)), dtype=output.dtype, device=output.device)
 
 
 def loss_of(spec: Spec, output, targets):
