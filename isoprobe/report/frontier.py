@@ -138,7 +138,8 @@ def frontier_table(result: FrontierResult) -> str:
     widths = [max(len(row[i]) for row in rows) for i in range(len(head))]
     lines = [
         "  ".join(
-            cell.rjust(width) if i else cell.ljust(width) for i, (cell, width) in enumerate(zip(row, widths))
+            cell.rjust(width) if i else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
         ).rstrip()
         for row in rows
     ]

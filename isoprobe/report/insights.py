@@ -77,7 +77,8 @@ class MemoryBreakdown(Strict):
     )
     reserved_unallocated_bytes: int | None = Field(
         None,
-        description="CUDA only: reserved by the caching allocator but not allocated at the peak (fragmentation, cache).",
+        description="CUDA only: reserved by the caching allocator but not allocated at the peak "
+        "(fragmentation, cache).",
     )
     from_batch_size: int | None = Field(
         None, description="The trial the child-side numbers come from (the largest that fit)."

@@ -313,11 +313,7 @@ def ending_error(text: str) -> str:
         line = lines[i]
         if line is not None and line.startswith(_TRACEBACK):
             i += 1
-            while (
-                i < len(lines)
-                and lines[i] is not None
-                and (lines[i][:1].isspace() or not lines[i] or lines[i].startswith("[Previous line repeated"))
-            ):
+            while i < len(lines) and _frame_line(lines[i]):
                 i += 1  # its frames: where it was raised, not what
             ending, i = _block(lines, i)
         elif line is not None and line.startswith(_TERMINATE):
@@ -327,6 +323,11 @@ def ending_error(text: str) -> str:
                 ending = [line]
             i += 1
     return "\n".join(ending)
+
+
+def _frame_line(line: str | None) -> bool:
+    """A traceback's frame line (indented, blank, or Python's repeat note): where it was raised, not what."""
+    return line is not None and (line[:1].isspace() or not line or line.startswith("[Previous line repeated"))
 
 
 def _own_lines(text: str) -> list[str | None]:

@@ -200,7 +200,10 @@ def render_table(result: Result) -> str:
             )
         )
     lines.append("")
-    header = f"{'#':>3}  {'batch':>6}  {'outcome':<16} {'peak':>10}  {'budget peak':>11}  {'samples/s':>10}  {'seconds':>8}  purpose"
+    header = (
+        f"{'#':>3}  {'batch':>6}  {'outcome':<16} {'peak':>10}  {'budget peak':>11}  {'samples/s':>10}  "
+        f"{'seconds':>8}  purpose"
+    )
     lines.append(header)
     lines.append("-" * len(header))
     for trial in result.trials:

@@ -99,7 +99,8 @@ class AccumulationPlan(Strict):
     target_global_batch: int
     world_size: int
     world_size_source: str = Field(
-        description="spec, or the environment variable it came from (WORLD_SIZE, SLURM_NTASKS), or distributed.world_size (the probe's gang), or default."
+        description="spec, or the environment variable it came from (WORLD_SIZE, SLURM_NTASKS), or "
+        "distributed.world_size (the probe's gang), or default."
     )
     micro_batch_size: int = Field(description="Per rank and step; at most the recommended batch.")
     accumulation_steps: int

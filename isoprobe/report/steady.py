@@ -21,6 +21,8 @@ keep stepping until their peak is steady, up to a cap of steps:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from pydantic import BaseModel, ConfigDict, Field
 
 #: The rise over the window that still counts as steady. Measured (docs/steady-state.md): a settled CPU
@@ -113,7 +115,7 @@ def rise(peaks: list[int], window: int) -> int | None:
     return peaks[-1] - peaks[-1 - window]
 
 
-def is_steady(peaks: list[int], rule: SteadyRule, churns: list[int | None] = ()) -> bool:
+def is_steady(peaks: list[int], rule: SteadyRule, churns: Sequence[int | None] = ()) -> bool:
     """After these per-step peaks (and heap churns, ``window_for``): has the trial run its minimum and has its peak
     held for the window?"""
     if len(peaks) < rule.min_steps:
@@ -134,7 +136,7 @@ def past_the_margin(peaks: list[int], rule: SteadyRule) -> bool:
     )
 
 
-def should_stop(peaks: list[int], rule: SteadyRule, churns: list[int | None] = ()) -> bool:
+def should_stop(peaks: list[int], rule: SteadyRule, churns: Sequence[int | None] = ()) -> bool:
     """Whether the trial has stepped enough: steady, at the cap, or already past the margin."""
     return len(peaks) >= rule.max_steps or is_steady(peaks, rule, churns) or past_the_margin(peaks, rule)
 

@@ -233,11 +233,14 @@ def advise(
             f"{batch} fitted with a measured peak of {format_bytes(proven[1])}, within the target: "
             "never recommend less than a batch proven to keep the headroom"
         )
-    usable_line = line is not None and line.slope > 0
-    if usable_line and decided_by == "line":
-        if close := _borderline(line, chosen, capacity, target, batch, step, max_batch):
-            notes.append(close)
-    predicted = int(line.at(batch)) if usable_line else None
+    rising = line if line is not None and line.slope > 0 else None
+    if (
+        rising is not None
+        and decided_by == "line"
+        and (close := _borderline(rising, chosen, capacity, target, batch, step, max_batch))
+    ):
+        notes.append(close)
+    predicted = int(rising.at(batch)) if rising is not None else None
     return Advice(
         batch,
         capacity,

@@ -30,6 +30,7 @@ The spread is the larger of
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 MIB = 1 << 20
@@ -89,7 +90,7 @@ class Spread:
 
 
 def floor_bytes(
-    backend: str, capacity: int, strategy: str = "none", command: bool = False, heap_churns: list[int] = ()
+    backend: str, capacity: int, strategy: str = "none", command: bool = False, heap_churns: Sequence[int] = ()
 ) -> int:
     """The backend's floor for a capacity, per process or per rank of a gang of ``strategy``. On the CPU backend,
     for one process or a command's processes whose fitting trials measured their heap churn (``heap_churns``): the
@@ -118,7 +119,7 @@ def least_floor_bytes(
     capacity: int,
     strategy: str = "none",
     command: bool = False,
-    heap_churns: list[int] = (),
+    heap_churns: Sequence[int] = (),
     override: int | None = None,
 ) -> int:
     """The least floor the probe can have once one more trial has fit: what a trial's stop at the margin
@@ -151,7 +152,7 @@ def near(readings: list[tuple[int, int]], batch: int | None) -> list[int]:
     return [value for at, value in readings if at >= NEAR_FRACTION * batch]
 
 
-def observed_bytes(runs: list[list[int]]) -> int | None:
+def observed_bytes(runs: Sequence[Sequence[int]]) -> int | None:
     """The most two fresh runs of one batch differed in their running peak after the same step.
 
     ``runs``: each run's per-step running peaks (in the capacity's units). None with fewer than two runs
@@ -162,7 +163,7 @@ def observed_bytes(runs: list[list[int]]) -> int | None:
         for second in runs[i + 1 :]:
             shared = min(len(first), len(second))
             if shared:
-                gap = max(abs(a - b) for a, b in zip(first[:shared], second[:shared]))
+                gap = max(abs(a - b) for a, b in zip(first[:shared], second[:shared], strict=True))
                 found = gap if found is None else max(found, gap)
     return found
 
@@ -170,12 +171,12 @@ def observed_bytes(runs: list[list[int]]) -> int | None:
 def spread_for(
     backend: str,
     capacity: int,
-    same_batch_runs: list[list[list[int]]] = (),
+    same_batch_runs: Sequence[Sequence[Sequence[int]]] = (),
     override: int | None = None,
     strategy: str = "none",
     command: bool = False,
-    swings: list[int] = (),
-    heap_churns: list[int] = (),
+    swings: Sequence[int] = (),
+    heap_churns: Sequence[int] = (),
     least: bool = False,
 ) -> Spread:
     """The spread for a probe on ``backend``: ``same_batch_runs`` holds, per batch that ran more than once,

@@ -11,7 +11,7 @@ Pure: no processes, no clock.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from isoprobe.report.outcomes import Outcome
@@ -57,7 +57,7 @@ FIRST_JUMP_FRACTION = 0.5
 MAX_JUMP_FACTOR = 16
 
 
-def memory_line(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> MemoryLine | None:
+def memory_line(history: Sequence[Observation], limits: Limits) -> MemoryLine | None:
     """The memory line through the largest batch that fit every time; None without a rising line.
 
     Its slope is the larger of two estimates: the secant through the two largest
@@ -132,7 +132,7 @@ def first_batch(limits: Limits) -> int:
     return max(limits.start, min(edge + (0 if limits.correct_misses else 1), limits.highest))
 
 
-def prior_line(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> MemoryLine | None:
+def prior_line(history: Sequence[Observation], limits: Limits) -> MemoryLine | None:
     """The line the guided step follows when a prior exists: measured where possible, the prior's slope otherwise.
 
     Through the largest batch that fit, at its measured peak (near the edge, so the
@@ -183,7 +183,7 @@ def miss_descent(limits: Limits, upper: int, misses: int) -> int:
 
 
 def corrected_line(
-    history: tuple[Observation, ...] | list[Observation], limits: Limits, upper: int | None, misses: int = 0
+    history: Sequence[Observation], limits: Limits, upper: int | None, misses: int = 0
 ) -> MemoryLine | None:
     """The line once something has failed (or from an estimate): what the fits and the failures say together.
 
@@ -254,7 +254,7 @@ def _mean(values: list[int]) -> float:
     return sum(values) / len(values)
 
 
-def _line(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> MemoryLine | None:
+def _line(history: Sequence[Observation], limits: Limits) -> MemoryLine | None:
     """The guided step's line: none without a capacity, the prior-aware one with a prior, else ``memory_line``."""
     if limits.capacity is None:
         return None
@@ -271,15 +271,15 @@ def _line(history: tuple[Observation, ...] | list[Observation], limits: Limits) 
 EDGE_FIRST_FRACTION = 0.25
 
 
-def edge_first(history: tuple[Observation, ...] | list[Observation], limits: Limits) -> int | None:
+def edge_first(history: Sequence[Observation], limits: Limits) -> int | None:
     """The line's predicted edge ``e`` where it is the less certain of the edge pair, else None (issue 49).
 
-    The line reaches the capacity (less the margin) between ``e`` and ``e + 1``; within ``EDGE_FIRST_FRACTION`` above ``e``, ``e``
-    itself is the one a small error in the line moves across (the torchrun DDP script: its line put 30 at 5 MiB under
-    the 8 MiB margin, an 89 MiB sample, and 30 was marginal). Checked first and stepping until steady, ``e`` then
-    decides: a fit is the maximum once ``e + 1`` runs out, a failure puts the maximum at ``e - 1``. ``e + 1`` first (the
-    classic check) costs a third trial exactly there. Only with ``limits.correct_misses`` and a line through
-    measured readings (a prior's first trial is its edge already)."""
+    The line reaches the capacity (less the margin) between ``e`` and ``e + 1``; within ``EDGE_FIRST_FRACTION`` above
+    ``e``, ``e`` itself is the one a small error in the line moves across (the torchrun DDP script: its line put 30 at
+    5 MiB under the 8 MiB margin, an 89 MiB sample, and 30 was marginal). Checked first and stepping until steady,
+    ``e`` then decides: a fit is the maximum once ``e + 1`` runs out, a failure puts the maximum at ``e - 1``.
+    ``e + 1`` first (the classic check) costs a third trial exactly there. Only with ``limits.correct_misses`` and a
+    line through measured readings (a prior's first trial is its edge already)."""
     if not limits.correct_misses or limits.capacity is None:
         return None
     line = _line(tuple(history), limits)
@@ -290,7 +290,7 @@ def edge_first(history: tuple[Observation, ...] | list[Observation], limits: Lim
     return edge if edge >= 1 and reach - edge < EDGE_FIRST_FRACTION else None
 
 
-def probes_the_edge(history: tuple[Observation, ...] | list[Observation], limits: Limits, batch: int) -> bool:
+def probes_the_edge(history: Sequence[Observation], limits: Limits, batch: int) -> bool:
     """Whether ``batch`` is the guided step's check right above the edge a measured memory line predicts (``e + 1``,
     with ``e`` the largest batch predicted to leave more than ``limits.margin`` free): expected to fail, and when it
     fits instead, most likely the edge itself (the line was a sample low), so the trial that fits there should be
@@ -304,7 +304,7 @@ def probes_the_edge(history: tuple[Observation, ...] | list[Observation], limits
     return line is not None and line.batches > 1 and batch == line.largest_within(limits.capacity - limits.margin) + 1
 
 
-def predicted_marginal(history: tuple[Observation, ...] | list[Observation], limits: Limits, batch: int) -> bool:
+def predicted_marginal(history: Sequence[Observation], limits: Limits, batch: int) -> bool:
     """Whether ``batch`` is the check right above the corrected line's edge (``corrected_line``, once something
     failed) and the line says it fits the capacity, but not by more than ``limits.margin``: at best marginal, so its
     trial should step until steady (``edge_search.decides``): a short fit there tells nothing, and a steady one is
@@ -396,8 +396,8 @@ def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, up
     batch did not halve the bracket, the step bisects (``_bracket_stalled``); a
     first miss gets one galloping step, and a right prediction is followed. So a
     wrong or noisy line degrades to bisection. Before any failure the jump is at most ``MAX_JUMP_FACTOR`` ×
-    ``lower``. With ``limits.correct_misses`` (issue 49) the line inside a bracket is ``corrected_line``, and a miss there
-    is not galloped from: the corrected line takes the error the failure proved again (at least 1, 2, 4 ... below
+    ``lower``. With ``limits.correct_misses`` (issue 49) the line inside a bracket is ``corrected_line``, and a miss
+    there is not galloped from: the corrected line takes the error the failure proved again (at least 1, 2, 4 ... below
     the failure, never below the middle), or, with no reading near the edge to correct, the step bisects.
     """
     line = _line(history, limits)

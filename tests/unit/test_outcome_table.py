@@ -103,6 +103,10 @@ def test_the_verdicts_read_the_table(outcome):
 
 
 def test_a_decisive_failure_outranks_by_precedence():
-    history = [Observation(4, Outcome.STILL_RISING), Observation(4, Outcome.OUT_OF_MEMORY), Observation(4, Outcome.ERROR)]
+    history = [
+        Observation(4, Outcome.STILL_RISING),
+        Observation(4, Outcome.OUT_OF_MEMORY),
+        Observation(4, Outcome.ERROR),
+    ]
     assert verdicts(history, Limits(start=4))[4].outcome is Outcome.ERROR
     assert verdicts(history[:2], Limits(start=4))[4].outcome is Outcome.OUT_OF_MEMORY
