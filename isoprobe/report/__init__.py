@@ -16,6 +16,7 @@ batch_check.py  did a command trial train at its batch: the trial's record, the 
 rank_progress.py  how far each rank of a command got, and the words for a rank behind the others
 output.py    progress lines on stderr, the table, the JSON on stdout
 stop.py      the document of a stop the probe gave no result for (a bad spec, a ProbeError, an early signal)
+assemble.py  the Result of a probe that ran its trials, assembled in one place from the pipeline's parts
 shell.py     the result as shell variables (``--format env``)
 plot.py      the picture of a probe (optional extra ``isoprobe[plot]``)
 frontier.py  ``isoprobe frontier``'s document (FrontierResult) and its table

@@ -255,7 +255,7 @@ def test_each_reason_for_no_estimate_is_said_once_wherever_it_is_shown(models, m
 
     from isoprobe.cli.spec import cmd_estimate
     from isoprobe.pipeline.environment import Target
-    from isoprobe.pipeline.pipeline import _describe_estimate
+    from isoprobe.pipeline.notes import describe_estimate as _describe_estimate
     from isoprobe.pipeline.prediction import EstimateReport, render_report
     from isoprobe.report.output import Reporter
     from isoprobe.report.device import DeviceInfo

@@ -103,7 +103,7 @@ def test_the_message_names_the_time_limit_and_what_to_do(tmp_path, monkeypatch):
 
 def test_the_probes_message_puts_what_it_found_between_the_two(tmp_path, monkeypatch):
     """``pipeline.explain`` for a probe stopped mid-trial: the largest batch that fit so far, then the fix."""
-    from isoprobe.pipeline.pipeline import _stopped_by
+    from isoprobe.pipeline.kinds import stopped_by as _stopped_by
 
     for name, value in printing(tmp_path, AT_TIME_LIMIT).items():
         monkeypatch.setenv(name, value)
