@@ -114,11 +114,10 @@ class TrialRunner:
         budget = self.target.info.memory_budget_bytes
         trial = self._launch(batch_size, purpose, budget, steps, rule)
         trial = self._check_batch(trial, budget)
-        if not (
-            trial.outcome is Outcome.ERROR and trial.error is not None and maybe_allocation_failure(trial.error.message)
-        ):
+        error = trial.error
+        if trial.outcome is not Outcome.ERROR or error is None or not maybe_allocation_failure(error.message):
             return trial
-        headline = f"{trial.error.type}: {trial.error.message.splitlines()[0] if trial.error.message else ''}"
+        headline = f"{error.type}: {error.message.splitlines()[0] if error.message else ''}"
         if budget is not None:
             larger = self._larger_budget(budget)
             check = self._launch(batch_size, "memory_check", larger, steps, rule)
@@ -130,13 +129,11 @@ class TrialRunner:
                         f"{format_bytes(larger) if larger else 'no cap'} (trial {check.index}): an allocation failure"
                     ),
                 )
-        elif self.target.backend == "cuda" and (memory := trial.error.cuda_memory) is not None:
-            free = free_at_failure(
-                memory.free_bytes, memory.reserved_bytes, memory.allocated_bytes, trial.error.message
-            )
+        elif self.target.backend == "cuda" and (memory := error.cuda_memory) is not None:
+            free = free_at_failure(memory.free_bytes, memory.reserved_bytes, memory.allocated_bytes, error.message)
             cache = (
                 "a library handle's creation, which never gets the allocator's cache back"
-                if handle_creation(trial.error.message)
+                if handle_creation(error.message)
                 else "the allocator's cache counted as free"
             )
             if card_was_full(free, memory.total_bytes):
@@ -173,6 +170,8 @@ class TrialRunner:
         reference = self._launch(trial.batch_size // 4, "batch_check", budget)
         judged = judged_against(trial, [reference], command_placeholder(self.spec))
         if judged is not trial:
+            if judged.error is None:  # judged_against answers another trial only as the error it found
+                raise RuntimeError(f"trial {trial.index}: judged against batch {reference.batch_size} without an error")
             self.trials[trial.index - 1] = judged
             self.reporter.note(f"  trial {trial.index} is an error: {judged.error.message}")
         return judged
