@@ -44,7 +44,7 @@ def soak_steps(spec: Spec, backend: str) -> int:
     return DEFAULT_SOAK_STEPS[backend] if steps is None else steps
 
 
-def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int):
+def recommend(spec: Spec, target: Target, runner: TrialRunner, max_fitting: int) -> tuple[int | None, Recommendation]:
     """The recommended batch and how it was derived; (None, recommendation) when none survived its soak.
 
     Every peak here is in the capacity's units (``budget_peak``): on the CPU backend ``peak_bytes`` is the
@@ -162,7 +162,7 @@ def _measured_at(runner: TrialRunner, batch: int) -> int | None:
     return budget_peak(trial) if trial else None
 
 
-def _unsoaked(runner: TrialRunner, batch: int, recommendation: Recommendation):
+def _unsoaked(runner: TrialRunner, batch: int, recommendation: Recommendation) -> tuple[int | None, Recommendation]:
     """soak_steps 0: no trial at all (issue 34: it once ran the batch when no trial had). The batch is at or below
     the maximum, which fit; its measured peak is a search trial's where one ran it, else none."""
     measured = _fitting_at(runner, batch)
@@ -175,7 +175,9 @@ def _unsoaked(runner: TrialRunner, batch: int, recommendation: Recommendation):
     )
 
 
-def _soak(runner: TrialRunner, batch: int, recommendation: Recommendation, per_sample: float | None):
+def _soak(
+    runner: TrialRunner, batch: int, recommendation: Recommendation, per_sample: float | None
+) -> tuple[int | None, Recommendation]:
     """Soak ``batch``; move down while a soak does not survive. Every soak is kept, with its evidence."""
     steps, target_peak = recommendation.soak_steps, recommendation.target_peak_bytes
     soaks: list[Soak] = []
@@ -284,7 +286,9 @@ def _fitting_at(runner: TrialRunner, batch: int) -> Trial | None:
     return max(fits, key=lambda t: (budget_peak(t) or 0, t.index), default=None)
 
 
-def _prefer_throughput(spec: Spec, trials: list[Trial], recommended: int, recommendation: Recommendation):
+def _prefer_throughput(
+    spec: Spec, trials: list[Trial], recommended: int, recommendation: Recommendation
+) -> tuple[int, Recommendation]:
     """objective: throughput: the smallest tested batch within the headroom that is about as fast as the best."""
     within = [t for t in trials if t.batch_size <= recommended]
     curve = throughput(within, spec.recommendation.throughput_tolerance)
@@ -296,7 +300,7 @@ def _prefer_throughput(spec: Spec, trials: list[Trial], recommended: int, recomm
         f"{spec.recommendation.throughput_tolerance:.0%} of the best samples/s measured up to {recommended} "
         "(measured speed: another run's timings may choose another batch)"
     )
-    measured = max((budget_peak(t) for t in trials if t.batch_size == fastest and budget_peak(t)), default=None)
+    measured = max((peak for t in trials if t.batch_size == fastest and (peak := budget_peak(t))), default=None)
     return fastest, recommendation.model_copy(
         update={"note": note, "measured_peak_bytes": measured, "decided_by": "throughput"}
     )
