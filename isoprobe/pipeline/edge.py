@@ -33,7 +33,7 @@ def _limits(
     runner: TrialRunner | None = None,
 ) -> Limits:
     steady = runner is not None and runner.steady_rule is not None
-    least = runner.spread(least=True) if steady else None
+    least = runner.spread(least=True) if runner is not None and steady else None
     return Limits(
         start=start or spec.search.start_batch_size,
         cap=data_cap(spec.search.cap, target.data, target.train_samples),
@@ -92,7 +92,7 @@ def search_and_recommend(
         found = _long_run(runner, limits, conclusion)
         if found.stop not in (StopReason.EDGE_FOUND, StopReason.CAPPED):
             return found
-        recommended, recommendation = recommend(spec, target, runner, found.max_fitting)
+        recommended, recommendation = recommend(spec, target, runner, edge_of(found))
         if any(t.purpose in ("soak", "recommendation_check") and t.outcome is Outcome.ERROR for t in runner.trials):
             # The user's code raised an error that is not about memory in a step the search's shorter trials did
             # not reach: a bug, not growth, so the probe stops as a search trial's error stops it (exit 4).
@@ -103,6 +103,14 @@ def search_and_recommend(
         return Found(
             stop_reason_of(stopped), known.max_fitting, known.first_failing, known.first_failing_outcome, known.flaky
         )
+
+
+def edge_of(found: Found) -> int:
+    """The largest batch that fit, of an answer that found its edge or stopped at the cap: the batch the
+    recommendation starts from. Both stops are concluded only once a batch fit, so it is never None there."""
+    if found.max_fitting is None:
+        raise ValueError(f"a search that stopped with {found.stop.value} has no batch that fit to recommend from")
+    return found.max_fitting
 
 
 def stop_reason_of(stopped: BaseException) -> StopReason:
@@ -125,9 +133,12 @@ def compare_allocators(spec: Spec, target: Target, runner: TrialRunner, first: F
             note="the CPU backend does not use the CUDA caching allocator: the settings cannot change what "
             "fits, so the edge was searched once, with none of them",
         )
-    outcomes = [_allocator_outcome(spec.allocators[0], first, runner)]
+    allocators = spec.allocators
+    if not allocators:  # with_allocators compares only a spec that names them
+        raise ValueError("an allocator comparison needs the spec's allocators")
+    outcomes = [_allocator_outcome(allocators[0], first, runner)]
     start = first.max_fitting
-    for setting in spec.allocators[1:]:
+    for setting in allocators[1:]:
         runner.use_allocator(setting)
         runner.reporter.note(f"allocator {setting!r}: searching from batch {start or spec.search.start_batch_size}")
         found = edge_search(spec, target, runner, start=start)
@@ -136,8 +147,8 @@ def compare_allocators(spec: Spec, target: Target, runner: TrialRunner, first: F
         outcomes.append(_allocator_outcome(setting, found, runner))
         if found.max_fitting:
             start = max(start or 0, found.max_fitting)
-    ranked = [o for o in outcomes if o.max_batch_size is not None]
-    best = max(ranked, key=lambda o: o.max_batch_size).setting if ranked else None
+    ranked = [(o.max_batch_size, o.setting) for o in outcomes if o.max_batch_size is not None]
+    best = max(ranked, key=lambda r: r[0])[1] if ranked else None  # the first listed among equals
     return AllocatorComparison(
         applies=True,
         outcomes=outcomes,

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from isoprobe.errors import Terminated
-from isoprobe.pipeline.edge import stop_reason_of
+from isoprobe.pipeline.edge import edge_of, stop_reason_of
 from isoprobe.pipeline.environment import Target
 from isoprobe.pipeline.explain import Found
 from isoprobe.pipeline.recommendation import recommend
@@ -34,6 +34,8 @@ _STOPS = {
 
 def spec_at_length(spec: Spec, length: int) -> Spec:
     """The spec with input.shape[0] set to ``length``: what a trial at that bucket length runs."""
+    if spec.input is None:  # the spec's validation refuses unit tokens without it (spec.model._tokens_fit)
+        raise ValueError("input: unit tokens needs input.shape, whose first dimension is the sequence length")
     shape = [length, *spec.input.shape[1:]]
     return spec.model_copy(update={"input": spec.input.model_copy(update={"shape": shape})})
 
@@ -48,6 +50,9 @@ class TokensFound:
 
 def token_search_and_recommend(spec: Spec, target: Target, runner: TrialRunner) -> TokensFound:
     """The token budget over real trials at each bucket length, then the recommendation at the binding length."""
+    lengths = spec.search.bucket_lengths
+    if lengths is None:  # the spec's validation refuses unit tokens without them (spec.search_section)
+        raise ValueError("bucket_lengths: unit tokens needs the lengths your sampler pads its buckets to")
 
     def trial(purpose: str):
         def oracle(samples: int, length: int) -> Outcome:
@@ -61,7 +66,7 @@ def token_search_and_recommend(spec: Spec, target: Target, runner: TrialRunner) 
     try:
         answer = search_budget(
             trial("search"),
-            spec.search.bucket_lengths,
+            lengths,
             start=spec.search.start_batch_size,
             cap=spec.search.cap,
             confirm=trial("confirmation"),
@@ -77,7 +82,7 @@ def token_search_and_recommend(spec: Spec, target: Target, runner: TrialRunner) 
     if found.stop in (StopReason.EDGE_FOUND, StopReason.CAPPED) and answer.binding_length is not None:
         runner.at_length(spec_at_length(spec, answer.binding_length), answer.binding_length)
         try:
-            batch, recommendation = recommend(runner.spec, target, runner, found.max_fitting)
+            batch, recommendation = recommend(runner.spec, target, runner, edge_of(found))
         except (KeyboardInterrupt, Terminated) as stopped:
             return TokensFound(replace(found, stop=stop_reason_of(stopped)), _info(answer, None, searched))
         found = replace(found, recommended=batch, recommendation=recommendation)
@@ -93,6 +98,8 @@ def _found(answer: TokenSearch, cap: int | None) -> Found:
         return Found(StopReason.CAPPED, cap, None)
     if answer.budget is None:  # not one sample of the binding length fits
         return Found(StopReason.START_DOES_NOT_FIT, None, 1, Outcome.OUT_OF_MEMORY)
+    if answer.binding_length is None:  # search_budget answers a budget only with the length that binds it
+        raise ValueError("a token budget without its binding length")
     edge = answer.edge(answer.binding_length)
     return Found(StopReason.EDGE_FOUND, edge.max_fitting, edge.first_failing, Outcome.OUT_OF_MEMORY)
 
