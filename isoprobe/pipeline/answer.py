@@ -13,11 +13,15 @@ child at all.
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from isoprobe.errors import ProbeError
 from isoprobe.executors import Executor
 from isoprobe.report.output import Reporter
 from isoprobe.spec.model import Spec
+
+if TYPE_CHECKING:
+    from isoprobe.search.history import Borrowed
 
 
 def answer(
@@ -30,7 +34,7 @@ def answer(
     budget_source: str = "spec",
     environ: dict[str, str] | None = None,
     executor: Executor | None = None,
-    borrowed=None,
+    borrowed: Borrowed | None = None,
 ):
     """The ``Result`` for ``spec``: cached (``cache.hit``) or probed, with this run's environment and plan.
 
@@ -109,12 +113,14 @@ def _resolve_ranks(spec: Spec, spec_path: str, environ: dict[str, str], gpus, re
         )
     except LauncherError as exc:
         raise SpecError(spec_path, [Problem("distributed.launcher", str(exc), exc.fix)]) from None
-    across = launcher is not None and launcher.launcher == "srun"
-    world = resolve_world_size(spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget, across_nodes=across)
+    srun = launcher if launcher is not None and launcher.launcher == "srun" else None
+    world = resolve_world_size(
+        spec, environ, gpu_count, ram_bytes=ram_bytes(), cpu_budget=budget, across_nodes=srun is not None
+    )
     if world.note:
         reporter.note(world.note)
-    if across:
-        reporter.note(f"distributed: every trial one Slurm job step ({launcher.reason})")
+    if srun is not None:
+        reporter.note(f"distributed: every trial one Slurm job step ({srun.reason})")
     resolved = with_world_size(
         spec,
         world,
@@ -129,14 +135,24 @@ def _resolve_ranks(spec: Spec, spec_path: str, environ: dict[str, str], gpus, re
 class _Context:
     """One invocation's facts, shared by its cache read and its probe."""
 
-    def __init__(self, spec, spec_path, reporter, budget_source, environ, environment, executor):
+    def __init__(
+        self,
+        spec: Spec,
+        spec_path: str,
+        reporter: Reporter,
+        budget_source: str,
+        environ: dict[str, str],
+        environment: dict,
+        executor: Executor | None,
+    ) -> None:
         self.spec, self.spec_path, self.reporter = spec, spec_path, reporter
         self.budget_source, self.environ, self.environment = budget_source, environ, environment
         self.executor = executor
         self.refused: set[str] = set()
         self.world_size_source = "spec"
-        self.expected_threads = None  # the key's intra-op threads (cache_threads), checked against the trials'
-        self.borrowed = None  # a frontier's bounds from its other points (search.frontier_bounds)
+        # The key's intra-op threads (cache_threads), checked against the trials'.
+        self.expected_threads: int | None = None
+        self.borrowed: Borrowed | None = None  # a frontier's bounds from its other points (search.frontier_bounds)
 
     def probe(self, cache):
         from isoprobe.cache.sources import SourceRecorder, SourcesChanged, unseen_reads
