@@ -23,7 +23,8 @@ after the round.
 from __future__ import annotations
 
 import os
-from dataclasses import replace
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from isoprobe.errors import Problem, SpecError
 from isoprobe.pipeline.data import request_indices
@@ -33,6 +34,17 @@ from isoprobe.report.outcomes import Outcome, maybe_allocation_failure
 from isoprobe.search.history import Observation
 from isoprobe.spec.model import Spec
 from isoprobe.spec.units import format_bytes
+
+if TYPE_CHECKING:
+    from isoprobe.executors import ChildRun
+    from isoprobe.pipeline.trials import TrialRunner
+    from isoprobe.report.cycle import CycleRule
+    from isoprobe.report.steady import SteadyRule
+    from isoprobe.report.trial import Trial
+    from isoprobe.search.edge_search import Conclusion
+    from isoprobe.search.history import Limits
+    from isoprobe.search.parallel import Observed
+    from isoprobe.search.steps import Step
 
 #: The share of the machine's RAM the CPU slots' caps may add up to.
 CPU_RAM_SHARE = 0.8
@@ -88,59 +100,44 @@ def cuda_slots(asked: int | str, target: Target, gpus: list[dict], why: str | No
     """
     first = target.info.index or 0
     if not gpus:
-        raise SpecError(
-            "search.parallel",
-            [
-                Problem(
-                    "search.parallel",
-                    f"{asked} slots asked, but the GPUs after {target.device} cannot be checked: "
-                    + (why or "NVML lists none"),
-                    "set search.parallel: 1, or make the GPUs known (see the message)",
-                )
-            ],
+        raise _refused(
+            f"{asked} slots asked, but the GPUs after {target.device} cannot be checked: " + (why or "NVML lists none"),
+            "set search.parallel: 1, or make the GPUs known (see the message)",
         )
     available = len(gpus) - first
     count = available if asked == "auto" else int(asked)
     if count < 1 or count > available:
-        last = first + count - 1
-        raise SpecError(
-            "search.parallel",
-            [
-                Problem(
-                    "search.parallel",
-                    f"{count} slots start at the spec's device {target.device} and need cuda:{first}.."
-                    f"cuda:{last}, but {len(gpus)} GPUs are visible (cuda:0..cuda:{len(gpus) - 1})",
-                    f"ask for at most {max(available, 1)} slots, or name an earlier device (device: cuda:"
-                    f"{max(0, len(gpus) - count)}), or make CUDA_VISIBLE_DEVICES name more GPUs",
-                )
-            ],
+        raise _refused(
+            f"{count} slots start at the spec's device {target.device} and need cuda:{first}.."
+            f"cuda:{first + count - 1}, but {len(gpus)} GPUs are visible (cuda:0..cuda:{len(gpus) - 1})",
+            f"ask for at most {max(available, 1)} slots, or name an earlier device (device: cuda:"
+            f"{max(0, len(gpus) - count)}), or make CUDA_VISIBLE_DEVICES name more GPUs",
         )
     slots = gpus[first : first + count]
     kinds = {(g.get("name"), g.get("total_memory_bytes")) for g in slots}
     if len(kinds) > 1:
-        raise SpecError(
-            "search.parallel",
-            [
-                Problem(
-                    "search.parallel",
-                    f"the slots' GPUs differ: {sorted(kinds)}",
-                    "make CUDA_VISIBLE_DEVICES name GPUs of one model and size",
-                )
-            ],
+        raise _refused(
+            f"the slots' GPUs differ: {sorted(kinds)}", "make CUDA_VISIBLE_DEVICES name GPUs of one model and size"
         )
-    free = [g.get("free_memory_bytes") for g in slots]
-    if any(f is None for f in free):
-        raise SpecError(
-            "search.parallel",
-            [
-                Problem(
-                    "search.parallel",
-                    "NVML does not report the slots' free memory, so another process's memory on a slot "
-                    "could not be seen",
-                    "set search.parallel: 1",
-                )
-            ],
+    readings = [g.get("free_memory_bytes") for g in slots]
+    free: list[int] = [f for f in readings if f is not None]
+    if len(free) < len(readings):
+        raise _refused(
+            "NVML does not report the slots' free memory, so another process's memory on a slot could not be seen",
+            "set search.parallel: 1",
         )
+    _check_free(first, free, target)
+    return [f"cuda:{first + i}" for i in range(count)]
+
+
+def _refused(reason: str, fix: str) -> SpecError:
+    """A refusal of the slots: every one is a problem with the spec's ``search.parallel``, the reason and its fix."""
+    return SpecError("search.parallel", [Problem("search.parallel", reason, fix)])
+
+
+def _check_free(first: int, free: list[int], target: Target) -> None:
+    """Refuse slots whose GPU has less free memory than needed (``free[i]``: cuda:``first + i``'s, the target's
+    first): another process's memory there would run a trial out of memory sooner than on the target."""
     budget = target.info.memory_budget_bytes
     # Under a budget every slot, the target's too, needs the budget free: a card with less would run a trial out of
     # memory below the budget it emulates (a neighbour's memory is not taken off the budget's cap any more).
@@ -148,22 +145,15 @@ def cuda_slots(asked: int | str, target: Target, gpus: list[dict], why: str | No
     short = [(first + i, f) for i, f in enumerate(free) if f < need - SLOT_FREE_TOLERANCE]
     if short:
         listed = ", ".join(f"cuda:{index} has {format_bytes(f)} free" for index, f in short)
-        raise SpecError(
-            "search.parallel",
-            [
-                Problem(
-                    "search.parallel",
-                    f"{listed}, the target {target.device} {format_bytes(free[0])}"
-                    + (f" (the budget is {format_bytes(budget)})" if budget else "")
-                    + ": another process holds memory there, and a trial in that slot would run out of memory sooner",
-                    "free those GPUs, make CUDA_VISIBLE_DEVICES name idle ones, or set search.parallel: 1",
-                )
-            ],
+        raise _refused(
+            f"{listed}, the target {target.device} {format_bytes(free[0])}"
+            + (f" (the budget is {format_bytes(budget)})" if budget else "")
+            + ": another process holds memory there, and a trial in that slot would run out of memory sooner",
+            "free those GPUs, make CUDA_VISIBLE_DEVICES name idle ones, or set search.parallel: 1",
         )
-    return [f"cuda:{first + i}" for i in range(count)]
 
 
-def search(runner, limits, history: list[Observation], step):
+def search(runner: TrialRunner, limits: Limits, history: list[Observation], step: Step | None) -> Conclusion:
     """The edge search over real trials: ``run_search`` with one slot, rounds of trials with several."""
     from isoprobe.search.edge_search import run_search
 
@@ -191,7 +181,22 @@ def search(runner, limits, history: list[Observation], step):
     return found.conclusion
 
 
-def observe_round(runner, batches: list[int], devices: list[str], observed, deciding: list[bool] | None = None) -> None:
+@dataclass(frozen=True)
+class _Slot:
+    """What one slot of a round is asked: its purpose, and how long it steps (until steady; a cycle's wait)."""
+
+    purpose: str
+    rule: SteadyRule | None
+    cycle: CycleRule | None
+
+
+def observe_round(
+    runner: TrialRunner,
+    batches: list[int],
+    devices: list[str],
+    observed: Observed,
+    deciding: list[bool] | None = None,
+) -> None:
     """Run ``batches`` at once, slot ``i`` on ``devices[i]``; ``observed(slot, observation)`` as each trial ends.
     ``deciding[i]``: slot ``i`` steps until steady (``search.parallel.round_deciding``; a confirmation always does).
 
@@ -202,31 +207,63 @@ def observe_round(runner, batches: list[int], devices: list[str], observed, deci
     leaves every ended trial in the result and in what the search proved.
     """
     from isoprobe.executors.rounds import run_round
-    from isoprobe.pipeline.trials import _SEARCH_PURPOSES
 
     budget = runner.target.info.memory_budget_bytes
+    slots = [_round_slot(runner, batches, slot, deciding) for slot in range(len(batches))]
+    jobs = _round_jobs(runner, batches, devices, slots, budget)
+    ambiguous: list[tuple[int, Trial, str]] = []  # (slot, trial, its error's type)
+
+    def finished(slot: int, run: ChildRun) -> None:
+        asked = runner._asked(budget, rule=slots[slot].rule, cycle=slots[slot].cycle)
+        trial = runner.record(run, batches[slot], slots[slot].purpose, asked)
+        error = trial.error
+        if (
+            trial.outcome is Outcome.ERROR
+            and error is not None
+            and budget is not None
+            and maybe_allocation_failure(error.message)
+        ):
+            ambiguous.append((slot, trial, error.type))  # counted once its evidence is in
+        else:
+            observed(slot, runner.observation(trial))
+
+    run_round(runner.executor, jobs, finished)
+    if budget is not None:  # only a trial under a budget waits for evidence
+        _settle_ambiguous(runner, ambiguous, budget, observed)
+
+
+def _round_slot(runner: TrialRunner, batches: list[int], slot: int, deciding: list[bool] | None) -> _Slot:
+    """Slot ``slot``'s purpose, read off the trials before the round and the slots before it in the round: a
+    batch's first run is a search trial, one after a crash or timeout a retry, any other a confirmation (the same
+    batch twice in a round is one); a confirmation, or a slot the search marks deciding, steps until steady."""
+    from isoprobe.pipeline.trials import _SEARCH_PURPOSES
+
+    batch = batches[slot]
+    earlier: list[Trial | None] = [t for t in runner.trials if t.batch_size == batch and t.purpose in _SEARCH_PURPOSES]
+    earlier += [None] * batches[:slot].count(batch)  # the same batch twice in a round: a confirmation
+    if not earlier:
+        purpose = "search"
+    elif (last := earlier[-1]) is not None and last.outcome in (Outcome.CRASHED, Outcome.TIMED_OUT):
+        purpose = "retry"
+    else:
+        purpose = "confirmation"
+    # it decides the maximum: until steady
+    rule = runner.deciding_rule(batch) if purpose == "confirmation" or (deciding and deciding[slot]) else None
+    return _Slot(purpose, rule, runner.cycle_rule if rule is not None else None)
+
+
+def _round_jobs(
+    runner: TrialRunner, batches: list[int], devices: list[str], slots: list[_Slot], budget: int | None
+) -> list[tuple]:
+    """The round's jobs for ``executors.rounds.run_round``: each slot's request on its own device, the probe's
+    conditions (on CPU each child capped at the budget: the slots share one machine), its timeout and name."""
     conditions = runner.conditions
     if runner.target.backend == "cpu" and budget != conditions.memory_limit:
         conditions = replace(conditions, memory_limit=budget)
-    jobs, purposes, rules, cycles, first = [], [], [], [], len(runner.trials) + 1
-    for slot, batch in enumerate(batches):
-        earlier = [t for t in runner.trials if t.batch_size == batch and t.purpose in _SEARCH_PURPOSES]
-        earlier += [None] * batches[:slot].count(batch)  # the same batch twice in a round: a confirmation
-        purpose = (
-            "search"
-            if not earlier
-            else (
-                "retry"
-                if earlier[-1] is not None and earlier[-1].outcome in (Outcome.CRASHED, Outcome.TIMED_OUT)
-                else "confirmation"
-            )
-        )
-        purposes.append(purpose)
-        # it decides the maximum: until steady
-        rule = runner.deciding_rule(batch) if purpose == "confirmation" or (deciding and deciding[slot]) else None
-        rules.append(rule)
-        waits = runner.cycle_rule if rule is not None else None
-        cycles.append(waits)
+    first = len(runner.trials) + 1
+    jobs = []
+    for slot, (batch, asked) in enumerate(zip(batches, slots, strict=True)):
+        rule, waits = asked.rule, asked.cycle
         request = TrialRequest(
             spec=runner.spec,
             batch_size=batch,
@@ -245,31 +282,23 @@ def observe_round(runner, batches: list[int], devices: list[str], observed, deci
                 f"round{first:03d}-s{slot}-b{batch}",
             )
         )
-    ambiguous = []
+    return jobs
 
-    def finished(slot: int, run) -> None:
-        trial = runner.record(
-            run, batches[slot], purposes[slot], runner._asked(budget, rule=rules[slot], cycle=cycles[slot])
-        )
-        if (
-            trial.outcome is Outcome.ERROR
-            and trial.error is not None
-            and budget is not None
-            and maybe_allocation_failure(trial.error.message)
-        ):
-            ambiguous.append((slot, trial))  # counted once its evidence is in
-        else:
-            observed(slot, runner.observation(trial))
 
-    run_round(runner.executor, jobs, finished)
-    for slot, trial in ambiguous:  # the evidence an ambiguous error needs, as TrialRunner.run gets it
+def _settle_ambiguous(
+    runner: TrialRunner, ambiguous: list[tuple[int, Trial, str]], budget: int, observed: Observed
+) -> None:
+    """The evidence an ambiguous library error needs, as ``TrialRunner.run`` gets it, one trial after another once
+    the round ended: the batch again with more memory; a fit there makes the error an allocation failure. Each
+    trial is observed only then, so the search never counts an error that was memory as something else."""
+    for slot, trial, error_type in ambiguous:
         larger = runner._larger_budget(budget)
         check = runner._launch(trial.batch_size, "memory_check", larger)
         if check.outcome is Outcome.FITS:
             trial = runner._reclassify(
                 trial,
                 (
-                    f"{trial.error.type} under the budget, but batch {trial.batch_size} fit with more memory "
+                    f"{error_type} under the budget, but batch {trial.batch_size} fit with more memory "
                     f"(trial {check.index}): an allocation failure"
                 ),
             )
