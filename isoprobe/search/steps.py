@@ -14,7 +14,6 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from isoprobe.report.outcomes import Outcome
 from isoprobe.search.history import Limits, Observation, bounds, verdicts
 from isoprobe.search.margin import NEAR_FRACTION
 
@@ -70,28 +69,22 @@ def memory_line(history: Sequence[Observation], limits: Limits) -> MemoryLine | 
     one measured batch only the base-anchored slope exists; with no base
     reading either, there is no line and the guided step is the classic one.
     """
-    judged = verdicts(history, limits)
-    readings: dict[int, list[Observation]] = {}
-    for o in history:
-        verdict = judged.get(o.batch_size)
-        if o.peak_bytes is not None and verdict is not None and verdict.outcome is Outcome.FITS:
-            readings.setdefault(o.batch_size, []).append(o)
+    readings = _fit_readings(history, limits)
     if not readings:
         return None
-
-    def mean(values: list[int]) -> float | None:
-        return sum(values) / len(values) if values else None
-
     batches = sorted(readings)
     top = batches[-1]
-    peak = mean([o.peak_bytes for o in readings[top]])
-    base = mean([o.base_bytes for o in readings[top] if o.base_bytes is not None])
+    peak = _mean(readings[top])
+    # The base readings of the trials that measured ``top``'s peak: the memory they held without the batch.
+    base = [
+        o.base_bytes for o in history if o.batch_size == top and o.peak_bytes is not None and o.base_bytes is not None
+    ]
     slopes = []
-    if base is not None and peak > base:
-        slopes.append((peak - base) / top)
+    if base and peak > _mean(base):
+        slopes.append((peak - _mean(base)) / top)
     if len(batches) >= 2:
         second = batches[-2]
-        slopes.append((peak - mean([o.peak_bytes for o in readings[second]])) / (top - second))
+        slopes.append((peak - _mean(readings[second])) / (top - second))
     slope = max(slopes, default=0.0)
     if slope <= 0:
         return None
@@ -143,6 +136,8 @@ def prior_line(history: Sequence[Observation], limits: Limits) -> MemoryLine | N
     prior's). With no reading at all it is the prior itself.
     """
     prior = limits.prior
+    if prior is None:  # ``_line`` asks for it only with a prior; without one the guided step has ``memory_line``
+        raise ValueError("prior_line needs limits.prior")
     readings = _fit_readings(history, limits)
     if not readings:
         return MemoryLine(prior.intercept, prior.slope, 0)
@@ -239,13 +234,18 @@ def corrected_line(
     return MemoryLine(peak - slope * top, slope, len(batches))
 
 
-def _fit_readings(history, limits: Limits) -> dict[int, list[int]]:
-    """The peaks measured per batch, for the batches that fit every time."""
+def _fit_readings(history: Sequence[Observation], limits: Limits) -> dict[int, list[int]]:
+    """The peaks measured per batch, for the batches that fit every time (``Meaning.fits``)."""
     judged = verdicts(history, limits)
     readings: dict[int, list[int]] = {}
     for o in history:
         verdict = judged.get(o.batch_size)
-        if o.peak_bytes is not None and verdict is not None and verdict.outcome is Outcome.FITS:
+        if (
+            o.peak_bytes is not None
+            and verdict is not None
+            and verdict.outcome is not None
+            and verdict.outcome.meaning.fits
+        ):
             readings.setdefault(o.batch_size, []).append(o.peak_bytes)
     return readings
 
@@ -298,7 +298,7 @@ def probes_the_edge(history: Sequence[Observation], limits: Limits, batch: int) 
     2,000 searches of tests/unit/test_search_prior.py's device, it then halved the maxima run twice (0.21 to 0.04 a
     search) for 0.21 fits that stepped on without being the edge; a prior's line, off by 5 to 50 %, misses by many
     samples on that device, and its probes cost 0.7 to 0.9 such fits for 0.14 to 0.09 reruns saved."""
-    if limits.prior is not None:
+    if limits.prior is not None or limits.capacity is None:  # no capacity: no line (``_line``)
         return False
     line = _line(tuple(history), limits)
     return line is not None and line.batches > 1 and batch == line.largest_within(limits.capacity - limits.margin) + 1
@@ -330,6 +330,9 @@ def _misses(history: tuple[Observation, ...], limits: Limits) -> int:
     last new batch went as predicted, or was not a prediction (no line then).
     Each batch is judged against the line as it stood when that batch was chosen.
     """
+    capacity = limits.capacity
+    if capacity is None:  # no capacity, no line (``_line``): nothing was a prediction
+        return 0
     judged = verdicts(history, limits)
     streak = 0
     seen: set[int] = set()
@@ -339,11 +342,12 @@ def _misses(history: tuple[Observation, ...], limits: Limits) -> int:
             continue
         seen.add(batch)
         line = _line(history[:index], limits)
-        if line is None or judged[batch].outcome is None:
+        outcome = judged[batch].outcome
+        if line is None or outcome is None:
             streak = 0
             continue
-        fits = judged[batch].outcome is Outcome.FITS
-        predicted_fits = batch <= line.largest_within(limits.capacity)
+        fits = outcome.meaning.fits
+        predicted_fits = batch <= line.largest_within(capacity)
         if fits == predicted_fits:
             streak = 0
         elif fits:
@@ -401,7 +405,8 @@ def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, up
     the failure, never below the middle), or, with no reading near the edge to correct, the step bisects.
     """
     line = _line(history, limits)
-    if line is None:
+    capacity = limits.capacity
+    if line is None or capacity is None:  # no capacity, no line (``_line``): the classic step
         return doubling_step(history, limits, lower, upper)
     misses = _misses(history, limits)
     # A line that predicted its last batch right is followed (its next step closes the bracket or
@@ -417,9 +422,9 @@ def guided_step(history: tuple[Observation, ...], limits: Limits, lower: int, up
         corrected = corrected_line(history, limits, upper, -misses)
         if corrected is None:
             return (lower + upper) // 2
-        edge = min(corrected.largest_within(limits.capacity - limits.margin), upper - 2 ** min(-misses - 1, 62))
+        edge = min(corrected.largest_within(capacity - limits.margin), upper - 2 ** min(-misses - 1, 62))
         return max(lower + 1, min(max(edge, (lower + upper) // 2), top))
-    edge = line.largest_within(limits.capacity - limits.margin)
+    edge = line.largest_within(capacity - limits.margin)
     if line.batches == 1 and limits.prior is None:
         if upper is not None:
             return (lower + upper) // 2
