@@ -85,6 +85,10 @@ class Meaning:
     #: The failure says the batch needs more memory than it had (it ran out, or its peak never held still): the
     #: edge is memory. A failure without it may bound the search, but "not proven to be memory".
     memory_verdict: bool
+    #: An allocation failed in the trial itself: a failure observed at that batch, not a judgement of the long run
+    #: (still rising). The token search's only bound (``search.token_budget``): a failure there stands for a whole
+    #: quadrant of counts and lengths, and any other outcome stops it without a budget rather than guess.
+    allocation_failed: bool
     #: One trial that ended so ends the search at once, without an answer (an error: a bug, not a verdict), and it
     #: is never a bound: a batch judged so neither raises nor lowers the bracket.
     stops_search: bool
@@ -109,14 +113,15 @@ class Meaning:
     prose: str
 
 
-#: Every outcome's meaning: the one declaration the search (``search.history``, ``search.edge_search``), the
-#: classification (``pipeline.classify``), the messages (``pipeline.explain``), the plot (``report.plot``) and the
-#: exit codes (``report.result``) read. Read-only.
+#: Every outcome's meaning: the one declaration the search (``search.history``, ``search.edge_search``,
+#: ``search.steps``, ``search.token_budget``), the classification (``pipeline.classify``), the messages
+#: (``pipeline.explain``), the plot (``report.plot``) and the exit codes (``report.result``) read. Read-only.
 MEANINGS: Mapping[Outcome, Meaning] = MappingProxyType(
     {
         Outcome.FITS: Meaning(
             fits=True,
             memory_verdict=False,
+            allocation_failed=False,
             stops_search=False,
             retried=False,
             must_reproduce=False,
@@ -129,6 +134,7 @@ MEANINGS: Mapping[Outcome, Meaning] = MappingProxyType(
         Outcome.ERROR: Meaning(
             fits=False,
             memory_verdict=False,
+            allocation_failed=False,
             stops_search=True,
             retried=False,
             must_reproduce=False,
@@ -141,6 +147,7 @@ MEANINGS: Mapping[Outcome, Meaning] = MappingProxyType(
         Outcome.OUT_OF_MEMORY: Meaning(
             fits=False,
             memory_verdict=True,
+            allocation_failed=True,
             stops_search=False,
             retried=False,
             must_reproduce=False,
@@ -153,6 +160,7 @@ MEANINGS: Mapping[Outcome, Meaning] = MappingProxyType(
         Outcome.STILL_RISING: Meaning(
             fits=False,
             memory_verdict=True,
+            allocation_failed=False,  # every step ran: its peak was still rising, no allocation failed
             stops_search=False,
             retried=False,  # it ran every step: no retry can tell more
             must_reproduce=False,
@@ -165,6 +173,7 @@ MEANINGS: Mapping[Outcome, Meaning] = MappingProxyType(
         Outcome.CRASHED: Meaning(
             fits=False,
             memory_verdict=False,
+            allocation_failed=False,
             stops_search=False,
             retried=True,
             must_reproduce=True,
@@ -177,6 +186,7 @@ MEANINGS: Mapping[Outcome, Meaning] = MappingProxyType(
         Outcome.TIMED_OUT: Meaning(
             fits=False,
             memory_verdict=False,
+            allocation_failed=False,
             stops_search=False,
             retried=True,
             must_reproduce=True,

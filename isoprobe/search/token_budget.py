@@ -49,9 +49,6 @@ from isoprobe.report.outcomes import Outcome
 #: The oracle: one trial of ``samples`` at ``length``, classified.
 Oracle = Callable[[int, int], Outcome]
 
-#: The outcomes that are verdicts on memory; any other stops the search without a budget.
-_FAILS = (Outcome.OUT_OF_MEMORY,)
-
 
 @dataclass(frozen=True)
 class LengthEdge:
@@ -120,9 +117,9 @@ def search_budget(
     its peak is steady, as the batch search's confirmations of its maximum do. ``confirmations``: how many
     (search.confirmations; 0: none, unless the binding batch never ran at its own length, which then runs once
     in ``fits`` as a search trial).
-    ``retries``: a trial that crashed or timed out (no evidence about memory) is run again, in ``retry``
-    (default ``fits``), up to this many times, as the batch search retries (search.retries); if it persists,
-    the search stops with that outcome.
+    ``retries``: a trial whose outcome is retried (``Meaning.retried``: a crash or a timeout, no evidence about
+    memory) is run again, in ``retry`` (default ``fits``), up to this many times, as the batch search retries
+    (search.retries); if it persists, the search stops with that outcome.
 
     ``start``: the first sample count tried at the longest length (doubling from there).
     ``cap``: the most samples a batch may hold (a sampler's own limit on samples per batch); a
@@ -131,105 +128,145 @@ def search_budget(
     if not lengths or any(not isinstance(x, int) or x < 1 for x in lengths):
         raise ValueError(f"lengths must be positive integers, got {lengths!r}")
     ordered = sorted(set(lengths), reverse=True)
-    known = _Knowledge()
-    trials: list[tuple[int, int, Outcome]] = []
+    search = _Search(fits, start, cap, confirm or fits, retries, retry or fits, confirmations)
+    try:
+        search.bound_over(ordered)
+        stop = search.confirm_binding(_binding(ordered, search.known, search.bound))
+    except _Stopped as stopped:
+        stop = stopped.outcome
+    return search.answer(ordered, stop)
 
-    def ask(samples: int, length: int) -> bool:
+
+@dataclass
+class _Search:
+    """One token search: its oracles and settings, what its trials proved, and its steps.
+
+    Each step of ``search_budget`` is a method here, so that each is short and named while all of them read and
+    extend the same evidence (``known``, ``trials``). Which outcome is a fit, a bound, retried or a stop is read
+    from the outcome table (``Outcome.meaning``), never listed here.
+    """
+
+    fits: Oracle
+    start: int
+    cap: int | None
+    confirm: Oracle
+    retries: int
+    retry: Oracle
+    confirmations: int
+    known: _Knowledge = field(default_factory=_Knowledge)
+    trials: list[tuple[int, int, Outcome]] = field(default_factory=list)
+    #: U: the smallest L * first_failing so far; the budget is U - 1. Kept here, not returned, so that a search
+    #: stopped half way still reports the lengths it bound (``answer``).
+    bound: int | None = None
+
+    def ask(self, samples: int, length: int) -> bool:
         """A verdict: inferred when the quadrants already hold one, else a trial."""
-        if samples <= known.lower(length):
+        if samples <= self.known.lower(length):
             return True
-        upper = known.upper(length)
+        upper = self.known.upper(length)
         if upper is not None and samples >= upper:
             return False
-        return run(samples, length)
+        return self.run(samples, length)
 
-    def run(samples: int, length: int, oracle: Oracle = fits) -> bool:
-        outcome = oracle(samples, length)
-        trials.append((samples, length, outcome))
-        for _ in range(retries):
-            if outcome not in (Outcome.CRASHED, Outcome.TIMED_OUT):
+    def run(self, samples: int, length: int, oracle: Oracle | None = None) -> bool:
+        """A trial (in ``oracle``, default ``fits``), retried while its outcome is no evidence yet
+        (``Meaning.retried``): True for a fit, False for a failed allocation (the only bound, ``Meaning.
+        allocation_failed``); any other outcome stops the search (``_Stopped``)."""
+        outcome = (oracle or self.fits)(samples, length)
+        self.trials.append((samples, length, outcome))
+        for _ in range(self.retries):
+            if not outcome.meaning.retried:
                 break
-            outcome = (retry or fits)(samples, length)
-            trials.append((samples, length, outcome))
-        if outcome is Outcome.FITS:
-            known.fits.append((samples, length))
+            outcome = self.retry(samples, length)
+            self.trials.append((samples, length, outcome))
+        if outcome.meaning.fits:
+            self.known.fits.append((samples, length))
             return True
-        if outcome in _FAILS:
-            known.fails.append((samples, length))
+        if outcome.meaning.allocation_failed:
+            self.known.fails.append((samples, length))
             return False
         raise _Stopped(outcome)
 
-    def edge_below(length: int) -> None:
+    def edge_below(self, length: int) -> None:
         """The exact edge at ``length``: doubling while no failure bounds it (up to the cap), then bisection."""
         while True:
-            lower, upper = known.lower(length), known.upper(length)
+            lower, upper = self.known.lower(length), self.known.upper(length)
             if upper is None:
-                if cap is not None and lower >= cap:
+                if self.cap is not None and lower >= self.cap:
                     return  # the cap fits here: this length does not limit the budget
-                ask(max(start, 2 * lower) if cap is None else min(cap, max(start, 2 * lower)), length)
+                doubled = max(self.start, 2 * lower)
+                self.ask(doubled if self.cap is None else min(self.cap, doubled), length)
             elif upper - lower <= 1:
                 return
             else:
-                ask((lower + upper) // 2, length)
+                self.ask((lower + upper) // 2, length)
 
-    bound: int | None = None  # U: the smallest L * first_failing so far; the budget is U - 1
-    stop = None
-    try:
+    def bound_over(self, ordered: list[int]) -> None:
+        """``bound``, the smallest L * first_failing over the lengths (longest first), each length ruled out by one
+        trial (or none) where it cannot lower it, bisected only where it can; None while no length failed."""
         for length in ordered:
+            bound = self.bound
             if bound is None:
-                edge_below(length)
+                self.edge_below(length)
             else:
                 need = math.ceil(bound / length) - 1  # fitting this many here rules the length out
-                if cap is not None and need > cap:
-                    need = cap
-                if need < 1 or ask(need, length):
+                if self.cap is not None and need > self.cap:
+                    need = self.cap
+                if need < 1 or self.ask(need, length):
                     continue
-                edge_below(length)
-            upper = known.upper(length)
+                self.edge_below(length)
+            upper = self.known.upper(length)
             if upper == 1:
-                bound = length  # not one sample of this length fits: no budget can hold it, the search is over
-                break
+                self.bound = length  # not one sample of this length fits: no budget can hold it, the search is over
+                return
             if upper is not None and (bound is None or length * upper < bound):
-                bound = length * upper
-        binding = _binding(ordered, known, bound)
-        if binding is not None:
-            edge = known.lower(binding)
-            ran_here = any(s == edge and at == binding and o is Outcome.FITS for s, at, o in trials)
-            if edge >= 1 and not ran_here and not confirmations:
-                run(edge, binding)  # proven at a longer length only: the binding batch runs at its own length once
-            for _ in range(confirmations if edge >= 1 else 0):
-                if not run(edge, binding, confirm or fits):  # a confirmation, at its own length
-                    break
-            if known.upper(binding) is not None and known.upper(binding) <= edge:
-                stop = Outcome.OUT_OF_MEMORY  # it fit before and failed now: flaky, no budget to stand on
-    except _Stopped as stopped:
-        stop = stopped.outcome
-    per_length = tuple(
-        LengthEdge(
-            length,
-            known.lower(length) or None,
-            _needed_upper(length, known, bound),
-            sum(1 for _, at, _ in trials if at == length),
+                self.bound = length * upper
+
+    def confirm_binding(self, binding: int | None) -> Outcome | None:
+        """The binding batch run at its own length: ``confirmations`` times, or once where only a longer length's
+        fit proved it. OUT_OF_MEMORY when it fit before and failed now (flaky: no budget to stand on)."""
+        if binding is None:
+            return None
+        edge = self.known.lower(binding)
+        ran_here = any(s == edge and at == binding and o.meaning.fits for s, at, o in self.trials)
+        if edge >= 1 and not ran_here and not self.confirmations:
+            self.run(edge, binding)  # proven at a longer length only: the binding batch runs at its own length once
+        for _ in range(self.confirmations if edge >= 1 else 0):
+            if not self.run(edge, binding, self.confirm):  # a confirmation, at its own length
+                break
+        upper = self.known.upper(binding)
+        if upper is not None and upper <= edge:
+            return Outcome.OUT_OF_MEMORY
+        return None
+
+    def answer(self, ordered: list[int], stop: Outcome | None) -> TokenSearch:
+        """The search's answer from what it proved: no budget after a stop, the cap's when no length failed."""
+        known, trials, bound = self.known, tuple(self.trials), self.bound
+        per_length = tuple(
+            LengthEdge(
+                length,
+                known.lower(length) or None,
+                _needed_upper(length, known, bound),
+                sum(1 for _, at, _ in trials if at == length),
+            )
+            for length in sorted(ordered)
         )
-        for length in sorted(ordered)
-    )
-    if stop is not None:
-        return TokenSearch(None, None, per_length, tuple(trials), stop)
-    binding = _binding(ordered, known, bound)
-    if binding is None:  # no length failed within the cap
-        return TokenSearch(None if cap is None else max(ordered) * cap, None, per_length, tuple(trials), capped=True)
-    if known.lower(binding) < 1:  # not even one sample fits at the binding length: a sampler could never train it
-        return TokenSearch(None, binding, per_length, tuple(trials))
-    return TokenSearch(bound - 1, binding, per_length, tuple(trials))
+        if stop is not None:
+            return TokenSearch(None, None, per_length, trials, stop)
+        binding = _binding(ordered, known, bound)
+        if binding is None or bound is None:  # no length failed within the cap
+            budget = None if self.cap is None else max(ordered) * self.cap
+            return TokenSearch(budget, None, per_length, trials, capped=True)
+        if known.lower(binding) < 1:  # not even one sample fits at the binding length: a sampler could never train it
+            return TokenSearch(None, binding, per_length, trials)
+        return TokenSearch(bound - 1, binding, per_length, trials)
 
 
 def _binding(ordered: list[int], known: _Knowledge, bound: int | None) -> int | None:
     """The length whose limit is the minimum (the longest of a tie: its batches are the fewest, longest samples)."""
     if bound is None:
         return None
-    return next(
-        length for length in ordered if known.upper(length) is not None and length * known.upper(length) == bound
-    )
+    return next(length for length in ordered if (upper := known.upper(length)) is not None and length * upper == bound)
 
 
 def _needed_upper(length: int, known: _Knowledge, bound: int | None) -> int | None:
