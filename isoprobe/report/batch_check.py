@@ -32,7 +32,7 @@ whose inputs mislead them. Pure: no processes, no torch.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -81,32 +81,48 @@ def contradiction(
     settled below the batch). None: no such pair (or nothing to compare)."""
     if check is None or check.verdict == "off" or not check.input_elements:
         return None
+    mine = _Reading(batch, check, check.input_elements)
     for other_batch, other in others:
-        if other is None or other.verdict == "off" or not other.input_elements or other_batch == batch:
+        pair = _pair(mine, other_batch, other)
+        if pair is None:
             continue
-        (large, large_check), (small, small_check) = sorted(
-            [(batch, check), (other_batch, other)], key=lambda pair: pair[0], reverse=True
-        )
-        if large < RATIO * small:
+        large, small = pair
+        if large.batch < RATIO * small.batch:
             continue
-        exact = large_check.verdict == small_check.verdict == "trained"
-        if small < SMALLEST_COMPARED and not exact:
+        exact = large.check.verdict == small.check.verdict == "trained"
+        if small.batch < SMALLEST_COMPARED and not exact:
             continue
-        if large_check.input_elements <= small_check.input_elements:
-            return large, large_check, small, small_check
+        if large.elements <= small.elements:
+            return large.batch, large.check, small.batch, small.check
     for other_batch, other in others:
-        if other is None or other.verdict == "off" or not other.input_elements or other_batch == batch:
+        pair = _pair(mine, other_batch, other)
+        if pair is None:
             continue
-        (large, large_check), (small, small_check) = sorted(
-            [(batch, check), (other_batch, other)], key=lambda pair: pair[0], reverse=True
-        )
+        large, small = pair
         if (
-            small_check.verdict == "trained"
-            and small >= SMALLEST_COMPARED
-            and RATIO * large_check.input_elements * small < small_check.input_elements * large
+            small.check.verdict == "trained"
+            and small.batch >= SMALLEST_COMPARED
+            and RATIO * large.elements * small.batch < small.elements * large.batch
         ):
-            return large, large_check, small, small_check
+            return large.batch, large.check, small.batch, small.check
     return None
+
+
+class _Reading(NamedTuple):
+    """A trial's batch, its check, and the input elements it counted (never None or 0 here: compared)."""
+
+    batch: int
+    check: BatchCheck
+    elements: int
+
+
+def _pair(mine: _Reading, other_batch: int, other: BatchCheck | None) -> tuple[_Reading, _Reading] | None:
+    """The larger and the smaller batch's readings of this trial and another; None where the other is no
+    comparison (no check, off, no input elements counted, or the same batch)."""
+    if other is None or other.verdict == "off" or not other.input_elements or other_batch == mine.batch:
+        return None
+    theirs = _Reading(other_batch, other, other.input_elements)
+    return (mine, theirs) if mine.batch > theirs.batch else (theirs, mine)
 
 
 def contradiction_message(

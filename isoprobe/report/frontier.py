@@ -9,7 +9,7 @@ that proved it.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 from pydantic import Field
 
@@ -18,7 +18,7 @@ from isoprobe.report.strict import Strict
 
 #: 2: a point may have no result (``error`` says why: its probe failed, or the frontier stopped before it) and
 #: the document says whether a signal stopped the frontier (``interrupted``); 1: every point had a result.
-FRONTIER_SCHEMA_VERSION = 2
+FRONTIER_SCHEMA_VERSION: Final = 2  # Final: its type is Literal[2], one of schema_version's
 
 
 class BorrowedBounds(Strict):
@@ -145,12 +145,19 @@ def frontier_table(result: FrontierResult) -> str:
     ]
     for point in result.points:
         if not point.answered:
-            why = point.error if point.error is not None else point.result.message
+            why = _why_unanswered(point)
             lines.append(f"{result.field}={point.value}: no answer: {why.splitlines()[0] if why else '?'}")
     probed = sum(p.probed is not None for p in result.points)
     stopped = f"; {result.interrupted}: {probed} of {len(result.points)} points probed" if result.interrupted else ""
     lines.append(f"{result.total_trials} trials in {result.total_seconds:.1f} s{stopped}")
     return "\n".join(lines)
+
+
+def _why_unanswered(point: FrontierPoint) -> str | None:
+    """Why a point has no answer: its error where its probe gave no result, else its result's message."""
+    if point.error is not None:
+        return point.error
+    return point.result.message if point.result is not None else None
 
 
 def _shown(number: int | None) -> str:

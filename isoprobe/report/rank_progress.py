@@ -48,13 +48,13 @@ def ranks_of(processes: list[RankProgress]) -> tuple[list[RankProgress], int]:
     """The command's ranks and how many a launcher declared: the processes with a rank of a WORLD_SIZE over one,
     by rank (a rank seen twice, a script that re-executed itself: the process that stepped more); with none, the
     processes that stepped (a plain script: one)."""
-    launched = [p for p in processes if p.rank is not None and (p.world_size or 1) > 1]
+    launched = [(rank, p) for p in processes if (rank := p.rank) is not None and (p.world_size or 1) > 1]
     if launched:
         by_rank: dict[int, RankProgress] = {}
-        for process in launched:
-            if process.rank not in by_rank or process.steps > by_rank[process.rank].steps:
-                by_rank[process.rank] = process
-        return [by_rank[r] for r in sorted(by_rank)], max(p.world_size or 1 for p in launched)
+        for rank, process in launched:
+            if rank not in by_rank or process.steps > by_rank[rank].steps:
+                by_rank[rank] = process
+        return [by_rank[r] for r in sorted(by_rank)], max(p.world_size or 1 for _, p in launched)
     stepping = sorted((p for p in processes if p.steps), key=lambda p: p.pid)
     return stepping, len(stepping)
 

@@ -105,7 +105,8 @@ def is_quiet(churns: list[int | None], rule: SteadyRule) -> bool:
 
 def window_for(churns: list[int | None], rule: SteadyRule) -> int:
     """The steps the peak must hold still: ``quiet_window`` where the heap was quiet, else ``window``."""
-    return rule.quiet_window if is_quiet(churns, rule) else rule.window
+    quiet_window = rule.quiet_window
+    return quiet_window if quiet_window is not None and is_quiet(churns, rule) else rule.window
 
 
 def rise(peaks: list[int], window: int) -> int | None:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import statistics
 
 from isoprobe.report.insights import MemoryBreakdown, Throughput, ThroughputPoint
-from isoprobe.report.outcomes import Outcome
 from isoprobe.report.trial import Trial
 from isoprobe.search.headroom import line_with_anchor
 
@@ -42,15 +41,16 @@ def fastest_batch_size(points: dict[int, float], tolerance: float) -> int | None
 def throughput(trials: list[Trial], tolerance: float) -> Throughput | None:
     """The throughput curve over the tested batches that fit, and the fastest batch on it."""
     best_runs: dict[int, Trial] = {}
+    speeds: dict[int, float] = {}  # each batch's best run's samples_per_second
     for trial in trials:
-        if trial.outcome is not Outcome.FITS or trial.samples_per_second is None or trial.purpose == "memory_check":
+        speed = trial.samples_per_second
+        if not trial.outcome.meaning.fits or speed is None or trial.purpose == "memory_check":
             continue
-        kept = best_runs.get(trial.batch_size)
-        if kept is None or trial.samples_per_second > kept.samples_per_second:
+        if trial.batch_size not in speeds or speed > speeds[trial.batch_size]:
             best_runs[trial.batch_size] = trial
+            speeds[trial.batch_size] = speed
     if not best_runs:
         return None
-    speeds = {batch: trial.samples_per_second for batch, trial in best_runs.items()}
     fastest = fastest_batch_size(speeds, tolerance)
     spreads = [t.step_seconds_spread for t in best_runs.values() if t.step_seconds_spread is not None]
     noise = f"; timed steps spread up to {max(spreads):.0%}" if spreads else "; one timed step per trial, no spread"
@@ -58,7 +58,7 @@ def throughput(trials: list[Trial], tolerance: float) -> Throughput | None:
         points=[
             ThroughputPoint(
                 batch_size=b,
-                samples_per_second=round(t.samples_per_second, 3),
+                samples_per_second=round(speeds[b], 3),
                 step_seconds_spread=t.step_seconds_spread,
             )
             for b, t in sorted(best_runs.items())
@@ -78,18 +78,18 @@ def base_anchor(trials: list[Trial], up_to: int | None = None) -> tuple[int, int
     base reading: the anchor of a memory line through one measured batch (``headroom.line_with_anchor``). Where
     that batch ran more than once, its lowest base (the steeper line, towards a smaller batch), whatever the order
     the trials ran in."""
-    fits = [
-        t
+    bases = [
+        (t.batch_size, base)
         for t in trials
-        if t.outcome is Outcome.FITS
-        and t.base_bytes
+        if t.outcome.meaning.fits
+        and (base := t.base_bytes)
         and (t.budget_peak_bytes or t.peak_bytes)
         and (up_to is None or t.batch_size <= up_to)
     ]
-    if not fits:
+    if not bases:
         return None
-    top = max(t.batch_size for t in fits)
-    return top, min(t.base_bytes for t in fits if t.batch_size == top)
+    top = max(batch for batch, _ in bases)
+    return top, min(base for batch, base in bases if batch == top)
 
 
 def memory_breakdown(trials: list[Trial]) -> MemoryBreakdown | None:
@@ -100,10 +100,8 @@ def memory_breakdown(trials: list[Trial]) -> MemoryBreakdown | None:
     units (``budget_peak_bytes``): its slope is what one more sample costs, its
     intercept the fixed part.
     """
-    fitting = [t for t in trials if t.outcome is Outcome.FITS and t.purpose != "memory_check"]
-    points = [
-        (t.batch_size, t.budget_peak_bytes or t.peak_bytes) for t in fitting if t.budget_peak_bytes or t.peak_bytes
-    ]
+    fitting = [t for t in trials if t.outcome.meaning.fits and t.purpose != "memory_check"]
+    points = [(t.batch_size, peak) for t in fitting if (peak := t.budget_peak_bytes or t.peak_bytes)]
     # One batch measured (an exact estimate's search): the line from its base reading, as the recommendation's.
     line = line_with_anchor(points, base_anchor(fitting))
     measured = max((t for t in fitting if t.sizes is not None), key=lambda t: t.batch_size, default=None)
