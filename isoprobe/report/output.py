@@ -6,7 +6,7 @@ Every view renders from the ``Result`` model (or, while a probe runs, from the
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.result import Result
@@ -165,6 +165,17 @@ def render_table(result: Result) -> str:
     Rendered from the same ``Result`` the JSON is, field by field; nothing here
     is computed that the JSON does not hold.
     """
+    lines = _heading_lines(result)
+    lines.append("")
+    lines += _trial_table(result.trials)
+    lines += _after_trials_lines(result)
+    lines += ["", f"{len(result.trials)} trials in {result.total_seconds:.1f} s"]
+    return "\n".join(lines)
+
+
+def _heading_lines(result: Result) -> list[str]:
+    """What the probe answered and what it stood on (device, distribution, margin, data, tokens, cache, job): read
+    first, before the trials that prove it."""
     lines: list[str] = []
     device = result.device
     where = f"{device.backend} {device.name}, capacity {format_bytes(device.capacity_bytes)}" if device else "no device"
@@ -199,14 +210,19 @@ def render_table(result: Result) -> str:
                 else ""
             )
         )
-    lines.append("")
+    return lines
+
+
+def _trial_table(trials: Sequence[Trial]) -> list[str]:
+    """Every trial, one row each, in the order they ran: the evidence the answer stands on."""
+    lines: list[str] = []
     header = (
         f"{'#':>3}  {'batch':>6}  {'outcome':<16} {'peak':>10}  {'budget peak':>11}  {'samples/s':>10}  "
         f"{'seconds':>8}  purpose"
     )
     lines.append(header)
     lines.append("-" * len(header))
-    for trial in result.trials:
+    for trial in trials:
         lines.append(
             f"{trial.index:>3}  {trial.batch_size:>6}  {trial.outcome.value:<16} "
             f"{format_bytes(trial.peak_bytes) if trial.peak_bytes else '-':>10}  "
@@ -215,6 +231,13 @@ def render_table(result: Result) -> str:
             f"{trial.seconds:>8.1f}  {trial.purpose}"
             + (f" (evaluation after training at {trial.training_batch_size})" if trial.training_batch_size else "")
         )
+    return lines
+
+
+def _after_trials_lines(result: Result) -> list[str]:
+    """What the result derives from the trials (the recommendation, the job's settings, the evaluation,
+    throughput, the memory breakdown, accumulation, allocators), each section after a blank line, in that order."""
+    lines: list[str] = []
     if result.recommended_batch_size is not None and result.recommendation is not None:
         lines += ["", f"recommended: {result.recommended_batch_size} ({result.recommendation.note})"]
     if result.job_environment:
@@ -259,8 +282,7 @@ def render_table(result: Result) -> str:
                 f"  {outcome.setting:<32} max {outcome.max_batch_size}  first failing "
                 f"{outcome.first_failing_batch_size}  ({outcome.trials} trials){best}"
             )
-    lines += ["", f"{len(result.trials)} trials in {result.total_seconds:.1f} s"]
-    return "\n".join(lines)
+    return lines
 
 
 def breakdown_rows(result: Result) -> list[tuple[str, str]]:

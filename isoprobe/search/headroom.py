@@ -189,42 +189,15 @@ def advise(
     line, chosen = recommendation_line(usable, max_batch, anchor)
     reserve = headroom_in_bytes(headroom, capacity)
     target = capacity - reserve
-    notes: list[str] = []
-    decided_by = "line"
-    if line is None or line.slope <= 0:
-        batch = max_batch
-        decided_by = "no_line"
-        notes.append("too few fitting trials to model memory per sample; headroom not applied")
-    else:
-        batch = min(max_batch, int((target - line.intercept) // line.slope))
-        # The division rounds either way by an ulp (a fitted slope of 1.0000000000000002 made 2 // it 1): step
-        # to the largest batch whose predicted peak is within the target, to half a byte (peaks are whole bytes).
-        for _ in range(2):
-            if batch + 1 <= max_batch and line.at(batch + 1) <= target + 0.5:
-                batch += 1
-            elif batch >= 1 and line.at(batch) > target + 0.5:
-                batch -= 1
-        notes.append(
-            f"largest batch whose predicted peak stays {format_bytes(reserve)} below the capacity "
-            f"({_line_words(line, chosen, max_batch)})"
-        )
-        if batch < 1:
-            batch = 1
-            decided_by = "headroom_unreachable"
-            notes.append("the headroom cannot be met even at 1 sample; recommending 1")
+    batch, decided_by, notes = _by_line(line, chosen, max_batch, target, reserve)
     over = [b for b, p in usable if p > target]
     if over and batch >= min(over) > 1:
         batch = min(over) - 1
         decided_by = "measured_over"
         notes.append(f"below {min(over)}, whose measured peak was over the target")
-    step = 1
-    if multiple_of > 1:
-        rounded = batch - batch % multiple_of
-        if rounded >= 1:
-            batch, step = rounded, multiple_of
-            notes.append(f"rounded down to a multiple of {multiple_of}")
-        else:
-            notes.append(f"kept {batch}: no multiple of {multiple_of} is at or below it")
+    batch, step, rounding = _rounded_down(batch, multiple_of)
+    if rounding:
+        notes.append(rounding)
     proven = proven_within(usable, target, multiple_of)
     if proven is not None and proven[0] > batch:
         batch = proven[0]
@@ -252,6 +225,45 @@ def advise(
         decided_by,
         tuple(b for b, _ in chosen) if line is not None else (),
     )
+
+
+def _by_line(
+    line: Line | None, chosen: list[tuple[int, int]], max_batch: int, target: int, reserve: int
+) -> tuple[int, str, list[str]]:
+    """The line's own choice, before the measured peaks correct it (``advise``): the largest batch up to
+    ``max_batch`` whose predicted peak is within ``target``, which rule decided it, and the notes that say so.
+    Without a rising line, ``max_batch`` (the headroom cannot be applied); where not even one sample meets the
+    target, 1."""
+    if line is None or line.slope <= 0:
+        return max_batch, "no_line", ["too few fitting trials to model memory per sample; headroom not applied"]
+    batch = min(max_batch, int((target - line.intercept) // line.slope))
+    # The division rounds either way by an ulp (a fitted slope of 1.0000000000000002 made 2 // it 1): step
+    # to the largest batch whose predicted peak is within the target, to half a byte (peaks are whole bytes).
+    for _ in range(2):
+        if batch + 1 <= max_batch and line.at(batch + 1) <= target + 0.5:
+            batch += 1
+        elif batch >= 1 and line.at(batch) > target + 0.5:
+            batch -= 1
+    notes = [
+        f"largest batch whose predicted peak stays {format_bytes(reserve)} below the capacity "
+        f"({_line_words(line, chosen, max_batch)})"
+    ]
+    if batch < 1:
+        notes.append("the headroom cannot be met even at 1 sample; recommending 1")
+        return 1, "headroom_unreachable", notes
+    return batch, "line", notes
+
+
+def _rounded_down(batch: int, multiple_of: int) -> tuple[int, int, str | None]:
+    """``batch`` rounded down to a multiple of ``multiple_of`` where one is at or above 1, the step between the
+    batches that may be recommended (``_borderline`` names the next one), and the note that says what was done
+    (None where no multiple was asked): kept apart so that ``advise`` reads as its three rules."""
+    if multiple_of <= 1:
+        return batch, 1, None
+    rounded = batch - batch % multiple_of
+    if rounded >= 1:
+        return rounded, multiple_of, f"rounded down to a multiple of {multiple_of}"
+    return batch, 1, f"kept {batch}: no multiple of {multiple_of} is at or below it"
 
 
 def _line_words(line: Line, chosen: list[tuple[int, int]], max_batch: int) -> str:
