@@ -196,8 +196,7 @@ def advise(
         decided_by = "measured_over"
         notes.append(f"below {min(over)}, whose measured peak was over the target")
     batch, step, rounding = _rounded_down(batch, multiple_of)
-    if rounding:
-        notes.append(rounding)
+    notes += rounding
     proven = proven_within(usable, target, multiple_of)
     if proven is not None and proven[0] > batch:
         batch = proven[0]
@@ -254,16 +253,16 @@ def _by_line(
     return batch, "line", notes
 
 
-def _rounded_down(batch: int, multiple_of: int) -> tuple[int, int, str | None]:
+def _rounded_down(batch: int, multiple_of: int) -> tuple[int, int, list[str]]:
     """``batch`` rounded down to a multiple of ``multiple_of`` where one is at or above 1, the step between the
     batches that may be recommended (``_borderline`` names the next one), and the note that says what was done
-    (None where no multiple was asked): kept apart so that ``advise`` reads as its three rules."""
+    (none where no multiple was asked): kept apart so that ``advise`` reads as its three rules."""
     if multiple_of <= 1:
-        return batch, 1, None
+        return batch, 1, []
     rounded = batch - batch % multiple_of
     if rounded >= 1:
-        return rounded, multiple_of, f"rounded down to a multiple of {multiple_of}"
-    return batch, 1, f"kept {batch}: no multiple of {multiple_of} is at or below it"
+        return rounded, multiple_of, [f"rounded down to a multiple of {multiple_of}"]
+    return batch, 1, [f"kept {batch}: no multiple of {multiple_of} is at or below it"]
 
 
 def _line_words(line: Line, chosen: list[tuple[int, int]], max_batch: int) -> str:
