@@ -58,3 +58,12 @@ def test_each_shim_constant_equals_its_protocol_twin(where, twin):
 def test_the_files_the_shim_uses_in_the_trials_folder_are_the_protocols():
     assert command.GATE_FILE in _strings(SHIM_FOLDER / "_isoprobe_shim.py")
     assert warm_command.READY_FILE in _strings(SHIM_FOLDER / "_isoprobe_warm.py")
+
+
+def test_the_native_readers_system_folders_are_the_caches_and_var():
+    """child/native_reads.py is loaded into the user's process by path (standard library only), so it writes the
+    cache's system folders again: this ties the copy to ``cache.arguments.SYSTEM_ROOTS``."""
+    from isoprobe.cache.arguments import SYSTEM_ROOTS
+    from isoprobe.child import native_reads
+
+    assert native_reads._SYSTEM == (*SYSTEM_ROOTS, "/var/")
