@@ -13,6 +13,16 @@ Child-side only (it is handed ``torch``; the parent never imports it). Why each 
 - **The budget, the readings and the allocator's need** are ``child.cuda_readings``'s (one
   implementation, which the step reports and a command's shim use too): the fraction is computed
   after the warm-up, with what the process then holds outside the allocator taken off the budget.
+- **The cap follows what comes outside the allocator later** (``refit_cap``, after every step): the model's
+  own kernels load lazily at their first use, after the warm-up. Measured on an H200 (docs/gpu.md, torch 2.11):
+  2 MiB came after the fraction was set, so every batch whose allocator reached the cap read 2 MiB over the
+  budget and was called out of memory, where a card with only the budget free trained it (ResNet50 under 8 GiB:
+  75 and 76 trained there; isoprobe said 74). The cap is lowered as soon as a step shows more outside, and the
+  steps before it, run under a cap that was too loose, no longer count.
+- **A peak within the spread of the capacity is tested, not read** (``squeeze``): near the cap the allocator
+  frees its cache and retries, so its reading is the cap's, whatever the batch needs. Such a trial runs its steps
+  again under a cap the spread lower: if they fit, the batch leaves the spread free by test, and those steps are
+  its readings.
 """
 
 from __future__ import annotations
@@ -74,17 +84,72 @@ def warm_up(torch, device, precision: str) -> None:
     del a, x, w, total
 
 
+#: The cap set on each device of this process (``setup``): the budget and the memory outside the allocator the
+#: fraction was computed with, so that a step can lower it (``refit_cap``). Keyed by ``str(device)``.
+_CAPS: dict[str, dict[str, int]] = {}
+
+#: The caching allocator's rounding of a large segment (``kRoundLarge``): a squeezed cap leaves this much below the
+#: line, so that a reading under it clears the spread strictly.
+GRANULE_BYTES = 2 << 20
+
+
+def _outside_now(torch, device) -> tuple[int, int]:
+    """What the process holds outside the allocator now, and the card's total."""
+    free, total = torch.cuda.mem_get_info(device)
+    return (
+        outside_allocator_bytes(free, total, torch.cuda.memory_reserved(device), own_process_bytes(torch.cuda, device)),
+        total,
+    )
+
+
 def setup(torch, device, precision: str, budget_bytes: int | None) -> dict[str, Any]:
     """Initialise, warm up, apply the budget; return the ``TrialResult`` fields this sets."""
     initialise(torch, device)
     warm_up(torch, device, precision)
-    free, total = torch.cuda.mem_get_info(device)
+    outside, total = _outside_now(torch, device)
     if budget_bytes:
-        outside = outside_allocator_bytes(
-            free, total, torch.cuda.memory_reserved(device), own_process_bytes(torch.cuda, device)
-        )
         torch.cuda.set_per_process_memory_fraction(budget_fraction(budget_bytes, total, outside), device)
+        _CAPS[str(device)] = {"budget": budget_bytes, "outside": outside}
     return {"total_memory_bytes": total}
+
+
+def refit_cap(torch, device, reset_peaks: bool) -> bool:
+    """After a step: lower the cap by what came outside the allocator since it was set (see the module's docstring);
+    True when it did. ``reset_peaks``: the peaks restart under the new cap (the loop runs another step to read
+    them); a loop that cannot step again keeps them, and a reading above the budget stays the verdict."""
+    cap = _CAPS.get(str(device))
+    if cap is None:
+        return False
+    outside, total = _outside_now(torch, device)
+    if outside <= cap["outside"]:
+        return False
+    cap["outside"] = outside
+    torch.cuda.set_per_process_memory_fraction(budget_fraction(cap["budget"], total, outside), device)
+    if reset_peaks:
+        torch.cuda.reset_peak_memory_stats(device)
+    return True
+
+
+def squeeze(torch, device, check_at_bytes: int, run_steps) -> bool:
+    """Run ``run_steps`` under a cap that leaves the reading below ``check_at_bytes`` (the capacity less the spread,
+    in the budget's units), with the peaks restarted: True when they fit there and ``run_steps`` says they held
+    still (their peaks are then the trial's readings); False when they did not, or the allocator ran out of memory
+    (the cap is put back and the trial's earlier readings stand). Any other error is the trial's."""
+    outside, total = _outside_now(torch, device)
+    cap = _CAPS.get(str(device))
+    before = budget_fraction(cap["budget"], total, cap["outside"]) if cap else 1.0
+    allowed = max(0, check_at_bytes - GRANULE_BYTES - outside)
+    torch.cuda.set_per_process_memory_fraction(min(1.0, allowed / total), device)
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats(device)
+    try:
+        held_still = bool(run_steps())
+        torch.cuda.synchronize(device)
+        return held_still
+    except torch.OutOfMemoryError:
+        return False
+    finally:
+        torch.cuda.set_per_process_memory_fraction(before, device)
 
 
 def start_counting(torch, device) -> None:

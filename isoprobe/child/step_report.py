@@ -36,10 +36,22 @@ class Progress:
 class StepHook:
     """Times, reports and counts the steps of one trial (see the module's docstring)."""
 
-    def __init__(self, torch: Any, device: Any, request: TrialRequest, events: Events, progress: Progress):
+    def __init__(
+        self,
+        torch: Any,
+        device: Any,
+        request: TrialRequest,
+        events: Events,
+        progress: Progress,
+        can_extend: bool = False,
+    ):
+        """``can_extend``: the loop runs as many steps as ``after_step`` asks (isoprobe's own); a framework's stops
+        at its ``max_steps`` whatever this says, so a cap lowered after a step keeps the peaks read under it."""
         self.torch, self.device, self.request, self.events, self.progress = torch, device, request, events, progress
-        self.peaks: list[int] = []
+        self.can_extend = can_extend
+        self.peaks: list[int] = []  # the steps' readings since the cap was last lowered (child.cuda.refit_cap)
         self.churns: list[int | None] = []  # each step's heap churn (CPU): a quiet heap's window is shorter
+        self.lowered_at = 0  # the step after which the cap was last lowered (0: never)
         self._started: float | None = None
 
     @property
@@ -66,13 +78,29 @@ class StepHook:
         index = self.steps_done
         self.progress.phase = f"step {index}"
         memory = step_memory(self.torch, self.device)
-        self.events.emit(StepDone(step=index, seconds=self.progress.step_seconds[-1], **memory))
-        self.peaks.append(memory["budget_peak_bytes"] or memory["peak_bytes"] or 0)
-        self.churns.append(memory.get("heap_churn_bytes"))
+        lowered = self._lower_the_cap()
+        self.events.emit(StepDone(step=index, seconds=self.progress.step_seconds[-1], cap_lowered=lowered, **memory))
+        if lowered:  # the readings so far were taken under a cap too loose: they restart with the next step
+            self.peaks, self.churns, self.lowered_at = [], [], index
+        else:
+            self.peaks.append(memory["budget_peak_bytes"] or memory["peak_bytes"] or 0)
+            self.churns.append(memory.get("heap_churn_bytes"))
         rule = self.request.steady
         if rule is None:
-            return index >= (self.request.steps or self.request.spec.search.steps)
-        return gang_agrees(self.torch, self.device, self.request, steady.should_stop(self.peaks, rule, self.churns))
+            return index >= (self.request.steps or self.request.spec.search.steps) and not lowered
+        stop = not lowered and (index >= rule.max_steps + 1 or steady.should_stop(self.peaks, rule, self.churns))
+        return gang_agrees(self.torch, self.device, self.request, stop)
+
+    def _lower_the_cap(self) -> bool:
+        """CUDA under a budget: the cap lowered by what came outside the allocator in this step (``child.cuda``),
+        with the peaks restarted where the loop can step again. True only then: a framework's loop keeps its
+        readings (a reading above the budget stays its verdict)."""
+        if self.device.type != "cuda":
+            return False
+        from isoprobe.child import cuda as child_cuda
+
+        lowered = child_cuda.refit_cap(self.torch, self.device, reset_peaks=self.can_extend)
+        return lowered and self.can_extend
 
 
 def step_memory(torch: Any, device: Any) -> dict[str, int | None]:

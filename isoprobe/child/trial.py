@@ -33,6 +33,7 @@ from isoprobe.protocol.messages import (
     TrialRequest,
     TrialResult,
 )
+from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome, classify_exception, maybe_allocation_failure
 from isoprobe.report.trial import CudaMemoryAtFailure, ErrorInfo
 
@@ -140,8 +141,9 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
     if cuda:
         child_cuda.start_counting(torch, device)  # peaks and retries from here on
     batch = step.batch(request.batch_size, request.data_indices)
+    squeezed = False
     real_steps = RealSteps(step, lambda: len(progress.step_seconds) + 1)
-    hook = StepHook(torch, device, request, events, progress)
+    hook = StepHook(torch, device, request, events, progress, can_extend=True)
     anew = spec.training.input_lifetime == "through_next_batch"
     step.applied.input_lifetime = spec.training.input_lifetime
     while True:
@@ -155,6 +157,8 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
         if hook.after_step():
             break  # the spec's steps, or steady or at the cap: the parent judges which from the step events
     real_steps.settle(lambda: step.run(batch), len(progress.step_seconds))  # fp16: the optimizer's state, for real
+    if cuda:
+        batch, squeezed = _squeeze(request, torch, device, step, batch, hook)
     if request.eval_batch_size is not None:
         # As a job validates: the training state (weights, gradients, optimizer state) held, the training
         # batch and its output dropped, then one evaluation batch of the size under test.
@@ -172,9 +176,44 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
         # The first step compiles (forward and backward graphs); the later ones show what a step costs.
         later = sorted(progress.step_seconds[1:])
         report["compile_seconds"] = max(0.0, progress.step_seconds[0] - later[len(later) // 2])
-    report.update(final_readings(torch, device, step.sizes, hook.peaks))
+    report.update(final_readings(torch, device, step.sizes, [] if squeezed else hook.peaks))
     progress.phase = "done"
     return report
+
+
+#: The steps a squeezed trial runs again (``child.cuda.squeeze``): the first gives the cache back and refits under
+#: the lower cap, the second repeats it as every later step would. A deciding trial runs its rule's window again.
+SQUEEZE_STEPS = 2
+
+
+def _squeeze(
+    request: TrialRequest, torch: Any, device: Any, step: Step, batch: Any, hook: StepHook
+) -> tuple[Any, bool]:
+    """Whether a trial whose peak read within the spread of the capacity fit its steps again under a cap the spread
+    lower (``TrialRequest.margin_check_bytes``), with the batch it holds now; False where it was not asked or not
+    needed. One process, a training trial: a gang's ranks step together, and an evaluation trial's verdict is its
+    evaluation's. A deciding trial's steps there must hold still by its rule, as its steps did."""
+    check_at = request.margin_check_bytes
+    if check_at is None or request.rank is not None or request.eval_batch_size is not None:
+        return batch, False
+    if max(hook.peaks, default=0) < check_at:
+        return batch, False
+    rule = request.steady
+    steps = rule.window + 1 if rule is not None else SQUEEZE_STEPS
+    anew = request.spec.training.input_lifetime == "through_next_batch"
+    held = [batch]
+
+    def run_steps() -> bool:
+        peaks = []
+        for _ in range(steps):
+            if anew:  # as the loop does: the next batch built while the last is still bound
+                held[0] = step.batch(request.batch_size, request.data_indices)
+            step.run(held[0])
+            peaks.append(child_cuda.step_readings(torch.cuda, device)["budget_peak_bytes"])
+        return rule is None or steady.is_steady(peaks, rule)
+
+    fit = child_cuda.squeeze(torch, device, check_at, run_steps)
+    return held[0], fit
 
 
 def _cuda_memory_now(device: str):

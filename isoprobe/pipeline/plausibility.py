@@ -75,6 +75,7 @@ def implausible(events: list, asked: Asked) -> str | None:
     )
     if asked.cycle is not None:
         most = max(most, asked.cycle.max_steps + (asked.steady.window if asked.steady is not None else 0))
+    most += sum(e.cap_lowered for e in steps)  # each lowered cap asks for one more step (child.cuda.refit_cap)
     if numbers != list(range(1, len(numbers) + 1)) or not least <= len(numbers) <= most:
         asked_for = f"{least}" if least == most else f"{least} to {most}"
         reasons.append(f"{asked_for} training steps were asked for, the step events show {numbers or 'none'}")

@@ -211,6 +211,7 @@ class TrialRunner:
             steady=rule,
             cycle=waits,
             cuda_outside_bytes=self.target.cuda_outside_bytes if self.spec.command else None,
+            margin_check_bytes=None if evaluation else self._margin_check(batch_size),
             # the longest samples first: any batch of the trial (training or evaluation) is a prefix
             data_indices=request_indices(self.target.data, max(batch_size, self.eval_after or 0)),
         )
@@ -353,6 +354,14 @@ class TrialRunner:
             )
             observation = replace(observation, long_run=True)
         return observation
+
+    def _margin_check(self, batch: int) -> int | None:
+        """CUDA, isoprobe's own loop: the reading at which a trial tests its margin instead of reading it
+        (``TrialRequest.margin_check_bytes``): the capacity less the least spread at ``batch``."""
+        if self.target.backend != "cuda" or self.spec.command is not None:
+            return None
+        spread = self.spread(least=True, batch=batch)
+        return None if spread is None else max(0, self.target.search_capacity - spread.bytes)
 
     def deciding_rule(self, batch: int | None = None) -> SteadyRule | None:
         """The steady rule for a trial that decides the maximum, with the stop at the spread (``past_the_margin``):

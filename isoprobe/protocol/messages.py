@@ -163,6 +163,12 @@ class StepDone(_Event):
         "(child.heap_churn.heap_churn); the trial's report.result.Trial.heap_churn_bytes is read "
         "from these. Null: not read (CUDA, or no glibc).",
     )
+    cap_lowered: bool = Field(
+        False,
+        description="CUDA: more memory came outside the allocator in this step than the cap had left out, so the "
+        "cap was lowered after it and the peaks restarted (child.cuda.refit_cap): the trial steps at least once "
+        "more, and this step's reading, taken under a cap too loose, is not its verdict.",
+    )
 
 
 class Forwarded(_Event):

@@ -97,6 +97,14 @@ class TrialRequest(Message):
         "first, then the training batch is dropped and one evaluation pass runs at this batch; "
         "the trial's verdict is the evaluation's. None: a training trial (no evaluation pass).",
     )
+    margin_check_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="CUDA, a training trial of isoprobe's own loop in one process: the capacity less the spread, "
+        "in the budget's units. A trial whose peak reads at or above it runs its steps again under a cap that "
+        "leaves its reading below it (child.cuda.squeeze): fitting there, those steps are its readings. "
+        "None: no check.",
+    )
 
 
 class InspectRequest(Message):

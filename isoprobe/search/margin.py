@@ -36,12 +36,16 @@ from dataclasses import dataclass
 MIB = 1 << 20
 
 #: The fixed part of each backend's floor: the most a long run's peak moved above a steady trial's. CPU: measured.
-#: CUDA: not measured (no GPU was lent): a cuDNN or cuBLAS workspace or a module's kernels, what can move between
-#: fresh processes in ``child.cuda_readings.allocator_need``'s reading; a probe's own confirmations widen it
-#: (``observed_bytes``) until a GPU measures it. Figures and reasoning: docs/measurements.md#the-spreads-floors.
+#: CUDA: a cuDNN or cuBLAS workspace or a module's kernels, what can move between fresh processes in
+#: ``child.cuda_readings.allocator_need``'s reading; a probe's own confirmations widen it (``observed_bytes``).
+#: Measured on an H200 (docs/gpu.md): one batch's readings in fresh processes (isoprobe's trial and a plain loop)
+#: differed by 0 to 2 MiB in the reserved peak and 2 to 4 MiB outside the allocator, at 8 GiB and on the whole
+#: 140 GiB card; 14 MiB once, at the cap under expandable segments. Figures: docs/measurements.md#the-spreads-floors.
 FLOOR_BYTES = {"cpu": 8 * MIB, "cuda": 40 * MIB}
-#: The part of each backend's floor that grows with the capacity.
-FLOOR_FRACTION = {"cpu": 0.004, "cuda": 0.002}
+#: The part of each backend's floor that grows with the capacity. CUDA: none. The 0.2 % it had before a GPU
+#: measured it was 286 MiB on a 140 GiB card, where fresh processes differed by 2 MiB: it ruled out batches that
+#: a plain loop trained on that card (docs/gpu.md, part f: 375 and 376 trained, isoprobe said 374).
+FLOOR_FRACTION = {"cpu": 0.004, "cuda": 0.0}
 #: An FSDP gang's floor is this many times a process's: its deciding trial reads less than independent plain ranks
 #: at the same batch, and its maximum is the worst of its ranks'. DDP and ZeRO-1 gangs read what independent ranks
 #: read and take a process's floor. Figures: docs/measurements.md#the-spreads-floors.
