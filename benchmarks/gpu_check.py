@@ -130,6 +130,7 @@ class Context:
     clock: Callable[[], float] = time.monotonic
     raw_dir: Path | None = None
     gpus: int = 0
+    tier_k: str | None = None  # the tier's -k expression (--tier-k)
     #: (Workload, yardstick) -> batch -> [(fits, JSON line)]; yardstick "ballast"/"card" (judged) or "fraction".
     plain: dict = field(default_factory=dict)
     results: dict = field(default_factory=dict)
@@ -356,8 +357,9 @@ def part_ddp(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
 
 
 def part_tier(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
+    chosen = ["-k", ctx.tier_k] if ctx.tier_k else []
     ran = ctx.runner.run([sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-n", "0", "-v", "-p",
-                          "no:cacheprovider", "--durations=15"], limit_s, grace_s=10)
+                          "no:cacheprovider", "--durations=15", *chosen], limit_s, grace_s=10)
     ctx.save("tier.txt", ran.stdout + "\n--- stderr\n" + ran.stderr)
     verdict, lines = judge.tier_summary(ran.stdout, ran.returncode, ran.seconds, limit_s)
     part.judge("GPU test tier", verdict)
@@ -389,10 +391,21 @@ def main(argv: list[str] | None = None, runner: Runner | None = None, clock: Cal
     parser.add_argument("--output", type=Path, default=ROOT / "docs" / "gpu.md")
     parser.add_argument("--quick", action="store_true", help="shorter limits and fewer steps; (f), (c) left out")
     parser.add_argument("--skip-tier", action="store_true", help="leave out the GPU test tier")
+    parser.add_argument("--only", default=None, metavar="KEY[,KEY]",
+                        help="run only these parts (the device's facts always): " + ", ".join(k for k in PARTS
+                                                                                            if k != "facts")
+                             + "; for a second call with less device time left")
+    parser.add_argument("--deadline", type=float, default=None, metavar="S",
+                        help="hold the whole check to S seconds (default 510, --quick 360)")
+    parser.add_argument("--tier-k", default=None, metavar="EXPR", help="the GPU test tier's tests matching EXPR")
     parser.add_argument("--raw-dir", type=Path, default=None,
                         help="write every result JSON and plain line here (default: a fresh folder, archived to "
                              f"$OUT/{ARCHIVE_NAME} where $OUT is a folder)")
     args = parser.parse_args(argv)
+    only = None if args.only is None else {key.strip() for key in args.only.split(",") if key.strip()}
+    if only is not None and not only <= set(PARTS):
+        parser.error(f"--only: no such part {', '.join(sorted(only - set(PARTS)))} (parts: {', '.join(PARTS)})")
+    args.only = only
     runner = runner or Runner()
     started = clock()  # the device call's clock: asking torch for a GPU counts too
     out_dir = Path(environ["OUT"]) if environ.get("OUT") and Path(environ["OUT"]).is_dir() else None
@@ -401,8 +414,9 @@ def main(argv: list[str] | None = None, runner: Runner | None = None, clock: Cal
               f"nothing measured, {args.output} not written (exit {NO_GPU_EXIT})", file=sys.stderr)
         return NO_GPU_EXIT
     raw_dir = args.raw_dir or (Path(tempfile.mkdtemp(prefix="gpu-check-")) / "gpu_check" if out_dir else None)
-    ctx = Context(quick=args.quick, deadline=started + judge.DEADLINE_S[args.quick], runner=runner, clock=clock,
-                  raw_dir=raw_dir)
+    deadline = judge.DEADLINE_S[args.quick] if args.deadline is None else args.deadline
+    ctx = Context(quick=args.quick, deadline=started + deadline, runner=runner, clock=clock,
+                  raw_dir=raw_dir, tier_k=args.tier_k)
     report = Report(quick=args.quick)
     previous = signal.signal(signal.SIGTERM, _stop)  # the call's `timeout`: the part's processes end, the page stays
     try:
@@ -446,6 +460,8 @@ def _run_parts(ctx: Context, report: Report, args: argparse.Namespace, started: 
               f"{left:.0f} s of the run left)", flush=True)
         if plan.key == "tier" and args.skip_tier:
             part.judge("GPU test tier", Verdict(Verdict.SKIPPED, "--skip-tier"))
+        elif args.only is not None and plan.key != "facts" and plan.key not in args.only:
+            part.judge(plan.key, Verdict(Verdict.SKIPPED, f"not asked for (--only {','.join(sorted(args.only))})"))
         elif limit is None:
             why = "left out under --quick" if args.quick and plan.quick_s <= 0 and plan.key != "tier" else \
                 f"{left:.0f} s of the run left, it needs {plan.min_s} s"

@@ -207,6 +207,7 @@ def _record_step(ranks: list[Process], state: _Judging) -> None:
             peak_bytes=worst.peak_bytes,
             held_bytes=max((r.held_bytes or 0) for r in readings) or None,
             budget_peak_bytes=worst.budget_peak_bytes,
+            cap_lowered=any(r.cap_lowered for r in readings),
         )
     )
     for p in ranks:
@@ -220,6 +221,8 @@ def _step_verdict(ranks: list[Process], state: _Judging) -> Verdict | None:
     over = over_budget(request, ranks, judged)
     if over is not None:
         return Outcome.OUT_OF_MEMORY, over, f"step {judged}"
+    if any(p.steps[judged - 1].cap_lowered for p in ranks):
+        return None  # read under a cap too loose: the next step, under the lowered one, decides
     if not _enough(request, judged, list(state.peaks_by_rank.values()), state.judged_peaks):
         return None
     if request.steady is not None and steady.past_the_margin(state.judged_peaks, request.steady):

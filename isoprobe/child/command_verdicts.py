@@ -42,7 +42,7 @@ def over_budget(request: TrialRequest, ranks: list[Process], judged: int) -> Err
         return None
     for process in ranks:
         step = process.steps[judged - 1]
-        if step.budget_peak_bytes is None or step.budget_peak_bytes <= budget:
+        if step.budget_peak_bytes is None or step.budget_peak_bytes <= budget or step.cap_lowered:
             continue
         parts = ""
         if step.outside_bytes is not None:

@@ -89,6 +89,12 @@ class ShimStep(_Line):
         "step (total - free - reserved): context, libraries, kernels, NCCL.",
     )
     alloc_retries: int | None = Field(None, ge=0, description="CUDA: num_alloc_retries of that device.")
+    cap_lowered: bool = Field(
+        False,
+        description="CUDA: more came outside the allocator in this step than the device's cap left out, so the "
+        "cap was lowered and the device's peaks restarted after it: this step's reading, taken under a cap too "
+        "loose, is no verdict; the next step's is (child.command_verdicts.over_budget).",
+    )
     script_memory_fraction: float | None = Field(
         None,
         ge=0,

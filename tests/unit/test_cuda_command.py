@@ -323,3 +323,37 @@ def test_nccls_other_failures_stay_errors(tmp_path):
     request = TrialRequest(spec=spec, batch_size=4, device="cuda:0", steps=3)
     outcome, _, _ = command_verdicts.exit_verdict(1, 1, request, tmp_path / "stderr")
     assert outcome is Outcome.ERROR
+
+
+def test_a_cap_loosened_by_kernels_loaded_later_is_lowered_and_that_steps_reading_is_no_verdict(shim, monkeypatch):
+    """The H200's command trial (docs/gpu.md, part b): the model's kernels loaded 2 MiB after the cap, the allocator
+    reached the loose cap, and the supervisor called the batch over the budget (75; a card with only the budget free
+    trained 75 and 76). Now that step says ``cap_lowered``, is not judged, and the next step's reading is."""
+    cuda = LazyFakeCuda(FakeCard(total=80 * GiB), context_bytes=CONTEXT, lazy_kernel_bytes=0)
+    _torch(monkeypatch, cuda)
+    hooks = _register(shim, monkeypatch, outside=CONTEXT)
+    weights = [cuda.allocate(100 * MiB, "cuda:0") for _ in range(10)]  # CUDA initialises: capped, 500 MiB left out
+
+    def train_step(first=False):
+        if first:
+            cuda.load(2 * MiB, "the model's kernels, loaded at their first use", "cuda:0")
+        small = [cuda.allocate(6 * MiB, "cuda:0") for _ in range(300)]  # 20 MiB segments, cached after
+        for block in small:
+            cuda.free(block, "cuda:0")
+        large = [cuda.allocate(204 * MiB, "cuda:0") for _ in range(32)]  # lands on the loose cap, then retries
+        for block in large:
+            cuda.free(block, "cuda:0")
+        _step(hooks)
+
+    train_step(first=True)
+    train_step()
+    first, second = _steps_written(Path(os.environ[shim.DIR_ENV]))
+    assert first.cap_lowered and first.budget_peak_bytes == BUDGET + 2 * MiB  # what the H200 read
+    assert not second.cap_lowered and second.budget_peak_bytes <= BUDGET
+    assert cuda.devices[0].fraction == pytest.approx((BUDGET - CONTEXT - 2 * MiB) / (80 * GiB))
+    request = TrialRequest(spec=Spec.model_validate({"command": ["python", "train.py", "{batch_size}"]}), batch_size=75,
+                           device="cuda:0", memory_budget_bytes=BUDGET)
+    ranks = [types.SimpleNamespace(name="the process", steps=[first, second])]
+    assert command_verdicts.over_budget(request, ranks, 1) is None  # read under the loose cap: not judged
+    assert command_verdicts.over_budget(request, ranks, 2) is None
+    assert len(weights) == 10

@@ -337,3 +337,18 @@ def test_the_archive_is_replaced_whole(gc, tmp_path):
     with tarfile.open(target) as tar:
         assert sorted(m.name for m in tar.getmembers() if m.isfile()) == ["gpu_check/a.json", "gpu_check/b.json"]
     assert not (tmp_path / "raw.tar.gz.partial").exists()
+
+
+def test_a_second_call_runs_only_the_parts_it_names_within_its_own_deadline(gc, out, tmp_path):
+    """A call with less device time left (the first call's budget spent): --only and --deadline."""
+    card = FakeCardRunner()
+    code = _main(gc, card, out, tmp_path, "--only", "resnet50_8gib,command_8gib", "--deadline", "280",
+                 "--tier-k", "budget")
+    assert code == 0
+    page = (out / "gpu.md").read_text()
+    assert "- **ResNet50 under 8 GiB**: pass: exact" in page and "- **command trial under 8 GiB**: pass" in page
+    assert "not asked for (--only command_8gib,resnet50_8gib)" in page
+    assert "isoprobe own allocator=expandable_segments:True" not in card.log
+    assert card.now - 1000 <= 280
+    with pytest.raises(SystemExit):
+        _main(gc, card, out, tmp_path, "--only", "no_such_part")

@@ -25,6 +25,11 @@ the process may hold of the card, its context and libraries included. So:
   (``max_memory_reserved(d) > 0``: ``THCPModule_memoryStats`` reads the allocator's counters, no CUDA call, and
   torch returns {} before CUDA is initialised), never ``current_device()``, which a DDP rank that placed its model
   with ``.to(f"cuda:{rank}")`` leaves at 0.
+- **A cap that left out less than came outside the allocator later is lowered, and that step's reading is no
+  verdict** (``cap_lowered``): the model's kernels load lazily at their first use (2 MiB on an H200, docs/gpu.md),
+  and a batch whose allocator reached the loose cap read that much over the budget, where a card with only the
+  budget free trained it. The device's peak statistics restart there (the one statistic of the script's that
+  this changes, once, when its kernels come), and the supervisor judges the next step.
 - **Retries from the first training forward**: ``num_alloc_retries`` accumulates from the process's start, and the
   script's model build is not the batch's; the count when the first forward began is taken off (the script's own
   statistics are not reset).
@@ -120,6 +125,11 @@ def _cap(cuda, index):
     _state["capped"].add(index)
 
 
+def _cap_outside(index):
+    """The memory outside the allocator the device's cap left out."""
+    return max(_state["outside_estimate"], _state["outside"].get(index, 0))
+
+
 def _device_index(cuda, device):
     if device is None:
         return cuda.current_device()
@@ -164,11 +174,16 @@ def memory(cuda, readings):
         reading = readings.card_reading(cuda, index)
         peak = max(reading["budget_peak_bytes"], _state["budget_peaks"].get(index, 0))  # never below a step's
         _state["budget_peaks"][index] = peak
+        lowered = False
         if _state["budget"] is not None and (
-            reading["outside"] > _state["outside"].get(index, 0) or index not in _state["capped"]
+            reading["outside"] > _cap_outside(index) or index not in _state["capped"]
         ):
+            lowered = index in _state["capped"]  # a cap that left out less than is outside now: too loose
             _state["outside"][index] = max(reading["outside"], _state["outside"].get(index, 0))
             _cap(cuda, index)  # a device in use now, or what came outside the allocator since, is capped
+            if lowered:  # this step ran under the loose cap: its reading is not a verdict, the next step's is
+                cuda.reset_peak_memory_stats(index)
+                _state["budget_peaks"][index] = 0
         retries = reading["retries"] - (_state["retries_from"] or {}).get(index, 0)
         line = {
             "peak_bytes": reading["reserved_peak"],
@@ -182,6 +197,8 @@ def memory(cuda, readings):
         }
         if index in _state["script_fractions"]:
             line["script_memory_fraction"] = _state["script_fractions"][index]
+        if lowered:
+            line["cap_lowered"] = True
         if worst is None or peak > worst["budget_peak_bytes"]:
             worst = line
     return worst
