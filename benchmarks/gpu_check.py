@@ -29,6 +29,7 @@ which tests/unit/test_gpu_check_runs.py replaces with a fake card.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import contextlib
 import json
 import os
@@ -235,6 +236,10 @@ def part_facts(part: Part, ctx: Context, report: Report, limit_s: float) -> None
     listing = ctx.runner.run(["nvidia-smi", "-L"], 20).stdout.strip()
     ctx.gpus = judge.visible_gpu_count(listing, os.environ.get("CUDA_VISIBLE_DEVICES")) or int(facts.get("count") or 0)
     commit = ctx.runner.run(["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"], 20).stdout.strip()
+    # The device's copy of the checkout carried a stale .git on the second call (it said b9a33db, the first
+    # call's, for a tree two commits on): the source's own digest says what ran; ``source_digest`` here, on a
+    # checkout of the commit, gives the same figure.
+    commit = f"{commit or '?'}, source sha256 {source_digest(ROOT)}"
     report.facts = [
         f"- device: {facts.get('name')} ({(facts.get('total') or 0) / GiB:.2f} GiB reported, "
         f"{(facts.get('free') or 0) / GiB:.2f} GiB free at the start, compute capability {facts.get('capability')}), "
@@ -354,6 +359,14 @@ def part_ddp(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
                                                                "2-rank gang needs two; not faked on one"))
         return
     edge_check(part, ctx, "2-rank DDP gang under 8 GiB a rank", Workload(ranks=2), limit_s)
+
+
+def source_digest(root: Path) -> str:
+    """The first 12 hex digits of a SHA-256 over isoprobe/'s Python files (path and content, in path order)."""
+    digest = hashlib.sha256()
+    for path in sorted((root / "isoprobe").rglob("*.py")):
+        digest.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
 
 
 def part_tier(part: Part, ctx: Context, report: Report, limit_s: float) -> None:

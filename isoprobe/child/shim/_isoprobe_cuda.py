@@ -175,9 +175,7 @@ def memory(cuda, readings):
         peak = max(reading["budget_peak_bytes"], _state["budget_peaks"].get(index, 0))  # never below a step's
         _state["budget_peaks"][index] = peak
         lowered = False
-        if _state["budget"] is not None and (
-            reading["outside"] > _cap_outside(index) or index not in _state["capped"]
-        ):
+        if _state["budget"] is not None and (reading["outside"] > _cap_outside(index) or index not in _state["capped"]):
             lowered = index in _state["capped"]  # a cap that left out less than is outside now: too loose
             _state["outside"][index] = max(reading["outside"], _state["outside"].get(index, 0))
             _cap(cuda, index)  # a device in use now, or what came outside the allocator since, is capped
