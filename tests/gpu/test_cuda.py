@@ -22,7 +22,11 @@ def test_cuda_probe_finds_an_edge_under_a_budget(write_spec):
     result = json.loads(run.stdout)
     assert result["device"]["backend"] == "cuda"
     assert result["stop_reason"] == "edge_found"
-    assert result["first_failing_batch_size"] == result["max_batch_size"] + 1
+    # Exact: the next batch fails, or every batch between fit only inside the spread (a reading at the cap that
+    # did not fit again under a cap the spread lower: child.cuda.squeeze), listed as marginal.
+    between = set(range(result["max_batch_size"] + 1, result["first_failing_batch_size"]))
+    marginal = {m["batch_size"] for m in (result["edge_margin"] or {}).get("marginal", [])}
+    assert between <= marginal, (between, marginal)
     budget = 2 * 1024**3
     for trial in result["trials"]:
         if trial["outcome"] == "fits":
@@ -34,8 +38,11 @@ def test_cuda_probe_finds_an_edge_under_a_budget(write_spec):
     assert recommendation["soak_steps"] == 20 and recommendation["soaks"][-1]["survived"]
     soak = result["trials"][recommendation["soaks"][-1]["trial"] - 1]
     assert soak["purpose"] == "soak" and soak["batch_size"] == result["recommended_batch_size"]
-    assert len(soak["step_peak_bytes"]) == 20 and soak["step_peak_bytes"] == sorted(soak["step_peak_bytes"])
-    assert soak["step_peak_bytes"][-1] == soak["peak_bytes"] <= budget
+    # The reserved peak only rises, from the step after the cap was last lowered (kernels that loaded after it:
+    # child.cuda.refit_cap restarts the peaks, and that trial steps once more).
+    peaks = soak["step_peak_bytes"]
+    assert len(peaks) >= 20 and peaks[-19:] == sorted(peaks[-19:])
+    assert peaks[-1] <= budget and soak["peak_bytes"] <= budget
 
 
 @pytest.mark.parametrize("setting", ["no_such_key:1", "expandable_segments:true"])
