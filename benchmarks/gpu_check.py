@@ -372,7 +372,8 @@ def source_digest(root: Path) -> str:
 def part_tier(part: Part, ctx: Context, report: Report, limit_s: float) -> None:
     chosen = ["-k", ctx.tier_k] if ctx.tier_k else []
     ran = ctx.runner.run([sys.executable, "-m", "pytest", "tests/gpu", "-m", "gpu", "-n", "0", "-v", "-p",
-                          "no:cacheprovider", "--durations=15", *chosen], limit_s, grace_s=10)
+                          "no:cacheprovider", "--durations=15", *chosen], limit_s, grace_s=10,
+                         env={"ISOPROBE_PRINT_FAILURES_NOW": "1"})  # tests/conftest.py: each failure as it happens
     ctx.save("tier.txt", ran.stdout + "\n--- stderr\n" + ran.stderr)
     verdict, lines = judge.tier_summary(ran.stdout, ran.returncode, ran.seconds, limit_s)
     part.judge("GPU test tier", verdict)
