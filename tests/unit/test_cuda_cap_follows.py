@@ -17,6 +17,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from types import SimpleNamespace
+
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
@@ -229,3 +231,41 @@ def test_2_steps_that_did_not_hold_still_under_the_squeeze_do_not_count():
 def test_3_the_cuda_floor_is_the_same_on_a_small_budget_and_a_whole_h200():
     assert margin.floor_bytes("cuda", 8 * GiB) == margin.floor_bytes("cuda", 140 * GiB) == 40 * MiB
     assert margin.floor_bytes("cpu", 80 * GiB) > margin.FLOOR_BYTES["cpu"]  # the CPU's still grows (measured)
+
+
+class _Step:
+    """``training.Step`` as the squeeze uses it: each run is one ``_step`` on the fake card."""
+
+    def __init__(self, cuda):
+        self.cuda, self.runs, self.batches = cuda, 0, 0
+
+    def run(self, batch):
+        self.runs += 1
+        _step(self.cuda)
+
+    def batch(self, size, indices):
+        self.batches += 1
+        return object()
+
+
+def test_2_the_child_squeezes_only_the_trial_asked_to_whose_reading_is_within_the_spread():
+    """``TrialRequest.margin_check_bytes`` reaches the child's loop (``child.trial._squeeze``): asked, and read at
+    the cap, the trial runs its steps again under the squeezed cap and reads them; not asked, a gang's rank, or a
+    reading that clears the line: no step more."""
+    from isoprobe.child import trial as child_trial
+
+    check_at = BUDGET - margin.FLOOR_BYTES["cuda"]
+    asked = _request().model_copy(update={"margin_check_bytes": check_at})
+    for request, peaks, squeezed in [
+        (asked, [BUDGET], True),
+        (_request(), [BUDGET], False),
+        (asked.model_copy(update={"rank": None, "eval_batch_size": 4}), [BUDGET], False),
+        (asked, [check_at - MiB], False),
+    ]:
+        cuda, torch, _ = _card(lazy=0)
+        _step(cuda)
+        step = _Step(cuda)
+        batch, fit = child_trial._squeeze(request, torch, _Device(), step, object(), SimpleNamespace(peaks=peaks))
+        assert fit is squeezed and step.runs == (child_trial.SQUEEZE_STEPS if squeezed else 0), request
+        if squeezed:
+            assert cuda_readings.card_reading(cuda, DEVICE)["budget_peak_bytes"] < check_at

@@ -94,6 +94,7 @@ class FakeCardRunner:
         if "plain_loop.py" in text:
             return self._plain(argv, limit_s, env)
         if "pytest" in text:
+            self.log.append(f"tier {text} now={env.get('ISOPROBE_PRINT_FAILURES_NOW')}")
             self._took(limit_s / 2, limit_s)
             return Ran(0, "tests/gpu/test_cuda.py::test_x PASSED [100%]\n", "", limit_s / 2)
         raise AssertionError(f"the check started a command the fake card does not know: {text}")
@@ -342,12 +343,14 @@ def test_the_archive_is_replaced_whole(gc, tmp_path):
 def test_a_second_call_runs_only_the_parts_it_names_within_its_own_deadline(gc, out, tmp_path):
     """A call with less device time left (the first call's budget spent): --only and --deadline."""
     card = FakeCardRunner()
-    code = _main(gc, card, out, tmp_path, "--only", "resnet50_8gib,command_8gib", "--deadline", "280",
+    code = _main(gc, card, out, tmp_path, "--only", "resnet50_8gib,command_8gib,tier", "--deadline", "280",
                  "--tier-k", "budget")
     assert code == 0
     page = (out / "gpu.md").read_text()
     assert "- **ResNet50 under 8 GiB**: pass: exact" in page and "- **command trial under 8 GiB**: pass" in page
-    assert "not asked for (--only command_8gib,resnet50_8gib)" in page
+    assert "not asked for (--only command_8gib,resnet50_8gib,tier)" in page
+    [tier] = [line for line in card.log if line.startswith("tier ")]
+    assert "-m gpu" in tier and tier.endswith("-k budget now=1")  # the tests asked for; failures printed at once
     assert "isoprobe own allocator=expandable_segments:True" not in card.log
     assert card.now - 1000 <= 280
     with pytest.raises(SystemExit):
