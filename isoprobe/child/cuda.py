@@ -35,6 +35,7 @@ from isoprobe.child.cuda_readings import (  # noqa: F401 - the readings' one hom
     budget_fraction,
     card_reading,
     outside_allocator_bytes,
+    outside_now,
     own_process_bytes,
     step_readings,
 )
@@ -93,20 +94,11 @@ _CAPS: dict[str, dict[str, int]] = {}
 GRANULE_BYTES = 2 << 20
 
 
-def _outside_now(torch, device) -> tuple[int, int]:
-    """What the process holds outside the allocator now, and the card's total."""
-    free, total = torch.cuda.mem_get_info(device)
-    return (
-        outside_allocator_bytes(free, total, torch.cuda.memory_reserved(device), own_process_bytes(torch.cuda, device)),
-        total,
-    )
-
-
 def setup(torch, device, precision: str, budget_bytes: int | None) -> dict[str, Any]:
     """Initialise, warm up, apply the budget; return the ``TrialResult`` fields this sets."""
     initialise(torch, device)
     warm_up(torch, device, precision)
-    outside, total = _outside_now(torch, device)
+    outside, total = outside_now(torch.cuda, device)
     if budget_bytes:
         torch.cuda.set_per_process_memory_fraction(budget_fraction(budget_bytes, total, outside), device)
         _CAPS[str(device)] = {"budget": budget_bytes, "outside": outside}
@@ -120,7 +112,7 @@ def refit_cap(torch, device, reset_peaks: bool) -> bool:
     cap = _CAPS.get(str(device))
     if cap is None:
         return False
-    outside, total = _outside_now(torch, device)
+    outside, total = outside_now(torch.cuda, device)
     if outside <= cap["outside"]:
         return False
     cap["outside"] = outside
@@ -135,7 +127,7 @@ def squeeze(torch, device, check_at_bytes: int, run_steps) -> bool:
     in the budget's units), with the peaks restarted: True when they fit there and ``run_steps`` says they held
     still (their peaks are then the trial's readings); False when they did not, or the allocator ran out of memory
     (the cap is put back and the trial's earlier readings stand). Any other error is the trial's."""
-    outside, total = _outside_now(torch, device)
+    outside, total = outside_now(torch.cuda, device)
     cap = _CAPS.get(str(device))
     before = budget_fraction(cap["budget"], total, cap["outside"]) if cap else 1.0
     allowed = max(0, check_at_bytes - GRANULE_BYTES - outside)

@@ -145,12 +145,18 @@ def own_process_bytes(cuda, device):
         return None
 
 
+def outside_now(cuda, device):
+    """What this process holds outside the allocator on ``device`` now (``outside_allocator_bytes``, NVML's figure
+    where it can say), and the card's total."""
+    free, total = cuda.mem_get_info(device)
+    return outside_allocator_bytes(free, total, cuda.memory_reserved(device), own_process_bytes(cuda, device)), total
+
+
 def card_reading(cuda, device):
     """One device's readings now, in the budget's units: ``budget_peak_bytes`` (the allocator's need so far plus what
     lies outside it now), with the parts it is made of. ``cuda`` is ``torch.cuda``. One function, so the steps, the
     verdict and a command's steps compare the same thing whichever allocator runs."""
-    free, total = cuda.mem_get_info(device)
-    reserved = cuda.memory_reserved(device)
+    outside, _ = outside_now(cuda, device)
     reserved_peak = cuda.max_memory_reserved(device)
     allocated_peak = cuda.max_memory_allocated(device)
     try:
@@ -165,7 +171,6 @@ def card_reading(cuda, device):
         asynchronous,
         not asynchronous and expandable_segments(stats),
     )
-    outside = outside_allocator_bytes(free, total, reserved, own_process_bytes(cuda, device))
     return {
         "reserved_peak": reserved_peak,
         "allocated_peak": allocated_peak,
