@@ -111,7 +111,7 @@ def _at_cuda_init():
 
 def _cap(cuda, index):
     total = cuda.get_device_properties(index).total_memory
-    outside = max(_state["outside_estimate"], _state["outside"].get(index, 0))
+    outside = _cap_outside(index)
     script_fraction = _state["script_fractions"].get(index)
     fraction = (
         _state["readings"].budget_fraction(_state["budget"], total, outside, script_fraction) if total > 0 else 1.0
