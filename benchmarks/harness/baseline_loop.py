@@ -27,8 +27,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from isoprobe.child.training import Step, build_optimizer  # noqa: E402
-from isoprobe.child.workload import build_model  # noqa: E402
+from isoprobe.child.core.training import Step, build_optimizer  # noqa: E402
+from isoprobe.child.core.workload import build_model  # noqa: E402
 from isoprobe.report.outcomes import Outcome, classify_exception, maybe_allocation_failure  # noqa: E402
 from isoprobe.spec.model import Spec  # noqa: E402
 from isoprobe.spec.search_section import MAX_BATCH_SIZE  # noqa: E402

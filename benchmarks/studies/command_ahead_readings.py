@@ -1,16 +1,16 @@
 """Does a command started ahead read what a cold start reads, and how much start-up does it take off? (issue 49, 3)
 
-A command trial whose interpreter is started ahead (``isoprobe.child.warm_command``) runs the shim's runner
+A command trial whose interpreter is started ahead (``isoprobe.child.command_trial.warm``) runs the shim's runner
 (``child/shim/_isoprobe_warm.py``): the command's interpreter starts, waits (since issue 55 it imports nothing of the
 script's first), and runs the script as ``__main__`` when handed the batch. This study starts each run as a trial starts it, at one
 batch, without the rest of isoprobe, and compares the two starts side by side:
 
-- cold: ``python SCRIPT ARG...``, as ``child.command_start.start_command`` runs it: the shim's folder alone on
+- cold: ``python SCRIPT ARG...``, as ``child.command_trial.start.start_command`` runs it: the shim's folder alone on
   PYTHONPATH, ISOPROBE_SHIM_DIR a fresh folder, ISOPROBE_BATCH_SIZE, the CPU backend's variables
   (OMP_NUM_THREADS=1, MALLOC_MMAP_THRESHOLD_=131072, CUDA_VISIBLE_DEVICES="", PYTHONUNBUFFERED=1,
   PYTHONFAULTHANDLER=1), RLIMIT_DATA soft = hard = the budget, a session of its own, stdin /dev/null, the gate
   opened to ``--steps`` steps before the start;
-- ahead: the same command started as ``child.warm_command.start_ahead`` starts it: its placeholders in, no batch
+- ahead: the same command started as ``child.command_trial.warm.start_ahead`` starts it: its placeholders in, no batch
   variable, ``ISOPROBE_WARM_FD`` naming a pipe; once the shim's ``_isoprobe_warm`` wrote ``warm-ready`` and the process idled ``--idle``
   seconds it gets the trial (``go_message``: the batch variable and the arguments), as a trial hands it over.
 
@@ -147,7 +147,7 @@ def one_run(case: str, variant: str, steps: int, idle: float, timeout: float) ->
         words = [word.replace("{batch_size}", str(batch)) for word in args]
         if variant == "cold":
             argv = [sys.executable, str(script), *words]
-        else:  # as child.warm_command.start_ahead starts it: the placeholders in, the batch on the pipe
+        else:  # as child.command_trial.warm.start_ahead starts it: the placeholders in, the batch on the pipe
             env.pop(BATCH_ENV)
             argv = [sys.executable, str(script), *args]
             read, channel = os.pipe()

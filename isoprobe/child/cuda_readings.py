@@ -1,5 +1,5 @@
-"""The CUDA readings, in the budget's units: the one implementation for isoprobe's own trials (``child.cuda``), the
-step reports (``child.step_report``) and a command trial's shim (``child/shim/_isoprobe_shim.py``).
+"""The CUDA readings, in the budget's units: the one implementation for isoprobe's own trials (``child.core.cuda``), the
+step reports (``child.core.step_report``) and a command trial's shim (``child/shim/_isoprobe_shim.py``).
 
 Standard library only, handed ``torch.cuda``: the shim loads this file by path in the user's process (it imports
 nothing of isoprobe by name), as ``child/srun_rank.py`` loads its stdlib-only modules.

@@ -11,12 +11,10 @@ from __future__ import annotations
 import sys
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child import cuda as child_cuda
-from isoprobe.child.memory import cpu_memory
-from isoprobe.child.reads import files_read, watch_reads
-from isoprobe.child.sources import imported_sources, installed_packages_imported
-from isoprobe.child.training import build_optimizer, enable_checkpointing
-from isoprobe.child.workload import (
+from isoprobe.child.core import cuda as child_cuda
+from isoprobe.child.core.memory import cpu_memory
+from isoprobe.child.core.training import build_optimizer, enable_checkpointing
+from isoprobe.child.core.workload import (
     build_model,
     import_callable,
     import_model_library,
@@ -25,6 +23,8 @@ from isoprobe.child.workload import (
     target_shape,
     task_of,
 )
+from isoprobe.child.reads import files_read, watch_reads
+from isoprobe.child.sources import imported_sources, installed_packages_imported
 from isoprobe.protocol.messages import (
     MESSAGE_CHARS,
     CudaDevice,
@@ -100,14 +100,14 @@ def run_inspect(request: InspectRequest, events: Events) -> None:
 
 
 def _estimate(torch, spec: Spec, python_path: list[str], facts: dict[str, Any]):
-    """The traced memory estimate (``child.estimate``), bounded to a quarter of the check's own timeout.
+    """The traced memory estimate (``child.core.estimate``), bounded to a quarter of the check's own timeout.
 
     On the CPU backend the trials' budget counts the data segment from the process's start, so the import
     baseline measured above (same preload as a trial) is added. On CUDA a trial's reading is what is in use on
     the card, its context included (``child.cuda_readings.card_reading``): what this process's context and any other
     process hold on the card now is added (the libraries a trial warms up come on top: the first trial shows).
     """
-    from isoprobe.child import estimate
+    from isoprobe.child.core import estimate
     from isoprobe.protocol.messages import Estimate
 
     if facts.get("meta_build_warning"):
@@ -212,11 +212,11 @@ def _check_buildable(
             _check_builder_signature(import_callable(spec.model.hf_trainer, python_path), spec.model.kwargs)
         except Exception as exc:
             return [_problem("hf_trainer", exc)]
-        from isoprobe.child.hf_trainer_runner import check_before_trials
+        from isoprobe.child.framework.hf_trainer_runner import check_before_trials
 
         return check_before_trials(spec, python_path, facts)
     if spec.model.lightning is not None:  # the user's LightningModule: built and checked, never traced
-        from isoprobe.child.lightning_runner import check_buildable
+        from isoprobe.child.framework.lightning_runner import check_buildable
 
         return check_buildable(torch, spec, python_path, facts) + _check_precision(
             torch, spec, _trial_device(torch, spec, facts)
@@ -272,12 +272,12 @@ def _check_buildable(
 def _scan_data(
     spec: Spec, python_path: list[str], facts: dict[str, Any], events: Events | None = None
 ) -> tuple[InspectProblem | None, Any]:
-    """The dataset's lengths and worst-first order (``child.data``), before any trial: the data section's
+    """The dataset's lengths and worst-first order (``child.core.data``), before any trial: the data section's
     problems (a factory that raises, an empty or iterable dataset, a length that is no number, samples that
     change from read to read, a collate_fn that cannot collate the two longest samples) are spec errors
     naming their field. Returns the problem, or the collated batch of the two longest samples. Where the pass
     is goes out as ``DataScanning`` events: a check stopped in it then names it."""
-    from isoprobe.child import data
+    from isoprobe.child.core import data
 
     def report(stage: str, samples: int | None = None, scanning: int | None = None) -> None:
         if events is not None:
@@ -298,8 +298,8 @@ def _scan_data(
 def _check_data_forward(torch, spec: Spec, model, collated, facts: dict[str, Any]) -> list[InspectProblem]:
     """One forward pass of the meta model on the two longest samples, collated and moved to the meta device
     (no memory, no compute): a collated batch the model cannot take is a spec error, not a trial's error."""
-    from isoprobe.child.data import as_inputs_and_targets
-    from isoprobe.child.workload import adapt_inputs, call_model
+    from isoprobe.child.core.data import as_inputs_and_targets
+    from isoprobe.child.core.workload import adapt_inputs, call_model
 
     inputs, _ = as_inputs_and_targets(collated)
     try:

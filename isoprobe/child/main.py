@@ -118,7 +118,7 @@ def import_preload() -> tuple[list[str], float]:
 
 
 #: isoprobe's own modules that every trial runs: with them the protocol, the spec's models, pydantic.
-OWN_MODULES = ("isoprobe.protocol.messages", "isoprobe.child.trial")
+OWN_MODULES = ("isoprobe.protocol.messages", "isoprobe.child.core.trial")
 
 
 def load_own(*more: str):
@@ -145,7 +145,7 @@ def _start_command_ahead() -> None:
     plan = os.environ.pop(WARM_PLAN_ENV, None)
     if not plan:
         return
-    from isoprobe.child.warm_command import start_ahead, wait_ready
+    from isoprobe.child.command_trial.warm import start_ahead, wait_ready
 
     ahead = start_ahead(plan)
     if ahead is not None:

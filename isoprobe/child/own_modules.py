@@ -4,7 +4,7 @@ isoprobe's own modules (pydantic, the protocol, the spec's models, this package)
 not in the user's, and would move the edge below a plain process's (figures: docs/measurements.md, "Moved from
 code"). ``import_own`` measures them in each process, imported after torch so that only what torch would not have
 imported anyway is counted; so is the request it reads (its pydantic spec); ``credit_own`` raises the cap by that
-much before the user's code runs (``system.data_cap.credit``), and every reading of ``child.memory`` leaves it
+much before the user's code runs (``system.data_cap.credit``), and every reading of ``child.core.memory`` leaves it
 out: the cap and the peaks are a plain process's.
 """
 

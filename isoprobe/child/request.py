@@ -48,7 +48,7 @@ def driver_loaded(maps_path: str = "/proc/self/maps") -> bool:
 def run_request(request_path: str, events: Events) -> None:
     """Read the request and run it: a trial, or the environment check (imported only for it: a trial does not
     carry its code)."""
-    from isoprobe.child.trial import run_trial
+    from isoprobe.child.core.trial import run_trial
     from isoprobe.protocol.messages import InspectRequest, read_request
 
     read = []

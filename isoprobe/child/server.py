@@ -371,7 +371,7 @@ def _park_threads(count: int) -> None:
     Native threads in ``pause()`` with every signal blocked, not Python ones:
     a Python thread allocates, and its first allocation maps a new malloc arena
     whose reservation lifts VmPeak, from which the data peak is estimated
-    (``child.memory``); ``pause`` allocates nothing and, with no signal to
+    (``child.core.memory``); ``pause`` allocates nothing and, with no signal to
     wake it, never returns.
     """
     if count <= 0:

@@ -1,7 +1,7 @@
 """isoprobe's own modules are compiled from source in every child, whether or not bytecode caches exist.
 
 Why: what isoprobe's own modules leave in a CPU trial's process depends on how
-they are loaded, and the cap's credit (``child.memory``) is only as exact as
+they are loaded, and the cap's credit (``child.core.memory``) is only as exact as
 that is repeatable. Measured 2026-11-26 on this project's machine (small-cnn at
 batch 152, one thread, data peak less the credit, against a plain process that
 imports only torch: 1338.80 to 1338.96 MB in 3 runs): compiled from source, the

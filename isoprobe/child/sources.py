@@ -97,7 +97,8 @@ def imported_sources(
 
 def file_digests(paths) -> dict[str, str]:
     """Path -> SHA-256 of each readable regular file among ``paths``, sorted; one that cannot be read is left out
-    (the entry then simply does not depend on it). Shared with a command trial's supervisor (``child.command``)."""
+    (the entry then simply does not depend on it). Shared with a command trial's supervisor
+    (``child.command_trial.supervisor``)."""
     digests: dict[str, str] = {}
     for path in paths:
         if path in digests:

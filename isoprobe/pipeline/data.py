@@ -1,6 +1,6 @@
 """The parent's side of ``spec.data``: which indices a trial is sent, the search's cap, what the result says.
 
-Pure: everything comes from the environment check's ``DataScan`` (``child.data``).
+Pure: everything comes from the environment check's ``DataScan`` (``child.core.data``).
 """
 
 from __future__ import annotations

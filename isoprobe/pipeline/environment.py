@@ -138,7 +138,7 @@ def inspect_environment(spec: Spec, spec_path: str, executor: Executor, python_p
     return inspected.facts.model_copy(update={"estimate": estimated.estimate})
 
 
-#: The headline faulthandler's watchdog writes before it ends a process (``child.estimate._hard_deadline``).
+#: The headline faulthandler's watchdog writes before it ends a process (``child.core.estimate._hard_deadline``).
 def resolve_target(spec: Spec, facts: Facts, budget_source: str | None, source: str = "spec") -> Target:
     """Pick the backend from the spec's device and what the inspect child saw. Pure given ``facts``."""
     requested = spec.device

@@ -4,7 +4,7 @@ A job validates with its training state in memory: weights, gradients,
 optimizer state. So each evaluation trial runs the training steps at the
 training answer (the recommended batch, else the maximum), drops that batch,
 and runs one evaluation pass (eval mode, ``training.eval_grad``) at the batch
-under test (``child.trial``); its verdict is the evaluation's. The training
+under test (``child.core.trial``); its verdict is the evaluation's. The training
 trials run no evaluation pass any more: the training answer is never lowered
 by evaluation, and the evaluation answer is proven on its own.
 

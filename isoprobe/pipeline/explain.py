@@ -34,7 +34,7 @@ class Found:
     marginal: tuple[int, ...] = ()
 
 
-#: Command trials isoprobe refuses to credit, with what the user can do (``child.command_verdicts``).
+#: Command trials isoprobe refuses to credit, with what the user can do (``child.command_trial.verdicts``).
 _REFUSALS = {
     "CommandBatchNotTrained": "let the script train at the batch it is given: turn its own batch-size finder off and "
     "pass {batch_size} to where its batches are built",

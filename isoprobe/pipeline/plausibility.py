@@ -75,7 +75,7 @@ def implausible(events: list, asked: Asked) -> str | None:
     )
     if asked.cycle is not None:
         most = max(most, asked.cycle.max_steps + (asked.steady.window if asked.steady is not None else 0))
-    most += sum(e.cap_lowered for e in steps)  # each lowered cap asks for one more step (child.cuda.refit_cap)
+    most += sum(e.cap_lowered for e in steps)  # each lowered cap asks for one more step (child.core.cuda.refit_cap)
     if numbers != list(range(1, len(numbers) + 1)) or not least <= len(numbers) <= most:
         asked_for = f"{least}" if least == most else f"{least} to {most}"
         reasons.append(f"{asked_for} training steps were asked for, the step events show {numbers or 'none'}")
@@ -139,7 +139,7 @@ def cuda_over_budget(result: TrialResult, budget: int) -> str | None:
 
 
 #: How far below the import baseline a CPU trial's budget peak may read and still be a reading, not a broken one.
-#: The peak is VmPeak less the address space that is not data *now* (``child.memory.cpu_readings``), which can
+#: The peak is VmPeak less the address space that is not data *now* (``child.core.memory.cpu_readings``), which can
 #: have grown since the peak (a library or a thread's guard page mapped after it), so a model that adds almost
 #: nothing to the baseline can read a little under it: a 16-feature model's trial read 40 KiB below in one run of
 #: the whole suite (tests/integration/test_data_limit.py), 180 KiB above alone. Anything broken or forged reads

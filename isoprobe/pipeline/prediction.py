@@ -1,7 +1,7 @@
 """The estimate before any trial, on the parent's side: the search's prior, the result's prediction,
 ``isoprobe estimate``.
 
-The child traces one training step without real memory (``child.estimate``)
+The child traces one training step without real memory (``child.core.estimate``)
 and sends a ``protocol.Estimate``. Here it becomes three things, none of which
 imports torch: the ``search.Prior`` the guided search starts from, the
 ``result.Prediction`` reported next to the measured answer (with its error),

@@ -2,7 +2,8 @@
 
 The shim (``isoprobe/child/shim/_isoprobe_shim.py``) runs in the process being measured, so it imports nothing
 of isoprobe's (pydantic alone would add megabytes to the very peak it reports) and writes these lines with
-``json``. Its reader, the trial's supervisor (``isoprobe.child.command``), validates each one against these
+``json``. Its reader, the trial's supervisor (``isoprobe.child.command_trial.supervisor``), validates each one
+against these
 models: a line that is cut short or does not match is dropped, never guessed at, as the events of isoprobe's own
 children are (``protocol.messages``). ``tests/unit/test_command_shim.py`` checks that what the shim writes is
 what these models take.
@@ -93,7 +94,7 @@ class ShimStep(_Line):
         False,
         description="CUDA: more came outside the allocator in this step than the device's cap left out, so the "
         "cap was lowered and the device's peaks restarted after it: this step's reading, taken under a cap too "
-        "loose, is no verdict; the next step's is (child.command_verdicts.over_budget).",
+        "loose, is no verdict; the next step's is (child.command_trial.verdicts.over_budget).",
     )
     script_memory_fraction: float | None = Field(
         None,
@@ -107,7 +108,7 @@ class ShimStep(_Line):
         description="The input shapes of the "
         "model's completed forwards since the step before (root module calls with "
         "gradients on and trainable parameters; the last few): the batch this step "
-        "trained at, as isoprobe.child.trained_batch judges it.",
+        "trained at, as isoprobe.child.command_trial.trained_batch judges it.",
     )
     forward_count: int = Field(
         0,
@@ -181,7 +182,7 @@ class ShimException(_Line):
 class CommandSeen(BaseModel):
     """An event of a command trial's supervisor (``protocol.messages``): how far each of the command's processes
     got and what the command printed last, written at the start and then whenever that changes, at most every
-    ``child.command_seen.interval`` seconds. A trial killed at its timeout writes no verdict; this is what it says
+    ``child.command_trial.seen.interval`` seconds. A trial killed at its timeout writes no verdict; this is what it says
     then: which rank hung and at which step, and the command's last lines (its stdout and stderr are files in the
     child's folder, which the parent does not read; issue 56 found "the command printed nothing" said of one that
     printed its steps)."""

@@ -131,7 +131,7 @@ class ModelBuilt(_Event):
 
 
 class DataScanning(_Event):
-    """The environment check's pass over spec.data's dataset (``child.data.scan``): where it is, so that a check
+    """The environment check's pass over spec.data's dataset (``child.core.data.scan``): where it is, so that a check
     stopped by its timeout names the data scan rather than the model build."""
 
     event: Literal["data_scan"] = "data_scan"
@@ -160,13 +160,13 @@ class StepDone(_Event):
     heap_churn_bytes: int | None = Field(
         None,
         description="CPU: how far glibc's heaps reached above what they hold right after the step "
-        "(child.heap_churn.heap_churn); the trial's report.result.Trial.heap_churn_bytes is read "
+        "(child.core.heap_churn.heap_churn); the trial's report.result.Trial.heap_churn_bytes is read "
         "from these. Null: not read (CUDA, or no glibc).",
     )
     cap_lowered: bool = Field(
         False,
         description="CUDA: more memory came outside the allocator in this step than the cap had left out, so the "
-        "cap was lowered after it and the peaks restarted (child.cuda.refit_cap): the trial steps at least once "
+        "cap was lowered after it and the peaks restarted (child.core.cuda.refit_cap): the trial steps at least once "
         "more, and this step's reading, taken under a cap too loose, is not its verdict.",
     )
 
@@ -189,13 +189,14 @@ class EvalDone(_Event):
     seconds: float
 
 
-#: The error type of a command trial's verdict 'crashed' (``child.rank_loss``): a rank lost to a signal.
+#: The error type of a command trial's verdict 'crashed' (``child.command_trial.rank_loss``): a rank lost to a signal.
 RANK_LOST = "RankLost"
 
 
 class TrialResult(_Event):
     """The child's own verdict: fits, out_of_memory or error, with what it measured; or crashed, from a command
-    trial's supervisor only, which saw a rank of the command lost to a signal (``child.rank_loss``) while it
+    trial's supervisor only, which saw a rank of the command lost to a signal (``child.command_trial.rank_loss``)
+    while it
     itself ran on to say which."""
 
     event: Literal["result"] = "result"
@@ -289,7 +290,7 @@ class InspectProblem(Message):
 
 
 class Estimate(Message):
-    """The memory estimate before any trial (``child.estimate``): one traced step, in the budget's units.
+    """The memory estimate before any trial (``child.core.estimate``): one traced step, in the budget's units.
 
     Peak ~ ``fixed_bytes + per_sample_bytes * batch``. Without ``per_sample_bytes`` there is no estimate and
     ``note`` says why (skipped, or the trace failed); the search then starts as it does without one.
@@ -325,7 +326,7 @@ class Estimate(Message):
 
 
 class DataScan(Message):
-    """The environment check's pass over the spec's dataset (``child.data``): its size and the longest samples."""
+    """The environment check's pass over the spec's dataset (``child.core.data``): its size and the longest samples."""
 
     samples: int = Field(ge=1, description="len(dataset).")
     scanned: int = Field(ge=1, description="Samples whose length was computed (spec.data.scanned_indices).")
@@ -360,7 +361,7 @@ class Facts(Message):
         "was built, beyond the model's library: the trials' warm children and fork server import them before "
         "the request, so that a forked trial holds what a fresh process does.",
     )
-    data: DataScan | None = Field(None, description="With spec.data: the dataset's lengths (``child.data``).")
+    data: DataScan | None = Field(None, description="With spec.data: the dataset's lengths (``child.core.data``).")
     train_samples: int | None = Field(
         None,
         description="With model.hf_trainer: the length of the Trainer's train_dataset (None: an iterable one). "

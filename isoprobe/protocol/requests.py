@@ -102,7 +102,7 @@ class TrialRequest(Message):
         ge=0,
         description="CUDA, a training trial of isoprobe's own loop in one process: the capacity less the spread, "
         "in the budget's units. A trial whose peak reads at or above it runs its steps again under a cap that "
-        "leaves its reading below it (child.cuda.squeeze): fitting there, those steps are its readings. "
+        "leaves its reading below it (child.core.cuda.squeeze): fitting there, those steps are its readings. "
         "None: no check.",
     )
 

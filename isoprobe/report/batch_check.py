@@ -10,7 +10,8 @@ detection model given a list of B images, one forward per image, micro-batches o
 
 So the judgement has two parts:
 
-- **In the trial** (``isoprobe.child.trained_batch``): was B, or a multiple of it, anywhere in what the step's
+- **In the trial** (``isoprobe.child.command_trial.trained_batch``): was B, or a multiple of it, anywhere in what the
+step's
   training forwards took (a dimension, a list's length, offsets' count, the number of forwards, their leading
   dimensions' sum)? ``trained``: yes, in some step; ``unclear``: forwards were seen, B nowhere in them. A script
   that trained at B in its first steps and then, in its last two, on markedly smaller inputs is refused in the

@@ -1,6 +1,7 @@
 """How far each rank of a command got, and the words for a rank that fell behind the others (issue 56, item 6).
 
-A command trial's supervisor (``child.command``) reads each process's optimizer steps; a step of the trial is one
+A command trial's supervisor (``child.command_trial.supervisor``) reads each process's optimizer steps; a step of the
+trial is one
 that every rank has made, and that is all the parent saw. So a trial whose ranks were apart when it ended (rank 1
 hung before its first step while rank 0 stepped up to the gate, a rank that exited without stepping) read as "no
 optimizer step seen" and blamed the script's optimizer, and a hung rank was never named. These words name the rank

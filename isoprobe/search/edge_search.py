@@ -30,7 +30,7 @@ limits, verdicts and the bracket), ``search.steps.py`` (the two steps, the
 memory line and the prior), this module (the plan, the conclusion, the loop),
 and ``search.parallel.py`` (several batches a round, for parallel slots).
 
-A *prior* (``Limits.prior``: the line traced before any trial, ``child.estimate``)
+A *prior* (``Limits.prior``: the line traced before any trial, ``child.core.estimate``)
 only moves where the guided search looks: the first trial goes to the prior's
 edge instead of the start (``first_batch``), stepping until steady, so that it
 decides the maximum if it fits: two trials when the estimate is exact. If it

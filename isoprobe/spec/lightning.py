@@ -1,7 +1,7 @@
 """The spec's ``lightning`` section: the Trainer arguments that change what a step of ``trainer.fit`` holds.
 
 With ``model.lightning`` the trial is the user's own ``LightningModule`` under
-Lightning's own loop (``child.lightning_runner``): its ``training_step``,
+Lightning's own loop (``child.framework.lightning_runner``): its ``training_step``,
 ``configure_optimizers`` and ``train_dataloader()``. What the Trainer adds to
 memory is set here; the rest of the spec says it where it already has a field
 (``training.precision`` is the Trainer's precision, ``distributed.strategy:

@@ -1,6 +1,6 @@
 """A process's memory as /proc tells it: the one reader of ``/proc/PID/status`` and of the writable shared mappings.
 
-Standard library only, importing nothing of isoprobe's: the trial's own readings (``child.memory``,
+Standard library only, importing nothing of isoprobe's: the trial's own readings (``child.core.memory``,
 ``child.own_modules``) import it, and the command trial's shim (``child/shim/_isoprobe_shim.py``, which imports
 nothing of isoprobe) loads this file by path, in the user's process.
 """

@@ -1,4 +1,4 @@
-"""A training script that does not train at the batch it is given: test material for ``child.trained_batch``.
+"""A training script that does not train at the batch it is given: test material for ``child.command_trial.trained_batch``.
 
     python tests/commands/not_its_batch.py --mode fixed --batch-size 512
     python tests/commands/not_its_batch.py --mode halving --batch-size 4096

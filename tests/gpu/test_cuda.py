@@ -23,7 +23,7 @@ def test_cuda_probe_finds_an_edge_under_a_budget(write_spec):
     assert result["device"]["backend"] == "cuda"
     assert result["stop_reason"] == "edge_found"
     # Exact: the next batch fails, or every batch between fit only inside the spread (a reading at the cap that
-    # did not fit again under a cap the spread lower: child.cuda.squeeze), listed as marginal.
+    # did not fit again under a cap the spread lower: child.core.cuda.squeeze), listed as marginal.
     between = set(range(result["max_batch_size"] + 1, result["first_failing_batch_size"]))
     marginal = {m["batch_size"] for m in (result["edge_margin"] or {}).get("marginal", [])}
     assert between <= marginal, (between, marginal)
@@ -39,7 +39,7 @@ def test_cuda_probe_finds_an_edge_under_a_budget(write_spec):
     soak = result["trials"][recommendation["soaks"][-1]["trial"] - 1]
     assert soak["purpose"] == "soak" and soak["batch_size"] == result["recommended_batch_size"]
     # The reserved peak only rises, from the step after the cap was last lowered (kernels that loaded after it:
-    # child.cuda.refit_cap restarts the peaks, and that trial steps once more).
+    # child.core.cuda.refit_cap restarts the peaks, and that trial steps once more).
     peaks = soak["step_peak_bytes"]
     assert len(peaks) >= 20 and peaks[-19:] == sorted(peaks[-19:])
     assert peaks[-1] <= budget and soak["peak_bytes"] <= budget

@@ -35,7 +35,7 @@ def test_the_warm_up_takes_the_libraries_memory_before_the_model(precision):
     """After setup, a real matmul and convolution forward and backward add (almost) nothing outside the allocator."""
     found = _python(f"""
         import json, torch
-        from isoprobe.child import cuda
+        from isoprobe.child.core import cuda
         device = torch.device("cuda:0")
         cuda.setup(torch, device, {precision!r}, None)
         def outside():
@@ -58,7 +58,7 @@ def test_the_warm_up_takes_the_libraries_memory_before_the_model(precision):
 def test_under_a_budget_allocator_and_outside_memory_stay_within_it():
     found = _python("""
         import json, torch
-        from isoprobe.child import cuda
+        from isoprobe.child.core import cuda
         device = torch.device("cuda:0")
         budget = 2 * 1024**3
         cuda.setup(torch, device, "fp32", budget)
@@ -155,7 +155,8 @@ def test_a_neighbours_memory_is_not_read_as_the_trials_own():
         assert holder.stdout.readline().strip() == "held"
         found = _python("""
             import json, torch
-            from isoprobe.child import cuda, cuda_readings
+            from isoprobe.child import cuda_readings
+            from isoprobe.child.core import cuda
             device = torch.device("cuda:0")
             cuda.setup(torch, device, "fp32", 8 * 1024**3)
             reading = cuda_readings.card_reading(torch.cuda, device)

@@ -156,7 +156,7 @@ def test_running_out_of_memory_in_the_collate_fn_is_the_edge_of_a_plain_process(
 
 def test_a_bug_in_the_collate_fn_is_reported_as_the_users_own_exception(tmp_path):
     """Issue 34, the same class: a KeyError in the collate_fn at a trial is the user's error (exit 4), named as
-    theirs, not as isoprobe.child.data.DataProblem. (The environment check collates two samples: this collate_fn
+    theirs, not as isoprobe.child.core.data.DataProblem. (The environment check collates two samples: this collate_fn
     fails only from 4 on, as one that indexes a field of the third sample would.)"""
     path = _hostile_spec(tmp_path, "fixed", "key_error_from_4", search={"start_batch_size": 4})
     run = run_cli("run", path, timeout=600)

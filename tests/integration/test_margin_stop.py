@@ -1,6 +1,6 @@
 """A deciding trial stops in the child once its peak reaches the margin (issue 35: ``SteadyRule.stop_at_bytes``).
 
-The rule is applied by the real child's step hook (``child.step_report``), so this runs real children: with a
+The rule is applied by the real child's step hook (``child.core.step_report``), so this runs real children: with a
 spread wider than the whole budget's headroom, the deciding trial's peak is past the margin from its first steps
 and the child must stop at search.steps; with the rule off (search.edge_spread 0) the same trial steps until its
 peak holds still (at least the window and one: a quiet heap's window where its heap churns at most a MiB a step). A child that ignored ``stop_at_bytes`` fails the first probe.

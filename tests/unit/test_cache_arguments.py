@@ -14,7 +14,7 @@ from pathlib import Path
 from isoprobe.cache import arguments
 from isoprobe.cache.sources import READ_FILES, READ_FOLDERS, SourceRecorder, changed_source
 from isoprobe.cache.store import cache_key, command_material
-from isoprobe.child.command import _reads
+from isoprobe.child.command_trial.supervisor import _reads
 from isoprobe.spec.model import Spec
 
 

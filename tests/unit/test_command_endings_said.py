@@ -16,7 +16,11 @@ import signal
 
 import pytest
 
-from isoprobe.child import command_seen, command_tree, command_verdicts
+from isoprobe.child.command_trial import seen as command_seen
+
+from isoprobe.child.command_trial import tree as command_tree
+
+from isoprobe.child.command_trial import verdicts as command_verdicts
 from isoprobe.executors import ChildRun
 from isoprobe.pipeline.explain import Found, explain
 from isoprobe.pipeline.trial_record import trial_from_run

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from isoprobe.child.command import _enough
+from isoprobe.child.command_trial.supervisor import _enough
 from isoprobe.protocol.messages import TrialRequest
 from isoprobe.report import steady
 from isoprobe.spec.model import Spec

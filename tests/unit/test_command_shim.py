@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from isoprobe.child import command as supervisor
-from isoprobe.child import command_tree, command_verdicts  # noqa: E402
+from isoprobe.child.command_trial import supervisor
+from isoprobe.child.command_trial import tree as command_tree  # noqa: E402
+from isoprobe.child.command_trial import verdicts as command_verdicts
 from isoprobe.protocol.command import SHIM_DIR_ENV, SHIM_FOLDER, ShimException, ShimHello, ShimStep, parse_lines
 from isoprobe.pipeline.plausibility import Asked, over_budget
 from isoprobe.protocol.messages import TrialRequest, TrialResult

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from isoprobe.child import cuda as child_cuda
+from isoprobe.child.core import cuda as child_cuda
 from isoprobe.report.trial import Sizes
 
 GiB = 1024**3

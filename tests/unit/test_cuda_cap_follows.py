@@ -1,12 +1,12 @@
 """The CUDA budget as the first GPU run measured it (docs/gpu.md, H200, torch 2.11), on the fake device of
 tests/support/fake_cuda.py.
 
-1. **The cap follows what comes outside the allocator after it was set** (``child.cuda.refit_cap``). The model's
+1. **The cap follows what comes outside the allocator after it was set** (``child.core.cuda.refit_cap``). The model's
    kernels load lazily at their first use, after the warm-up that the cap was computed after: 2 MiB on the H200.
    Every batch whose allocator then reached the cap read 2 MiB over the budget and was called out of memory, where a
    card with only the budget free trained it (75 and 76; isoprobe said 74). Each test below failed on the code
    before the fix.
-2. **A peak within the spread is tested, not read** (``child.cuda.squeeze``): near the cap the allocator frees its
+2. **A peak within the spread is tested, not read** (``child.core.cuda.squeeze``): near the cap the allocator frees its
    cache and retries, so its reading is the cap's; the steps run again under a cap the spread lower decide.
 3. **The CUDA floor has no part that grows with the card**: 0.2 % was 286 MiB on the 140 GiB card, where fresh
    processes differed by 2 MiB, and ruled out 375 and 376, which a plain loop trained there.
@@ -26,8 +26,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from fake_cuda import GiB, MiB, FakeCard, FakeCuda, fake_torch  # noqa: E402
 from scripted_probe import hog_spec  # noqa: E402
 
-from isoprobe.child import cuda as child_cuda  # noqa: E402
-from isoprobe.child import cuda_readings, step_report  # noqa: E402
+from isoprobe.child.core import cuda as child_cuda  # noqa: E402
+from isoprobe.child import cuda_readings  # noqa: E402
+from isoprobe.child.core import step_report
 from isoprobe.pipeline.plausibility import Asked, implausible  # noqa: E402
 from isoprobe.protocol.messages import MemoryReading, ModelBuilt, StepDone, TrialRequest, TrialResult  # noqa: E402
 from isoprobe.report.outcomes import Outcome  # noqa: E402
@@ -249,10 +250,10 @@ class _Step:
 
 
 def test_2_the_child_squeezes_only_the_trial_asked_to_whose_reading_is_within_the_spread():
-    """``TrialRequest.margin_check_bytes`` reaches the child's loop (``child.trial._squeeze``): asked, and read at
+    """``TrialRequest.margin_check_bytes`` reaches the child's loop (``child.core.trial._squeeze``): asked, and read at
     the cap, the trial runs its steps again under the squeezed cap and reads them; not asked, a gang's rank, or a
     reading that clears the line: no step more."""
-    from isoprobe.child import trial as child_trial
+    from isoprobe.child.core import trial as child_trial
 
     check_at = BUDGET - margin.FLOOR_BYTES["cuda"]
     asked = _request().model_copy(update={"margin_check_bytes": check_at})

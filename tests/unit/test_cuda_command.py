@@ -2,7 +2,7 @@
 on the fake device of tests/support/fake_cuda.py.
 
 The shim (``isoprobe/child/shim/_isoprobe_shim.py``) is imported as a module of its own, with a fake ``torch`` in
-``sys.modules``, as the user's process would have torch; the supervisor (``isoprobe.child.command``) runs in a fresh
+``sys.modules``, as the user's process would have torch; the supervisor (``isoprobe.child.command_trial.supervisor``) runs in a fresh
 interpreter where it starts a command, since it kills every process below its own when a trial ends.
 
 ``LazyFakeCuda`` (tests/support/lazy_fake_cuda.py) adds CUDA's lazy initialisation to the fake, which the shim
@@ -28,9 +28,11 @@ from fake_cuda import (GiB, MiB, NCCL_OOM_MESSAGE, DistBackendError, FakeCard, F
                        OutOfMemoryError, fake_torch)
 from lazy_fake_cuda import LazyFakeCuda  # noqa: E402
 
-from isoprobe.child import command as supervisor  # noqa: E402
-from isoprobe.child import command_start, command_tree, command_verdicts  # noqa: E402
-from isoprobe.child import cuda as child_cuda  # noqa: E402
+from isoprobe.child.command_trial import supervisor  # noqa: E402
+from isoprobe.child.command_trial import start as command_start  # noqa: E402
+from isoprobe.child.command_trial import tree as command_tree
+from isoprobe.child.command_trial import verdicts as command_verdicts
+from isoprobe.child.core import cuda as child_cuda  # noqa: E402
 from isoprobe.protocol.command import SHIM_FOLDER, ShimException, ShimStep, parse_lines  # noqa: E402
 from isoprobe.protocol.messages import TrialRequest  # noqa: E402
 from isoprobe.report.outcomes import Outcome  # noqa: E402
@@ -202,7 +204,7 @@ def _run_trial(tmp_path: Path, lines: list[dict], budget: int = BUDGET, steps: i
     spec = Spec.model_validate({"command": [sys.executable, str(script), "{batch_size}"], "command_dir": str(tmp_path)})
     request = TrialRequest(spec=spec, batch_size=4, device="cuda:0", memory_budget_bytes=budget, steps=steps)
     runner = ("import json, sys\n"
-              "from isoprobe.child.command import run_command_trial\n"
+              "from isoprobe.child.command_trial.supervisor import run_command_trial\n"
               "from isoprobe.protocol.messages import TrialRequest\n"
               "class Events:\n"
               "    def emit(self, event):\n"

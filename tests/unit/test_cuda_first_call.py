@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from fake_cuda import GiB, MiB, FakeCard, FakeCuda, OutOfMemoryError, fake_pynvml, fake_torch  # noqa: E402
 from lazy_fake_cuda import LazyFakeCuda  # noqa: E402
 
-from isoprobe.child import cuda as child_cuda  # noqa: E402
+from isoprobe.child.core import cuda as child_cuda  # noqa: E402
 from isoprobe.child import cuda_readings  # noqa: E402
 from isoprobe.errors import SpecError  # noqa: E402
 from isoprobe.pipeline import parallel  # noqa: E402

@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from isoprobe.child.optimizer_state import OptimizerNeverStepped, RealSteps
+from isoprobe.child.core.optimizer_state import OptimizerNeverStepped, RealSteps
 from isoprobe.report.trial import Sizes
 
 torch = pytest.importorskip("torch")
@@ -48,7 +48,7 @@ class _Step:
 
 
 def _trial(step: _Step, asked: int) -> int:
-    """The trial's loop as child.trial runs it: the asked steps, then settle; returns the extra steps."""
+    """The trial's loop as child.core.trial runs it: the asked steps, then settle; returns the extra steps."""
     done = []
     real = RealSteps(step, lambda: len(done) + 1)
     for _ in range(asked):

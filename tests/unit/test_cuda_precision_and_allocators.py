@@ -7,7 +7,7 @@ import types
 
 import pytest
 
-from isoprobe.child import cuda as child_cuda
+from isoprobe.child.core import cuda as child_cuda
 from isoprobe.child import environment_check
 from isoprobe.spec.model import Spec
 

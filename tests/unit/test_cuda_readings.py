@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "support"))
 from fake_cuda import (GiB, MiB, NCCL_OOM_MESSAGE, DistBackendError, FakeCard, FakeCuda,  # noqa: E402
                        OutOfMemoryError, fake_torch, segment_size)
 
-from isoprobe.child import cuda as child_cuda  # noqa: E402
+from isoprobe.child.core import cuda as child_cuda  # noqa: E402
 from isoprobe.child import request as child_request  # noqa: E402
 from isoprobe.pipeline.plausibility import Asked, over_budget  # noqa: E402
 from isoprobe.protocol.messages import TrialResult  # noqa: E402
@@ -32,7 +32,7 @@ DEVICE = "cuda:0"
 
 def _trial_process(budget: int | None, card: FakeCard | None = None, backend: str = "native", warm_up: int = 120 * MiB,
                    **fake):
-    """A trial's process after ``child.cuda.setup``: context, warm-up, fraction. The warm-up is the fake's."""
+    """A trial's process after ``child.core.cuda.setup``: context, warm-up, fraction. The warm-up is the fake's."""
     cuda = FakeCuda(card or FakeCard(total=80 * GiB), context_bytes=480 * MiB, warm_up_bytes=warm_up, backend=backend,
                     **fake)
     torch = fake_torch(cuda)
@@ -232,7 +232,7 @@ def test_2_a_command_trial_carries_the_checks_outside_memory_to_its_shim():
     the memory outside it: the environment check's figure (its context, other processes) is taken off first."""
     from pathlib import Path as _Path
 
-    from isoprobe.child.command_start import request_environment
+    from isoprobe.child.command_trial.start import request_environment
     from isoprobe.pipeline.environment import Target
     from isoprobe.protocol.command import SHIM_CUDA_OUTSIDE_ENV
     from isoprobe.protocol.messages import TrialRequest

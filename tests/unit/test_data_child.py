@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from isoprobe.child import data
+from isoprobe.child.core import data
 from isoprobe.spec.data import INDICES_IN_REQUEST
 from isoprobe.spec.model import Spec
 
@@ -130,8 +130,8 @@ def _hostile(dataset: str, collate_fn: str | None = None, **data) -> Spec:
 
 
 def _trial_batch(spec: Spec, batch_size: int, sent: list[int] | None = None):
-    """The batch as a trial makes it (``workload.make_batch``: what ``child.trial`` calls and classifies)."""
-    from isoprobe.child import workload
+    """The batch as a trial makes it (``workload.make_batch``: what ``child.core.trial`` calls and classifies)."""
+    from isoprobe.child.core import workload
 
     if sent is None:
         scanned, _ = data.scan(spec, [])
@@ -163,7 +163,7 @@ def test_an_allocation_failure_while_the_trial_builds_the_dataset_is_out_of_memo
 
 
 def test_a_bug_in_the_collate_fn_is_the_users_error_named_by_its_own_type():
-    """Issue 34: the user's KeyError was reported as isoprobe.child.data.DataProblem; it stays a KeyError (an
+    """Issue 34: the user's KeyError was reported as isoprobe.child.core.data.DataProblem; it stays a KeyError (an
     error, not a memory verdict), its message theirs, with a note naming the field."""
     with pytest.raises(KeyError) as raised:
         _trial_batch(_hostile("fixed", "key_error_collate", kwargs={"samples": 8}), 4, sent=[0, 1, 2, 3])

@@ -15,7 +15,7 @@ from isoprobe.spec.model import Spec
 
 torch = pytest.importorskip("torch")
 
-from isoprobe.child import estimate as child_estimate  # noqa: E402
+from isoprobe.child.core import estimate as child_estimate  # noqa: E402
 
 
 def _spec(factory: str, tmp_path, **extra) -> Spec:
@@ -218,7 +218,7 @@ def test_the_check_stands_whatever_the_models_code_does_during_the_trace():
 
 
 def test_search_estimate_false_skips_the_trace_and_says_why():
-    from isoprobe.child.estimate import skip_reason
+    from isoprobe.child.core.estimate import skip_reason
     from isoprobe.spec.model import Spec
 
     raw = {"model": {"torchvision": "resnet18"}, "input": {"shape": [3, 32, 32]}, "target": {"classes": 10}}

@@ -1,4 +1,4 @@
-"""An own trial's heap churn (``child.heap_churn.heap_churn``): what a step grew and gave back of glibc's heaps.
+"""An own trial's heap churn (``child.core.heap_churn.heap_churn``): what a step grew and gave back of glibc's heaps.
 
 It sets the floor of the spread for one process (``search.margin``): blocks a step frees can be held into the
 next step in another run's address-space layout. Read from ``malloc_info``'s closing totals (the heaps' size now
@@ -10,7 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from isoprobe.child.heap_churn import heap_churn
+from isoprobe.child.core.heap_churn import heap_churn
 
 MiB = 1024**2
 
@@ -60,7 +60,7 @@ def test_an_unreadable_report_is_no_reading_never_zero():
 #: (under the mmap threshold: on the heap) were built and freed, as a step builds and frees its small blocks.
 STEP = """
 import json
-from isoprobe.child.heap_churn import heap_churn
+from isoprobe.child.core.heap_churn import heap_churn
 before = heap_churn()
 blocks = [bytearray(4096) for _ in range(1024)]
 del blocks

@@ -1,8 +1,8 @@
-"""child.hf_trainer_runner.unwrapped: an out-of-memory error a wrapper re-raised as its cause is classified as itself."""
+"""child.framework.hf_trainer_runner.unwrapped: an out-of-memory error a wrapper re-raised as its cause is classified as itself."""
 
 from __future__ import annotations
 
-from isoprobe.child.hf_trainer_runner import unwrapped
+from isoprobe.child.framework.hf_trainer_runner import unwrapped
 
 
 class WrapperError(Exception):

@@ -180,12 +180,12 @@ def test_the_top_level_is_a_dozen_layers():
 
 
 def test_an_arrow_against_the_table_is_named():
-    modules = {"isoprobe.child.trial": {"isoprobe.executors.local", "isoprobe.protocol.messages", "torch"},
+    modules = {"isoprobe.child.core.trial": {"isoprobe.executors.local", "isoprobe.protocol.messages", "torch"},
                "isoprobe.search.steps": {"os", "math", "isoprobe.report.outcomes"},
                "isoprobe.cache.store": {"torch"},
                "isoprobe.pipeline.answer": {"lightning.pytorch"}}
     found = violations(modules, RULES)
-    assert any("child.trial imports isoprobe.executors.local" in line for line in found), found
+    assert any("child.core.trial imports isoprobe.executors.local" in line for line in found), found
     assert any("search.steps imports os: search/ is pure" in line for line in found), found
     assert any("cache.store imports torch" in line for line in found), found
     assert any("pipeline.answer imports lightning.pytorch: only child and lightning" in line for line in found), found
@@ -203,10 +203,10 @@ def test_a_circle_is_found():
 
 
 @pytest.mark.parametrize("line, expected", [
-    ("from isoprobe.child import distributed", "isoprobe.child.distributed"),
+    ("from isoprobe.child.core import distributed", "isoprobe.child.core.distributed"),
     ("from isoprobe.report.result import Result", "isoprobe.report.result"),
     ("from isoprobe import steady", "isoprobe"),  # no such module at the top any more
-    ("from . import memory", "isoprobe.child.memory"),
+    ("from . import events", "isoprobe.child.events"),
     ("from ..report import outcomes", "isoprobe.report.outcomes"),
     ("import torch.nn as nn", "torch.nn"),
 ])

@@ -14,7 +14,7 @@ import lightning as L  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "support"))
 from lightning_models import HogModule, NoBatchSize, RandomFeatures  # noqa: E402
 
-from isoprobe.child.lightning_runner import (  # noqa: E402
+from isoprobe.child.framework.lightning_runner import (  # noqa: E402
     batch_problem, batch_size_holders, leading_sizes, loader_facts, original)
 from isoprobe.lightning import init_arguments, reference, spec_for  # noqa: E402
 from isoprobe.spec.load import load_spec  # noqa: E402

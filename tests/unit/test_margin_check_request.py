@@ -1,5 +1,5 @@
 """The parent asks a CUDA trial of isoprobe's own loop to test its margin (``TrialRequest.margin_check_bytes``,
-``child.cuda.squeeze``) at the capacity less the spread; a CPU trial never (its reading is the cap's own, the
+``child.core.cuda.squeeze``) at the capacity less the spread; a CPU trial never (its reading is the cap's own, the
 data segment), nor a command's (its shim has no squeeze)."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The CPU trial's budget peak counts the shared memory the cap lets through (``child/memory.py``).
+"""The CPU trial's budget peak counts the shared memory the cap lets through (``child/core/memory.py``).
 
 RLIMIT_DATA does not count MAP_SHARED mappings, so the child adds them to its
 data segment's peak; the parent then refuses a 'fits' above the budget
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import mmap
 
-from isoprobe.child.memory import budget_peak
+from isoprobe.child.core.memory import budget_peak
 from isoprobe.system.proc_memory import shared_writable_bytes
 
 MiB = 1024**2

@@ -13,8 +13,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from isoprobe.child import workload  # noqa: E402
-from isoprobe.child.training import Step  # noqa: E402
+from isoprobe.child.core import workload  # noqa: E402
+from isoprobe.child.core.training import Step  # noqa: E402
 from isoprobe.spec.model import Spec  # noqa: E402
 
 MODELS = str(__import__("pathlib").Path(__file__).resolve().parents[1] / "support" / "models.py")

@@ -15,7 +15,9 @@ import sys
 
 import pytest
 
-from isoprobe.child import memory, own_modules
+from isoprobe.child import own_modules
+
+from isoprobe.child.core import memory
 from isoprobe.child.main import started_line
 from isoprobe.executors.processes import prepare_child
 from isoprobe.protocol.messages import Started, parse_events
@@ -35,7 +37,7 @@ def test_the_child_entry_imports_nothing_of_its_own_before_the_preload():
     """pydantic, the protocol, the spec: imported before torch they could not be measured apart from it."""
     loaded = python("import sys, isoprobe.child.main; "
                     "print(' '.join(sorted(m for m in sys.modules if m.split('.')[0] in ('isoprobe', 'pydantic'))))")
-    assert set(loaded.split()) <= {"isoprobe", "isoprobe.child", "isoprobe.child.main", "isoprobe.child.memory", "isoprobe.child.own_modules",
+    assert set(loaded.split()) <= {"isoprobe", "isoprobe.child", "isoprobe.child.main", "isoprobe.child.core.memory", "isoprobe.child.own_modules",
                                    "isoprobe.child.events", "isoprobe.child.request", "isoprobe.child.source_only",
                                    "isoprobe.child.preload",  # the preload's import itself: standard library only
                                    "isoprobe.protocol",

@@ -7,9 +7,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from isoprobe.child import command as supervisor
-from isoprobe.child import command_tree, command_verdicts  # noqa: E402
-from isoprobe.child.rank_loss import killed_rank, launcher_exits, peer_loss
+from isoprobe.child.command_trial import supervisor
+from isoprobe.child.command_trial import tree as command_tree  # noqa: E402
+from isoprobe.child.command_trial import verdicts as command_verdicts
+from isoprobe.child.command_trial.rank_loss import killed_rank, launcher_exits, peer_loss
 from isoprobe.report.outcomes import Outcome
 
 #: torchrun's failure report, as torch.distributed.elastic.multiprocessing.errors formats it (torch 2.14).

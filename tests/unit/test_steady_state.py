@@ -251,12 +251,12 @@ def test_a_batch_the_search_already_ran_until_steady_is_not_run_again_below_a_ma
 
 
 def test_the_childs_step_hook_stops_a_quiet_heap_after_the_shorter_window(monkeypatch):
-    """The child applies the quiet window itself (``child.step_report.StepHook``): with a flat peak from step 2 and a
+    """The child applies the quiet window itself (``child.core.step_report.StepHook``): with a flat peak from step 2 and a
     quiet heap it stops after step 5, with a loud one after step 7. A child that ignored ``quiet_window`` would
     step on to 7 in both (the parent's re-judgement accepts either, so only this sees it)."""
     from types import SimpleNamespace
 
-    from isoprobe.child import step_report
+    from isoprobe.child.core import step_report
 
     def steps_until_stop(churn: int) -> int:
         peaks = iter([90 * MiB] + [100 * MiB] * 29)

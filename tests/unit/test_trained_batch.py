@@ -14,8 +14,8 @@ import json
 
 import pytest
 
-from isoprobe.child.command_verdicts import step_inputs
-from isoprobe.child.trained_batch import StepInputs, judge, step_shows
+from isoprobe.child.command_trial.verdicts import step_inputs
+from isoprobe.child.command_trial.trained_batch import StepInputs, judge, step_shows
 from isoprobe.protocol.command import ShimStep
 from isoprobe.report.batch_check import BatchCheck, contradiction, contradiction_message, unclear_note
 from shim_run import shim_lines

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from isoprobe.child import warm_command
+from isoprobe.child.command_trial import warm as warm_command
 from isoprobe.pipeline.command_ahead import command_plan, starts_ahead
 from isoprobe.protocol.messages import TrialRequest
 from isoprobe.protocol.warm_command import WarmPlan, go_message, warm_shape

@@ -6,7 +6,8 @@ halving loop that catches its own out-of-memory error), or run out of data. Ever
 shapes of the *root* forwards (a module called while no other module call is in progress in that thread) that
 completed with gradients on and trainable parameters since the step before: the model's own forward, not its
 submodules', not a frozen teacher's, not a loss module's, not an evaluation under ``no_grad``, and not an
-attempt that ran out of memory inside its forward. The supervisor (``isoprobe.child.trained_batch``) judges
+attempt that ran out of memory inside its forward. The supervisor (``isoprobe.child.command_trial.trained_batch``)
+judges
 them. Global module hooks: one pre-hook and one always-called forward hook keep the depth (an exception in a
 forward still unwinds it), one forward hook with kwargs records (HF models take ``model(**batch)``). Nothing
 runs while Dynamo traces: a compiled region sees no hook of ours.

@@ -9,7 +9,8 @@ Accelerate's).
 
 After each optimizer step it appends one JSON line to its own file in the trial's folder (its step, time and
 memory readings, in the units of isoprobe's own trials) and then waits at the *gate* until the trial's
-supervisor (``isoprobe.child.command``, which judges every process's steps as the parent judges a trial) allows
+supervisor (``isoprobe.child.command_trial.supervisor``, which judges every process's steps as the parent judges a
+trial) allows
 the next step. A process is never ended from here (a rank that left in a hook while the others sit in a
 collective would block them): the supervisor ends the whole tree once it has seen enough. An exception that
 reaches the top of a process is written too, so an out-of-memory is classified from the exception itself.
@@ -32,7 +33,7 @@ if TYPE_CHECKING:
 #: The trial's folder: this process's lines go to ``p<pid>.jsonl`` in it, and the supervisor's gate is ``gate``.
 DIR_ENV = "ISOPROBE_SHIM_DIR"
 #: CUDA: the per-rank budget in bytes: what the process may hold of each card it uses, context and libraries
-#: included (what ``cudaMemGetInfo`` shows it holding), as isoprobe's own trials mean it (``child.cuda``).
+#: included (what ``cudaMemGetInfo`` shows it holding), as isoprobe's own trials mean it (``child.core.cuda``).
 CUDA_BUDGET_ENV = "ISOPROBE_SHIM_CUDA_BUDGET"
 #: CUDA: the best figure for the memory outside the allocator known before the command runs (bytes), taken off
 #: the fraction from CUDA's lazy initialisation on; each step's own reading of it takes over once it is larger.
@@ -281,7 +282,8 @@ def _memory():
             return reading
     status = _own("system", "proc_memory").status_bytes("VmHWM", "VmRSS", "VmData", "RssFile")
     # The data segment now (what RLIMIT_DATA counts); the supervisor raises it to the most it sampled of this
-    # process's data segment during the step (isoprobe.child.command). Not VmPeak, from which isoprobe's own
+    # process's data segment during the step (isoprobe.child.command_trial.supervisor). Not VmPeak, from which
+    # isoprobe's own
     # trials estimate the data peak: a malloc arena that a new thread maps reserves address space the cap never
     # counts, and a script's threads (gloo's, a DataLoader's) lifted that estimate to the cap at every batch
     # (docs/measurements.md, "Moved from code"). Not the writable shared mappings

@@ -1,6 +1,6 @@
 """A command's interpreter, started ahead of its trial: wait for the batch, then let the interpreter go on.
 
-The trial's process waiting for its request (``isoprobe.child.warm_command``) starts the command exactly as the
+The trial's process waiting for its request (``isoprobe.child.command_trial.warm``) starts the command exactly as the
 trial would (``python [FLAGS] SCRIPT ARG...`` or ``-m MODULE``: the same interpreter, flags, environment, working
 directory, cap and session), but with the batch's placeholder still in its arguments, no batch variable, and
 ``ISOPROBE_WARM_FD`` naming a pipe. The shim's ``sitecustomize`` calls ``wait_here`` at the end of the interpreter's

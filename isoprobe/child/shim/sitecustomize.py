@@ -1,4 +1,5 @@
-"""isoprobe's start-up shim for a command trial (``isoprobe.child.command``): imported by every Python process
+"""isoprobe's start-up shim for a command trial (``isoprobe.child.command_trial.supervisor``): imported by every
+Python process
 the command starts, because this folder is first on their PYTHONPATH.
 
 Deliberately tiny: it runs before the user's code, in the process that is measured, and whatever it loads then

@@ -13,7 +13,7 @@ trial. In a trial the user's own exception is raised instead, unwrapped: a
 MemoryError (or torch's out-of-memory error) while the user's code builds the
 batch is out of memory at that batch, since the real job builds the same batch
 in the same process, and any other exception is the user's error under its own
-name (``child.trial`` classifies both).
+name (``child.core.trial`` classifies both).
 
 The worst batch is only the worst if a sample is the same each time it is
 read: the check reads the longest samples again, in the same dataset and in a
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from isoprobe.child.references import import_callable
+from isoprobe.child.core.references import import_callable
 from isoprobe.protocol.messages import DataScan
 from isoprobe.spec.data import INDICES_IN_REQUEST, SAMPLE_SEED, DataSpec, scanned_indices, worst_first
 from isoprobe.spec.model import Spec

@@ -1,7 +1,7 @@
 """The trial process's side of a command started ahead (``protocol.warm_command``): start it while this process
 waits for its request, then hand it the trial, or end it and let the trial start the command cold.
 
-The command is started here as the trial would start it (``child.command_start``): the same folder, environment
+The command is started here as the trial would start it (``child.command_trial.start``): the same folder, environment
 but for the batch, cap and session; under this process, so under its keeper, which ends it with everything else
 of the trial. When the request comes, the trial takes it only if everything the trial would start differs from
 what was started in the batch alone: the interpreter and script, the working directory, the environment, the cap.
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from isoprobe.child.command_start import (
+from isoprobe.child.command_trial.start import (
     command_cap,
     command_environment,
     request_argv,

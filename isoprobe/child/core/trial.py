@@ -15,15 +15,15 @@ import sys
 import traceback
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child import cuda as child_cuda
-from isoprobe.child.frameworks import final_readings, framework_runner
-from isoprobe.child.memory import cpu_memory
-from isoprobe.child.optimizer_state import RealSteps
+from isoprobe.child.core import cuda as child_cuda
+from isoprobe.child.core.memory import cpu_memory
+from isoprobe.child.core.optimizer_state import RealSteps
+from isoprobe.child.core.step_report import Progress, StepHook
+from isoprobe.child.core.training import Step
+from isoprobe.child.core.workload import build_model, import_model_library
+from isoprobe.child.framework.runners import final_readings, framework_runner
 from isoprobe.child.reads import files_read, watch_reads
 from isoprobe.child.sources import imported_sources
-from isoprobe.child.step_report import Progress, StepHook
-from isoprobe.child.training import Step
-from isoprobe.child.workload import build_model, import_model_library
 from isoprobe.protocol.messages import (
     MESSAGE_CHARS,
     EvalDone,
@@ -44,8 +44,8 @@ _TRACEBACK_LINES = 25
 
 
 def run_trial(request: TrialRequest, events: Events) -> None:
-    if request.spec.command is not None:  # the job's own command, supervised from here (child.command)
-        from isoprobe.child.command import run_command_trial
+    if request.spec.command is not None:  # the job's own command, supervised from here (child.command_trial.supervisor)
+        from isoprobe.child.command_trial.supervisor import run_command_trial
 
         return run_command_trial(request, events)
     watch_reads()  # before the user's code runs (see cache_reads)
@@ -114,12 +114,12 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
 
     device = torch.device(request.device)
     cuda = device.type == "cuda"
-    if cuda:  # first thing: a bad allocator setting raises here, inside the try (see child.cuda)
+    if cuda:  # first thing: a bad allocator setting raises here, inside the try (see child.core.cuda)
         child_cuda.initialise(torch, device)
     if request.rank is not None:
         # One rank of a gang meets the others before building what they share. On CUDA before the budget
         # is set: nccl's communicators take memory outside the allocator, which the budget must leave out.
-        from isoprobe.child.distributed import join
+        from isoprobe.child.core.distributed import join
 
         join(request.rank, device)
     if cuda:
@@ -128,7 +128,7 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
     progress.phase = "imported"
     events.emit(Imported(memory=cpu_memory()))
     runner = framework_runner(spec.model.source)
-    if runner is not None:  # the user's own trainer runs the steps (child.frameworks)
+    if runner is not None:  # the user's own trainer runs the steps (child.framework.runners)
         report.update(runner(request, events, progress, torch, device))
         progress.phase = "done"
         return report
@@ -181,7 +181,7 @@ def _train(request: TrialRequest, events: Events, progress: Progress) -> dict[st
     return report
 
 
-#: The steps a squeezed trial runs again (``child.cuda.squeeze``): the first gives the cache back and refits under
+#: The steps a squeezed trial runs again (``child.core.cuda.squeeze``): the first gives the cache back and refits under
 #: the lower cap, the second repeats it as every later step would. A deciding trial runs its rule's window again.
 SQUEEZE_STEPS = 2
 

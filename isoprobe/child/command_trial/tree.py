@@ -1,4 +1,5 @@
-"""What a command trial's processes reported, read by its supervisor (``child.command``): each process's lines
+"""What a command trial's processes reported, read by its supervisor (``child.command_trial.supervisor``): each
+process's lines
 from the shim, who is a rank, and the data segment sampled from outside each rank (CPU backend).
 
 The shim (``child/shim``) writes one file of JSON lines per process into the trial's folder; ``Tree`` reads them,

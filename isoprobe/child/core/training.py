@@ -14,7 +14,7 @@ import functools
 import time
 from collections.abc import Callable
 
-from isoprobe.child import distributed, workload
+from isoprobe.child.core import distributed, workload
 from isoprobe.report.trial import Applied, Sizes
 from isoprobe.spec.model import Spec
 

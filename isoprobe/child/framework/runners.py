@@ -7,7 +7,7 @@ allocates (its precision plugin, clipping, accumulation, the user's own step and
 data). A runner is ``run(request, events, progress, torch, device) -> dict``:
 
 - build what the user named, then emit ``ModelBuilt`` (``progress.phase = "model_built"``);
-- make a ``child.step_report.StepHook`` and call ``begin()`` before each optimizer
+- make a ``child.core.step_report.StepHook`` and call ``begin()`` before each optimizer
   step and ``after_step()`` after it, from the framework's own per-step callback,
   and stop the framework's loop as soon as ``after_step()`` is True (the request's
   steps, or the steady rule: the parent judges the same events as for ``Step``);
@@ -26,14 +26,14 @@ import importlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from isoprobe.child import cuda as child_cuda
-from isoprobe.child.memory import cpu_readings
+from isoprobe.child.core import cuda as child_cuda
+from isoprobe.child.core.memory import cpu_readings
 from isoprobe.report.trial import Sizes
 
 #: ``spec.model.source`` -> the runner, ``"module:function"``.
 FRAMEWORK_RUNNERS: dict[str, str] = {
-    "hf_trainer": "isoprobe.child.hf_trainer_runner:run_trainer",
-    "lightning": "isoprobe.child.lightning_runner:run",
+    "hf_trainer": "isoprobe.child.framework.hf_trainer_runner:run_trainer",
+    "lightning": "isoprobe.child.framework.lightning_runner:run",
 }
 
 
@@ -49,7 +49,7 @@ def framework_runner(source: str | None) -> Callable[..., dict[str, Any]] | None
 def final_readings(
     torch: Any, device: Any, sizes: Sizes | None = None, step_peaks: Sequence[int] = ()
 ) -> dict[str, Any]:
-    """The peak readings a trial reports with its verdict (``TrialResult`` fields), as ``child.trial`` reads them;
+    """The peak readings a trial reports with its verdict (``TrialResult`` fields), as ``child.core.trial`` reads them;
     ``step_peaks``: the steps' budget readings (on CUDA the verdict's is never below them)."""
     if device.type == "cuda":
         return child_cuda.readings(torch, device, sizes or Sizes(), max(step_peaks, default=None))

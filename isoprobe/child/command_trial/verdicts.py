@@ -1,4 +1,5 @@
-"""How a command trial ended, classified from what its processes and its launcher left (``child.command``'s
+"""How a command trial ended, classified from what its processes and its launcher left
+(``child.command_trial.supervisor``'s
 verdicts): an exception at the top of a rank, a rank lost to a signal, a command that ended on its own, lines
 the shim cannot have written, a batch the script did not train at, a CUDA reading past the budget. Never
 guessed: each names the process and quotes its last words. Nothing here imports torch.
@@ -12,9 +13,9 @@ import subprocess
 import sys
 from pathlib import Path
 
-from isoprobe.child.command_tree import Process, Tree, alive
-from isoprobe.child.rank_loss import killed_rank, lost_message, peer_loss
-from isoprobe.child.trained_batch import StepInputs, judge
+from isoprobe.child.command_trial.rank_loss import killed_rank, lost_message, peer_loss
+from isoprobe.child.command_trial.trained_batch import StepInputs, judge
+from isoprobe.child.command_trial.tree import Process, Tree, alive
 from isoprobe.protocol.command import SHIM_DIR_ENV
 from isoprobe.protocol.messages import MESSAGE_CHARS, RANK_LOST, TrialRequest
 from isoprobe.report.batch_check import NOT_TRAINED, BatchCheck
@@ -63,7 +64,8 @@ def over_budget(request: TrialRequest, ranks: list[Process], judged: int) -> Err
 def batch_judgement(
     request: TrialRequest, ranks: list[Process], judged: int, world: int
 ) -> tuple[BatchCheck | None, ErrorInfo | None]:
-    """What the trial's judged steps, on every rank, showed of the batch asked (``child.trained_batch``), and an
+    """What the trial's judged steps, on every rank, showed of the batch asked
+    (``child.command_trial.trained_batch``), and an
     error when they show it trained at the batch in its first steps only (the trial would credit a batch the
     script stopped training at). ``batch_check: off``: not judged."""
     if request.spec.batch_check == "off":
@@ -77,7 +79,7 @@ def batch_judgement(
 
 
 def step_inputs(step) -> StepInputs:
-    """A shim step line's record of its training forwards, as ``child.trained_batch`` judges it."""
+    """A shim step line's record of its training forwards, as ``child.command_trial.trained_batch`` judges it."""
     return StepInputs(
         forwards=step.forwards,
         forward_count=step.forward_count,
@@ -119,7 +121,7 @@ def rank_lost_verdict(
     process: subprocess.Popen, tree: Tree, failed: Process, judged: int, stderr_path: Path
 ) -> tuple[Outcome, ErrorInfo, str] | None:
     """A crash, naming the lost rank, when ``failed``'s error is a transport's whose peer is gone and a rank of the
-    gang was lost without an error of its own (``child.rank_loss``); None: the failure is what it says."""
+    gang was lost without an error of its own (``child.command_trial.rank_loss``); None: the failure is what it says."""
     exception = failed.exception
     # torchrun's own ChildFailedError: under load it can stop the peers before any of them saw the loss, and its
     # report is then the only words; its root cause names the rank a signal killed (issue 56: "the script's error")
@@ -201,7 +203,7 @@ def exit_verdict(
     status: int, judged: int, request: TrialRequest, stderr_path: Path, processes: list[RankProgress] | tuple = ()
 ) -> tuple[Outcome, ErrorInfo, str]:
     """The command ended before the trial had run enough, and no exception line says why. ``processes``: how far
-    each of its processes got (``child.command_seen.progress``), so that ranks apart are named, not blamed on the
+    each of its processes got (``child.command_trial.seen.progress``), so that ranks apart are named, not blamed on the
     optimizer (issue 56)."""
     asked = request.steps or request.spec.search.steps
     tail = stderr_tail(stderr_path)

@@ -13,7 +13,7 @@ memory the cap let through and the parent can refuse a 'fits' that used it
 (``pipeline.plausibility``). The measurement: docs/measurements.md, "Moved from code".
 
 isoprobe's own modules are measured and credited in ``child.own_modules``; every
-reading here leaves them out. glibc's heap churn: ``child.heap_churn``.
+reading here leaves them out. glibc's heap churn: ``child.core.heap_churn``.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """A trial of ``model.lightning``: the user's LightningModule under Lightning's own ``trainer.fit``.
 
-The runner of ``child.frameworks`` for the ``lightning`` source. What fits is
+The runner of ``child.framework.runners`` for the ``lightning`` source. What fits is
 what the user's loop allocates: the module's own ``training_step`` and
 ``configure_optimizers`` (scheduler and all), real batches from its (or the
 data module's) ``train_dataloader()``, and the Trainer's precision plugin,
@@ -31,7 +31,7 @@ ReduceLROnPlateau whose metric only validation logs is not strict in a trial
 which validates, would step it.
 
 A rank of a gang (``distributed.strategy: ddp``) has joined the process group
-already (``child.distributed.join``); ``LOCAL_RANK`` in the environment makes
+already (``child.core.distributed.join``); ``LOCAL_RANK`` in the environment makes
 Lightning attach to it as it does to ranks that torchrun started, instead of
 launching processes of its own.
 """
@@ -42,19 +42,19 @@ import os
 from collections.abc import Sized
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child import cuda as child_cuda
-from isoprobe.child.frameworks import final_readings, framework_cycle
-from isoprobe.child.memory import cpu_memory
-from isoprobe.child.step_report import StepHook
-from isoprobe.child.workload import import_callable
+from isoprobe.child.core import cuda as child_cuda
+from isoprobe.child.core.memory import cpu_memory
+from isoprobe.child.core.step_report import StepHook
+from isoprobe.child.core.workload import import_callable
+from isoprobe.child.framework.runners import final_readings, framework_cycle
 from isoprobe.protocol.messages import MESSAGE_CHARS, InspectProblem, ModelBuilt
 from isoprobe.report import steady
 from isoprobe.spec.lightning import LIGHTNING_PRECISION, LightningSpec
 from isoprobe.spec.model import Spec
 
 if TYPE_CHECKING:
+    from isoprobe.child.core.step_report import Progress
     from isoprobe.child.events import Events
-    from isoprobe.child.step_report import Progress
     from isoprobe.protocol.messages import TrialRequest
 
 
@@ -306,7 +306,7 @@ def original(exc: BaseException) -> BaseException:
 
 
 def run(request: TrialRequest, events: Events, progress: Progress, torch: Any, device: Any) -> dict[str, Any]:
-    """The runner (``child.frameworks``' contract): build, fit for the hook's steps, return the readings."""
+    """The runner (``child.framework.runners``' contract): build, fit for the hook's steps, return the readings."""
     import lightning.pytorch as pl
     from lightning.pytorch.utilities.parsing import lightning_setattr
 

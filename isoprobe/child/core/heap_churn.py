@@ -1,7 +1,7 @@
 """glibc's heap churn after a step: how far its heaps reached above what they hold now (``heap_churn``).
 
-Read after every step of a CPU trial (``child.step_report``): the floor of the spread (``search.margin``). A
-command's trial measures the same from outside (``child.command_tree``).
+Read after every step of a CPU trial (``child.core.step_report``): the floor of the spread (``search.margin``). A
+command's trial measures the same from outside (``child.command_trial.tree``).
 """
 
 from __future__ import annotations
@@ -20,7 +20,8 @@ def heap_churn(info: bytes | None = None) -> int | None:
     Why: blocks under the mmap threshold (``MALLOC_MMAP_THRESHOLD_``, set on every CPU trial) live in the heaps,
     and blocks a step frees can stay held into the next step in some address-space layouts and not in others,
     so another run of the same batch can need up to this much more than the trial read (the floor of the spread,
-    ``search.margin``; a command's trial measures the same from outside, ``child.command``). Tensors of 128 KiB
+    ``search.margin``; a command's trial measures the same from outside, ``child.command_trial.supervisor``). Tensors
+    of 128 KiB
     and more are mmapped and freed exactly, so a model whose samples are large tensors churns nothing here.
 
     Read from ``malloc_info`` (glibc 2.10+): per arena it keeps the size obtained from the system and the most it

@@ -18,7 +18,7 @@ match by chance and be credited; the rule across trials catches a script whose i
   of its steps that did: it trains at another batch after its first steps (a warm-up at the given
   batch). One short step is not this: the last batch of an epoch may be short.
 
-Pure: the supervisor (``child.command``) passes the steps as the shim wrote them.
+Pure: the supervisor (``child.command_trial.supervisor``) passes the steps as the shim wrote them.
 """
 
 from __future__ import annotations

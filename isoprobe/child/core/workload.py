@@ -19,7 +19,7 @@ import importlib.util
 from dataclasses import dataclass
 from typing import Any
 
-from isoprobe.child.references import import_callable
+from isoprobe.child.core.references import import_callable
 from isoprobe.spec.input_target import InputSpec, TargetSpec
 from isoprobe.spec.model import Spec
 
@@ -156,7 +156,7 @@ def _data_batch(spec: Spec, batch_size: int, device, python_path: list[str], flo
     """The B longest samples, collated by the user's collate_fn, on the device; read as model.batch's pair is."""
     import torch
 
-    from isoprobe.child import data
+    from isoprobe.child.core import data
 
     dataset, collated = data.trial_batch(spec, batch_size, sent, python_path)  # raises the user's own exception
     inputs, targets = data.as_inputs_and_targets(collated)

@@ -4,7 +4,7 @@ The user's function (``f(batch_size, **model.kwargs) -> transformers.Trainer``)
 builds their model, ``TrainingArguments``, dataset and collator in this fresh
 process; the Trainer's own loop then runs, so what fits is what it allocates
 (its precision, accumulation, clipping, optimizer, collator and batches of its
-own data). The runner follows ``child.frameworks``'s contract. On the returned
+own data). The runner follows ``child.framework.runners``'s contract. On the returned
 Trainer it changes only what a trial must differ in from the real job, and
 keeps everything that changes memory:
 
@@ -33,18 +33,18 @@ import gc
 import time
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child import cuda as child_cuda
-from isoprobe.child.frameworks import final_readings, framework_cycle
-from isoprobe.child.memory import cpu_memory
-from isoprobe.child.step_report import StepHook
-from isoprobe.child.workload import import_callable
+from isoprobe.child.core import cuda as child_cuda
+from isoprobe.child.core.memory import cpu_memory
+from isoprobe.child.core.step_report import StepHook
+from isoprobe.child.core.workload import import_callable
+from isoprobe.child.framework.runners import final_readings, framework_cycle
 from isoprobe.protocol.messages import MESSAGE_CHARS, EvalDone, InspectProblem, ModelBuilt, TrialRequest
 from isoprobe.report import steady
 from isoprobe.report.outcomes import Outcome, classify_exception
 
 if TYPE_CHECKING:
+    from isoprobe.child.core.step_report import Progress
     from isoprobe.child.events import Events
-    from isoprobe.child.step_report import Progress
 
 #: Evaluation batches run with ``training.eval_pass``: the first two, at the Trainer's own eval batch.
 EVAL_BATCHES = 2

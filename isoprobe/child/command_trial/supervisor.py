@@ -4,7 +4,7 @@ The trial's child process (under the keeper, the lifeline, the timeout and the C
 not train here: it starts the user's command (``spec.command``, the batch in its arguments and in
 ``ISOPROBE_BATCH_SIZE``) in a session of its own, with the shim's folder first on PYTHONPATH, and reads what
 the shim writes from inside every Python process of the command's tree (``protocol.command``). It then does
-what ``child.step_report.StepHook`` does for isoprobe's own loop:
+what ``child.core.step_report.StepHook`` does for isoprobe's own loop:
 
 - each process's optimizer steps are its steps; a process that stepped is a *rank*. When a rank says how many
   there are (``WORLD_SIZE``: torchrun, accelerate launch, DeepSpeed), the trial waits for all of them; a step of
@@ -14,7 +14,7 @@ what ``child.step_report.StepHook`` does for isoprobe's own loop:
   judges them as any trial's;
 - the ranks wait at a *gate* after each step until this supervisor has judged it, so no rank runs a step the
   verdict does not know of; when the trial has run enough, the whole tree is killed between two steps;
-- the verdict is classified, never guessed (``child.command_verdicts``): an allocation failure that reached the
+- the verdict is classified, never guessed (``child.command_trial.verdicts``): an allocation failure that reached the
   top of any rank is out of memory (that rank named, the others killed at once); another exception is the script's
   error; a command that ends with status 0 before the steps asked ended on its own, which is an error that says so.
 
@@ -35,10 +35,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from isoprobe.child.command_seen import Watch, progress
-from isoprobe.child.command_start import command_cap, request_argv, request_environment, start_command
-from isoprobe.child.command_tree import POLL_SECONDS, SAMPLE_SECONDS, Process, Sampler, Tree
-from isoprobe.child.command_verdicts import (
+from isoprobe.child.command_trial.seen import Watch, progress
+from isoprobe.child.command_trial.start import command_cap, request_argv, request_environment, start_command
+from isoprobe.child.command_trial.tree import POLL_SECONDS, SAMPLE_SECONDS, Process, Sampler, Tree
+from isoprobe.child.command_trial.verdicts import (
     batch_judgement,
     copy_stderr_tail,
     exception_verdict,
@@ -49,7 +49,7 @@ from isoprobe.child.command_verdicts import (
     rank_lost_verdict,
     shows_allocation_failure,
 )
-from isoprobe.child.warm_command import go, take
+from isoprobe.child.command_trial.warm import go, take
 from isoprobe.protocol.command import GATE_FILE, ShimStep
 from isoprobe.protocol.messages import Imported, MemoryReading, ModelBuilt, StepDone, TrialRequest, TrialResult
 from isoprobe.report import cycle, steady
@@ -340,7 +340,8 @@ def _open_gate(folder: Path, allowed: int) -> None:
 
 def _start(request: TrialRequest) -> tuple[Path, subprocess.Popen, bool]:
     """The trial's folder and command, and whether it was started ahead: the command this process started while it
-    waited (``child.warm_command``), if it is this trial's but for the batch; else started now. The gate is open to
+    waited (``child.command_trial.warm``), if it is this trial's but for the batch; else started now. The gate is
+    open to
     the first allowance before any of the command runs at the batch (no rank may read a missing gate as 0)."""
     ahead = take(request)
     if ahead is not None:

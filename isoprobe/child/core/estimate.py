@@ -160,8 +160,8 @@ def runtime_bytes(torch, spec: Spec) -> int | None:
     arena's momentary 128 MiB PROT_NONE reservation the cap never counts. With
     VmPeak one spec read 11, 76 or 133 MB (small-cnn predicted 155, 132 or 111).
     """
-    from isoprobe.child.memory import cpu_memory
-    from isoprobe.child.training import build_optimizer
+    from isoprobe.child.core.memory import cpu_memory
+    from isoprobe.child.core.training import build_optimizer
 
     before = cpu_memory().data
     if before is None:
@@ -209,8 +209,8 @@ def _trace(torch, spec: Spec, python_path: list[str], device, batch_size: int) -
     """Build the model and run two of the trial's steps at ``batch_size`` on fake tensors; the peak of live bytes."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from isoprobe.child.training import Step
-    from isoprobe.child.workload import build_model
+    from isoprobe.child.core.training import Step
+    from isoprobe.child.core.workload import build_model
 
     live = _live_mode(torch)
     made = _real_batches(torch, spec, python_path)  # outside the fake mode: the maker's data is real
@@ -259,7 +259,7 @@ def _real_batches(torch, spec: Spec, python_path: list[str]):
     sizes, and the trace gets the same structure at its own batch size (``_fake_batch``)."""
     if spec.model.batch is None or spec.data is not None:
         return None
-    from isoprobe.child.workload import import_callable
+    from isoprobe.child.core.workload import import_callable
 
     maker = import_callable(spec.model.batch, python_path)
     return tuple(maker(size, torch.device("cpu")) for size in _PROBE_SIZES)
@@ -270,7 +270,7 @@ def _fake_batch(torch, made, batch_size: int, device, float_dtype):
     3 at the two probe sizes gets ``batch_size`` there, every other tensor keeps its shape; other values stay."""
     from torch.utils._pytree import tree_flatten, tree_unflatten
 
-    from isoprobe.child.workload import Batch, _cast_floats
+    from isoprobe.child.core.workload import Batch, _cast_floats
 
     small, larger = made
     for pair in made:

@@ -15,8 +15,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from isoprobe.child.command_tree import Process, Tree, alive
-from isoprobe.child.command_verdicts import stderr_tail
+from isoprobe.child.command_trial.tree import Process, Tree, alive
+from isoprobe.child.command_trial.verdicts import stderr_tail
 from isoprobe.protocol.command import CommandSeen, ShimHello
 from isoprobe.report.rank_progress import RankProgress
 

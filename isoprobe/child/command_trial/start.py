@@ -1,6 +1,6 @@
 """How a command trial starts the command: its environment, its cap, its session (cold, or ahead of the trial).
 
-One place, so that a command started ahead of its trial (``child.warm_command``) is started exactly as the trial
+One place, so that a command started ahead of its trial (``child.command_trial.warm``) is started exactly as the trial
 would start it, and the trial can check that it was (the same environment but for the batch, the same cap).
 """
 
@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from isoprobe.child.memory import data_cap
+from isoprobe.child.core.memory import data_cap
 from isoprobe.protocol.command import SHIM_CUDA_BUDGET_ENV, SHIM_CUDA_OUTSIDE_ENV, SHIM_DIR_ENV, SHIM_FOLDER
 from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV, WARM_PLAN_ENV
 from isoprobe.spec.command import BATCH_ENV, argv_for

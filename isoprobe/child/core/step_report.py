@@ -1,7 +1,7 @@
 """After each training step: report it (``StepDone``: its time and the memory readings) and say whether to stop.
 
-One place for every loop a trial runs: isoprobe's own ``Step`` (``child.trial``)
-and a framework's own loop (``child.frameworks``: Lightning's ``fit``, the
+One place for every loop a trial runs: isoprobe's own ``Step`` (``child.core.trial``)
+and a framework's own loop (``child.framework.runners``: Lightning's ``fit``, the
 Hugging Face ``Trainer``'s ``train``), so the parent classifies, checks and
 judges steadiness from the same events whichever loop ran. A loop calls
 ``begin`` before a step and ``after_step`` when the optimizer has stepped;
@@ -15,8 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from isoprobe.child.heap_churn import heap_churn
-from isoprobe.child.memory import budget_peak, cpu_memory, data_cap
+from isoprobe.child.core.heap_churn import heap_churn
+from isoprobe.child.core.memory import budget_peak, cpu_memory, data_cap
 from isoprobe.protocol.messages import StepDone, TrialRequest
 from isoprobe.report import steady
 from isoprobe.system.proc_memory import shared_writable_bytes
@@ -49,7 +49,7 @@ class StepHook:
         at its ``max_steps`` whatever this says, so a cap lowered after a step keeps the peaks read under it."""
         self.torch, self.device, self.request, self.events, self.progress = torch, device, request, events, progress
         self.can_extend = can_extend
-        self.peaks: list[int] = []  # the steps' readings since the cap was last lowered (child.cuda.refit_cap)
+        self.peaks: list[int] = []  # the steps' readings since the cap was last lowered (child.core.cuda.refit_cap)
         self.churns: list[int | None] = []  # each step's heap churn (CPU): a quiet heap's window is shorter
         self.lowered_at = 0  # the step after which the cap was last lowered (0: never)
         self._started: float | None = None
@@ -92,12 +92,12 @@ class StepHook:
         return gang_agrees(self.torch, self.device, self.request, stop)
 
     def _lower_the_cap(self) -> bool:
-        """CUDA under a budget: the cap lowered by what came outside the allocator in this step (``child.cuda``),
+        """CUDA under a budget: the cap lowered by what came outside the allocator in this step (``child.core.cuda``),
         with the peaks restarted where the loop can step again. True only then: a framework's loop keeps its
         readings (a reading above the budget stays its verdict)."""
         if self.device.type != "cuda":
             return False
-        from isoprobe.child import cuda as child_cuda
+        from isoprobe.child.core import cuda as child_cuda
 
         lowered = child_cuda.refit_cap(self.torch, self.device, reset_peaks=self.can_extend)
         return lowered and self.can_extend
