@@ -56,6 +56,7 @@ from isoprobe.protocol.wiring import (
     WAIT_ARGUMENT,
     WARM_PLAN_ENV,
 )
+from isoprobe.system import primitives
 
 USAGE = (
     f"usage: python -m {CHILD_MODULE} REQUEST.json | {WAIT_ARGUMENT} [{IDLE_ARGUMENT}] | {SERVE_ARGUMENT} FD   "
@@ -152,39 +153,8 @@ def _start_command_ahead() -> None:
         wait_ready(ahead, AHEAD_READY_SECONDS)
 
 
-#: This process's scheduler autogroup (Linux, ``sched_autogroup_enabled``): its nice value, ``nice N``, writable.
-AUTOGROUP = "/proc/self/autogroup"
-#: How often a write of the autogroup's nice value is tried: the kernel takes one such write every 100 ms, machine-wide
-#: (``proc_sched_autogroup_set_nice``: EAGAIN otherwise), and a gang's ranks start their imports at once.
-AUTOGROUP_TRIES = 20
 #: The autogroup nice value the imports ran under was lowered from (``_lower_priority``), to be given back.
 _autogroup_restore: int | None = None
-
-
-def _autogroup_nice() -> int | None:
-    """This process's autogroup nice value, where this process leads its session (a local child's keeper and a Slurm
-    rank's wrapper each start the child in a session of its own): an autogroup is a session, and lowering one that
-    holds other processes (isoprobe's own shell) would slow them too. None: no autogroups here, or a shared session."""
-    if os.getsid(0) != os.getpid():
-        return None
-    try:
-        with open(AUTOGROUP, encoding="ascii") as handle:
-            return int(handle.read().split()[-1])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def _set_autogroup_nice(value: int) -> bool:
-    for _ in range(AUTOGROUP_TRIES):
-        try:
-            with open(AUTOGROUP, "w", encoding="ascii") as handle:
-                handle.write(str(value))
-            return True
-        except BlockingIOError:  # another process's write in the last 100 ms
-            time.sleep(0.03 + (os.getpid() % 7) / 100)  # ranks that collided try again apart
-        except OSError:
-            return False
-    return False
 
 
 def _restore_priority(value: int) -> None:
@@ -202,7 +172,7 @@ def _restore_priority(value: int) -> None:
             os.setpriority(os.PRIO_PROCESS, int(task), value)
         except (OSError, ValueError):
             pass
-    if _autogroup_restore is not None and _set_autogroup_nice(_autogroup_restore):
+    if _autogroup_restore is not None and primitives.set_autogroup_nice(_autogroup_restore):
         _autogroup_restore = None
 
 
@@ -245,8 +215,8 @@ def _lower_autogroup() -> None:
     value of 0 or more is anyone's to set, so giving it back needs no privilege.
     """
     global _autogroup_restore
-    before = _autogroup_nice()
-    if before is not None and before < 19 and _set_autogroup_nice(19):
+    before = primitives.autogroup_nice()
+    if before is not None and before < 19 and primitives.set_autogroup_nice(19):
         _autogroup_restore = before
 
 

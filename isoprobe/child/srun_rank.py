@@ -1,7 +1,7 @@
 """One rank of a trial's Slurm job step: cap it, give it its files and GPU, run the child entry, record its end.
 
-``srun`` starts this on every node as ``python -I -S srun_rank.py STEP_DIR
-[SOFT HARD]`` (``executors.srun_plan.srun_command``). It stands where a local
+``srun`` starts this on every node as ``python -I -S standalone.py child/srun_rank STEP_DIR
+[SOFT HARD]`` (``executors.srun_plan.srun_command``; ``system.standalone`` is the loader). It stands where a local
 rank's keeper and ``processes.prepare_child`` stand, so that a rank started by
 Slurm is the process a local rank is:
 
@@ -46,16 +46,23 @@ against the rank's cap or depend on the user's site-packages.
 from __future__ import annotations
 
 import ctypes
-import importlib.util
 import json
 import os
 import signal
 import sys
 import time
 
+TYPE_CHECKING = False  # typing's flag without importing typing (start-up): mypy reads the branch below as taken
+if TYPE_CHECKING or __package__:
+    from isoprobe.protocol import wiring
+    from isoprobe.system import data_cap, primitives
+else:  # run by the standalone loader (python -I -S standalone.py child/srun_rank): isoprobe is not importable here
+    _loader = sys.modules["_isoprobe_standalone"]
+    wiring = _loader.load("protocol/wiring")
+    data_cap = _loader.load("system/data_cap")
+    primitives = _loader.load("system/primitives")
+
 PR_SET_PDEATHSIG = 1
-#: As ``protocol.wiring.AHEAD_ARGUMENT`` (a unit test holds them equal): this wrapper loads wiring after its task file.
-AHEAD_ARGUMENT = "--ahead"
 #: How often a child whose turn came is lifted from idle priority until it reports ``warm`` (``lift_until_warm``).
 LIFT_SECONDS = 0.02
 #: The signal the kernel sends this wrapper when its parent, the node's slurmstepd, ends (``PR_SET_PDEATHSIG``).
@@ -65,18 +72,6 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 #: The rank's child once forked (None before): what the wrapper ends before it ends itself.
 _child: int | None = None
 _files: dict[str, str] = {}
-
-
-def load_own(package: str, module: str):
-    """``isoprobe.PACKAGE.MODULE`` (a stdlib-only module) loaded from its file: importing it by name would run the
-    package's ``__init__``, which may import pydantic, and this wrapper runs isolated, before the rank's cap."""
-    path = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), package, f"{module}.py")
-    spec = importlib.util.spec_from_file_location(f"isoprobe_srun_{module}", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"isoprobe srun_rank: cannot load {path}")
-    loaded = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(loaded)
-    return loaded
 
 
 def rank_files(step_dir: str, rank: int) -> dict[str, str]:
@@ -133,9 +128,8 @@ def lift_until_warm(pid: int, events_path: str) -> int | None:
     threads' policy, its session's autogroup) until it reports ``warm``, again at every look, because the child
     lowers its priority itself once its imports start, which may be after its turn came (as a local spare's, in
     ``executors.child_process.await_warm``). The child's wait status if it ended meanwhile (reaped here), else None."""
-    lift = load_own("system", "keeper").lift_idle_policy
     while not warm_reported(events_path):
-        lift(pid)
+        primitives.lift_idle_policy(pid)
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
             return status
@@ -148,7 +142,7 @@ def end_child() -> None:
     if _child is None:
         return
     try:
-        load_own("system", "keeper").lift_idle_policy(_child)
+        primitives.lift_idle_policy(_child)
     except Exception:
         pass
     try:
@@ -226,7 +220,6 @@ def exec_child(
     previous: set[int | signal.Signals],
     wrapper: int,
     ahead: bool,
-    wiring,
 ) -> None:
     """In the wrapper's fork: become the rank's child (``python -m isoprobe.child --wait``), its request's path to
     come on stdin from ``pipe``; never returns (exits 127 where it cannot start). It dies with the wrapper
@@ -257,11 +250,14 @@ def exec_child(
 
 
 def main(argv: list[str]) -> None:
-    ahead = argv[1:2] == [AHEAD_ARGUMENT]
+    ahead = argv[1:2] == [wiring.AHEAD_ARGUMENT]
     if ahead:
         argv = argv[:1] + argv[2:]
     if len(argv) not in (2, 4) or not all(value.isdigit() for value in argv[2:]):
-        os.write(2, b"usage: srun_rank.py [--ahead] STEP_DIR [SOFT_DATA_LIMIT HARD_DATA_LIMIT]  (run by srun)\n")
+        os.write(
+            2,
+            b"usage: standalone.py child/srun_rank [--ahead] STEP_DIR [SOFT_DATA_LIMIT HARD_DATA_LIMIT] (by srun)\n",
+        )
         os._exit(2)
     step_dir = argv[1]
     rank = int(os.environ["SLURM_PROCID"])
@@ -269,14 +265,13 @@ def main(argv: list[str]) -> None:
     files = rank_files(step_dir, rank)
     watch_step_daemon(files)
     write_task(files, local_rank)
-    wiring = load_own("protocol", "wiring")
     env = dict(os.environ)
     env[wiring.EVENTS_ENV] = files["events.jsonl"]
     gpu = one_gpu(env.get("CUDA_VISIBLE_DEVICES"), local_rank)
     if gpu is not None and env.get("CUDA_VISIBLE_DEVICES"):
         env["CUDA_VISIBLE_DEVICES"] = gpu
     if len(argv) == 4:
-        data_cap = load_own("system", "data_cap")  # the parent's limits, never above the ones this rank inherited
+        # the parent's limits, never above the ones this rank inherited
         data_cap.set_limits(*data_cap.within_inherited(int(argv[2]), int(argv[3])))
     read_end, write_end = os.pipe()
     wrapper = os.getpid()
@@ -284,7 +279,7 @@ def main(argv: list[str]) -> None:
     previous = signal.pthread_sigmask(signal.SIG_BLOCK, handled)  # no handler of the wrapper's may run in the fork
     pid = os.fork()
     if pid == 0:
-        exec_child(env, (read_end, write_end), handled, previous, wrapper, ahead, wiring)
+        exec_child(env, (read_end, write_end), handled, previous, wrapper, ahead)
     global _child
     _child = pid
     signal.pthread_sigmask(signal.SIG_SETMASK, previous)
@@ -306,7 +301,3 @@ def main(argv: list[str]) -> None:
     write_atomically(files["exit"], str(os.waitstatus_to_exitcode(status)))
     code = os.waitstatus_to_exitcode(status)
     os._exit(code if code >= 0 else 128 - code)
-
-
-if __name__ == "__main__":
-    main(sys.argv)

@@ -27,7 +27,7 @@ from isoprobe.executors import Conditions
 from isoprobe.executors.fork_server_channel import ForkedProcess
 from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, lift_idle_policy, write_atomically
 from isoprobe.protocol.messages import IMPORT_LINE, Inspected, Started, TrialResult, Warm, last_of, read_events
-from isoprobe.system.keeper import sigkill_below
+from isoprobe.system.primitives import sigkill_below
 
 #: How often the parent looks at a child's events while it imports (the cost of a look: one small read).
 _POLL_SECONDS = 0.01

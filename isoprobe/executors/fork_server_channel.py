@@ -36,6 +36,7 @@ from collections.abc import Sequence
 from pydantic import ValidationError
 
 from isoprobe.protocol.messages import SERVER_REPLY, Ended, Extended, Forked, ForkOrder, ImportOrder
+from isoprobe.system.primitives import alive
 
 #: The return code a lost trial is given, so that whatever reads only the code sees a kill, never a clean exit.
 LOST_STATUS = int(signal.SIGKILL)  # a raw wait status: killed by SIGKILL
@@ -81,7 +82,7 @@ class ForkedProcess:
     def exited(self) -> bool:
         """Whether the keeper has ended (a zombie of the server counts), seen directly, not through the server."""
         if self.pidfd is None:
-            return _gone(self.pid)
+            return not alive(self.pid)
         return bool(select.select([self.pidfd], [], [], 0)[0])
 
     def close(self) -> None:
@@ -210,16 +211,6 @@ class ServerChannel:
 
     def close(self) -> None:
         self.channel.close()
-
-
-def _gone(pid: int) -> bool:
-    """Without a pidfd: whether ``pid`` has ended (a zombie, or no such process), from /proc."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            stat = handle.read()
-    except OSError:
-        return True
-    return stat[stat.rindex(b")") + 2 :][:1] in (b"Z", b"X")
 
 
 def _returncode(status: int) -> int:

@@ -10,7 +10,7 @@ ends the gang (``gang.first_failure``), the timeout from the moment every rank
 finished its imports, the laggard rule at a timeout, and so the classification
 (``pipeline.trials``). What Slurm adds: the ranks run on every node, and the
 step is ended through Slurm (``scancel --ctld --signal=KILL JOB.STEP``, never a
-terminate request that arms the node's ``UnkillableStepTimeout``: ``slurm_steps.KILL_THROUGH_SLURMCTLD``;
+terminate request that arms the node's ``UnkillableStepTimeout``: ``primitives.KILL_THROUGH_SLURMCTLD``;
 srun's own ``--kill-on-bad-exit`` for a rank that ends badly).
 
 Supervision. srun itself runs under a keeper (``system.keeper``) with a
@@ -78,7 +78,7 @@ from isoprobe.protocol.messages import (
     last_of,
     read_events,
 )
-from isoprobe.system.slurm_steps import KILL_THROUGH_SLURMCTLD, wait_slurm_steps_gone
+from isoprobe.system.primitives import KILL_THROUGH_SLURMCTLD, scancel_now, wait_slurm_steps_gone
 
 #: How often the step's ranks are looked at (as the local gang's ``POLL_SECONDS``).
 POLL_SECONDS = 0.02
@@ -420,14 +420,7 @@ class SrunGangExecutor:
         return round(time.monotonic() - began, 4)
 
     def _scancel(self, *args: str) -> None:
-        subprocess.run(
-            [self.scancel, *args],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=30,
-            check=False,
-        )
+        scancel_now(self.scancel, *args)
 
     def _wait_step_gone(self, step_id: str) -> None:
         if wait_slurm_steps_gone(

@@ -22,13 +22,14 @@ from isoprobe.executors.processes import child_environment, prepare_child, signa
 from isoprobe.executors.srun_plan import srun_command
 from isoprobe.executors.srun_step import _Step
 from isoprobe.protocol.messages import PRELOAD_ENV
-from isoprobe.system import keeper
+from isoprobe.system import keeper, standalone
 from isoprobe.system.data_cap import data_limits
 
 #: The commands srun's keeper runs if isoprobe dies mid-step (``keeper.run_on_stop``): ``scancel`` of the step.
 ON_STOP_FILE = "on-stop.json"
-#: What every rank of a step runs (``child.srun_rank``): it caps the rank and gives it its files and GPU.
-RANK_ENTRY = str(Path(__file__).resolve().parents[1] / "child" / "srun_rank.py")
+#: The loader every rank of a step runs, isolated, for ``child.srun_rank`` (``srun_plan.RANK_MODULE``): it caps the
+#: rank and gives it its files and GPU.
+RANK_ENTRY = str(Path(standalone.__file__).resolve())
 
 
 def start_step(

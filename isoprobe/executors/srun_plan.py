@@ -20,6 +20,9 @@ from dataclasses import dataclass
 
 from isoprobe.protocol.wiring import AHEAD_ARGUMENT
 
+#: The module every rank runs through the standalone loader (``rank_entry``: ``system/standalone.py``).
+RANK_MODULE = "child/srun_rank"
+
 #: The step's name in ``squeue -s``: what a person sees beside their own steps.
 STEP_NAME = "isoprobe-trial"
 
@@ -170,7 +173,7 @@ def srun_command(
         argv.append(f"--nodes={max(1, min(nodes, world_size))}")
     if cuda:
         argv.append("--gpus-per-task=1")
-    entry = [python, "-I", "-S", rank_entry] + ([AHEAD_ARGUMENT] if ahead else []) + [step_dir]
+    entry = [python, "-I", "-S", rank_entry, RANK_MODULE] + ([AHEAD_ARGUMENT] if ahead else []) + [step_dir]
     if data_limits is not None:  # RLIMIT_DATA's soft and hard limits, as processes.prepare_child sets them
         entry += [str(data_limits[0]), str(data_limits[1])]
     return argv + entry

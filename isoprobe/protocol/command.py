@@ -21,16 +21,6 @@ from isoprobe.report.rank_progress import RankProgress
 
 #: The shim's folder: put first on PYTHONPATH of the command, so that its ``sitecustomize`` runs in every process.
 SHIM_FOLDER = Path(__file__).resolve().parents[1] / "child" / "shim"
-#: The variable naming the trial's folder (the shim's ``DIR_ENV``): its lines and the gate are there.
-SHIM_DIR_ENV = "ISOPROBE_SHIM_DIR"
-#: CUDA: the per-rank budget in bytes (the shim's ``CUDA_BUDGET_ENV``): what the process may hold of each card it
-#: uses, context included, as in isoprobe's own trials.
-SHIM_CUDA_BUDGET_ENV = "ISOPROBE_SHIM_CUDA_BUDGET"
-#: CUDA: the memory outside the allocator expected before the command runs, in bytes (the shim's
-#: ``CUDA_OUTSIDE_ENV``), taken off the fraction from CUDA's initialisation on.
-SHIM_CUDA_OUTSIDE_ENV = "ISOPROBE_SHIM_CUDA_OUTSIDE"
-#: The file in the trial's folder whose number says how many optimizer steps each process may finish.
-GATE_FILE = "gate"
 
 
 class _Line(BaseModel):

@@ -32,11 +32,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from isoprobe.spec.command import PLACEHOLDER
 
-#: The runner's file in the trial's folder once it waits for its trial: ``READY since`` (``time.time()``).
-READY_FILE = "warm-ready"
-#: The variable naming the pipe the trial comes on (the shim's ``_isoprobe_warm.FD_ENV``): only in the process
-#: started ahead, which removes it at once.
-FD_ENV = "ISOPROBE_WARM_FD"
 #: An interpreter's name: ``python``, ``python3``, ``python3.11``, a path to one.
 _INTERPRETER = re.compile(r"python[0-9.]*")
 #: Flags without a value that leave what the interpreter imports, and from where, as it is.

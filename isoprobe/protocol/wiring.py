@@ -1,10 +1,10 @@
-"""The names that wire a child process to its parent: its module, its arguments, its environment variables.
+"""The names that wire a child process to its parent: its module, its arguments, its environment variables, and
+the files a command trial's shim shares with its supervisor. The one module of the wire's constants.
 
-Standard library only, and apart from ``protocol`` (which re-exports them),
-because the child reads them first thing, before it imports torch: whatever
-it imports before torch cannot be measured apart from what torch would import
-anyway, and only what is measured is credited to the CPU cap
-(``child.own_modules``; the cap itself: ``system.data_cap``).
+Standard library only, in the standalone layer (``system.standalone``: a Slurm rank's wrapper and the shim load
+it by its file), and apart from ``protocol``'s models, because the child reads them first thing, before it
+imports torch: whatever it imports before torch cannot be measured apart from what torch would import anyway, and
+only what is measured is credited to the CPU cap (``child.own_modules``; the cap itself: ``system.data_cap``).
 """
 
 #: The child's module: ``python -m isoprobe.child REQUEST.json`` (cold) or ``... --wait`` (warm).
@@ -35,3 +35,21 @@ IMPORT_LINE = "import "
 #: Environment variable handing a waiting command trial's process its plan (``protocol.warm_command.WarmPlan`` as
 #: JSON, from ``Conditions.command_plan``): start the command ahead while waiting. Removed before anything runs.
 WARM_PLAN_ENV = "ISOPROBE_WARM_PLAN"
+
+# ---------------------------------------------------------------------------- a command trial's shim
+
+#: The variable naming a command trial's folder (``child/shim``): the shim's lines and the gate are there.
+SHIM_DIR_ENV = "ISOPROBE_SHIM_DIR"
+#: CUDA: the per-rank budget in bytes: what the process may hold of each card it uses, context included, as in
+#: isoprobe's own trials.
+SHIM_CUDA_BUDGET_ENV = "ISOPROBE_SHIM_CUDA_BUDGET"
+#: CUDA: the memory outside the allocator expected before the command runs, in bytes, taken off the fraction from
+#: CUDA's initialisation on.
+SHIM_CUDA_OUTSIDE_ENV = "ISOPROBE_SHIM_CUDA_OUTSIDE"
+#: The file in the trial's folder whose number says how many optimizer steps each process may finish.
+GATE_FILE = "gate"
+#: The variable naming the pipe a command's interpreter started ahead gets its trial on (``protocol.warm_command``):
+#: only in that process, which removes it at once.
+WARM_FD_ENV = "ISOPROBE_WARM_FD"
+#: The file the interpreter started ahead writes in the trial's folder once it waits: ``READY since``.
+WARM_READY_FILE = "warm-ready"

@@ -3,7 +3,8 @@
 keeper.py    a process that outlives nothing: it kills every descendant of a trial, whatever its session
 pid1.py      running as PID 1 (a container's entrypoint): a tiny init in front of isoprobe
 oomkill.py   the kernel's record of OOM kills, to tell an OOM-killer SIGKILL from any other
-slurm_steps.py  the job steps an srun started, ended through slurmctld before the srun is killed
+primitives.py  a process's state, its scheduler autogroup, and the end of the Slurm job steps an srun started
+standalone.py  the one loader of the standard-library-only code that runs without isoprobe's package (its list)
 slurm_job.py  whether a SIGTERM is the Slurm job's time limit (scontrol, once), and the message that says so
 files.py     files in a folder others can write (the cache), opened without trusting what lies there
 stops.py     SIGINT and SIGTERM for a command that prints what it did so far: the first stops the work

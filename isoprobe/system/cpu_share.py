@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from isoprobe.system.keeper import descendants
+from isoprobe.system.primitives import descendants
 
 #: Starved: the tree waited, runnable, at least this share of the time it wanted a CPU (ran or waited). Alone on
 #: a core a process waits for next to nothing (the kernel's own threads, the page cache's writers); one busy loop

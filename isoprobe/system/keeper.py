@@ -29,14 +29,15 @@ and a v1/hybrid host (like the one this was written on) usually do not give;
 it would also move the trial out of the memory cgroup whose OOM-kill counter
 the executor reads (``isoprobe.system.oomkill``). So no cgroup is used.
 
-How the executor uses it (``command``): ``python -I -S keeper.py FD [--on-stop FILE] -- CHILD ARGV``.
+How the executor uses it (``command``): ``python -I -S standalone.py system/keeper FD [--on-stop FILE] -- CHILD
+ARGV`` (``system.standalone``, the one loader of the standard-library-only code).
 ``--on-stop``: commands the keeper runs when it is stopped while the child still
 runs (or the child ended and left processes behind), before it kills the tree,
 for what the child had started where the keeper cannot see (a Slurm job step's
 tasks: ``executors.srun_gang``). For the same reason a keeper about to kill an
 ``srun`` in its tree (a probed command's) cancels that srun's job steps through
-Slurm first (``slurm_steps``, loaded by path).
-It imports the standard library only, and its sibling ``slurm_steps`` (no pydantic, no torch, no
+Slurm first (``primitives.cancel_slurm_steps``).
+It imports the standard library only, and loads ``system.primitives`` through the loader (no pydantic, no torch, no
 site-packages), which keeps its start-up at about 10 ms. It starts the child with
 its own stdin, stdout, stderr and environment, in a session of its own, waits,
 cleans up, and then exits *as the child did*: the same exit code, or death by
@@ -57,28 +58,12 @@ import signal
 import sys
 import time
 
-
-def _sibling(name: str):
-    """``isoprobe.system.NAME``: imported, or loaded from its file where the keeper runs as a script (``python -I -S
-    keeper.py``: no isoprobe on its path, and it must not import the package's ``__init__`` anyway)."""
-    if __package__:
-        import importlib
-
-        return importlib.import_module(f"{__package__}.{name}")
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(
-        f"isoprobe_keeper_{name}", os.path.join(os.path.dirname(os.path.abspath(__file__)), f"{name}.py")
-    )
-    if spec is None or spec.loader is None:
-        raise ImportError(f"isoprobe keeper: cannot load {name}.py beside {__file__}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-#: The Slurm steps an srun in the tree started, ended through slurmctld before the tree is killed.
-slurm_steps = _sibling("slurm_steps")
+TYPE_CHECKING = False  # typing's flag without importing typing (start-up): mypy reads the branch below as taken
+if TYPE_CHECKING or __package__:
+    from isoprobe.system import primitives, standalone
+else:  # run by the standalone loader (python -I -S standalone.py system/keeper): isoprobe is not importable here
+    standalone = sys.modules["_isoprobe_standalone"]
+    primitives = standalone.load("system/primitives")
 
 PR_SET_PDEATHSIG = 1
 PR_SET_CHILD_SUBREAPER = 36
@@ -109,103 +94,11 @@ def command(lifeline_fd: int, child_argv: list[str], on_stop: str | None = None)
     ``executors.srun_gang`` writes ``scancel --ctld --signal=KILL JOB.STEP`` there).
     """
     options = [ON_STOP_OPTION, on_stop] if on_stop is not None else []
-    return [sys.executable, "-I", "-S", os.path.abspath(__file__), str(lifeline_fd), *options, "--", *child_argv]
-
-
-def lift_idle_policy(pid: int) -> None:
-    """Give a process's idle-class threads the normal policy back, so that a kill ends it promptly.
-
-    A warm spare imports under ``SCHED_IDLE`` (see ``child.main``). Killed in
-    the middle, its exit (unmapping torch) still runs at idle priority, and on a
-    machine whose cores are busy that took longer than 30 s (measured:
-    docs/measurements.md). Same owner, and the child only went idle where it
-    may come back, so this is allowed wherever the child's own switch was;
-    failures are ignored.
-    """
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return
-    lifted = False
-    for task in tasks:
-        try:
-            if os.sched_getscheduler(int(task)) == os.SCHED_IDLE:
-                os.sched_setscheduler(int(task), os.SCHED_OTHER, os.sched_param(0))
-                lifted = True
-        except (OSError, ValueError, AttributeError):
-            pass
-    if lifted:
-        _autogroup_back(pid)
-
-
-#: Writes of an autogroup's nice value tried before giving up: the kernel takes one every 100 ms, machine-wide.
-AUTOGROUP_TRIES = 6
-
-
-def _autogroup_back(pid: int) -> None:
-    """The nice value of the autogroup a lowered child leads back to 0 (``child.main._lower_autogroup`` set 19).
-
-    Only a process that leads its own session (every child isoprobe starts) has
-    its autogroup to itself; a new session's autogroup starts at 0, and 0 is
-    anyone's to set. With its threads back to normal but its autogroup at 19,
-    the child would still get 15/1024 of what a trial beside it gets.
-    """
-    try:
-        if os.getsid(pid) != pid:
-            return
-    except OSError:
-        return
-    for _ in range(AUTOGROUP_TRIES):
-        try:
-            with open(f"/proc/{pid}/autogroup", "w", encoding="ascii") as handle:
-                handle.write("0")
-            return
-        except BlockingIOError:  # another write in the last 100 ms, anywhere on the machine
-            time.sleep(0.02)
-        except OSError:
-            return
-
-
-def descendants(root: int) -> list[tuple[int, str]]:
-    """Every process below ``root`` as (pid, state), from /proc by parent PID: by ancestry, whatever the session."""
-    children: dict[int, list[tuple[int, str]]] = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as handle:
-                stat = handle.read()
-            state, ppid = stat[stat.rindex(b")") + 2 :].split()[:2]
-        except (OSError, ValueError):
-            continue  # gone meanwhile
-        children.setdefault(int(ppid), []).append((int(name), state.decode()))
-    found: list[tuple[int, str]] = []
-    frontier = [root]
-    while frontier:
-        for pid, pid_state in children.get(frontier.pop(), ()):
-            found.append((pid, pid_state))
-            frontier.append(pid)
-    return found
+    return standalone.command("system/keeper", str(lifeline_fd), *options, "--", *child_argv)
 
 
 def _live_descendants(root: int) -> bool:
-    return any(state not in ("Z", "X") for _, state in descendants(root))
-
-
-def sigkill_below(root: int, *, also: tuple[int, ...] = (), sweeps: int = 3, pause: float = 0.05) -> None:
-    """SIGKILL ``also`` and every live process below ``root`` (by ancestry, whatever its session), a few sweeps
-    for processes forked meanwhile; returns once a sweep finds none below ``root``. For a caller that cannot
-    reap them all itself (the parent's last resort on a keeper, a command trial's supervisor on its command)."""
-    for _ in range(sweeps):
-        pids = [pid for pid, state in descendants(root) if state not in ("Z", "X")]
-        for pid in [*also, *pids]:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-        if not pids:
-            return
-        time.sleep(pause)
+    return any(state not in ("Z", "X") for _, state in primitives.descendants(root))
 
 
 class Keeper:
@@ -296,10 +189,10 @@ class Keeper:
         while True:
             if not self.reap():
                 return
-            live = [pid for pid, state in descendants(me) if state not in ("Z", "X")]
+            live = [pid for pid, state in primitives.descendants(me) if state not in ("Z", "X")]
             for pid in live:
                 if pid not in lifted:
-                    lift_idle_policy(pid)
+                    primitives.lift_idle_policy(pid)
                     lifted.add(pid)
                 try:
                     os.kill(pid, signal.SIGKILL)
@@ -365,27 +258,12 @@ def run_on_stop(path: str | None) -> None:
             pass
 
 
-def srun_processes(root: int) -> set[int]:
-    """The live ``srun`` processes below ``root`` (by ancestry, whatever their session)."""
-    found = set()
-    for pid, state in descendants(root):
-        if state in ("Z", "X"):
-            continue
-        try:
-            with open(f"/proc/{pid}/comm", "rb") as handle:
-                if handle.read().strip() == b"srun":
-                    found.add(pid)
-        except OSError:
-            continue
-    return found
-
-
 def main(argv: list[str]) -> None:
     on_stop = None
     if len(argv) >= 4 and argv[2] == ON_STOP_OPTION:
         on_stop, argv = argv[3], argv[:2] + argv[4:]
     if len(argv) < 4 or argv[2] != "--" or not argv[1].isdigit():
-        os.write(2, b"usage: keeper.py LIFELINE_FD [--on-stop FILE] -- CHILD_ARGV...\n")
+        os.write(2, b"usage: standalone.py system/keeper LIFELINE_FD [--on-stop FILE] -- CHILD_ARGV...\n")
         os._exit(2)
     keep(Keeper(int(argv[1]), argv[3:]), on_stop)
 
@@ -419,21 +297,17 @@ def keep(keeper: Keeper, on_stop: str | None = None) -> None:
         run_on_stop(on_stop)
         # A probed command that runs srun (``isoprobe run -- srun python train.py``) started job steps whose
         # tasks no SIGKILL of this tree reaches: end them through Slurm, before their srun dies with the tree.
-        steps = slurm_steps.slurm_steps_of(srun_processes(os.getpid()))
-        slurm_steps.cancel_slurm_steps(steps)
+        steps = primitives.slurm_steps_of(primitives.srun_processes(os.getpid()))
+        primitives.cancel_slurm_steps(steps)
     keeper.kill_tree()
     # A task that slurmstepd was still launching misses the kill, and the cancel can miss it too (measured on the
     # two-node test cluster: 1 run in 6 of isoprobe SIGKILLed right as its command's srun started the step, whose
     # tasks then ran on): with srun gone, ask again until squeue -s drops the steps, for a bounded while.
     if steps:
-        slurm_steps.wait_slurm_steps_gone(
+        primitives.wait_slurm_steps_gone(
             steps,
             ON_STOP_STEPS_GONE_SECONDS,
             recancel_after=ON_STOP_RECANCEL_SECONDS,
             recancel_every=ON_STOP_RECANCEL_SECONDS,
         )
     exit_as(keeper.child_status if keeper.child_status is not None else signal.SIGKILL)
-
-
-if __name__ == "__main__":
-    main(sys.argv)

@@ -9,7 +9,7 @@ took 67 s (its 60 s wait for the step to leave squeue, then the drain let it go)
 drained. Measured (a task Slurm's SIGKILL skips, cancelled with each command, this cluster): ``scancel --signal=KILL``
 drained n1 and n2 61 s later; ``scancel --ctld --signal=KILL`` (through slurmctld: REQUEST_SIGNAL_TASKS, the same
 SIGKILL to the same processes) armed nothing. isoprobe now always asks through slurmctld
-(``slurm_steps.KILL_THROUGH_SLURMCTLD``).
+(``primitives.KILL_THROUGH_SLURMCTLD``).
 """
 
 from __future__ import annotations

@@ -374,7 +374,7 @@ def test_a_command_that_runs_srun_across_the_nodes_leaves_no_step_after_each_tri
 def test_isoprobe_sigkilled_while_its_command_runs_srun_leaves_no_step_and_no_process(two_node_cluster, folder):
     """``isoprobe run -- srun ...`` SIGKILLed mid-trial, when nothing of isoprobe's own can act: the trial's keeper
     sees its lifeline close, finds the command's srun in its tree, has Slurm kill that step's tasks on n1 and n2
-    and cancel it (``slurm_steps.cancel_slurm_steps``), then kills the tree. Before, the keeper killed srun alone and
+    and cancel it (``primitives.cancel_slurm_steps``), then kills the tree. Before, the keeper killed srun alone and
     the step's tasks ran on under both nodes' slurmstepd (docs/command.md named the gap)."""
     marker = f"ISOPROBE_TEST_MARKER=two-node-command-kill-{os.getpid()}-{time.monotonic_ns()}"
     pidfile, status = folder / "command-kill.pid", folder / "command-kill.status"

@@ -22,7 +22,8 @@ from test_orchestration_cache import TRIAL_LINE, Recording, Untouchable, ask
 
 from isoprobe.cache.sources import changed_source, source_digest
 from isoprobe.child import native_reads
-from isoprobe.protocol.command import GATE_FILE, SHIM_DIR_ENV, SHIM_FOLDER, parse_lines
+from isoprobe.protocol.command import SHIM_FOLDER, parse_lines
+from isoprobe.protocol.wiring import GATE_FILE, SHIM_DIR_ENV
 from isoprobe.protocol.messages import Inspected, TrialResult
 from scripted_probe import HOG_MAX, hog_spec
 

@@ -17,10 +17,10 @@ import pytest
 
 from isoprobe.errors import ProbeError
 from isoprobe.executors import Conditions
-from isoprobe.system import keeper
+from isoprobe.system import keeper, primitives
 from isoprobe.executors import child_process
 from isoprobe.executors.child_process import StartedChild, stop_child
-from isoprobe.executors.fork_server_channel import _gone as _dead  # ended, or a zombie, from /proc
+from isoprobe.system.primitives import alive
 
 
 def _kept_sleep(tmp_path: Path) -> StartedChild:
@@ -35,7 +35,7 @@ def _kept_sleep(tmp_path: Path) -> StartedChild:
 
 
 def _below(pid: int) -> list[int]:
-    return [child for child, _ in keeper.descendants(pid)]
+    return [child for child, _ in primitives.descendants(pid)]
 
 
 def test_a_stopped_keeper_is_killed_with_its_tree_after_the_bound_not_waited_for_for_ever(tmp_path, monkeypatch):
@@ -50,7 +50,7 @@ def test_a_stopped_keeper_is_killed_with_its_tree_after_the_bound_not_waited_for
     stop_child(child)
     assert child.process.returncode == -signal.SIGKILL  # killed from here
     for pid in trial:  # its child went with it (SIGKILL, and PDEATHSIG besides): gone, or dead and not yet reaped
-        assert _dead(pid), pid
+        assert not alive(pid), pid
 
 
 def test_a_keeper_that_ends_its_tree_when_told_is_only_reaped(tmp_path):

@@ -19,12 +19,13 @@ import pytest
 from isoprobe.child.command_trial import supervisor
 from isoprobe.child.command_trial import tree as command_tree  # noqa: E402
 from isoprobe.child.command_trial import verdicts as command_verdicts
-from isoprobe.protocol.command import SHIM_DIR_ENV, SHIM_FOLDER, ShimException, ShimHello, ShimStep, parse_lines
+from isoprobe.protocol.command import SHIM_FOLDER, ShimException, ShimHello, ShimStep, parse_lines
+from isoprobe.protocol.wiring import SHIM_DIR_ENV
 from isoprobe.pipeline.plausibility import Asked, over_budget
 from isoprobe.protocol.messages import TrialRequest, TrialResult
 from isoprobe.report.outcomes import Outcome
 from isoprobe.spec.model import Spec
-from isoprobe.system import slurm_steps
+from isoprobe.system import primitives
 
 
 @pytest.fixture(autouse=True)
@@ -275,9 +276,9 @@ def test_the_steps_a_commands_srun_started_are_found_by_srun_host_and_pid():
         "StepId=2.1 UserId=0 State=RUNNING NodeList=n1 Tasks=1 Name=sleep SrunHost:Pid=n1:999\n"
         "StepId=3.0 UserId=0 State=RUNNING NodeList=n2 Tasks=1 Name=python SrunHost:Pid=n2.cluster:28763\n"
         "StepId=2.batch UserId=0 State=RUNNING NodeList=n1 Tasks=1 Name=batch\n")
-    assert slurm_steps.steps_of_sruns(listing, {28763, 4}, "n1") == ["2.0"]
-    assert slurm_steps.steps_of_sruns(listing, {28763}, "n2.cluster") == ["3.0"]
-    assert slurm_steps.steps_of_sruns(listing, set(), "n1") == []
+    assert primitives.steps_of_sruns(listing, {28763, 4}, "n1") == ["2.0"]
+    assert primitives.steps_of_sruns(listing, {28763}, "n2.cluster") == ["3.0"]
+    assert primitives.steps_of_sruns(listing, set(), "n1") == []
 
 
 @pytest.mark.parametrize("types, waits", [(["ValueError", "Exception"], True),

@@ -10,7 +10,7 @@ import sys
 from isoprobe.child.command_trial import supervisor
 from isoprobe.child.command_trial import tree as command_tree  # noqa: E402
 from isoprobe.child.command_trial import verdicts as command_verdicts
-from isoprobe.protocol.command import SHIM_DIR_ENV
+from isoprobe.protocol.wiring import SHIM_DIR_ENV
 
 from test_command_shim import hello, step, write_lines
 

@@ -51,13 +51,31 @@ def imports_of(path: Path) -> set[str]:
     return imports_in(path.read_text(encoding="utf-8"), package)
 
 
+#: The standalone layer's loader calls (``system.standalone.load``, the shim's ``_own`` in front of it): a module
+#: loaded by its file, ``load("system/primitives")``, is an import of ``isoprobe.system.primitives`` here.
+LOADER_CALLS = {"load", "_own"}
+
+
+def loaded_by_path(node: ast.AST) -> str | None:
+    """``isoprobe.system.primitives`` for a call ``load("system/primitives")`` / ``x.load(...)`` / ``_own(...)``."""
+    if not isinstance(node, ast.Call) or not node.args:
+        return None
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+    first = node.args[0]
+    if name in LOADER_CALLS and isinstance(first, ast.Constant) and isinstance(first.value, str) and "/" in first.value:
+        return "isoprobe." + first.value.replace("/", ".")
+    return None
+
+
 def imports_in(text: str, package: str) -> set[str]:
     """The absolute module names a module of ``package`` imports (``from isoprobe.x import y`` is
-    ``isoprobe.x.y`` when y is a module, else ``isoprobe.x``)."""
+    ``isoprobe.x.y`` when y is a module, else ``isoprobe.x``), the standalone loader's calls included."""
     tree = ast.parse(text)
     found = set()
     for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
+        if (by_path := loaded_by_path(node)) is not None:
+            found.add(by_path)
+        elif isinstance(node, ast.Import):
             found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -212,6 +230,14 @@ def test_a_circle_is_found():
 ])
 def test_imports_resolve_to_modules(line, expected):
     assert imports_in(line + "\n", "isoprobe.child") == {expected}
+
+
+def test_a_module_loaded_by_its_file_is_an_import():
+    """The standalone layer's loads count: a keeper that loaded ``executors/local`` by path would be named."""
+    text = 'primitives = sys.modules["_isoprobe_standalone"].load("system/primitives")\nw = _own("protocol/wiring")\n'
+    assert imports_in(text, "isoprobe.system") == {"isoprobe.system.primitives", "isoprobe.protocol.wiring"}
+    found = violations({"isoprobe.system.keeper": imports_in('x = load("executors/local")\n', "isoprobe.system")}, RULES)
+    assert found == ["isoprobe.system.keeper imports isoprobe.executors.local: system may import only ['errors']"]
 
 
 def test_the_rules_are_read_from_the_page():

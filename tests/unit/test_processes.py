@@ -146,47 +146,23 @@ def test_the_import_has_its_own_bound_never_shorter_than_the_trials():
 def test_the_keeper_command_runs_it_isolated_with_the_lifeline_and_the_childs_argv():
     import sys
 
-    from isoprobe.system import keeper
+    from isoprobe.system import keeper, standalone
 
     argv = keeper.command(7, ["python", "-m", "isoprobe.child", "--wait"])
     assert argv[:3] == [sys.executable, "-I", "-S"]  # no PYTHON* variables, no site-packages
-    assert Path(argv[3]) == Path(keeper.__file__).resolve()
-    assert argv[4:] == ["7", "--", "python", "-m", "isoprobe.child", "--wait"]
+    assert (Path(argv[3]), argv[4]) == (Path(standalone.__file__).resolve(), "system/keeper")  # the one loader
+    assert argv[5:] == ["7", "--", "python", "-m", "isoprobe.child", "--wait"]
 
 
-def test_the_keeper_imports_the_standard_library_only():
-    """Run with -I -S it cannot import isoprobe, pydantic or torch, and must not need to (start-up, no user code)."""
-    import ast
-    import sys
-
-    from isoprobe.system import keeper
-
-    tree = ast.parse(Path(keeper.__file__).read_text(encoding="utf-8"))
-    imported = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            imported |= {alias.name.split(".")[0] for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0:
-            imported.add(node.module.split(".")[0])
-    assert imported and imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
-
-
-def test_the_keepers_slurm_steps_load_by_path_and_import_the_standard_library_only(tmp_path):
-    """The keeper's one sibling (``system.slurm_steps``) is loaded from its file where the keeper runs isolated;
-    it too must import the standard library only. Run as the executor runs it: ``python -I -S keeper.py``."""
-    import ast
+def test_the_keeper_runs_isolated_through_the_loader_and_its_primitives_are_the_packages_when_imported(tmp_path):
+    """Run as the executor runs it (``python -I -S standalone.py system/keeper``): no isoprobe on its path, its
+    primitives loaded by their file; imported by name (the parent), they are the package's one module."""
     import subprocess
     import sys
 
-    from isoprobe.system import keeper, slurm_steps
+    from isoprobe.system import keeper, primitives
 
-    tree = ast.parse(Path(slurm_steps.__file__).read_text(encoding="utf-8"))
-    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-                for alias in node.names}
-    imported |= {node.module.split(".")[0] for node in ast.walk(tree)
-                 if isinstance(node, ast.ImportFrom) and node.level == 0}
-    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
-    assert keeper.slurm_steps is slurm_steps  # imported as part of the package: the one module
+    assert keeper.primitives is primitives
     read, write = os.pipe()
     process = subprocess.run(keeper.command(read, [sys.executable, "-c", "print('ran')"]), pass_fds=(read,),
                              capture_output=True, text=True, timeout=30)
@@ -224,7 +200,7 @@ def test_a_stopped_keeper_runs_its_on_stop_commands_before_the_kill_and_a_finish
     assert process.wait(timeout=20) == 0
     os.close(lifeline)
     assert not (tmp_path / "finished").exists()
-    assert keeper.command(7, ["x"], on_stop="/f")[4:] == ["7", "--on-stop", "/f", "--", "x"]
+    assert keeper.command(7, ["x"], on_stop="/f")[5:] == ["7", "--on-stop", "/f", "--", "x"]
 
 
 def test_a_stopped_keeper_cancels_the_job_steps_an_srun_in_its_tree_started(tmp_path):
@@ -238,7 +214,7 @@ def test_a_stopped_keeper_cancels_the_job_steps_an_srun_in_its_tree_started(tmp_
     import sys
     import time
 
-    from isoprobe.system import keeper
+    from isoprobe.system import keeper, primitives
 
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
@@ -261,9 +237,9 @@ def test_a_stopped_keeper_cancels_the_job_steps_an_srun_in_its_tree_started(tmp_
                                pass_fds=(read,), env=env)
     os.close(read)
     deadline = time.monotonic() + 20
-    while not keeper.srun_processes(process.pid) and time.monotonic() < deadline:
+    while not primitives.srun_processes(process.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert keeper.srun_processes(process.pid), "the stand-in srun never started"
+    assert primitives.srun_processes(process.pid), "the stand-in srun never started"
     os.close(write)  # as when isoprobe dies
     assert process.wait(timeout=30) == -9
     assert (tmp_path / "scancel.log").read_text().splitlines() == ["--ctld --signal=KILL 9.0", "9.0"]

@@ -1,9 +1,9 @@
 """The names the shim shares with isoprobe are isoprobe's (issue 58 item 5): the shim is standard-library-only code
-loaded into the user's process, so it cannot import ``isoprobe.protocol``; it writes the environment variables'
-and files' names again, and this test is what ties each copy to the protocol's one definition.
-
-Every ``ISOPROBE_*`` string in the shim's files must be a name the protocol defines, each named constant must equal
-its protocol twin, and the files the shim writes or reads in the trial's folder are the protocol's.
+loaded into the user's process, so it cannot import ``isoprobe.protocol`` by name. ``_isoprobe_shim`` reads them
+from ``protocol/wiring.py``, the one module of the wire's constants, through the standalone loader. The two files
+that run before anything may be loaded (``sitecustomize``, at every interpreter's start, and ``_isoprobe_warm``,
+which must leave the script's ``sys.modules`` as a cold start would: their start-up is measured) write the few
+names they need again, and this test ties each copy to wiring's.
 """
 
 from __future__ import annotations
@@ -13,15 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from isoprobe.protocol import command, warm_command, wiring
+from isoprobe.protocol import wiring
 from isoprobe.protocol.command import SHIM_FOLDER
 
-#: The shim's constant -> the protocol's (module, name).
-TWINS = {
-    ("_isoprobe_shim.py", "DIR_ENV"): (command, "SHIM_DIR_ENV"),
-    ("_isoprobe_shim.py", "CUDA_BUDGET_ENV"): (command, "SHIM_CUDA_BUDGET_ENV"),
-    ("_isoprobe_shim.py", "CUDA_OUTSIDE_ENV"): (command, "SHIM_CUDA_OUTSIDE_ENV"),
-    ("_isoprobe_warm.py", "FD_ENV"): (warm_command, "FD_ENV"),
+#: The names a shim file writes again -> wiring's constant, for the two files that cannot load wiring.
+COPIES = {
+    "sitecustomize.py": {"ISOPROBE_SHIM_DIR": "SHIM_DIR_ENV", "ISOPROBE_WARM_FD": "WARM_FD_ENV"},
+    "_isoprobe_warm.py": {"ISOPROBE_SHIM_DIR": "SHIM_DIR_ENV", "ISOPROBE_WARM_FD": "WARM_FD_ENV",
+                          "warm-ready": "WARM_READY_FILE"},
 }
 
 
@@ -30,34 +29,30 @@ def _strings(path: Path) -> list[str]:
             and isinstance(n.value, str)]
 
 
-def _constant(path: Path, name: str) -> str:
-    for node in ast.parse(path.read_text()).body:
-        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == [name]:
-            return ast.literal_eval(node.value)
-    raise AssertionError(f"{path.name} defines no {name}")
-
-
-def _protocol_names() -> set[str]:
-    return {value for module in (command, warm_command, wiring) for value in vars(module).values()
-            if isinstance(value, str) and value.startswith("ISOPROBE_")}
+def _wire_values() -> dict[str, str]:
+    return {value: name for name, value in vars(wiring).items() if name.isupper() and isinstance(value, str)}
 
 
 @pytest.mark.parametrize("path", sorted(SHIM_FOLDER.glob("*.py")), ids=lambda p: p.name)
-def test_every_isoprobe_name_in_the_shim_is_one_the_protocol_defines(path):
+def test_every_wire_name_in_the_shim_is_wirings_and_only_the_files_that_cannot_load_it_copy_one(path):
     names = {s for s in _strings(path) if s.startswith("ISOPROBE_") and s.upper() == s and " " not in s}
-    assert names <= _protocol_names(), f"{path.name} uses names the protocol does not define: {names - _protocol_names()}"
+    copied = {value for value in _strings(path) if value in _wire_values() and (value in names or "-" in value)}
+    assert names <= set(_wire_values()), f"{path.name} uses names wiring does not define: {names - set(_wire_values())}"
+    assert copied == set(COPIES.get(path.name, {})), f"{path.name} copies {sorted(copied)}"
 
 
-@pytest.mark.parametrize("where, twin", sorted(TWINS.items()), ids=lambda x: getattr(x, "__name__", str(x)))
-def test_each_shim_constant_equals_its_protocol_twin(where, twin):
-    filename, name = where
-    module, twin_name = twin
-    assert _constant(SHIM_FOLDER / filename, name) == getattr(module, twin_name)
+@pytest.mark.parametrize("filename, value, name", [(f, v, n) for f, copies in sorted(COPIES.items())
+                                                   for v, n in sorted(copies.items())])
+def test_each_copy_is_wirings_value(filename, value, name):
+    assert getattr(wiring, name) == value
+    assert value in _strings(SHIM_FOLDER / filename)
 
 
-def test_the_files_the_shim_uses_in_the_trials_folder_are_the_protocols():
-    assert command.GATE_FILE in _strings(SHIM_FOLDER / "_isoprobe_shim.py")
-    assert warm_command.READY_FILE in _strings(SHIM_FOLDER / "_isoprobe_warm.py")
+def test_the_shim_reads_its_names_and_the_gate_from_wiring():
+    """``_isoprobe_shim``'s names are wiring's objects, loaded through the standalone loader: no literal of its own."""
+    text = (SHIM_FOLDER / "_isoprobe_shim.py").read_text()
+    assert '_own("protocol/wiring")' in text and "_wiring.GATE_FILE" in text
+    assert wiring.GATE_FILE not in _strings(SHIM_FOLDER / "_isoprobe_shim.py")
 
 
 def test_the_native_readers_system_folders_are_the_caches_and_var():

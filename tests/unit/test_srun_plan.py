@@ -138,40 +138,36 @@ def test_steps_ahead_are_opt_in_need_a_strategy_and_stay_out_of_the_cache_key():
 
 def test_the_srun_command_runs_one_capped_rank_per_task():
     argv = srun_command(world_size=8, nodes=2, step_dir="/shared/t1.step", python="/venv/bin/python",
-                        rank_entry="/pkg/isoprobe/child/srun_rank.py", data_limits=(1536 * 2**20, 1600 * 2**20),
+                        rank_entry="/pkg/isoprobe/system/standalone.py", data_limits=(1536 * 2**20, 1600 * 2**20),
                         cuda=False)
     assert argv[:2] == ["srun", "--ntasks=8"]
     assert {"--kill-on-bad-exit=1", "--job-name=isoprobe-trial", "--nodes=2", "--export=ALL"} <= set(argv)
     assert "--output=/shared/t1.step/rank%t.stdout" in argv and "--error=/shared/t1.step/rank%t.stderr" in argv
     assert not any(a.startswith("--gpus") for a in argv)
     # Each task: the isolated wrapper, the step's folder, RLIMIT_DATA's soft and hard limits.
-    assert argv[-7:] == ["/venv/bin/python", "-I", "-S", "/pkg/isoprobe/child/srun_rank.py", "/shared/t1.step",
-                         str(1536 * 2**20), str(1600 * 2**20)]
+    assert argv[-8:] == ["/venv/bin/python", "-I", "-S", "/pkg/isoprobe/system/standalone.py", "child/srun_rank",
+                         "/shared/t1.step", str(1536 * 2**20), str(1600 * 2**20)]
 
 
 def test_a_step_started_ahead_shares_the_running_steps_cpus_and_waits_for_a_line_on_stdin():
     """The next trial's step (search.warm_start): --overlap (beside the running step), srun's stdin forwarded to every
     rank (their turn), and the wrapper told so; the trial's own step takes no input and overlaps nothing."""
-    from isoprobe.child import srun_rank
-    from isoprobe.protocol.wiring import AHEAD_ARGUMENT
-
     ahead = srun_command(world_size=2, nodes=2, step_dir="/shared/a1.step", python="/venv/bin/python",
-                         rank_entry="/pkg/isoprobe/child/srun_rank.py", data_limits=(2**30, 2**30 + 2**26), cuda=False,
+                         rank_entry="/pkg/isoprobe/system/standalone.py", data_limits=(2**30, 2**30 + 2**26), cuda=False,
                          ahead=True)
     assert {"--overlap", "--input=all"} <= set(ahead) and "--input=none" not in ahead
-    assert ahead[-5:] == ["/pkg/isoprobe/child/srun_rank.py", "--ahead", "/shared/a1.step", str(2**30),
+    assert ahead[-6:] == ["/pkg/isoprobe/system/standalone.py", "child/srun_rank", "--ahead", "/shared/a1.step", str(2**30),
                           str(2**30 + 2**26)]
     due = srun_command(world_size=2, nodes=2, step_dir="/shared/t1.step", python="/venv/bin/python",
-                       rank_entry="/pkg/isoprobe/child/srun_rank.py", data_limits=None, cuda=False)
+                       rank_entry="/pkg/isoprobe/system/standalone.py", data_limits=None, cuda=False)
     assert "--overlap" not in due and "--input=none" in due and "--ahead" not in due
-    assert srun_rank.AHEAD_ARGUMENT == AHEAD_ARGUMENT  # the wrapper's copy (it loads wiring after its task file)
 
 
 def test_the_srun_command_on_cuda_binds_one_gpu_a_task_and_never_more_nodes_than_ranks():
     argv = srun_command(world_size=2, nodes=4, step_dir="/s", python="p", rank_entry="r", data_limits=None,
                         cuda=True)
     assert "--gpus-per-task=1" in argv and "--nodes=2" in argv
-    assert argv[-5:] == ["p", "-I", "-S", "r", "/s"]  # no cap on CUDA: the budget is the GPU's
+    assert argv[-6:] == ["p", "-I", "-S", "r", "child/srun_rank", "/s"]  # no cap on CUDA: the budget is the GPU's
 
 
 @pytest.mark.parametrize("stderr, refused", [

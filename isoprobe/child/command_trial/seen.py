@@ -15,10 +15,11 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from isoprobe.child.command_trial.tree import Process, Tree, alive
+from isoprobe.child.command_trial.tree import Process, Tree
 from isoprobe.child.command_trial.verdicts import stderr_tail
 from isoprobe.protocol.command import CommandSeen, ShimHello
 from isoprobe.report.rank_progress import RankProgress
+from isoprobe.system.primitives import alive
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events

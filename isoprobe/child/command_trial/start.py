@@ -13,8 +13,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from isoprobe.child.core.memory import data_cap
-from isoprobe.protocol.command import SHIM_CUDA_BUDGET_ENV, SHIM_CUDA_OUTSIDE_ENV, SHIM_DIR_ENV, SHIM_FOLDER
-from isoprobe.protocol.wiring import EVENTS_ENV, LIFELINE_ENV, PRELOAD_ENV, WARM_PLAN_ENV
+from isoprobe.protocol.command import SHIM_FOLDER
+from isoprobe.protocol.wiring import (
+    EVENTS_ENV,
+    LIFELINE_ENV,
+    PRELOAD_ENV,
+    SHIM_CUDA_BUDGET_ENV,
+    SHIM_CUDA_OUTSIDE_ENV,
+    SHIM_DIR_ENV,
+    WARM_PLAN_ENV,
+)
 from isoprobe.spec.command import BATCH_ENV, argv_for
 from isoprobe.system.data_cap import set_exact
 

@@ -50,13 +50,19 @@ from isoprobe.child.command_trial.verdicts import (
     shows_allocation_failure,
 )
 from isoprobe.child.command_trial.warm import go, take
-from isoprobe.protocol.command import GATE_FILE, ShimStep
+from isoprobe.protocol.command import ShimStep
 from isoprobe.protocol.messages import Imported, MemoryReading, ModelBuilt, StepDone, TrialRequest, TrialResult
+from isoprobe.protocol.wiring import GATE_FILE
 from isoprobe.report import cycle, steady
 from isoprobe.report.outcomes import Outcome
 from isoprobe.report.trial import ErrorInfo
-from isoprobe.system.keeper import sigkill_below, srun_processes
-from isoprobe.system.slurm_steps import cancel_slurm_steps, slurm_steps_of, wait_slurm_steps_gone
+from isoprobe.system.primitives import (
+    cancel_slurm_steps,
+    sigkill_below,
+    slurm_steps_of,
+    srun_processes,
+    wait_slurm_steps_gone,
+)
 
 if TYPE_CHECKING:
     from isoprobe.child.events import Events

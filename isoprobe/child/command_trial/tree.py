@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from isoprobe.protocol.command import (
-    SHIM_DIR_ENV,
     ShimException,
     ShimFiles,
     ShimForward,
@@ -22,6 +21,8 @@ from isoprobe.protocol.command import (
     ShimStep,
     parse_lines,
 )
+from isoprobe.protocol.wiring import SHIM_DIR_ENV
+from isoprobe.system.primitives import alive
 
 #: How often the supervisor reads the shim's files and the command's state.
 POLL_SECONDS = 0.01
@@ -242,16 +243,6 @@ class Sampler:
         if sampled is None:
             return reported
         return max(sampled, reported or 0)
-
-
-def alive(pid: int) -> bool:
-    """The process exists and is not a zombie (its state in /proc/PID/stat, after the command's name)."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as handle:
-            state = handle.read().rsplit(b")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state not in (b"Z", b"X")
 
 
 def heap_bytes(pid: int) -> int | None:

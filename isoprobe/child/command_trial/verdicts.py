@@ -15,14 +15,15 @@ from pathlib import Path
 
 from isoprobe.child.command_trial.rank_loss import killed_rank, lost_message, peer_loss
 from isoprobe.child.command_trial.trained_batch import StepInputs, judge
-from isoprobe.child.command_trial.tree import Process, Tree, alive
-from isoprobe.protocol.command import SHIM_DIR_ENV
+from isoprobe.child.command_trial.tree import Process, Tree
 from isoprobe.protocol.messages import MESSAGE_CHARS, RANK_LOST, TrialRequest
+from isoprobe.protocol.wiring import SHIM_DIR_ENV
 from isoprobe.report.batch_check import NOT_TRAINED, BatchCheck
 from isoprobe.report.outcomes import Outcome, classify_exception, ending_error, words_show_allocation_failure
 from isoprobe.report.rank_progress import RankProgress, behind, printed
 from isoprobe.report.trial import ErrorInfo
 from isoprobe.spec.command import command_placeholder
+from isoprobe.system.primitives import alive
 
 #: Kept of the command's stderr for a verdict's evidence.
 _STDERR_TAIL_CHARS = 6000

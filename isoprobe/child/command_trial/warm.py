@@ -28,7 +28,8 @@ from isoprobe.child.command_trial.start import (
     request_environment,
     start_command,
 )
-from isoprobe.protocol.warm_command import FD_ENV, READY_FILE, WarmPlan, WarmShape, go_message, warm_shape
+from isoprobe.protocol.warm_command import WarmPlan, WarmShape, go_message, warm_shape
+from isoprobe.protocol.wiring import WARM_FD_ENV, WARM_READY_FILE
 from isoprobe.spec.command import BATCH_ENV
 
 if TYPE_CHECKING:
@@ -80,7 +81,7 @@ def start_ahead(plan_json: str) -> Ahead | None:
     cap = command_cap(plan.device)
     read, write = os.pipe()
     try:  # the command as the trial would start it, its placeholders still in: the batch comes on the pipe
-        process = start_command(plan.argv, plan.cwd, env | {FD_ENV: str(read)}, folder, cap, pass_fds=(read,))
+        process = start_command(plan.argv, plan.cwd, env | {WARM_FD_ENV: str(read)}, folder, cap, pass_fds=(read,))
     except OSError:  # no such interpreter, say: the trial starts the command itself and reports that
         os.close(write)
         return None
@@ -106,7 +107,7 @@ def wait_ready(ahead: Ahead, seconds: float) -> Ready | None:
 def is_ready(ahead: Ahead) -> Ready | None:
     """Whether the interpreter started ahead has reached its wait (its ``READY`` line), now."""
     try:
-        words = (ahead.folder / READY_FILE).read_text().split()
+        words = (ahead.folder / WARM_READY_FILE).read_text().split()
     except OSError:
         return None
     if len(words) == 2 and words[0] == "READY":

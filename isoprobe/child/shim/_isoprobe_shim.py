@@ -30,14 +30,34 @@ if TYPE_CHECKING:
 # What the functions below import, they import when they first run: after torch has imported those modules
 # anyway, so that the shim adds as little as it can to the heap it measures (see sitecustomize).
 
-#: The trial's folder: this process's lines go to ``p<pid>.jsonl`` in it, and the supervisor's gate is ``gate``.
-DIR_ENV = "ISOPROBE_SHIM_DIR"
+
+def _own(relative):
+    """``isoprobe/RELATIVE.py`` (standard library only) through the standalone layer's one loader
+    (``system/standalone.py``): the shim imports nothing of isoprobe by name (a package's ``__init__`` may import
+    pydantic). The loader itself is the one file loaded here by hand, once; it is ``_isoprobe_standalone`` after."""
+    loader = sys.modules.get("_isoprobe_standalone")
+    if loader is None:
+        import importlib.util
+
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        spec = importlib.util.spec_from_file_location(
+            "_isoprobe_standalone", os.path.join(root, "system", "standalone.py")
+        )
+        loader = importlib.util.module_from_spec(spec)
+        sys.modules["_isoprobe_standalone"] = loader
+        spec.loader.exec_module(loader)
+    return loader.load(relative)
+
+
+_wiring = _own("protocol/wiring")
+#: The trial's folder: this process's lines go to ``p<pid>.jsonl`` in it, and the supervisor's gate file.
+DIR_ENV = _wiring.SHIM_DIR_ENV
 #: CUDA: the per-rank budget in bytes: what the process may hold of each card it uses, context and libraries
 #: included (what ``cudaMemGetInfo`` shows it holding), as isoprobe's own trials mean it (``child.core.cuda``).
-CUDA_BUDGET_ENV = "ISOPROBE_SHIM_CUDA_BUDGET"
+CUDA_BUDGET_ENV = _wiring.SHIM_CUDA_BUDGET_ENV
 #: CUDA: the best figure for the memory outside the allocator known before the command runs (bytes), taken off
 #: the fraction from CUDA's lazy initialisation on; each step's own reading of it takes over once it is larger.
-CUDA_OUTSIDE_ENV = "ISOPROBE_SHIM_CUDA_OUTSIDE"
+CUDA_OUTSIDE_ENV = _wiring.SHIM_CUDA_OUTSIDE_ENV
 _GATE_POLL_SECONDS = 0.002
 _MESSAGE_CHARS = 2000
 _TRACEBACK_CHARS = 8000
@@ -99,7 +119,7 @@ def _watch_threads_and_reads():
 
     _state["lock"] = threading.Lock()
     _state["roots"] = _environment_roots()
-    native = _own("child", "native_reads")  # the links on a read's way, native readers: loaded before _audit is on
+    native = _own("child/native_reads")  # the links on a read's way, native readers: loaded before _audit is on
     previous_thread_hook = threading.excepthook
 
     def thread_hook(args):
@@ -171,12 +191,12 @@ def _install_cuda_budget(cuda):
 
 def _cuda():
     """``_isoprobe_cuda``: the budget's caps and the step's CUDA readings (see its docstring)."""
-    return _own("child", "shim/_isoprobe_cuda")
+    return _own("child/shim/_isoprobe_cuda")
 
 
 def _readings():
     """``isoprobe.child.cuda_readings``: the budget's fraction and the readings, as isoprobe's own trials take them."""
-    return _own("child", "cuda_readings")
+    return _own("child/cuda_readings")
 
 
 def _cuda_memory(cuda):
@@ -260,7 +280,7 @@ def _wait_at_gate(step):
     supervisor ends the process here, between two steps, with its readings written)."""
     import time
 
-    path = os.path.join(_state["dir"], "gate")
+    path = os.path.join(_state["dir"], _wiring.GATE_FILE)
     while True:
         try:
             with open(path, "rb") as gate:
@@ -280,7 +300,7 @@ def _memory():
         reading = _cuda_memory(cuda)
         if reading is not None:
             return reading
-    status = _own("system", "proc_memory").status_bytes("VmHWM", "VmRSS", "VmData", "RssFile")
+    status = _own("system/proc_memory").status_bytes("VmHWM", "VmRSS", "VmData", "RssFile")
     # The data segment now (what RLIMIT_DATA counts); the supervisor raises it to the most it sampled of this
     # process's data segment during the step (isoprobe.child.command_trial.supervisor). Not VmPeak, from which
     # isoprobe's own
@@ -300,22 +320,6 @@ def _memory():
         "file_resident_bytes": status["RssFile"],
         "device": "cpu",
     }
-
-
-def _own(package, module):
-    """``isoprobe/PACKAGE/MODULE.py`` (standard library only), loaded from its file once: the shim imports nothing
-    of isoprobe by name (a package's ``__init__`` may import pydantic), as ``child/srun_rank.py`` loads them."""
-    name = f"_isoprobe_{package}_{module}".replace("/", "_")
-    loaded = sys.modules.get(name)
-    if loaded is None:
-        import importlib.util
-
-        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        spec = importlib.util.spec_from_file_location(name, os.path.join(root, package, f"{module}.py"))
-        loaded = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(loaded)
-        sys.modules[name] = loaded
-    return loaded
 
 
 def _environment_roots():
@@ -361,7 +365,7 @@ def _not_stepping():
 
 def _report_read(path):
     """One file a process that never steps read, written now (a worker is killed with the trial, never asked)."""
-    new = sorted(_own("child", "native_reads").read_paths(path, _outside, _state["dir"]) - _state["reported"])
+    new = sorted(_own("child/native_reads").read_paths(path, _outside, _state["dir"]) - _state["reported"])
     if new:
         _state["reported"].update(new)
         _write({"kind": "files", "pid": os.getpid(), "modules": [], "reads": new})
@@ -382,7 +386,7 @@ def _report_files():
             modules.add(os.path.realpath(file))
     _state["modules_done"] = names  # each module once: a step's cost stays the few imported since the last
     # The reads' real paths, the symbolic links on their way, and (at steps 1, 2, 4...) what native code holds.
-    reads = _own("child", "native_reads").step_reads(_state["reads"], _state["steps"], _audit, _outside, _state["dir"])
+    reads = _own("child/native_reads").step_reads(_state["reads"], _state["steps"], _audit, _outside, _state["dir"])
     new_modules = sorted(p for p in modules if _outside(p) and p not in _state["reported"])
     new_reads = sorted(reads - _state["reported"])
     if new_modules or new_reads:

@@ -30,6 +30,8 @@ import sys
 import time
 
 #: The variable naming the pipe the trial comes on; only the process started ahead has it (removed at once).
+#: ``protocol.wiring.WARM_FD_ENV`` written again (and ``SHIM_DIR_ENV``, ``WARM_READY_FILE`` below): this file loads
+#: nothing, so that the script's ``sys.modules`` is a cold start's (tests/unit/test_shim_names.py ties them).
 FD_ENV = "ISOPROBE_WARM_FD"
 
 
