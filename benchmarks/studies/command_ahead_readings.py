@@ -41,8 +41,11 @@ import threading
 import time
 from pathlib import Path
 
-from isoprobe.protocol.command import GATE_FILE, SHIM_DIR_ENV, SHIM_FOLDER, ShimException, ShimStep, parse_lines
-from isoprobe.protocol.warm_command import FD_ENV, READY_FILE, go_message
+from isoprobe.protocol.command import SHIM_FOLDER, ShimException, ShimStep, parse_lines
+from isoprobe.protocol.warm_command import go_message
+from isoprobe.protocol.wiring import GATE_FILE, SHIM_DIR_ENV
+from isoprobe.protocol.wiring import WARM_FD_ENV as FD_ENV
+from isoprobe.protocol.wiring import WARM_READY_FILE as READY_FILE
 from isoprobe.spec.command import BATCH_ENV
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from isoprobe.protocol.command import GATE_FILE, SHIM_DIR_ENV, SHIM_FOLDER, parse_lines
+from isoprobe.protocol.command import SHIM_FOLDER, parse_lines
+from isoprobe.protocol.wiring import GATE_FILE, SHIM_DIR_ENV
 
 
 def shim_lines(folder: Path, script: str, *kinds: type) -> list:

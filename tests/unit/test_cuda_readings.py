@@ -234,7 +234,7 @@ def test_2_a_command_trial_carries_the_checks_outside_memory_to_its_shim():
 
     from isoprobe.child.command_trial.start import request_environment
     from isoprobe.pipeline.environment import Target
-    from isoprobe.protocol.command import SHIM_CUDA_OUTSIDE_ENV
+    from isoprobe.protocol.wiring import SHIM_CUDA_OUTSIDE_ENV
     from isoprobe.protocol.messages import TrialRequest
     from isoprobe.spec.model import Spec
     from isoprobe.report.device import DeviceInfo
