@@ -2,7 +2,7 @@
 step reports (``child.core.step_report``) and a command trial's shim (``child/shim/_isoprobe_shim.py``).
 
 Standard library only, handed ``torch.cuda``: the shim loads this file by path in the user's process (it imports
-nothing of isoprobe by name), as ``child/srun_rank.py`` loads its stdlib-only modules.
+nothing of isoprobe by name), through the standalone layer's one loader (``system.standalone``).
 
 - **The budget is what the process may use on the card, context included** (a smaller card's reported total).
   ``set_per_process_memory_fraction`` limits the allocator only, to the fraction of the card's total memory
