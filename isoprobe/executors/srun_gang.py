@@ -78,7 +78,13 @@ from isoprobe.protocol.messages import (
     last_of,
     read_events,
 )
-from isoprobe.system.primitives import KILL_THROUGH_SLURMCTLD, scancel_now, wait_slurm_steps_gone
+from isoprobe.system.primitives import (
+    CLIENT_SECONDS,
+    KILL_THROUGH_SLURMCTLD,
+    ask_slurm,
+    scancel_now,
+    wait_slurm_steps_gone,
+)
 
 #: How often the step's ranks are looked at (as the local gang's ``POLL_SECONDS``).
 POLL_SECONDS = 0.02
@@ -441,15 +447,7 @@ class SrunGangExecutor:
 
     def _step_record(self, step_id: str) -> str:
         """``scontrol show step`` of a step that will not go away (its state and nodes), for the error."""
-        try:
-            shown = subprocess.run(
-                [self.scontrol, "show", "step", "-o", step_id],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=10,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as error:
-            return f"scontrol failed ({error})"
+        shown = ask_slurm([self.scontrol, "show", "step", "-o", step_id], CLIENT_SECONDS)
+        if shown is None:
+            return f"scontrol did not answer within {CLIENT_SECONDS:g} s"
         return (shown.stdout or shown.stderr).strip() or "scontrol said nothing"

@@ -12,12 +12,12 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 import sys
 from collections.abc import Mapping
 
 from isoprobe.errors import ProbeError
 from isoprobe.protocol.wiring import CHILD_MODULE
+from isoprobe.system.primitives import ask_slurm
 
 #: Node states (``sinfo %T``, without the flags it appends) of a node that is in service.
 HEALTHY = {"allocated", "mixed", "idle", "completing", "planned", "reserved"}
@@ -55,18 +55,8 @@ def node_trouble(nodes: str | None, sinfo: str = "sinfo") -> list[str]:
     program = shutil.which(sinfo)
     if not nodes or program is None:
         return []
-    try:
-        listed = subprocess.run(
-            [program, "-h", "-N", "-n", nodes, "-o", "%N|%T|%E"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=SINFO_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return troubled(listed.stdout) if listed.returncode == 0 else []
+    listed = ask_slurm([program, "-h", "-N", "-n", nodes, "-o", "%N|%T|%E"], SINFO_SECONDS)
+    return troubled(listed.stdout) if listed is not None and listed.returncode == 0 else []
 
 
 def record_stop_context(words: str | None) -> None:

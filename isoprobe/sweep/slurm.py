@@ -22,7 +22,6 @@ pass a scripted one.
 from __future__ import annotations
 
 import os
-import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +30,7 @@ from typing import Any, Protocol
 
 from isoprobe.sweep.model import SweepItem, SweepRow, failed_row, row_from_result
 from isoprobe.sweep.task import row_path
+from isoprobe.system.primitives import ask_slurm
 
 #: How often the rows and squeue are looked at.
 POLL_SECONDS = 0.5
@@ -39,6 +39,9 @@ ROW_GRACE_SECONDS = 5.0
 #: Cancelled tasks still listed after this long are sent SIGKILL.
 KILL_AFTER_SECONDS = 5.0
 CANCEL_TIMEOUT_SECONDS = 120.0
+
+#: How long the sweep's own squeue and scancel may take: nothing but the sweep waits on them, and it polls again.
+SWEEP_CLIENT_SECONDS = 30.0
 
 
 @dataclass
@@ -222,20 +225,12 @@ class SubmititSubmitter:
         return jobs[0].job_id.split("_")[0], [job.job_id for job in jobs]
 
     def active(self) -> set[str] | None:
-        try:
-            done = subprocess.run(
-                ["squeue", "--me", "-h", "-r", "-o", "%i"], capture_output=True, text=True, timeout=30
-            )
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return set(done.stdout.split()) if done.returncode == 0 else None
+        done = ask_slurm(["squeue", "--me", "-h", "-r", "-o", "%i"], SWEEP_CLIENT_SECONDS)
+        return set(done.stdout.split()) if done is not None and done.returncode == 0 else None
 
     def cancel(self, array_ids: list[str], kill: bool = False) -> None:
         command = ["scancel", *(["--signal=KILL", "--full"] if kill else []), *array_ids]
-        try:
-            subprocess.run(command, capture_output=True, timeout=30)
-        except (OSError, subprocess.TimeoutExpired):
-            pass
+        ask_slurm(command, SWEEP_CLIENT_SECONDS)
 
     def why_failed(self, task_id: str) -> str:
         job = self.jobs.get(task_id)

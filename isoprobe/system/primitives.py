@@ -18,6 +18,11 @@ import os
 import signal
 import time
 
+TYPE_CHECKING = False  # typing's flag without importing typing (the keeper's start-up): mypy reads it as True
+if TYPE_CHECKING:
+    import subprocess
+    from collections.abc import Mapping
+
 # --------------------------------------------------------------------------- a process's state, from /proc
 
 
@@ -170,6 +175,29 @@ def autogroup_back(pid: int) -> None:
 CLIENT_SECONDS = 10.0
 
 
+def ask_slurm(
+    argv: list[str], seconds: float, env: Mapping[str, str] | None = None
+) -> subprocess.CompletedProcess[str] | None:
+    """Run one of Slurm's clients (scontrol, squeue, sinfo, scancel) once, its output captured; None where it could
+    not start or did not answer within ``seconds`` (a busy slurmctld). Never raises: what Slurm did not say is
+    unknown, and each caller says what unknown means for it (its bound too: a SIGTERM's reader has 2 s, the end of a
+    step ``CLIENT_SECONDS``)."""
+    import subprocess
+
+    try:
+        return subprocess.run(
+            argv,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=seconds,
+            check=False,
+            env=None if env is None else dict(env),
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
 def steps_of_sruns(listing: str, sruns: set[int], host: str) -> list[str]:
     """From ``scontrol show step -o``'s lines, the steps whose srun ran on ``host`` as one of ``sruns`` (pure)."""
     import re
@@ -191,23 +219,10 @@ def slurm_steps_of(sruns: set[int]) -> list[str]:
         return []
     import shutil
     import socket
-    import subprocess
 
     scontrol = shutil.which("scontrol")
-    if scontrol is None:
-        return []
-    try:
-        listed = subprocess.run(
-            [scontrol, "show", "step", "-o"],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=CLIENT_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return steps_of_sruns(listed.stdout, sruns, socket.gethostname())
+    listed = None if scontrol is None else ask_slurm([scontrol, "show", "step", "-o"], CLIENT_SECONDS)
+    return [] if listed is None else steps_of_sruns(listed.stdout, sruns, socket.gethostname())
 
 
 #: How isoprobe has Slurm SIGKILL a step's tasks: through slurmctld (REQUEST_SIGNAL_TASKS to each node). Without
@@ -238,19 +253,7 @@ def cancel_slurm_steps(steps: list[str], scancel: str = "scancel") -> None:
 def scancel_now(program: str, *arguments: str) -> None:
     """Run ``scancel ARGUMENTS`` once, bounded by ``CLIENT_SECONDS``; never raise (the step's end is checked with
     squeue after, and asked for again there: ``wait_slurm_steps_gone``)."""
-    import subprocess
-
-    try:
-        subprocess.run(
-            [program, *arguments],
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            timeout=CLIENT_SECONDS,
-            check=False,
-        )
-    except (OSError, subprocess.SubprocessError):
-        pass
+    ask_slurm([program, *arguments], CLIENT_SECONDS)
 
 
 def wait_slurm_steps_gone(
@@ -266,29 +269,16 @@ def wait_slurm_steps_gone(
     """Wait until ``squeue -s`` lists none of ``steps`` (ended already), asking Slurm again to kill and cancel those
     still listed ``recancel_after`` seconds in and then every ``recancel_every``: a loaded machine can hold up
     Slurm's end of a killed step. The steps still listed after ``seconds``; none once they are gone, or where
-    squeue is missing or fails (nothing more can be known). A squeue that does not answer within ``CLIENT_SECONDS``
-    (slurmctld busy) says nothing: the steps count as still listed, and the wait goes on."""
+    squeue is missing or says it failed (nothing more can be known). A squeue that does not answer within
+    ``CLIENT_SECONDS`` (slurmctld busy) says nothing: the steps count as still listed, and the wait goes on."""
     import shutil
-    import subprocess
 
     program = shutil.which(squeue)
     began = time.monotonic()
     next_cancel = began + recancel_after
     left = list(steps)
     while program is not None and time.monotonic() < began + seconds:
-        try:
-            listed = subprocess.run(
-                [program, "-h", "-s", *(["-j", job] if job else []), "-o", "%i"],
-                stdin=subprocess.DEVNULL,
-                capture_output=True,
-                text=True,
-                timeout=CLIENT_SECONDS,
-                check=False,
-            )
-        except subprocess.TimeoutExpired:
-            listed = None
-        except (OSError, subprocess.SubprocessError):
-            return []
+        listed = ask_slurm([program, "-h", "-s", *(["-j", job] if job else []), "-o", "%i"], CLIENT_SECONDS)
         if listed is not None:
             left = [step for step in steps if step in listed.stdout.split()]
             if listed.returncode != 0 or not left:

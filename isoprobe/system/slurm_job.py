@@ -19,8 +19,9 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 from collections.abc import Mapping
+
+from isoprobe.system.primitives import ask_slurm
 
 #: How long ``scontrol`` may take: it runs between the SIGTERM and the document, inside Slurm's KillWait.
 SCONTROL_SECONDS = 2.0
@@ -43,19 +44,8 @@ def time_limit_reached(environ: Mapping[str, str] | None = None, scontrol: str =
     program = shutil.which(scontrol, path=environ.get("PATH")) if job.isdigit() else None
     if program is None:
         return None
-    try:
-        shown = subprocess.run(
-            [program, "show", "job", "-o", job],
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            text=True,
-            timeout=SCONTROL_SECONDS,
-            check=False,
-            env=dict(environ),
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return limit_if_reached(shown.stdout) if shown.returncode == 0 else None
+    shown = ask_slurm([program, "show", "job", "-o", job], SCONTROL_SECONDS, env=environ)
+    return limit_if_reached(shown.stdout) if shown is not None and shown.returncode == 0 else None
 
 
 def limit_if_reached(record: str) -> str | None:
