@@ -25,9 +25,9 @@ from pathlib import Path
 from isoprobe.errors import ProbeError
 from isoprobe.executors import Conditions
 from isoprobe.executors.fork_server_channel import ForkedProcess
-from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, lift_idle_policy, write_atomically
+from isoprobe.executors.processes import VERDICT_EXIT_GRACE_SECONDS, write_atomically
 from isoprobe.protocol.messages import IMPORT_LINE, Inspected, Started, TrialResult, Warm, last_of, read_events
-from isoprobe.system.primitives import sigkill_below
+from isoprobe.system.primitives import lift_idle_policy, sigkill_below
 
 #: How often the parent looks at a child's events while it imports (the cost of a look: one small read).
 _POLL_SECONDS = 0.01

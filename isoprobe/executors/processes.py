@@ -18,7 +18,6 @@ from isoprobe.protocol.messages import EVENTS_ENV
 from isoprobe.protocol.wiring import TRIAL_ENV
 from isoprobe.system.data_cap import set_data_cap
 from isoprobe.system.hardware import node_gpus, slurm_cuda_visible, visible_devices
-from isoprobe.system.primitives import lift_idle_policy  # noqa: F401 - one definition, used by the keeper too
 
 #: Below this size glibc serves allocations from its heap and may keep freed memory,
 #: which makes an RLIMIT_DATA boundary flaky; above it every block is its own mmap.

@@ -132,7 +132,8 @@ def autogroup_nice(pid: int | str = "self") -> int | None:
     its own session: an autogroup is a session, and changing one that holds other processes (isoprobe's own shell)
     would change them too. None: no autogroups here, a shared session, or the process is gone."""
     try:
-        if os.getsid(0 if pid == "self" else int(pid)) != (os.getpid() if pid == "self" else int(pid)):
+        target = os.getpid() if pid == "self" else int(pid)
+        if os.getsid(target) != target:
             return None
         with open(f"/proc/{pid}/autogroup", encoding="ascii") as handle:
             return int(handle.read().split()[-1])

@@ -21,7 +21,7 @@ import pytest
 from conftest import hog_spec, run_cli
 from isoprobe.executors import Conditions
 from isoprobe.executors.local import LocalExecutor
-from isoprobe.executors.processes import lift_idle_policy
+from isoprobe.system.primitives import lift_idle_policy
 from isoprobe.pipeline.classify import classify_exit
 from isoprobe.protocol.messages import Started, TrialRequest, Warm, last_of, read_events
 from isoprobe.spec.model import Spec
