@@ -102,7 +102,13 @@ graphroot="$("${PODMAN[@]}" info --format '{{.Store.GraphRoot}}')"
 avail() { df -h --output=avail "$1" | tail -1 | tr -d ' '; }
 echo "disk: $(avail "$graphroot") free at $graphroot, $(avail "${TMPDIR:-/var/tmp}") at ${TMPDIR:-/var/tmp}, before the image build"
 trap 'rm -rf ${work:+"$work"} ${pinfile:+"$pinfile"}; echo "disk: $(avail "$graphroot") free at $graphroot after the image build"' EXIT
+replaced="$("${PODMAN[@]}" image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)"
 began=$SECONDS
 "${PODMAN[@]}" build "${LIMITS[@]}" --network host "${MOUNTS[@]}" "${PINS[@]}" \
     --build-arg BASE_IMAGE="$BASE" -t "$IMAGE" -f Dockerfile .
 echo "image built in $((SECONDS - began))s: $IMAGE ($("${PODMAN[@]}" image inspect --format '{{.Size}}' "$IMAGE") bytes)"
+# The image this build took the name from is garbage now (6 GB): removed, with the layers only it held. Those it
+# shares with the new one (the base, the dependencies' layer when pyproject.toml is unchanged) stay.
+if [ -n "$replaced" ] && [ "$replaced" != "$("${PODMAN[@]}" image inspect --format '{{.Id}}' "$IMAGE")" ]; then
+    "${PODMAN[@]}" rmi "$replaced" >/dev/null 2>&1 && echo "removed the image it replaced: ${replaced:0:12}" || true
+fi
