@@ -4,7 +4,8 @@ The independent harness (``benchmarks/harness/plain_edge.py``, ``fits(..., eval_
 is a fresh ``python -c`` process that imports only torch, runs the classic
 training loop at the training batch under the same cap, drops the epoch's batch
 and output, and runs one evaluation forward under ``torch.no_grad()`` at E. The
-evaluation maximum isoprobe reports must fit there, and one more must not
+evaluation maximum isoprobe reports must fit there (or, where isoprobe's own trial of it peaked within
+``PRECISION_BYTES`` of the cap, the batch below it must), and one more must not
 (unless isoprobe's own trials of that batch both fit and failed: an edge that
 noise decides, which the search refuses to report as fitting; or unless the
 plain process's peak at that batch lies within ``PRECISION_BYTES`` of the cap,
@@ -54,7 +55,15 @@ def test_the_evaluation_edge_is_its_own_larger_one_and_a_plain_process_agrees(mo
 
     spec = load_spec(LM_HEAD, {"memory_budget": BUDGET, "training.eval_pass": True})
     after = result["eval_training_batch_size"]
-    assert fits(spec, after, spec.memory_budget, eval_batch=evaluation), (evaluation, evals)
+    # The evaluation maximum fits in a plain process too, unless isoprobe's own trial of it peaked within the CPU
+    # edge's precision of the cap: there either process fits or runs out by chance, and then the batch below must
+    # fit (test_plain_edge.py's rule for the training maximum). Measured 2026-11-30: lm-head's evaluation at 196
+    # peaks 0.20 to 0.29 MiB under the 1 GiB cap in a plain process, 195 at 1.18 to 1.28 MiB, 197 runs out; a
+    # run of the whole suite saw the plain process at 196 run out once.
+    if not fits(spec, after, spec.memory_budget, eval_batch=evaluation):
+        own = max(t["budget_peak_bytes"] for t in evals if t["batch_size"] == evaluation and t["outcome"] == "fits")
+        assert spec.memory_budget - own < PRECISION_BYTES, (evaluation, evals)
+        assert fits(spec, after, spec.memory_budget, eval_batch=evaluation - 1), (evaluation, evals)
     above = [t["outcome"] for t in evals if t["batch_size"] == evaluation + 1]
     if not ("fits" in above and len(set(above)) > 1):  # not flaky in isoprobe's own trials: the harness must agree
         # ... that one more runs out, unless its plain peak lies within the CPU edge's precision of the cap, where
