@@ -428,6 +428,16 @@ def main(argv: list[str] | None = None, runner: Runner | None = None, clock: Cal
               f"nothing measured, {args.output} not written (exit {NO_GPU_EXIT})", file=sys.stderr)
         return NO_GPU_EXIT
     raw_dir = args.raw_dir or (Path(tempfile.mkdtemp(prefix="gpu-check-")) / "gpu_check" if out_dir else None)
+    try:
+        return _check(args, runner, clock, started, out_dir, raw_dir)
+    finally:  # the fresh folder's files are in $OUT's archive by now: the folder itself goes
+        if args.raw_dir is None and raw_dir is not None:
+            shutil.rmtree(raw_dir.parent, ignore_errors=True)
+
+
+def _check(args: argparse.Namespace, runner: Runner, clock: Callable[[], float], started: float,
+           out_dir: Path | None, raw_dir: Path | None) -> int:
+    """Every part, the page and the archive published after each; the exit code."""
     deadline = judge.DEADLINE_S[args.quick] if args.deadline is None else args.deadline
     ctx = Context(quick=args.quick, deadline=started + deadline, runner=runner, clock=clock,
                   raw_dir=raw_dir, tier_k=args.tier_k)

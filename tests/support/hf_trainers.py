@@ -29,6 +29,17 @@ class TokenIds(Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
+#: The Trainers' output folders, removed when the process exits (a trial's child builds one per trial; mkdtemp left
+#: one empty folder in /tmp per trial, ~490 after a whole-suite run). Nothing is written there: save_strategy="no".
+_OUTPUT_DIRS: list[tempfile.TemporaryDirectory] = []
+
+
+def _output_dir() -> str:
+    folder = tempfile.TemporaryDirectory(prefix="hf-trainer-test-")
+    _OUTPUT_DIRS.append(folder)
+    return folder.name
+
+
 def gpt2(layers: int = 2, width: int = 64, sequence: int = 64, vocabulary: int = 4000):
     config = transformers.GPT2Config(n_layer=layers, n_embd=width, n_head=4, n_positions=sequence,
                                      vocab_size=vocabulary)
@@ -39,7 +50,7 @@ def build_trainer(batch_size: int, layers: int = 2, width: int = 64, sequence: i
                   samples: int = 4096, accumulation: int = 1, eval_samples: int = 0):
     """The user's setup as they would write it: model, TrainingArguments, dataset (and an eval set)."""
     args = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf-trainer-test-"), per_device_train_batch_size=batch_size,
+        output_dir=_output_dir(), per_device_train_batch_size=batch_size,
         per_device_eval_batch_size=batch_size, gradient_accumulation_steps=accumulation, learning_rate=1e-3,
         max_grad_norm=1.0, report_to="none", save_strategy="no", logging_steps=1, seed=0,
     )
@@ -61,7 +72,7 @@ class Broken(torch.nn.Module):
 
 
 def broken_trainer(batch_size: int):
-    args = transformers.TrainingArguments(output_dir=tempfile.mkdtemp(prefix="hf-trainer-test-"),
+    args = transformers.TrainingArguments(output_dir=_output_dir(),
                                           per_device_train_batch_size=batch_size, report_to="none",
                                           save_strategy="no")
     return transformers.Trainer(model=Broken(), args=args, train_dataset=TokenIds(256, 64, 4000))
@@ -77,7 +88,7 @@ def evaluating_trainer(batch_size: int, eval_factor: int = 4, eval_steps: int = 
     (eval batches are usually larger: no backward pass to keep for): its first evaluation needs more memory than its
     training steps (issue 55: a probe that never saw it answered the training steps' edge)."""
     args = transformers.TrainingArguments(
-        output_dir=tempfile.mkdtemp(prefix="hf-trainer-test-"), per_device_train_batch_size=batch_size,
+        output_dir=_output_dir(), per_device_train_batch_size=batch_size,
         per_device_eval_batch_size=eval_factor * batch_size, eval_strategy="steps", eval_steps=eval_steps,
         learning_rate=1e-3, report_to="none", save_strategy="no", logging_steps=1, seed=0,
     )

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 import tarfile
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -153,10 +154,18 @@ def _module_stopped():
 
 
 @pytest.fixture
-def out(tmp_path):
+def out(tmp_path, monkeypatch):
+    """The call's ``$OUT``; the temporary folder the check makes its raw folder in is under tmp_path too."""
     folder = tmp_path / "OUT"
     folder.mkdir()
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     return folder
+
+
+def _scratch_left(tmp_path: Path) -> list[str]:
+    """What the check left in the temporary folder: nothing, once its raw files are in $OUT's archive."""
+    return sorted(path.name for path in (tmp_path / "tmp").iterdir())
 
 
 def _main(gc, card, out, tmp_path, *args):
@@ -193,6 +202,7 @@ def test_a_right_answer_passes_every_part_and_the_page_and_archive_come_back_und
             "gpu_check/ballast-resnet50-224-8gib-r1-gpu0.json"} <= set(raw)
     assert json.loads(raw["gpu_check/isoprobe-resnet50_8gib.json"])["max_batch_size"] == 80
     assert card.now - 1000 <= 560, "the whole run fits the call's timeout"
+    assert _scratch_left(tmp_path) == []
 
 
 @pytest.mark.parametrize("error, status", [(1, "FAIL"), (-1, "one short"), (-2, "FAIL")])
@@ -231,6 +241,7 @@ def test_a_stop_mid_run_keeps_what_was_measured_and_exits_2(gc, out, tmp_path):
     assert "- **ResNet50 under 8 GiB**: pass" in page and "stopped by SIGTERM" in page
     assert "stopped before its end" in page
     assert "gpu_check/isoprobe-expandable_8gib.json" in _archive(out)
+    assert _scratch_left(tmp_path) == []
 
 
 def test_without_a_gpu_nothing_is_written_and_the_exit_is_5(gc, out, tmp_path):
