@@ -8,6 +8,7 @@ Not shipped with the package.
 
 from __future__ import annotations
 
+import os
 import tempfile
 
 import torch
@@ -29,15 +30,11 @@ class TokenIds(Dataset):
         return {"input_ids": ids, "labels": ids}
 
 
-#: The Trainers' output folders, removed when the process exits (a trial's child builds one per trial; mkdtemp left
-#: one empty folder in /tmp per trial, ~490 after a whole-suite run). Nothing is written there: save_strategy="no".
-_OUTPUT_DIRS: list[tempfile.TemporaryDirectory] = []
-
-
 def _output_dir() -> str:
-    folder = tempfile.TemporaryDirectory(prefix="hf-trainer-test-")
-    _OUTPUT_DIRS.append(folder)
-    return folder.name
+    """One output folder for every test Trainer, in the temporary folder: the Trainer makes it (empty) and writes
+    nothing there (save_strategy="no", report_to="none"). A folder per Trainer (mkdtemp) left one in /tmp per trial,
+    ~490 after a whole-suite run: the trials leave with ``os._exit``, so no exit hook could remove them."""
+    return os.path.join(tempfile.gettempdir(), "isoprobe-tests-hf-trainer-output")
 
 
 def gpt2(layers: int = 2, width: int = 64, sequence: int = 64, vocabulary: int = 4000):
