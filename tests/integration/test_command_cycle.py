@@ -14,7 +14,16 @@ import json
 import sys
 
 from conftest import run_cli
-from test_command import COMMANDS, LONG_RUN, command_truth, exported_environment, left_behind, probe, scratch  # noqa: F401
+from test_command import (  # noqa: F401 (scratch: the fixture)
+    COMMANDS,
+    LONG_RUN,
+    assert_the_failing_batch_runs_out,
+    command_truth,
+    exported_environment,
+    left_behind,
+    probe,
+    scratch,
+)
 
 
 def test_a_validation_every_k_steps_is_seen_before_the_maximum_and_the_answer_trains_past_it(tmp_path, scratch):
@@ -32,7 +41,7 @@ def test_a_validation_every_k_steps_is_seen_before_the_maximum_and_the_answer_tr
     assert left_behind(str(scratch)) == []
     marginal = [m["batch_size"] for m in (result["edge_margin"] or {}).get("marginal", [])]
     failing = result["first_failing_batch_size"] or max(marginal)
-    # The user's job at the answer, past two validations (steps 12 and 24), and above the first failing batch.
+    # The user's job at the answer, past two validations (steps 12 and 24), and at the first failing batch.
     saved = tmp_path / "result.json"
     saved.write_text(json.dumps(result))
     exported = exported_environment(run_cli("show", str(saved), "--format", "env").stdout)
@@ -41,16 +50,7 @@ def test_a_validation_every_k_steps_is_seen_before_the_maximum_and_the_answer_tr
     cap = command_truth.parse_size("1GiB")
     trains = command_truth.run_once(template, result["max_batch_size"], 30, cap, 300, truth, exported=exported)
     assert trains.outcome == "survived", (result["max_batch_size"], trains.reason, trains.tail)
-    # The batch isoprobe saw fail runs out in the user's job too; where that job survives it (a batch within the
-    # edge's precision: a coin toss), the one above it must run out. Not "failing + 1" alone: this script's edge is
-    # not monotonic. Its own runs (harness, 1 GiB, 30 steps): 59 and 60 survive, 61 runs out 2 of 2, 62 runs out
-    # 1 of 2, 63 survives.
-    runs = []
-    for batch in (failing, failing + 1):
-        runs.append((batch, command_truth.run_once(template, batch, 30, cap, 300, truth, exported=exported)))
-        if runs[-1][1].outcome == "oom":
-            break
-    assert runs[-1][1].outcome == "oom", [(batch, run.outcome, run.reason, run.tail) for batch, run in runs]
+    assert_the_failing_batch_runs_out(template, failing, 30, cap, truth, exported)
     # Its first five steps fit far above (their own edge is about 118, a coin toss there): what a probe that
     # stopped before the validation would have answered.
     far = result["max_batch_size"] * 3 // 2
